@@ -1,0 +1,27 @@
+//! The orion-beacon lease row as a SeaORM entity.
+//!
+//! Every resource that orion-beacon elects a leader for is one row of the lease table
+//! (`orionbeacon_leases` unless configured otherwise). The row is written only by the
+//! `orion-beacon` store's atomic statements; this crate lets anyone *read* it with plain SeaORM:
+//!
+//! ```no_run
+//! use orion_beacon_entity::lease;
+//! use sea_orm::{DatabaseConnection, EntityTrait};
+//!
+//! # async fn who_leads(db: &DatabaseConnection) -> Result<(), sea_orm::DbErr> {
+//! if let Some(row) = lease::Entity::find_by_id("nightly-report").one(db).await? {
+//!     println!("{} holds term {} until {}", row.holder, row.fencing_token, row.expires_at);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Whether a lease is *live* must be judged against the database clock (compare `expires_at`
+//! with the database's `now`), never against the reader's wall clock.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod lease;
+mod table;
+
+pub use table::{validate_table_name, TableNameError, DEFAULT_TABLE, MAX_TABLE_NAME_LEN};

@@ -1,0 +1,148 @@
+use orion_beacon_entity::lease::Column;
+use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_TABLE};
+use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::DbBackend;
+
+/// Creates the lease table (`orionbeacon_leases` by default).
+///
+/// Columns: `resource` (primary key, up to 255 characters), `holder`, `fencing_token`
+/// (bigint), `expires_at`, `acquired_at`, `renewed_at`. Timestamps are `timestamptz` on
+/// PostgreSQL, `DATETIME(6)` in UTC on MySQL/MariaDB and millisecond text on SQLite; they are
+/// only ever written by the database clock.
+#[derive(Debug, Clone)]
+pub struct CreateLeaseTable {
+    table: String,
+    name: String,
+}
+
+impl CreateLeaseTable {
+    /// The migration name for the default table. It never changes.
+    pub const NAME: &'static str = "m20261129_000001_create_orionbeacon_leases";
+
+    /// The migration for the default table, `orionbeacon_leases`.
+    pub fn new() -> Self {
+        Self {
+            table: DEFAULT_TABLE.to_owned(),
+            name: Self::NAME.to_owned(),
+        }
+    }
+
+    /// The migration for a custom table name (validated: ASCII letters, digits and `_`).
+    /// Its migration name is `m20261129_000001_create_orionbeacon_leases_<table>`, so one
+    /// application can create several lease tables.
+    pub fn with_table(table: impl Into<String>) -> Result<Self, TableNameError> {
+        let table = table.into();
+        validate_table_name(&table)?;
+        if table == DEFAULT_TABLE {
+            return Ok(Self::new());
+        }
+        let name = format!("{}_{table}", Self::NAME);
+        Ok(Self { table, name })
+    }
+
+    /// The table this migration creates.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn create_statement(&self, backend: DbBackend) -> TableCreateStatement {
+        let name = |col: Column| {
+            let mut def = ColumnDef::new(col);
+            match backend {
+                // Binary collation: resource and holder names compare byte for byte, as on the
+                // other backends (the default collation is case-insensitive).
+                DbBackend::MySql => def.custom(Alias::new(
+                    "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+                )),
+                _ => def.string_len(255),
+            };
+            def.not_null();
+            def
+        };
+        let mut resource = name(Column::Resource);
+        resource.primary_key();
+        let holder = name(Column::Holder);
+        let ts = |col: Column| {
+            let mut def = ColumnDef::new(col);
+            match backend {
+                // DATETIME(6) filled from UTC_TIMESTAMP(6): TIMESTAMP would follow the session
+                // time zone and drop the fraction.
+                DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
+                _ => def.timestamp_with_time_zone(),
+            };
+            def.not_null();
+            def
+        };
+        Table::create()
+            .table(Alias::new(&self.table))
+            .if_not_exists()
+            .col(resource)
+            .col(holder)
+            .col(ColumnDef::new(Column::FencingToken).big_integer().not_null())
+            .col(ts(Column::ExpiresAt))
+            .col(ts(Column::AcquiredAt))
+            .col(ts(Column::RenewedAt))
+            .to_owned()
+    }
+}
+
+impl Default for CreateLeaseTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MigrationName for CreateLeaseTable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for CreateLeaseTable {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let backend = manager.get_database_backend();
+        manager.create_table(self.create_statement(backend)).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_table(Table::drop().table(Alias::new(&self.table)).if_exists().to_owned())
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm_migration::sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
+
+    #[test]
+    fn names_are_fixed() {
+        assert_eq!(CreateLeaseTable::new().name(), "m20261129_000001_create_orionbeacon_leases");
+        let custom = CreateLeaseTable::with_table("shard_leases").unwrap();
+        assert_eq!(custom.name(), "m20261129_000001_create_orionbeacon_leases_shard_leases");
+        assert_eq!(
+            CreateLeaseTable::with_table(DEFAULT_TABLE).unwrap().name(),
+            CreateLeaseTable::NAME
+        );
+        assert!(CreateLeaseTable::with_table("x; DROP TABLE y").is_err());
+    }
+
+    #[test]
+    fn ddl_per_backend() {
+        let m = CreateLeaseTable::new();
+        assert_eq!(
+            m.create_statement(DbBackend::Postgres).to_string(PostgresQueryBuilder),
+            r#"CREATE TABLE IF NOT EXISTS "orionbeacon_leases" ( "resource" varchar(255) NOT NULL PRIMARY KEY, "holder" varchar(255) NOT NULL, "fencing_token" bigint NOT NULL, "expires_at" timestamp with time zone NOT NULL, "acquired_at" timestamp with time zone NOT NULL, "renewed_at" timestamp with time zone NOT NULL )"#
+        );
+        assert_eq!(
+            m.create_statement(DbBackend::Sqlite).to_string(SqliteQueryBuilder),
+            r#"CREATE TABLE IF NOT EXISTS "orionbeacon_leases" ( "resource" varchar(255) NOT NULL PRIMARY KEY, "holder" varchar(255) NOT NULL, "fencing_token" bigint NOT NULL, "expires_at" timestamp_with_timezone_text NOT NULL, "acquired_at" timestamp_with_timezone_text NOT NULL, "renewed_at" timestamp_with_timezone_text NOT NULL )"#
+        );
+        assert_eq!(
+            m.create_statement(DbBackend::MySql).to_string(MysqlQueryBuilder),
+            "CREATE TABLE IF NOT EXISTS `orionbeacon_leases` ( `resource` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY, `holder` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `fencing_token` bigint NOT NULL, `expires_at` DATETIME(6) NOT NULL, `acquired_at` DATETIME(6) NOT NULL, `renewed_at` DATETIME(6) NOT NULL )"
+        );
+    }
+}

@@ -1,0 +1,32 @@
+//! The SeaORM lease store and the SQL it sends, one module per backend.
+//!
+//! PostgreSQL and SQLite share one statement shape (`INSERT ... ON CONFLICT DO UPDATE ...
+//! WHERE ... RETURNING`); each backend module supplies the pieces that differ (the database
+//! clock, interval arithmetic). MySQL/MariaDB build their own statement because sea-query's
+//! MySQL builder drops `ON CONFLICT ... WHERE` and `RETURNING` without a word.
+
+mod errors;
+pub mod postgres;
+pub mod sqlite;
+mod statements;
+mod store;
+
+pub use store::SeaOrmLeaseStore;
+
+use sea_orm::sea_query::{Expr, Func};
+
+/// The per-backend pieces of the lease statements. Every time comes from the database clock.
+pub(crate) trait Dialect: Sync {
+    /// The database's "now", constant within one statement.
+    fn now(&self) -> Expr;
+    /// "now" plus a lease of `millis` milliseconds (bound as a parameter).
+    fn now_plus_millis(&self, millis: i64) -> Expr;
+    /// The smallest timestamp step after `ts` (1 µs, or 1 ms on SQLite).
+    fn one_tick_after(&self, ts: Expr) -> Expr;
+    /// Milliseconds from now until `expires` (negative once past), as a 64-bit integer.
+    fn remaining_millis(&self, expires: Expr) -> Expr;
+    /// The larger of two timestamps.
+    fn greatest(&self, a: Expr, b: Expr) -> Expr {
+        Func::greatest([a, b]).into()
+    }
+}

@@ -1,0 +1,32 @@
+//! PostgreSQL: `statement_timestamp()` is the clock.
+//!
+//! `now()` is the start of the *transaction*; `statement_timestamp()` is the start of the
+//! statement, so a lease statement run inside a caller's long transaction still judges
+//! liveness at the moment it runs, and every use within one statement agrees.
+
+use sea_orm::sea_query::Expr;
+
+use super::Dialect;
+
+pub(crate) struct Postgres;
+
+impl Dialect for Postgres {
+    fn now(&self) -> Expr {
+        Expr::cust("statement_timestamp()")
+    }
+
+    fn now_plus_millis(&self, millis: i64) -> Expr {
+        Expr::cust_with_values("statement_timestamp() + $1 * INTERVAL '1 millisecond'", [millis])
+    }
+
+    fn one_tick_after(&self, ts: Expr) -> Expr {
+        Expr::cust_with_exprs("$1 + INTERVAL '1 microsecond'", [ts])
+    }
+
+    fn remaining_millis(&self, expires: Expr) -> Expr {
+        Expr::cust_with_exprs(
+            "CAST(FLOOR(EXTRACT(EPOCH FROM ($1 - statement_timestamp())) * 1000) AS BIGINT)",
+            [expires],
+        )
+    }
+}

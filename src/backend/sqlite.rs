@@ -1,0 +1,37 @@
+//! SQLite: times are millisecond text written by `strftime` only.
+//!
+//! Text written from Rust (RFC 3339, `T` separator, offsets) and text written by SQL sort
+//! differently, so every lease time is produced by `strftime('%Y-%m-%d %H:%M:%f', ...)` and
+//! compared as text in that one format. `'now'` is fixed for the whole statement.
+
+use sea_orm::sea_query::Expr;
+
+use super::Dialect;
+
+pub(crate) struct Sqlite;
+
+/// The one timestamp format (UTC, milliseconds).
+const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+
+impl Dialect for Sqlite {
+    fn now(&self) -> Expr {
+        Expr::cust(NOW)
+    }
+
+    fn now_plus_millis(&self, millis: i64) -> Expr {
+        // An exact "+S.mmm seconds" modifier: no floating point on the way.
+        let modifier = format!("+{}.{:03} seconds", millis / 1000, millis % 1000);
+        Expr::cust_with_values("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", [modifier])
+    }
+
+    fn one_tick_after(&self, ts: Expr) -> Expr {
+        Expr::cust_with_exprs("strftime('%Y-%m-%d %H:%M:%f', ?, '+0.001 seconds')", [ts])
+    }
+
+    fn remaining_millis(&self, expires: Expr) -> Expr {
+        Expr::cust_with_exprs(
+            "CAST(ROUND((julianday(?) - julianday('now')) * 86400000.0) AS INTEGER)",
+            [expires],
+        )
+    }
+}

@@ -1,0 +1,224 @@
+//! The lease statements, built with sea-query, and the decoding of the rows they return.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use orion_beacon_entity::lease::Column;
+use sea_orm::sea_query::{
+    Alias, Expr, ExprTrait, InsertStatement, OnConflict, Query, SelectStatement, UpdateStatement,
+};
+use sea_orm::{DbErr, QueryResult};
+
+use super::Dialect;
+use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord};
+
+/// The columns every lease statement returns, in this order; `remaining_millis` follows.
+const ROW: [Column; 5] = [
+    Column::Holder,
+    Column::FencingToken,
+    Column::ExpiresAt,
+    Column::AcquiredAt,
+    Column::RenewedAt,
+];
+
+/// The one-statement acquire-or-renew for backends with `ON CONFLICT ... DO UPDATE ... WHERE`
+/// and `RETURNING` (PostgreSQL, SQLite).
+///
+/// - no row: insert with token 1;
+/// - row expired (whoever held it): new term, token + 1, `acquired_at = renewed_at = now`;
+/// - row live and held by the candidate: renew, token and `acquired_at` kept, and
+///   `renewed_at = greatest(now, acquired_at + 1 tick)`, so `acquired_at = renewed_at` holds
+///   exactly for new terms and tells `Acquired` from `Renewed` without a second read;
+/// - row live and held by another: the `WHERE` is false, nothing changes, no row returns.
+///
+/// All `SET` expressions read the row as it was before the statement.
+pub(crate) fn upsert(
+    d: &dyn Dialect,
+    table: &Alias,
+    resource: &str,
+    candidate: &str,
+    millis: i64,
+) -> Result<InsertStatement, DbErr> {
+    let old = |c: Column| Expr::col((table.clone(), c));
+    let expired = old(Column::ExpiresAt).lte(d.now());
+    let mine = old(Column::Holder).eq(candidate);
+    let on_conflict = OnConflict::column(Column::Resource)
+        .values([
+            (
+                Column::FencingToken,
+                Expr::case(expired.clone(), old(Column::FencingToken).add(1))
+                    .finally(old(Column::FencingToken))
+                    .into(),
+            ),
+            (
+                Column::AcquiredAt,
+                Expr::case(expired.clone(), d.now())
+                    .finally(old(Column::AcquiredAt))
+                    .into(),
+            ),
+            (
+                Column::RenewedAt,
+                Expr::case(expired.clone(), d.now())
+                    .finally(d.greatest(d.now(), d.one_tick_after(old(Column::AcquiredAt))))
+                    .into(),
+            ),
+            (Column::Holder, Expr::val(candidate)),
+            (Column::ExpiresAt, d.now_plus_millis(millis)),
+        ])
+        .action_and_where(mine.or(expired))
+        .to_owned();
+    let mut stmt = Query::insert();
+    stmt.into_table(table.clone())
+        .columns([
+            Column::Resource,
+            Column::Holder,
+            Column::FencingToken,
+            Column::ExpiresAt,
+            Column::AcquiredAt,
+            Column::RenewedAt,
+        ])
+        .values([
+            Expr::val(resource),
+            Expr::val(candidate),
+            Expr::val(1i64),
+            d.now_plus_millis(millis),
+            d.now(),
+            d.now(),
+        ])
+        .map_err(|e| DbErr::Custom(e.to_string()))?;
+    stmt.on_conflict(on_conflict).returning(
+        Query::returning().exprs(returned_row(d)),
+    );
+    Ok(stmt)
+}
+
+/// The row columns plus the remaining lease time, for `RETURNING` and `SELECT`.
+pub(crate) fn returned_row(d: &dyn Dialect) -> Vec<Expr> {
+    let mut exprs: Vec<Expr> = ROW.iter().map(|c| Expr::col(*c)).collect();
+    exprs.push(d.remaining_millis(Expr::col(Column::ExpiresAt)));
+    exprs
+}
+
+/// The guarded release: a tombstone (expiry := now) only for the live lease of `candidate`.
+pub(crate) fn release(
+    d: &dyn Dialect,
+    table: &Alias,
+    resource: &str,
+    candidate: &str,
+) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(Column::ExpiresAt, d.now())
+        .and_where(Expr::col(Column::Resource).eq(resource))
+        .and_where(Expr::col(Column::Holder).eq(candidate))
+        .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
+        .to_owned()
+}
+
+/// The stored row of `resource` with its remaining time (negative once expired).
+pub(crate) fn current(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectStatement {
+    Query::select()
+        .exprs(returned_row(d))
+        .from(table.clone())
+        .and_where(Expr::col(Column::Resource).eq(resource))
+        .to_owned()
+}
+
+/// A decoded lease row.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub holder: String,
+    pub token: i64,
+    pub expires_at: DateTime<Utc>,
+    pub acquired_at: DateTime<Utc>,
+    pub renewed_at: DateTime<Utc>,
+    pub remaining_millis: i64,
+}
+
+impl Row {
+    pub(crate) fn decode(row: &QueryResult) -> Result<Self, DbErr> {
+        Ok(Self {
+            holder: row.try_get_by_index(0)?,
+            token: row.try_get_by_index(1)?,
+            expires_at: row.try_get_by_index(2)?,
+            acquired_at: row.try_get_by_index(3)?,
+            renewed_at: row.try_get_by_index(4)?,
+            remaining_millis: row.try_get_by_index(5)?,
+        })
+    }
+
+    /// Liveness by the database clock: the expiry is still ahead of the database's now.
+    pub(crate) fn live(&self) -> bool {
+        self.remaining_millis > 0
+    }
+
+    fn remaining(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.remaining_millis).unwrap_or(0))
+    }
+
+    /// The outcome this row means for `candidate`, when it is the row after the upsert.
+    pub(crate) fn outcome(self, resource: &str, candidate: &str) -> LeaseOutcome {
+        if self.holder != candidate {
+            return LeaseOutcome::Denied(self.denial(resource));
+        }
+        let new_term = self.acquired_at == self.renewed_at;
+        let lease = Lease {
+            resource: resource.to_owned(),
+            token: FencingToken::new(self.token),
+            remaining: self.remaining(),
+            expires_at: Some(self.expires_at),
+            acquired_at: Some(self.acquired_at),
+            holder: self.holder,
+        };
+        if new_term {
+            LeaseOutcome::Acquired(lease)
+        } else {
+            LeaseOutcome::Renewed(lease)
+        }
+    }
+
+    pub(crate) fn denial(self, resource: &str) -> Denial {
+        Denial {
+            resource: resource.to_owned(),
+            token: Some(FencingToken::new(self.token)),
+            remaining: self.remaining(),
+            expires_at: Some(self.expires_at),
+            holder: Some(self.holder),
+        }
+    }
+
+    pub(crate) fn record(self, resource: &str) -> LeaseRecord {
+        LeaseRecord {
+            resource: resource.to_owned(),
+            live: self.live(),
+            token: FencingToken::new(self.token),
+            remaining: self.remaining(),
+            expires_at: Some(self.expires_at),
+            acquired_at: Some(self.acquired_at),
+            renewed_at: Some(self.renewed_at),
+            holder: self.holder,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{postgres::Postgres, sqlite::Sqlite};
+    use sea_orm::sea_query::{PostgresQueryBuilder, SqliteQueryBuilder};
+
+    fn table() -> Alias {
+        Alias::new("orionbeacon_leases")
+    }
+
+    #[test]
+    fn print() {
+        let pg = upsert(&Postgres, &table(), "r", "me", 1500).unwrap().build(PostgresQueryBuilder);
+        let lite = upsert(&Sqlite, &table(), "r", "me", 1500).unwrap().build(SqliteQueryBuilder);
+        println!("{}\n{:?}\n{}\n{:?}", pg.0, pg.1, lite.0, lite.1);
+        println!("{}", release(&Postgres, &table(), "r", "me").to_string(PostgresQueryBuilder));
+        println!("{}", current(&Postgres, &table(), "r").to_string(PostgresQueryBuilder));
+        println!("{}", release(&Sqlite, &table(), "r", "me").to_string(SqliteQueryBuilder));
+        println!("{}", current(&Sqlite, &table(), "r").to_string(SqliteQueryBuilder));
+    }
+}

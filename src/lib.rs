@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+mod error;
+mod fencing;
+mod lease;
+mod memory;
+pub mod store;
+
+pub use backend::SeaOrmLeaseStore;
+pub use error::{StoreError, TableNameError};
+pub use fencing::FencingToken;
+pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord};
+pub use memory::InMemoryLeaseStore;
+pub use store::LeaseStore;
+
+/// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).
+pub use orion_beacon_entity as entity;

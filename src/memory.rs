@@ -1,0 +1,117 @@
+//! The process-local lease store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::store::{validate_request, validate_candidate, validate_resource};
+use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+
+#[derive(Debug, Clone)]
+struct Slot {
+    holder: String,
+    token: i64,
+    expires: Instant,
+}
+
+/// A [`LeaseStore`] in this process's memory: one leader per resource among the electors that
+/// share it (clones share the same leases), not across processes.
+///
+/// Its clock is [`tokio::time::Instant`], so tests can pause and advance time. It has no wall
+/// clock, so the timestamps in its answers are `None`.
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryLeaseStore {
+    slots: Arc<Mutex<HashMap<String, Slot>>>,
+}
+
+impl InMemoryLeaseStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+        // No code path panics while holding the lock, but never let poison take the store down.
+        self.slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl LeaseStore for InMemoryLeaseStore {
+    async fn acquire_or_renew(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let millis = validate_request(resource, candidate, lease)?;
+        let lease = Duration::from_millis(millis.unsigned_abs());
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let granted = |token: i64| Lease {
+            resource: resource.to_owned(),
+            holder: candidate.to_owned(),
+            token: FencingToken::new(token),
+            remaining: lease,
+            expires_at: None,
+            acquired_at: None,
+        };
+        match slots.get_mut(resource) {
+            None => {
+                slots.insert(
+                    resource.to_owned(),
+                    Slot { holder: candidate.to_owned(), token: 1, expires: now + lease },
+                );
+                Ok(LeaseOutcome::Acquired(granted(1)))
+            }
+            Some(slot) if slot.expires <= now => {
+                slot.holder = candidate.to_owned();
+                slot.token += 1;
+                slot.expires = now + lease;
+                Ok(LeaseOutcome::Acquired(granted(slot.token)))
+            }
+            Some(slot) if slot.holder == candidate => {
+                slot.expires = now + lease;
+                Ok(LeaseOutcome::Renewed(granted(slot.token)))
+            }
+            Some(slot) => Ok(LeaseOutcome::Denied(Denial {
+                resource: resource.to_owned(),
+                holder: Some(slot.holder.clone()),
+                token: Some(FencingToken::new(slot.token)),
+                remaining: slot.expires.saturating_duration_since(now),
+                expires_at: None,
+            })),
+        }
+    }
+
+    async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+        validate_resource(resource)?;
+        validate_candidate(candidate)?;
+        let now = Instant::now();
+        match self.slots().get_mut(resource) {
+            Some(slot) if slot.holder == candidate && slot.expires > now => {
+                slot.expires = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        validate_resource(resource)?;
+        let now = Instant::now();
+        Ok(self.slots().get(resource).map(|slot| LeaseRecord {
+            resource: resource.to_owned(),
+            holder: slot.holder.clone(),
+            token: FencingToken::new(slot.token),
+            live: slot.expires > now,
+            remaining: slot.expires.saturating_duration_since(now),
+            expires_at: None,
+            acquired_at: None,
+            renewed_at: None,
+        }))
+    }
+}

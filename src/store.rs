@@ -1,0 +1,146 @@
+//! The lease-store contract, and the input rules every store enforces.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{LeaseOutcome, LeaseRecord, StoreError};
+
+/// The longest resource name or candidate id, in characters (the columns are 255 wide).
+pub const MAX_NAME_LEN: usize = 255;
+
+/// The shortest lease a store accepts. Shorter leases are truncated to whole milliseconds
+/// first, so anything under 1 ms is refused.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+
+/// The longest lease a store accepts (366 days): anything longer is a bug, not a lease.
+pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// A place where leases live, shared by every candidate that contends for a resource.
+///
+/// Implementations decide acquire-or-renew atomically: two candidates can never both be granted
+/// a live lease on one resource, and each new term's fencing token is strictly greater than the
+/// last (a renew keeps it). Liveness is judged by the store's own clock (the database's), never
+/// the caller's.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Takes the lease if nobody holds a live one (a new term: [`LeaseOutcome::Acquired`], token
+    /// + 1), extends it if `candidate` already holds it live ([`LeaseOutcome::Renewed`], same
+    /// token), or reports who holds it ([`LeaseOutcome::Denied`], nothing changed). A candidate
+    /// whose own lease already expired gets a new term, not a renew.
+    async fn acquire_or_renew(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError>;
+
+    /// Ends `candidate`'s live lease on `resource` by moving its expiry to now (a tombstone: the
+    /// token is kept, so the next term advances past it). Returns `true` if this call released a
+    /// live lease the candidate held; `false` (and nothing changes) otherwise.
+    async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError>;
+
+    /// The stored lease of `resource`, live or not, or `None` if it was never acquired.
+    async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError>;
+}
+
+#[async_trait]
+impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
+    async fn acquire_or_renew(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        (**self).acquire_or_renew(resource, candidate, lease).await
+    }
+
+    async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+        (**self).release(resource, candidate).await
+    }
+
+    async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        (**self).current(resource).await
+    }
+}
+
+fn name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("must not be empty")
+    } else if name.chars().count() > MAX_NAME_LEN {
+        Some("must be at most 255 characters")
+    } else if name.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
+        // Some collations ignore trailing spaces: "a" and "a " must never be one holder.
+        Some("must not start or end with white space")
+    } else {
+        None
+    }
+}
+
+/// Checks a resource name: 1 to 255 characters, no control characters, no leading or trailing
+/// white space.
+pub fn validate_resource(name: &str) -> Result<(), StoreError> {
+    match name_problem(name) {
+        Some(reason) => Err(StoreError::InvalidResource { name: name.to_owned(), reason }),
+        None => Ok(()),
+    }
+}
+
+/// Checks a candidate id (same rules as [`validate_resource`]).
+pub fn validate_candidate(name: &str) -> Result<(), StoreError> {
+    match name_problem(name) {
+        Some(reason) => Err(StoreError::InvalidCandidate { name: name.to_owned(), reason }),
+        None => Ok(()),
+    }
+}
+
+/// Checks a lease duration and returns it in whole milliseconds, the precision every store
+/// works in.
+pub fn lease_millis(lease: Duration) -> Result<i64, StoreError> {
+    let invalid = |reason| StoreError::InvalidLeaseDuration { duration: lease, reason };
+    if lease < MIN_LEASE {
+        return Err(invalid("must be at least 1 ms"));
+    }
+    if lease > MAX_LEASE {
+        return Err(invalid("must be at most 366 days"));
+    }
+    i64::try_from(lease.as_millis()).map_err(|_| invalid("must be at most 366 days"))
+}
+
+pub(crate) fn validate_request(
+    resource: &str,
+    candidate: &str,
+    lease: Duration,
+) -> Result<i64, StoreError> {
+    validate_resource(resource)?;
+    validate_candidate(candidate)?;
+    lease_millis(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_resource("nightly-report").is_ok());
+        assert!(validate_resource(&"é".repeat(255)).is_ok());
+        for bad in ["", " a", "a ", "a\nb", "a\0b", "\t"] {
+            assert!(matches!(validate_resource(bad), Err(StoreError::InvalidResource { .. })), "{bad:?}");
+            assert!(matches!(validate_candidate(bad), Err(StoreError::InvalidCandidate { .. })), "{bad:?}");
+        }
+        assert!(validate_resource(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn leases() {
+        assert_eq!(lease_millis(Duration::from_millis(1)).unwrap(), 1);
+        assert_eq!(lease_millis(Duration::from_micros(1500)).unwrap(), 1);
+        assert_eq!(lease_millis(Duration::from_secs(15)).unwrap(), 15_000);
+        for bad in [Duration::ZERO, Duration::from_micros(999), MAX_LEASE + Duration::from_millis(1), Duration::MAX] {
+            assert!(matches!(lease_millis(bad), Err(StoreError::InvalidLeaseDuration { .. })), "{bad:?}");
+        }
+    }
+}
