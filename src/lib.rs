@@ -3,7 +3,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backend;
+pub mod backend;
 mod error;
 mod fencing;
 mod lease;

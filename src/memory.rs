@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::store::{validate_request, validate_candidate, validate_resource};
+use crate::store::{validate_candidate, validate_request, validate_resource};
 use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
 
 #[derive(Debug, Clone)]
@@ -35,7 +35,9 @@ impl InMemoryLeaseStore {
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
         // No code path panics while holding the lock, but never let poison take the store down.
-        self.slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -63,7 +65,11 @@ impl LeaseStore for InMemoryLeaseStore {
             None => {
                 slots.insert(
                     resource.to_owned(),
-                    Slot { holder: candidate.to_owned(), token: 1, expires: now + lease },
+                    Slot {
+                        holder: candidate.to_owned(),
+                        token: 1,
+                        expires: now + lease,
+                    },
                 );
                 Ok(LeaseOutcome::Acquired(granted(1)))
             }

@@ -83,7 +83,10 @@ fn name_problem(name: &str) -> Option<&'static str> {
 /// white space.
 pub fn validate_resource(name: &str) -> Result<(), StoreError> {
     match name_problem(name) {
-        Some(reason) => Err(StoreError::InvalidResource { name: name.to_owned(), reason }),
+        Some(reason) => Err(StoreError::InvalidResource {
+            name: name.to_owned(),
+            reason,
+        }),
         None => Ok(()),
     }
 }
@@ -91,7 +94,10 @@ pub fn validate_resource(name: &str) -> Result<(), StoreError> {
 /// Checks a candidate id (same rules as [`validate_resource`]).
 pub fn validate_candidate(name: &str) -> Result<(), StoreError> {
     match name_problem(name) {
-        Some(reason) => Err(StoreError::InvalidCandidate { name: name.to_owned(), reason }),
+        Some(reason) => Err(StoreError::InvalidCandidate {
+            name: name.to_owned(),
+            reason,
+        }),
         None => Ok(()),
     }
 }
@@ -99,7 +105,10 @@ pub fn validate_candidate(name: &str) -> Result<(), StoreError> {
 /// Checks a lease duration and returns it in whole milliseconds, the precision every store
 /// works in.
 pub fn lease_millis(lease: Duration) -> Result<i64, StoreError> {
-    let invalid = |reason| StoreError::InvalidLeaseDuration { duration: lease, reason };
+    let invalid = |reason| StoreError::InvalidLeaseDuration {
+        duration: lease,
+        reason,
+    };
     if lease < MIN_LEASE {
         return Err(invalid("must be at least 1 ms"));
     }
@@ -128,8 +137,20 @@ mod tests {
         assert!(validate_resource("nightly-report").is_ok());
         assert!(validate_resource(&"é".repeat(255)).is_ok());
         for bad in ["", " a", "a ", "a\nb", "a\0b", "\t"] {
-            assert!(matches!(validate_resource(bad), Err(StoreError::InvalidResource { .. })), "{bad:?}");
-            assert!(matches!(validate_candidate(bad), Err(StoreError::InvalidCandidate { .. })), "{bad:?}");
+            assert!(
+                matches!(
+                    validate_resource(bad),
+                    Err(StoreError::InvalidResource { .. })
+                ),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(
+                    validate_candidate(bad),
+                    Err(StoreError::InvalidCandidate { .. })
+                ),
+                "{bad:?}"
+            );
         }
         assert!(validate_resource(&"x".repeat(256)).is_err());
     }
@@ -139,8 +160,19 @@ mod tests {
         assert_eq!(lease_millis(Duration::from_millis(1)).unwrap(), 1);
         assert_eq!(lease_millis(Duration::from_micros(1500)).unwrap(), 1);
         assert_eq!(lease_millis(Duration::from_secs(15)).unwrap(), 15_000);
-        for bad in [Duration::ZERO, Duration::from_micros(999), MAX_LEASE + Duration::from_millis(1), Duration::MAX] {
-            assert!(matches!(lease_millis(bad), Err(StoreError::InvalidLeaseDuration { .. })), "{bad:?}");
+        for bad in [
+            Duration::ZERO,
+            Duration::from_micros(999),
+            MAX_LEASE + Duration::from_millis(1),
+            Duration::MAX,
+        ] {
+            assert!(
+                matches!(
+                    lease_millis(bad),
+                    Err(StoreError::InvalidLeaseDuration { .. })
+                ),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -36,14 +36,18 @@ pub fn validate_table_name(name: &str) -> Result<(), TableNameError> {
         return Err(TableNameError::Empty);
     }
     if name.len() > MAX_TABLE_NAME_LEN {
-        return Err(TableNameError::TooLong { name: name.to_owned() });
+        return Err(TableNameError::TooLong {
+            name: name.to_owned(),
+        });
     }
     let mut chars = name.chars();
     let first_ok = chars
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(TableNameError::BadCharacter { name: name.to_owned() });
+        return Err(TableNameError::BadCharacter {
+            name: name.to_owned(),
+        });
     }
     Ok(())
 }
@@ -62,10 +66,26 @@ mod tests {
     #[test]
     fn refuses_everything_else() {
         assert_eq!(validate_table_name(""), Err(TableNameError::Empty));
-        assert!(matches!(validate_table_name(&"a".repeat(64)), Err(TableNameError::TooLong { .. })));
-        for bad in ["1abc", "a-b", "a b", "a\"b", "a;drop table x", "a`b", "ä", "a.b", "a]b"] {
+        assert!(matches!(
+            validate_table_name(&"a".repeat(64)),
+            Err(TableNameError::TooLong { .. })
+        ));
+        for bad in [
+            "1abc",
+            "a-b",
+            "a b",
+            "a\"b",
+            "a;drop table x",
+            "a`b",
+            "ä",
+            "a.b",
+            "a]b",
+        ] {
             assert!(
-                matches!(validate_table_name(bad), Err(TableNameError::BadCharacter { .. })),
+                matches!(
+                    validate_table_name(bad),
+                    Err(TableNameError::BadCharacter { .. })
+                ),
                 "{bad}"
             );
         }

@@ -78,7 +78,11 @@ impl CreateLeaseTable {
             .if_not_exists()
             .col(resource)
             .col(holder)
-            .col(ColumnDef::new(Column::FencingToken).big_integer().not_null())
+            .col(
+                ColumnDef::new(Column::FencingToken)
+                    .big_integer()
+                    .not_null(),
+            )
             .col(ts(Column::ExpiresAt))
             .col(ts(Column::AcquiredAt))
             .col(ts(Column::RenewedAt))
@@ -107,7 +111,12 @@ impl MigrationTrait for CreateLeaseTable {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
-            .drop_table(Table::drop().table(Alias::new(&self.table)).if_exists().to_owned())
+            .drop_table(
+                Table::drop()
+                    .table(Alias::new(&self.table))
+                    .if_exists()
+                    .to_owned(),
+            )
             .await
     }
 }
@@ -115,13 +124,21 @@ impl MigrationTrait for CreateLeaseTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sea_orm_migration::sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
+    use sea_orm_migration::sea_orm::sea_query::{
+        MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder,
+    };
 
     #[test]
     fn names_are_fixed() {
-        assert_eq!(CreateLeaseTable::new().name(), "m20261129_000001_create_orionbeacon_leases");
+        assert_eq!(
+            CreateLeaseTable::new().name(),
+            "m20261129_000001_create_orionbeacon_leases"
+        );
         let custom = CreateLeaseTable::with_table("shard_leases").unwrap();
-        assert_eq!(custom.name(), "m20261129_000001_create_orionbeacon_leases_shard_leases");
+        assert_eq!(
+            custom.name(),
+            "m20261129_000001_create_orionbeacon_leases_shard_leases"
+        );
         assert_eq!(
             CreateLeaseTable::with_table(DEFAULT_TABLE).unwrap().name(),
             CreateLeaseTable::NAME
@@ -133,12 +150,15 @@ mod tests {
     fn ddl_per_backend() {
         let m = CreateLeaseTable::new();
         assert_eq!(
-            m.create_statement(DbBackend::Postgres).to_string(PostgresQueryBuilder),
+            m.create_statement(DbBackend::Postgres)
+                .to_string(PostgresQueryBuilder),
             r#"CREATE TABLE IF NOT EXISTS "orionbeacon_leases" ( "resource" varchar(255) NOT NULL PRIMARY KEY, "holder" varchar(255) NOT NULL, "fencing_token" bigint NOT NULL, "expires_at" timestamp with time zone NOT NULL, "acquired_at" timestamp with time zone NOT NULL, "renewed_at" timestamp with time zone NOT NULL )"#
         );
+        // SQLite's INTEGER is 64-bit.
         assert_eq!(
-            m.create_statement(DbBackend::Sqlite).to_string(SqliteQueryBuilder),
-            r#"CREATE TABLE IF NOT EXISTS "orionbeacon_leases" ( "resource" varchar(255) NOT NULL PRIMARY KEY, "holder" varchar(255) NOT NULL, "fencing_token" bigint NOT NULL, "expires_at" timestamp_with_timezone_text NOT NULL, "acquired_at" timestamp_with_timezone_text NOT NULL, "renewed_at" timestamp_with_timezone_text NOT NULL )"#
+            m.create_statement(DbBackend::Sqlite)
+                .to_string(SqliteQueryBuilder),
+            r#"CREATE TABLE IF NOT EXISTS "orionbeacon_leases" ( "resource" varchar(255) NOT NULL PRIMARY KEY, "holder" varchar(255) NOT NULL, "fencing_token" integer NOT NULL, "expires_at" timestamp_with_timezone_text NOT NULL, "acquired_at" timestamp_with_timezone_text NOT NULL, "renewed_at" timestamp_with_timezone_text NOT NULL )"#
         );
         assert_eq!(
             m.create_statement(DbBackend::MySql).to_string(MysqlQueryBuilder),

@@ -50,7 +50,10 @@ pub(crate) fn kind(err: &DbErr) -> Kind {
 
 pub(crate) fn classify(err: DbErr, table: &str) -> StoreError {
     match kind(&err) {
-        Kind::MissingTable => StoreError::MissingTable { table: table.to_owned(), source: err },
+        Kind::MissingTable => StoreError::MissingTable {
+            table: table.to_owned(),
+            source: err,
+        },
         Kind::Conflict => StoreError::Conflict { source: err },
         Kind::Other => StoreError::Database(err),
     }

@@ -16,7 +16,10 @@ impl Dialect for Postgres {
     }
 
     fn now_plus_millis(&self, millis: i64) -> Expr {
-        Expr::cust_with_values("statement_timestamp() + $1 * INTERVAL '1 millisecond'", [millis])
+        Expr::cust_with_values(
+            "statement_timestamp() + $1 * INTERVAL '1 millisecond'",
+            [millis],
+        )
     }
 
     fn one_tick_after(&self, ts: Expr) -> Expr {

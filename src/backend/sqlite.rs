@@ -35,3 +35,28 @@ impl Dialect for Sqlite {
         )
     }
 }
+
+/// Connection options for a SQLite file shared by several processes: WAL journal (readers do
+/// not block the writer), a 5 s busy timeout (a writer waits for the lock instead of failing),
+/// and the file created if missing.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), sea_orm::DbErr> {
+/// let db = sea_orm::Database::connect(orion_beacon::backend::sqlite::connect_options(
+///     "sqlite:///var/lib/app/leases.db",
+/// ))
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub fn connect_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
+    use sea_orm::sqlx::sqlite::SqliteJournalMode;
+    let mut options = sea_orm::ConnectOptions::new(url);
+    options.map_sqlx_sqlite_opts(|o| {
+        o.journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .create_if_missing(true)
+    });
+    options
+}

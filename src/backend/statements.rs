@@ -86,9 +86,8 @@ pub(crate) fn upsert(
             d.now(),
         ])
         .map_err(|e| DbErr::Custom(e.to_string()))?;
-    stmt.on_conflict(on_conflict).returning(
-        Query::returning().exprs(returned_row(d)),
-    );
+    stmt.on_conflict(on_conflict)
+        .returning(Query::returning().exprs(returned_row(d)));
     Ok(stmt)
 }
 
@@ -211,14 +210,90 @@ mod tests {
         Alias::new("orionbeacon_leases")
     }
 
+    // sea-query drops clauses a backend lacks without a word: pin the exact SQL.
     #[test]
-    fn print() {
-        let pg = upsert(&Postgres, &table(), "r", "me", 1500).unwrap().build(PostgresQueryBuilder);
-        let lite = upsert(&Sqlite, &table(), "r", "me", 1500).unwrap().build(SqliteQueryBuilder);
-        println!("{}\n{:?}\n{}\n{:?}", pg.0, pg.1, lite.0, lite.1);
-        println!("{}", release(&Postgres, &table(), "r", "me").to_string(PostgresQueryBuilder));
-        println!("{}", current(&Postgres, &table(), "r").to_string(PostgresQueryBuilder));
-        println!("{}", release(&Sqlite, &table(), "r", "me").to_string(SqliteQueryBuilder));
-        println!("{}", current(&Sqlite, &table(), "r").to_string(SqliteQueryBuilder));
+    fn postgres_upsert_is_one_conditional_statement() {
+        let (sql, values) = upsert(&Postgres, &table(), "r", "me", 1500)
+            .unwrap()
+            .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            concat!(
+                r#"INSERT INTO "orionbeacon_leases" ("resource", "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at") "#,
+                r#"VALUES ($1, $2, $3, statement_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp()) "#,
+                r#"ON CONFLICT ("resource") DO UPDATE SET "#,
+                r#""fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN "orionbeacon_leases"."fencing_token" + $5 ELSE "orionbeacon_leases"."fencing_token" END), "#,
+                r#""acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_leases"."acquired_at" END), "#,
+                r#""renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE GREATEST(statement_timestamp(), "orionbeacon_leases"."acquired_at" + INTERVAL '1 microsecond') END), "#,
+                r#""holder" = $6, "expires_at" = statement_timestamp() + $7 * INTERVAL '1 millisecond' "#,
+                r#"WHERE "orionbeacon_leases"."holder" = $8 OR "orionbeacon_leases"."expires_at" <= (statement_timestamp()) "#,
+                r#"RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "#,
+                r#"CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT)"#,
+            )
+        );
+        assert_eq!(
+            values.0.len(),
+            8,
+            "every value is a bound parameter: {values:?}"
+        );
+    }
+
+    #[test]
+    fn sqlite_upsert_is_one_conditional_statement() {
+        let (sql, values) = upsert(&Sqlite, &table(), "r", "me", 1500)
+            .unwrap()
+            .build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            concat!(
+                r#"INSERT INTO "orionbeacon_leases" ("resource", "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at") "#,
+                r#"VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now')) "#,
+                r#"ON CONFLICT ("resource") DO UPDATE SET "#,
+                r#""fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN "orionbeacon_leases"."fencing_token" + ? ELSE "orionbeacon_leases"."fencing_token" END), "#,
+                r#""acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE "orionbeacon_leases"."acquired_at" END), "#,
+                r#""renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', "orionbeacon_leases"."acquired_at", '+0.001 seconds')) END), "#,
+                r#""holder" = ?, "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) "#,
+                r#"WHERE "orionbeacon_leases"."holder" = ? OR "orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now')) "#,
+                r#"RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "#,
+                r#"CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER)"#,
+            )
+        );
+        assert_eq!(values.0.len(), 8);
+        assert!(
+            values.0.contains(&"+1.500 seconds".into()),
+            "exact ms modifier: {values:?}"
+        );
+    }
+
+    #[test]
+    fn release_and_current_are_guarded_and_bound() {
+        let (sql, values) = release(&Postgres, &table(), "r", "me").build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = statement_timestamp() WHERE "resource" = $1 AND "holder" = $2 AND "expires_at" > (statement_timestamp())"#
+        );
+        assert_eq!(values.0.len(), 2);
+        let (sql, _) = release(&Sqlite, &table(), "r", "me").build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE "resource" = ? AND "holder" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
+        );
+        let (sql, values) = current(&Postgres, &table(), "r").build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT) FROM "orionbeacon_leases" WHERE "resource" = $1"#
+        );
+        assert_eq!(values.0.len(), 1);
+    }
+
+    #[test]
+    fn sqlite_lease_modifier_is_exact() {
+        let (_, values) = upsert(&Sqlite, &table(), "r", "me", 86_400_007)
+            .unwrap()
+            .build(SqliteQueryBuilder);
+        assert!(
+            values.0.contains(&"+86400.007 seconds".into()),
+            "{values:?}"
+        );
     }
 }

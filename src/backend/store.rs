@@ -36,7 +36,10 @@ pub struct SeaOrmLeaseStore {
 impl SeaOrmLeaseStore {
     /// A store on the default table, `orionbeacon_leases`.
     pub fn new(db: DatabaseConnection) -> Self {
-        Self { db, table: Arc::from(DEFAULT_TABLE) }
+        Self {
+            db,
+            table: Arc::from(DEFAULT_TABLE),
+        }
     }
 
     /// The same store on another table (validated: ASCII letters, digits and `_`, at most 63
@@ -103,7 +106,10 @@ impl SeaOrmLeaseStore {
         let row = self.with_retry(|| self.db.query_one(&stmt)).await?;
         row.map(|r| Row::decode(&r))
             .transpose()
-            .map_err(|source| StoreError::Decode { table: self.table.to_string(), source })
+            .map_err(|source| StoreError::Decode {
+                table: self.table.to_string(),
+                source,
+            })
     }
 }
 
@@ -126,22 +132,26 @@ impl LeaseStore for SeaOrmLeaseStore {
         let returned = self.with_retry(|| self.db.query_one(&stmt)).await?;
         match returned {
             Some(row) => {
-                let row = Row::decode(&row)
-                    .map_err(|source| StoreError::Decode { table: self.table.to_string(), source })?;
+                let row = Row::decode(&row).map_err(|source| StoreError::Decode {
+                    table: self.table.to_string(),
+                    source,
+                })?;
                 Ok(row.outcome(resource, candidate))
             }
             // Denied: the statement changed nothing. Say who holds the lease with a plain read;
             // the read is only a report (the holder may change between the two statements).
-            None => Ok(LeaseOutcome::Denied(match self.read_row(d, resource).await? {
-                Some(row) => row.denial(resource),
-                None => Denial {
-                    resource: resource.to_owned(),
-                    holder: None,
-                    token: None,
-                    remaining: Duration::ZERO,
-                    expires_at: None,
+            None => Ok(LeaseOutcome::Denied(
+                match self.read_row(d, resource).await? {
+                    Some(row) => row.denial(resource),
+                    None => Denial {
+                        resource: resource.to_owned(),
+                        holder: None,
+                        token: None,
+                        remaining: Duration::ZERO,
+                        expires_at: None,
+                    },
                 },
-            })),
+            )),
         }
     }
 
@@ -157,6 +167,9 @@ impl LeaseStore for SeaOrmLeaseStore {
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         validate_resource(resource)?;
         let d = self.dialect()?;
-        Ok(self.read_row(d, resource).await?.map(|row| row.record(resource)))
+        Ok(self
+            .read_row(d, resource)
+            .await?
+            .map(|row| row.record(resource)))
     }
 }

@@ -1,0 +1,404 @@
+//! The store contract, as tests generic over any `LeaseStore`. Every store and backend runs all
+//! of them through `conformance_suite!`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use orion_beacon::{FencingToken, LeaseOutcome, LeaseStore, StoreError};
+
+use super::{unique, Rng};
+
+/// A lease short enough to wait out in tests.
+pub const SHORT: Duration = Duration::from_millis(400);
+/// Long enough past `SHORT` that every clock agrees it is over.
+pub const PAST_SHORT: Duration = Duration::from_millis(700);
+/// A lease that never runs out during a test.
+pub const LONG: Duration = Duration::from_secs(60);
+
+/// One store under test.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    type Store: LeaseStore + Clone + 'static;
+    /// A store on the harness's table (one shared connection pool).
+    fn store(&self) -> Self::Store;
+    /// A store on the same table with a connection pool of its own, as another process has.
+    async fn separate_store(&self) -> Self::Store;
+    /// Removes what the harness created.
+    async fn teardown(self);
+}
+
+fn acquired(outcome: &LeaseOutcome) -> FencingToken {
+    match outcome {
+        LeaseOutcome::Acquired(lease) => lease.token,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+fn renewed(outcome: &LeaseOutcome) -> FencingToken {
+    match outcome {
+        LeaseOutcome::Renewed(lease) => lease.token,
+        other => panic!("expected Renewed, got {other:?}"),
+    }
+}
+
+pub async fn new_resource_is_acquired_with_token_1<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("fresh");
+    let out = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    assert_eq!(acquired(&out), FencingToken::new(1));
+    let lease = out.lease().unwrap();
+    assert_eq!(lease.holder, "a");
+    assert_eq!(lease.resource, r);
+    assert_eq!(
+        lease.remaining, LONG,
+        "a fresh grant has the whole lease left"
+    );
+}
+
+pub async fn renew_keeps_token_and_extends<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("renew");
+    let first = store.acquire_or_renew(&r, "a", SHORT).await.unwrap();
+    let token = acquired(&first);
+    // Renew immediately (same millisecond is possible on SQLite) and after a while.
+    let again = store.acquire_or_renew(&r, "a", SHORT).await.unwrap();
+    assert_eq!(renewed(&again), token);
+    for _ in 0..3 {
+        tokio::time::sleep(SHORT / 2).await;
+        let out = store.acquire_or_renew(&r, "a", SHORT).await.unwrap();
+        assert_eq!(renewed(&out), token, "renewing keeps the token");
+        assert_eq!(
+            out.lease().unwrap().remaining,
+            SHORT,
+            "a renew pushes expiry to now + lease"
+        );
+    }
+    // 1.5 leases after the first grant, still held: the renews really extended it.
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert!(rec.live);
+    assert_eq!(rec.holder, "a");
+    assert_eq!(rec.token, token);
+    if let (Some(first_exp), Some(now_exp)) = (first.lease().unwrap().expires_at, rec.expires_at) {
+        assert!(
+            now_exp > first_exp,
+            "expiry moved forward: {first_exp} -> {now_exp}"
+        );
+        assert_eq!(
+            rec.acquired_at,
+            first.lease().unwrap().acquired_at,
+            "acquired_at kept"
+        );
+        assert!(rec.renewed_at.unwrap() > rec.acquired_at.unwrap());
+    }
+}
+
+pub async fn live_lease_of_another_is_denied_with_holder<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("denied");
+    let token = acquired(&store.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    let out = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    let LeaseOutcome::Denied(denial) = out else {
+        panic!("expected Denied, got {out:?}")
+    };
+    assert_eq!(denial.holder.as_deref(), Some("a"));
+    assert_eq!(denial.token, Some(token));
+    assert!(
+        denial.remaining > LONG - Duration::from_secs(10) && denial.remaining <= LONG,
+        "{:?}",
+        denial.remaining
+    );
+    // Nothing changed.
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.holder.as_str(), rec.token, rec.live),
+        ("a", token, true)
+    );
+    assert_eq!(
+        renewed(&store.acquire_or_renew(&r, "a", LONG).await.unwrap()),
+        token
+    );
+}
+
+pub async fn expired_lease_goes_to_next_with_higher_token<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("expired");
+    let t1 = acquired(&store.acquire_or_renew(&r, "a", SHORT).await.unwrap());
+    tokio::time::sleep(PAST_SHORT).await;
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert!(!rec.live, "lease should have lapsed: {rec:?}");
+    assert_eq!(rec.remaining, Duration::ZERO);
+    let out = store.acquire_or_renew(&r, "b", SHORT).await.unwrap();
+    let t2 = acquired(&out);
+    assert_eq!(t2.get(), t1.get() + 1);
+    // The old holder is now denied and told who leads.
+    let LeaseOutcome::Denied(d) = store.acquire_or_renew(&r, "a", SHORT).await.unwrap() else {
+        panic!("old holder must be denied")
+    };
+    assert_eq!(d.holder.as_deref(), Some("b"));
+}
+
+pub async fn own_expired_lease_is_a_new_term<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("own_expired");
+    let t1 = acquired(&store.acquire_or_renew(&r, "a", SHORT).await.unwrap());
+    tokio::time::sleep(PAST_SHORT).await;
+    let t2 = acquired(&store.acquire_or_renew(&r, "a", SHORT).await.unwrap());
+    assert_eq!(t2.get(), t1.get() + 1, "a lapsed lease is never renewed");
+}
+
+pub async fn release_tombstones_and_keeps_the_token<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("release");
+    let t1 = acquired(&store.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    assert!(
+        store.release(&r, "a").await.unwrap(),
+        "holder releases its live lease"
+    );
+    let rec = store
+        .current(&r)
+        .await
+        .unwrap()
+        .expect("the row survives a release");
+    assert!(!rec.live);
+    assert_eq!(rec.token, t1, "the token survives the release");
+    assert!(
+        !store.release(&r, "a").await.unwrap(),
+        "releasing twice does nothing"
+    );
+    // Next acquirer (the same candidate too) advances past the kept token, even after idling.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t2 = acquired(&store.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    assert_eq!(t2.get(), t1.get() + 1);
+    assert!(store.release(&r, "a").await.unwrap());
+    let t3 = acquired(&store.acquire_or_renew(&r, "b", LONG).await.unwrap());
+    assert_eq!(t3.get(), t2.get() + 1);
+}
+
+pub async fn release_by_non_holder_or_of_expired_changes_nothing<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("release_guard");
+    assert!(!store.release(&r, "a").await.unwrap(), "nothing to release");
+    let t1 = acquired(&store.acquire_or_renew(&r, "a", SHORT).await.unwrap());
+    assert!(
+        !store.release(&r, "b").await.unwrap(),
+        "only the holder may release"
+    );
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert!(rec.live && rec.holder == "a" && rec.token == t1);
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(
+        !store.release(&r, "a").await.unwrap(),
+        "an expired lease is not released"
+    );
+    let rec2 = store.current(&r).await.unwrap().unwrap();
+    assert_eq!((rec2.holder.as_str(), rec2.token), ("a", t1));
+    assert_eq!(
+        rec2.expires_at, rec.expires_at,
+        "release of an expired lease wrote nothing"
+    );
+}
+
+pub async fn current_reports_rows<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("current");
+    assert!(store.current(&r).await.unwrap().is_none());
+    let t = acquired(&store.acquire_or_renew(&r, "node-a", LONG).await.unwrap());
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert_eq!(rec.resource, r);
+    assert_eq!(rec.holder, "node-a");
+    assert_eq!(rec.token, t);
+    assert!(rec.live);
+    assert!(rec.remaining > LONG - Duration::from_secs(10) && rec.remaining <= LONG);
+    // Unicode names round-trip exactly; case matters.
+    let r2 = unique("Résumé-ÜBER");
+    let t2 = acquired(&store.acquire_or_renew(&r2, "Node-A", LONG).await.unwrap());
+    assert_eq!(t2, FencingToken::new(1));
+    assert!(matches!(
+        store.acquire_or_renew(&r2, "node-a", LONG).await.unwrap(),
+        LeaseOutcome::Denied(_)
+    ));
+    assert_eq!(store.current(&r2).await.unwrap().unwrap().holder, "Node-A");
+}
+
+/// 16 candidates with their own connection pools race for a fresh resource, then for the
+/// same resource once it lapsed: exactly one wins each time, nobody sees an error.
+pub async fn first_insert_race_has_one_winner<H: Harness>(h: &H) {
+    const N: usize = 16;
+    let r = unique("race");
+    let mut stores = Vec::new();
+    for _ in 0..N {
+        stores.push(h.separate_store().await);
+    }
+    for round in 0..2u32 {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(N));
+        let mut tasks = Vec::new();
+        for (i, store) in stores.iter().enumerate() {
+            let (store, r, barrier) = (store.clone(), r.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store.acquire_or_renew(&r, &format!("c{i}"), SHORT).await
+            }));
+        }
+        let mut winners = Vec::new();
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(LeaseOutcome::Acquired(lease)) => winners.push(lease),
+                Ok(LeaseOutcome::Denied(_)) => {}
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(e) => panic!("round {round}: a racer saw an error: {e:?}"),
+            }
+        }
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round}: exactly one winner, got {winners:?}"
+        );
+        assert_eq!(winners[0].token.get(), i64::from(round) + 1);
+        tokio::time::sleep(PAST_SHORT).await;
+    }
+}
+
+/// A long randomized run of acquire / renew / release / expiry by several candidates: every
+/// new term's token is exactly one more than the last, renews keep it, and only the term's
+/// holder ever renews.
+pub async fn randomized_run_tokens_strictly_increase<H: Harness>(h: &H) {
+    let seed = std::env::var("ORION_BEACON_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(Rng::seed_from_time);
+    eprintln!("randomized run seed: {seed} (replay with ORION_BEACON_SEED={seed})");
+    let mut rng = Rng::new(seed);
+    let store = h.store();
+    let r = unique("random");
+    let candidates = ["a", "b", "c", "d"];
+    let mut last: Option<(String, FencingToken)> = None;
+    let mut terms = 0;
+    for step in 0..300 {
+        let who = candidates[rng.below(4) as usize];
+        match rng.below(10) {
+            0..=5 => {
+                let lease = Duration::from_millis(20 + rng.below(60));
+                match store.acquire_or_renew(&r, who, lease).await.unwrap() {
+                    LeaseOutcome::Acquired(l) => {
+                        let expected = last.as_ref().map_or(1, |(_, t)| t.get() + 1);
+                        assert_eq!(
+                            l.token.get(),
+                            expected,
+                            "seed {seed} step {step}: new term token"
+                        );
+                        last = Some((who.to_owned(), l.token));
+                        terms += 1;
+                    }
+                    LeaseOutcome::Renewed(l) => {
+                        let (holder, token) = last.clone().expect("renew before any term");
+                        assert_eq!(
+                            (holder.as_str(), l.token),
+                            (who, token),
+                            "seed {seed} step {step}: renew"
+                        );
+                    }
+                    LeaseOutcome::Denied(d) => {
+                        let (holder, _) = last.clone().expect("denied before any term");
+                        assert_ne!(
+                            holder, who,
+                            "seed {seed} step {step}: holder denied its own lease"
+                        );
+                        if let Some(h) = d.holder {
+                            assert_eq!(h, holder);
+                        }
+                    }
+                }
+            }
+            6..=7 => {
+                let released = store.release(&r, who).await.unwrap();
+                if released {
+                    assert_eq!(
+                        last.as_ref().map(|(h, _)| h.as_str()),
+                        Some(who),
+                        "seed {seed} step {step}"
+                    );
+                }
+            }
+            _ => tokio::time::sleep(Duration::from_millis(rng.below(40))).await,
+        }
+    }
+    assert!(
+        terms >= 10,
+        "seed {seed}: only {terms} terms; the run did not exercise handovers"
+    );
+}
+
+pub async fn bad_input_is_refused_before_sql<H: Harness>(h: &H) {
+    let store = h.store();
+    let long = "x".repeat(256);
+    let cases: Vec<(&str, &str, Duration)> = vec![
+        ("", "a", LONG),
+        (&long, "a", LONG),
+        ("r\n", "a", LONG),
+        (" r", "a", LONG),
+        ("r", "", LONG),
+        ("r", &long, LONG),
+        ("r", "a", Duration::ZERO),
+        ("r", "a", Duration::from_micros(10)),
+        ("r", "a", Duration::from_secs(400 * 24 * 3600)),
+    ];
+    for (r, c, lease) in cases {
+        let err = store.acquire_or_renew(r, c, lease).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::InvalidResource { .. }
+                    | StoreError::InvalidCandidate { .. }
+                    | StoreError::InvalidLeaseDuration { .. }
+            ),
+            "{r:?}/{c:?}/{lease:?}: {err:?}"
+        );
+        assert!(!err.is_retryable());
+    }
+    assert!(matches!(
+        store.release("", "a").await,
+        Err(StoreError::InvalidResource { .. })
+    ));
+    assert!(matches!(
+        store.release("r", "").await,
+        Err(StoreError::InvalidCandidate { .. })
+    ));
+    assert!(matches!(
+        store.current(&long).await,
+        Err(StoreError::InvalidResource { .. })
+    ));
+}
+
+/// Generates one `#[tokio::test]` per contract case for a harness setup expression
+/// (`async -> Option<Harness>`; `None` means the backend was opted out).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($setup:expr) => {
+        $crate::conformance_suite!(@cases $setup;
+            new_resource_is_acquired_with_token_1,
+            renew_keeps_token_and_extends,
+            live_lease_of_another_is_denied_with_holder,
+            expired_lease_goes_to_next_with_higher_token,
+            own_expired_lease_is_a_new_term,
+            release_tombstones_and_keeps_the_token,
+            release_by_non_holder_or_of_expired_changes_nothing,
+            current_reports_rows,
+            first_insert_race_has_one_winner,
+            randomized_run_tokens_strictly_increase,
+            bad_input_is_refused_before_sql,
+        );
+    };
+    (@cases $setup:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                #[allow(unused_imports)]
+                use $crate::common::conformance::Harness as _;
+                if let Some(h) = $setup.await {
+                    $crate::common::conformance::$case(&h).await;
+                    h.teardown().await;
+                }
+            }
+        )*
+    };
+}

@@ -1,0 +1,187 @@
+//! The conformance harness for `SeaOrmLeaseStore` on a real database.
+
+use async_trait::async_trait;
+use orion_beacon::SeaOrmLeaseStore;
+use sea_orm::DatabaseConnection;
+
+use super::conformance::Harness;
+use super::{drop_table, migrate, unique, Server};
+
+enum Target {
+    #[cfg(feature = "sqlite")]
+    Sqlite {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+    },
+    Server(Server),
+}
+
+/// One migrated table of its own on a real database.
+pub struct SqlHarness {
+    target: Target,
+    db: DatabaseConnection,
+    table: String,
+}
+
+impl SqlHarness {
+    pub async fn server(server: Server) -> Option<Self> {
+        if server.skipped() {
+            return None;
+        }
+        let db = server.connect(8).await;
+        Some(Self::migrated(Target::Server(server), db).await)
+    }
+
+    #[cfg(feature = "sqlite")]
+    pub async fn sqlite() -> Option<Self> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("leases.db");
+        let db = super::connect_sqlite(&path, 8).await;
+        Some(Self::migrated(Target::Sqlite { _dir: dir, path }, db).await)
+    }
+
+    async fn migrated(target: Target, db: DatabaseConnection) -> Self {
+        let table = unique("obt");
+        migrate(&db, &table).await;
+        Self { target, db, table }
+    }
+
+    pub fn db(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// A new connection pool to the same database, as another process would have.
+    pub async fn connect_again(&self, max_connections: u32) -> DatabaseConnection {
+        match &self.target {
+            #[cfg(feature = "sqlite")]
+            Target::Sqlite { path, .. } => super::connect_sqlite(path, max_connections).await,
+            Target::Server(server) => server.connect(max_connections).await,
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for SqlHarness {
+    type Store = SeaOrmLeaseStore;
+
+    fn store(&self) -> SeaOrmLeaseStore {
+        SeaOrmLeaseStore::new(self.db.clone())
+            .with_table(&self.table)
+            .expect("valid table")
+    }
+
+    async fn separate_store(&self) -> SeaOrmLeaseStore {
+        SeaOrmLeaseStore::new(self.connect_again(2).await)
+            .with_table(&self.table)
+            .expect("valid table")
+    }
+
+    async fn teardown(self) {
+        drop_table(&self.db, &self.table).await;
+    }
+}
+
+pub async fn missing_table_says_run_the_migration(h: &SqlHarness) {
+    use orion_beacon::{LeaseStore, StoreError};
+    let store = SeaOrmLeaseStore::new(h.db().clone())
+        .with_table(unique("never_migrated"))
+        .unwrap();
+    for err in [
+        store
+            .acquire_or_renew("r", "a", super::conformance::LONG)
+            .await
+            .unwrap_err(),
+        store.current("r").await.unwrap_err(),
+        store.release("r", "a").await.unwrap_err(),
+    ] {
+        assert!(matches!(err, StoreError::MissingTable { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("run the migration") && text.contains("never_migrated"),
+            "{text}"
+        );
+        assert!(
+            std::error::Error::source(&err).is_some(),
+            "the DbErr is kept as source"
+        );
+    }
+}
+
+pub async fn bad_table_names_are_refused(h: &SqlHarness) {
+    use orion_beacon::StoreError;
+    for bad in ["", "x; DROP TABLE y", "a\"b", "a`b", "1x", &"t".repeat(64)] {
+        let err = SeaOrmLeaseStore::new(h.db().clone())
+            .with_table(bad)
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::InvalidTableName(_)),
+            "{bad:?}: {err:?}"
+        );
+    }
+}
+
+/// The default table name works end to end, and the entity crate reads the rows it writes.
+pub async fn entity_reads_what_the_store_writes(h: &SqlHarness) {
+    use orion_beacon::LeaseStore;
+    use orion_beacon_entity::lease;
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    use sea_orm::FromQueryResult;
+    let store = h.store_for_test();
+    let r = unique("entity");
+    let out = store
+        .acquire_or_renew(&r, "node-a", super::conformance::LONG)
+        .await
+        .unwrap();
+    let lease = out.lease().unwrap().clone();
+    // Plain SeaORM: the entity names the default table, so select from ours into its Model.
+    let select = Query::select()
+        .column(sea_orm::sea_query::Asterisk)
+        .from(Alias::new(h.table()))
+        .and_where(Expr::col(lease::Column::Resource).eq(r.clone()))
+        .to_owned();
+    let row = lease::Model::find_by_statement(h.db().get_database_backend().build(&select))
+        .one(h.db())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.holder, "node-a");
+    assert_eq!(row.fencing_token, lease.token.get());
+    assert_eq!(Some(row.expires_at), lease.expires_at);
+    assert_eq!(Some(row.acquired_at), lease.acquired_at);
+    assert_eq!(row.acquired_at, row.renewed_at);
+}
+
+impl SqlHarness {
+    fn store_for_test(&self) -> SeaOrmLeaseStore {
+        <Self as Harness>::store(self)
+    }
+}
+
+/// Tests specific to the SQL store, for a harness setup expression.
+#[macro_export]
+macro_rules! sql_store_suite {
+    ($setup:expr) => {
+        $crate::sql_store_suite!(@cases $setup;
+            missing_table_says_run_the_migration,
+            bad_table_names_are_refused,
+            entity_reads_what_the_store_writes,
+        );
+    };
+    (@cases $setup:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                #[allow(unused_imports)]
+                use $crate::common::conformance::Harness as _;
+                if let Some(h) = $setup.await {
+                    $crate::common::sql::$case(&h).await;
+                    h.teardown().await;
+                }
+            }
+        )*
+    };
+}
