@@ -10,6 +10,7 @@ mod lease;
 mod memory;
 pub mod store;
 
+pub use backend::mysql::MySqlUpsert;
 pub use backend::SeaOrmLeaseStore;
 pub use error::{StoreError, TableNameError};
 pub use fencing::FencingToken;

@@ -82,3 +82,78 @@ async fn up_and_down_on_postgres() {
         .await
         .unwrap();
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn up_and_down_on_mariadb() {
+    let url = std::env::var("ORION_BEACON_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    if std::env::var("ORION_BEACON_SKIP").is_ok_and(|s| s.contains("mysql")) {
+        eprintln!("SKIPPED: mysql migration test did not run (ORION_BEACON_SKIP)");
+        return;
+    }
+    let admin = Database::connect(&url).await.unwrap_or_else(|e| {
+        panic!("cannot reach {url}: {e}; set ORION_BEACON_MYSQL_URL or ORION_BEACON_SKIP=mysql")
+    });
+    // A database of its own, so the default table name cannot collide with anything else.
+    let name = format!("obm_{}", std::process::id());
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE IF NOT EXISTS {name}"))
+        .await
+        .unwrap();
+    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&url);
+    let own_url = format!("{base}/{name}");
+    let db = Database::connect(&own_url).await.unwrap();
+    migrate(&own_url, None, "up");
+    // Binary collation (names compare exactly) and microsecond UTC datetimes.
+    let columns = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            format!(
+                "SELECT COLUMN_NAME, COLUMN_TYPE, IFNULL(COLLATION_NAME, '') FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = '{name}' AND TABLE_NAME = 'orionbeacon_leases' ORDER BY ORDINAL_POSITION"
+            ),
+        ))
+        .await
+        .unwrap();
+    let columns: Vec<(String, String, String)> = columns
+        .iter()
+        .map(|r| {
+            (
+                r.try_get_by_index(0).unwrap(),
+                r.try_get_by_index(1).unwrap(),
+                r.try_get_by_index(2).unwrap(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("resource", "varchar(255)", "utf8mb4_bin"),
+        ("holder", "varchar(255)", "utf8mb4_bin"),
+        ("fencing_token", "bigint(20)", ""),
+        ("expires_at", "datetime(6)", ""),
+        ("acquired_at", "datetime(6)", ""),
+        ("renewed_at", "datetime(6)", ""),
+    ];
+    // MariaDB says bigint(20), MySQL 8 just bigint.
+    let got: Vec<(&str, &str, &str)> = columns
+        .iter()
+        .map(|(a, b, c)| {
+            (
+                a.as_str(),
+                if b.starts_with("bigint") {
+                    "bigint(20)"
+                } else {
+                    b.as_str()
+                },
+                c.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(got, expected);
+    migrate(&own_url, None, "down");
+    check_up_then_down(&own_url, &db, None).await;
+    admin
+        .execute_unprepared(&format!("DROP DATABASE {name}"))
+        .await
+        .unwrap();
+}

@@ -6,6 +6,7 @@
 //! MySQL builder drops `ON CONFLICT ... WHERE` and `RETURNING` without a word.
 
 mod errors;
+pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
 mod statements;

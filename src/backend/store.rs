@@ -9,6 +9,7 @@ use sea_orm::sea_query::Alias;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr};
 
 use super::errors::{classify, kind, Kind};
+use super::mysql::MySqlUpsert;
 use super::statements::{self, Row};
 use super::Dialect;
 use crate::store::{validate_candidate, validate_request, validate_resource};
@@ -31,6 +32,8 @@ const ATTEMPTS: u32 = 3;
 pub struct SeaOrmLeaseStore {
     db: DatabaseConnection,
     table: Arc<str>,
+    /// MySQL/MariaDB only: which upsert form the server takes, detected once.
+    mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
 }
 
 impl SeaOrmLeaseStore {
@@ -39,6 +42,7 @@ impl SeaOrmLeaseStore {
         Self {
             db,
             table: Arc::from(DEFAULT_TABLE),
+            mysql_upsert: Arc::default(),
         }
     }
 
@@ -49,6 +53,15 @@ impl SeaOrmLeaseStore {
         validate_table_name(table)?;
         self.table = Arc::from(table);
         Ok(self)
+    }
+
+    /// MySQL/MariaDB only: use this upsert form instead of the one detected from the server's
+    /// version (MariaDB 10.5+ takes [`MySqlUpsert::Returning`], MySQL needs
+    /// [`MySqlUpsert::Transaction`]). Both are atomic; detection is right for real servers, so
+    /// this is for proxies that hide the version, and for tests.
+    pub fn with_mysql_upsert(mut self, form: MySqlUpsert) -> Self {
+        self.mysql_upsert = Arc::new(tokio::sync::OnceCell::new_with(Some(form)));
+        self
     }
 
     /// The lease table's name.
@@ -75,6 +88,9 @@ impl SeaOrmLeaseStore {
             DbBackend::Postgres => Err(unsupported("PostgreSQL", "postgres")),
             #[cfg(not(feature = "sqlite"))]
             DbBackend::Sqlite => Err(unsupported("SQLite", "sqlite")),
+            #[cfg(feature = "mysql")]
+            DbBackend::MySql => Ok(&super::mysql::MySql),
+            #[cfg(not(feature = "mysql"))]
             DbBackend::MySql => Err(unsupported("MySQL", "mysql")),
             #[allow(unreachable_patterns)]
             _ => Err(unsupported("unknown", "the matching backend")),
@@ -99,6 +115,69 @@ impl SeaOrmLeaseStore {
                 Err(err) => return Err(classify(err, &self.table)),
             }
         }
+    }
+
+    async fn mysql_form(&self) -> Result<MySqlUpsert, StoreError> {
+        let form = self
+            .mysql_upsert
+            .get_or_try_init(|| async {
+                let version = self
+                    .with_retry(|| {
+                        self.db.query_one_raw(sea_orm::Statement::from_string(
+                            DbBackend::MySql,
+                            "SELECT VERSION()",
+                        ))
+                    })
+                    .await?
+                    .map(|row| row.try_get_by_index::<String>(0))
+                    .transpose()
+                    .map_err(StoreError::Database)?
+                    .unwrap_or_default();
+                let form = MySqlUpsert::for_version(&version);
+                tracing::debug!(%version, ?form, "MySQL upsert form chosen");
+                Ok::<_, StoreError>(form)
+            })
+            .await?;
+        Ok(*form)
+    }
+
+    /// MySQL/MariaDB acquire-or-renew: the row after the statement, in every case.
+    async fn mysql_upsert(
+        &self,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<Option<Row>, StoreError> {
+        use sea_orm::TransactionTrait;
+        let table = self.table_iden();
+        let row = match self.mysql_form().await? {
+            MySqlUpsert::Returning => {
+                let stmt = super::mysql::upsert_returning(&table, resource, candidate, millis)
+                    .map_err(StoreError::Database)?;
+                self.with_retry(|| self.db.query_one_raw(stmt.clone()))
+                    .await?
+            }
+            MySqlUpsert::Transaction => {
+                let upsert = super::mysql::upsert(&table, resource, candidate, millis)
+                    .map_err(StoreError::Database)?;
+                let read = statements::current(&super::mysql::MySql, &table, resource);
+                self.with_retry(|| async {
+                    let txn = self.db.begin().await?;
+                    txn.execute(&upsert).await?;
+                    // The upsert holds the row's lock until commit: this reads what it left.
+                    let row = txn.query_one(&read).await?;
+                    txn.commit().await?;
+                    Ok(row)
+                })
+                .await?
+            }
+        };
+        row.map(|r| Row::decode(&r))
+            .transpose()
+            .map_err(|source| StoreError::Decode {
+                table: self.table.to_string(),
+                source,
+            })
     }
 
     async fn read_row(&self, d: &dyn Dialect, resource: &str) -> Result<Option<Row>, StoreError> {
@@ -127,6 +206,15 @@ impl LeaseStore for SeaOrmLeaseStore {
     ) -> Result<LeaseOutcome, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
         let d = self.dialect()?;
+        if self.db.get_database_backend() == DbBackend::MySql {
+            return match self.mysql_upsert(resource, candidate, millis).await? {
+                Some(row) => Ok(row.outcome(resource, candidate)),
+                None => Err(StoreError::Decode {
+                    table: self.table.to_string(),
+                    source: DbErr::RecordNotFound("the upserted lease row".to_owned()),
+                }),
+            };
+        }
         let stmt = statements::upsert(d, &self.table_iden(), resource, candidate, millis)
             .map_err(StoreError::Database)?;
         let returned = self.with_retry(|| self.db.query_one(&stmt)).await?;

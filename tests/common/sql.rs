@@ -21,6 +21,7 @@ pub struct SqlHarness {
     target: Target,
     db: DatabaseConnection,
     table: String,
+    mysql_form: Option<orion_beacon::MySqlUpsert>,
 }
 
 impl SqlHarness {
@@ -43,7 +44,27 @@ impl SqlHarness {
     async fn migrated(target: Target, db: DatabaseConnection) -> Self {
         let table = unique("obt");
         migrate(&db, &table).await;
-        Self { target, db, table }
+        Self {
+            target,
+            db,
+            table,
+            mysql_form: None,
+        }
+    }
+
+    /// The MySQL/MariaDB server harness with a fixed upsert form.
+    pub async fn mysql(form: orion_beacon::MySqlUpsert) -> Option<Self> {
+        let mut h = Self::server(Server::MySql).await?;
+        h.mysql_form = Some(form);
+        Some(h)
+    }
+
+    fn configure(&self, store: SeaOrmLeaseStore) -> SeaOrmLeaseStore {
+        let store = store.with_table(&self.table).expect("valid table");
+        match self.mysql_form {
+            Some(form) => store.with_mysql_upsert(form),
+            None => store,
+        }
     }
 
     pub fn db(&self) -> &DatabaseConnection {

@@ -1,0 +1,63 @@
+//! The store contract on MySQL/MariaDB (`ORION_BEACON_MYSQL_URL`, default
+//! `mysql://root@127.0.0.1:3306/test`), for both statement forms: MariaDB's one-statement
+//! `... RETURNING`, and the transaction that MySQL needs (which MariaDB runs too).
+#![cfg(feature = "mysql")]
+
+mod common;
+
+use common::sql::SqlHarness;
+use common::Server;
+use orion_beacon::MySqlUpsert;
+
+mod returning {
+    use super::*;
+    conformance_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
+    sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
+}
+
+mod transaction {
+    use super::*;
+    conformance_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
+    sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
+}
+
+/// Without an override the store asks the server, and MariaDB gets the one-statement form.
+#[tokio::test]
+async fn detects_mariadb_and_works_without_override() {
+    use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+    let Some(h) = SqlHarness::server(Server::MySql).await else {
+        return;
+    };
+    let store = SeaOrmLeaseStore::new(h.db().clone())
+        .with_table(h.table())
+        .unwrap();
+    let out = store
+        .acquire_or_renew("r", "a", std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        matches!(out, LeaseOutcome::Acquired(ref l) if l.token.get() == 1),
+        "{out:?}"
+    );
+    let version: String = {
+        use sea_orm::ConnectionTrait;
+        let row = h
+            .db()
+            .query_one_raw(sea_orm::Statement::from_string(
+                h.db().get_database_backend(),
+                "SELECT VERSION()",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index(0).unwrap()
+    };
+    if version.contains("MariaDB") {
+        assert_eq!(
+            MySqlUpsert::for_version(&version),
+            MySqlUpsert::Returning,
+            "{version}"
+        );
+    }
+    common::conformance::Harness::teardown(h).await;
+}
