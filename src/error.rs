@@ -82,6 +82,45 @@ pub enum StoreError {
     /// Any other database error (connection refused, pool timed out, ...).
     #[error("lease store database error")]
     Database(#[source] DbErr),
+    /// SQL Server: tiberius' parser refused the ADO.NET connection string.
+    #[cfg(feature = "sqlserver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
+    #[error("invalid SQL Server connection string (ADO.NET, e.g. `Server=localhost;Database=app;User Id=sa;Password=...;TrustServerCertificate=True`)")]
+    InvalidConnectionString {
+        /// tiberius' parse error.
+        #[source]
+        source: tiberius::error::Error,
+    },
+    /// SQL Server: the lease table does not exist in this database (error 208).
+    #[cfg(feature = "sqlserver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
+    #[error(
+        "the lease table {table:?} does not exist: run the migration first \
+         (`SqlServerLeaseStore::migrate()`, or the T-SQL \
+         migration/sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql)"
+    )]
+    SqlServerMissingTable {
+        /// The table that was looked for.
+        table: String,
+        /// SQL Server's error.
+        #[source]
+        source: tiberius::error::Error,
+    },
+    /// SQL Server: the statement was chosen as a deadlock victim (1205) or hit a duplicate key
+    /// (2627) and still failed after the store's own retries. It had no effect; safe to retry.
+    #[cfg(feature = "sqlserver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
+    #[error("lease statement conflicted with a concurrent transaction on SQL Server; retry")]
+    SqlServerConflict {
+        /// SQL Server's error.
+        #[source]
+        source: tiberius::error::Error,
+    },
+    /// SQL Server: any other error (connection refused, TLS, login, protocol, server error, ...).
+    #[cfg(feature = "sqlserver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
+    #[error("lease store SQL Server error")]
+    SqlServer(#[source] tiberius::error::Error),
 }
 
 impl StoreError {

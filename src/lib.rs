@@ -4,6 +4,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+pub mod elector;
 mod error;
 mod fencing;
 mod lease;
@@ -11,7 +12,12 @@ mod memory;
 pub mod store;
 
 pub use backend::mysql::MySqlUpsert;
+#[cfg(feature = "sqlserver")]
+pub use backend::sqlserver::SqlServerLeaseStore;
 pub use backend::SeaOrmLeaseStore;
+pub use elector::{
+    ConfigError, Elector, ElectorBuilder, ElectorHandle, LeaderTerm, Leadership, LossReason,
+};
 pub use error::{StoreError, TableNameError};
 pub use fencing::FencingToken;
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord};

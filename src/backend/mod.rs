@@ -9,6 +9,8 @@ mod errors;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
+#[cfg(feature = "sqlserver")]
+pub mod sqlserver;
 mod statements;
 mod store;
 

@@ -1,0 +1,251 @@
+//! Elector options, their defaults and their validation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::{lease_millis, validate_candidate, validate_resource};
+use crate::StoreError;
+
+/// Default lease duration (as in the seed: 15 s).
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+/// Default renew interval (5 s).
+pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(5);
+/// Default follower retry interval (2 s).
+pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(2);
+/// Default grace period for leader work to return after its term ends (5 s).
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+/// Default jitter on follower retries (±10 %).
+pub const DEFAULT_JITTER: f64 = 0.1;
+
+/// A bad elector option, reported by [`ElectorBuilder::build`](crate::ElectorBuilder::build).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No resource name was given.
+    #[error("no resource name: call .resource(\"...\")")]
+    MissingResource,
+    /// The resource name or candidate id was refused, or the lease duration is out of range.
+    #[error(transparent)]
+    Invalid(#[from] StoreError),
+    /// A duration option was zero.
+    #[error("{option} must not be zero")]
+    Zero {
+        /// The option.
+        option: &'static str,
+    },
+    /// The renew interval leaves no room for a retry inside the lease.
+    #[error(
+        "renew_interval {renew:?} leaves no room for a retry: twice the renew interval must fit in \
+         lease_duration {lease:?} minus the step-down margin {margin:?}"
+    )]
+    RenewTooSlow {
+        /// The renew interval.
+        renew: Duration,
+        /// The lease duration.
+        lease: Duration,
+        /// The step-down margin.
+        margin: Duration,
+    },
+    /// The step-down margin is half the lease or more.
+    #[error("step_down_margin {margin:?} must be less than half of lease_duration {lease:?}")]
+    MarginTooLarge {
+        /// The margin.
+        margin: Duration,
+        /// The lease duration.
+        lease: Duration,
+    },
+    /// Jitter outside `0.0..=0.5`.
+    #[error("jitter {0} must be between 0.0 and 0.5")]
+    Jitter(f64),
+}
+
+/// Validated elector settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub resource: Arc<str>,
+    pub candidate: Arc<str>,
+    pub lease: Duration,
+    pub renew_interval: Duration,
+    pub retry_interval: Duration,
+    pub step_down_margin: Duration,
+    pub grace_period: Duration,
+    pub jitter: f64,
+    pub release_on_shutdown: bool,
+}
+
+/// Options as given, before validation.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    pub resource: Option<String>,
+    pub candidate: Option<String>,
+    pub lease: Option<Duration>,
+    pub renew_interval: Option<Duration>,
+    pub retry_interval: Option<Duration>,
+    pub step_down_margin: Option<Duration>,
+    pub grace_period: Option<Duration>,
+    pub jitter: Option<f64>,
+    pub release_on_shutdown: Option<bool>,
+}
+
+impl Options {
+    pub(crate) fn validate(self) -> Result<Config, ConfigError> {
+        let resource = self.resource.ok_or(ConfigError::MissingResource)?;
+        validate_resource(&resource)?;
+        let candidate = self.candidate.unwrap_or_else(default_candidate_id);
+        validate_candidate(&candidate)?;
+        let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
+        let renew_interval = self.renew_interval.unwrap_or(DEFAULT_RENEW_INTERVAL);
+        let retry_interval = self.retry_interval.unwrap_or(DEFAULT_RETRY_INTERVAL);
+        let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
+        for (option, value) in [
+            ("lease_duration", lease),
+            ("renew_interval", renew_interval),
+            ("retry_interval", retry_interval),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Zero { option });
+            }
+        }
+        lease_millis(lease)?;
+        let step_down_margin = self.step_down_margin.unwrap_or(lease / 10);
+        if step_down_margin >= lease / 2 {
+            return Err(ConfigError::MarginTooLarge {
+                margin: step_down_margin,
+                lease,
+            });
+        }
+        if renew_interval.saturating_mul(2) > lease - step_down_margin {
+            return Err(ConfigError::RenewTooSlow {
+                renew: renew_interval,
+                lease,
+                margin: step_down_margin,
+            });
+        }
+        let jitter = self.jitter.unwrap_or(DEFAULT_JITTER);
+        if !(0.0..=0.5).contains(&jitter) {
+            return Err(ConfigError::Jitter(jitter));
+        }
+        Ok(Config {
+            resource: Arc::from(resource),
+            candidate: Arc::from(candidate),
+            lease,
+            renew_interval,
+            retry_interval,
+            step_down_margin,
+            grace_period,
+            jitter,
+            release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
+        })
+    }
+}
+
+/// Host name + process id + a random suffix: unique per elector, readable in `leases` output.
+pub(crate) fn default_candidate_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_owned());
+    let host: String = host.chars().filter(|c| !c.is_control()).take(200).collect();
+    format!(
+        "{}-{}-{:08x}",
+        host.trim(),
+        std::process::id(),
+        random_u64() as u32
+    )
+}
+
+/// A random number from the standard library's per-process hasher keys (no extra dependency;
+/// good enough for ids and jitter, not for cryptography).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> Options {
+        Options {
+            resource: Some("r".into()),
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = opts().validate().unwrap();
+        assert_eq!(c.lease, Duration::from_secs(15));
+        assert_eq!(c.renew_interval, Duration::from_secs(5));
+        assert_eq!(c.retry_interval, Duration::from_secs(2));
+        assert_eq!(c.step_down_margin, Duration::from_millis(1500));
+        assert!(c.release_on_shutdown);
+        assert!(c.candidate.contains(&std::process::id().to_string()));
+        assert_ne!(default_candidate_id(), default_candidate_id());
+    }
+
+    #[test]
+    fn bad_options() {
+        assert!(matches!(
+            Options::default().validate(),
+            Err(ConfigError::MissingResource)
+        ));
+        let bad = |f: fn(&mut Options)| {
+            let mut o = opts();
+            f(&mut o);
+            o.validate().unwrap_err()
+        };
+        assert!(matches!(
+            bad(|o| o.resource = Some(String::new())),
+            ConfigError::Invalid(StoreError::InvalidResource { .. })
+        ));
+        assert!(matches!(
+            bad(|o| o.candidate = Some(" x".into())),
+            ConfigError::Invalid(StoreError::InvalidCandidate { .. })
+        ));
+        assert!(matches!(
+            bad(|o| o.lease = Some(Duration::ZERO)),
+            ConfigError::Zero {
+                option: "lease_duration"
+            }
+        ));
+        assert!(matches!(
+            bad(|o| o.renew_interval = Some(Duration::ZERO)),
+            ConfigError::Zero { .. }
+        ));
+        assert!(matches!(
+            bad(|o| o.retry_interval = Some(Duration::ZERO)),
+            ConfigError::Zero { .. }
+        ));
+        assert!(matches!(
+            bad(|o| o.renew_interval = Some(Duration::from_secs(7))),
+            ConfigError::RenewTooSlow { .. }
+        ));
+        assert!(matches!(
+            bad(|o| o.renew_interval = Some(Duration::from_secs(15))),
+            ConfigError::RenewTooSlow { .. }
+        ));
+        assert!(matches!(
+            bad(|o| o.step_down_margin = Some(Duration::from_secs(8))),
+            ConfigError::MarginTooLarge { .. }
+        ));
+        assert!(matches!(
+            bad(|o| o.lease = Some(Duration::from_secs(400 * 86400))),
+            ConfigError::Invalid(StoreError::InvalidLeaseDuration { .. })
+        ));
+        assert!(matches!(
+            bad(|o| o.jitter = Some(0.9)),
+            ConfigError::Jitter(_)
+        ));
+        assert!(matches!(
+            bad(|o| o.jitter = Some(f64::NAN)),
+            ConfigError::Jitter(_)
+        ));
+    }
+}

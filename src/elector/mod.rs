@@ -1,0 +1,296 @@
+//! The elector: keeps one candidate elected per resource on any [`LeaseStore`].
+
+mod config;
+mod runner;
+mod term;
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{watch, RwLock};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{
+    ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER, DEFAULT_LEASE_DURATION,
+    DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
+};
+pub use term::{LeaderTerm, Leadership, LossReason};
+
+use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
+use config::{Config, Options};
+use runner::{Runner, Stop};
+
+/// Builds an [`Elector`]: `Elector::builder(store).resource("nightly-report").build()?`.
+#[must_use]
+pub struct ElectorBuilder {
+    store: Arc<dyn LeaseStore>,
+    options: Options,
+}
+
+impl std::fmt::Debug for ElectorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElectorBuilder")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ElectorBuilder {
+    /// The resource to elect a leader for (required).
+    pub fn resource(mut self, resource: impl Into<String>) -> Self {
+        self.options.resource = Some(resource.into());
+        self
+    }
+
+    /// This candidate's id. Default: host name, process id and a random suffix, unique per
+    /// elector. Two electors with the same id are the *same* candidate to the store.
+    pub fn candidate_id(mut self, id: impl Into<String>) -> Self {
+        self.options.candidate = Some(id.into());
+        self
+    }
+
+    /// How long a granted lease lasts without a renew. Default 15 s.
+    pub fn lease_duration(mut self, lease: Duration) -> Self {
+        self.options.lease = Some(lease);
+        self
+    }
+
+    /// How often the leader renews. Default 5 s; twice it must fit in the lease minus the
+    /// step-down margin, so one failed renew can be retried in time.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.options.renew_interval = Some(interval);
+        self
+    }
+
+    /// How often a follower tries to acquire. Default 2 s. A follower told that the lease ends
+    /// sooner tries right after it ends instead.
+    pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.options.retry_interval = Some(interval);
+        self
+    }
+
+    /// How long before its last grant would run out (counted from when that request was sent)
+    /// the leader steps down if it could not renew. Default: a tenth of the lease.
+    pub fn step_down_margin(mut self, margin: Duration) -> Self {
+        self.options.step_down_margin = Some(margin);
+        self
+    }
+
+    /// How long leader work ([`ElectorHandle::run_as_leader`]) may take to return after its
+    /// term ends before it is dropped; shutdown waits this long at most. Default 5 s.
+    pub fn grace_period(mut self, grace: Duration) -> Self {
+        self.options.grace_period = Some(grace);
+        self
+    }
+
+    /// Random spread of follower retries, as a fraction (0.0 to 0.5). Default 0.1 (±10 %).
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.options.jitter = Some(jitter);
+        self
+    }
+
+    /// Whether shutdown releases the lease (so a follower takes over at its next attempt
+    /// instead of waiting for the lease to lapse). Default true.
+    pub fn release_on_shutdown(mut self, release: bool) -> Self {
+        self.options.release_on_shutdown = Some(release);
+        self
+    }
+
+    /// Validates the options.
+    pub fn build(self) -> Result<Elector, ConfigError> {
+        Ok(Elector {
+            store: self.store,
+            config: Arc::new(self.options.validate()?),
+        })
+    }
+}
+
+/// A configured elector, ready to [`start`](Self::start).
+pub struct Elector {
+    store: Arc<dyn LeaseStore>,
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn process_store() -> InMemoryLeaseStore {
+    static STORE: OnceLock<InMemoryLeaseStore> = OnceLock::new();
+    STORE.get_or_init(InMemoryLeaseStore::new).clone()
+}
+
+impl Elector {
+    /// A builder over `store`, the place every candidate of the resource shares.
+    pub fn builder(store: impl LeaseStore + 'static) -> ElectorBuilder {
+        ElectorBuilder {
+            store: Arc::new(store),
+            options: Options::default(),
+        }
+    }
+
+    /// A builder over the process-wide in-memory store: electors in this process contend with
+    /// each other, not with other processes.
+    pub fn builder_in_memory() -> ElectorBuilder {
+        Self::builder(process_store())
+    }
+
+    /// This elector's candidate id.
+    pub fn candidate_id(&self) -> &str {
+        &self.config.candidate
+    }
+
+    /// The resource.
+    pub fn resource(&self) -> &str {
+        &self.config.resource
+    }
+
+    /// Starts contending, on the current tokio runtime (like `tokio::spawn`, this must be
+    /// called from within one).
+    pub fn start(self) -> ElectorHandle {
+        let (state, receiver) = watch::channel(Leadership::Starting);
+        let stop = Stop {
+            shutdown: CancellationToken::new(),
+            abort: CancellationToken::new(),
+        };
+        let work_gate = Arc::new(RwLock::new(()));
+        let runner = Runner {
+            store: self.store,
+            config: self.config.clone(),
+            state,
+            stop: stop.clone(),
+            work_gate: work_gate.clone(),
+        };
+        let task = tokio::spawn(runner.run());
+        ElectorHandle {
+            config: self.config,
+            receiver,
+            stop,
+            work_gate,
+            task: Some(task),
+        }
+    }
+}
+
+/// A running elector. Dropping it stops the elector (gracefully: work ends, the lease is
+/// released) without waiting; [`shutdown`](Self::shutdown) waits.
+#[derive(Debug)]
+pub struct ElectorHandle {
+    config: Arc<Config>,
+    receiver: watch::Receiver<Leadership>,
+    stop: Stop,
+    work_gate: Arc<RwLock<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ElectorHandle {
+    /// The leadership state as it changes.
+    pub fn watch(&self) -> watch::Receiver<Leadership> {
+        self.receiver.clone()
+    }
+
+    /// The state now.
+    pub fn leadership(&self) -> Leadership {
+        self.receiver.borrow().clone()
+    }
+
+    /// Whether this candidate leads *right now*: a leader state whose term is not lost and
+    /// whose local deadline has not passed.
+    pub fn is_leader(&self) -> bool {
+        self.receiver.borrow().is_leader()
+    }
+
+    /// The current term's fencing token, while [`is_leader`](Self::is_leader).
+    pub fn token(&self) -> Option<FencingToken> {
+        match &*self.receiver.borrow() {
+            Leadership::Leader(term) if term.is_current() => Some(term.token()),
+            _ => None,
+        }
+    }
+
+    /// This candidate's id.
+    pub fn candidate_id(&self) -> &str {
+        &self.config.candidate
+    }
+
+    /// The resource.
+    pub fn resource(&self) -> &str {
+        &self.config.resource
+    }
+
+    /// Runs `work` once per term while this candidate leads. When the term ends, the term's
+    /// [`lost`](LeaderTerm::lost) fires and the future gets the grace period to return before it
+    /// is dropped; a later term runs `work` again. The returned task ends when the elector stops.
+    pub fn run_as_leader<F, Fut>(&self, work: F) -> JoinHandle<()>
+    where
+        F: Fn(LeaderTerm) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut receiver = self.receiver.clone();
+        let gate = self.work_gate.clone();
+        let grace = self.config.grace_period;
+        tokio::spawn(async move {
+            let mut last: Option<FencingToken> = None;
+            loop {
+                let term = {
+                    let Ok(state) = receiver
+                        .wait_for(|s| matches!(s, Leadership::Leader(t) if Some(t.token()) != last && !t.is_lost()))
+                        .await
+                    else {
+                        return; // the elector stopped
+                    };
+                    match &*state {
+                        Leadership::Leader(term) => term.clone(),
+                        _ => continue,
+                    }
+                };
+                last = Some(term.token());
+                let _running = gate.read().await;
+                if term.is_lost() {
+                    continue; // ended (or shutting down) before the work could start
+                }
+                let fut = work(term.clone());
+                tokio::pin!(fut);
+                tokio::select! {
+                    _ = &mut fut => {}
+                    _ = term.lost() => {
+                        if tokio::time::timeout(grace, &mut fut).await.is_err() {
+                            tracing::warn!(token = %term.token(), ?grace, "leader work outlived its term's grace period; dropped");
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Stops the elector: ends the current term's work (waiting up to the grace period), then
+    /// releases the lease (unless disabled) so another candidate takes over at its next
+    /// attempt, then stops.
+    pub async fn shutdown(mut self) {
+        self.stop.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Stops the elector at once, as if the process had died: the term is marked lost locally,
+    /// but work is not waited for and the lease is not released; it lapses in the store.
+    pub async fn abort(mut self) {
+        self.stop.abort.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ElectorHandle {
+    fn drop(&mut self) {
+        self.stop.shutdown.cancel();
+    }
+}

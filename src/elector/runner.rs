@@ -1,0 +1,375 @@
+//! The elector's loop: contend as a follower, renew as a leader, step down in time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, RwLock};
+use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use super::config::{random_u64, Config};
+use super::term::{LeaderTerm, Leadership, LossReason};
+use crate::{Denial, Lease, LeaseOutcome, LeaseStore};
+
+/// A follower told that the lease ends in `remaining` tries again this long after it.
+const AFTER_EXPIRY: Duration = Duration::from_millis(15);
+/// First back-off after a store error; doubles per consecutive error.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How the loop was asked to stop.
+#[derive(Debug, Clone)]
+pub(crate) struct Stop {
+    /// Graceful: end the work, release, stop.
+    pub shutdown: CancellationToken,
+    /// Abrupt: as if the process died (no waiting for work, no release).
+    pub abort: CancellationToken,
+}
+
+pub(crate) struct Runner {
+    pub store: Arc<dyn LeaseStore>,
+    pub config: Arc<Config>,
+    pub state: watch::Sender<Leadership>,
+    pub stop: Stop,
+    /// Leader work holds a read guard while it runs; shutdown takes the write lock to wait
+    /// for it.
+    pub work_gate: Arc<RwLock<()>>,
+}
+
+struct Active {
+    term: LeaderTerm,
+    next_renew: Instant,
+}
+
+enum Step<T> {
+    Done(T),
+    Shutdown,
+    Abort,
+}
+
+impl Runner {
+    pub(crate) async fn run(self) {
+        let span = tracing::info_span!(
+            "elector",
+            resource = %self.config.resource,
+            candidate = %self.config.candidate,
+        );
+        self.run_inner().instrument(span).await
+    }
+
+    async fn run_inner(self) {
+        let mut active: Option<Active> = None;
+        let mut next_attempt = Instant::now();
+        let mut failures: u32 = 0;
+        let stopped_by = loop {
+            let step = match active.as_mut() {
+                None => {
+                    self.follower_step(&mut next_attempt, &mut failures, &mut active)
+                        .await
+                }
+                Some(a) => self.leader_step(a, &mut failures).await,
+            };
+            match step {
+                Step::Done(LeaderNext::Stay) => {}
+                Step::Done(LeaderNext::Lost(reason, leader)) => {
+                    if let Some(a) = active.take() {
+                        self.end_term(&a.term, reason, leader);
+                    }
+                    next_attempt = Instant::now();
+                }
+                Step::Done(LeaderNext::Replace(lease, sent)) => {
+                    if let Some(a) = active.take() {
+                        self.end_term(&a.term, LossReason::Superseded, None);
+                    }
+                    active = self.begin_term(&lease, sent);
+                    if active.is_none() {
+                        next_attempt = Instant::now();
+                    }
+                }
+                Step::Shutdown => break LossReason::Shutdown,
+                Step::Abort => break LossReason::Aborted,
+            }
+        };
+        if let Some(a) = active.take() {
+            self.end_term(&a.term, stopped_by, None);
+            if stopped_by == LossReason::Shutdown {
+                self.wait_for_work().await;
+                if self.config.release_on_shutdown {
+                    self.release().await;
+                }
+            }
+        } else {
+            self.state
+                .send_replace(Leadership::Follower { leader: None });
+        }
+        info!(reason = %stopped_by, "elector stopped");
+    }
+
+    /// One follower attempt: wait for the next attempt time, then try to acquire.
+    async fn follower_step(
+        &self,
+        next_attempt: &mut Instant,
+        failures: &mut u32,
+        active: &mut Option<Active>,
+    ) -> Step<LeaderNext> {
+        match self.stoppable(sleep_until(*next_attempt)).await {
+            Step::Done(()) => {}
+            Step::Shutdown => return Step::Shutdown,
+            Step::Abort => return Step::Abort,
+        }
+        let sent = Instant::now();
+        let call = timeout(
+            self.config.lease,
+            self.store.acquire_or_renew(
+                &self.config.resource,
+                &self.config.candidate,
+                self.config.lease,
+            ),
+        );
+        let result = match self.stoppable(call).await {
+            Step::Done(result) => result,
+            Step::Shutdown => return Step::Shutdown,
+            Step::Abort => return Step::Abort,
+        };
+        match result {
+            Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease))) => {
+                *failures = 0;
+                *active = self.begin_term(&lease, sent);
+                if active.is_none() {
+                    *next_attempt = Instant::now();
+                }
+            }
+            Ok(Ok(LeaseOutcome::Denied(denial))) => {
+                *failures = 0;
+                self.follow(&denial);
+                *next_attempt = Instant::now() + self.follower_wait(&denial);
+            }
+            Ok(Err(err)) => {
+                *failures += 1;
+                warn!(error = %err, failures = *failures, "store error while contending");
+                self.note_follower_without_answer();
+                *next_attempt = Instant::now() + backoff(*failures, self.config.retry_interval);
+            }
+            Err(_) => {
+                *failures += 1;
+                warn!(after = ?self.config.lease, "store did not answer while contending");
+                self.note_follower_without_answer();
+                *next_attempt = Instant::now() + backoff(*failures, self.config.retry_interval);
+            }
+        }
+        Step::Done(LeaderNext::Stay)
+    }
+
+    /// One leader round: wait for the renew time (or the deadline), then renew, bounded by
+    /// the deadline.
+    async fn leader_step(&self, active: &mut Active, failures: &mut u32) -> Step<LeaderNext> {
+        let deadline = active.term.deadline();
+        match self
+            .stoppable(sleep_until(active.next_renew.min(deadline)))
+            .await
+        {
+            Step::Done(()) => {}
+            Step::Shutdown => return Step::Shutdown,
+            Step::Abort => return Step::Abort,
+        }
+        if Instant::now() >= deadline {
+            return Step::Done(LeaderNext::Lost(LossReason::Deadline, None));
+        }
+        let sent = Instant::now();
+        let call = timeout_at(
+            deadline,
+            self.store.acquire_or_renew(
+                &self.config.resource,
+                &self.config.candidate,
+                self.config.lease,
+            ),
+        );
+        let result = match self.stoppable(call).await {
+            Step::Done(result) => result,
+            Step::Shutdown => return Step::Shutdown,
+            Step::Abort => return Step::Abort,
+        };
+        match result {
+            Ok(Ok(LeaseOutcome::Renewed(lease))) if lease.token == active.term.token() => {
+                *failures = 0;
+                active.term.extend(self.local_deadline(&lease, sent));
+                active.next_renew = sent + self.config.renew_interval;
+                debug!(token = %lease.token, remaining = ?lease.remaining, "renewed");
+                Step::Done(LeaderNext::Stay)
+            }
+            Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease))) => {
+                // The store started a new term: ours lapsed there. End it before the new one.
+                Step::Done(LeaderNext::Replace(lease, sent))
+            }
+            Ok(Ok(LeaseOutcome::Denied(denial))) => {
+                Step::Done(LeaderNext::Lost(LossReason::Denied, denial.holder))
+            }
+            Ok(Err(err)) => {
+                *failures += 1;
+                let wait = backoff(*failures, self.config.renew_interval);
+                warn!(error = %err, failures = *failures, retry_in = ?wait, "store error while renewing");
+                active.next_renew = Instant::now() + wait;
+                Step::Done(LeaderNext::Stay)
+            }
+            Err(_) => Step::Done(LeaderNext::Lost(LossReason::Deadline, None)),
+        }
+    }
+
+    /// Runs `fut` unless a stop is requested first.
+    async fn stoppable<F: std::future::Future>(&self, fut: F) -> Step<F::Output> {
+        tokio::select! {
+            biased;
+            _ = self.stop.abort.cancelled() => Step::Abort,
+            _ = self.stop.shutdown.cancelled() => Step::Shutdown,
+            out = fut => Step::Done(out),
+        }
+    }
+
+    /// The local deadline of a grant: the send instant plus the lease time the store said was
+    /// left, minus the margin. The store measured from a moment after `sent`, so this is
+    /// earlier than the store's expiry by at least the margin.
+    fn local_deadline(&self, lease: &Lease, sent: Instant) -> Instant {
+        let granted = lease.remaining.min(self.config.lease);
+        sent + granted.saturating_sub(self.config.step_down_margin)
+    }
+
+    fn begin_term(&self, lease: &Lease, sent: Instant) -> Option<Active> {
+        let deadline = self.local_deadline(lease, sent);
+        if deadline <= Instant::now() {
+            // Too little of the lease is left to trust; the next attempt renews it in full.
+            return None;
+        }
+        let term = LeaderTerm::new(
+            lease.token,
+            self.config.resource.clone(),
+            self.config.candidate.clone(),
+            deadline,
+        );
+        info!(token = %lease.token, "elected");
+        self.state.send_replace(Leadership::Leader(term.clone()));
+        Some(Active {
+            term,
+            next_renew: sent + self.config.renew_interval,
+        })
+    }
+
+    fn end_term(&self, term: &LeaderTerm, reason: LossReason, leader: Option<String>) {
+        // Publish the step-down first, then fire `lost`: nobody who reacts to `lost` can still
+        // read a leader state from the channel.
+        self.state.send_replace(Leadership::Follower { leader });
+        term.end(reason);
+        match reason {
+            LossReason::Shutdown => {
+                info!(token = %term.token(), reason = %reason, "leadership ended")
+            }
+            _ => warn!(token = %term.token(), reason = %reason, "leadership lost"),
+        }
+    }
+
+    fn follow(&self, denial: &Denial) {
+        let next = Leadership::Follower {
+            leader: denial.holder.clone(),
+        };
+        self.state.send_if_modified(|state| {
+            if *state == next {
+                false
+            } else {
+                *state = next.clone();
+                true
+            }
+        });
+    }
+
+    fn note_follower_without_answer(&self) {
+        self.state.send_if_modified(|state| {
+            if matches!(state, Leadership::Starting) {
+                *state = Leadership::Follower { leader: None };
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Expiry-aware: a lease that ends before the next regular retry is retried right after it
+    /// ends, so a crashed leader is replaced one lease after its last renew.
+    fn follower_wait(&self, denial: &Denial) -> Duration {
+        let regular = jittered(self.config.retry_interval, self.config.jitter);
+        let at_expiry = denial.remaining + AFTER_EXPIRY;
+        if !denial.remaining.is_zero() && at_expiry < regular {
+            at_expiry
+        } else {
+            regular
+        }
+    }
+
+    async fn wait_for_work(&self) {
+        // The grace period for the work, plus a little for it to unwind after being dropped.
+        let bound = self.config.grace_period + Duration::from_millis(100);
+        if timeout(bound, self.work_gate.write()).await.is_err() {
+            warn!(grace = ?self.config.grace_period, "leader work did not finish in time; releasing anyway");
+        }
+    }
+
+    async fn release(&self) {
+        let call = self
+            .store
+            .release(&self.config.resource, &self.config.candidate);
+        match timeout(self.config.lease, call).await {
+            Ok(Ok(true)) => info!("released the lease"),
+            Ok(Ok(false)) => debug!("nothing to release: the lease was no longer held"),
+            Ok(Err(err)) => warn!(error = %err, "release failed; the lease will lapse on its own"),
+            Err(_) => warn!("release timed out; the lease will lapse on its own"),
+        }
+    }
+}
+
+enum LeaderNext {
+    Stay,
+    Lost(LossReason, Option<String>),
+    Replace(Lease, Instant),
+}
+
+fn backoff(failures: u32, cap: Duration) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    FIRST_BACKOFF.saturating_mul(1 << exp).min(cap)
+}
+
+fn jittered(base: Duration, jitter: f64) -> Duration {
+    if jitter == 0.0 {
+        return base;
+    }
+    // Uniform in [1 - jitter, 1 + jitter].
+    let unit = (random_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    base.mul_f64(1.0 - jitter + 2.0 * jitter * unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_cap() {
+        let cap = Duration::from_secs(1);
+        assert_eq!(backoff(1, cap), Duration::from_millis(50));
+        assert_eq!(backoff(2, cap), Duration::from_millis(100));
+        assert_eq!(backoff(5, cap), Duration::from_millis(800));
+        assert_eq!(backoff(6, cap), cap);
+        assert_eq!(backoff(u32::MAX, cap), cap);
+    }
+
+    #[test]
+    fn jitter_stays_in_range() {
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(2), 0.1);
+            assert!(
+                d >= Duration::from_millis(1800) && d <= Duration::from_millis(2200),
+                "{d:?}"
+            );
+        }
+        assert_eq!(
+            jittered(Duration::from_secs(2), 0.0),
+            Duration::from_secs(2)
+        );
+    }
+}

@@ -1,0 +1,186 @@
+//! Leadership as the elector sees it: the state on the watch channel, and one term.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::FencingToken;
+
+/// What one elector believes about its resource, published on [`ElectorHandle::watch`](crate::ElectorHandle::watch).
+#[derive(Debug, Clone)]
+pub enum Leadership {
+    /// The elector has not heard from the store yet.
+    Starting,
+    /// Another candidate leads (`leader`, where the store said who), or nobody does.
+    Follower {
+        /// The current leader, where known.
+        leader: Option<String>,
+    },
+    /// This candidate leads: the term is valid until it is lost.
+    Leader(LeaderTerm),
+}
+
+impl Leadership {
+    /// Whether this is a leader state whose term is still current (see [`LeaderTerm::is_current`]).
+    pub fn is_leader(&self) -> bool {
+        matches!(self, Leadership::Leader(term) if term.is_current())
+    }
+
+    /// The term, if this is a leader state.
+    pub fn term(&self) -> Option<&LeaderTerm> {
+        match self {
+            Leadership::Leader(term) => Some(term),
+            _ => None,
+        }
+    }
+}
+
+impl PartialEq for Leadership {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Leadership::Starting, Leadership::Starting) => true,
+            (Leadership::Follower { leader: a }, Leadership::Follower { leader: b }) => a == b,
+            (Leadership::Leader(a), Leadership::Leader(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// Why a term ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A renew was denied: another candidate holds the lease.
+    Denied,
+    /// No renew succeeded before the local step-down deadline.
+    Deadline,
+    /// The store granted a *new* term instead of renewing this one (the lease had lapsed).
+    Superseded,
+    /// The elector was shut down (or its handle dropped).
+    Shutdown,
+    /// The elector was aborted without releasing.
+    Aborted,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LossReason::Denied => "denied",
+            LossReason::Deadline => "deadline",
+            LossReason::Superseded => "superseded",
+            LossReason::Shutdown => "shutdown",
+            LossReason::Aborted => "aborted",
+        })
+    }
+}
+
+#[derive(Debug)]
+struct TermState {
+    token: FencingToken,
+    resource: Arc<str>,
+    candidate: Arc<str>,
+    cancel: CancellationToken,
+    /// The local monotonic instant after which this term must not be trusted, moved forward
+    /// by each successful renew.
+    deadline: Mutex<Instant>,
+    reason: Mutex<Option<LossReason>>,
+}
+
+/// One leadership term of this candidate: from the store's grant until it is lost.
+///
+/// Cheap to clone; all clones see the same term. Pass [`token`](Self::token) with every write
+/// the leader makes, and stop when [`lost`](Self::lost) completes.
+#[derive(Debug, Clone)]
+pub struct LeaderTerm {
+    inner: Arc<TermState>,
+}
+
+impl LeaderTerm {
+    pub(crate) fn new(
+        token: FencingToken,
+        resource: Arc<str>,
+        candidate: Arc<str>,
+        deadline: Instant,
+    ) -> Self {
+        Self {
+            inner: Arc::new(TermState {
+                token,
+                resource,
+                candidate,
+                cancel: CancellationToken::new(),
+                deadline: Mutex::new(deadline),
+                reason: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The term's fencing token: strictly greater than every earlier term's.
+    pub fn token(&self) -> FencingToken {
+        self.inner.token
+    }
+
+    /// The resource led.
+    pub fn resource(&self) -> &str {
+        &self.inner.resource
+    }
+
+    /// This candidate's id.
+    pub fn candidate(&self) -> &str {
+        &self.inner.candidate
+    }
+
+    /// Completes when the term ends (denied, deadline, superseded, shutdown).
+    pub fn lost(&self) -> WaitForCancellationFutureOwned {
+        self.inner.cancel.clone().cancelled_owned()
+    }
+
+    /// Whether the term has been declared lost.
+    pub fn is_lost(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// Whether the term is still trustworthy right now: not lost, and its local step-down
+    /// deadline has not passed. This is checked against the monotonic clock on every call, so
+    /// a process that was paused past its deadline sees `false` at once, before the elector's
+    /// loop has even run again.
+    pub fn is_current(&self) -> bool {
+        !self.is_lost() && Instant::now() < self.deadline()
+    }
+
+    /// Why the term ended, once it has.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        *lock(&self.inner.reason)
+    }
+
+    /// A cancellation token cancelled when the term ends. It is a child token: cancelling it
+    /// yourself does not end the term.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.inner.cancel.child_token()
+    }
+
+    /// The local monotonic instant until which the term is trusted (moves with each renew).
+    pub fn deadline(&self) -> Instant {
+        *lock(&self.inner.deadline)
+    }
+
+    pub(crate) fn extend(&self, deadline: Instant) {
+        *lock(&self.inner.deadline) = deadline;
+    }
+
+    pub(crate) fn end(&self, reason: LossReason) {
+        lock(&self.inner.reason).get_or_insert(reason);
+        self.inner.cancel.cancel();
+    }
+}
+
+impl PartialEq for LeaderTerm {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,425 @@
+//! The elector's rules, on the in-memory store under paused tokio time (deterministic).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use orion_beacon::{
+    ConfigError, Elector, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseRecord, LeaseStore,
+    LossReason, StoreError,
+};
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Normal,
+    Fail,
+    Hang,
+}
+
+/// The in-memory store, with a switch to make it fail or hang, and a log of what happened.
+#[derive(Clone)]
+struct Scripted {
+    inner: InMemoryLeaseStore,
+    mode: Arc<Mutex<Mode>>,
+    log: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Scripted {
+    fn new() -> Self {
+        Self {
+            inner: InMemoryLeaseStore::new(),
+            mode: Arc::new(Mutex::new(Mode::Normal)),
+            log: Arc::default(),
+        }
+    }
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+    fn note(&self, what: impl Into<String>) {
+        self.log.lock().unwrap().push((Instant::now(), what.into()));
+    }
+    fn events(&self) -> Vec<(Instant, String)> {
+        self.log.lock().unwrap().clone()
+    }
+    fn count(&self, prefix: &str) -> usize {
+        self.events()
+            .iter()
+            .filter(|(_, e)| e.starts_with(prefix))
+            .count()
+    }
+    async fn gate(&self) -> Result<(), StoreError> {
+        let mode = *self.mode.lock().unwrap();
+        match mode {
+            Mode::Normal => Ok(()),
+            Mode::Fail => Err(StoreError::Database(sea_orm::DbErr::Custom(
+                "injected".into(),
+            ))),
+            Mode::Hang => std::future::pending().await,
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Scripted {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        self.note(format!("acquire {c}"));
+        self.gate().await?;
+        let out = self.inner.acquire_or_renew(r, c, lease).await?;
+        self.note(format!(
+            "outcome {c} {}",
+            match &out {
+                LeaseOutcome::Acquired(l) => format!("acquired {}", l.token),
+                LeaseOutcome::Renewed(l) => format!("renewed {}", l.token),
+                LeaseOutcome::Denied(_) => "denied".to_owned(),
+            }
+        ));
+        Ok(out)
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        self.gate().await?;
+        let released = self.inner.release(r, c).await?;
+        self.note(format!("release {c} {released}"));
+        Ok(released)
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(15);
+const RENEW: Duration = Duration::from_secs(5);
+
+fn elector(store: &Scripted, id: &str) -> Elector {
+    Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id(id)
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(Duration::from_secs(2))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+async fn wait_leader(
+    rx: &mut tokio::sync::watch::Receiver<Leadership>,
+) -> orion_beacon::LeaderTerm {
+    let state = rx
+        .wait_for(|s| matches!(s, Leadership::Leader(_)))
+        .await
+        .unwrap();
+    state.term().unwrap().clone()
+}
+
+async fn wait_not_leader(rx: &mut tokio::sync::watch::Receiver<Leadership>) {
+    rx.wait_for(|s| !matches!(s, Leadership::Leader(_)))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_renews_at_its_interval() {
+    let store = Scripted::new();
+    let handle = elector(&store, "a").start();
+    let term = wait_leader(&mut handle.watch()).await;
+    assert_eq!(term.token().get(), 1);
+    tokio::time::sleep(Duration::from_secs(60) + Duration::from_millis(1)).await;
+    // One acquire at t=0, then a renew every 5 s: t=5..60.
+    assert_eq!(store.count("acquire a"), 13, "{:?}", store.events());
+    assert_eq!(store.count("outcome a renewed 1"), 12);
+    assert!(handle.is_leader());
+    assert_eq!(handle.token().map(|t| t.get()), Some(1));
+    handle.shutdown().await;
+}
+
+/// If no renew succeeds, the leader steps down at `t_sent + lease - margin`, before the store's
+/// lease can expire, whether the store fails fast or hangs.
+#[tokio::test(start_paused = true)]
+async fn steps_down_before_the_lease_can_expire() {
+    for mode in [Mode::Fail, Mode::Hang] {
+        let store = Scripted::new();
+        let handle = elector(&store, "a").start();
+        let mut rx = handle.watch();
+        let term = wait_leader(&mut rx).await;
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(7)).await; // one renew went through at t=5
+        store.set(mode);
+        let last_ok = start + RENEW;
+        term.lost().await;
+        let lost_at = Instant::now();
+        let margin = LEASE / 10;
+        assert_eq!(
+            lost_at,
+            last_ok + LEASE - margin,
+            "{mode:?}: step-down instant"
+        );
+        assert_eq!(term.loss_reason(), Some(LossReason::Deadline));
+        assert!(!handle.is_leader());
+        assert!(!term.is_current());
+        assert!(matches!(
+            handle.leadership(),
+            Leadership::Follower { leader: None }
+        ));
+        // The store's lease is still live at that moment: the step-down came first.
+        let rec = store.inner.current("job").await.unwrap().unwrap();
+        assert!(rec.live && rec.remaining >= margin, "{mode:?}: {rec:?}");
+        store.set(Mode::Normal);
+        handle.abort().await;
+    }
+}
+
+/// A denied renew ends the term at once; the candidate keeps contending and wins again later
+/// with a higher token; the work runs once per term.
+#[tokio::test(start_paused = true)]
+async fn denied_renew_steps_down_and_candidate_is_re_elected() {
+    let store = Scripted::new();
+    let handle = elector(&store, "a").start();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let runs2 = runs.clone();
+    let _work = handle.run_as_leader(move |term| {
+        let runs = runs2.clone();
+        async move {
+            runs.lock().unwrap().push(term.token().get());
+            term.lost().await;
+        }
+    });
+    let mut rx = handle.watch();
+    let first = wait_leader(&mut rx).await;
+    // Someone else takes the lease behind a's back (as after a long pause).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.inner.release("job", "a").await.unwrap();
+    assert!(store
+        .inner
+        .acquire_or_renew("job", "intruder", Duration::from_secs(6))
+        .await
+        .unwrap()
+        .is_held());
+    first.lost().await;
+    assert_eq!(first.loss_reason(), Some(LossReason::Denied));
+    assert!(
+        matches!(handle.leadership(), Leadership::Follower { leader: Some(ref l) } if l == "intruder")
+    );
+    // The intruder never renews; a wins a new term right after its lease ends.
+    let second = wait_leader(&mut rx).await;
+    assert_eq!(second.token().get(), first.token().get() + 2);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        *runs.lock().unwrap(),
+        vec![1, 3],
+        "the work ran once per term"
+    );
+    handle.shutdown().await;
+}
+
+/// A follower retries right after a denial's lease ends instead of waiting a full retry
+/// interval: a crashed leader is replaced one lease after its last renew.
+#[tokio::test(start_paused = true)]
+async fn follower_retries_right_after_expiry() {
+    let store = Scripted::new();
+    let t0 = Instant::now();
+    // A leader that will never renew (crashed right after acquiring).
+    assert!(store
+        .inner
+        .acquire_or_renew("job", "dead", LEASE)
+        .await
+        .unwrap()
+        .is_held());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("b")
+        .retry_interval(Duration::from_secs(10))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start();
+    let term = wait_leader(&mut b.watch()).await;
+    let took = Instant::now() - t0;
+    // Denied at t=1 (14 s left), retried at t=11 (4 s left), then right after expiry.
+    assert!(
+        took >= LEASE && took <= LEASE + Duration::from_millis(50),
+        "elected after {took:?}"
+    );
+    assert_eq!(term.token().get(), 2);
+    assert_eq!(store.count("acquire b"), 3, "{:?}", store.events());
+    b.shutdown().await;
+}
+
+/// Shutdown ends the term's work first (waiting for it), then releases, then stops; a
+/// follower takes over at its next attempt.
+#[tokio::test(start_paused = true)]
+async fn shutdown_ends_work_then_releases() {
+    let store = Scripted::new();
+    let a = elector(&store, "a").start();
+    let s2 = store.clone();
+    let _work = a.run_as_leader(move |term| {
+        let store = s2.clone();
+        async move {
+            term.lost().await;
+            tokio::time::sleep(Duration::from_secs(1)).await; // cleanup within the grace period
+            store.note("work finished");
+        }
+    });
+    let term = wait_leader(&mut a.watch()).await;
+    let b = elector(&store, "b").start();
+    let mut brx = b.watch();
+    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = Instant::now();
+    a.shutdown().await;
+    assert_eq!(term.loss_reason(), Some(LossReason::Shutdown));
+    let events: Vec<String> = store.events().into_iter().map(|(_, e)| e).collect();
+    let work = events
+        .iter()
+        .position(|e| e == "work finished")
+        .expect("work finished");
+    let release = events
+        .iter()
+        .position(|e| e == "release a true")
+        .expect("released");
+    assert!(
+        work < release,
+        "work must end before the release: {events:?}"
+    );
+    let b_term = wait_leader(&mut brx).await;
+    assert_eq!(b_term.token().get(), 2);
+    let handover = Instant::now() - started;
+    assert!(
+        handover <= Duration::from_secs(1) + Duration::from_secs(2) + Duration::from_millis(10),
+        "{handover:?}"
+    );
+    b.shutdown().await;
+}
+
+/// Work that ignores `lost` is dropped after the grace period.
+#[tokio::test(start_paused = true)]
+async fn stubborn_work_is_dropped_after_grace() {
+    struct Dropped(Arc<Mutex<Option<Instant>>>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(Instant::now());
+        }
+    }
+    let store = Scripted::new();
+    let a = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .grace_period(Duration::from_secs(2))
+        .build()
+        .unwrap()
+        .start();
+    let dropped_at = Arc::new(Mutex::new(None));
+    let d2 = dropped_at.clone();
+    let work = a.run_as_leader(move |_term| {
+        let guard = Dropped(d2.clone());
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        }
+    });
+    let term = wait_leader(&mut a.watch()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.set(Mode::Fail); // the term will end at its deadline
+    term.lost().await;
+    let lost_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let dropped = dropped_at.lock().unwrap().expect("work dropped");
+    assert_eq!(dropped - lost_at, Duration::from_secs(2));
+    store.set(Mode::Normal);
+    a.shutdown().await;
+    tokio::time::timeout(Duration::from_secs(1), work)
+        .await
+        .expect("work task ends with the elector")
+        .unwrap();
+}
+
+/// Store errors never end the loop: it backs off and keeps contending.
+#[tokio::test(start_paused = true)]
+async fn store_errors_are_retried_with_backoff() {
+    let store = Scripted::new();
+    store.set(Mode::Fail);
+    let a = elector(&store, "a").start();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(matches!(
+        a.leadership(),
+        Leadership::Follower { leader: None }
+    ));
+    // 50, 100, 200, 400, 800 ms, then the 2 s cap: ~8 attempts in 10 s, not a hot loop.
+    let attempts = store.count("acquire a");
+    assert!((6..=10).contains(&attempts), "{attempts}");
+    store.set(Mode::Normal);
+    let term = wait_leader(&mut a.watch()).await;
+    assert_eq!(term.token().get(), 1);
+    a.shutdown().await;
+}
+
+/// Dropping the handle stops the elector and releases; no task is left behind.
+#[tokio::test(start_paused = true)]
+async fn dropping_the_handle_stops_and_releases() {
+    let store = Scripted::new();
+    let a = elector(&store, "a").start();
+    let mut rx = a.watch();
+    let work = a.run_as_leader(|term| async move { term.lost().await });
+    let term = wait_leader(&mut rx).await;
+    drop(a);
+    term.lost().await;
+    wait_not_leader(&mut rx).await;
+    assert!(
+        rx.changed().await.is_err(),
+        "the loop ended and dropped its sender"
+    );
+    work.await.unwrap();
+    assert_eq!(store.count("release a true"), 1);
+}
+
+#[tokio::test]
+async fn bad_options_are_errors() {
+    let e = Elector::builder(InMemoryLeaseStore::new())
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, ConfigError::MissingResource));
+    let e = Elector::builder_in_memory()
+        .resource("r")
+        .lease_duration(Duration::from_secs(1))
+        .renew_interval(Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, ConfigError::RenewTooSlow { .. }), "{e}");
+    assert!(e.to_string().contains("renew_interval"));
+    let e = Elector::builder_in_memory()
+        .resource("r")
+        .candidate_id("")
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        ConfigError::Invalid(StoreError::InvalidCandidate { .. })
+    ));
+}
+
+/// Two electors in one process on the default in-memory store: one leader.
+#[tokio::test(start_paused = true)]
+async fn in_memory_default_store_is_shared_in_process() {
+    let mk = |id: &str| {
+        Elector::builder_in_memory()
+            .resource("shared-in-process")
+            .candidate_id(id)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let a = mk("a");
+    let b = mk("b");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(u8::from(a.is_leader()) + u8::from(b.is_leader()), 1);
+    a.shutdown().await;
+    b.shutdown().await;
+}
