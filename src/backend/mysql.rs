@@ -24,6 +24,7 @@ use orion_beacon_entity::lease::Column;
 use super::statements::returned_row;
 use super::Dialect;
 
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) struct MySql;
 
 impl Dialect for MySql {

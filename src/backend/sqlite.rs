@@ -8,6 +8,7 @@ use sea_orm::sea_query::Expr;
 
 use super::Dialect;
 
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) struct Sqlite;
 
 /// The one timestamp format (UTC, milliseconds).

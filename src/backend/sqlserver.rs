@@ -471,7 +471,7 @@ impl SqlServerLeaseStore {
             Ok(_) => Ok(()),
             // Another process created it between our check and our CREATE.
             Err(err) if err.code() == Some(code::OBJECT_EXISTS) => Ok(()),
-            Err(err) => Err(StoreError::SqlServer(err)),
+            Err(err) => Err(self.classify(err)),
         }
     }
 

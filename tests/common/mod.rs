@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod election;
 pub mod sql;
 
 use std::sync::atomic::{AtomicU64, Ordering};

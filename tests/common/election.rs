@@ -1,0 +1,229 @@
+//! The elector over a real database: five electors with their own pools, crashes and graceful
+//! handovers, checked from their watch channels.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orion_beacon::{Elector, ElectorHandle, LeaderTerm, Leadership, SeaOrmLeaseStore};
+use tokio::time::Instant;
+
+use super::sql::SqlHarness;
+use super::unique;
+
+pub const LEASE: Duration = Duration::from_millis(600);
+pub const RENEW: Duration = Duration::from_millis(150);
+pub const RETRY: Duration = Duration::from_millis(100);
+/// Slack for a loaded 2-core machine on top of the protocol's own bound.
+pub const SLACK: Duration = Duration::from_millis(500);
+
+/// One believed leadership interval, as seen on a watch channel.
+#[derive(Debug, Clone)]
+struct Interval {
+    candidate: usize,
+    token: i64,
+    start: Instant,
+    end: Option<Instant>,
+    term: LeaderTerm,
+}
+
+#[derive(Default)]
+struct Recorder {
+    intervals: Mutex<Vec<Interval>>,
+}
+
+impl Recorder {
+    fn watch(self: &Arc<Self>, idx: usize, handle: &ElectorHandle) {
+        let mut rx = handle.watch();
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let state = rx.borrow_and_update().clone();
+                let now = Instant::now();
+                {
+                    let mut all = me.intervals.lock().unwrap();
+                    let open = all
+                        .iter_mut()
+                        .find(|i| i.candidate == idx && i.end.is_none());
+                    match (&state, open) {
+                        (Leadership::Leader(term), Some(open)) if open.term == *term => {}
+                        (Leadership::Leader(term), open) => {
+                            if let Some(open) = open {
+                                open.end = Some(now);
+                            }
+                            all.push(Interval {
+                                candidate: idx,
+                                token: term.token().get(),
+                                start: now,
+                                end: None,
+                                term: term.clone(),
+                            });
+                        }
+                        (_, Some(open)) => open.end = Some(now),
+                        (_, None) => {}
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    let mut all = me.intervals.lock().unwrap();
+                    if let Some(open) = all
+                        .iter_mut()
+                        .find(|i| i.candidate == idx && i.end.is_none())
+                    {
+                        open.end = Some(Instant::now());
+                    }
+                    return;
+                }
+            }
+        });
+    }
+
+    fn leader_after(&self, t: Instant) -> Option<(usize, Instant, i64)> {
+        self.intervals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|i| i.start > t)
+            .map(|i| (i.candidate, i.start, i.token))
+            .min_by_key(|x| x.1)
+    }
+
+    /// Checks that believed leadership never overlapped and tokens increased term by term.
+    /// A term's end is when its channel left the leader state, or its local deadline if that
+    /// came first (after the deadline `is_leader()` is already false).
+    fn check(&self) -> Vec<i64> {
+        let mut all = self.intervals.lock().unwrap().clone();
+        all.sort_by_key(|i| i.start);
+        for pair in all.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            let a_end = a.end.unwrap_or_else(Instant::now).min(a.term.deadline());
+            assert!(
+                a_end <= b.start,
+                "two leaders at once: candidate {} (token {}) until {:?} after candidate {} (token {}) started",
+                a.candidate,
+                a.token,
+                a_end - b.start.min(a_end),
+                b.candidate,
+                b.token
+            );
+            assert!(
+                b.token > a.token,
+                "tokens must increase: {} then {}",
+                a.token,
+                b.token
+            );
+        }
+        all.iter().map(|i| i.token).collect()
+    }
+}
+
+async fn wait_until<F: Fn() -> bool>(what: &str, limit: Duration, f: F) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    start.elapsed()
+}
+
+/// Five electors, each with its own connection pool, on the harness's table: crash the
+/// leader twice (abort: no release) and hand over gracefully twice, then check the history.
+pub async fn crash_and_graceful_handover(h: &SqlHarness) {
+    let resource = unique("elect");
+    let recorder = Arc::new(Recorder::default());
+    let mut handles: Vec<Option<ElectorHandle>> = Vec::new();
+    for idx in 0..5 {
+        let db = h.connect_again(2).await;
+        let store = SeaOrmLeaseStore::new(db).with_table(h.table()).unwrap();
+        let handle = Elector::builder(store)
+            .resource(&resource)
+            .candidate_id(format!("node-{idx}"))
+            .lease_duration(LEASE)
+            .renew_interval(RENEW)
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+            .start();
+        recorder.watch(idx, &handle);
+        handles.push(Some(handle));
+    }
+    let leader_idx = |handles: &Vec<Option<ElectorHandle>>| {
+        handles
+            .iter()
+            .position(|h| h.as_ref().is_some_and(|h| h.is_leader()))
+    };
+    wait_until("a first leader", Duration::from_secs(5), || {
+        leader_idx(&handles).is_some()
+    })
+    .await;
+
+    let mut failovers = Vec::new();
+    let mut handovers = Vec::new();
+    for round in 0..4 {
+        tokio::time::sleep(Duration::from_millis(800)).await; // a few renews
+        let idx = leader_idx(&handles).expect("a leader");
+        let handle = handles[idx].take().unwrap();
+        let t = Instant::now();
+        if round % 2 == 0 {
+            handle.abort().await; // a crash: no release, the lease must lapse
+        } else {
+            handle.shutdown().await; // graceful: release, next attempt wins
+        }
+        let limit = if round % 2 == 0 {
+            LEASE + RETRY + SLACK
+        } else {
+            RETRY.mul_f64(1.1) + SLACK
+        };
+        let took = wait_until("the next leader", limit, || {
+            recorder.leader_after(t).is_some()
+        })
+        .await;
+        if round % 2 == 0 {
+            failovers.push(took);
+        } else {
+            handovers.push(took);
+        }
+        // Bring a fresh candidate back so there are always contenders.
+        let db = h.connect_again(2).await;
+        let store = SeaOrmLeaseStore::new(db).with_table(h.table()).unwrap();
+        let fresh = Elector::builder(store)
+            .resource(&resource)
+            .candidate_id(format!("node-{}", 5 + round))
+            .lease_duration(LEASE)
+            .renew_interval(RENEW)
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+            .start();
+        recorder.watch(5 + round, &fresh);
+        handles.push(Some(fresh));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for handle in handles.into_iter().flatten() {
+        handle.shutdown().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let tokens = recorder.check();
+    eprintln!("failovers after a crash: {failovers:?} (lease {LEASE:?}); graceful handovers: {handovers:?}; tokens: {tokens:?}");
+    assert!(
+        tokens.len() >= 5,
+        "at least the first term and four transitions: {tokens:?}"
+    );
+}
+
+/// Generates the election test for a harness setup expression.
+#[macro_export]
+macro_rules! election_suite {
+    ($setup:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn five_electors_crash_and_graceful_handover() {
+            #[allow(unused_imports)]
+            use $crate::common::conformance::Harness as _;
+            if let Some(h) = $setup.await {
+                $crate::common::election::crash_and_graceful_handover(&h).await;
+                h.teardown().await;
+            }
+        }
+    };
+}

@@ -1,0 +1,248 @@
+//! The store contract on SQL Server, when `ORION_BEACON_MSSQL_URL` names one (an ADO.NET
+//! connection string, e.g. `Server=localhost;Database=test;User Id=sa;Password=...;
+//! TrustServerCertificate=True`). Without it, every server test prints one `NOT RUN:` line and
+//! checks nothing: that is not a pass. Run them with
+//! `ORION_BEACON_MSSQL_URL='Server=...;...' cargo test --features sqlserver --test store_sqlserver`.
+//!
+//! The tests below the suite need no server and always run.
+#![cfg(feature = "sqlserver")]
+
+mod common;
+
+use std::io::Write as _;
+
+use async_trait::async_trait;
+use orion_beacon::{LeaseStore, SqlServerLeaseStore, StoreError};
+use tiberius::SqlBrowser;
+use tokio_util::compat::TokioAsyncWriteCompatExt;
+
+use common::conformance::{Harness, LONG};
+use common::unique;
+
+const URL_VAR: &str = "ORION_BEACON_MSSQL_URL";
+
+/// The server's connection string, or `None` (after the one line saying so) when unset.
+fn mssql_url() -> Option<String> {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            // Straight to the process's stderr, in one write: the test harness captures
+            // `eprintln!` of passing tests, and this line must be seen.
+            let line = format!("NOT RUN: SQL Server conformance (set {URL_VAR}=...)\n");
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            None
+        }
+    }
+}
+
+/// One migrated table of its own on the SQL Server.
+struct MssqlHarness {
+    url: String,
+    table: String,
+    store: SqlServerLeaseStore,
+}
+
+impl MssqlHarness {
+    async fn setup() -> Option<Self> {
+        let url = mssql_url()?;
+        let table = unique("obt");
+        let store = connect(&url).with_table(&table).expect("valid table name");
+        store.migrate().await.expect("migrate the lease table");
+        Some(Self { url, table, store })
+    }
+
+    /// Plain T-SQL on a connection of its own, outside the store.
+    async fn exec(&self, sql: &str) {
+        let config = tiberius::Config::from_ado_string(&self.url).expect("connection string");
+        let tcp = tokio::net::TcpStream::connect_named(&config)
+            .await
+            .expect("reach the SQL Server");
+        tcp.set_nodelay(true).expect("nodelay");
+        let mut client = tiberius::Client::connect(config, tcp.compat_write())
+            .await
+            .expect("log in to the SQL Server");
+        client.execute(sql, &[]).await.expect(sql);
+    }
+}
+
+/// A store with a pool of its own; never prints the connection string (it holds a password).
+fn connect(url: &str) -> SqlServerLeaseStore {
+    SqlServerLeaseStore::new(url).unwrap_or_else(|e| panic!("{URL_VAR} is refused: {e:?}"))
+}
+
+#[async_trait]
+impl Harness for MssqlHarness {
+    type Store = SqlServerLeaseStore;
+
+    fn store(&self) -> SqlServerLeaseStore {
+        self.store.clone()
+    }
+
+    async fn separate_store(&self) -> SqlServerLeaseStore {
+        connect(&self.url)
+            .with_max_connections(2)
+            .with_table(&self.table)
+            .expect("valid table name")
+    }
+
+    async fn teardown(self) {
+        self.exec(&format!("DROP TABLE IF EXISTS [{}];", self.table))
+            .await;
+    }
+}
+
+conformance_suite!(MssqlHarness::setup());
+
+/// SQL Server specifics, on a server only.
+macro_rules! mssql_cases {
+    ($($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                if let Some(h) = MssqlHarness::setup().await {
+                    cases::$case(&h).await;
+                    h.teardown().await;
+                }
+            }
+        )*
+    };
+}
+
+mssql_cases!(
+    migrate_is_idempotent,
+    missing_table_says_run_the_migration,
+    names_compare_byte_for_byte,
+);
+
+mod cases {
+    use super::*;
+
+    pub async fn migrate_is_idempotent(h: &MssqlHarness) {
+        let store = h.store();
+        let t = store.acquire_or_renew("m", "a", LONG).await.unwrap();
+        // Twice more, and from two stores at once: the table and its row stay.
+        store.migrate().await.unwrap();
+        let other = h.separate_store().await;
+        let (a, b) = tokio::join!(store.migrate(), other.migrate());
+        a.unwrap();
+        b.unwrap();
+        let rec = store.current("m").await.unwrap().unwrap();
+        assert_eq!(Some(rec.token), t.token());
+        assert!(store.migration_sql().contains(&format!("[{}]", h.table)));
+    }
+
+    pub async fn missing_table_says_run_the_migration(h: &MssqlHarness) {
+        let store = connect(&h.url)
+            .with_table(unique("never_migrated"))
+            .unwrap();
+        for err in [
+            store.acquire_or_renew("r", "a", LONG).await.unwrap_err(),
+            store.current("r").await.unwrap_err(),
+            store.release("r", "a").await.unwrap_err(),
+        ] {
+            assert!(
+                matches!(err, StoreError::SqlServerMissingTable { .. }),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("run the migration") && text.contains("never_migrated"),
+                "{text}"
+            );
+            assert!(std::error::Error::source(&err).is_some());
+        }
+    }
+
+    /// The BIN2 collation: names differing in case or accents are different names.
+    pub async fn names_compare_byte_for_byte(h: &MssqlHarness) {
+        let store = h.store();
+        let r = unique("collation");
+        assert!(store
+            .acquire_or_renew(&r, "node", LONG)
+            .await
+            .unwrap()
+            .is_held());
+        assert!(!store
+            .acquire_or_renew(&r, "NODE", LONG)
+            .await
+            .unwrap()
+            .is_held());
+        assert!(!store
+            .acquire_or_renew(&r, "nöde", LONG)
+            .await
+            .unwrap()
+            .is_held());
+        let upper = r.to_uppercase();
+        assert!(store.current(&upper).await.unwrap().is_none());
+    }
+}
+
+// No server needed from here on.
+
+#[test]
+fn bad_table_names_are_refused() {
+    for bad in [
+        "",
+        "x; DROP TABLE y",
+        "a]b",
+        "a\"b",
+        "a`b",
+        "1x",
+        &"t".repeat(64),
+    ] {
+        let err = connect("Server=localhost;Database=app;User Id=sa;Password=secret")
+            .with_table(bad)
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::InvalidTableName(_)),
+            "{bad:?}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_connection_strings_are_refused() {
+    let err = SqlServerLeaseStore::new("Server=localhost,port;Database=app").unwrap_err();
+    assert!(matches!(err, StoreError::InvalidConnectionString { .. }));
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "tiberius' error is kept"
+    );
+}
+
+/// Bad input is refused before any connection is tried (nothing listens on port 1), and an
+/// unreachable server is an error, not a hang.
+#[tokio::test]
+async fn bad_input_is_refused_before_connecting_and_unreachable_is_an_error() {
+    let store = connect("Server=127.0.0.1,1;Database=app;User Id=sa;Password=secret;Encrypt=false");
+    assert!(matches!(
+        store.acquire_or_renew("", "a", LONG).await,
+        Err(StoreError::InvalidResource { .. })
+    ));
+    assert!(matches!(
+        store.acquire_or_renew(&"𝄞".repeat(200), "a", LONG).await,
+        Err(StoreError::InvalidResource { .. })
+    ));
+    assert!(matches!(
+        store.release("r", " a").await,
+        Err(StoreError::InvalidCandidate { .. })
+    ));
+    assert!(matches!(
+        store
+            .acquire_or_renew("r", "a", std::time::Duration::ZERO)
+            .await,
+        Err(StoreError::InvalidLeaseDuration { .. })
+    ));
+    let err = tokio::time::timeout(std::time::Duration::from_secs(30), store.current("r"))
+        .await
+        .expect("no hang")
+        .unwrap_err();
+    assert!(matches!(err, StoreError::SqlServer(_)), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some());
+    let err = SqlServerLeaseStore::connect(
+        "Server=127.0.0.1,1;Database=app;User Id=sa;Password=secret;Encrypt=false",
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::SqlServer(_)), "{err:?}");
+}
