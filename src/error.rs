@@ -127,6 +127,11 @@ impl StoreError {
     /// Whether trying the same operation again may succeed (database or conflict errors), as
     /// opposed to bad input or configuration, which will fail the same way every time.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Conflict { .. } | StoreError::Database(_))
+        match self {
+            StoreError::Conflict { .. } | StoreError::Database(_) => true,
+            #[cfg(feature = "sqlserver")]
+            StoreError::SqlServerConflict { .. } | StoreError::SqlServer(_) => true,
+            _ => false,
+        }
     }
 }

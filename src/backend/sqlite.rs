@@ -12,6 +12,7 @@ use super::Dialect;
 pub(crate) struct Sqlite;
 
 /// The one timestamp format (UTC, milliseconds).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 
 impl Dialect for Sqlite {

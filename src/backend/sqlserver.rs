@@ -44,10 +44,11 @@ use crate::{Denial, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
 pub const MIGRATION_NAME: &str = "m20261129_000001_create_orionbeacon_leases";
 
 /// The versioned, idempotent T-SQL that creates the default lease table
-/// (`migration/sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql`).
+/// (`migration/sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql`, next to the
+/// SeaORM migration; this crate ships an identical copy in `sql/` so it builds when packaged).
 /// [`SqlServerLeaseStore::migration_sql`] gives it for the store's own table.
 pub const MIGRATION_SQL: &str =
-    include_str!("../../migration/sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql");
+    include_str!("../../sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql");
 
 /// How often a statement is tried when SQL Server picks it as a deadlock victim (1205) or
 /// reports a duplicate key (2627). Either way the statement had no effect.

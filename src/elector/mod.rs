@@ -236,11 +236,13 @@ impl ElectorHandle {
         let gate = self.work_gate.clone();
         let grace = self.config.grace_period;
         tokio::spawn(async move {
-            let mut last: Option<FencingToken> = None;
+            // Terms are told apart by identity, not token: after a local step-down the store may
+            // still renew the same token into a new local term, and its work must run again.
+            let mut last: Option<LeaderTerm> = None;
             loop {
                 let term = {
                     let Ok(state) = receiver
-                        .wait_for(|s| matches!(s, Leadership::Leader(t) if Some(t.token()) != last && !t.is_lost()))
+                        .wait_for(|s| matches!(s, Leadership::Leader(t) if last.as_ref() != Some(t) && !t.is_lost()))
                         .await
                     else {
                         return; // the elector stopped
@@ -250,7 +252,7 @@ impl ElectorHandle {
                         _ => continue,
                     }
                 };
-                last = Some(term.token());
+                last = Some(term.clone());
                 let _running = gate.read().await;
                 if term.is_lost() {
                     continue; // ended (or shutting down) before the work could start

@@ -126,7 +126,7 @@ impl Runner {
                 self.config.lease,
             ),
         );
-        let result = match self.stoppable(call).await {
+        let result = match self.abortable(call).await {
             Step::Done(result) => result,
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
@@ -184,7 +184,7 @@ impl Runner {
                 self.config.lease,
             ),
         );
-        let result = match self.stoppable(call).await {
+        let result = match self.abortable(call).await {
             Step::Done(result) => result,
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
@@ -212,6 +212,17 @@ impl Runner {
                 Step::Done(LeaderNext::Stay)
             }
             Err(_) => Step::Done(LeaderNext::Lost(LossReason::Deadline, None)),
+        }
+    }
+
+    /// Runs a store call to its end unless aborted. A shutdown does not cut a call short: a
+    /// statement cancelled on our side may still commit on the server, after the release that
+    /// follows, and leave a live lease nobody renews. The calls are bounded by their timeouts.
+    async fn abortable<F: std::future::Future>(&self, fut: F) -> Step<F::Output> {
+        tokio::select! {
+            biased;
+            _ = self.stop.abort.cancelled() => Step::Abort,
+            out = fut => Step::Done(out),
         }
     }
 

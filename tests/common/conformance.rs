@@ -373,8 +373,15 @@ pub async fn bad_input_is_refused_before_sql<H: Harness>(h: &H) {
 /// (`async -> Option<Harness>`; `None` means the backend was opted out).
 #[macro_export]
 macro_rules! conformance_suite {
+    // `#[ignore = "why"]` first: for a backend that needs a server this machine may not have.
+    (#[ignore = $why:literal] $setup:expr) => {
+        $crate::conformance_suite!(@all [ignore = $why] $setup);
+    };
     ($setup:expr) => {
-        $crate::conformance_suite!(@cases $setup;
+        $crate::conformance_suite!(@all [cfg(all())] $setup);
+    };
+    (@all $attr:tt $setup:expr) => {
+        $crate::conformance_suite!(@cases $attr $setup;
             new_resource_is_acquired_with_token_1,
             renew_keeps_token_and_extends,
             live_lease_of_another_is_denied_with_holder,
@@ -388,9 +395,10 @@ macro_rules! conformance_suite {
             bad_input_is_refused_before_sql,
         );
     };
-    (@cases $setup:expr; $($case:ident),* $(,)?) => {
+    (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #$attr
             async fn $case() {
                 #[allow(unused_imports)]
                 use $crate::common::conformance::Harness as _;
