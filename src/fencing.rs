@@ -25,6 +25,41 @@ impl FencingToken {
     }
 }
 
+impl FencingToken {
+    /// For a store *outside* the lease database: a condition that admits a write fenced by this
+    /// token on a row that remembers the highest token that wrote it (`column`), i.e. `column IS
+    /// NULL OR column <= token`. Set the column to this token in the same statement; a leader
+    /// whose term was superseded then updates nothing.
+    ///
+    /// ```
+    /// use orion_beacon::FencingToken;
+    /// use sea_orm::sea_query::{Alias, Expr, ExprTrait, PostgresQueryBuilder, Query};
+    ///
+    /// let token = FencingToken::new(42);
+    /// let write = Query::update()
+    ///     .table(Alias::new("reports"))
+    ///     .value(Alias::new("body"), "...")
+    ///     .value(Alias::new("last_token"), token.get())
+    ///     .and_where(Expr::col(Alias::new("id")).eq(1))
+    ///     .and_where(token.admits(Alias::new("last_token")))
+    ///     .to_string(PostgresQueryBuilder);
+    /// assert_eq!(
+    ///     write,
+    ///     r#"UPDATE "reports" SET "body" = '...', "last_token" = 42 WHERE "id" = 1 AND ("last_token" IS NULL OR "last_token" <= 42)"#
+    /// );
+    /// ```
+    pub fn admits<C: sea_orm::sea_query::IntoColumnRef>(
+        self,
+        column: C,
+    ) -> sea_orm::sea_query::Expr {
+        use sea_orm::sea_query::{Expr, ExprTrait};
+        let column = column.into_column_ref();
+        Expr::col(column.clone())
+            .is_null()
+            .or(Expr::col(column).lte(self.0))
+    }
+}
+
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.0, f)

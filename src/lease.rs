@@ -15,10 +15,12 @@ pub struct Lease {
     pub holder: String,
     /// The term's fencing token.
     pub token: FencingToken,
-    /// Lease time left when the store decided, computed by the store's own clock in the same
-    /// statement (for a fresh grant or renew, the whole lease duration). Add it to a *local
-    /// monotonic* instant taken before the call to get a safe local deadline; never compare
-    /// the timestamps below with a local clock.
+    /// Lease time left, computed by the store's own clock in the same statement and measured
+    /// from the moment the statement began, which is after the caller sent it. So a *local
+    /// monotonic* instant taken before the call, plus this, is a deadline that never outlasts
+    /// the lease in the store. For a fresh grant or renew it is the whole lease duration, or a
+    /// little more when the statement waited for a row lock (the lease runs from when the row
+    /// was written). Never compare the timestamps below with a local clock.
     pub remaining: Duration,
     /// The expiry in the database's clock (`None` for the in-memory store, which has none).
     pub expires_at: Option<DateTime<Utc>>,

@@ -11,6 +11,7 @@ mod lease;
 mod memory;
 pub mod store;
 
+pub use backend::fence::{FenceError, Term};
 pub use backend::mysql::MySqlUpsert;
 #[cfg(feature = "sqlserver")]
 pub use backend::sqlserver::SqlServerLeaseStore;

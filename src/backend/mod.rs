@@ -6,6 +6,7 @@
 //! MySQL builder drops `ON CONFLICT ... WHERE` and `RETURNING` without a word.
 
 mod errors;
+pub mod fence;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
@@ -22,8 +23,12 @@ use sea_orm::sea_query::{Expr, Func};
 pub(crate) trait Dialect: Sync {
     /// The database's "now", constant within one statement.
     fn now(&self) -> Expr;
-    /// "now" plus a lease of `millis` milliseconds (bound as a parameter).
-    fn now_plus_millis(&self, millis: i64) -> Expr;
+    /// The end of a lease of `millis` milliseconds (bound as a parameter) granted when the row
+    /// is written. That can be later than [`now`](Self::now) when the statement waited for a
+    /// row lock (a fenced transaction holds one): a lease granted after a wait still lasts its
+    /// full duration from the grant. Liveness is still judged at [`now`](Self::now), the
+    /// statement's start, which only errs towards "still live".
+    fn lease_end(&self, millis: i64) -> Expr;
     /// The smallest timestamp step after `ts` (1 µs, or 1 ms on SQLite).
     fn one_tick_after(&self, ts: Expr) -> Expr;
     /// Milliseconds from now until `expires` (negative once past), as a 64-bit integer.

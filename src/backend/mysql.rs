@@ -33,9 +33,11 @@ impl Dialect for MySql {
         Expr::cust("UTC_TIMESTAMP(6)")
     }
 
-    fn now_plus_millis(&self, millis: i64) -> Expr {
+    // `SYSDATE(6)` is read when the row is written, after any row-lock wait, but in the
+    // session's time zone; the statement's constant UTC offset turns it into UTC.
+    fn lease_end(&self, millis: i64) -> Expr {
         Expr::cust_with_values(
-            "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND",
+            "SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND",
             [millis.saturating_mul(1000)],
         )
     }
@@ -124,7 +126,7 @@ pub(crate) fn upsert(
             // New holder: the candidate iff this was a new term or a renew.
             (
                 Column::ExpiresAt,
-                Expr::case(col(Column::Holder).eq(candidate), d.now_plus_millis(millis))
+                Expr::case(col(Column::Holder).eq(candidate), d.lease_end(millis))
                     .finally(col(Column::ExpiresAt))
                     .into(),
             ),
@@ -144,7 +146,7 @@ pub(crate) fn upsert(
             Expr::val(resource),
             Expr::val(candidate),
             Expr::val(1i64),
-            d.now_plus_millis(millis),
+            d.lease_end(millis),
             d.now(),
             d.now(),
         ])
@@ -211,13 +213,13 @@ mod tests {
 
     const UPSERT: &str = concat!(
         "INSERT INTO `orionbeacon_leases` (`resource`, `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`) ",
-        "VALUES (?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) ",
+        "VALUES (?, ?, ?, SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) ",
         "ON DUPLICATE KEY UPDATE ",
         "`renewed_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) WHEN (`holder` = ?) THEN GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) ELSE `renewed_at` END), ",
         "`acquired_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `acquired_at` END), ",
         "`fencing_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? ELSE `fencing_token` END), ",
         "`holder` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `holder` END), ",
-        "`expires_at` = (CASE WHEN (`holder` = ?) THEN UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ELSE `expires_at` END)",
+        "`expires_at` = (CASE WHEN (`holder` = ?) THEN SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND ELSE `expires_at` END)",
     );
 
     // sea-query's MySQL builder drops clauses it lacks without a word: pin the exact SQL.

@@ -16,9 +16,10 @@ impl Dialect for Postgres {
         Expr::cust("statement_timestamp()")
     }
 
-    fn now_plus_millis(&self, millis: i64) -> Expr {
+    // `clock_timestamp()` is read when the row is written, after any row-lock wait.
+    fn lease_end(&self, millis: i64) -> Expr {
         Expr::cust_with_values(
-            "statement_timestamp() + $1 * INTERVAL '1 millisecond'",
+            "clock_timestamp() + $1 * INTERVAL '1 millisecond'",
             [millis],
         )
     }

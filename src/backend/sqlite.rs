@@ -20,7 +20,8 @@ impl Dialect for Sqlite {
         Expr::cust(NOW)
     }
 
-    fn now_plus_millis(&self, millis: i64) -> Expr {
+    // SQLite takes its lock before the statement reads the clock: no wait to account for.
+    fn lease_end(&self, millis: i64) -> Expr {
         // An exact "+S.mmm seconds" modifier: no floating point on the way.
         let modifier = format!("+{}.{:03} seconds", millis / 1000, millis % 1000);
         Expr::cust_with_values("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", [modifier])

@@ -142,6 +142,17 @@ fn release_sql(table: &str) -> String {
     )
 }
 
+/// The transactional fence: one row while the term is current, and a shared lock on the lease
+/// row held to the end of the caller's transaction (`HOLDLOCK`), so a rival's `MERGE` waits.
+/// Parameters: `@P1` the resource, `@P2` the holder, `@P3` the token.
+fn fence_sql(table: &str) -> String {
+    format!(
+        "SELECT 1 AS held FROM {t} WITH (HOLDLOCK, ROWLOCK) \
+         WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > SYSUTCDATETIME();",
+        t = quoted(table),
+    )
+}
+
 /// The stored row of a resource with its remaining time. Parameter: `@P1` the resource.
 fn current_sql(table: &str) -> String {
     format!(
@@ -461,6 +472,15 @@ impl SqlServerLeaseStore {
         migration_sql(&self.table)
     }
 
+    /// The T-SQL of the transactional fence, to run inside your own transaction on the lease
+    /// database (`BEGIN TRAN` on your tiberius client) before your writes, with `@P1` the
+    /// resource, `@P2` the holder and `@P3` the token (`i64`). It returns one row while the term
+    /// is current and then holds a shared lock on the lease row until your transaction ends, so
+    /// no rival can take over before your writes commit; no row means fenced: roll back.
+    pub fn fence_sql(&self) -> String {
+        fence_sql(&self.table)
+    }
+
     /// Creates the lease table if it does not exist (`IF OBJECT_ID(...) IS NULL CREATE TABLE
     /// ...`): idempotent, and safe to run from several processes at once. An existing table is
     /// left as it is.
@@ -723,6 +743,15 @@ mod tests {
             );
             assert!(sql.ends_with(';'), "{sql}");
         }
+    }
+
+    #[test]
+    fn fence_text() {
+        assert_eq!(
+            fence_sql(DEFAULT_TABLE),
+            "SELECT 1 AS held FROM [orionbeacon_leases] WITH (HOLDLOCK, ROWLOCK) \
+             WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > SYSUTCDATETIME();"
+        );
     }
 
     #[test]

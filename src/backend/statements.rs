@@ -63,7 +63,7 @@ pub(crate) fn upsert(
                     .into(),
             ),
             (Column::Holder, Expr::val(candidate)),
-            (Column::ExpiresAt, d.now_plus_millis(millis)),
+            (Column::ExpiresAt, d.lease_end(millis)),
         ])
         .action_and_where(mine.or(expired))
         .to_owned();
@@ -81,7 +81,7 @@ pub(crate) fn upsert(
             Expr::val(resource),
             Expr::val(candidate),
             Expr::val(1i64),
-            d.now_plus_millis(millis),
+            d.lease_end(millis),
             d.now(),
             d.now(),
         ])
@@ -220,12 +220,12 @@ mod tests {
             sql,
             concat!(
                 r#"INSERT INTO "orionbeacon_leases" ("resource", "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at") "#,
-                r#"VALUES ($1, $2, $3, statement_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp()) "#,
+                r#"VALUES ($1, $2, $3, clock_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp()) "#,
                 r#"ON CONFLICT ("resource") DO UPDATE SET "#,
                 r#""fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN "orionbeacon_leases"."fencing_token" + $5 ELSE "orionbeacon_leases"."fencing_token" END), "#,
                 r#""acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_leases"."acquired_at" END), "#,
                 r#""renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE GREATEST(statement_timestamp(), "orionbeacon_leases"."acquired_at" + INTERVAL '1 microsecond') END), "#,
-                r#""holder" = $6, "expires_at" = statement_timestamp() + $7 * INTERVAL '1 millisecond' "#,
+                r#""holder" = $6, "expires_at" = clock_timestamp() + $7 * INTERVAL '1 millisecond' "#,
                 r#"WHERE "orionbeacon_leases"."holder" = $8 OR "orionbeacon_leases"."expires_at" <= (statement_timestamp()) "#,
                 r#"RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "#,
                 r#"CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT)"#,

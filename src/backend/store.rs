@@ -74,11 +74,11 @@ impl SeaOrmLeaseStore {
         &self.db
     }
 
-    fn table_iden(&self) -> Alias {
+    pub(crate) fn table_iden(&self) -> Alias {
         Alias::new(&*self.table)
     }
 
-    fn dialect(&self) -> Result<&'static dyn Dialect, StoreError> {
+    pub(crate) fn dialect(&self) -> Result<&'static dyn Dialect, StoreError> {
         match self.db.get_database_backend() {
             #[cfg(feature = "postgres")]
             DbBackend::Postgres => Ok(&super::postgres::Postgres),

@@ -1,0 +1,420 @@
+//! Fenced writes on SQLite, PostgreSQL and MariaDB: a stale leader's writes cannot commit.
+
+mod common;
+
+use std::time::Duration;
+
+use orion_beacon::{FenceError, FencingToken, LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
+use sea_orm::sea_query::{Alias, ColumnDef, Expr, ExprTrait, Query, Table};
+use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+use tokio::time::Instant;
+
+use common::conformance::Harness;
+use common::sql::SqlHarness;
+use common::unique;
+
+const LEASE: Duration = Duration::from_millis(500);
+const PAST_LEASE: Duration = Duration::from_millis(800);
+
+/// A ledger of (token, seq) rows, in commit order by id.
+struct Ledger {
+    table: String,
+}
+
+impl Ledger {
+    async fn create(db: &DatabaseConnection) -> Self {
+        let table = unique("ledger");
+        let stmt = Table::create()
+            .table(Alias::new(&table))
+            .col(
+                ColumnDef::new(Alias::new("id"))
+                    .integer()
+                    .not_null()
+                    .auto_increment()
+                    .primary_key(),
+            )
+            .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
+            .col(ColumnDef::new(Alias::new("seq")).integer().not_null())
+            .to_owned();
+        db.execute(&stmt).await.unwrap();
+        Self { table }
+    }
+
+    async fn insert<C: ConnectionTrait>(&self, conn: &C, token: FencingToken, seq: i32) {
+        let stmt = Query::insert()
+            .into_table(Alias::new(&self.table))
+            .columns([Alias::new("token"), Alias::new("seq")])
+            .values_panic([token.get().into(), seq.into()])
+            .to_owned();
+        conn.execute(&stmt).await.unwrap();
+    }
+
+    async fn rows(&self, db: &DatabaseConnection) -> Vec<(i64, i32)> {
+        let stmt = Query::select()
+            .columns([Alias::new("token"), Alias::new("seq")])
+            .from(Alias::new(&self.table))
+            .order_by(Alias::new("id"), sea_orm::sea_query::Order::Asc)
+            .to_owned();
+        db.query_all(&stmt)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r.try_get_by_index(0).unwrap(),
+                    r.try_get_by_index(1).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    async fn drop(self, db: &DatabaseConnection) {
+        db.execute(&Table::drop().table(Alias::new(&self.table)).to_owned())
+            .await
+            .unwrap();
+    }
+}
+
+async fn acquire(store: &SeaOrmLeaseStore, r: &str, who: &str) -> FencingToken {
+    match store.acquire_or_renew(r, who, LEASE).await.unwrap() {
+        LeaseOutcome::Acquired(l) => l.token,
+        other => panic!("{who} expected to acquire: {other:?}"),
+    }
+}
+
+/// A leads with t, its lease expires, B acquires t+1: A's fenced transaction is refused and
+/// writes nothing, B's commits.
+pub async fn stale_term_is_fenced(h: &SqlHarness) {
+    let store = h.store();
+    let ledger = Ledger::create(h.db()).await;
+    let r = unique("fence_stale");
+    let t = acquire(&store, &r, "a").await;
+    let a = Term {
+        resource: &r,
+        holder: "a",
+        token: t,
+    };
+
+    // While current, A's fenced transaction commits.
+    let txn = h.db().begin().await.unwrap();
+    store.fence(&txn, a).await.unwrap();
+    ledger.insert(&txn, t, 1).await;
+    txn.commit().await.unwrap();
+
+    tokio::time::sleep(PAST_LEASE).await;
+    let t2 = acquire(&store, &r, "b").await;
+    assert_eq!(t2.get(), t.get() + 1);
+
+    let txn = h.db().begin().await.unwrap();
+    let err = store.fence(&txn, a).await.unwrap_err();
+    assert!(err.is_fenced(), "{err:?}");
+    assert!(matches!(err, FenceError::Fenced { token, .. } if token == t));
+    txn.rollback().await.unwrap();
+
+    let txn = h.db().begin().await.unwrap();
+    store
+        .fence(
+            &txn,
+            Term {
+                resource: &r,
+                holder: "b",
+                token: t2,
+            },
+        )
+        .await
+        .unwrap();
+    ledger.insert(&txn, t2, 1).await;
+    txn.commit().await.unwrap();
+
+    // An expired lease fences its own holder too, before anyone took over.
+    tokio::time::sleep(PAST_LEASE).await;
+    let txn = h.db().begin().await.unwrap();
+    assert!(store
+        .fence(
+            &txn,
+            Term {
+                resource: &r,
+                holder: "b",
+                token: t2
+            }
+        )
+        .await
+        .unwrap_err()
+        .is_fenced());
+    txn.rollback().await.unwrap();
+
+    assert_eq!(ledger.rows(h.db()).await, vec![(t.get(), 1), (t2.get(), 1)]);
+    ledger.drop(h.db()).await;
+}
+
+/// A holds an open fenced transaction while its lease expires; B's acquire waits for that
+/// transaction to end, then wins with t+1; A's writes are ordered strictly before B's term.
+pub async fn open_fence_holds_off_the_takeover(h: &SqlHarness) {
+    let store = h.store();
+    let ledger = Ledger::create(h.db()).await;
+    let r = unique("fence_race");
+    let t = acquire(&store, &r, "a").await;
+
+    let txn = h.db().begin().await.unwrap();
+    store
+        .fence(
+            &txn,
+            Term {
+                resource: &r,
+                holder: "a",
+                token: t,
+            },
+        )
+        .await
+        .unwrap();
+    ledger.insert(&txn, t, 1).await;
+
+    let b_store = h.separate_store().await;
+    let r2 = r.clone();
+    let b = tokio::spawn(async move {
+        tokio::time::sleep(PAST_LEASE).await; // A's lease has expired by now
+        let started = Instant::now();
+        let out = b_store.acquire_or_renew(&r2, "b", LEASE).await.unwrap();
+        (started, Instant::now(), out)
+    });
+    tokio::time::sleep(PAST_LEASE + Duration::from_millis(700)).await; // B is waiting on the lock
+    ledger.insert(&txn, t, 2).await;
+    let committing = Instant::now();
+    txn.commit().await.unwrap();
+
+    let (b_started, b_done, out) = b.await.unwrap();
+    assert!(b_started < committing, "B asked before A committed");
+    assert!(
+        b_done >= committing,
+        "B's acquire must wait for A's fenced transaction"
+    );
+    let LeaseOutcome::Acquired(lease) = out else {
+        panic!("B should take over: {out:?}")
+    };
+    assert_eq!(lease.token.get(), t.get() + 1);
+
+    let txn = h.db().begin().await.unwrap();
+    store
+        .fence(
+            &txn,
+            Term {
+                resource: &r,
+                holder: "b",
+                token: lease.token,
+            },
+        )
+        .await
+        .unwrap();
+    ledger.insert(&txn, lease.token, 1).await;
+    txn.commit().await.unwrap();
+    assert_eq!(
+        ledger.rows(h.db()).await,
+        vec![(t.get(), 1), (t.get(), 2), (t.get() + 1, 1)]
+    );
+    ledger.drop(h.db()).await;
+}
+
+/// The statement-level fence: one row for the current term, none (and `Fenced`) for a stale one.
+pub async fn statement_fence_affects_no_rows_when_stale(h: &SqlHarness) {
+    let store = h.store();
+    let r = unique("fence_stmt");
+    let jobs = unique("jobs");
+    let create = Table::create()
+        .table(Alias::new(&jobs))
+        .col(
+            ColumnDef::new(Alias::new("id"))
+                .integer()
+                .not_null()
+                .primary_key(),
+        )
+        .col(
+            ColumnDef::new(Alias::new("owner_token"))
+                .big_integer()
+                .not_null(),
+        )
+        .to_owned();
+    h.db().execute(&create).await.unwrap();
+    let seed = Query::insert()
+        .into_table(Alias::new(&jobs))
+        .columns([Alias::new("id"), Alias::new("owner_token")])
+        .values_panic([1.into(), 0i64.into()])
+        .to_owned();
+    h.db().execute(&seed).await.unwrap();
+
+    let write = |term: Term<'_>| {
+        Query::update()
+            .table(Alias::new(&jobs))
+            .value(Alias::new("owner_token"), term.token.get())
+            .and_where(Expr::col(Alias::new("id")).eq(1))
+            .and_where(store.fenced_by(term).unwrap())
+            .to_owned()
+    };
+    let t = acquire(&store, &r, "a").await;
+    let a = Term {
+        resource: &r,
+        holder: "a",
+        token: t,
+    };
+    assert_eq!(h.db().execute(&write(a)).await.unwrap().rows_affected(), 1);
+    assert_eq!(store.execute_fenced(h.db(), &write(a), a).await.unwrap(), 1);
+
+    tokio::time::sleep(PAST_LEASE).await;
+    let t2 = acquire(&store, &r, "b").await;
+    assert_eq!(
+        h.db().execute(&write(a)).await.unwrap().rows_affected(),
+        0,
+        "stale term: no rows"
+    );
+    assert!(store
+        .execute_fenced(h.db(), &write(a), a)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    let b = Term {
+        resource: &r,
+        holder: "b",
+        token: t2,
+    };
+    assert_eq!(store.execute_fenced(h.db(), &write(b), b).await.unwrap(), 1);
+    // Current term, but the statement's own condition matches nothing: 0, not Fenced.
+    let none = Query::update()
+        .table(Alias::new(&jobs))
+        .value(Alias::new("owner_token"), 5i64)
+        .and_where(Expr::col(Alias::new("id")).eq(2))
+        .and_where(store.fenced_by(b).unwrap())
+        .to_owned();
+    assert_eq!(store.execute_fenced(h.db(), &none, b).await.unwrap(), 0);
+    h.db()
+        .execute(&Table::drop().table(Alias::new(&jobs)).to_owned())
+        .await
+        .unwrap();
+}
+
+/// Downstream fencing: a row remembers the highest token that wrote it and refuses older ones.
+pub async fn downstream_row_refuses_older_tokens(h: &SqlHarness) {
+    let reports = unique("reports");
+    let create = Table::create()
+        .table(Alias::new(&reports))
+        .col(
+            ColumnDef::new(Alias::new("id"))
+                .integer()
+                .not_null()
+                .primary_key(),
+        )
+        .col(ColumnDef::new(Alias::new("body")).string_len(64).not_null())
+        .col(
+            ColumnDef::new(Alias::new("last_token"))
+                .big_integer()
+                .null(),
+        )
+        .to_owned();
+    h.db().execute(&create).await.unwrap();
+    let seed = Query::insert()
+        .into_table(Alias::new(&reports))
+        .columns([Alias::new("id"), Alias::new("body")])
+        .values_panic([1.into(), "empty".into()])
+        .to_owned();
+    h.db().execute(&seed).await.unwrap();
+    let write = |token: i64, body: &str| {
+        let token = FencingToken::new(token);
+        Query::update()
+            .table(Alias::new(&reports))
+            .value(Alias::new("body"), body)
+            .value(Alias::new("last_token"), token.get())
+            .and_where(Expr::col(Alias::new("id")).eq(1))
+            .and_where(token.admits(Alias::new("last_token")))
+            .to_owned()
+    };
+    let rows = |stmt| async move { h.db().execute(&stmt).await.unwrap().rows_affected() };
+    assert_eq!(rows(write(1, "by term 1")).await, 1);
+    assert_eq!(rows(write(2, "by term 2")).await, 1);
+    assert_eq!(
+        rows(write(1, "stale term 1")).await,
+        0,
+        "an older token is refused"
+    );
+    assert_eq!(
+        rows(write(2, "term 2 again")).await,
+        1,
+        "the same term may write again"
+    );
+    let body: String = h
+        .db()
+        .query_one(
+            &Query::select()
+                .column(Alias::new("body"))
+                .from(Alias::new(&reports))
+                .to_owned(),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index(0)
+        .unwrap();
+    assert_eq!(body, "term 2 again");
+    h.db()
+        .execute(&Table::drop().table(Alias::new(&reports)).to_owned())
+        .await
+        .unwrap();
+}
+
+macro_rules! fencing_suite {
+    ($setup:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn stale_term_is_fenced() {
+            if let Some(h) = $setup.await {
+                crate::stale_term_is_fenced(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn open_fence_holds_off_the_takeover() {
+            if let Some(h) = $setup.await {
+                crate::open_fence_holds_off_the_takeover(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn statement_fence_affects_no_rows_when_stale() {
+            if let Some(h) = $setup.await {
+                crate::statement_fence_affects_no_rows_when_stale(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn downstream_row_refuses_older_tokens() {
+            if let Some(h) = $setup.await {
+                crate::downstream_row_refuses_older_tokens(&h).await;
+                h.teardown().await;
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    fencing_suite!(SqlHarness::sqlite());
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use crate::common::Server;
+    fencing_suite!(SqlHarness::server(Server::Postgres));
+}
+
+#[cfg(feature = "mysql")]
+mod mariadb {
+    use super::*;
+    use crate::common::Server;
+    fencing_suite!(SqlHarness::server(Server::MySql));
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn tokens_serialize_as_plain_numbers() {
+    let token = FencingToken::new(42);
+    assert_eq!(serde_json::to_string(&token).unwrap(), "42");
+    assert_eq!(serde_json::from_str::<FencingToken>("42").unwrap(), token);
+}
