@@ -16,6 +16,7 @@ pub use backend::mysql::MySqlUpsert;
 #[cfg(feature = "sqlserver")]
 pub use backend::sqlserver::SqlServerLeaseStore;
 pub use backend::SeaOrmLeaseStore;
+pub use elector::Health;
 pub use elector::{
     ConfigError, Elector, ElectorBuilder, ElectorHandle, LeaderTerm, Leadership, LossReason,
 };
@@ -23,7 +24,7 @@ pub use error::{StoreError, TableNameError};
 pub use fencing::FencingToken;
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord};
 pub use memory::InMemoryLeaseStore;
-pub use store::LeaseStore;
+pub use store::{LeaseStore, ReleaseEvents};
 
 /// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).
 pub use orion_beacon_entity as entity;

@@ -22,9 +22,19 @@ struct Slot {
 ///
 /// Its clock is [`tokio::time::Instant`], so tests can pause and advance time. It has no wall
 /// clock, so the timestamps in its answers are `None`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct InMemoryLeaseStore {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
+    released: tokio::sync::broadcast::Sender<Arc<str>>,
+}
+
+impl Default for InMemoryLeaseStore {
+    fn default() -> Self {
+        Self {
+            slots: Arc::default(),
+            released: tokio::sync::broadcast::channel(64).0,
+        }
+    }
 }
 
 impl InMemoryLeaseStore {
@@ -100,6 +110,8 @@ impl LeaseStore for InMemoryLeaseStore {
         match self.slots().get_mut(resource) {
             Some(slot) if slot.holder == candidate && slot.expires > now => {
                 slot.expires = now;
+                // Nobody listening is fine: followers poll anyway.
+                let _ = self.released.send(Arc::from(resource));
                 Ok(true)
             }
             _ => Ok(false),
@@ -119,5 +131,9 @@ impl LeaseStore for InMemoryLeaseStore {
             acquired_at: None,
             renewed_at: None,
         }))
+    }
+
+    fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
+        Some(self.released.subscribe())
     }
 }

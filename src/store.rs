@@ -42,7 +42,18 @@ pub trait LeaseStore: Send + Sync {
 
     /// The stored lease of `resource`, live or not, or `None` if it was never acquired.
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError>;
+
+    /// Release notifications, for stores that can push them: each message names a resource
+    /// whose lease was just released, so followers try at once instead of at their next poll.
+    /// `None` (the default) means followers only poll. Messages can be lost (a dropped
+    /// listener connection, a lagging receiver); polling stays the fallback.
+    fn release_events(&self) -> Option<ReleaseEvents> {
+        None
+    }
 }
+
+/// A subscription to a store's release notifications (see [`LeaseStore::release_events`]).
+pub type ReleaseEvents = tokio::sync::broadcast::Receiver<std::sync::Arc<str>>;
 
 #[async_trait]
 impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
@@ -61,6 +72,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         (**self).current(resource).await
+    }
+
+    fn release_events(&self) -> Option<ReleaseEvents> {
+        (**self).release_events()
     }
 }
 

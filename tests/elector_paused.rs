@@ -90,6 +90,9 @@ impl LeaseStore for Scripted {
     async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
         self.inner.current(r).await
     }
+    fn release_events(&self) -> Option<orion_beacon::ReleaseEvents> {
+        self.inner.release_events()
+    }
 }
 
 const LEASE: Duration = Duration::from_secs(15);
@@ -421,5 +424,37 @@ async fn in_memory_default_store_is_shared_in_process() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(u8::from(a.is_leader()) + u8::from(b.is_leader()), 1);
     a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A release wakes the followers at once (the store pushes release notifications), instead of
+/// at their next poll.
+#[tokio::test(start_paused = true)]
+async fn release_wakes_followers_at_once() {
+    let store = Scripted::new();
+    let a = elector(&store, "a").start();
+    wait_leader(&mut a.watch()).await;
+    let b = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("b")
+        .retry_interval(Duration::from_secs(10))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start();
+    let mut brx = b.watch();
+    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    a.shutdown().await;
+    let term = wait_leader(&mut brx).await;
+    assert_eq!(term.token().get(), 2);
+    assert!(
+        Instant::now() - t0 < Duration::from_millis(10),
+        "took {:?}",
+        Instant::now() - t0
+    );
     b.shutdown().await;
 }

@@ -5,9 +5,12 @@
 //! clock, interval arithmetic). MySQL/MariaDB build their own statement because sea-query's
 //! MySQL builder drops `ON CONFLICT ... WHERE` and `RETURNING` without a word.
 
+mod admin;
 mod errors;
 pub mod fence;
 pub mod mysql;
+#[cfg(feature = "postgres")]
+mod notify;
 pub mod postgres;
 pub mod sqlite;
 #[cfg(feature = "sqlserver")]

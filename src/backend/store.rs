@@ -34,6 +34,9 @@ pub struct SeaOrmLeaseStore {
     table: Arc<str>,
     /// MySQL/MariaDB only: which upsert form the server takes, detected once.
     mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
+    /// PostgreSQL only: the release listener, started on first subscription.
+    #[cfg(feature = "postgres")]
+    releases: super::notify::HubCell,
 }
 
 impl SeaOrmLeaseStore {
@@ -43,6 +46,8 @@ impl SeaOrmLeaseStore {
             db,
             table: Arc::from(DEFAULT_TABLE),
             mysql_upsert: Arc::default(),
+            #[cfg(feature = "postgres")]
+            releases: Arc::default(),
         }
     }
 
@@ -52,6 +57,10 @@ impl SeaOrmLeaseStore {
         let table = table.as_ref();
         validate_table_name(table)?;
         self.table = Arc::from(table);
+        #[cfg(feature = "postgres")]
+        {
+            self.releases = Arc::default(); // a listener filters by table name
+        }
         Ok(self)
     }
 
@@ -98,7 +107,7 @@ impl SeaOrmLeaseStore {
     }
 
     /// Runs `op` again while the database reports a conflict, at most [`ATTEMPTS`] times.
-    async fn with_retry<T, F, Fut>(&self, mut op: F) -> Result<T, StoreError>
+    pub(crate) async fn with_retry<T, F, Fut>(&self, mut op: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, DbErr>>,
@@ -180,6 +189,39 @@ impl SeaOrmLeaseStore {
             })
     }
 
+    fn decode_error(&self, source: DbErr) -> StoreError {
+        StoreError::Decode {
+            table: self.table.to_string(),
+            source,
+        }
+    }
+
+    /// The exact statement [`acquire_or_renew`](LeaseStore::acquire_or_renew) sends for these
+    /// arguments on this connection's backend (PostgreSQL, SQLite, MariaDB; the MySQL
+    /// transaction form sends this upsert and then a read): for `EXPLAIN`, audits and
+    /// benchmarks. The values are bound parameters.
+    pub fn acquire_statement(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+    ) -> Result<sea_orm::Statement, StoreError> {
+        let millis = validate_request(resource, candidate, lease)?;
+        let d = self.dialect()?;
+        let backend = self.db.get_database_backend();
+        let table = self.table_iden();
+        let stmt = match backend {
+            DbBackend::Postgres => {
+                statements::upsert_reporting(d, &table, resource, candidate, millis)
+                    .map(|q| backend.build(&q))
+            }
+            DbBackend::MySql => super::mysql::upsert_returning(&table, resource, candidate, millis),
+            _ => statements::upsert(d, &table, resource, candidate, millis)
+                .map(|q| backend.build(&q)),
+        };
+        stmt.map_err(StoreError::Database)
+    }
+
     async fn read_row(&self, d: &dyn Dialect, resource: &str) -> Result<Option<Row>, StoreError> {
         let stmt = statements::current(d, &self.table_iden(), resource);
         let row = self.with_retry(|| self.db.query_one(&stmt)).await?;
@@ -215,29 +257,48 @@ impl LeaseStore for SeaOrmLeaseStore {
                 }),
             };
         }
+        let unknown = || Denial {
+            resource: resource.to_owned(),
+            holder: None,
+            token: None,
+            remaining: Duration::ZERO,
+            expires_at: None,
+        };
+        if self.db.get_database_backend() == DbBackend::Postgres {
+            // One round trip whatever the outcome: the upsert, or the row that denied it.
+            let stmt =
+                statements::upsert_reporting(d, &self.table_iden(), resource, candidate, millis)
+                    .map_err(StoreError::Database)?;
+            let returned = self.with_retry(|| self.db.query_one(&stmt)).await?;
+            let Some(returned) = returned else {
+                // No row at all: a first insert raced ours and is not in our snapshot.
+                return Ok(LeaseOutcome::Denied(unknown()));
+            };
+            let granted: bool = returned
+                .try_get_by_index(6)
+                .map_err(|source| self.decode_error(source))?;
+            let row = Row::decode(&returned).map_err(|source| self.decode_error(source))?;
+            return Ok(if granted {
+                row.outcome(resource, candidate)
+            } else {
+                LeaseOutcome::Denied(row.denial(resource))
+            });
+        }
         let stmt = statements::upsert(d, &self.table_iden(), resource, candidate, millis)
             .map_err(StoreError::Database)?;
         let returned = self.with_retry(|| self.db.query_one(&stmt)).await?;
         match returned {
             Some(row) => {
-                let row = Row::decode(&row).map_err(|source| StoreError::Decode {
-                    table: self.table.to_string(),
-                    source,
-                })?;
+                let row = Row::decode(&row).map_err(|source| self.decode_error(source))?;
                 Ok(row.outcome(resource, candidate))
             }
-            // Denied: the statement changed nothing. Say who holds the lease with a plain read;
-            // the read is only a report (the holder may change between the two statements).
+            // Denied: the statement changed nothing. Say who holds the lease with a plain read
+            // (on SQLite, in-process); the read is only a report (the holder may change between
+            // the two statements).
             None => Ok(LeaseOutcome::Denied(
                 match self.read_row(d, resource).await? {
                     Some(row) => row.denial(resource),
-                    None => Denial {
-                        resource: resource.to_owned(),
-                        holder: None,
-                        token: None,
-                        remaining: Duration::ZERO,
-                        expires_at: None,
-                    },
+                    None => unknown(),
                 },
             )),
         }
@@ -247,9 +308,34 @@ impl LeaseStore for SeaOrmLeaseStore {
         validate_resource(resource)?;
         validate_candidate(candidate)?;
         let d = self.dialect()?;
+        if self.db.get_database_backend() == DbBackend::Postgres {
+            // The release and the wake-up of the followers (`pg_notify`), in one statement.
+            let stmt = statements::release_notifying(
+                d,
+                &self.table_iden(),
+                &self.table,
+                resource,
+                candidate,
+            );
+            let rows = self.with_retry(|| self.db.query_all(&stmt)).await?;
+            return Ok(!rows.is_empty());
+        }
         let stmt = statements::release(d, &self.table_iden(), resource, candidate);
         let result = self.with_retry(|| self.db.execute(&stmt)).await?;
         Ok(result.rows_affected() > 0)
+    }
+
+    /// On PostgreSQL, `LISTEN`s on one connection of the pool (taken on first use, kept while
+    /// any clone of this store lives) for the notifications that releases send.
+    fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
+        #[cfg(feature = "postgres")]
+        {
+            super::notify::subscribe(&self.releases, &self.db, &self.table)
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            None
+        }
     }
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {

@@ -1,6 +1,10 @@
 //! The elector: keeps one candidate elected per resource on any [`LeaseStore`].
 
 mod config;
+mod health;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod runner;
 mod term;
 
@@ -16,6 +20,7 @@ pub use config::{
     ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER, DEFAULT_LEASE_DURATION,
     DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
 };
+pub use health::{Health, HEALTH_WINDOW_FACTOR};
 pub use term::{LeaderTerm, Leadership, LossReason};
 
 use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
@@ -27,6 +32,7 @@ use runner::{Runner, Stop};
 pub struct ElectorBuilder {
     store: Arc<dyn LeaseStore>,
     options: Options,
+    health_window: Option<Duration>,
 }
 
 impl std::fmt::Debug for ElectorBuilder {
@@ -100,9 +106,12 @@ impl ElectorBuilder {
 
     /// Validates the options.
     pub fn build(self) -> Result<Elector, ConfigError> {
+        let config = self.options.validate()?;
+        let health_window = health::window(self.health_window, &config)?;
         Ok(Elector {
             store: self.store,
-            config: Arc::new(self.options.validate()?),
+            config: Arc::new(config),
+            health_window,
         })
     }
 }
@@ -111,6 +120,7 @@ impl ElectorBuilder {
 pub struct Elector {
     store: Arc<dyn LeaseStore>,
     config: Arc<Config>,
+    health_window: Duration,
 }
 
 impl std::fmt::Debug for Elector {
@@ -132,6 +142,7 @@ impl Elector {
         ElectorBuilder {
             store: Arc::new(store),
             options: Options::default(),
+            health_window: None,
         }
     }
 
@@ -160,20 +171,23 @@ impl Elector {
             abort: CancellationToken::new(),
         };
         let work_gate = Arc::new(RwLock::new(()));
+        let probe = health::Probe::new(&self.config, self.health_window);
         let runner = Runner {
             store: self.store,
             config: self.config.clone(),
             state,
             stop: stop.clone(),
             work_gate: work_gate.clone(),
+            probe: probe.clone(),
         };
-        let task = tokio::spawn(runner.run());
+        let task = tokio::spawn(probe.clone().supervise(runner.run()));
         ElectorHandle {
             config: self.config,
             receiver,
             stop,
             work_gate,
             task: Some(task),
+            probe,
         }
     }
 }
@@ -187,6 +201,7 @@ pub struct ElectorHandle {
     stop: Stop,
     work_gate: Arc<RwLock<()>>,
     task: Option<JoinHandle<()>>,
+    probe: health::Probe,
 }
 
 impl ElectorHandle {

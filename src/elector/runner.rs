@@ -3,13 +3,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, RwLock};
+use tokio::sync::{broadcast, watch, RwLock};
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use super::config::{random_u64, Config};
+use super::health::Probe;
 use super::term::{LeaderTerm, Leadership, LossReason};
+use crate::store::ReleaseEvents;
 use crate::{Denial, Lease, LeaseOutcome, LeaseStore};
 
 /// A follower told that the lease ends in `remaining` tries again this long after it.
@@ -34,6 +36,8 @@ pub(crate) struct Runner {
     /// Leader work holds a read guard while it runs; shutdown takes the write lock to wait
     /// for it.
     pub work_gate: Arc<RwLock<()>>,
+    /// Health and metrics: store round trips and term changes.
+    pub probe: Probe,
 }
 
 struct Active {
@@ -61,10 +65,11 @@ impl Runner {
         let mut active: Option<Active> = None;
         let mut next_attempt = Instant::now();
         let mut failures: u32 = 0;
+        let mut releases = self.store.release_events();
         let stopped_by = loop {
             let step = match active.as_mut() {
                 None => {
-                    self.follower_step(&mut next_attempt, &mut failures, &mut active)
+                    self.follower_step(&mut next_attempt, &mut failures, &mut active, &mut releases)
                         .await
                 }
                 Some(a) => self.leader_step(a, &mut failures).await,
@@ -111,8 +116,12 @@ impl Runner {
         next_attempt: &mut Instant,
         failures: &mut u32,
         active: &mut Option<Active>,
+        releases: &mut Option<ReleaseEvents>,
     ) -> Step<LeaderNext> {
-        match self.stoppable(sleep_until(*next_attempt)).await {
+        match self
+            .stoppable(self.wait_turn(*next_attempt, releases))
+            .await
+        {
             Step::Done(()) => {}
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
@@ -131,6 +140,7 @@ impl Runner {
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
         };
+        self.probe.store_call(false, sent, &result);
         match result {
             Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease))) => {
                 *failures = 0;
@@ -189,6 +199,7 @@ impl Runner {
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
         };
+        self.probe.store_call(true, sent, &result);
         match result {
             Ok(Ok(LeaseOutcome::Renewed(lease))) if lease.token == active.term.token() => {
                 *failures = 0;
@@ -212,6 +223,29 @@ impl Runner {
                 Step::Done(LeaderNext::Stay)
             }
             Err(_) => Step::Done(LeaderNext::Lost(LossReason::Deadline, None)),
+        }
+    }
+
+    /// Waits until `next_attempt`, or less if the store says our resource was just released.
+    async fn wait_turn(&self, next_attempt: Instant, releases: &mut Option<ReleaseEvents>) {
+        let Some(events) = releases.as_mut() else {
+            return sleep_until(next_attempt).await;
+        };
+        let released = async {
+            loop {
+                match events.recv().await {
+                    Ok(resource) if *resource == *self.config.resource => return,
+                    Ok(_) => {}
+                    // Missed some: ours may be among them, so try now.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    // No more notifications: polling only from here on.
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+                }
+            }
+        };
+        tokio::select! {
+            _ = sleep_until(next_attempt) => {}
+            _ = released => debug!("woken by a release notification"),
         }
     }
 
@@ -258,6 +292,7 @@ impl Runner {
         );
         info!(token = %lease.token, "elected");
         self.state.send_replace(Leadership::Leader(term.clone()));
+        self.probe.elected();
         Some(Active {
             term,
             next_renew: sent + self.config.renew_interval,
@@ -269,6 +304,7 @@ impl Runner {
         // read a leader state from the channel.
         self.state.send_replace(Leadership::Follower { leader });
         term.end(reason);
+        self.probe.lost(reason);
         match reason {
             LossReason::Shutdown => {
                 info!(token = %term.token(), reason = %reason, "leadership ended")

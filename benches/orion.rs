@@ -1,0 +1,622 @@
+//! orion-beacon's benchmarks: store throughput next to pgbench running the very same statement,
+//! handover and failover times, and one process holding 10,000 leases.
+//!
+//! ```sh
+//! cargo bench --all-features --bench orion                    # everything (a few minutes)
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale
+//! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
+//! ```
+//!
+//! Needs PostgreSQL (`ORION_BEACON_PG_URL`, default `postgres://postgres@127.0.0.1:5432/test`),
+//! MariaDB (`ORION_BEACON_MYSQL_URL`) and `pgbench` on the PATH. Results are printed as
+//! tables; the handover/failover timeline is written to `target/orion-bench/transitions.svg`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use orion_beacon::{
+    Elector, ElectorHandle, Leadership, LeaseOutcome, LeaseRecord, LeaseStore, SeaOrmLeaseStore,
+    StoreError,
+};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
+use tokio::time::Instant;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn pg_url() -> String {
+    std::env::var("ORION_BEACON_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+fn mysql_url() -> String {
+    std::env::var("ORION_BEACON_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+fn secs() -> Duration {
+    Duration::from_secs(
+        std::env::var("BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10),
+    )
+}
+
+async fn connect(
+    url: &str,
+    max: u32,
+    test_before_acquire: bool,
+) -> Result<DatabaseConnection, Error> {
+    let mut o = if url.starts_with("sqlite:") {
+        orion_beacon::backend::sqlite::connect_options(url)
+    } else {
+        sea_orm::ConnectOptions::new(url)
+    };
+    o.max_connections(max)
+        .min_connections(max.min(4))
+        .sqlx_logging(false)
+        .test_before_acquire(test_before_acquire);
+    Ok(sea_orm::Database::connect(o).await?)
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", std::process::id())
+}
+
+async fn migrate(db: &DatabaseConnection, table: &str) -> Result<(), Error> {
+    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    let m = CreateLeaseTable::with_table(table)?;
+    m.down(&SchemaManager::new(db)).await?;
+    m.up(&SchemaManager::new(db)).await?;
+    Ok(())
+}
+
+async fn drop(db: &DatabaseConnection, table: &str) {
+    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    if let Ok(m) = CreateLeaseTable::with_table(table) {
+        let _ = m.down(&SchemaManager::new(db)).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Throughput
+
+/// `clients` tasks, each acquiring-or-renewing its own resource in a loop for `d`.
+async fn store_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result<f64, Error> {
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Instant::now() + d;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (store, done) = (store.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let resource = format!("bench-{c}");
+            while Instant::now() < stop {
+                store
+                    .acquire_or_renew(&resource, "bench", Duration::from_secs(60))
+                    .await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, StoreError>(())
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// pgbench running the store's exact acquire-or-renew statement, prepared, one resource per
+/// client.
+fn pgbench_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result<f64, Error> {
+    let stmt = store.acquire_statement("RESOURCE", "bench", Duration::from_secs(60))?;
+    let values = stmt.values.map(|v| v.0).unwrap_or_default();
+    let mut sql = stmt.sql.clone();
+    // $n -> a literal (or the per-client resource), highest number first so $1 does not eat $10.
+    for (i, v) in values.iter().enumerate().rev() {
+        let literal = match v {
+            sea_orm::Value::String(Some(s)) if s == "RESOURCE" => {
+                "('bench-' || :client_id)".to_owned()
+            }
+            sea_orm::Value::String(Some(s)) => format!("'{s}'"),
+            sea_orm::Value::BigInt(Some(n)) => format!("{n}::bigint"),
+            sea_orm::Value::Int(Some(n)) => n.to_string(),
+            other => return Err(format!("unexpected value {other:?}").into()),
+        };
+        sql = sql.replace(&format!("${}", i + 1), &literal);
+    }
+    let dir = PathBuf::from("target/orion-bench");
+    std::fs::create_dir_all(&dir)?;
+    let script = dir.join("acquire.sql");
+    std::fs::write(&script, format!("{sql};\n"))?;
+    let out = std::process::Command::new("pgbench")
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(2).to_string(),
+        ])
+        .args(["-T", &d.as_secs().to_string(), "-f"])
+        .arg(&script)
+        .arg(pg_url())
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "no tps in pgbench output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    Ok(tps)
+}
+
+/// Transactions the server counted for `n` calls of `op`: one round trip each means `n`.
+async fn pg_transactions_per_call<F, Fut>(
+    admin: &DatabaseConnection,
+    n: u64,
+    mut op: F,
+) -> Result<f64, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
+    async fn commits(db: &DatabaseConnection) -> Result<i64, Error> {
+        db.execute_unprepared("SELECT pg_stat_force_next_flush()")
+            .await
+            .ok();
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                "SELECT pg_stat_clear_snapshot(), xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+            ))
+            .await?
+            .ok_or("no stats row")?;
+        Ok(row.try_get_by_index::<i64>(1)?)
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let before = commits(admin).await?;
+    for _ in 0..n {
+        op().await?;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let after = commits(admin).await?;
+    // The two stats reads are transactions too.
+    Ok((after - before - 2) as f64 / n as f64)
+}
+
+async fn throughput() -> Result<(), Error> {
+    let d = secs();
+    println!(
+        "\n## Store throughput (acquire-or-renew, one resource per client, {}s per cell)\n",
+        d.as_secs()
+    );
+    println!("| backend | clients | orion-beacon (stmt/s) | pgbench, same statement (stmt/s) | ratio | with test_before_acquire (stmt/s) |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let table = unique("obbench");
+    for clients in [1usize, 4, 16] {
+        let db = connect(&pg_url(), clients as u32, false).await?;
+        migrate(&db, &table).await?;
+        let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
+        let ours = store_rate(&store, clients, d).await?;
+        let pgbench = pgbench_rate(&store, clients, d)?;
+        let pinged_db = connect(&pg_url(), clients as u32, true).await?;
+        let pinged = store_rate(
+            &SeaOrmLeaseStore::new(pinged_db).with_table(&table)?,
+            clients,
+            d,
+        )
+        .await?;
+        println!(
+            "| PostgreSQL 15 | {clients} | {ours:.0} | {pgbench:.0} | {:.2} | {pinged:.0} |",
+            ours / pgbench
+        );
+        drop(&db, &table).await;
+    }
+    for (name, url) in [
+        ("MariaDB 10.11", mysql_url()),
+        (
+            "SQLite (file, WAL)",
+            format!(
+                "sqlite://{}/target/orion-bench/bench.db",
+                std::env::current_dir()?.display()
+            ),
+        ),
+    ] {
+        std::fs::create_dir_all("target/orion-bench")?;
+        for clients in [1usize, 4, 16] {
+            let db = connect(&url, clients as u32, false).await?;
+            migrate(&db, &table).await?;
+            let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
+            let ours = store_rate(&store, clients, d).await?;
+            println!("| {name} | {clients} | {ours:.0} | - | - | - |");
+            drop(&db, &table).await;
+        }
+    }
+
+    // Round trips, counted by the server.
+    let db = connect(&pg_url(), 1, false).await?;
+    let admin = connect(&pg_url(), 1, false).await?;
+    migrate(&db, &table).await?;
+    let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
+    let s = store.clone();
+    let renew = pg_transactions_per_call(&admin, 500, || {
+        let s = s.clone();
+        async move {
+            s.acquire_or_renew("rt", "me", Duration::from_secs(60))
+                .await
+                .map(|_| ())
+                .map_err(Into::into)
+        }
+    })
+    .await?;
+    let s = store.clone();
+    let denied = pg_transactions_per_call(&admin, 500, || {
+        let s = s.clone();
+        async move {
+            s.acquire_or_renew("rt", "other", Duration::from_secs(60))
+                .await
+                .map(|_| ())
+                .map_err(Into::into)
+        }
+    })
+    .await?;
+    let s = store.clone();
+    let release = pg_transactions_per_call(&admin, 500, || {
+        let s = s.clone();
+        async move {
+            s.release("rt", "me").await?;
+            Ok(())
+        }
+    })
+    .await?;
+    println!("\nPostgreSQL transactions per call (pg_stat_database, 500 calls each): renew {renew:.2}, denied acquire {denied:.2}, release {release:.2}");
+    drop(&db, &table).await;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Handover and failover
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+async fn start(
+    store: SeaOrmLeaseStore,
+    resource: &str,
+    name: String,
+    lease: Duration,
+    renew: Duration,
+    retry: Duration,
+) -> Result<ElectorHandle, Error> {
+    Ok(Elector::builder(store)
+        .resource(resource)
+        .candidate_id(name)
+        .lease_duration(lease)
+        .renew_interval(renew)
+        .retry_interval(retry)
+        .jitter(0.0)
+        .build()?
+        .start())
+}
+
+async fn wait_leader(h: &ElectorHandle, limit: Duration) -> Result<(), Error> {
+    let mut rx = h.watch();
+    tokio::time::timeout(limit, rx.wait_for(|s| matches!(s, Leadership::Leader(_)))).await??;
+    Ok(())
+}
+
+/// `n` transitions between two candidates; `graceful` releases, otherwise the leader is aborted.
+async fn transitions(
+    url: &str,
+    n: usize,
+    graceful: bool,
+    lease: Duration,
+    renew: Duration,
+    retry: Duration,
+) -> Result<Vec<f64>, Error> {
+    let table = unique(if graceful { "obhand" } else { "obfail" });
+    let admin = connect(url, 2, false).await?;
+    migrate(&admin, &table).await?;
+    let resource = "transitions";
+    let mk = |i: usize| {
+        let url = url.to_owned();
+        let table = table.clone();
+        async move {
+            let db = connect(&url, 2, false).await?;
+            let store = SeaOrmLeaseStore::new(db).with_table(&table)?;
+            start(store, resource, format!("n{i}"), lease, renew, retry).await
+        }
+    };
+    let mut leader = mk(0).await?;
+    wait_leader(&leader, Duration::from_secs(10)).await?;
+    let mut times = Vec::new();
+    for i in 1..=n {
+        let follower = mk(i).await?;
+        tokio::time::sleep(renew * 2).await; // the follower has been denied once and waits
+        let t0 = Instant::now();
+        if graceful {
+            leader.shutdown().await;
+        } else {
+            leader.abort().await;
+        }
+        wait_leader(&follower, lease * 4 + retry * 2).await?;
+        times.push((Instant::now() - t0).as_secs_f64() * 1e3);
+        leader = follower;
+    }
+    leader.shutdown().await;
+    drop(&admin, &table).await;
+    Ok(times)
+}
+
+fn svg(series: &[(&str, &str, Vec<f64>)], path: &std::path::Path) -> Result<(), Error> {
+    let (w, h, pad) = (720.0, 360.0, 50.0);
+    let n = series.iter().map(|s| s.2.len()).max().unwrap_or(1).max(2) as f64;
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.2.iter().copied())
+        .fold(1.0, f64::max)
+        * 1.1;
+    let x = |i: usize| pad + (w - 2.0 * pad) * i as f64 / (n - 1.0);
+    let y = |v: f64| h - pad - (h - 2.0 * pad) * v / ymax;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{pad}\" y=\"20\" font-size=\"14\">orion-beacon: time to a new leader per transition (ms)</text>\n\
+         <line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - pad, w - pad, h - pad, h - pad
+    );
+    for k in 0..=4 {
+        let v = ymax * k as f64 / 4.0;
+        out += &format!("<text x=\"5\" y=\"{:.1}\">{v:.0}</text><line x1=\"{pad}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#ddd\"/>\n", y(v) + 4.0, y(v), w - pad, y(v));
+    }
+    out += &format!(
+        "<text x=\"{}\" y=\"{}\">transition #</text>\n",
+        w / 2.0 - 30.0,
+        h - 15.0
+    );
+    for (k, (label, color, values)) in series.iter().enumerate() {
+        let points: Vec<String> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{:.1},{:.1}", x(i), y(*v)))
+            .collect();
+        out += &format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+            points.join(" ")
+        );
+        out += &format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{label}</text>\n",
+            pad + 10.0,
+            pad + 15.0 * k as f64
+        );
+    }
+    out += "</svg>\n";
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+async fn handover() -> Result<(), Error> {
+    let n: usize = std::env::var("BENCH_TRANSITIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let lease = Duration::from_millis(500);
+    let renew = Duration::from_millis(100);
+    let retry = Duration::from_secs(1);
+    println!("\n## Handover and failover ({n} transitions each; lease {lease:?}, renew {renew:?}, follower retry {retry:?})\n");
+    println!("| backend | transition | p50 (ms) | p99 (ms) | max (ms) | goal |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    std::fs::create_dir_all("target/orion-bench")?;
+    let sqlite = format!(
+        "sqlite://{}/target/orion-bench/handover.db",
+        std::env::current_dir()?.display()
+    );
+    let mut chart = Vec::new();
+    for (name, url) in [
+        ("PostgreSQL", pg_url()),
+        ("MariaDB", mysql_url()),
+        ("SQLite", sqlite),
+    ] {
+        for graceful in [true, false] {
+            let mut t = transitions(&url, n, graceful, lease, renew, retry).await?;
+            let series = t.clone();
+            t.sort_by(|a, b| a.total_cmp(b));
+            let goal = match (graceful, name) {
+                (true, "PostgreSQL") => "p99 < 50 ms (LISTEN/NOTIFY)".to_owned(),
+                (true, _) => format!("next poll (<= {} ms)", retry.as_millis()),
+                (false, _) => format!("p99 <= lease + 100 = {} ms", lease.as_millis() + 100),
+            };
+            println!(
+                "| {name} | {} | {:.1} | {:.1} | {:.1} | {goal} |",
+                if graceful {
+                    "graceful release"
+                } else {
+                    "crash (no release)"
+                },
+                percentile(&t, 0.5),
+                percentile(&t, 0.99),
+                t.last().copied().unwrap_or(f64::NAN)
+            );
+            if name == "PostgreSQL" {
+                chart.push((
+                    if graceful {
+                        "PostgreSQL graceful handover"
+                    } else {
+                        "PostgreSQL failover after crash"
+                    },
+                    if graceful { "#1f77b4" } else { "#d62728" },
+                    series,
+                ));
+            }
+        }
+    }
+    let path = PathBuf::from("target/orion-bench/transitions.svg");
+    svg(&chart, &path)?;
+    println!("\nchart: {}", path.display());
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Scale: one process, 10,000 leases
+
+#[derive(Clone)]
+struct Counting {
+    inner: SeaOrmLeaseStore,
+    renews: Arc<AtomicU64>,
+    calls: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl LeaseStore for Counting {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let out = self.inner.acquire_or_renew(r, c, lease).await?;
+        if matches!(out, LeaseOutcome::Renewed(_)) {
+            self.renews.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(out)
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        self.inner.release(r, c).await
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+}
+
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let t = |tv: nix::sys::time::TimeVal| {
+                Duration::new(tv.tv_sec() as u64, tv.tv_usec() as u32 * 1000)
+            };
+            t(u.user_time()) + t(u.system_time())
+        }
+        Err(_) => Duration::ZERO,
+    }
+}
+
+async fn scale() -> Result<(), Error> {
+    let leases: usize = std::env::var("BENCH_LEASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    let d = Duration::from_secs(
+        std::env::var("BENCH_SCALE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(30),
+    );
+    let table = unique("obscale");
+    let db = connect(&pg_url(), 16, false).await?;
+    migrate(&db, &table).await?;
+    let counting = Counting {
+        inner: SeaOrmLeaseStore::new(db.clone()).with_table(&table)?,
+        renews: Arc::default(),
+        calls: Arc::default(),
+    };
+    let mut handles = Vec::with_capacity(leases);
+    for i in 0..leases {
+        handles.push(
+            Elector::builder(counting.clone())
+                .resource(format!("shard-{i}"))
+                .candidate_id("scale-node")
+                .lease_duration(Duration::from_secs(15))
+                .renew_interval(Duration::from_secs(5))
+                .build()?
+                .start(),
+        );
+    }
+    // Everyone elected, then measure a steady window.
+    let t0 = Instant::now();
+    while handles.iter().filter(|h| h.is_leader()).count() < leases {
+        if t0.elapsed() > Duration::from_secs(120) {
+            return Err("not all leases were acquired within 120 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let elected_in = t0.elapsed();
+    let (cpu0, renews0, t1) = (
+        cpu_time(),
+        counting.renews.load(Ordering::Relaxed),
+        Instant::now(),
+    );
+    tokio::time::sleep(d).await;
+    let (cpu1, renews1, secs) = (
+        cpu_time(),
+        counting.renews.load(Ordering::Relaxed),
+        t1.elapsed().as_secs_f64(),
+    );
+    let renews = (renews1 - renews0) as f64;
+    let leading = handles.iter().filter(|h| h.is_leader()).count();
+    println!("\n## Scale: one process, {leases} leases (lease 15 s, renew 5 s, pool of 16, PostgreSQL)\n");
+    println!("| measure | value |");
+    println!("| --- | --- |");
+    println!(
+        "| all {leases} acquired in | {:.1} s |",
+        elected_in.as_secs_f64()
+    );
+    println!(
+        "| renew statements per second | {:.0} (expected {:.0}) |",
+        renews / secs,
+        leases as f64 / 5.0
+    );
+    println!(
+        "| process CPU per renewal (elector + store + driver) | {:.1} µs |",
+        (cpu1 - cpu0).as_secs_f64() * 1e6 / renews.max(1.0)
+    );
+    println!(
+        "| process CPU | {:.1} % of one core |",
+        (cpu1 - cpu0).as_secs_f64() / secs * 100.0
+    );
+    println!("| leases still held at the end | {leading} / {leases} |");
+    for h in handles {
+        h.abort().await;
+    }
+    drop(&db, &table).await;
+    Ok(())
+}
+
+fn main() -> Result<(), Error> {
+    let what: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let all = what.is_empty();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        if all || what.iter().any(|w| w == "throughput") {
+            throughput().await?;
+        }
+        if all || what.iter().any(|w| w == "handover") {
+            handover().await?;
+        }
+        if all || what.iter().any(|w| w == "scale") {
+            scale().await?;
+        }
+        Ok(())
+    })
+}

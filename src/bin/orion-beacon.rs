@@ -1,0 +1,828 @@
+//! `orion-beacon`: see who leads, watch it change, and recover a stuck lease by hand.
+//!
+//! ```sh
+//! orion-beacon --database-url sqlite:///var/lib/app/app.db leases
+//! DATABASE_URL=postgres://app@db/app orion-beacon show nightly-report
+//! orion-beacon watch nightly-report
+//! orion-beacon release nightly-report --holder node-a
+//! orion-beacon revoke nightly-report --force
+//! ```
+//!
+//! Exit codes: 0 done, 1 other failure, 2 bad input, 3 database unreachable, 4 lease table
+//! missing, 5 unknown resource, 6 nothing changed (release refused, revoke not confirmed).
+#![forbid(unsafe_code)]
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::{Parser, Subcommand};
+use orion_beacon::entity::{validate_table_name, DEFAULT_TABLE};
+use orion_beacon::store::{validate_candidate, validate_resource};
+use orion_beacon::{LeaseRecord, LeaseStore, SeaOrmLeaseStore, StoreError};
+use sea_orm::{DatabaseConnection, DbErr};
+use serde_json::json;
+use tokio::time::Instant;
+
+/// Exit codes, one per kind of failure, so scripts can tell them apart.
+mod exit {
+    pub const OTHER: u8 = 1;
+    pub const BAD_INPUT: u8 = 2;
+    pub const UNREACHABLE: u8 = 3;
+    pub const MISSING_TABLE: u8 = 4;
+    pub const UNKNOWN_RESOURCE: u8 = 5;
+    pub const NOTHING_CHANGED: u8 = 6;
+}
+
+/// See who leads, watch it change, and recover a stuck lease by hand.
+///
+/// Times left are judged by the database clock. Exit codes: 0 done, 1 other failure, 2 bad
+/// input, 3 database unreachable, 4 lease table missing, 5 unknown resource, 6 nothing changed
+/// (release refused, revoke not confirmed).
+#[derive(Debug, Parser)]
+#[command(name = "orion-beacon", version, about, long_about)]
+struct Cli {
+    /// The database: sqlite://PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        global = true,
+        value_name = "URL"
+    )]
+    database_url: Option<String>,
+    /// The lease table (ASCII letters, digits and '_').
+    #[arg(long, global = true, default_value = DEFAULT_TABLE, value_name = "NAME")]
+    table: String,
+    /// How long to wait for a connection to the database.
+    #[arg(long, global = true, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
+    connect_timeout: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Every resource: holder, token, live or expired, time left, when acquired and renewed.
+    #[command(visible_alias = "ls")]
+    Leases {
+        /// One JSON array, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One resource's lease.
+    Show {
+        /// The resource.
+        resource: String,
+        /// One JSON object, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print each change of a resource's holder, token or liveness until interrupted (Ctrl-C).
+    Watch {
+        /// The resource.
+        resource: String,
+        /// How often to read the lease.
+        #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
+        interval: Duration,
+        /// Stop after this many changes (the first line is not a change).
+        #[arg(long, value_name = "N")]
+        max_changes: Option<u64>,
+        /// Stop after this long.
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
+        run_for: Option<Duration>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The normal guarded release: ends the lease only if HOLDER holds it live.
+    Release {
+        /// The resource.
+        resource: String,
+        /// The candidate that holds the lease.
+        #[arg(long, value_name = "ID")]
+        holder: String,
+    },
+    /// An operator's override: ends the live lease whoever holds it (needs --force).
+    ///
+    /// The lease's expiry moves back to its last renew (database clock); the holder and token
+    /// are kept and nothing else changes, so the next candidate to ask (the old holder at its
+    /// next renew included) starts a new term with a higher token. Asks for confirmation on
+    /// stdin unless --yes, and logs what it did (old holder and token).
+    ///
+    /// The holder is not told: it may go on acting as leader until its next renew (fenced
+    /// writes of its term are refused at once). Meant for a lease whose holder is gone or
+    /// wedged; to move leadership off a healthy leader, shut that process down instead.
+    Revoke {
+        /// The resource.
+        resource: String,
+        /// Required: revoking overrides the holder.
+        #[arg(long)]
+        force: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+/// A failure with its exit code; the message is printed as `error: ...`.
+#[derive(Debug)]
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+type Outcome = Result<(), Failure>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // usage errors exit with 2, like bad input
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::from(exit::OTHER);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// Logs (the revoke's audit line among them) go to stderr; `RUST_LOG` overrides the level.
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,orion_beacon=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// What every command needs: the store and how to name the database in messages.
+struct Ctx {
+    store: SeaOrmLeaseStore,
+    url: String,
+}
+
+async fn run(cli: Cli) -> Outcome {
+    validate_table_name(&cli.table).map_err(|e| Failure::new(exit::BAD_INPUT, e.to_string()))?;
+    match &cli.command {
+        Command::Leases { .. } => {}
+        Command::Show { resource, .. }
+        | Command::Watch { resource, .. }
+        | Command::Revoke { resource, .. } => check_resource(resource)?,
+        Command::Release { resource, holder } => {
+            check_resource(resource)?;
+            validate_candidate(holder).map_err(|e| bad_input(&e))?;
+        }
+    }
+    if let Command::Revoke { force: false, .. } = cli.command {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            "revoke ends the lease whoever holds it: pass --force to say you mean that \
+             (the normal guarded release is `release RESOURCE --holder ID`)",
+        ));
+    }
+    if let Command::Watch { interval, .. } = cli.command {
+        if interval.is_zero() {
+            return Err(Failure::new(exit::BAD_INPUT, "--interval must not be zero"));
+        }
+    }
+    let Some(url) = cli.database_url.clone() else {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            "no database given: pass --database-url URL or set DATABASE_URL \
+             (sqlite://PATH, postgres://USER@HOST/DB, mysql://USER@HOST/DB)",
+        ));
+    };
+    let db = connect(&url, cli.connect_timeout).await?;
+    let store = SeaOrmLeaseStore::new(db)
+        .with_table(&cli.table)
+        .map_err(|e| bad_input(&e))?;
+    let ctx = Ctx {
+        store,
+        url: redact(&url),
+    };
+    match cli.command {
+        Command::Leases { json } => leases(&ctx, json).await,
+        Command::Show { resource, json } => show(&ctx, &resource, json).await,
+        Command::Watch {
+            resource,
+            interval,
+            max_changes,
+            run_for,
+            json,
+        } => watch(&ctx, &resource, interval, max_changes, run_for, json).await,
+        Command::Release { resource, holder } => release(&ctx, &resource, &holder).await,
+        Command::Revoke { resource, yes, .. } => revoke(&ctx, &resource, yes).await,
+    }
+}
+
+fn check_resource(resource: &str) -> Outcome {
+    validate_resource(resource).map_err(|e| bad_input(&e))
+}
+
+fn bad_input(err: &StoreError) -> Failure {
+    Failure::new(exit::BAD_INPUT, err.to_string())
+}
+
+/// Opens the database, refusing a URL whose backend this build lacks, and (SQLite) a file that
+/// does not exist: a typo must not create an empty database.
+async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection, Failure> {
+    let scheme = url.split(':').next().unwrap_or_default();
+    let (backend, feature) = match scheme {
+        "sqlite" => ("SQLite", "sqlite"),
+        "postgres" | "postgresql" => ("PostgreSQL", "postgres"),
+        "mysql" | "mariadb" => ("MySQL/MariaDB", "mysql"),
+        _ => {
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!(
+                "unsupported database URL {:?}: use sqlite://PATH, postgres://... or mysql://...",
+                redact(url)
+            ),
+            ))
+        }
+    };
+    let compiled = match feature {
+        "sqlite" => cfg!(feature = "sqlite"),
+        "postgres" => cfg!(feature = "postgres"),
+        _ => cfg!(feature = "mysql"),
+    };
+    if !compiled {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("this build of orion-beacon has no {backend} support: rebuild it with `--features cli,{feature}`"),
+        ));
+    }
+    let mut options = if scheme == "sqlite" {
+        sqlite_options(url)?
+    } else {
+        sea_orm::ConnectOptions::new(url)
+    };
+    options
+        .max_connections(2)
+        .min_connections(0)
+        .connect_timeout(timeout)
+        .acquire_timeout(timeout)
+        .sqlx_logging(false);
+    sea_orm::Database::connect(options).await.map_err(|err| {
+        Failure::new(
+            exit::UNREACHABLE,
+            format!(
+                "cannot reach the database at {}: {} (is the server up and reachable, and \
+                 are the host, port, database name and credentials right?)",
+                redact(url),
+                chain(&err)
+            ),
+        )
+    })
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_options(url: &str) -> Result<sea_orm::ConnectOptions, Failure> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or_default();
+    let path = rest.split('?').next().unwrap_or_default();
+    if !path.is_empty() && path != ":memory:" && !std::path::Path::new(path).exists() {
+        return Err(Failure::new(
+            exit::UNREACHABLE,
+            format!("cannot reach the database at {url}: no SQLite database file at {path}"),
+        ));
+    }
+    Ok(orion_beacon::backend::sqlite::connect_options(url))
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn sqlite_options(_url: &str) -> Result<sea_orm::ConnectOptions, Failure> {
+    Err(Failure::new(
+        exit::BAD_INPUT,
+        "this build of orion-beacon has no SQLite support: rebuild it with `--features cli,sqlite`",
+    ))
+}
+
+/// A store error as the operator should read it, with its exit code.
+fn store_failure(ctx: &Ctx, err: StoreError) -> Failure {
+    match &err {
+        StoreError::MissingTable { table, .. } => Failure::new(
+            exit::MISSING_TABLE,
+            format!(
+                "the lease table {table:?} does not exist in {url}\n\
+                 run the migration first, from the orion-beacon workspace:\n  \
+                 cargo run -p orion-beacon-migration -- up -u {url}\n\
+                 or: sea-orm-cli migrate up -d migration -u {url}\n\
+                 (those create the default table {DEFAULT_TABLE:?}; for another name add \
+                 CreateLeaseTable::with_table({table:?}) to your app's Migrator)",
+                url = ctx.url
+            ),
+        ),
+        StoreError::InvalidResource { .. }
+        | StoreError::InvalidCandidate { .. }
+        | StoreError::InvalidLeaseDuration { .. }
+        | StoreError::InvalidTableName(_)
+        | StoreError::UnsupportedBackend { .. } => bad_input(&err),
+        StoreError::Database(DbErr::Conn(_) | DbErr::ConnectionAcquire(_)) => Failure::new(
+            exit::UNREACHABLE,
+            format!("cannot reach the database at {}: {}", ctx.url, chain(&err)),
+        ),
+        _ => Failure::new(exit::OTHER, chain(&err)),
+    }
+}
+
+fn unknown_resource(ctx: &Ctx, resource: &str) -> Failure {
+    Failure::new(
+        exit::UNKNOWN_RESOURCE,
+        format!(
+            "no lease for resource {resource:?} in table {:?} (it was never acquired there); \
+             `orion-beacon leases` lists the resources",
+            ctx.store.table()
+        ),
+    )
+}
+
+/// An error and its sources on one line.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// The URL with its password, if any, replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// Parses `250ms`, `2s`, `1.5s`, `3m`, `1h` (a bare number is seconds).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (like 500ms, 2s, 1m)"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// A duration as an operator reads it: `14.998s`, `3m05s`, `2h03m`, `4d02h`.
+fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs < 60 {
+        format!("{}.{:03}s", secs, d.subsec_millis())
+    } else if secs < 3600 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else if secs < 86_400 {
+        format!("{}h{:02}m", secs / 3600, secs % 3600 / 60)
+    } else {
+        format!("{}d{:02}h", secs / 86_400, secs % 86_400 / 3600)
+    }
+}
+
+fn time(t: Option<DateTime<Utc>>) -> String {
+    t.map(|t| t.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+fn rfc3339(t: Option<DateTime<Utc>>) -> serde_json::Value {
+    t.map(|t| json!(t.to_rfc3339_opts(SecondsFormat::AutoSi, true)))
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn state(r: &LeaseRecord) -> &'static str {
+    if r.live {
+        "live"
+    } else {
+        "expired"
+    }
+}
+
+fn left(r: &LeaseRecord) -> String {
+    if r.live {
+        human(r.remaining)
+    } else {
+        "-".to_owned()
+    }
+}
+
+fn record_json(r: &LeaseRecord) -> serde_json::Value {
+    json!({
+        "resource": r.resource,
+        "holder": r.holder,
+        "token": r.token.get(),
+        "live": r.live,
+        "remaining_ms": u64::try_from(r.remaining.as_millis()).unwrap_or(u64::MAX),
+        "expires_at": rfc3339(r.expires_at),
+        "acquired_at": rfc3339(r.acquired_at),
+        "renewed_at": rfc3339(r.renewed_at),
+    })
+}
+
+/// Writes to stdout; false once stdout is gone (a closed pipe), which ends the command quietly.
+fn emit(text: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_ok()
+}
+
+async fn leases(ctx: &Ctx, json: bool) -> Outcome {
+    let records = ctx.store.list().await.map_err(|e| store_failure(ctx, e))?;
+    if json {
+        let all: Vec<_> = records.iter().map(record_json).collect();
+        emit(&format!("{}\n", serde_json::Value::Array(all)));
+        return Ok(());
+    }
+    if records.is_empty() {
+        emit(&format!("no leases in table {:?}\n", ctx.store.table()));
+        return Ok(());
+    }
+    let header = [
+        "RESOURCE",
+        "HOLDER",
+        "TOKEN",
+        "STATE",
+        "TIME LEFT",
+        "ACQUIRED (UTC)",
+        "RENEWED (UTC)",
+    ];
+    let rows: Vec<[String; 7]> = records
+        .iter()
+        .map(|r| {
+            [
+                r.resource.clone(),
+                r.holder.clone(),
+                r.token.to_string(),
+                state(r).to_owned(),
+                left(r),
+                time(r.acquired_at),
+                time(r.renewed_at),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 7]| {
+        let mut text = String::new();
+        for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
+            let pad = width.saturating_sub(cell.chars().count());
+            if i == 2 || i == 4 {
+                // Numbers right-aligned.
+                text.push_str(&" ".repeat(pad));
+                text.push_str(cell);
+            } else {
+                text.push_str(cell);
+                if i + 1 < cells.len() {
+                    text.push_str(&" ".repeat(pad));
+                }
+            }
+            if i + 1 < cells.len() {
+                text.push_str("  ");
+            }
+        }
+        text.push('\n');
+        text
+    };
+    let mut text = line(header);
+    for row in &rows {
+        text.push_str(&line([
+            &row[0], &row[1], &row[2], &row[3], &row[4], &row[5], &row[6],
+        ]));
+    }
+    let live = records.iter().filter(|r| r.live).count();
+    text.push_str(&format!(
+        "{} lease{}, {live} live (time left by the database clock)\n",
+        records.len(),
+        if records.len() == 1 { "" } else { "s" }
+    ));
+    emit(&text);
+    Ok(())
+}
+
+async fn read(ctx: &Ctx, resource: &str) -> Result<LeaseRecord, Failure> {
+    match ctx.store.current(resource).await {
+        Ok(Some(record)) => Ok(record),
+        Ok(None) => Err(unknown_resource(ctx, resource)),
+        Err(err) => Err(store_failure(ctx, err)),
+    }
+}
+
+async fn show(ctx: &Ctx, resource: &str, json: bool) -> Outcome {
+    let r = read(ctx, resource).await?;
+    if json {
+        emit(&format!("{}\n", record_json(&r)));
+        return Ok(());
+    }
+    let left = if r.live {
+        format!("{} (database clock)", human(r.remaining))
+    } else {
+        "-".to_owned()
+    };
+    emit(&format!(
+        "resource     {}\nholder       {}\ntoken        {}\nstate        {}\ntime left    {left}\n\
+         expires at   {} UTC\nacquired at  {} UTC\nrenewed at   {} UTC\n",
+        r.resource,
+        r.holder,
+        r.token,
+        state(&r),
+        time(r.expires_at),
+        time(r.acquired_at),
+        time(r.renewed_at),
+    ));
+    Ok(())
+}
+
+/// What a change of the watched lease was.
+fn change(before: Option<&LeaseRecord>, now: &LeaseRecord) -> Option<&'static str> {
+    let Some(before) = before else {
+        return Some("now");
+    };
+    if before.token != now.token {
+        Some("new term")
+    } else if before.holder != now.holder {
+        Some("new holder")
+    } else if before.live && !now.live {
+        Some("ended")
+    } else if !before.live && now.live {
+        Some("live again")
+    } else {
+        None
+    }
+}
+
+fn watch_line(elapsed: Duration, what: &str, r: &LeaseRecord, json: bool) -> String {
+    if json {
+        let mut value = record_json(r);
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "elapsed_ms".to_owned(),
+                json!(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)),
+            );
+            obj.insert("change".to_owned(), json!(what));
+        }
+        return format!("{value}\n");
+    }
+    let left = if r.live {
+        format!("live, {} left", human(r.remaining))
+    } else {
+        "expired".to_owned()
+    };
+    format!(
+        "[{:>8.2}s] {}  holder {}  token {}  {left}  ({what})\n",
+        elapsed.as_secs_f64(),
+        r.resource,
+        r.holder,
+        r.token
+    )
+}
+
+async fn watch(
+    ctx: &Ctx,
+    resource: &str,
+    interval: Duration,
+    max_changes: Option<u64>,
+    run_for: Option<Duration>,
+    json: bool,
+) -> Outcome {
+    let start = Instant::now();
+    let until = run_for.map(|d| start + d);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut last: Option<LeaseRecord> = None;
+    let mut changes: u64 = 0;
+    loop {
+        match ctx.store.current(resource).await {
+            Ok(Some(now)) => {
+                if let Some(what) = change(last.as_ref(), &now) {
+                    if !emit(&watch_line(start.elapsed(), what, &now, json)) {
+                        return Ok(());
+                    }
+                    if last.is_some() {
+                        changes += 1;
+                    }
+                    last = Some(now);
+                    if max_changes.is_some_and(|max| changes >= max) {
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(None) if last.is_none() => return Err(unknown_resource(ctx, resource)),
+            Ok(None) => {
+                return Err(Failure::new(
+                    exit::UNKNOWN_RESOURCE,
+                    format!("the lease row of {resource:?} was deleted"),
+                ))
+            }
+            Err(err) if err.is_retryable() => {
+                eprintln!("warning: {} (still watching)", chain(&err));
+            }
+            Err(err) => return Err(store_failure(ctx, err)),
+        }
+        let next = Instant::now() + interval;
+        let wake = until.map_or(next, |u| u.min(next));
+        tokio::select! {
+            _ = &mut ctrl_c => return Ok(()),
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        if until.is_some_and(|u| Instant::now() >= u) {
+            return Ok(());
+        }
+    }
+}
+
+async fn release(ctx: &Ctx, resource: &str, holder: &str) -> Outcome {
+    let released = ctx
+        .store
+        .release(resource, holder)
+        .await
+        .map_err(|e| store_failure(ctx, e))?;
+    let r = read(ctx, resource).await?;
+    if released {
+        emit(&format!(
+            "released {resource:?}: {holder}'s lease (token {}) ended; the next candidate to ask \
+             takes over with token {}\n",
+            r.token,
+            r.token.get().saturating_add(1)
+        ));
+        return Ok(());
+    }
+    let why = if r.live && r.holder != holder {
+        format!(
+            "{resource:?} is held by {:?} (token {}, {} left), not by {holder:?}",
+            r.holder,
+            r.token,
+            human(r.remaining)
+        )
+    } else {
+        format!(
+            "the lease of {resource:?} already ended (last holder {:?}, token {})",
+            r.holder, r.token
+        )
+    };
+    Err(Failure::new(
+        exit::NOTHING_CHANGED,
+        format!("nothing released: {why}"),
+    ))
+}
+
+async fn revoke(ctx: &Ctx, resource: &str, yes: bool) -> Outcome {
+    let before = read(ctx, resource).await?;
+    if !before.live {
+        emit(&format!(
+            "nothing to revoke: the lease of {resource:?} already ended (last holder {:?}, token {})\n",
+            before.holder, before.token
+        ));
+        return Ok(());
+    }
+    if !yes && !confirm(resource, &before) {
+        return Err(Failure::new(
+            exit::NOTHING_CHANGED,
+            "not revoked: no confirmation (answer y, or pass --yes)",
+        ));
+    }
+    match ctx.store.revoke(resource).await {
+        Ok(Some(r)) if r.live => {
+            emit(&format!(
+                "revoked {resource:?}: the lease of {:?} (token {}, {} left) has ended; the next \
+                 candidate to ask takes over with token {}\n",
+                r.holder,
+                r.token,
+                human(r.remaining),
+                r.token.get().saturating_add(1)
+            ));
+            Ok(())
+        }
+        Ok(Some(r)) => {
+            emit(&format!(
+                "nothing to revoke: the lease of {resource:?} ended meanwhile (last holder {:?}, token {})\n",
+                r.holder, r.token
+            ));
+            Ok(())
+        }
+        Ok(None) => Err(unknown_resource(ctx, resource)),
+        Err(err) => Err(store_failure(ctx, err)),
+    }
+}
+
+/// Asks on stderr, reads one line from stdin: only `y` or `yes` confirms.
+fn confirm(resource: &str, r: &LeaseRecord) -> bool {
+    eprint!(
+        "revoke the lease of {resource:?} held by {:?} (token {}, {} left)? The next candidate to \
+         ask takes over with token {}. The holder is not told: it may act as leader until its \
+         next renew; only fenced writes stop at once. [y/N] ",
+        r.holder,
+        r.token,
+        human(r.remaining),
+        r.token.get().saturating_add(1)
+    );
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    let stdin = std::io::stdin();
+    let read = stdin.read_line(&mut answer);
+    if !std::io::IsTerminal::is_terminal(&stdin) {
+        // The answer came from a pipe and was not echoed: end the prompt's line.
+        eprintln!();
+    }
+    match read {
+        Ok(_) => matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "2x", "-1s", "1e400s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(human(Duration::from_millis(14_998)), "14.998s");
+        assert_eq!(human(Duration::from_secs(185)), "3m05s");
+        assert_eq!(human(Duration::from_secs(7380)), "2h03m");
+        assert_eq!(human(Duration::from_secs(2 * 86_400 + 7200)), "2d02h");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
+        assert_eq!(redact("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
+        assert_eq!(
+            redact("mysql://root:p@ss@host/x"),
+            "mysql://root:***@host/x"
+        );
+    }
+
+    #[test]
+    fn cli_shape() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,226 @@
+//! Health for readiness and liveness probes: has the elector heard from its store lately?
+//!
+//! An elector is healthy while it has completed a store round trip within its health window:
+//! any answer counts (acquired, renewed or denied); errors and calls that did not answer in
+//! time do not. That holds for leaders and followers alike, so a wedged elector (a hung
+//! connection pool, a store that fails every call) shows up even while another candidate leads
+//! and nothing else looks wrong. Ages are measured on [`tokio::time::Instant`], never the wall
+//! clock.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::error::Elapsed;
+use tokio::time::Instant;
+
+use super::config::Config;
+use super::term::LossReason;
+use super::{ConfigError, ElectorBuilder, ElectorHandle};
+use crate::StoreError;
+
+/// The default health window is this many times the longer of the renew and retry intervals.
+pub const HEALTH_WINDOW_FACTOR: u32 = 3;
+
+/// The answer to [`ElectorHandle::health`]: for a readiness or liveness probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Whether the elector completed a store round trip (any answer: acquired, renewed or
+    /// denied) within the last [`window`](Self::window). Right after start, the window counts
+    /// from the start.
+    pub healthy: bool,
+    /// Whether this candidate leads right now (as [`ElectorHandle::is_leader`]).
+    pub leader: bool,
+    /// How long ago the last store round trip completed; `None` if none has yet.
+    pub last_round_trip: Option<Duration>,
+    /// The health window ([`ElectorBuilder::health_window`]).
+    pub window: Duration,
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let role = if self.leader { "leader" } else { "follower" };
+        let status = if self.healthy { "healthy" } else { "UNHEALTHY" };
+        match self.last_round_trip {
+            Some(age) => write!(
+                f,
+                "{status}: {role}, last store answer {age:?} ago (window {:?})",
+                self.window
+            ),
+            None => write!(
+                f,
+                "{status}: {role}, no store answer yet (window {:?})",
+                self.window
+            ),
+        }
+    }
+}
+
+impl ElectorBuilder {
+    /// How long the elector may go without completing a store round trip before
+    /// [`ElectorHandle::health`] reports it unhealthy. Default: three times the longer of the
+    /// renew and retry intervals (15 s with the default intervals). Errors and timeouts do not
+    /// count as round trips, so this is the time a store can fail or hang before probes see it.
+    pub fn health_window(mut self, window: Duration) -> Self {
+        self.health_window = Some(window);
+        self
+    }
+}
+
+impl ElectorHandle {
+    /// Health for a readiness or liveness probe: unhealthy when the elector has not completed a
+    /// store round trip within the health window, whether or not it leads.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let handle = orion_beacon::Elector::builder_in_memory()
+    ///     .resource("health-doc")
+    ///     .build()?
+    ///     .start();
+    /// let health = handle.health();
+    /// assert!(health.healthy); // within the window of the start
+    /// # Ok(()) }
+    /// ```
+    pub fn health(&self) -> Health {
+        let state = &self.probe.state;
+        let now = Instant::now();
+        let last = state.last();
+        let age = now.saturating_duration_since(last.unwrap_or(state.started));
+        Health {
+            healthy: age <= state.window,
+            leader: self.is_leader(),
+            last_round_trip: last.map(|at| now.saturating_duration_since(at)),
+            window: state.window,
+        }
+    }
+}
+
+/// The window from the builder option, or the default for `config`.
+pub(crate) fn window(option: Option<Duration>, config: &Config) -> Result<Duration, ConfigError> {
+    match option {
+        Some(window) if window.is_zero() => Err(ConfigError::Zero {
+            option: "health_window",
+        }),
+        Some(window) => Ok(window),
+        None => Ok(config
+            .renew_interval
+            .max(config.retry_interval)
+            .saturating_mul(HEALTH_WINDOW_FACTOR)),
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct HealthState {
+    started: Instant,
+    window: Duration,
+    last_round_trip: Mutex<Option<Instant>>,
+}
+
+impl HealthState {
+    fn last(&self) -> Option<Instant> {
+        *self
+            .last_round_trip
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn answered(&self, at: Instant) {
+        *self
+            .last_round_trip
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(at);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn age(&self) -> Duration {
+        Instant::now().saturating_duration_since(self.last().unwrap_or(self.started))
+    }
+}
+
+/// What the elector's loop reports: store round trips and term changes, to the health state
+/// and (feature `metrics`) to the `metrics` facade.
+#[derive(Debug, Clone)]
+pub(crate) struct Probe {
+    state: Arc<HealthState>,
+    #[cfg(feature = "metrics")]
+    metrics: Arc<super::metrics::Metrics>,
+}
+
+impl Probe {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(config: &Config, window: Duration) -> Self {
+        Self {
+            state: Arc::new(HealthState {
+                started: Instant::now(),
+                window,
+                last_round_trip: Mutex::new(None),
+            }),
+            #[cfg(feature = "metrics")]
+            metrics: Arc::new(super::metrics::Metrics::new(
+                &config.resource,
+                &config.candidate,
+            )),
+        }
+    }
+
+    /// One acquire-or-renew call ended (`result` as the loop saw it: answered, failed, or not
+    /// answered in time). `leading`: it was a leader's renew.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn store_call<T>(
+        &self,
+        leading: bool,
+        sent: Instant,
+        result: &Result<Result<T, StoreError>, Elapsed>,
+    ) {
+        let now = Instant::now();
+        if let Ok(Ok(_)) = result {
+            self.state.answered(now);
+        }
+        #[cfg(feature = "metrics")]
+        self.metrics.store_call(
+            leading,
+            now.saturating_duration_since(sent),
+            match result {
+                Ok(Ok(_)) => None,
+                Ok(Err(err)) => Some(super::metrics::error_kind(err)),
+                Err(_) => Some("timeout"),
+            },
+        );
+    }
+
+    /// A term began.
+    pub(crate) fn elected(&self) {
+        #[cfg(feature = "metrics")]
+        self.metrics.elected();
+    }
+
+    /// A term ended.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn lost(&self, reason: LossReason) {
+        #[cfg(feature = "metrics")]
+        self.metrics.lost(reason);
+    }
+
+    /// Runs the elector's loop; with metrics, also refreshes the time-since-last-round-trip
+    /// gauge every second meanwhile (so it grows while the store hangs), and stops with it.
+    pub(crate) async fn supervise<F: Future<Output = ()>>(self, run: F) {
+        #[cfg(feature = "metrics")]
+        {
+            tokio::pin!(run);
+            let mut tick = tokio::time::interval(super::metrics::REPORT_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut run => return,
+                    _ = tick.tick() => self.metrics.round_trip_age(self.state.age()),
+                }
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        run.await
+    }
+}

@@ -1,0 +1,294 @@
+//! The elector's metrics (feature `metrics`), captured by a small test recorder installed for
+//! this thread (the paused-time runtime runs every task on it).
+#![cfg(feature = "metrics")]
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+use orion_beacon::elector::metrics::{
+    IS_LEADER, RENEW_DURATION, SINCE_RENEW, STORE_ERRORS, TERM_CHANGES,
+};
+use orion_beacon::{
+    Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseRecord, LeaseStore,
+    StoreError,
+};
+use tokio::time::sleep;
+
+#[derive(Debug, Clone)]
+enum Value {
+    Counter(u64),
+    Gauge(f64),
+    Histogram(Vec<f64>),
+}
+
+type Values = Arc<Mutex<BTreeMap<String, Value>>>;
+
+/// Records every metric under `name{label=value,...}` (labels sorted).
+#[derive(Default)]
+struct TestRecorder {
+    values: Values,
+    described: Mutex<Vec<String>>,
+}
+
+struct Handle {
+    key: String,
+    values: Values,
+}
+
+impl Handle {
+    fn update(&self, f: impl FnOnce(Option<Value>) -> Value) {
+        let mut values = self.values.lock().unwrap();
+        let old = values.remove(&self.key);
+        values.insert(self.key.clone(), f(old));
+    }
+}
+
+impl CounterFn for Handle {
+    fn increment(&self, value: u64) {
+        self.update(|old| match old {
+            Some(Value::Counter(n)) => Value::Counter(n + value),
+            _ => Value::Counter(value),
+        })
+    }
+    fn absolute(&self, value: u64) {
+        self.update(|_| Value::Counter(value))
+    }
+}
+
+impl GaugeFn for Handle {
+    fn increment(&self, value: f64) {
+        self.update(|old| match old {
+            Some(Value::Gauge(g)) => Value::Gauge(g + value),
+            _ => Value::Gauge(value),
+        })
+    }
+    fn decrement(&self, value: f64) {
+        GaugeFn::increment(self, -value)
+    }
+    fn set(&self, value: f64) {
+        self.update(|_| Value::Gauge(value))
+    }
+}
+
+impl HistogramFn for Handle {
+    fn record(&self, value: f64) {
+        self.update(|old| match old {
+            Some(Value::Histogram(mut v)) => {
+                v.push(value);
+                Value::Histogram(v)
+            }
+            _ => Value::Histogram(vec![value]),
+        })
+    }
+}
+
+impl TestRecorder {
+    fn handle(&self, key: &Key) -> Arc<Handle> {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        Arc::new(Handle {
+            key: format!("{}{{{}}}", key.name(), labels.join(",")),
+            values: self.values.clone(),
+        })
+    }
+    fn get(&self, key: &str) -> Option<Value> {
+        self.values.lock().unwrap().get(key).cloned()
+    }
+    fn counter(&self, key: &str) -> u64 {
+        match self.get(key) {
+            Some(Value::Counter(n)) => n,
+            None => 0,
+            other => panic!("{key} is not a counter: {other:?}"),
+        }
+    }
+    fn gauge(&self, key: &str) -> f64 {
+        match self.get(key) {
+            Some(Value::Gauge(g)) => g,
+            other => panic!(
+                "{key} is not a recorded gauge: {other:?}\n{:?}",
+                self.keys()
+            ),
+        }
+    }
+    fn histogram(&self, key: &str) -> Vec<f64> {
+        match self.get(key) {
+            Some(Value::Histogram(v)) => v,
+            None => Vec::new(),
+            other => panic!("{key} is not a histogram: {other:?}"),
+        }
+    }
+    fn keys(&self) -> Vec<String> {
+        self.values.lock().unwrap().keys().cloned().collect()
+    }
+}
+
+impl Recorder for TestRecorder {
+    fn describe_counter(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.described.lock().unwrap().push(key.as_str().to_owned());
+    }
+    fn describe_gauge(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.described.lock().unwrap().push(key.as_str().to_owned());
+    }
+    fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.described.lock().unwrap().push(key.as_str().to_owned());
+    }
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.handle(key))
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(self.handle(key))
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(self.handle(key))
+    }
+}
+
+/// The in-memory store with a per-candidate switch: fail at once, or hang.
+#[derive(Clone, Default)]
+struct Switched {
+    inner: InMemoryLeaseStore,
+    failing: Arc<Mutex<HashSet<String>>>,
+    hanging: Arc<Mutex<HashSet<String>>>,
+}
+
+#[async_trait]
+impl LeaseStore for Switched {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        if self.failing.lock().unwrap().contains(c) {
+            return Err(StoreError::Database(sea_orm::DbErr::Custom(
+                "injected".into(),
+            )));
+        }
+        let hangs = self.hanging.lock().unwrap().contains(c);
+        if hangs {
+            std::future::pending::<()>().await;
+        }
+        self.inner.acquire_or_renew(r, c, lease).await
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        self.inner.release(r, c).await
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+}
+
+fn start(store: &Switched, id: &str) -> ElectorHandle {
+    Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id(id)
+        .lease_duration(Duration::from_secs(15))
+        .renew_interval(Duration::from_secs(5))
+        .retry_interval(Duration::from_secs(2))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start()
+}
+
+fn key(name: &str, candidate: &str, extra: &[(&str, &str)]) -> String {
+    let mut labels = vec![format!("candidate={candidate}"), "resource=job".to_owned()];
+    labels.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
+    labels.sort();
+    format!("{name}{{{}}}", labels.join(","))
+}
+
+#[tokio::test(start_paused = true)]
+async fn leadership_renews_errors_and_staleness_are_recorded() {
+    let recorder = TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let store = Switched::default();
+
+    let a = start(&store, "a");
+    a.watch()
+        .wait_for(|s| matches!(s, Leadership::Leader(_)))
+        .await
+        .unwrap();
+    let b = start(&store, "b");
+    sleep(Duration::from_secs(21)).await; // renews at 5, 10, 15, 20
+
+    for name in [
+        IS_LEADER,
+        TERM_CHANGES,
+        RENEW_DURATION,
+        STORE_ERRORS,
+        SINCE_RENEW,
+    ] {
+        assert!(
+            recorder.described.lock().unwrap().iter().any(|d| d == name),
+            "{name} is described"
+        );
+    }
+    assert_eq!(recorder.gauge(&key(IS_LEADER, "a", &[])), 1.0);
+    assert_eq!(recorder.gauge(&key(IS_LEADER, "b", &[])), 0.0);
+    assert_eq!(
+        recorder.counter(&key(TERM_CHANGES, "a", &[("change", "elected")])),
+        1
+    );
+    assert_eq!(
+        recorder.counter(&key(TERM_CHANGES, "b", &[("change", "elected")])),
+        0
+    );
+    let renews = recorder.histogram(&key(RENEW_DURATION, "a", &[]));
+    assert_eq!(renews.len(), 4, "{renews:?}");
+    assert!(renews.iter().all(|s| *s == 0.0), "{renews:?}"); // paused time: instant answers
+    assert!(recorder
+        .histogram(&key(RENEW_DURATION, "b", &[]))
+        .is_empty());
+    // Both answered within the last second (the gauge is refreshed every second).
+    assert!(recorder.gauge(&key(SINCE_RENEW, "a", &[])) <= 1.0);
+    assert!(recorder.gauge(&key(SINCE_RENEW, "b", &[])) <= 2.0);
+
+    // a's renews fail: errors by kind, and the time since the last renew grows.
+    store.failing.lock().unwrap().insert("a".into());
+    sleep(Duration::from_secs(5)).await; // t = 26
+    let errors = recorder.counter(&key(STORE_ERRORS, "a", &[("kind", "database")]));
+    assert!(errors >= 2, "{errors}");
+    let since = recorder.gauge(&key(SINCE_RENEW, "a", &[]));
+    assert!((5.0..=7.0).contains(&since), "{since}");
+    assert_eq!(recorder.gauge(&key(IS_LEADER, "a", &[])), 1.0); // not yet at its deadline
+
+    // Then they hang: the leader steps down at its deadline (20 + 15 - 1.5 = 33.5); the hung
+    // renew counts as a timeout; b takes over once the lease lapses in the store (t = 35).
+    store.failing.lock().unwrap().clear();
+    store.hanging.lock().unwrap().insert("a".into());
+    sleep(Duration::from_secs(10)).await; // t = 36
+    assert_eq!(recorder.gauge(&key(IS_LEADER, "a", &[])), 0.0);
+    assert_eq!(
+        recorder.counter(&key(TERM_CHANGES, "a", &[("change", "deadline")])),
+        1
+    );
+    assert_eq!(
+        recorder.counter(&key(STORE_ERRORS, "a", &[("kind", "timeout")])),
+        1
+    );
+    let since = recorder.gauge(&key(SINCE_RENEW, "a", &[]));
+    assert!(since >= 15.0, "{since}");
+    assert_eq!(recorder.gauge(&key(IS_LEADER, "b", &[])), 1.0);
+    assert_eq!(
+        recorder.counter(&key(TERM_CHANGES, "b", &[("change", "elected")])),
+        1
+    );
+
+    b.shutdown().await;
+    assert_eq!(recorder.gauge(&key(IS_LEADER, "b", &[])), 0.0);
+    assert_eq!(
+        recorder.counter(&key(TERM_CHANGES, "b", &[("change", "shutdown")])),
+        1
+    );
+    a.abort().await;
+}

@@ -1,0 +1,267 @@
+//! The torture run's checker: reads what the candidates and the fault scheduler wrote down and
+//! the ledger table, and proves (or refutes) safety from that record alone.
+//!
+//! History lines (one file per candidate process, times are `CLOCK_MONOTONIC` nanoseconds,
+//! comparable across processes on one host):
+//!
+//! ```text
+//! start <candidate> <ns> <wall-unix-ms>
+//! lead <token> <ns>                       the candidate saw itself elected
+//! lost <token> <ns> <deadline-ns> <why>   the term ended (as observed; believed until min(ns, deadline))
+//! write <token> <seq> <ns>                a fenced ledger write committed
+//! refused <token> <ns>                    a fenced ledger write was refused
+//! stop <ns>
+//! ```
+//!
+//! Fault log lines (the scheduler's): `kill <candidate> <ns>`, `pause <candidate> <from> <to>`,
+//! `connkill <ns>`, `restart <from> <to>`, `skew <candidate> <offset>`.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+
+/// One believed leadership interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interval {
+    pub candidate: String,
+    pub token: i64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A fault, with the instant it ended (from which liveness is measured).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    pub kind: String,
+    pub candidate: Option<String>,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A committed ledger row, in id order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerRow {
+    pub id: i64,
+    pub token: i64,
+    pub candidate: String,
+    pub seq: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct Record {
+    pub intervals: Vec<Interval>,
+    pub faults: Vec<Fault>,
+    pub ledger: Vec<LedgerRow>,
+    pub writes_committed: u64,
+    pub writes_refused: u64,
+    /// Run end (ns): intervals still open at the end are closed here.
+    pub end: u64,
+}
+
+fn num(parts: &[&str], i: usize, line: &str) -> Result<u64, String> {
+    parts
+        .get(i)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("bad history line: {line:?}"))
+}
+
+impl Record {
+    /// Adds one candidate's history. `killed_at` closes a term the process never saw end.
+    pub fn add_history(&mut self, text: &str, killed_at: Option<u64>) -> Result<(), String> {
+        let mut name = String::new();
+        let mut open: Option<(i64, u64)> = None;
+        let mut last_seen = 0u64;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            match parts[0] {
+                "start" => {
+                    name = parts.get(1).ok_or("start without a name")?.to_string();
+                    last_seen = num(&parts, 2, line)?;
+                }
+                "lead" => {
+                    let token = num(&parts, 1, line)? as i64;
+                    let at = num(&parts, 2, line)?;
+                    if let Some((t, s)) = open.take() {
+                        // A new term without a logged end: the old one ended no later than now.
+                        self.intervals.push(Interval {
+                            candidate: name.clone(),
+                            token: t,
+                            start: s,
+                            end: at,
+                        });
+                    }
+                    open = Some((token, at));
+                    last_seen = at;
+                }
+                "lost" => {
+                    let token = num(&parts, 1, line)? as i64;
+                    let at = num(&parts, 2, line)?;
+                    let deadline = num(&parts, 3, line)?;
+                    if let Some((t, s)) = open.take() {
+                        if t != token {
+                            return Err(format!("{name}: lost {token} while leading {t}"));
+                        }
+                        self.intervals.push(Interval {
+                            candidate: name.clone(),
+                            token,
+                            start: s,
+                            end: at.min(deadline).max(s),
+                        });
+                    }
+                    last_seen = at;
+                }
+                "write" => {
+                    self.writes_committed += 1;
+                    last_seen = num(&parts, 3, line)?;
+                }
+                "refused" => {
+                    self.writes_refused += 1;
+                    last_seen = num(&parts, 2, line)?;
+                }
+                "stop" => last_seen = num(&parts, 1, line)?,
+                other => return Err(format!("unknown history line kind {other:?}")),
+            }
+        }
+        if let Some((token, start)) = open {
+            // Never saw its term end: killed (ends at the kill), or cut off (open to the end).
+            let end = killed_at.unwrap_or(u64::MAX).max(start);
+            let _ = last_seen;
+            self.intervals.push(Interval {
+                candidate: name,
+                token,
+                start,
+                end,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub violations: Vec<String>,
+    pub terms: usize,
+    pub worst_recovery_ns: u64,
+    pub recoveries: usize,
+}
+
+/// Checks the four properties. `recovery_bound_ns` is lease + retry + the stated margin.
+pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
+    let mut v = Verdict::default();
+    let mut intervals = record.intervals.clone();
+    for i in &mut intervals {
+        if i.end == u64::MAX {
+            i.end = record.end.max(i.start);
+        }
+    }
+    intervals.sort_by_key(|i| (i.start, i.end));
+    v.terms = intervals.len();
+
+    // 1. No two candidates' believed intervals overlap.
+    let mut reach: Option<&Interval> = None;
+    for i in &intervals {
+        if let Some(r) = reach {
+            if i.start < r.end && i.candidate != r.candidate {
+                v.violations.push(format!(
+                    "overlap: {} (token {}) believed it led until {} but {} (token {}) led from {} ({} µs of two leaders)",
+                    r.candidate, r.token, r.end, i.candidate, i.token, i.start, (r.end - i.start) / 1000
+                ));
+            }
+        }
+        if reach.is_none_or(|r| i.end > r.end) {
+            reach = Some(i);
+        }
+    }
+
+    // 2. Tokens strictly increase from term to term and are never reused.
+    let mut seen: HashMap<i64, &Interval> = HashMap::new();
+    for pair in intervals.windows(2) {
+        if pair[1].token < pair[0].token {
+            v.violations.push(format!(
+                "token went backwards: {} (token {}) after {} (token {})",
+                pair[1].candidate, pair[1].token, pair[0].candidate, pair[0].token
+            ));
+        }
+    }
+    for i in &intervals {
+        if let Some(prev) = seen.insert(i.token, i) {
+            if prev.candidate != i.candidate {
+                v.violations.push(format!(
+                    "token {} reused: by {} and by {}",
+                    i.token, prev.candidate, i.candidate
+                ));
+            }
+        }
+    }
+
+    // 3. Ledger: tokens never go backwards in commit order, every row belongs to a term of its
+    // writer, and each term's sequence numbers increase.
+    let mut max_token = i64::MIN;
+    let mut last_seq: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    for row in &record.ledger {
+        if row.token < max_token {
+            v.violations.push(format!(
+                "stale write committed: row {} with token {} after a row with token {}",
+                row.id, row.token, max_token
+            ));
+        }
+        max_token = max_token.max(row.token);
+        if !intervals
+            .iter()
+            .any(|i| i.token == row.token && i.candidate == row.candidate)
+        {
+            v.violations.push(format!(
+                "row {} by {} carries token {}, which was never its term",
+                row.id, row.candidate, row.token
+            ));
+        }
+        let key = (row.candidate.clone(), row.token);
+        if let Some(prev) = last_seq.insert(key, row.seq) {
+            if row.seq <= prev {
+                v.violations.push(format!(
+                    "row {}: sequence {} after {} in one term",
+                    row.id, row.seq, prev
+                ));
+            }
+        }
+    }
+
+    // 4. Liveness: after each fault ends, some candidate leads again within the bound.
+    for fault in &record.faults {
+        let covering = intervals
+            .iter()
+            .any(|i| i.start <= fault.end && i.end > fault.end);
+        let recovery = if covering {
+            0
+        } else {
+            match intervals
+                .iter()
+                .filter(|i| i.start >= fault.end)
+                .map(|i| i.start)
+                .min()
+            {
+                Some(start) => start - fault.end,
+                None if record.end > fault.end && record.end - fault.end < recovery_bound_ns => {
+                    continue
+                } // run ended first
+                None => u64::MAX,
+            }
+        };
+        v.recoveries += 1;
+        v.worst_recovery_ns = v.worst_recovery_ns.max(recovery);
+        if recovery > recovery_bound_ns {
+            v.violations.push(format!(
+                "no leader within {} ms after {} ended at {}{}",
+                recovery_bound_ns / 1_000_000,
+                fault.kind,
+                fault.end,
+                if recovery == u64::MAX {
+                    " (never)".to_owned()
+                } else {
+                    format!(" (took {} ms)", recovery / 1_000_000)
+                }
+            ));
+        }
+    }
+    v
+}

@@ -1,0 +1,938 @@
+//! The torture run: N candidate OS processes run the real `Elector` over a real database while a
+//! fault scheduler kills, pauses, disconnects and restarts things; then a checker proves from
+//! the recorded histories and the ledger table that there were never two leaders, tokens never
+//! went backwards, no stale write committed, and leadership came back after every fault.
+//!
+//! ```sh
+//! cargo test --all-features --test torture                      # the short CI run, every backend
+//! cargo test --release --all-features --test torture -- --backend postgres --duration 600 --candidates 5 --seed 42
+//! ```
+//!
+//! Options: `--backend sqlite|postgres|mysql` (repeatable; default all three), `--duration SECS`
+//! (default 30), `--candidates N` (default 5), `--seed N` (default: random, printed),
+//! `--faults kill,pause,connkill,restart` (default all that apply to the backend), `--no-skew`
+//! (do not run candidates under `faketime`). The candidate processes are this same binary,
+//! started with `--candidate`.
+
+mod checker;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::time::{clock_gettime, ClockId};
+use nix::unistd::Pid;
+use orion_beacon::{Elector, Leadership, LeaseStore, SeaOrmLeaseStore};
+use sea_orm::sea_query::{Alias, ColumnDef, Query, Table};
+use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const LEASE: Duration = Duration::from_millis(500);
+const RENEW: Duration = Duration::from_millis(150);
+const RETRY: Duration = Duration::from_millis(150);
+/// The stated margin on top of lease + retry for recovery after a fault (pool reconnects,
+/// back-off after store errors, a loaded 2-core machine).
+const RECOVERY_MARGIN: Duration = Duration::from_millis(1500);
+
+/// `CLOCK_MONOTONIC` in nanoseconds: comparable across processes on this host.
+fn mono_ns() -> u64 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// Maps a tokio instant (std `Instant`, i.e. `CLOCK_MONOTONIC` on Linux) to nanoseconds.
+struct MonoClock {
+    base_instant: std::time::Instant,
+    base_ns: u64,
+}
+
+impl MonoClock {
+    fn new() -> Self {
+        Self {
+            base_instant: std::time::Instant::now(),
+            base_ns: mono_ns(),
+        }
+    }
+    fn ns(&self, t: tokio::time::Instant) -> u64 {
+        let t = t.into_std();
+        if t >= self.base_instant {
+            self.base_ns + (t - self.base_instant).as_nanos() as u64
+        } else {
+            self.base_ns - (self.base_instant - t).as_nanos() as u64
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Args {
+    candidate: Option<String>,
+    backends: Vec<String>,
+    duration: Duration,
+    candidates: usize,
+    seed: Option<u64>,
+    faults: Option<Vec<String>>,
+    skew: bool,
+    // candidate mode
+    url: String,
+    table: String,
+    ledger: String,
+    resource: String,
+    history: PathBuf,
+}
+
+fn parse_args() -> Result<Option<Args>, Error> {
+    let mut a = Args {
+        candidate: None,
+        backends: Vec::new(),
+        duration: Duration::from_secs(30),
+        candidates: 5,
+        seed: None,
+        faults: None,
+        skew: true,
+        url: String::new(),
+        table: String::new(),
+        ledger: String::new(),
+        resource: String::new(),
+        history: PathBuf::new(),
+    };
+    let mut filters = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--candidate" => a.candidate = Some(value()?),
+            "--backend" => a.backends.push(value()?),
+            "--duration" => {
+                a.duration = Duration::from_secs_f64(value()?.trim_end_matches('s').parse()?)
+            }
+            "--candidates" => a.candidates = value()?.parse()?,
+            "--seed" => a.seed = Some(value()?.parse()?),
+            "--faults" => a.faults = Some(value()?.split(',').map(str::to_owned).collect()),
+            "--no-skew" => a.skew = false,
+            "--url" => a.url = value()?,
+            "--table" => a.table = value()?,
+            "--ledger" => a.ledger = value()?,
+            "--resource" => a.resource = value()?,
+            "--history" => a.history = PathBuf::from(value()?),
+            // What the test runner may pass to every test binary.
+            "--nocapture" | "--quiet" | "-q" | "--include-ignored" | "--ignored" | "--exact"
+            | "--show-output" => {}
+            s if s.starts_with("--test-threads")
+                || s.starts_with("--format")
+                || s.starts_with("--color") => {}
+            s if s.starts_with('-') => return Err(format!("unknown option {s}").into()),
+            s => filters.push(s.to_owned()),
+        }
+    }
+    // `cargo test some_filter` passes the filter to every test binary: run only if it matches.
+    if !filters.is_empty() && !filters.iter().any(|f| "torture".contains(f.as_str())) {
+        return Ok(None);
+    }
+    if a.backends.is_empty() {
+        a.backends = vec!["sqlite".into(), "postgres".into(), "mysql".into()];
+    }
+    Ok(Some(a))
+}
+
+fn main() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("torture: no runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    let code = runtime.block_on(async {
+        match parse_args() {
+            Ok(None) => {
+                println!("torture: filtered out");
+                0
+            }
+            Ok(Some(args)) if args.candidate.is_some() => match candidate(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("candidate failed: {e}");
+                    3
+                }
+            },
+            Ok(Some(args)) => harness(args).await,
+            Err(e) => {
+                eprintln!("torture: {e}");
+                2
+            }
+        }
+    });
+    std::process::exit(code);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The candidate process.
+
+struct HistoryFile(std::fs::File);
+
+impl HistoryFile {
+    fn line(&mut self, line: &str) {
+        use std::io::Write;
+        // One write per line; a SIGKILL loses at most the line being written.
+        let _ = self.0.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, Error> {
+    let mut options = if url.starts_with("sqlite:") {
+        orion_beacon::backend::sqlite::connect_options(url)
+    } else {
+        sea_orm::ConnectOptions::new(url)
+    };
+    options
+        .max_connections(max)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .sqlx_logging(false);
+    Ok(sea_orm::Database::connect(options).await?)
+}
+
+async fn candidate(args: Args) -> Result<(), Error> {
+    let name = args.candidate.clone().unwrap_or_default();
+    let clock = MonoClock::new();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args.history)?;
+    let history = std::sync::Arc::new(std::sync::Mutex::new(HistoryFile(file)));
+    let wall_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    history
+        .lock()
+        .unwrap()
+        .line(&format!("start {name} {} {wall_ms}", mono_ns()));
+
+    let db = connect(&args.url, 3).await?;
+    let store = SeaOrmLeaseStore::new(db.clone()).with_table(&args.table)?;
+    let handle = Elector::builder(store.clone())
+        .resource(&args.resource)
+        .candidate_id(&name)
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(RETRY)
+        .grace_period(Duration::from_millis(200))
+        .build()?
+        .start();
+
+    // Leadership as the candidate believes it: a line when a term starts and when it ends.
+    let mut rx = handle.watch();
+    let h2 = history.clone();
+    let watcher = tokio::spawn(async move {
+        let mut current: Option<orion_beacon::LeaderTerm> = None;
+        loop {
+            let state = rx.borrow_and_update().clone();
+            let now = tokio::time::Instant::now();
+            let next = match &state {
+                Leadership::Leader(term) => Some(term.clone()),
+                _ => None,
+            };
+            if current.as_ref() != next.as_ref() {
+                if let Some(old) = current.take() {
+                    let why = old
+                        .loss_reason()
+                        .map_or("replaced".to_owned(), |r| r.to_string());
+                    h2.lock().unwrap().line(&format!(
+                        "lost {} {} {} {why}",
+                        old.token(),
+                        clock.ns(now),
+                        clock.ns(old.deadline())
+                    ));
+                }
+                if let Some(new) = &next {
+                    h2.lock()
+                        .unwrap()
+                        .line(&format!("lead {} {}", new.token(), clock.ns(now)));
+                }
+                current = next;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+
+    // While leading: fenced ledger writes in a loop.
+    let h3 = history.clone();
+    let ledger = args.ledger.clone();
+    let me = name.clone();
+    let _work = handle.run_as_leader(move |term| {
+        let (db, store, history, ledger, me) = (
+            db.clone(),
+            store.clone(),
+            h3.clone(),
+            ledger.clone(),
+            me.clone(),
+        );
+        async move {
+            let mut seq: i64 = 0;
+            while !term.is_lost() {
+                seq += 1;
+                let result: Result<bool, Error> = async {
+                    let txn = db.begin().await?;
+                    if store.fence(&txn, &term).await.is_err() {
+                        txn.rollback().await?;
+                        return Ok(false);
+                    }
+                    let insert = Query::insert()
+                        .into_table(Alias::new(&ledger))
+                        .columns([
+                            Alias::new("token"),
+                            Alias::new("candidate"),
+                            Alias::new("seq"),
+                        ])
+                        .values([term.token().get().into(), me.clone().into(), seq.into()])?
+                        .to_owned();
+                    txn.execute(&insert).await?;
+                    txn.commit().await?;
+                    Ok(true)
+                }
+                .await;
+                let now = mono_ns();
+                match result {
+                    Ok(true) => history
+                        .lock()
+                        .unwrap()
+                        .line(&format!("write {} {seq} {now}", term.token())),
+                    Ok(false) | Err(_) => history
+                        .lock()
+                        .unwrap()
+                        .line(&format!("refused {} {now}", term.token())),
+                }
+                tokio::select! {
+                    _ = term.lost() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        }
+    });
+
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = stdin.next_line().await {
+        if line.trim() == "shutdown" {
+            break;
+        }
+    }
+    handle.shutdown().await;
+    let _ = watcher.await;
+    history.lock().unwrap().line(&format!("stop {}", mono_ns()));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness: candidates, faults, then the checker.
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+struct Setup {
+    backend: Backend,
+    /// The URL candidates use.
+    url: String,
+    table: String,
+    ledger: String,
+    resource: String,
+    admin: DatabaseConnection,
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+    history: PathBuf,
+}
+
+async fn harness(args: Args) -> i32 {
+    let mut passed = 0;
+    let mut failed = 0;
+    let base_seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let skip = std::env::var("ORION_BEACON_SKIP").unwrap_or_default();
+    for (i, name) in args.backends.iter().enumerate() {
+        let backend = match name.as_str() {
+            "sqlite" => Backend::Sqlite,
+            "postgres" => Backend::Postgres,
+            "mysql" | "mariadb" => Backend::MySql,
+            other => {
+                eprintln!("torture: unknown backend {other}");
+                failed += 1;
+                continue;
+            }
+        };
+        if skip.split(',').any(|s| s.trim() == name) {
+            println!("SKIPPED: torture[{name}] (ORION_BEACON_SKIP)");
+            continue;
+        }
+        let seed = base_seed.wrapping_add(i as u64);
+        match run_backend(backend, &args, seed).await {
+            Ok(true) => passed += 1,
+            Ok(false) => failed += 1,
+            Err(e) => {
+                println!("torture[{name}] seed={seed}: harness error: {e}");
+                failed += 1;
+            }
+        }
+    }
+    println!("torture: {passed} passed, {failed} failed");
+    if failed > 0 {
+        1
+    } else {
+        0
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}_{:x}",
+        std::process::id(),
+        mono_ns() & 0xffff_ffff
+    )
+}
+
+async fn setup(backend: Backend) -> Result<Setup, Error> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().to_path_buf();
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
+        println!("torture: histories kept in {}", path.display());
+    }
+    let (url, admin) = match backend {
+        Backend::Sqlite => {
+            let url = format!("sqlite://{}", path.join("torture.db").display());
+            let admin = connect(&url, 2).await?;
+            (url, admin)
+        }
+        Backend::Postgres => {
+            let base = std::env::var("ORION_BEACON_PG_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!(
+                "{base}{sep}application_name=orion-torture-{}",
+                std::process::id()
+            );
+            let admin = connect(&base, 2).await?;
+            (url, admin)
+        }
+        Backend::MySql => {
+            // A database of its own: connection kills must not hit anyone else.
+            let base = std::env::var("ORION_BEACON_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+            let server = connect(&base, 1).await?;
+            server
+                .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
+                .await?;
+            let root = base
+                .rsplit_once('/')
+                .map(|(r, _)| r.to_owned())
+                .unwrap_or(base.clone());
+            let url = format!("{root}/orion_torture");
+            let admin = connect(&url, 2).await?;
+            (url, admin)
+        }
+    };
+    let table = unique("tt");
+    let ledger = unique("ledger");
+    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    CreateLeaseTable::with_table(&table)?
+        .up(&SchemaManager::new(&admin))
+        .await?;
+    let create = Table::create()
+        .table(Alias::new(&ledger))
+        .col(
+            ColumnDef::new(Alias::new("id"))
+                .big_integer()
+                .not_null()
+                .auto_increment()
+                .primary_key(),
+        )
+        .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
+        .col(
+            ColumnDef::new(Alias::new("candidate"))
+                .string_len(64)
+                .not_null(),
+        )
+        .col(ColumnDef::new(Alias::new("seq")).big_integer().not_null())
+        .to_owned();
+    admin.execute(&create).await?;
+    Ok(Setup {
+        backend,
+        url,
+        table,
+        ledger,
+        resource: unique("job"),
+        admin,
+        _dir: dir,
+        dir: path,
+    })
+}
+
+fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
+    let exe = std::env::current_exe()?;
+    let history = s.dir.join(format!("{name}.history"));
+    let mut cmd = Command::new(&exe);
+    if let Some(offset) = skew {
+        // libfaketime preloaded into the candidate itself (the `faketime` wrapper would fork,
+        // and a signal to the wrapper would miss the candidate). Only the wall clock moves.
+        cmd.env("LD_PRELOAD", faketime_lib().unwrap_or_default())
+            .env("FAKETIME", offset)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    }
+    cmd.args([
+        "--candidate",
+        name,
+        "--url",
+        &s.url,
+        "--table",
+        &s.table,
+        "--ledger",
+        &s.ledger,
+        "--resource",
+        &s.resource,
+    ])
+    .arg("--history")
+    .arg(&history)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true);
+    let child = cmd.spawn()?;
+    Ok(Proc {
+        name: name.to_owned(),
+        child,
+        history,
+    })
+}
+
+/// libfaketime, from Debian's `faketime` package (or `ORION_TORTURE_FAKETIME_LIB`).
+fn faketime_lib() -> Option<String> {
+    if let Ok(path) = std::env::var("ORION_TORTURE_FAKETIME_LIB") {
+        return Some(path);
+    }
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+    ]
+    .iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .map(|p| p.to_string())
+}
+
+fn signal(p: &Proc, sig: Signal) {
+    if let Some(pid) = p.child.id() {
+        let _ = kill(Pid::from_raw(pid as i32), sig);
+    }
+}
+
+async fn db_answers(url: &str) -> bool {
+    match tokio::time::timeout(Duration::from_secs(3), connect(url, 1)).await {
+        Ok(Ok(db)) => db.execute_unprepared("SELECT 1").await.is_ok(),
+        _ => false,
+    }
+}
+
+async fn restart_server(backend: Backend, probe_url: &str) -> Result<(), Error> {
+    match backend {
+        Backend::Postgres => {
+            let version = std::fs::read_dir("/etc/postgresql")?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .next()
+                .ok_or("no /etc/postgresql/<version>")?;
+            let status = Command::new("pg_ctlcluster")
+                .args([
+                    "--skip-systemctl-redirect",
+                    &version,
+                    "main",
+                    "restart",
+                    "-m",
+                    "fast",
+                ])
+                .status()
+                .await?;
+            if !status.success() {
+                return Err("pg_ctlcluster restart failed".into());
+            }
+        }
+        Backend::MySql => {
+            let _ = Command::new("mariadb-admin")
+                .args(["-h", "127.0.0.1", "-u", "root", "shutdown"])
+                .status()
+                .await?;
+            // Wait for the process itself to be gone: `start-stop-daemon --oknodo` would
+            // otherwise see the old server still shutting down and start nothing.
+            for _ in 0..300 {
+                let running = Command::new("pgrep")
+                    .args(["-x", "mariadbd"])
+                    .stdout(Stdio::null())
+                    .status()
+                    .await?;
+                if !running.success() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let status = Command::new("start-stop-daemon")
+                .args([
+                    "--start",
+                    "--oknodo",
+                    "--background",
+                    "--exec",
+                    "/usr/sbin/mariadbd",
+                ])
+                .status()
+                .await?;
+            if !status.success() {
+                return Err("starting mariadbd failed".into());
+            }
+        }
+        Backend::Sqlite => return Ok(()),
+    }
+    for _ in 0..120 {
+        if db_answers(probe_url).await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err("the database did not come back within 60 s".into())
+}
+
+async fn kill_connections(s: &Setup) -> Result<u64, Error> {
+    match s.backend {
+        Backend::Postgres => {
+            let sql = format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'orion-torture-{}'",
+                std::process::id()
+            );
+            Ok(s.admin
+                .query_all_raw(sea_orm::Statement::from_string(
+                    s.admin.get_database_backend(),
+                    sql,
+                ))
+                .await?
+                .len() as u64)
+        }
+        Backend::MySql => {
+            let rows = s
+                .admin
+                .query_all_raw(sea_orm::Statement::from_string(
+                    s.admin.get_database_backend(),
+                    "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = 'orion_torture' AND ID <> CONNECTION_ID()",
+                ))
+                .await?;
+            let mut n = 0;
+            for row in rows {
+                let id: i64 = row
+                    .try_get_by_index::<u64>(0)
+                    .map(|v| v as i64)
+                    .or_else(|_| row.try_get_by_index::<i64>(0))?;
+                if s.admin
+                    .execute_unprepared(&format!("KILL CONNECTION {id}"))
+                    .await
+                    .is_ok()
+                {
+                    n += 1;
+                }
+            }
+            Ok(n)
+        }
+        Backend::Sqlite => Ok(0),
+    }
+}
+
+async fn leader_process<'a>(s: &Setup, procs: &'a [Proc]) -> Option<&'a Proc> {
+    let store = SeaOrmLeaseStore::new(s.admin.clone())
+        .with_table(&s.table)
+        .ok()?;
+    let rec = store.current(&s.resource).await.ok()??;
+    if !rec.live {
+        return None;
+    }
+    procs.iter().find(|p| p.name == rec.holder)
+}
+
+async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, Error> {
+    let label = format!("{backend:?}").to_lowercase();
+    let mut rng = Rng(seed.max(1));
+    let s = setup(backend).await?;
+    let probe = match backend {
+        Backend::Postgres => std::env::var("ORION_BEACON_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        _ => s.url.clone(),
+    };
+    let all_faults: Vec<&str> = match backend {
+        Backend::Sqlite => vec!["kill", "pause"],
+        _ => vec!["kill", "pause", "connkill", "restart"],
+    };
+    let faults: Vec<String> = match &args.faults {
+        Some(list) => all_faults
+            .iter()
+            .filter(|f| list.iter().any(|l| l == *f))
+            .map(|f| f.to_string())
+            .collect(),
+        None => all_faults.iter().map(|f| f.to_string()).collect(),
+    };
+    // SQLite's clock is each process's own wall clock (the library runs in the candidate), so
+    // skewing one process's wall clock is a setup that cannot exist on a real host: there the
+    // processes share the host clock. Skew is a fault for the server backends, whose clock is
+    // the server's.
+    let skew = args.skew && backend != Backend::Sqlite;
+    if skew && faketime_lib().is_none() {
+        return Err(
+            "libfaketime is not installed (apt-get install faketime), or pass --no-skew".into(),
+        );
+    }
+    let offsets = ["-3h", "+5h", "-26h"];
+    let mut procs: Vec<Proc> = Vec::new();
+    let mut fault_log: Vec<checker::Fault> = Vec::new();
+    let mut kills: HashMap<String, u64> = HashMap::new();
+    let mut skewed = 0;
+    for i in 0..args.candidates {
+        let name = format!("c{i}");
+        let offset = if skew && i % 2 == 1 {
+            Some(offsets[(i / 2) % offsets.len()])
+        } else {
+            None
+        };
+        skewed += usize::from(offset.is_some());
+        procs.push(spawn(&s, &name, offset)?);
+    }
+    let started = tokio::time::Instant::now();
+    let run_start_ns = mono_ns();
+    let mut incarnation = 0;
+    let mut counts: HashMap<String, u32> = HashMap::new();
+    // Every kind at least once, in a seeded order, then random ones.
+    let mut bag: Vec<String> = faults.clone();
+    for i in (1..bag.len()).rev() {
+        bag.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut restarts = 0;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    while started.elapsed() + Duration::from_secs(3) < args.duration && !faults.is_empty() {
+        let kind = bag
+            .pop()
+            .unwrap_or_else(|| faults[rng.below(faults.len() as u64) as usize].clone());
+        // A restart takes a while; one per 60 s of run is plenty.
+        if kind == "restart" && restarts as f64 > args.duration.as_secs_f64() / 60.0 {
+            continue;
+        }
+        match kind.as_str() {
+            "kill" => {
+                if let Some(p) = leader_process(&s, &procs).await {
+                    let name = p.name.clone();
+                    signal(p, Signal::SIGKILL);
+                    let at = mono_ns();
+                    kills.insert(name.clone(), at);
+                    fault_log.push(checker::Fault {
+                        kind: "kill".into(),
+                        candidate: Some(name.clone()),
+                        start: at,
+                        end: at,
+                    });
+                    *counts.entry(kind.clone()).or_default() += 1;
+                    // A new incarnation (a new candidate id) replaces it after a while.
+                    tokio::time::sleep(Duration::from_millis(300 + rng.below(700))).await;
+                    incarnation += 1;
+                    let fresh = format!("{name}-r{incarnation}");
+                    if let Some(slot) = procs.iter_mut().find(|p| p.name == name) {
+                        let _ = slot.child.wait().await;
+                        let old = std::mem::replace(slot, spawn(&s, &fresh, None)?);
+                        // keep the dead one's history for the checker
+                        procs.push(Proc {
+                            name: old.name,
+                            child: old.child,
+                            history: old.history,
+                        });
+                    }
+                }
+            }
+            "pause" => {
+                if let Some(p) = leader_process(&s, &procs).await {
+                    let name = p.name.clone();
+                    let from = mono_ns();
+                    signal(p, Signal::SIGSTOP);
+                    tokio::time::sleep(LEASE * 2 + Duration::from_millis(rng.below(500))).await;
+                    if let Some(p) = procs.iter().find(|p| p.name == name) {
+                        signal(p, Signal::SIGCONT);
+                    }
+                    let to = mono_ns();
+                    // Liveness is about the others taking over during the pause.
+                    fault_log.push(checker::Fault {
+                        kind: "pause".into(),
+                        candidate: Some(name),
+                        start: from,
+                        end: from,
+                    });
+                    let _ = to;
+                    *counts.entry(kind.clone()).or_default() += 1;
+                }
+            }
+            "connkill" => {
+                let at = mono_ns();
+                let n = kill_connections(&s).await?;
+                fault_log.push(checker::Fault {
+                    kind: "connkill".into(),
+                    candidate: None,
+                    start: at,
+                    end: at,
+                });
+                *counts.entry(kind.clone()).or_default() += 1;
+                let _ = n;
+            }
+            "restart" => {
+                let from = mono_ns();
+                restart_server(backend, &probe).await?;
+                let to = mono_ns();
+                restarts += 1;
+                fault_log.push(checker::Fault {
+                    kind: "restart".into(),
+                    candidate: None,
+                    start: from,
+                    end: to,
+                });
+                *counts.entry(kind.clone()).or_default() += 1;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(1000 + rng.below(1500))).await;
+    }
+    let remaining = args.duration.saturating_sub(started.elapsed());
+    tokio::time::sleep(remaining.max(Duration::from_secs(2))).await;
+
+    // Stop everyone gracefully, then read what they wrote.
+    for p in &mut procs {
+        if let Some(stdin) = p.child.stdin.as_mut() {
+            let _ = stdin.write_all(b"shutdown\n").await;
+        }
+    }
+    for p in &mut procs {
+        if tokio::time::timeout(Duration::from_secs(10), p.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = p.child.start_kill();
+            let _ = p.child.wait().await;
+        }
+    }
+    let run_end_ns = mono_ns();
+    let mut record = checker::Record {
+        end: run_end_ns,
+        faults: fault_log,
+        ..checker::Record::default()
+    };
+    for p in &procs {
+        let text = std::fs::read_to_string(&p.history).unwrap_or_default();
+        record.add_history(&text, kills.get(&p.name).copied())?;
+    }
+    let admin = connect(&probe_url_for(&s, &probe), 1).await?;
+    let rows = admin
+        .query_all(
+            &Query::select()
+                .columns([
+                    Alias::new("id"),
+                    Alias::new("token"),
+                    Alias::new("candidate"),
+                    Alias::new("seq"),
+                ])
+                .from(Alias::new(&s.ledger))
+                .order_by(Alias::new("id"), sea_orm::sea_query::Order::Asc)
+                .to_owned(),
+        )
+        .await?;
+    for row in rows {
+        record.ledger.push(checker::LedgerRow {
+            id: row.try_get_by_index(0)?,
+            token: row.try_get_by_index(1)?,
+            candidate: row.try_get_by_index(2)?,
+            seq: row.try_get_by_index(3)?,
+        });
+    }
+    let bound = LEASE + RETRY + RECOVERY_MARGIN;
+    let verdict = checker::check(&record, bound.as_nanos() as u64);
+    let tokens_in_table = SeaOrmLeaseStore::new(admin.clone())
+        .with_table(&s.table)?
+        .current(&s.resource)
+        .await?
+        .map(|r| r.token.get());
+
+    let mut kinds: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    kinds.sort();
+    println!(
+        "torture[{label}] seed={seed} duration={:.0}s candidates={} skewed={skewed} operations={} (refused {}) terms={} last_token={} faults: {} violations={} worst_recovery={}ms (bound {}ms)",
+        (run_end_ns - run_start_ns) as f64 / 1e9,
+        args.candidates,
+        record.writes_committed + record.writes_refused,
+        record.writes_refused,
+        verdict.terms,
+        tokens_in_table.unwrap_or(0),
+        kinds.join(" "),
+        verdict.violations.len(),
+        verdict.worst_recovery_ns / 1_000_000,
+        bound.as_millis(),
+    );
+    for v in &verdict.violations {
+        println!("  VIOLATION: {v}");
+    }
+    let missing: Vec<&String> = faults.iter().filter(|f| !counts.contains_key(*f)).collect();
+    if !missing.is_empty() {
+        println!("  (fault kinds that found no leader to hit: {missing:?})");
+    }
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
+        std::mem::forget(s._dir);
+        return Ok(verdict.violations.is_empty() && verdict.terms > 0);
+    }
+    // Clean up the tables (the temp dir goes by itself).
+    let _ = admin
+        .execute(&Table::drop().table(Alias::new(&s.ledger)).to_owned())
+        .await;
+    let _ = admin
+        .execute(&Table::drop().table(Alias::new(&s.table)).to_owned())
+        .await;
+    Ok(verdict.violations.is_empty() && verdict.terms > 0)
+}
+
+fn probe_url_for(s: &Setup, probe: &str) -> String {
+    match s.backend {
+        Backend::Postgres => probe.to_owned(),
+        _ => s.url.clone(),
+    }
+}
