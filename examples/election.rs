@@ -181,6 +181,8 @@ impl Demo {
             let at = self.at(t);
             println!("[{:>6.2}s] {who:<7} {line}", at.as_secs_f64());
             if let Some(token) = line.strip_prefix("LEADER ") {
+                // A new term straight after another (the old one was superseded) ends the old.
+                self.close_term(&who, at);
                 self.terms.push(Term {
                     candidate: who.clone(),
                     token: token.parse()?,

@@ -12,6 +12,7 @@ pub mod mysql;
 #[cfg(feature = "postgres")]
 mod notify;
 pub mod postgres;
+mod prepared;
 pub mod sqlite;
 #[cfg(feature = "sqlserver")]
 pub mod sqlserver;

@@ -21,7 +21,7 @@ use sea_orm::{DbBackend, DbErr, Statement};
 
 use orion_beacon_entity::lease::Column;
 
-use super::statements::returned_row;
+use super::statements::{insert_new_row, returned_row};
 use super::Dialect;
 
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
@@ -132,25 +132,7 @@ pub(crate) fn upsert(
             ),
         ])
         .to_owned();
-    let mut stmt = Query::insert();
-    stmt.into_table(table.clone())
-        .columns([
-            Column::Resource,
-            Column::Holder,
-            Column::FencingToken,
-            Column::ExpiresAt,
-            Column::AcquiredAt,
-            Column::RenewedAt,
-        ])
-        .values([
-            Expr::val(resource),
-            Expr::val(candidate),
-            Expr::val(1i64),
-            d.lease_end(millis),
-            d.now(),
-            d.now(),
-        ])
-        .map_err(|e| DbErr::Custom(e.to_string()))?;
+    let mut stmt = insert_new_row(&d, table, resource, candidate, millis)?;
     stmt.on_conflict(on_duplicate);
     Ok(stmt)
 }

@@ -23,7 +23,7 @@ impl Dialect for Sqlite {
     // SQLite takes its lock before the statement reads the clock: no wait to account for.
     fn lease_end(&self, millis: i64) -> Expr {
         // An exact "+S.mmm seconds" modifier: no floating point on the way.
-        let modifier = format!("+{}.{:03} seconds", millis / 1000, millis % 1000);
+        let modifier = super::prepared::sqlite_modifier(millis);
         Expr::cust_with_values("strftime('%Y-%m-%d %H:%M:%f', 'now', ?)", [modifier])
     }
 

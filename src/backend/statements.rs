@@ -68,6 +68,21 @@ pub(crate) fn upsert(
         ])
         .action_and_where(mine.or(expired))
         .to_owned();
+    let mut stmt = insert_new_row(d, table, resource, candidate, millis)?;
+    stmt.on_conflict(on_conflict)
+        .returning(Query::returning().exprs(returned_row(d)));
+    Ok(stmt)
+}
+
+/// `INSERT` of a fresh lease row (token 1, times from the database clock), the part every
+/// backend's upsert shares; each adds its own conflict clause.
+pub(crate) fn insert_new_row(
+    d: &dyn Dialect,
+    table: &Alias,
+    resource: &str,
+    candidate: &str,
+    millis: i64,
+) -> Result<InsertStatement, DbErr> {
     let mut stmt = Query::insert();
     stmt.into_table(table.clone())
         .columns([
@@ -87,8 +102,6 @@ pub(crate) fn upsert(
             d.now(),
         ])
         .map_err(|e| DbErr::Custom(e.to_string()))?;
-    stmt.on_conflict(on_conflict)
-        .returning(Query::returning().exprs(returned_row(d)));
     Ok(stmt)
 }
 

@@ -1,6 +1,6 @@
 //! [`SeaOrmLeaseStore`]: leases in a table of the application's own database.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,6 +10,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr};
 
 use super::errors::{classify, kind, Kind};
 use super::mysql::MySqlUpsert;
+use super::prepared::Prepared;
 use super::statements::{self, Row};
 use super::Dialect;
 use crate::store::{validate_candidate, validate_request, validate_resource};
@@ -34,6 +35,8 @@ pub struct SeaOrmLeaseStore {
     table: Arc<str>,
     /// MySQL/MariaDB only: which upsert form the server takes, detected once.
     mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
+    /// The statements, rendered once for this backend and table.
+    prepared: Arc<PreparedCache>,
     /// PostgreSQL only: the release listener, started on first subscription.
     #[cfg(feature = "postgres")]
     releases: super::notify::HubCell,
@@ -46,6 +49,7 @@ impl SeaOrmLeaseStore {
             db,
             table: Arc::from(DEFAULT_TABLE),
             mysql_upsert: Arc::default(),
+            prepared: Arc::default(),
             #[cfg(feature = "postgres")]
             releases: Arc::default(),
         }
@@ -57,6 +61,7 @@ impl SeaOrmLeaseStore {
         let table = table.as_ref();
         validate_table_name(table)?;
         self.table = Arc::from(table);
+        self.prepared = Arc::default(); // rendered for the old table
         #[cfg(feature = "postgres")]
         {
             self.releases = Arc::default(); // a listener filters by table name
@@ -161,8 +166,7 @@ impl SeaOrmLeaseStore {
         let table = self.table_iden();
         let row = match self.mysql_form().await? {
             MySqlUpsert::Returning => {
-                let stmt = super::mysql::upsert_returning(&table, resource, candidate, millis)
-                    .map_err(StoreError::Database)?;
+                let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
                 self.with_retry(|| self.db.query_one_raw(stmt.clone()))
                     .await?
             }
@@ -207,24 +211,28 @@ impl SeaOrmLeaseStore {
         lease: Duration,
     ) -> Result<sea_orm::Statement, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
+        Ok(self.acquire_prepared()?.bind(resource, candidate, millis))
+    }
+
+    /// The acquire-or-renew statement of this backend (for MySQL/MariaDB, the `RETURNING`
+    /// form), rendered once.
+    fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
         let d = self.dialect()?;
         let backend = self.db.get_database_backend();
         let table = self.table_iden();
-        let stmt = match backend {
-            DbBackend::Postgres => {
-                statements::upsert_reporting(d, &table, resource, candidate, millis)
-                    .map(|q| backend.build(&q))
-            }
-            DbBackend::MySql => super::mysql::upsert_returning(&table, resource, candidate, millis),
-            _ => statements::upsert(d, &table, resource, candidate, millis)
-                .map(|q| backend.build(&q)),
-        };
-        stmt.map_err(StoreError::Database)
+        cached(&self.prepared.acquire, |r, c, m| match backend {
+            DbBackend::Postgres => statements::upsert_reporting(d, &table, r, c, m).map(|q| backend.build(&q)),
+            DbBackend::MySql => super::mysql::upsert_returning(&table, r, c, m),
+            _ => statements::upsert(d, &table, r, c, m).map(|q| backend.build(&q)),
+        })
     }
 
     async fn read_row(&self, d: &dyn Dialect, resource: &str) -> Result<Option<Row>, StoreError> {
-        let stmt = statements::current(d, &self.table_iden(), resource);
-        let row = self.with_retry(|| self.db.query_one(&stmt)).await?;
+        let backend = self.db.get_database_backend();
+        let table = self.table_iden();
+        let stmt = cached(&self.prepared.current, |r, _, _| Ok(backend.build(&statements::current(d, &table, r))))?
+            .bind(resource, "", 0);
+        let row = self.with_retry(|| self.db.query_one_raw(stmt.clone())).await?;
         row.map(|r| Row::decode(&r))
             .transpose()
             .map_err(|source| StoreError::Decode {
@@ -232,6 +240,26 @@ impl SeaOrmLeaseStore {
                 source,
             })
     }
+}
+
+/// The store's statements, each rendered on first use.
+#[derive(Debug, Default)]
+struct PreparedCache {
+    acquire: OnceLock<Prepared>,
+    release: OnceLock<Prepared>,
+    current: OnceLock<Prepared>,
+}
+
+/// The cached statement in `cell`, rendering it with `build` the first time.
+fn cached<'a>(
+    cell: &'a OnceLock<Prepared>,
+    build: impl Fn(&str, &str, i64) -> Result<sea_orm::Statement, DbErr>,
+) -> Result<&'a Prepared, StoreError> {
+    if let Some(prepared) = cell.get() {
+        return Ok(prepared);
+    }
+    let prepared = Prepared::new(build).map_err(StoreError::Database)?;
+    Ok(cell.get_or_init(|| prepared))
 }
 
 fn unsupported(backend: &'static str, feature: &'static str) -> StoreError {
@@ -266,10 +294,8 @@ impl LeaseStore for SeaOrmLeaseStore {
         };
         if self.db.get_database_backend() == DbBackend::Postgres {
             // One round trip whatever the outcome: the upsert, or the row that denied it.
-            let stmt =
-                statements::upsert_reporting(d, &self.table_iden(), resource, candidate, millis)
-                    .map_err(StoreError::Database)?;
-            let returned = self.with_retry(|| self.db.query_one(&stmt)).await?;
+            let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
+            let returned = self.with_retry(|| self.db.query_one_raw(stmt.clone())).await?;
             let Some(returned) = returned else {
                 // No row at all: a first insert raced ours and is not in our snapshot.
                 return Ok(LeaseOutcome::Denied(unknown()));
@@ -284,9 +310,8 @@ impl LeaseStore for SeaOrmLeaseStore {
                 LeaseOutcome::Denied(row.denial(resource))
             });
         }
-        let stmt = statements::upsert(d, &self.table_iden(), resource, candidate, millis)
-            .map_err(StoreError::Database)?;
-        let returned = self.with_retry(|| self.db.query_one(&stmt)).await?;
+        let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
+        let returned = self.with_retry(|| self.db.query_one_raw(stmt.clone())).await?;
         match returned {
             Some(row) => {
                 let row = Row::decode(&row).map_err(|source| self.decode_error(source))?;
@@ -308,20 +333,21 @@ impl LeaseStore for SeaOrmLeaseStore {
         validate_resource(resource)?;
         validate_candidate(candidate)?;
         let d = self.dialect()?;
-        if self.db.get_database_backend() == DbBackend::Postgres {
-            // The release and the wake-up of the followers (`pg_notify`), in one statement.
-            let stmt = statements::release_notifying(
-                d,
-                &self.table_iden(),
-                &self.table,
-                resource,
-                candidate,
-            );
-            let rows = self.with_retry(|| self.db.query_all(&stmt)).await?;
+        let backend = self.db.get_database_backend();
+        let table = self.table_iden();
+        let prepared = cached(&self.prepared.release, |r, c, _| {
+            Ok(match backend {
+                // The release and the wake-up of the followers (`pg_notify`), in one statement.
+                DbBackend::Postgres => backend.build(&statements::release_notifying(d, &table, &self.table, r, c)),
+                _ => backend.build(&statements::release(d, &table, r, c)),
+            })
+        })?;
+        let stmt = prepared.bind(resource, candidate, 0);
+        if backend == DbBackend::Postgres {
+            let rows = self.with_retry(|| self.db.query_all_raw(stmt.clone())).await?;
             return Ok(!rows.is_empty());
         }
-        let stmt = statements::release(d, &self.table_iden(), resource, candidate);
-        let result = self.with_retry(|| self.db.execute(&stmt)).await?;
+        let result = self.with_retry(|| self.db.execute_raw(stmt.clone())).await?;
         Ok(result.rows_affected() > 0)
     }
 

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch, RwLock};
+use tokio::time::error::Elapsed;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -127,15 +128,7 @@ impl Runner {
             Step::Abort => return Step::Abort,
         }
         let sent = Instant::now();
-        let call = timeout(
-            self.config.lease,
-            self.store.acquire_or_renew(
-                &self.config.resource,
-                &self.config.candidate,
-                self.config.lease,
-            ),
-        );
-        let result = match self.abortable(call).await {
+        let result = match self.ask_store(sent + self.config.lease).await {
             Step::Done(result) => result,
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
@@ -186,15 +179,7 @@ impl Runner {
             return Step::Done(LeaderNext::Lost(LossReason::Deadline, None));
         }
         let sent = Instant::now();
-        let call = timeout_at(
-            deadline,
-            self.store.acquire_or_renew(
-                &self.config.resource,
-                &self.config.candidate,
-                self.config.lease,
-            ),
-        );
-        let result = match self.abortable(call).await {
+        let result = match self.ask_store(deadline).await {
             Step::Done(result) => result,
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
@@ -224,6 +209,12 @@ impl Runner {
             }
             Err(_) => Step::Done(LeaderNext::Lost(LossReason::Deadline, None)),
         }
+    }
+
+    /// One acquire-or-renew, given up at `until` (a leader's deadline, a follower's lease).
+    async fn ask_store(&self, until: Instant) -> Step<Result<Result<LeaseOutcome, crate::StoreError>, Elapsed>> {
+        let call = self.store.acquire_or_renew(&self.config.resource, &self.config.candidate, self.config.lease);
+        self.abortable(timeout_at(until, call)).await
     }
 
     /// Waits until `next_attempt`, or less if the store says our resource was just released.

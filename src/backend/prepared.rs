@@ -1,0 +1,129 @@
+//! Statements rendered once per store and then only re-bound.
+//!
+//! sea-query renders the (long) acquire-or-renew statement from scratch on every call, which
+//! costs more client CPU than the database spends running it. The text depends only on the
+//! backend and the table, so each statement is rendered once with marker values, and each call
+//! just binds its own values into the recorded parameter slots. The driver's prepared-statement
+//! cache then sees the same text every time, too.
+
+use sea_orm::{DbBackend, DbErr, Statement, Value, Values};
+
+const RESOURCE: &str = "\u{1}orion-beacon:resource\u{1}";
+const CANDIDATE: &str = "\u{1}orion-beacon:candidate\u{1}";
+/// A lease length no caller can pass (validated leases are at most 366 days).
+const MILLIS: i64 = 987_654_321_987;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Slot {
+    Resource,
+    Candidate,
+    Millis,
+    Micros,
+    SqliteModifier,
+    Fixed(Value),
+}
+
+/// A rendered statement and where each call's values go.
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared {
+    backend: DbBackend,
+    sql: String,
+    slots: Vec<Slot>,
+}
+
+/// The SQLite lease modifier for `millis` (see `sqlite::Sqlite::lease_end`).
+pub(crate) fn sqlite_modifier(millis: i64) -> String {
+    format!("+{}.{:03} seconds", millis / 1000, millis % 1000)
+}
+
+impl Prepared {
+    /// Renders `build` once with marker values and records the parameter slots.
+    pub(crate) fn new(build: impl Fn(&str, &str, i64) -> Result<Statement, DbErr>) -> Result<Self, DbErr> {
+        let stmt = build(RESOURCE, CANDIDATE, MILLIS)?;
+        let modifier = sqlite_modifier(MILLIS);
+        let slots = stmt
+            .values
+            .map(|v| v.0)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|value| match &value {
+                Value::String(Some(s)) if s == RESOURCE => Slot::Resource,
+                Value::String(Some(s)) if s == CANDIDATE => Slot::Candidate,
+                Value::String(Some(s)) if *s == modifier => Slot::SqliteModifier,
+                Value::BigInt(Some(n)) if *n == MILLIS => Slot::Millis,
+                Value::BigInt(Some(n)) if *n == MILLIS * 1000 => Slot::Micros,
+                _ => Slot::Fixed(value),
+            })
+            .collect();
+        Ok(Self { backend: stmt.db_backend, sql: stmt.sql, slots })
+    }
+
+    /// The statement for these values: the same as rendering it afresh.
+    pub(crate) fn bind(&self, resource: &str, candidate: &str, millis: i64) -> Statement {
+        let values = self
+            .slots
+            .iter()
+            .map(|slot| match slot {
+                Slot::Resource => Value::from(resource),
+                Slot::Candidate => Value::from(candidate),
+                Slot::Millis => Value::from(millis),
+                Slot::Micros => Value::from(millis.saturating_mul(1000)),
+                Slot::SqliteModifier => Value::from(sqlite_modifier(millis)),
+                Slot::Fixed(v) => v.clone(),
+            })
+            .collect();
+        Statement::from_sql_and_values(self.backend, self.sql.clone(), Values(values))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{mysql, postgres::Postgres, sqlite::Sqlite, statements, Dialect};
+    use sea_orm::sea_query::Alias;
+
+    fn table() -> Alias {
+        Alias::new("orionbeacon_leases")
+    }
+
+    /// Binding into the cached text gives exactly what rendering afresh gives.
+    #[test]
+    fn bound_statements_equal_fresh_ones() {
+        let cases: Vec<(DbBackend, Box<dyn Fn(&str, &str, i64) -> Result<Statement, DbErr>>)> = vec![
+            (
+                DbBackend::Postgres,
+                Box::new(|r, c, m| {
+                    statements::upsert_reporting(&Postgres, &table(), r, c, m).map(|q| DbBackend::Postgres.build(&q))
+                }),
+            ),
+            (
+                DbBackend::Sqlite,
+                Box::new(|r, c, m| statements::upsert(&Sqlite, &table(), r, c, m).map(|q| DbBackend::Sqlite.build(&q))),
+            ),
+            (DbBackend::MySql, Box::new(|r, c, m| mysql::upsert_returning(&table(), r, c, m))),
+            (
+                DbBackend::Postgres,
+                Box::new(|r, c, _| {
+                    Ok(DbBackend::Postgres.build(&statements::release_notifying(&Postgres, &table(), "orionbeacon_leases", r, c)))
+                }),
+            ),
+            (
+                DbBackend::MySql,
+                Box::new(|r, c, _| Ok(DbBackend::MySql.build(&statements::release(&mysql::MySql, &table(), r, c)))),
+            ),
+            (
+                DbBackend::Sqlite,
+                Box::new(|r, _, _| Ok(DbBackend::Sqlite.build(&statements::current(&Sqlite as &dyn Dialect, &table(), r)))),
+            ),
+        ];
+        for (backend, build) in cases {
+            let prepared = Prepared::new(&build).unwrap();
+            for (r, c, m) in [("nightly-report", "node-a", 15_000), ("r", "c", 1), ("é", "x y", 31_622_400_000)] {
+                let fresh = build(r, c, m).unwrap();
+                let bound = prepared.bind(r, c, m);
+                assert_eq!(bound.sql, fresh.sql, "{backend:?}");
+                assert_eq!(bound.values, fresh.values, "{backend:?} {r} {c} {m}");
+            }
+        }
+    }
+}
