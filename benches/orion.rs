@@ -159,8 +159,11 @@ fn pgbench_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result
     Ok(tps)
 }
 
-/// Transactions the server counted for `n` calls of `op`: one round trip each means `n`.
-async fn pg_transactions_per_call<F, Fut>(
+/// Statements the server logged for `n` calls of `op` on `db` (a pool of one connection):
+/// `log_statement = 'all'` for the duration, lines of that backend's pid counted in the
+/// server log. One round trip per call means 1.0.
+async fn pg_statements_per_call<F, Fut>(
+    db: &DatabaseConnection,
     admin: &DatabaseConnection,
     n: u64,
     mut op: F,
@@ -169,28 +172,40 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), Error>>,
 {
-    async fn commits(db: &DatabaseConnection) -> Result<i64, Error> {
-        db.execute_unprepared("SELECT pg_stat_force_next_flush()")
-            .await
-            .ok();
-        let row = db
-            .query_one_raw(sea_orm::Statement::from_string(
-                db.get_database_backend(),
-                "SELECT pg_stat_clear_snapshot(), xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()",
-            ))
-            .await?
-            .ok_or("no stats row")?;
-        Ok(row.try_get_by_index::<i64>(1)?)
-    }
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let before = commits(admin).await?;
+    let log = std::env::var("ORION_BEACON_PG_LOG")
+        .unwrap_or_else(|_| "/var/log/postgresql/postgresql-15-main.log".into());
+    let pid: i32 = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT pg_backend_pid()",
+        ))
+        .await?
+        .ok_or("no pid")?
+        .try_get_by_index(0)?;
+    admin
+        .execute_unprepared("ALTER SYSTEM SET log_statement = 'all'")
+        .await?;
+    admin.execute_unprepared("SELECT pg_reload_conf()").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let offset = std::fs::metadata(&log)?.len();
     for _ in 0..n {
         op().await?;
     }
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let after = commits(admin).await?;
-    // The two stats reads are transactions too.
-    Ok((after - before - 2) as f64 / n as f64)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    admin
+        .execute_unprepared("ALTER SYSTEM RESET log_statement")
+        .await?;
+    admin.execute_unprepared("SELECT pg_reload_conf()").await?;
+    let text = std::fs::read(&log)?;
+    let tail = String::from_utf8_lossy(&text[offset.min(text.len() as u64) as usize..]);
+    let tag = format!("[{pid}] ");
+    let statements = tail
+        .lines()
+        .filter(|l| {
+            l.contains(&tag) && (l.contains(" LOG:  execute ") || l.contains(" LOG:  statement: "))
+        })
+        .count();
+    Ok(statements as f64 / n as f64)
 }
 
 async fn throughput() -> Result<(), Error> {
@@ -242,13 +257,21 @@ async fn throughput() -> Result<(), Error> {
         }
     }
 
-    // Round trips, counted by the server.
+    roundtrips().await
+}
+
+/// Round trips, counted by the server: the statements it logged for our connection.
+async fn roundtrips() -> Result<(), Error> {
+    let table = unique("obrt");
     let db = connect(&pg_url(), 1, false).await?;
     let admin = connect(&pg_url(), 1, false).await?;
     migrate(&db, &table).await?;
     let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
+    store
+        .acquire_or_renew("rt", "me", Duration::from_secs(60))
+        .await?;
     let s = store.clone();
-    let renew = pg_transactions_per_call(&admin, 500, || {
+    let renew = pg_statements_per_call(&db, &admin, 200, || {
         let s = s.clone();
         async move {
             s.acquire_or_renew("rt", "me", Duration::from_secs(60))
@@ -259,7 +282,7 @@ async fn throughput() -> Result<(), Error> {
     })
     .await?;
     let s = store.clone();
-    let denied = pg_transactions_per_call(&admin, 500, || {
+    let denied = pg_statements_per_call(&db, &admin, 200, || {
         let s = s.clone();
         async move {
             s.acquire_or_renew("rt", "other", Duration::from_secs(60))
@@ -270,15 +293,20 @@ async fn throughput() -> Result<(), Error> {
     })
     .await?;
     let s = store.clone();
-    let release = pg_transactions_per_call(&admin, 500, || {
+    let cycle = pg_statements_per_call(&db, &admin, 200, || {
         let s = s.clone();
         async move {
             s.release("rt", "me").await?;
+            s.acquire_or_renew("rt", "me", Duration::from_secs(60))
+                .await?;
             Ok(())
         }
     })
     .await?;
-    println!("\nPostgreSQL transactions per call (pg_stat_database, 500 calls each): renew {renew:.2}, denied acquire {denied:.2}, release {release:.2}");
+    println!(
+        "\nPostgreSQL statements per call, from the server log (log_statement = 'all', 200 calls each): \
+         renew {renew:.2}, denied acquire {denied:.2}, release + acquire {cycle:.2}"
+    );
     drop(&db, &table).await;
     Ok(())
 }
@@ -610,6 +638,9 @@ fn main() -> Result<(), Error> {
     rt.block_on(async {
         if all || what.iter().any(|w| w == "throughput") {
             throughput().await?;
+        }
+        if what.iter().any(|w| w == "roundtrips") {
+            roundtrips().await?;
         }
         if all || what.iter().any(|w| w == "handover") {
             handover().await?;

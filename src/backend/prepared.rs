@@ -38,7 +38,9 @@ pub(crate) fn sqlite_modifier(millis: i64) -> String {
 
 impl Prepared {
     /// Renders `build` once with marker values and records the parameter slots.
-    pub(crate) fn new(build: impl Fn(&str, &str, i64) -> Result<Statement, DbErr>) -> Result<Self, DbErr> {
+    pub(crate) fn new(
+        build: impl Fn(&str, &str, i64) -> Result<Statement, DbErr>,
+    ) -> Result<Self, DbErr> {
         let stmt = build(RESOURCE, CANDIDATE, MILLIS)?;
         let modifier = sqlite_modifier(MILLIS);
         let slots = stmt
@@ -55,7 +57,11 @@ impl Prepared {
                 _ => Slot::Fixed(value),
             })
             .collect();
-        Ok(Self { backend: stmt.db_backend, sql: stmt.sql, slots })
+        Ok(Self {
+            backend: stmt.db_backend,
+            sql: stmt.sql,
+            slots,
+        })
     }
 
     /// The statement for these values: the same as rendering it afresh.
@@ -86,39 +92,66 @@ mod tests {
         Alias::new("orionbeacon_leases")
     }
 
+    type Build = Box<dyn Fn(&str, &str, i64) -> Result<Statement, DbErr>>;
+
     /// Binding into the cached text gives exactly what rendering afresh gives.
     #[test]
     fn bound_statements_equal_fresh_ones() {
-        let cases: Vec<(DbBackend, Box<dyn Fn(&str, &str, i64) -> Result<Statement, DbErr>>)> = vec![
+        let cases: Vec<(DbBackend, Build)> = vec![
             (
                 DbBackend::Postgres,
                 Box::new(|r, c, m| {
-                    statements::upsert_reporting(&Postgres, &table(), r, c, m).map(|q| DbBackend::Postgres.build(&q))
+                    statements::upsert_reporting(&Postgres, &table(), r, c, m)
+                        .map(|q| DbBackend::Postgres.build(&q))
                 }),
             ),
             (
                 DbBackend::Sqlite,
-                Box::new(|r, c, m| statements::upsert(&Sqlite, &table(), r, c, m).map(|q| DbBackend::Sqlite.build(&q))),
-            ),
-            (DbBackend::MySql, Box::new(|r, c, m| mysql::upsert_returning(&table(), r, c, m))),
-            (
-                DbBackend::Postgres,
-                Box::new(|r, c, _| {
-                    Ok(DbBackend::Postgres.build(&statements::release_notifying(&Postgres, &table(), "orionbeacon_leases", r, c)))
+                Box::new(|r, c, m| {
+                    statements::upsert(&Sqlite, &table(), r, c, m)
+                        .map(|q| DbBackend::Sqlite.build(&q))
                 }),
             ),
             (
                 DbBackend::MySql,
-                Box::new(|r, c, _| Ok(DbBackend::MySql.build(&statements::release(&mysql::MySql, &table(), r, c)))),
+                Box::new(|r, c, m| mysql::upsert_returning(&table(), r, c, m)),
+            ),
+            (
+                DbBackend::Postgres,
+                Box::new(|r, c, _| {
+                    Ok(DbBackend::Postgres.build(&statements::release_notifying(
+                        &Postgres,
+                        &table(),
+                        "orionbeacon_leases",
+                        r,
+                        c,
+                    )))
+                }),
+            ),
+            (
+                DbBackend::MySql,
+                Box::new(|r, c, _| {
+                    Ok(DbBackend::MySql.build(&statements::release(&mysql::MySql, &table(), r, c)))
+                }),
             ),
             (
                 DbBackend::Sqlite,
-                Box::new(|r, _, _| Ok(DbBackend::Sqlite.build(&statements::current(&Sqlite as &dyn Dialect, &table(), r)))),
+                Box::new(|r, _, _| {
+                    Ok(DbBackend::Sqlite.build(&statements::current(
+                        &Sqlite as &dyn Dialect,
+                        &table(),
+                        r,
+                    )))
+                }),
             ),
         ];
         for (backend, build) in cases {
             let prepared = Prepared::new(&build).unwrap();
-            for (r, c, m) in [("nightly-report", "node-a", 15_000), ("r", "c", 1), ("é", "x y", 31_622_400_000)] {
+            for (r, c, m) in [
+                ("nightly-report", "node-a", 15_000),
+                ("r", "c", 1),
+                ("é", "x y", 31_622_400_000),
+            ] {
                 let fresh = build(r, c, m).unwrap();
                 let bound = prepared.bind(r, c, m);
                 assert_eq!(bound.sql, fresh.sql, "{backend:?}");

@@ -221,7 +221,9 @@ impl SeaOrmLeaseStore {
         let backend = self.db.get_database_backend();
         let table = self.table_iden();
         cached(&self.prepared.acquire, |r, c, m| match backend {
-            DbBackend::Postgres => statements::upsert_reporting(d, &table, r, c, m).map(|q| backend.build(&q)),
+            DbBackend::Postgres => {
+                statements::upsert_reporting(d, &table, r, c, m).map(|q| backend.build(&q))
+            }
             DbBackend::MySql => super::mysql::upsert_returning(&table, r, c, m),
             _ => statements::upsert(d, &table, r, c, m).map(|q| backend.build(&q)),
         })
@@ -230,9 +232,13 @@ impl SeaOrmLeaseStore {
     async fn read_row(&self, d: &dyn Dialect, resource: &str) -> Result<Option<Row>, StoreError> {
         let backend = self.db.get_database_backend();
         let table = self.table_iden();
-        let stmt = cached(&self.prepared.current, |r, _, _| Ok(backend.build(&statements::current(d, &table, r))))?
-            .bind(resource, "", 0);
-        let row = self.with_retry(|| self.db.query_one_raw(stmt.clone())).await?;
+        let stmt = cached(&self.prepared.current, |r, _, _| {
+            Ok(backend.build(&statements::current(d, &table, r)))
+        })?
+        .bind(resource, "", 0);
+        let row = self
+            .with_retry(|| self.db.query_one_raw(stmt.clone()))
+            .await?;
         row.map(|r| Row::decode(&r))
             .transpose()
             .map_err(|source| StoreError::Decode {
@@ -251,10 +257,10 @@ struct PreparedCache {
 }
 
 /// The cached statement in `cell`, rendering it with `build` the first time.
-fn cached<'a>(
-    cell: &'a OnceLock<Prepared>,
+fn cached(
+    cell: &OnceLock<Prepared>,
     build: impl Fn(&str, &str, i64) -> Result<sea_orm::Statement, DbErr>,
-) -> Result<&'a Prepared, StoreError> {
+) -> Result<&Prepared, StoreError> {
     if let Some(prepared) = cell.get() {
         return Ok(prepared);
     }
@@ -295,7 +301,9 @@ impl LeaseStore for SeaOrmLeaseStore {
         if self.db.get_database_backend() == DbBackend::Postgres {
             // One round trip whatever the outcome: the upsert, or the row that denied it.
             let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
-            let returned = self.with_retry(|| self.db.query_one_raw(stmt.clone())).await?;
+            let returned = self
+                .with_retry(|| self.db.query_one_raw(stmt.clone()))
+                .await?;
             let Some(returned) = returned else {
                 // No row at all: a first insert raced ours and is not in our snapshot.
                 return Ok(LeaseOutcome::Denied(unknown()));
@@ -311,7 +319,9 @@ impl LeaseStore for SeaOrmLeaseStore {
             });
         }
         let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
-        let returned = self.with_retry(|| self.db.query_one_raw(stmt.clone())).await?;
+        let returned = self
+            .with_retry(|| self.db.query_one_raw(stmt.clone()))
+            .await?;
         match returned {
             Some(row) => {
                 let row = Row::decode(&row).map_err(|source| self.decode_error(source))?;
@@ -338,16 +348,22 @@ impl LeaseStore for SeaOrmLeaseStore {
         let prepared = cached(&self.prepared.release, |r, c, _| {
             Ok(match backend {
                 // The release and the wake-up of the followers (`pg_notify`), in one statement.
-                DbBackend::Postgres => backend.build(&statements::release_notifying(d, &table, &self.table, r, c)),
+                DbBackend::Postgres => {
+                    backend.build(&statements::release_notifying(d, &table, &self.table, r, c))
+                }
                 _ => backend.build(&statements::release(d, &table, r, c)),
             })
         })?;
         let stmt = prepared.bind(resource, candidate, 0);
         if backend == DbBackend::Postgres {
-            let rows = self.with_retry(|| self.db.query_all_raw(stmt.clone())).await?;
+            let rows = self
+                .with_retry(|| self.db.query_all_raw(stmt.clone()))
+                .await?;
             return Ok(!rows.is_empty());
         }
-        let result = self.with_retry(|| self.db.execute_raw(stmt.clone())).await?;
+        let result = self
+            .with_retry(|| self.db.execute_raw(stmt.clone()))
+            .await?;
         Ok(result.rows_affected() > 0)
     }
 

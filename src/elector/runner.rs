@@ -212,8 +212,15 @@ impl Runner {
     }
 
     /// One acquire-or-renew, given up at `until` (a leader's deadline, a follower's lease).
-    async fn ask_store(&self, until: Instant) -> Step<Result<Result<LeaseOutcome, crate::StoreError>, Elapsed>> {
-        let call = self.store.acquire_or_renew(&self.config.resource, &self.config.candidate, self.config.lease);
+    async fn ask_store(
+        &self,
+        until: Instant,
+    ) -> Step<Result<Result<LeaseOutcome, crate::StoreError>, Elapsed>> {
+        let call = self.store.acquire_or_renew(
+            &self.config.resource,
+            &self.config.candidate,
+            self.config.lease,
+        );
         self.abortable(timeout_at(until, call)).await
     }
 
