@@ -87,10 +87,7 @@ impl SeaOrmLeaseStore {
                 Ok(row.record(&resource))
             })
             .collect::<Result<Vec<_>, sea_orm::DbErr>>()
-            .map_err(|source| StoreError::Decode {
-                table: self.table().to_owned(),
-                source,
-            })
+            .map_err(|source| self.decode_error(source))
     }
 
     /// An operator's revoke: ends the live lease of `resource` whoever holds it, by moving its
@@ -130,10 +127,7 @@ impl SeaOrmLeaseStore {
             return Ok(None);
         };
         let record = Row::decode(&row)
-            .map_err(|source| StoreError::Decode {
-                table: self.table().to_owned(),
-                source,
-            })?
+            .map_err(|source| self.decode_error(source))?
             .record(resource);
         if record.live {
             tracing::warn!(

@@ -187,13 +187,11 @@ impl SeaOrmLeaseStore {
         };
         row.map(|r| Row::decode(&r))
             .transpose()
-            .map_err(|source| StoreError::Decode {
-                table: self.table.to_string(),
-                source,
-            })
+            .map_err(|source| self.decode_error(source))
     }
 
-    fn decode_error(&self, source: DbErr) -> StoreError {
+    /// A row of the lease table that could not be read back.
+    pub(crate) fn decode_error(&self, source: DbErr) -> StoreError {
         StoreError::Decode {
             table: self.table.to_string(),
             source,
@@ -241,10 +239,7 @@ impl SeaOrmLeaseStore {
             .await?;
         row.map(|r| Row::decode(&r))
             .transpose()
-            .map_err(|source| StoreError::Decode {
-                table: self.table.to_string(),
-                source,
-            })
+            .map_err(|source| self.decode_error(source))
     }
 }
 
@@ -285,10 +280,10 @@ impl LeaseStore for SeaOrmLeaseStore {
         if self.db.get_database_backend() == DbBackend::MySql {
             return match self.mysql_upsert(resource, candidate, millis).await? {
                 Some(row) => Ok(row.outcome(resource, candidate)),
-                None => Err(StoreError::Decode {
-                    table: self.table.to_string(),
-                    source: DbErr::RecordNotFound("the upserted lease row".to_owned()),
-                }),
+                None => {
+                    Err(self
+                        .decode_error(DbErr::RecordNotFound("the upserted lease row".to_owned())))
+                }
             };
         }
         let unknown = || Denial {
