@@ -302,15 +302,18 @@ async fn shutdown_ends_work_then_releases() {
     b.shutdown().await;
 }
 
-/// Work that ignores `lost` is dropped after the grace period.
-#[tokio::test(start_paused = true)]
-async fn stubborn_work_is_dropped_after_grace() {
-    struct Dropped(Arc<Mutex<Option<Instant>>>);
-    impl Drop for Dropped {
-        fn drop(&mut self) {
-            *self.0.lock().unwrap() = Some(Instant::now());
-        }
+/// Records when it is dropped (work that ignores `lost`).
+struct Dropped(Arc<Mutex<Option<Instant>>>);
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(Instant::now());
     }
+}
+
+/// When a term is lost at its deadline, the lease no longer covers the work: it is dropped at
+/// that instant, not after the grace period.
+#[tokio::test(start_paused = true)]
+async fn lost_term_work_is_dropped_at_once() {
     let store = Scripted::new();
     let a = Elector::builder(store.clone())
         .resource("job")
@@ -335,13 +338,229 @@ async fn stubborn_work_is_dropped_after_grace() {
     let lost_at = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let dropped = dropped_at.lock().unwrap().expect("work dropped");
-    assert_eq!(dropped - lost_at, Duration::from_secs(2));
+    assert_eq!(dropped, lost_at, "dropped when the term was lost");
+    // The store's lease was still live then: the work never outlived it.
     store.set(Mode::Normal);
     a.shutdown().await;
     tokio::time::timeout(Duration::from_secs(1), work)
         .await
         .expect("work task ends with the elector")
         .unwrap();
+}
+
+/// A lease shorter than the grace period: on shutdown the elector keeps renewing while the work
+/// winds down (3 s, longer than the 2 s lease), releases only after the work returned, and no
+/// other candidate leads before that.
+#[tokio::test(start_paused = true)]
+async fn shutdown_keeps_the_lease_while_work_winds_down() {
+    let store = Scripted::new();
+    let short = |id: &str| {
+        Elector::builder(store.clone())
+            .resource("job")
+            .candidate_id(id)
+            .lease_duration(Duration::from_secs(2))
+            .renew_interval(Duration::from_millis(500))
+            .retry_interval(Duration::from_millis(200))
+            .grace_period(Duration::from_secs(5))
+            .jitter(0.0)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let a = short("a");
+    let s2 = store.clone();
+    let _work = a.run_as_leader(move |term| {
+        let store = s2.clone();
+        async move {
+            term.lost().await;
+            tokio::time::sleep(Duration::from_secs(3)).await; // cleanup, within the grace
+            store.note("work finished");
+        }
+    });
+    wait_leader(&mut a.watch()).await;
+    let b = short("b");
+    let mut brx = b.watch();
+    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
+        .await
+        .unwrap();
+    let renews_before = store.count("outcome a renewed");
+    let shutdown = tokio::spawn(a.shutdown());
+    let b_term = wait_leader(&mut brx).await;
+    let events: Vec<String> = store.events().into_iter().map(|(_, e)| e).collect();
+    let finished = events
+        .iter()
+        .position(|e| e == "work finished")
+        .expect("the work finished before anyone else led");
+    let released = events
+        .iter()
+        .position(|e| e == "release a true")
+        .expect("a released its lease");
+    let b_acquired = events
+        .iter()
+        .position(|e| e == "outcome b acquired 2")
+        .expect("b acquired");
+    assert!(finished < released && released < b_acquired, "{events:?}");
+    assert!(
+        store.count("outcome a renewed") >= renews_before + 5,
+        "a renewed while its work wound down: {events:?}"
+    );
+    assert_eq!(b_term.token().get(), 2);
+    shutdown.await.unwrap();
+    b.shutdown().await;
+}
+
+/// Work that ignores `lost` is dropped when the grace period ends; the lease is kept until
+/// then and released after.
+#[tokio::test(start_paused = true)]
+async fn shutdown_drops_stubborn_work_after_grace_then_releases() {
+    let store = Scripted::new();
+    let a = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .lease_duration(Duration::from_secs(2))
+        .renew_interval(Duration::from_millis(500))
+        .grace_period(Duration::from_secs(4))
+        .build()
+        .unwrap()
+        .start();
+    let dropped_at = Arc::new(Mutex::new(None));
+    let d2 = dropped_at.clone();
+    let _work = a.run_as_leader(move |_term| {
+        let guard = Dropped(d2.clone());
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        }
+    });
+    wait_leader(&mut a.watch()).await;
+    let t0 = Instant::now();
+    a.shutdown().await;
+    let dropped = dropped_at.lock().unwrap().expect("work dropped");
+    assert_eq!(dropped - t0, Duration::from_secs(4));
+    let events = store.events();
+    let (released_at, _) = events
+        .iter()
+        .find(|(_, e)| e == "release a true")
+        .expect("released after the work was dropped, the lease still held");
+    assert!(*released_at >= dropped, "{events:?}");
+}
+
+/// If the lease is lost while shutdown waits for the work, the work is dropped then, not at
+/// the end of the grace period.
+#[tokio::test(start_paused = true)]
+async fn shutdown_drops_work_when_the_lease_is_lost_meanwhile() {
+    let store = Scripted::new();
+    let a = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .lease_duration(Duration::from_secs(2))
+        .renew_interval(Duration::from_millis(500))
+        .grace_period(Duration::from_secs(10))
+        .build()
+        .unwrap()
+        .start();
+    let dropped_at = Arc::new(Mutex::new(None));
+    let d2 = dropped_at.clone();
+    let _work = a.run_as_leader(move |_term| {
+        let guard = Dropped(d2.clone());
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        }
+    });
+    let term = wait_leader(&mut a.watch()).await;
+    store.set(Mode::Fail);
+    let deadline = term.deadline();
+    a.shutdown().await;
+    let dropped = dropped_at.lock().unwrap().expect("work dropped");
+    assert!(
+        dropped <= deadline,
+        "dropped at {:?} after the local deadline",
+        dropped - deadline
+    );
+    assert_eq!(
+        store.count("release"),
+        0,
+        "nothing to release: the renews failed"
+    );
+}
+
+/// `run_as_leader` never starts work on a term whose deadline has already passed (a process
+/// that was paused between the grant and the start of the work).
+#[tokio::test(flavor = "current_thread")]
+async fn work_never_starts_on_a_term_past_its_deadline() {
+    let store = Scripted::new();
+    let a = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .lease_duration(Duration::from_millis(400))
+        .renew_interval(Duration::from_millis(100))
+        .build()
+        .unwrap()
+        .start();
+    let term = wait_leader(&mut a.watch()).await;
+    store.set(Mode::Hang); // no renew will come back
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let s2 = started.clone();
+    let work = a.run_as_leader(move |term| {
+        s2.lock().unwrap().push(term.token().get());
+        async {}
+    });
+    // The whole runtime stalls past the deadline (a GC pause, SIGSTOP): the work task is queued
+    // before the elector's timer can end the term.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!term.is_current());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        started.lock().unwrap().is_empty(),
+        "work started on a term past its deadline"
+    );
+    a.abort().await;
+    work.await.unwrap();
+}
+
+/// A denial that names the candidate itself (a stale report) is never published as "the
+/// leader is me".
+#[tokio::test(start_paused = true)]
+async fn a_denial_naming_ourselves_is_not_a_leader() {
+    #[derive(Clone)]
+    struct SelfDenying;
+    #[async_trait]
+    impl LeaseStore for SelfDenying {
+        async fn acquire_or_renew(
+            &self,
+            r: &str,
+            c: &str,
+            _lease: Duration,
+        ) -> Result<LeaseOutcome, StoreError> {
+            Ok(LeaseOutcome::Denied(orion_beacon::Denial {
+                resource: r.to_owned(),
+                holder: Some(c.to_owned()),
+                token: Some(orion_beacon::FencingToken::new(4)),
+                remaining: Duration::from_secs(1),
+                expires_at: None,
+            }))
+        }
+        async fn release(&self, _r: &str, _c: &str) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+        async fn current(&self, _r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+            Ok(None)
+        }
+    }
+    let a = Elector::builder(SelfDenying)
+        .resource("job")
+        .candidate_id("a")
+        .build()
+        .unwrap()
+        .start();
+    let mut rx = a.watch();
+    rx.wait_for(|s| matches!(s, Leadership::Follower { .. }))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(a.leadership(), Leadership::Follower { leader: None });
+    a.shutdown().await;
 }
 
 /// Store errors never end the loop: it backs off and keeps contending.

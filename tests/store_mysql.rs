@@ -1,6 +1,7 @@
-//! The store contract on MySQL/MariaDB (`ORION_BEACON_MYSQL_URL`, default
-//! `mysql://root@127.0.0.1:3306/test`), for both statement forms: MariaDB's one-statement
-//! `... RETURNING`, and the transaction that MySQL needs (which MariaDB runs too).
+//! The store contract on MySQL/MariaDB, for both statement forms: MariaDB's one-statement
+//! `... RETURNING`, and the transaction that MySQL needs (which MariaDB runs too); both again
+//! on sessions whose `sql_mode` has MariaDB's `SIMULTANEOUS_ASSIGNMENT` (every `SET` of an
+//! `UPDATE` reads the old row), as a server-wide `sql_mode=ORACLE` gives.
 #![cfg(feature = "mysql")]
 
 mod common;
@@ -19,6 +20,28 @@ mod transaction {
     use super::*;
     conformance_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
+}
+
+/// On a session where every assignment of `ON DUPLICATE KEY UPDATE` reads the old row.
+pub const SIMULTANEOUS_ASSIGNMENT: &str =
+    "SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')";
+
+mod simultaneous_assignment {
+    use super::*;
+    mod returning {
+        use super::*;
+        conformance_suite!(SqlHarness::mysql_with_session(
+            MySqlUpsert::Returning,
+            SIMULTANEOUS_ASSIGNMENT
+        ));
+    }
+    mod transaction {
+        use super::*;
+        conformance_suite!(SqlHarness::mysql_with_session(
+            MySqlUpsert::Transaction,
+            SIMULTANEOUS_ASSIGNMENT
+        ));
+    }
 }
 
 /// Without an override the store asks the server, and MariaDB gets the one-statement form.

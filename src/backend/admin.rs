@@ -46,26 +46,13 @@ pub(crate) fn sqlite_write_lock(table: &Alias, resource: &str) -> UpdateStatemen
         .to_owned()
 }
 
-/// The operator's tombstone for a live lease, whoever holds it: the expiry moves back to the
-/// term's last renew (`renewed_at`, never later than the database's now). The holder, the token
-/// and the other times stay, so the next term's token is one higher.
-///
-/// Why not plain "now": liveness is judged at a statement's *start*. A renew the holder sent
-/// just before the revoke, that then waited for the row lock, started before the revoke's now,
-/// would still see the lease as live and extend the same term, undoing the revoke. Every renew
-/// of the holder starts after its previous renew (which set `renewed_at`), so with the expiry
-/// at `renewed_at` each of them sees the lease ended and starts a new term.
+/// The operator's tombstone for a live lease, whoever holds it (see
+/// [`statements::tombstone`]). The holder, the token and the other times stay, so the next
+/// term's token is one higher.
 pub(crate) fn revoke(d: &dyn Dialect, table: &Alias, resource: &str) -> UpdateStatement {
     Query::update()
         .table(table.clone())
-        .value(
-            Column::ExpiresAt,
-            Expr::case(
-                Expr::col(Column::RenewedAt).lt(d.now()),
-                Expr::col(Column::RenewedAt),
-            )
-            .finally(d.now()),
-        )
+        .value(Column::ExpiresAt, statements::tombstone(d))
         .and_where(Expr::col(Column::Resource).eq(resource))
         .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
         .to_owned()

@@ -154,10 +154,11 @@ impl SeaOrmLeaseStore {
             }
             _ => {
                 let stmt = share_locked_check(d, &table, &term);
-                txn.query_one(&stmt)
+                // Read to the end, like every statement that decides something.
+                !txn.query_all(&stmt)
                     .await
                     .map_err(|e| classify(e, self.table()))?
-                    .is_some()
+                    .is_empty()
             }
         };
         if held {
@@ -213,13 +214,14 @@ impl SeaOrmLeaseStore {
             .from(self.table_iden())
             .and_where(term.current(d))
             .to_owned();
-        match conn
-            .query_one(&check)
+        let rows = conn
+            .query_all(&check)
             .await
-            .map_err(|e| classify(e, self.table()))?
-        {
-            Some(_) => Ok(0),
-            None => Err(term.fenced()),
+            .map_err(|e| classify(e, self.table()))?;
+        if rows.is_empty() {
+            Err(term.fenced())
+        } else {
+            Ok(0)
         }
     }
 }

@@ -2,11 +2,16 @@
 //!
 //! sea-query's MySQL builder silently drops `ON CONFLICT ... WHERE` and `RETURNING`: a
 //! PostgreSQL-shaped upsert run here would overwrite a live lease. So this backend builds its
-//! own `INSERT ... ON DUPLICATE KEY UPDATE`, where every assignment is conditional. MySQL runs
-//! those assignments left to right and each sees the columns already updated, so the ones that
-//! read the old row (`renewed_at`, `acquired_at`, `fencing_token`, `holder`) come first and
-//! `expires_at` comes last; `expires_at` then keys on the *new* holder, which is the candidate
-//! exactly when the update is a new term or a renew.
+//! own `INSERT ... ON DUPLICATE KEY UPDATE`, where every assignment is conditional.
+//!
+//! The assignments give the same row whichever way the server evaluates them. By default
+//! MySQL and MariaDB run them left to right, each seeing the columns already updated; with
+//! MariaDB's `SIMULTANEOUS_ASSIGNMENT` `sql_mode` flag (part of `sql_mode=ORACLE`) every one
+//! reads the old row. So `renewed_at`, `acquired_at`, `fencing_token` and `holder` come first
+//! and read only columns assigned after them (old values either way), and `expires_at` comes
+//! last with a condition that is true for a new term or a renew whether `holder` is already
+//! the new one (the candidate exactly when granted) or still the old one (then the old row's
+//! "held by the candidate, or expired" decides).
 //!
 //! Two ways to read the result, chosen per server with `SELECT VERSION()`:
 //! - MariaDB 10.5+: the statement ends in `RETURNING`, which gives the final row in every case
@@ -123,12 +128,15 @@ pub(crate) fn upsert(
                     .finally(col(Column::Holder))
                     .into(),
             ),
-            // New holder: the candidate iff this was a new term or a renew.
+            // Granted (a new term or a renew), read with `holder` new or old: see the module.
             (
                 Column::ExpiresAt,
-                Expr::case(col(Column::Holder).eq(candidate), d.lease_end(millis))
-                    .finally(col(Column::ExpiresAt))
-                    .into(),
+                Expr::case(
+                    col(Column::Holder).eq(candidate).or(expired()),
+                    d.lease_end(millis),
+                )
+                .finally(col(Column::ExpiresAt))
+                .into(),
             ),
         ])
         .to_owned();
@@ -201,12 +209,12 @@ mod tests {
         "`acquired_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `acquired_at` END), ",
         "`fencing_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? ELSE `fencing_token` END), ",
         "`holder` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `holder` END), ",
-        "`expires_at` = (CASE WHEN (`holder` = ?) THEN SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND ELSE `expires_at` END)",
+        "`expires_at` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND ELSE `expires_at` END)",
     );
 
     // sea-query's MySQL builder drops clauses it lacks without a word: pin the exact SQL.
     #[test]
-    fn upsert_keeps_every_assignment_conditional_and_ordered() {
+    fn upsert_keeps_every_assignment_conditional_and_order_independent() {
         let (sql, values) = upsert(&Alias::new("orionbeacon_leases"), "r", "me", 1500)
             .unwrap()
             .build(MysqlQueryBuilder);
@@ -237,7 +245,7 @@ mod tests {
         let (sql, values) = release(&MySql, &t, "r", "me").build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "UPDATE `orionbeacon_leases` SET `expires_at` = UTC_TIMESTAMP(6) WHERE `resource` = ? AND `holder` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
+            "UPDATE `orionbeacon_leases` SET `expires_at` = (CASE WHEN (`renewed_at` < (UTC_TIMESTAMP(6))) THEN `renewed_at` ELSE UTC_TIMESTAMP(6) END) WHERE `resource` = ? AND `holder` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
         );
         assert_eq!(values.0.len(), 2);
         let (sql, _) = current(&MySql, &t, "r").build(MysqlQueryBuilder);

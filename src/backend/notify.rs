@@ -1,5 +1,12 @@
-//! PostgreSQL release notifications: `LISTEN` on one pooled connection per store, fanned out
-//! to every elector of the process that uses the store.
+//! PostgreSQL release notifications: `LISTEN` on one connection of its own per store, fanned
+//! out to every elector of the process that uses the store.
+//!
+//! The listening connection is made from the application pool's connect options but is not
+//! one of its connections: a `LISTEN` holds its connection for good, and taking it from the
+//! application's pool would starve that pool (with one connection, nobody could renew). The
+//! cost is one extra server connection per store (per lease table) while any clone of the
+//! store lives; [`SeaOrmLeaseStore::with_release_notifications`](crate::SeaOrmLeaseStore::with_release_notifications)
+//! turns it off.
 //!
 //! A release sends `pg_notify('orionbeacon_releases', '<table>/<resource>')` in the same
 //! statement; it is delivered on commit. If the listening connection drops, the listener
@@ -9,7 +16,7 @@
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use sea_orm::sqlx::postgres::{PgListener, PgPool};
+use sea_orm::sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sea_orm::{DatabaseConnection, DatabaseConnectionType};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -52,7 +59,12 @@ pub(crate) fn subscribe(
             tx: broadcast::channel(256).0,
             stop: CancellationToken::new(),
         });
-        let pool = db.get_postgres_connection_pool().clone();
+        // A pool of its own with at most one connection, made like the application's.
+        let options = (*db.get_postgres_connection_pool().connect_options()).clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .connect_lazy_with(options);
         runtime.spawn(listen(
             pool,
             format!("{table}/"),
@@ -65,11 +77,16 @@ pub(crate) fn subscribe(
 }
 
 async fn listen(pool: PgPool, prefix: String, hub: Weak<ReleaseHub>, stop: CancellationToken) {
+    listen_on(&pool, prefix, hub, stop).await;
+    pool.close().await;
+}
+
+async fn listen_on(pool: &PgPool, prefix: String, hub: Weak<ReleaseHub>, stop: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let connected = tokio::select! {
             _ = stop.cancelled() => return,
-            listener = connect(&pool) => listener,
+            listener = connect(pool) => listener,
         };
         let mut listener = match connected {
             Ok(listener) => listener,

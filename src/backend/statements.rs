@@ -194,7 +194,25 @@ pub(crate) fn release_notifying(
     WithClause::new().cte(cte).to_owned().query(notify)
 }
 
-/// The guarded release: a tombstone (expiry := now) only for the live lease of `candidate`.
+/// The expiry a release or a revoke leaves behind: the term's last renew (`renewed_at`, never
+/// later than the database's now), not plain now.
+///
+/// Liveness is judged at a statement's *start*. A renew sent just before the release (say one
+/// the elector gave up waiting for) that then waited for the row lock started before the
+/// release's now, would still see the lease as live and extend the same term, undoing the
+/// release. Every renew of the holder starts after its previous renew, which set `renewed_at`,
+/// so with the expiry there each of them sees the lease ended (and at most starts a new term,
+/// with a higher token).
+pub(crate) fn tombstone(d: &dyn Dialect) -> Expr {
+    Expr::case(
+        Expr::col(Column::RenewedAt).lt(d.now()),
+        Expr::col(Column::RenewedAt),
+    )
+    .finally(d.now())
+    .into()
+}
+
+/// The guarded release: a [`tombstone`] only for the live lease of `candidate`.
 pub(crate) fn release(
     d: &dyn Dialect,
     table: &Alias,
@@ -203,7 +221,7 @@ pub(crate) fn release(
 ) -> UpdateStatement {
     Query::update()
         .table(table.clone())
-        .value(Column::ExpiresAt, d.now())
+        .value(Column::ExpiresAt, tombstone(d))
         .and_where(Expr::col(Column::Resource).eq(resource))
         .and_where(Expr::col(Column::Holder).eq(candidate))
         .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
@@ -256,6 +274,17 @@ impl Row {
         if self.holder != candidate {
             return LeaseOutcome::Denied(self.denial(resource));
         }
+        if !self.live() {
+            // The row names us but is not live by the database clock: whatever wrote it, it is
+            // no lease to lead on (a correct statement never leaves this behind).
+            tracing::warn!(
+                resource,
+                token = self.token,
+                remaining_ms = self.remaining_millis,
+                "the lease row names this candidate but is not live; not a grant"
+            );
+            return LeaseOutcome::Denied(self.denial_for(resource, candidate));
+        }
         let new_term = self.acquired_at == self.renewed_at;
         let lease = Lease {
             resource: resource.to_owned(),
@@ -280,6 +309,17 @@ impl Row {
             expires_at: Some(self.expires_at),
             holder: Some(self.holder),
         }
+    }
+
+    /// The denial report for `candidate`: never names the candidate itself as the holder (a
+    /// stale snapshot or an expired row of its own can), since it would then follow itself.
+    pub(crate) fn denial_for(self, resource: &str, candidate: &str) -> Denial {
+        let mut denial = self.denial(resource);
+        if denial.holder.as_deref() == Some(candidate) {
+            denial.holder = None;
+            denial.remaining = Duration::ZERO;
+        }
+        denial
     }
 
     pub(crate) fn record(self, resource: &str) -> LeaseRecord {
@@ -329,7 +369,7 @@ mod tests {
             .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = statement_timestamp() \
+            "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = (CASE WHEN (\"renewed_at\" < (statement_timestamp())) THEN \"renewed_at\" ELSE statement_timestamp() END) \
              WHERE \"resource\" = $1 AND \"holder\" = $2 AND \"expires_at\" > (statement_timestamp()) RETURNING \"resource\") \
              SELECT pg_notify($3, $4 || \"resource\") FROM \"released\""
         );
@@ -396,13 +436,13 @@ mod tests {
         let (sql, values) = release(&Postgres, &table(), "r", "me").build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "orionbeacon_leases" SET "expires_at" = statement_timestamp() WHERE "resource" = $1 AND "holder" = $2 AND "expires_at" > (statement_timestamp())"#
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = (CASE WHEN ("renewed_at" < (statement_timestamp())) THEN "renewed_at" ELSE statement_timestamp() END) WHERE "resource" = $1 AND "holder" = $2 AND "expires_at" > (statement_timestamp())"#
         );
         assert_eq!(values.0.len(), 2);
         let (sql, _) = release(&Sqlite, &table(), "r", "me").build(SqliteQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "orionbeacon_leases" SET "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE "resource" = ? AND "holder" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = (CASE WHEN ("renewed_at" < (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN "renewed_at" ELSE strftime('%Y-%m-%d %H:%M:%f', 'now') END) WHERE "resource" = ? AND "holder" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
         );
         let (sql, values) = current(&Postgres, &table(), "r").build(PostgresQueryBuilder);
         assert_eq!(

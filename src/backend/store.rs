@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use orion_beacon_entity::{validate_table_name, DEFAULT_TABLE};
 use sea_orm::sea_query::Alias;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult};
 
 use super::errors::{classify, kind, Kind};
 use super::mysql::MySqlUpsert;
@@ -40,6 +40,8 @@ pub struct SeaOrmLeaseStore {
     /// PostgreSQL only: the release listener, started on first subscription.
     #[cfg(feature = "postgres")]
     releases: super::notify::HubCell,
+    /// Whether [`LeaseStore::release_events`] may listen for release notifications.
+    notifications: bool,
 }
 
 impl SeaOrmLeaseStore {
@@ -52,7 +54,22 @@ impl SeaOrmLeaseStore {
             prepared: Arc::default(),
             #[cfg(feature = "postgres")]
             releases: Arc::default(),
+            notifications: true,
         }
+    }
+
+    /// PostgreSQL only: whether followers are woken by release notifications (on by default).
+    ///
+    /// A release sends `pg_notify` in the same statement, and the store `LISTEN`s for them on
+    /// one connection of its own (made with the application pool's connect options, not taken
+    /// from the pool) while any clone of the store lives: one extra server connection per store
+    /// and lease table. With notifications off, followers notice a release at their next retry
+    /// (`retry_interval`) instead of at once; releases still send `pg_notify` for the others.
+    /// Turn them off where `LISTEN` cannot work (a transaction-pooling PgBouncer) or where
+    /// server connections are scarce.
+    pub fn with_release_notifications(mut self, enabled: bool) -> Self {
+        self.notifications = enabled;
+        self
     }
 
     /// The same store on another table (validated: ASCII letters, digits and `_`, at most 63
@@ -155,20 +172,19 @@ impl SeaOrmLeaseStore {
         Ok(*form)
     }
 
-    /// MySQL/MariaDB acquire-or-renew: the row after the statement, in every case.
+    /// MySQL/MariaDB acquire-or-renew: the rows after the statement, read to the end.
     async fn mysql_upsert(
         &self,
         resource: &str,
         candidate: &str,
         millis: i64,
-    ) -> Result<Option<Row>, StoreError> {
+    ) -> Result<Vec<QueryResult>, StoreError> {
         use sea_orm::TransactionTrait;
         let table = self.table_iden();
-        let row = match self.mysql_form().await? {
+        match self.mysql_form().await? {
             MySqlUpsert::Returning => {
                 let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
-                self.with_retry(|| self.db.query_one_raw(stmt.clone()))
-                    .await?
+                self.deciding(stmt).await
             }
             MySqlUpsert::Transaction => {
                 let upsert = super::mysql::upsert(&table, resource, candidate, millis)
@@ -178,16 +194,26 @@ impl SeaOrmLeaseStore {
                     let txn = self.db.begin().await?;
                     txn.execute(&upsert).await?;
                     // The upsert holds the row's lock until commit: this reads what it left.
-                    let row = txn.query_one(&read).await?;
+                    let rows = txn.query_all(&read).await?;
+                    // Nothing is reported before the commit is known.
                     txn.commit().await?;
-                    Ok(row)
+                    Ok(rows)
                 })
-                .await?
+                .await
             }
-        };
-        row.map(|r| Row::decode(&r))
-            .transpose()
-            .map_err(|source| self.decode_error(source))
+        }
+    }
+
+    /// Runs a statement that decides an outcome and reads every row it sends, to the end.
+    ///
+    /// A driver that stops after the first row never sees what the statement did afterwards:
+    /// SQLite sends `RETURNING` rows before it commits (and a commit that cannot get its lock
+    /// rolls the statement back), PostgreSQL reports commit-time errors after the rows, and a
+    /// Galera node sends rows before certification. Only a statement read to its end, without
+    /// an error, has committed.
+    async fn deciding(&self, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
+        self.with_retry(|| self.db.query_all_raw(stmt.clone()))
+            .await
     }
 
     /// A row of the lease table that could not be read back.
@@ -277,15 +303,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     ) -> Result<LeaseOutcome, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
         let d = self.dialect()?;
-        if self.db.get_database_backend() == DbBackend::MySql {
-            return match self.mysql_upsert(resource, candidate, millis).await? {
-                Some(row) => Ok(row.outcome(resource, candidate)),
-                None => {
-                    Err(self
-                        .decode_error(DbErr::RecordNotFound("the upserted lease row".to_owned())))
-                }
-            };
-        }
+        let backend = self.db.get_database_backend();
         let unknown = || Denial {
             resource: resource.to_owned(),
             holder: None,
@@ -293,45 +311,57 @@ impl LeaseStore for SeaOrmLeaseStore {
             remaining: Duration::ZERO,
             expires_at: None,
         };
-        if self.db.get_database_backend() == DbBackend::Postgres {
-            // One round trip whatever the outcome: the upsert, or the row that denied it.
+        let rows = if backend == DbBackend::MySql {
+            self.mysql_upsert(resource, candidate, millis).await?
+        } else {
             let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
-            let returned = self
-                .with_retry(|| self.db.query_one_raw(stmt.clone()))
-                .await?;
-            let Some(returned) = returned else {
-                // No row at all: a first insert raced ours and is not in our snapshot.
+            self.deciding(stmt).await?
+        };
+        let row = match rows.as_slice() {
+            [] if backend == DbBackend::MySql => {
+                return Err(
+                    self.decode_error(DbErr::RecordNotFound("the upserted lease row".to_owned()))
+                );
+            }
+            // PostgreSQL: a first insert raced ours and is not in our snapshot.
+            [] if backend == DbBackend::Postgres => return Ok(LeaseOutcome::Denied(unknown())),
+            // SQLite: denied, the statement changed nothing. Say who holds the lease with a
+            // plain read; it is only a report (the holder may change between the two).
+            [] => {
+                let report = match self.read_row(d, resource).await? {
+                    Some(row) => row.denial_for(resource, candidate),
+                    None => unknown(),
+                };
+                return Ok(LeaseOutcome::Denied(report));
+            }
+            [row] => row,
+            // One statement, several rows: a Galera node re-ran the upsert after a failed
+            // certification and sent the rows of both attempts. Trust none of them: deny. If
+            // the re-run did grant us the lease, the next attempt renews it.
+            [..] => {
+                tracing::warn!(
+                    table = %self.table,
+                    rows = rows.len(),
+                    "the lease statement returned several rows (a server-side retry?); not a grant"
+                );
                 return Ok(LeaseOutcome::Denied(unknown()));
-            };
-            let granted: bool = returned
+            }
+        };
+        if backend == DbBackend::Postgres {
+            // One round trip whatever the outcome: the upsert, or the row that denied it.
+            let granted: bool = row
                 .try_get_by_index(6)
                 .map_err(|source| self.decode_error(source))?;
-            let row = Row::decode(&returned).map_err(|source| self.decode_error(source))?;
+            let decoded = Row::decode(row).map_err(|source| self.decode_error(source))?;
             return Ok(if granted {
-                row.outcome(resource, candidate)
+                decoded.outcome(resource, candidate)
             } else {
-                LeaseOutcome::Denied(row.denial(resource))
+                // The report comes from the statement's snapshot: it can even name us.
+                LeaseOutcome::Denied(decoded.denial_for(resource, candidate))
             });
         }
-        let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
-        let returned = self
-            .with_retry(|| self.db.query_one_raw(stmt.clone()))
-            .await?;
-        match returned {
-            Some(row) => {
-                let row = Row::decode(&row).map_err(|source| self.decode_error(source))?;
-                Ok(row.outcome(resource, candidate))
-            }
-            // Denied: the statement changed nothing. Say who holds the lease with a plain read
-            // (on SQLite, in-process); the read is only a report (the holder may change between
-            // the two statements).
-            None => Ok(LeaseOutcome::Denied(
-                match self.read_row(d, resource).await? {
-                    Some(row) => row.denial(resource),
-                    None => unknown(),
-                },
-            )),
-        }
+        let decoded = Row::decode(row).map_err(|source| self.decode_error(source))?;
+        Ok(decoded.outcome(resource, candidate))
     }
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
@@ -362,9 +392,13 @@ impl LeaseStore for SeaOrmLeaseStore {
         Ok(result.rows_affected() > 0)
     }
 
-    /// On PostgreSQL, `LISTEN`s on one connection of the pool (taken on first use, kept while
-    /// any clone of this store lives) for the notifications that releases send.
+    /// On PostgreSQL, `LISTEN`s on one connection of its own (opened on first use, kept while
+    /// any clone of this store lives) for the notifications that releases send; see
+    /// [`with_release_notifications`](SeaOrmLeaseStore::with_release_notifications).
     fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
+        if !self.notifications {
+            return None;
+        }
         #[cfg(feature = "postgres")]
         {
             super::notify::subscribe(&self.releases, &self.db, &self.table)

@@ -16,6 +16,24 @@ pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 /// Default jitter on follower retries (±10 %).
 pub const DEFAULT_JITTER: f64 = 0.1;
+/// The longest renew interval, retry interval, grace period or health window accepted (366
+/// days, the longest lease): anything longer is a bug, and bounded options keep every deadline
+/// computed from them far from overflow.
+pub const MAX_INTERVAL: Duration = crate::store::MAX_LEASE;
+/// The smallest step-down margin accepted, whatever the lease: 1 ms.
+pub const MIN_STEP_DOWN_MARGIN: Duration = Duration::from_millis(1);
+/// The largest clock-rate difference the margin must absorb, as a fraction of the lease:
+/// `step_down_margin` must be at least `lease_duration / 1000` (and [`MIN_STEP_DOWN_MARGIN`]).
+pub const MAX_CLOCK_RATE_DIFFERENCE: f64 = 1e-3;
+
+/// The smallest step-down margin accepted for `lease`: [`MIN_STEP_DOWN_MARGIN`], or the time
+/// the host's clock can gain on the database's over one lease at
+/// [`MAX_CLOCK_RATE_DIFFERENCE`], whichever is larger.
+pub fn min_step_down_margin(lease: Duration) -> Duration {
+    lease
+        .mul_f64(MAX_CLOCK_RATE_DIFFERENCE)
+        .max(MIN_STEP_DOWN_MARGIN)
+}
 
 /// A bad elector option, reported by [`ElectorBuilder::build`](crate::ElectorBuilder::build).
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +50,30 @@ pub enum ConfigError {
     Zero {
         /// The option.
         option: &'static str,
+    },
+    /// A duration option was longer than [`MAX_INTERVAL`].
+    #[error("{option} {value:?} is too long: at most {max:?}")]
+    TooLong {
+        /// The option.
+        option: &'static str,
+        /// The value given.
+        value: Duration,
+        /// The largest value accepted.
+        max: Duration,
+    },
+    /// The step-down margin is below what clock-rate differences need (see
+    /// [`min_step_down_margin`]).
+    #[error(
+        "step_down_margin {margin:?} is too small for lease_duration {lease:?}: at least {minimum:?} \
+         (the host's clock may run fast against the database's over one lease)"
+    )]
+    MarginTooSmall {
+        /// The margin.
+        margin: Duration,
+        /// The lease duration.
+        lease: Duration,
+        /// The smallest margin accepted for this lease.
+        minimum: Duration,
     },
     /// The renew interval leaves no room for a retry inside the lease.
     #[error(
@@ -106,15 +148,36 @@ impl Options {
                 return Err(ConfigError::Zero { option });
             }
         }
+        for (option, value) in [
+            ("renew_interval", renew_interval),
+            ("retry_interval", retry_interval),
+            ("grace_period", grace_period),
+        ] {
+            if value > MAX_INTERVAL {
+                return Err(ConfigError::TooLong {
+                    option,
+                    value,
+                    max: MAX_INTERVAL,
+                });
+            }
+        }
         lease_millis(lease)?;
         let step_down_margin = self.step_down_margin.unwrap_or(lease / 10);
+        let minimum = min_step_down_margin(lease);
+        if step_down_margin < minimum {
+            return Err(ConfigError::MarginTooSmall {
+                margin: step_down_margin,
+                lease,
+                minimum,
+            });
+        }
         if step_down_margin >= lease / 2 {
             return Err(ConfigError::MarginTooLarge {
                 margin: step_down_margin,
                 lease,
             });
         }
-        if renew_interval.saturating_mul(2) > lease - step_down_margin {
+        if renew_interval.saturating_mul(2) > lease.saturating_sub(step_down_margin) {
             return Err(ConfigError::RenewTooSlow {
                 renew: renew_interval,
                 lease,
@@ -238,6 +301,28 @@ mod tests {
         assert!(matches!(
             bad(|o| o.lease = Some(Duration::from_secs(400 * 86400))),
             ConfigError::Invalid(StoreError::InvalidLeaseDuration { .. })
+        ));
+        assert!(matches!(
+            bad(|o| o.step_down_margin = Some(Duration::ZERO)),
+            ConfigError::MarginTooSmall { .. }
+        ));
+        assert!(matches!(
+            bad(|o| o.step_down_margin = Some(Duration::from_millis(14))),
+            ConfigError::MarginTooSmall { minimum, .. } if minimum == Duration::from_millis(15)
+        ));
+        assert!(matches!(
+            bad(|o| o.grace_period = Some(Duration::MAX)),
+            ConfigError::TooLong {
+                option: "grace_period",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(|o| o.retry_interval = Some(MAX_INTERVAL + Duration::from_nanos(1))),
+            ConfigError::TooLong {
+                option: "retry_interval",
+                ..
+            }
         ));
         assert!(matches!(
             bad(|o| o.jitter = Some(0.9)),

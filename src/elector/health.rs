@@ -104,6 +104,11 @@ pub(crate) fn window(option: Option<Duration>, config: &Config) -> Result<Durati
         Some(window) if window.is_zero() => Err(ConfigError::Zero {
             option: "health_window",
         }),
+        Some(window) if window > super::config::MAX_INTERVAL => Err(ConfigError::TooLong {
+            option: "health_window",
+            value: window,
+            max: super::config::MAX_INTERVAL,
+        }),
         Some(window) => Ok(window),
         None => Ok(config
             .renew_interval

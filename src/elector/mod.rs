@@ -17,8 +17,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{
-    ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER, DEFAULT_LEASE_DURATION,
-    DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
+    min_step_down_margin, ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER,
+    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
+    MAX_CLOCK_RATE_DIFFERENCE, MAX_INTERVAL, MIN_STEP_DOWN_MARGIN,
 };
 pub use health::{Health, HEALTH_WINDOW_FACTOR};
 pub use term::{LeaderTerm, Leadership, LossReason};
@@ -79,13 +80,20 @@ impl ElectorBuilder {
 
     /// How long before its last grant would run out (counted from when that request was sent)
     /// the leader steps down if it could not renew. Default: a tenth of the lease.
+    ///
+    /// The margin must cover how much faster the host's monotonic clock can run than the
+    /// database's clock over one lease, plus the time between a `is_leader()` check and the
+    /// action it guards. At least [`min_step_down_margin`] (`lease / 1000`, and 1 ms), less
+    /// than half the lease.
     pub fn step_down_margin(mut self, margin: Duration) -> Self {
         self.options.step_down_margin = Some(margin);
         self
     }
 
-    /// How long leader work ([`ElectorHandle::run_as_leader`]) may take to return after its
-    /// term ends before it is dropped; shutdown waits this long at most. Default 5 s.
+    /// How long leader work ([`ElectorHandle::run_as_leader`]) may take to return after a
+    /// shutdown is requested, while the elector keeps renewing the lease; then it is dropped and
+    /// the lease released. Work of a term that was lost (not shut down) is dropped at once,
+    /// since the lease no longer covers it. Default 5 s, at most [`MAX_INTERVAL`].
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.options.grace_period = Some(grace);
         self
@@ -239,9 +247,15 @@ impl ElectorHandle {
         &self.config.resource
     }
 
-    /// Runs `work` once per term while this candidate leads. When the term ends, the term's
-    /// [`lost`](LeaderTerm::lost) fires and the future gets the grace period to return before it
-    /// is dropped; a later term runs `work` again. The returned task ends when the elector stops.
+    /// Runs `work` once per term while this candidate leads; a later term runs `work` again.
+    /// The returned task ends when the elector stops.
+    ///
+    /// Work never runs past the lease. When a term is lost (denied, deadline, superseded,
+    /// aborted), the lease no longer covers it, so the future is dropped at once. On
+    /// [`shutdown`](Self::shutdown), the term's [`lost`](LeaderTerm::lost) fires and the work
+    /// gets up to the grace period to return while the elector keeps renewing the lease; it is
+    /// released only after the work has stopped. Work is only started on a term that is
+    /// [current](LeaderTerm::is_current).
     pub fn run_as_leader<F, Fut>(&self, work: F) -> JoinHandle<()>
     where
         F: Fn(LeaderTerm) -> Fut + Send + Sync + 'static,
@@ -249,7 +263,6 @@ impl ElectorHandle {
     {
         let mut receiver = self.receiver.clone();
         let gate = self.work_gate.clone();
-        let grace = self.config.grace_period;
         tokio::spawn(async move {
             // Terms are told apart by identity, not token: after a local step-down the store may
             // still renew the same token into a new local term, and its work must run again.
@@ -269,26 +282,26 @@ impl ElectorHandle {
                 };
                 last = Some(term.clone());
                 let _running = gate.read().await;
-                if term.is_lost() {
-                    continue; // ended (or shutting down) before the work could start
+                if !term.is_current() {
+                    continue; // ended, or past its deadline, before the work could start
                 }
                 let fut = work(term.clone());
                 tokio::pin!(fut);
                 tokio::select! {
-                    _ = &mut fut => {}
-                    _ = term.lost() => {
-                        if tokio::time::timeout(grace, &mut fut).await.is_err() {
-                            tracing::warn!(token = %term.token(), ?grace, "leader work outlived its term's grace period; dropped");
-                        }
+                    biased;
+                    _ = term.cut_off_signal() => {
+                        tracing::warn!(token = %term.token(), reason = ?term.loss_reason(), "leader work dropped: the lease no longer covers it");
                     }
+                    _ = &mut fut => {}
                 }
             }
         })
     }
 
-    /// Stops the elector: ends the current term's work (waiting up to the grace period), then
-    /// releases the lease (unless disabled) so another candidate takes over at its next
-    /// attempt, then stops.
+    /// Stops the elector: the term ends (`is_leader()` turns false and the term's
+    /// [`lost`](LeaderTerm::lost) fires), its work gets up to the grace period to return while
+    /// the lease is kept renewed, then the lease is released (unless disabled) so another
+    /// candidate takes over at once, and the elector stops.
     pub async fn shutdown(mut self) {
         self.stop.shutdown.cancel();
         if let Some(task) = self.task.take() {

@@ -19,6 +19,16 @@ use crate::{Denial, Lease, LeaseOutcome, LeaseStore};
 const AFTER_EXPIRY: Duration = Duration::from_millis(15);
 /// First back-off after a store error; doubles per consecutive error.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// How long dropped leader work gets to let go of the work gate before shutdown gives up on it.
+const UNWIND: Duration = Duration::from_millis(100);
+
+/// `t + d`, checked: the options are bounded (see `MAX_INTERVAL`), so this never saturates in
+/// practice, but no option value can make the loop panic.
+fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(super::config::MAX_INTERVAL))
+        .unwrap_or(t)
+}
 
 /// How the loop was asked to stop.
 #[derive(Debug, Clone)]
@@ -96,13 +106,16 @@ impl Runner {
                 Step::Abort => break LossReason::Aborted,
             }
         };
-        if let Some(a) = active.take() {
+        if let Some(mut a) = active.take() {
             self.end_term(&a.term, stopped_by, None);
             if stopped_by == LossReason::Shutdown {
-                self.wait_for_work().await;
-                if self.config.release_on_shutdown {
+                // The work was told (`lost`); the lease stays ours while it winds down.
+                let holds_lease = self.drain(&mut a, &mut failures).await;
+                if holds_lease && self.config.release_on_shutdown {
                     self.release().await;
                 }
+            } else {
+                a.term.cut_off();
             }
         } else {
             self.state
@@ -128,7 +141,7 @@ impl Runner {
             Step::Abort => return Step::Abort,
         }
         let sent = Instant::now();
-        let result = match self.ask_store(sent + self.config.lease).await {
+        let result = match self.ask_store(later(sent, self.config.lease)).await {
             Step::Done(result) => result,
             Step::Shutdown => return Step::Shutdown,
             Step::Abort => return Step::Abort,
@@ -145,19 +158,25 @@ impl Runner {
             Ok(Ok(LeaseOutcome::Denied(denial))) => {
                 *failures = 0;
                 self.follow(&denial);
-                *next_attempt = Instant::now() + self.follower_wait(&denial);
+                *next_attempt = later(Instant::now(), self.follower_wait(&denial));
             }
             Ok(Err(err)) => {
                 *failures += 1;
                 warn!(error = %err, failures = *failures, "store error while contending");
                 self.note_follower_without_answer();
-                *next_attempt = Instant::now() + backoff(*failures, self.config.retry_interval);
+                *next_attempt = later(
+                    Instant::now(),
+                    backoff(*failures, self.config.retry_interval),
+                );
             }
             Err(_) => {
                 *failures += 1;
                 warn!(after = ?self.config.lease, "store did not answer while contending");
                 self.note_follower_without_answer();
-                *next_attempt = Instant::now() + backoff(*failures, self.config.retry_interval);
+                *next_attempt = later(
+                    Instant::now(),
+                    backoff(*failures, self.config.retry_interval),
+                );
             }
         }
         Step::Done(LeaderNext::Stay)
@@ -189,7 +208,7 @@ impl Runner {
             Ok(Ok(LeaseOutcome::Renewed(lease))) if lease.token == active.term.token() => {
                 *failures = 0;
                 active.term.extend(self.local_deadline(&lease, sent));
-                active.next_renew = sent + self.config.renew_interval;
+                active.next_renew = later(sent, self.config.renew_interval);
                 debug!(token = %lease.token, remaining = ?lease.remaining, "renewed");
                 Step::Done(LeaderNext::Stay)
             }
@@ -204,7 +223,7 @@ impl Runner {
                 *failures += 1;
                 let wait = backoff(*failures, self.config.renew_interval);
                 warn!(error = %err, failures = *failures, retry_in = ?wait, "store error while renewing");
-                active.next_renew = Instant::now() + wait;
+                active.next_renew = later(Instant::now(), wait);
                 Step::Done(LeaderNext::Stay)
             }
             Err(_) => Step::Done(LeaderNext::Lost(LossReason::Deadline, None)),
@@ -273,7 +292,7 @@ impl Runner {
     /// earlier than the store's expiry by at least the margin.
     fn local_deadline(&self, lease: &Lease, sent: Instant) -> Instant {
         let granted = lease.remaining.min(self.config.lease);
-        sent + granted.saturating_sub(self.config.step_down_margin)
+        later(sent, granted.saturating_sub(self.config.step_down_margin))
     }
 
     fn begin_term(&self, lease: &Lease, sent: Instant) -> Option<Active> {
@@ -293,7 +312,7 @@ impl Runner {
         self.probe.elected();
         Some(Active {
             term,
-            next_renew: sent + self.config.renew_interval,
+            next_renew: later(sent, self.config.renew_interval),
         })
     }
 
@@ -302,6 +321,10 @@ impl Runner {
         // read a leader state from the channel.
         self.state.send_replace(Leadership::Follower { leader });
         term.end(reason);
+        if reason != LossReason::Shutdown {
+            // The lease no longer covers the term: its work stops now, not after a grace.
+            term.cut_off();
+        }
         self.probe.lost(reason);
         match reason {
             LossReason::Shutdown => {
@@ -312,9 +335,12 @@ impl Runner {
     }
 
     fn follow(&self, denial: &Denial) {
-        let next = Leadership::Follower {
-            leader: denial.holder.clone(),
-        };
+        // A store's report can be stale; whoever denied us, it was not us.
+        let leader = denial
+            .holder
+            .clone()
+            .filter(|holder| **holder != *self.config.candidate);
+        let next = Leadership::Follower { leader };
         self.state.send_if_modified(|state| {
             if *state == next {
                 false
@@ -340,7 +366,7 @@ impl Runner {
     /// ends, so a crashed leader is replaced one lease after its last renew.
     fn follower_wait(&self, denial: &Denial) -> Duration {
         let regular = jittered(self.config.retry_interval, self.config.jitter);
-        let at_expiry = denial.remaining + AFTER_EXPIRY;
+        let at_expiry = denial.remaining.saturating_add(AFTER_EXPIRY);
         if !denial.remaining.is_zero() && at_expiry < regular {
             at_expiry
         } else {
@@ -348,11 +374,73 @@ impl Runner {
         }
     }
 
-    async fn wait_for_work(&self) {
-        // The grace period for the work, plus a little for it to unwind after being dropped.
-        let bound = self.config.grace_period + Duration::from_millis(100);
-        if timeout(bound, self.work_gate.write()).await.is_err() {
-            warn!(grace = ?self.config.grace_period, "leader work did not finish in time; releasing anyway");
+    /// Shutdown of a leader: keeps renewing the lease while the term's work winds down, for
+    /// at most the grace period, then cuts the work off. Returns whether the lease is still
+    /// ours and the work has stopped, i.e. whether releasing it is safe.
+    ///
+    /// The work never runs past the lease: if a renew is refused or the local deadline comes,
+    /// the work is cut off at once; if the work does not stop when cut off, the lease is left
+    /// to lapse on its own rather than released under it.
+    async fn drain(&self, active: &mut Active, failures: &mut u32) -> bool {
+        let grace_end = later(Instant::now(), self.config.grace_period);
+        loop {
+            let deadline = active.term.deadline();
+            if Instant::now() >= deadline {
+                active.term.cut_off();
+                warn!("the lease ran out while leader work was winding down; work dropped");
+                return false;
+            }
+            tokio::select! {
+                biased;
+                _ = self.stop.abort.cancelled() => {
+                    active.term.cut_off();
+                    return false;
+                }
+                _ = self.work_gate.write() => return true,
+                _ = sleep_until(grace_end) => {
+                    active.term.cut_off();
+                    warn!(grace = ?self.config.grace_period, "leader work did not finish within the grace period; dropped");
+                    // A dropped future lets go at once; give it a moment to unwind.
+                    if timeout(UNWIND, self.work_gate.write()).await.is_ok() {
+                        return true;
+                    }
+                    warn!("leader work did not stop when dropped; not releasing, the lease will lapse");
+                    return false;
+                }
+                _ = sleep_until(active.next_renew.min(deadline)) => {}
+            }
+            if Instant::now() >= deadline {
+                continue;
+            }
+            let sent = Instant::now();
+            let result = match self.ask_store(deadline).await {
+                Step::Done(result) => result,
+                _ => {
+                    active.term.cut_off();
+                    return false;
+                }
+            };
+            self.probe.store_call(true, sent, &result);
+            match result {
+                Ok(Ok(LeaseOutcome::Renewed(lease))) if lease.token == active.term.token() => {
+                    *failures = 0;
+                    active.term.extend(self.local_deadline(&lease, sent));
+                    active.next_renew = later(sent, self.config.renew_interval);
+                    debug!(token = %lease.token, "renewed while leader work winds down");
+                }
+                Ok(Err(err)) => {
+                    *failures += 1;
+                    let wait = backoff(*failures, self.config.renew_interval);
+                    warn!(error = %err, failures = *failures, retry_in = ?wait, "store error while renewing");
+                    active.next_renew = later(Instant::now(), wait);
+                }
+                // Denied, a new term, or no answer before the deadline: the lease is gone.
+                _ => {
+                    active.term.cut_off();
+                    warn!("the lease was lost while leader work was winding down; work dropped");
+                    return false;
+                }
+            }
         }
     }
 
@@ -386,7 +474,8 @@ fn jittered(base: Duration, jitter: f64) -> Duration {
     }
     // Uniform in [1 - jitter, 1 + jitter].
     let unit = (random_u64() >> 11) as f64 / (1u64 << 53) as f64;
-    base.mul_f64(1.0 - jitter + 2.0 * jitter * unit)
+    Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 - jitter + 2.0 * jitter * unit))
+        .unwrap_or(base)
 }
 
 #[cfg(test)]

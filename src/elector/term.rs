@@ -82,6 +82,8 @@ struct TermState {
     resource: Arc<str>,
     candidate: Arc<str>,
     cancel: CancellationToken,
+    /// Fired when leader work must stop at once: the lease no longer covers it.
+    cut_off: CancellationToken,
     /// The local monotonic instant after which this term must not be trusted, moved forward
     /// by each successful renew.
     deadline: Mutex<Instant>,
@@ -110,6 +112,7 @@ impl LeaderTerm {
                 resource,
                 candidate,
                 cancel: CancellationToken::new(),
+                cut_off: CancellationToken::new(),
                 deadline: Mutex::new(deadline),
                 reason: Mutex::new(None),
             }),
@@ -172,6 +175,17 @@ impl LeaderTerm {
     pub(crate) fn end(&self, reason: LossReason) {
         lock(&self.inner.reason).get_or_insert(reason);
         self.inner.cancel.cancel();
+    }
+
+    /// Tells `run_as_leader` to drop this term's work now (after [`end`](Self::end)).
+    pub(crate) fn cut_off(&self) {
+        self.inner.cancel.cancel();
+        self.inner.cut_off.cancel();
+    }
+
+    /// Resolves when this term's work must stop at once.
+    pub(crate) fn cut_off_signal(&self) -> WaitForCancellationFutureOwned {
+        self.inner.cut_off.clone().cancelled_owned()
     }
 }
 

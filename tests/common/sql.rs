@@ -12,8 +12,13 @@ enum Target {
     Sqlite {
         _dir: tempfile::TempDir,
         path: std::path::PathBuf,
+        /// Rollback journal (SQLite's default) instead of the recommended WAL.
+        rollback_journal: bool,
     },
     Server(Server),
+    /// MySQL/MariaDB with this statement run on every new session (e.g. a `sql_mode`).
+    #[cfg(feature = "mysql")]
+    MySqlSession(&'static str),
 }
 
 /// One migrated table of its own on a real database.
@@ -22,6 +27,58 @@ pub struct SqlHarness {
     db: DatabaseConnection,
     table: String,
     mysql_form: Option<orion_beacon::MySqlUpsert>,
+}
+
+/// Opens a SQLite file in rollback-journal mode (`journal_mode=DELETE`, SQLite's own default)
+/// with the given busy timeout.
+#[cfg(feature = "sqlite")]
+pub async fn connect_sqlite_rollback_journal(
+    path: &std::path::Path,
+    max_connections: u32,
+    busy_timeout: std::time::Duration,
+) -> DatabaseConnection {
+    use sea_orm::sqlx::sqlite::SqliteJournalMode;
+    let mut options = sea_orm::ConnectOptions::new(format!("sqlite://{}", path.display()));
+    options
+        .max_connections(max_connections)
+        .min_connections(0)
+        .sqlx_logging(false)
+        .map_sqlx_sqlite_opts(move |o| {
+            o.journal_mode(SqliteJournalMode::Delete)
+                .busy_timeout(busy_timeout)
+                .create_if_missing(true)
+        });
+    sea_orm::Database::connect(options)
+        .await
+        .expect("open sqlite file")
+}
+
+/// Connects to the MySQL/MariaDB test server with `init` run on every new session, the way an
+/// application's own session settings (or a server-wide default) would apply.
+#[cfg(feature = "mysql")]
+pub async fn connect_mysql_with_session(
+    max_connections: u32,
+    init: &'static str,
+) -> DatabaseConnection {
+    let db = Server::MySql.connect(1).await; // fails the test with a clear message if down
+    db.close().await.ok();
+    let mut options = sea_orm::ConnectOptions::new(Server::MySql.url());
+    options
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .sqlx_logging(false)
+        .map_sqlx_mysql_pool_opts(move |o| {
+            o.after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    sea_orm::sqlx::Executor::execute(conn, init).await?;
+                    Ok(())
+                })
+            })
+        });
+    sea_orm::Database::connect(options)
+        .await
+        .expect("connect with session settings")
 }
 
 impl SqlHarness {
@@ -38,7 +95,42 @@ impl SqlHarness {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("leases.db");
         let db = super::connect_sqlite(&path, 8).await;
-        Some(Self::migrated(Target::Sqlite { _dir: dir, path }, db).await)
+        let target = Target::Sqlite {
+            _dir: dir,
+            path,
+            rollback_journal: false,
+        };
+        Some(Self::migrated(target, db).await)
+    }
+
+    /// SQLite in rollback-journal mode (SQLite's default, without the recommended WAL), where
+    /// a commit needs every reader gone.
+    #[cfg(feature = "sqlite")]
+    pub async fn sqlite_rollback_journal() -> Option<Self> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("leases.db");
+        let db = connect_sqlite_rollback_journal(&path, 8, std::time::Duration::from_secs(5)).await;
+        let target = Target::Sqlite {
+            _dir: dir,
+            path,
+            rollback_journal: true,
+        };
+        Some(Self::migrated(target, db).await)
+    }
+
+    /// The MySQL/MariaDB harness with a fixed upsert form and `init` run on every session.
+    #[cfg(feature = "mysql")]
+    pub async fn mysql_with_session(
+        form: orion_beacon::MySqlUpsert,
+        init: &'static str,
+    ) -> Option<Self> {
+        if Server::MySql.skipped() {
+            return None;
+        }
+        let db = connect_mysql_with_session(8, init).await;
+        let mut h = Self::migrated(Target::MySqlSession(init), db).await;
+        h.mysql_form = Some(form);
+        Some(h)
     }
 
     async fn migrated(target: Target, db: DatabaseConnection) -> Self {
@@ -59,7 +151,8 @@ impl SqlHarness {
         Some(h)
     }
 
-    fn configure(&self, store: SeaOrmLeaseStore) -> SeaOrmLeaseStore {
+    /// A store on this harness's table, with its statement form if one was chosen.
+    pub fn configure(&self, store: SeaOrmLeaseStore) -> SeaOrmLeaseStore {
         let store = store.with_table(&self.table).expect("valid table");
         match self.mysql_form {
             Some(form) => store.with_mysql_upsert(form),
@@ -79,8 +172,27 @@ impl SqlHarness {
     pub async fn connect_again(&self, max_connections: u32) -> DatabaseConnection {
         match &self.target {
             #[cfg(feature = "sqlite")]
-            Target::Sqlite { path, .. } => super::connect_sqlite(path, max_connections).await,
+            Target::Sqlite {
+                path,
+                rollback_journal: false,
+                ..
+            } => super::connect_sqlite(path, max_connections).await,
+            #[cfg(feature = "sqlite")]
+            Target::Sqlite {
+                path,
+                rollback_journal: true,
+                ..
+            } => {
+                connect_sqlite_rollback_journal(
+                    path,
+                    max_connections,
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+            }
             Target::Server(server) => server.connect(max_connections).await,
+            #[cfg(feature = "mysql")]
+            Target::MySqlSession(init) => connect_mysql_with_session(max_connections, init).await,
         }
     }
 }
@@ -90,19 +202,23 @@ impl Harness for SqlHarness {
     type Store = SeaOrmLeaseStore;
 
     fn store(&self) -> SeaOrmLeaseStore {
-        SeaOrmLeaseStore::new(self.db.clone())
-            .with_table(&self.table)
-            .expect("valid table")
+        self.configure(SeaOrmLeaseStore::new(self.db.clone()))
     }
 
     async fn separate_store(&self) -> SeaOrmLeaseStore {
-        SeaOrmLeaseStore::new(self.connect_again(2).await)
-            .with_table(&self.table)
-            .expect("valid table")
+        self.configure(SeaOrmLeaseStore::new(self.connect_again(2).await))
     }
 
     async fn teardown(self) {
         drop_table(&self.db, &self.table).await;
+    }
+
+    fn read_delay(&self) -> std::time::Duration {
+        match self.mysql_form {
+            // The read after the upsert, in the same transaction.
+            Some(orion_beacon::MySqlUpsert::Transaction) => std::time::Duration::from_millis(50),
+            _ => std::time::Duration::ZERO,
+        }
     }
 }
 

@@ -1,0 +1,87 @@
+//! An elector on a connection pool of ONE connection becomes leader and keeps its lease: the
+//! store never keeps a pooled connection for itself (PostgreSQL's release listener has a
+//! connection of its own).
+
+mod common;
+
+use std::time::Duration;
+
+use orion_beacon::{Elector, SeaOrmLeaseStore};
+use sea_orm::DatabaseConnection;
+use tokio::time::Instant;
+
+use common::unique;
+
+const LEASE: Duration = Duration::from_millis(600);
+
+/// Elected within a few retries, then leader without a break for ten leases.
+async fn leads_for_ten_leases(db: DatabaseConnection, table: &str) {
+    let store = SeaOrmLeaseStore::new(db).with_table(table).unwrap();
+    let handle = Elector::builder(store)
+        .resource(unique("small-pool"))
+        .candidate_id("only")
+        .lease_duration(LEASE)
+        .renew_interval(Duration::from_millis(150))
+        .retry_interval(Duration::from_millis(100))
+        .build()
+        .unwrap()
+        .start();
+    let mut rx = handle.watch();
+    let term = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|s| s.is_leader()))
+        .await
+        .expect("elected on a pool of one connection")
+        .unwrap()
+        .term()
+        .unwrap()
+        .clone();
+    let until = Instant::now() + LEASE * 10;
+    while Instant::now() < until {
+        assert!(
+            term.is_current(),
+            "the term lasted only until {:?} of ten leases ({:?})",
+            until - Instant::now(),
+            term.loss_reason()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(handle.is_leader());
+    handle.shutdown().await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pool_of_one() {
+    use common::{drop_table, migrate, Server};
+    if Server::Postgres.skipped() {
+        return;
+    }
+    let setup = Server::Postgres.connect(2).await;
+    let table = unique("pool1");
+    migrate(&setup, &table).await;
+    leads_for_ten_leases(Server::Postgres.connect(1).await, &table).await;
+    drop_table(&setup, &table).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_pool_of_one() {
+    use common::{drop_table, migrate, Server};
+    if Server::MySql.skipped() {
+        return;
+    }
+    let setup = Server::MySql.connect(2).await;
+    let table = unique("pool1");
+    migrate(&setup, &table).await;
+    leads_for_ten_leases(Server::MySql.connect(1).await, &table).await;
+    drop_table(&setup, &table).await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_pool_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::connect_sqlite(&dir.path().join("leases.db"), 1).await;
+    let table = unique("pool1");
+    common::migrate(&db, &table).await;
+    leads_for_ten_leases(db, &table).await;
+}
