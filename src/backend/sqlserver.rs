@@ -11,7 +11,9 @@
 //!   `ON`, so a live lease of someone else matches and is left alone instead of falling through
 //!   to an insert. No `OUTPUT` row means denied, and a plain read then reports the holder.
 //! - every time comes from the database clock: one `DECLARE @now datetime2(7) =
-//!   SYSUTCDATETIME()` opens each batch, so every comparison in it agrees;
+//!   SYSUTCDATETIME()` opens each batch, so every comparison in it agrees; the acquire batch
+//!   first locks the lease row's key range and then reads the clock again (`@written`), so a
+//!   lease granted after a wait behind a fence still runs its full length from the grant;
 //! - deadlocks (1205) and duplicate keys (2627, defensively) mean the statement had no effect:
 //!   they are retried a few times, then reported as [`StoreError::SqlServerConflict`].
 //!
@@ -104,10 +106,15 @@ fn quoted(table: &str) -> String {
 /// up as often as down.
 fn upsert_sql(table: &str) -> String {
     let t = quoted(table);
-    let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now))";
+    let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written))";
     let tick_after_acquired = "DATEADD(NANOSECOND, 100, t.acquired_at)";
     format!(
-        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+        "SET XACT_ABORT ON; \
+         DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         DECLARE @locked int; \
+         BEGIN TRANSACTION; \
+         SELECT @locked = COUNT(*) FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE resource = @P1; \
+         DECLARE @written datetime2(7) = SYSUTCDATETIME(); \
          MERGE {t} WITH (HOLDLOCK) AS t \
          USING (SELECT @P1 AS resource, @P2 AS holder) AS s \
          ON t.resource = s.resource \
@@ -121,7 +128,8 @@ fn upsert_sql(table: &str) -> String {
          WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) \
          VALUES (s.resource, s.holder, 1, {expiry}, @now, @now) \
          OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, \
-         inserted.renewed_at, {remaining} AS remaining_ms;",
+         inserted.renewed_at, {remaining} AS remaining_ms; \
+         COMMIT TRANSACTION;",
         remaining = remaining_ms("inserted.expires_at"),
     )
 }
@@ -131,12 +139,14 @@ fn remaining_ms(expires: &str) -> String {
     format!("DATEDIFF_BIG(NANOSECOND, @now, {expires}) / 1000000")
 }
 
-/// The guarded release: a tombstone (expiry := now) only for the live lease of the candidate.
-/// Parameters: `@P1` the resource, `@P2` the candidate.
+/// The guarded release: a tombstone only for the live lease of the candidate. The expiry moves
+/// back to the term's last renew (never later than now), so a renew already in flight, which
+/// started after that renew, sees the lease ended instead of extending it. Parameters: `@P1`
+/// the resource, `@P2` the candidate.
 fn release_sql(table: &str) -> String {
     format!(
         "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-         UPDATE {t} SET expires_at = @now \
+         UPDATE {t} SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
          WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;",
         t = quoted(table),
     )
@@ -615,13 +625,22 @@ impl LeaseStore for SqlServerLeaseStore {
                 &[&resource, &candidate, &seconds, &rest_ms],
             )
             .await?;
-        match returned.into_iter().next() {
-            Some(row) => Ok(row.outcome(resource, candidate)),
+        let mut returned = returned.into_iter();
+        match (returned.next(), returned.next()) {
+            // Several rows for one statement: trust none of them.
+            (Some(_), Some(_)) => Ok(LeaseOutcome::Denied(Denial {
+                resource: resource.to_owned(),
+                holder: None,
+                token: None,
+                remaining: Duration::ZERO,
+                expires_at: None,
+            })),
+            (Some(row), None) => Ok(row.outcome(resource, candidate)),
             // Denied: the MERGE changed nothing. Say who holds the lease with a plain read; the
             // read is only a report (the holder may change between the two statements).
-            None => Ok(LeaseOutcome::Denied(
+            (None, _) => Ok(LeaseOutcome::Denied(
                 match self.read_row(resource).await? {
-                    Some(row) => row.denial(resource),
+                    Some(row) => row.denial_for(resource, candidate),
                     None => Denial {
                         resource: resource.to_owned(),
                         holder: None,
@@ -673,7 +692,12 @@ mod tests {
         assert_eq!(
             upsert_sql(DEFAULT_TABLE),
             concat!(
+                "SET XACT_ABORT ON; ",
                 "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
+                "DECLARE @locked int; ",
+                "BEGIN TRANSACTION; ",
+                "SELECT @locked = COUNT(*) FROM [orionbeacon_leases] WITH (UPDLOCK, HOLDLOCK) WHERE resource = @P1; ",
+                "DECLARE @written datetime2(7) = SYSUTCDATETIME(); ",
                 "MERGE [orionbeacon_leases] WITH (HOLDLOCK) AS t ",
                 "USING (SELECT @P1 AS resource, @P2 AS holder) AS s ",
                 "ON t.resource = s.resource ",
@@ -683,11 +707,12 @@ mod tests {
                 "t.renewed_at = CASE WHEN t.expires_at <= @now THEN @now ",
                 "WHEN @now > DATEADD(NANOSECOND, 100, t.acquired_at) THEN @now ELSE DATEADD(NANOSECOND, 100, t.acquired_at) END, ",
                 "t.holder = s.holder, ",
-                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)) ",
+                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)) ",
                 "WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) ",
-                "VALUES (s.resource, s.holder, 1, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), @now, @now) ",
+                "VALUES (s.resource, s.holder, 1, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)), @now, @now) ",
                 "OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, ",
-                "inserted.renewed_at, DATEDIFF_BIG(NANOSECOND, @now, inserted.expires_at) / 1000000 AS remaining_ms;",
+                "inserted.renewed_at, DATEDIFF_BIG(NANOSECOND, @now, inserted.expires_at) / 1000000 AS remaining_ms; ",
+                "COMMIT TRANSACTION;",
             )
         );
     }
@@ -705,9 +730,18 @@ mod tests {
         assert!(sql.contains(
             "WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE"
         ));
-        // The clock is read once per batch.
-        assert_eq!(sql.matches("SYSUTCDATETIME()").count(), 1);
-        assert!(sql.starts_with("DECLARE @now datetime2(7) = SYSUTCDATETIME(); "));
+        // The clock is read twice per batch: liveness at the start (`@now`), the lease's end
+        // after the row's key range is locked (`@written`), as the only later read.
+        assert_eq!(sql.matches("SYSUTCDATETIME()").count(), 2);
+        let lock = sql.find("WITH (UPDLOCK, HOLDLOCK)").unwrap();
+        let written = sql.find("DECLARE @written").unwrap();
+        assert!(lock < written && written < sql.find("MERGE ").unwrap());
+        assert!(!sql.contains("DATEADD(SECOND, @P3, @now)"), "{sql}");
+        // One transaction, rolled back whole on any error.
+        assert!(
+            sql.starts_with("SET XACT_ABORT ON; DECLARE @now datetime2(7) = SYSUTCDATETIME(); ")
+        );
+        assert!(sql.ends_with(" COMMIT TRANSACTION;"));
         // No output row means denied: OUTPUT sits on the MERGE itself.
         assert!(sql.contains(" OUTPUT inserted.holder,"));
     }
@@ -759,7 +793,7 @@ mod tests {
         assert_eq!(
             release_sql(DEFAULT_TABLE),
             "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-             UPDATE [orionbeacon_leases] SET expires_at = @now \
+             UPDATE [orionbeacon_leases] SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
              WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;"
         );
         assert_eq!(

@@ -238,6 +238,31 @@ impl SeaOrmLeaseStore {
         Ok(self.acquire_prepared()?.bind(resource, candidate, millis))
     }
 
+    /// The exact statement [`release`](LeaseStore::release) sends for these arguments on this
+    /// connection's backend (on PostgreSQL it also notifies followers): for `EXPLAIN`, audits
+    /// and tests. The values are bound parameters.
+    pub fn release_statement(
+        &self,
+        resource: &str,
+        candidate: &str,
+    ) -> Result<sea_orm::Statement, StoreError> {
+        validate_resource(resource)?;
+        validate_candidate(candidate)?;
+        let d = self.dialect()?;
+        let backend = self.db.get_database_backend();
+        let table = self.table_iden();
+        let prepared = cached(&self.prepared.release, |r, c, _| {
+            Ok(match backend {
+                // The release and the wake-up of the followers (`pg_notify`), in one statement.
+                DbBackend::Postgres => {
+                    backend.build(&statements::release_notifying(d, &table, &self.table, r, c))
+                }
+                _ => backend.build(&statements::release(d, &table, r, c)),
+            })
+        })?;
+        Ok(prepared.bind(resource, candidate, 0))
+    }
+
     /// The acquire-or-renew statement of this backend (for MySQL/MariaDB, the `RETURNING`
     /// form), rendered once.
     fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
@@ -365,21 +390,8 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
-        validate_resource(resource)?;
-        validate_candidate(candidate)?;
-        let d = self.dialect()?;
+        let stmt = self.release_statement(resource, candidate)?;
         let backend = self.db.get_database_backend();
-        let table = self.table_iden();
-        let prepared = cached(&self.prepared.release, |r, c, _| {
-            Ok(match backend {
-                // The release and the wake-up of the followers (`pg_notify`), in one statement.
-                DbBackend::Postgres => {
-                    backend.build(&statements::release_notifying(d, &table, &self.table, r, c))
-                }
-                _ => backend.build(&statements::release(d, &table, r, c)),
-            })
-        })?;
-        let stmt = prepared.bind(resource, candidate, 0);
         if backend == DbBackend::Postgres {
             let rows = self
                 .with_retry(|| self.db.query_all_raw(stmt.clone()))
