@@ -452,6 +452,39 @@ mod tests {
         assert_eq!(values.0.len(), 1);
     }
 
+    fn row(holder: &str, remaining_millis: i64) -> Row {
+        let t = DateTime::<Utc>::UNIX_EPOCH;
+        Row {
+            holder: holder.to_owned(),
+            token: 3,
+            expires_at: t,
+            acquired_at: t,
+            renewed_at: t,
+            remaining_millis,
+        }
+    }
+
+    #[test]
+    fn a_report_never_names_the_caller() {
+        let d = row("me", 500).denial_for("r", "me");
+        assert_eq!((d.holder, d.remaining), (None, Duration::ZERO));
+        let d = row("other", 500).denial_for("r", "me");
+        assert_eq!(d.holder.as_deref(), Some("other"));
+        assert_eq!(d.remaining, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_row_that_names_the_caller_but_is_not_live_is_no_grant() {
+        assert!(matches!(
+            row("me", 0).outcome("r", "me"),
+            LeaseOutcome::Denied(Denial { holder: None, .. })
+        ));
+        assert!(matches!(
+            row("me", 1).outcome("r", "me"),
+            LeaseOutcome::Acquired(_)
+        ));
+    }
+
     #[test]
     fn sqlite_lease_modifier_is_exact() {
         let (_, values) = upsert(&Sqlite, &table(), "r", "me", 86_400_007)
