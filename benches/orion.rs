@@ -7,9 +7,11 @@
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
 //!
-//! Needs PostgreSQL (`ORION_BEACON_PG_URL`, default `postgres://postgres@127.0.0.1:5432/test`),
-//! MariaDB (`ORION_BEACON_MYSQL_URL`) and `pgbench` on the PATH. Results are printed as
-//! tables; the handover/failover timeline is written to `target/orion-bench/transitions.svg`.
+//! Runs against private PostgreSQL and MariaDB instances of its own (`orion-beacon-testkit`,
+//! started from the installed server binaries), or the servers `ORION_BEACON_PG_URL` /
+//! `ORION_BEACON_MYSQL_URL` name; the round-trip count always uses a private PostgreSQL started
+//! with `log_statement = 'all'`. Needs `pgbench` on the PATH. Results are printed as tables;
+//! the handover/failover timeline is written to `target/orion-bench/transitions.svg`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,13 +28,22 @@ use tokio::time::Instant;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// The variable's URL when set, else this process's private instance.
+fn server_url(var: &str, private: impl FnOnce() -> String) -> String {
+    match std::env::var(var) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => private(),
+    }
+}
 fn pg_url() -> String {
-    std::env::var("ORION_BEACON_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    server_url("ORION_BEACON_PG_URL", || {
+        orion_beacon_testkit::Postgres::shared().url()
+    })
 }
 fn mysql_url() -> String {
-    std::env::var("ORION_BEACON_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    server_url("ORION_BEACON_MYSQL_URL", || {
+        orion_beacon_testkit::MariaDb::shared().url()
+    })
 }
 fn secs() -> Duration {
     Duration::from_secs(
@@ -159,12 +170,12 @@ fn pgbench_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result
     Ok(tps)
 }
 
-/// Statements the server logged for `n` calls of `op` on `db` (a pool of one connection):
-/// `log_statement = 'all'` for the duration, lines of that backend's pid counted in the
+/// Statements the server logged for `n` calls of `op` on `db` (a pool of one connection to a
+/// server that logs every statement to `log`): lines of that backend's pid counted in the
 /// server log. One round trip per call means 1.0.
 async fn pg_statements_per_call<F, Fut>(
     db: &DatabaseConnection,
-    admin: &DatabaseConnection,
+    log: &std::path::Path,
     n: u64,
     mut op: F,
 ) -> Result<f64, Error>
@@ -172,8 +183,6 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), Error>>,
 {
-    let log = std::env::var("ORION_BEACON_PG_LOG")
-        .unwrap_or_else(|_| "/var/log/postgresql/postgresql-15-main.log".into());
     let pid: i32 = db
         .query_one_raw(sea_orm::Statement::from_string(
             db.get_database_backend(),
@@ -182,21 +191,13 @@ where
         .await?
         .ok_or("no pid")?
         .try_get_by_index(0)?;
-    admin
-        .execute_unprepared("ALTER SYSTEM SET log_statement = 'all'")
-        .await?;
-    admin.execute_unprepared("SELECT pg_reload_conf()").await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let offset = std::fs::metadata(&log)?.len();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let offset = std::fs::metadata(log)?.len();
     for _ in 0..n {
         op().await?;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    admin
-        .execute_unprepared("ALTER SYSTEM RESET log_statement")
-        .await?;
-    admin.execute_unprepared("SELECT pg_reload_conf()").await?;
-    let text = std::fs::read(&log)?;
+    let text = std::fs::read(log)?;
     let tail = String::from_utf8_lossy(&text[offset.min(text.len() as u64) as usize..]);
     let tag = format!("[{pid}] ");
     let statements = tail
@@ -260,18 +261,25 @@ async fn throughput() -> Result<(), Error> {
     roundtrips().await
 }
 
-/// Round trips, counted by the server: the statements it logged for our connection.
+/// Round trips, counted by the server: the statements a private PostgreSQL instance (started
+/// with `log_statement = 'all'`, never an external server) logged for our connection.
 async fn roundtrips() -> Result<(), Error> {
+    let pg = tokio::task::spawn_blocking(|| {
+        orion_beacon_testkit::Postgres::builder()
+            .setting("log_statement", "all")
+            .start()
+    })
+    .await??;
+    let log = pg.log_file().to_path_buf();
     let table = unique("obrt");
-    let db = connect(&pg_url(), 1, false).await?;
-    let admin = connect(&pg_url(), 1, false).await?;
+    let db = connect(&pg.url(), 1, false).await?;
     migrate(&db, &table).await?;
     let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
     store
         .acquire_or_renew("rt", "me", Duration::from_secs(60))
         .await?;
     let s = store.clone();
-    let renew = pg_statements_per_call(&db, &admin, 200, || {
+    let renew = pg_statements_per_call(&db, &log, 200, || {
         let s = s.clone();
         async move {
             s.acquire_or_renew("rt", "me", Duration::from_secs(60))
@@ -282,7 +290,7 @@ async fn roundtrips() -> Result<(), Error> {
     })
     .await?;
     let s = store.clone();
-    let denied = pg_statements_per_call(&db, &admin, 200, || {
+    let denied = pg_statements_per_call(&db, &log, 200, || {
         let s = s.clone();
         async move {
             s.acquire_or_renew("rt", "other", Duration::from_secs(60))
@@ -293,7 +301,7 @@ async fn roundtrips() -> Result<(), Error> {
     })
     .await?;
     let s = store.clone();
-    let cycle = pg_statements_per_call(&db, &admin, 200, || {
+    let cycle = pg_statements_per_call(&db, &log, 200, || {
         let s = s.clone();
         async move {
             s.release("rt", "me").await?;
@@ -308,6 +316,8 @@ async fn roundtrips() -> Result<(), Error> {
          renew {renew:.2}, denied acquire {denied:.2}, release + acquire {cycle:.2}"
     );
     drop(&db, &table).await;
+    db.close().await?;
+    tokio::task::spawn_blocking(move || std::mem::drop(pg)).await?;
     Ok(())
 }
 

@@ -1,11 +1,20 @@
 //! `cargo run -p orion-beacon-migration -- up|down`, which is what `sea-orm-cli migrate -d
-//! migration` runs, against SQLite and PostgreSQL.
+//! migration` runs, against SQLite, PostgreSQL and MariaDB: private server instances
+//! (`orion-beacon-testkit`) unless `ORION_BEACON_PG_URL` / `ORION_BEACON_MYSQL_URL` name others.
 #![cfg(feature = "cli")]
 
 use std::process::Command;
 
 use orion_beacon_migration::{CreateLeaseTable, TRACKING_TABLE};
 use sea_orm_migration::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+
+/// The variable's URL when set, else this test binary's private instance.
+fn server_url(var: &str, private: impl FnOnce() -> String) -> String {
+    match std::env::var(var) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => private(),
+    }
+}
 
 fn migrate(url: &str, schema: Option<&str>, command: &str) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_orion-beacon-migration"));
@@ -63,12 +72,13 @@ async fn up_and_down_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn up_and_down_on_postgres() {
-    let url = std::env::var("ORION_BEACON_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     if std::env::var("ORION_BEACON_SKIP").is_ok_and(|s| s.contains("postgres")) {
         eprintln!("SKIPPED: postgres migration test did not run (ORION_BEACON_SKIP)");
         return;
     }
+    let url = server_url("ORION_BEACON_PG_URL", || {
+        orion_beacon_testkit::Postgres::shared().url()
+    });
     let db = Database::connect(&url).await.unwrap_or_else(|e| {
         panic!("cannot reach {url}: {e}; set ORION_BEACON_PG_URL or ORION_BEACON_SKIP=postgres")
     });
@@ -86,12 +96,13 @@ async fn up_and_down_on_postgres() {
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn up_and_down_on_mariadb() {
-    let url = std::env::var("ORION_BEACON_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
     if std::env::var("ORION_BEACON_SKIP").is_ok_and(|s| s.contains("mysql")) {
         eprintln!("SKIPPED: mysql migration test did not run (ORION_BEACON_SKIP)");
         return;
     }
+    let url = server_url("ORION_BEACON_MYSQL_URL", || {
+        orion_beacon_testkit::MariaDb::shared().url()
+    });
     let admin = Database::connect(&url).await.unwrap_or_else(|e| {
         panic!("cannot reach {url}: {e}; set ORION_BEACON_MYSQL_URL or ORION_BEACON_SKIP=mysql")
     });

@@ -416,7 +416,7 @@ impl Instance {
     /// Starts the supervisor and, through it, the server; waits until it accepts connections.
     pub fn launch(spec: Spec) -> Result<Self, Error> {
         let log = spec.dir.join("server.log");
-        let keep = std::env::var_os("ORION_TESTKIT_KEEP").is_some_and(|v| v != "0" && v != "");
+        let keep = std::env::var_os("ORION_TESTKIT_KEEP").is_some_and(|v| v != "0" && !v.is_empty());
         if keep {
             let _ = std::fs::write(spec.dir.join("keep"), b"");
         }

@@ -1,4 +1,5 @@
-//! Shared test support: database connections, isolation, the conformance suite.
+//! Shared test support: database connections (private server instances by default, see
+//! `Server`), isolation, the conformance suite.
 #![allow(dead_code)]
 
 pub mod conformance;
@@ -49,7 +50,9 @@ impl Rng {
     }
 }
 
-/// Which server backend a test wants, with its URL variable and default.
+/// Which server backend a test wants. Without its URL variable, a test binary uses a private
+/// instance of its own (`orion-beacon-testkit`: started on first use from the installed server
+/// binaries, on a free port, stopped and removed when the binary exits).
 #[derive(Debug, Clone, Copy)]
 pub enum Server {
     Postgres,
@@ -63,12 +66,6 @@ impl Server {
             Server::MySql => "ORION_BEACON_MYSQL_URL",
         }
     }
-    fn default_url(self) -> &'static str {
-        match self {
-            Server::Postgres => "postgres://postgres@127.0.0.1:5432/test",
-            Server::MySql => "mysql://root@127.0.0.1:3306/test",
-        }
-    }
     fn name(self) -> &'static str {
         match self {
             Server::Postgres => "postgres",
@@ -76,8 +73,27 @@ impl Server {
         }
     }
 
+    /// True when the URL variable names an external server.
+    pub fn external(self) -> bool {
+        std::env::var(self.url_var()).is_ok_and(|u| !u.trim().is_empty())
+    }
+
+    /// The server the (non-destructive) tests use: the URL variable's when set, else this test
+    /// binary's private instance.
     pub fn url(self) -> String {
-        std::env::var(self.url_var()).unwrap_or_else(|_| self.default_url().to_owned())
+        match std::env::var(self.url_var()) {
+            Ok(url) if !url.trim().is_empty() => url,
+            _ => self.private_url(),
+        }
+    }
+
+    /// This test binary's private instance, whatever the URL variable says: for tests that
+    /// stop, restart or kill the server or change server-wide settings.
+    pub fn private_url(self) -> String {
+        match self {
+            Server::Postgres => orion_beacon_testkit::Postgres::shared().url(),
+            Server::MySql => orion_beacon_testkit::MariaDb::shared().url(),
+        }
     }
 
     /// True when the run opted out of this backend with `ORION_BEACON_SKIP=postgres,mysql`.
@@ -96,26 +112,47 @@ impl Server {
         skipped
     }
 
-    /// Connects, or fails the test with a message naming the variable to set.
+    /// Connects, or fails the test with a message saying what to check.
     pub async fn connect(self, max_connections: u32) -> sea_orm::DatabaseConnection {
         let url = self.url();
-        let mut options = sea_orm::ConnectOptions::new(url.clone());
-        options
-            .max_connections(max_connections)
-            .min_connections(0)
-            .acquire_timeout(std::time::Duration::from_secs(10))
-            .sqlx_logging(false);
-        match sea_orm::Database::connect(options).await {
+        match try_connect(&url, max_connections).await {
             Ok(db) => db,
-            Err(e) => panic!(
-                "cannot reach the {} test database at {url}: {e}\n\
-                 start it, point {} at one, or opt out with ORION_BEACON_SKIP={}",
+            Err(e) if self.external() => panic!(
+                "cannot reach the {} test database at {url} ({} is set): {e}\n\
+                 start it, unset the variable to use a private instance, or opt out with \
+                 ORION_BEACON_SKIP={}",
                 self.name(),
                 self.url_var(),
                 self.name()
             ),
+            Err(e) => panic!(
+                "cannot reach this test binary's private {} instance at {url}: {e} \
+                 (its log is in the instance directory printed by `testkit:` above)",
+                self.name()
+            ),
         }
     }
+}
+
+async fn try_connect(
+    url: &str,
+    max_connections: u32,
+) -> Result<sea_orm::DatabaseConnection, sea_orm::DbErr> {
+    let mut options = sea_orm::ConnectOptions::new(url.to_owned());
+    options
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .sqlx_logging(false);
+    sea_orm::Database::connect(options).await
+}
+
+/// Connects to any server URL (e.g. a private instance with its own settings), or fails the
+/// test saying which.
+pub async fn connect_url(url: &str, max_connections: u32) -> sea_orm::DatabaseConnection {
+    try_connect(url, max_connections)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
 }
 
 /// Runs the lease-table migration (the real one) for `table` on `db`.

@@ -13,6 +13,11 @@
 //! `--faults kill,pause,connkill,restart` (default all that apply to the backend), `--no-skew`
 //! (do not run candidates under `faketime`). The candidate processes are this same binary,
 //! started with `--candidate`.
+//!
+//! The servers are this binary's own private PostgreSQL and MariaDB instances
+//! (`orion-beacon-testkit`), whatever `ORION_BEACON_PG_URL` / `ORION_BEACON_MYSQL_URL` say: the
+//! faults restart them and kill their connections, so they never act on a server the run did not
+//! start.
 
 mod checker;
 
@@ -373,6 +378,8 @@ struct Setup {
     backend: Backend,
     /// The URL candidates use.
     url: String,
+    /// The URL the harness itself uses (probes, the ledger).
+    admin_url: String,
     table: String,
     ledger: String,
     resource: String,
@@ -449,40 +456,31 @@ async fn setup(backend: Backend) -> Result<Setup, Error> {
     if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
         println!("torture: histories kept in {}", path.display());
     }
-    let (url, admin) = match backend {
+    let (url, admin_url) = match backend {
         Backend::Sqlite => {
             let url = format!("sqlite://{}", path.join("torture.db").display());
-            let admin = connect(&url, 2).await?;
-            (url, admin)
+            (url.clone(), url)
         }
         Backend::Postgres => {
-            let base = std::env::var("ORION_BEACON_PG_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-            let sep = if base.contains('?') { '&' } else { '?' };
+            let base = private_postgres().await?.url();
             let url = format!(
-                "{base}{sep}application_name=orion-torture-{}",
+                "{base}?application_name=orion-torture-{}",
                 std::process::id()
             );
-            let admin = connect(&base, 2).await?;
-            (url, admin)
+            (url, base)
         }
         Backend::MySql => {
-            // A database of its own: connection kills must not hit anyone else.
-            let base = std::env::var("ORION_BEACON_MYSQL_URL")
-                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-            let server = connect(&base, 1).await?;
-            server
+            // A database of its own: connection kills hit only the candidates.
+            let server = private_mariadb().await?;
+            connect(&server.url(), 1)
+                .await?
                 .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
                 .await?;
-            let root = base
-                .rsplit_once('/')
-                .map(|(r, _)| r.to_owned())
-                .unwrap_or(base.clone());
-            let url = format!("{root}/orion_torture");
-            let admin = connect(&url, 2).await?;
-            (url, admin)
+            let url = server.url_for("orion_torture");
+            (url.clone(), url)
         }
     };
+    let admin = connect(&admin_url, 2).await?;
     let table = unique("tt");
     let ledger = unique("ledger");
     use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
@@ -510,6 +508,7 @@ async fn setup(backend: Backend) -> Result<Setup, Error> {
     Ok(Setup {
         backend,
         url,
+        admin_url,
         table,
         ledger,
         resource: unique("job"),
@@ -583,60 +582,27 @@ async fn db_answers(url: &str) -> bool {
     }
 }
 
+/// This binary's private PostgreSQL instance (started on first use, off the async threads).
+async fn private_postgres() -> Result<&'static orion_beacon_testkit::Postgres, Error> {
+    Ok(tokio::task::spawn_blocking(orion_beacon_testkit::Postgres::shared).await?)
+}
+
+/// This binary's private MariaDB instance.
+async fn private_mariadb() -> Result<&'static orion_beacon_testkit::MariaDb, Error> {
+    Ok(tokio::task::spawn_blocking(orion_beacon_testkit::MariaDb::shared).await?)
+}
+
+/// Restarts the private server (a clean stop, then a start on the same port and data), then
+/// waits until it answers queries.
 async fn restart_server(backend: Backend, probe_url: &str) -> Result<(), Error> {
     match backend {
         Backend::Postgres => {
-            let version = std::fs::read_dir("/etc/postgresql")?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .next()
-                .ok_or("no /etc/postgresql/<version>")?;
-            let status = Command::new("pg_ctlcluster")
-                .args([
-                    "--skip-systemctl-redirect",
-                    &version,
-                    "main",
-                    "restart",
-                    "-m",
-                    "fast",
-                ])
-                .status()
-                .await?;
-            if !status.success() {
-                return Err("pg_ctlcluster restart failed".into());
-            }
+            let pg = private_postgres().await?;
+            tokio::task::spawn_blocking(move || pg.restart()).await??;
         }
         Backend::MySql => {
-            let _ = Command::new("mariadb-admin")
-                .args(["-h", "127.0.0.1", "-u", "root", "shutdown"])
-                .status()
-                .await?;
-            // Wait for the process itself to be gone: `start-stop-daemon --oknodo` would
-            // otherwise see the old server still shutting down and start nothing.
-            for _ in 0..300 {
-                let running = Command::new("pgrep")
-                    .args(["-x", "mariadbd"])
-                    .stdout(Stdio::null())
-                    .status()
-                    .await?;
-                if !running.success() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            let status = Command::new("start-stop-daemon")
-                .args([
-                    "--start",
-                    "--oknodo",
-                    "--background",
-                    "--exec",
-                    "/usr/sbin/mariadbd",
-                ])
-                .status()
-                .await?;
-            if !status.success() {
-                return Err("starting mariadbd failed".into());
-            }
+            let db = private_mariadb().await?;
+            tokio::task::spawn_blocking(move || db.restart()).await??;
         }
         Backend::Sqlite => return Ok(()),
     }
@@ -707,11 +673,7 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
     let label = format!("{backend:?}").to_lowercase();
     let mut rng = Rng(seed.max(1));
     let s = setup(backend).await?;
-    let probe = match backend {
-        Backend::Postgres => std::env::var("ORION_BEACON_PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
-        _ => s.url.clone(),
-    };
+    let probe = s.admin_url.clone();
     let all_faults: Vec<&str> = match backend {
         Backend::Sqlite => vec!["kill", "pause"],
         _ => vec!["kill", "pause", "connkill", "restart"],
@@ -877,7 +839,7 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
         let text = std::fs::read_to_string(&p.history).unwrap_or_default();
         record.add_history(&text, kills.get(&p.name).copied())?;
     }
-    let admin = connect(&probe_url_for(&s, &probe), 1).await?;
+    let admin = connect(&s.admin_url, 1).await?;
     let rows = admin
         .query_all(
             &Query::select()
@@ -942,11 +904,4 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
         .execute(&Table::drop().table(Alias::new(&s.table)).to_owned())
         .await;
     Ok(verdict.violations.is_empty() && verdict.terms > 0)
-}
-
-fn probe_url_for(s: &Setup, probe: &str) -> String {
-    match s.backend {
-        Backend::Postgres => probe.to_owned(),
-        _ => s.url.clone(),
-    }
 }
