@@ -15,6 +15,10 @@ enum Mode {
     Normal,
     Fail,
     Hang,
+    /// The statement runs at once, its answer arrives this much later.
+    SlowReply(Duration),
+    /// Grants say only this much of the lease is left (then the mode goes back to normal).
+    ShortGrant(Duration),
 }
 
 /// The in-memory store, with a switch to make it fail or hang, and a log of what happened.
@@ -51,7 +55,7 @@ impl Scripted {
     async fn gate(&self) -> Result<(), StoreError> {
         let mode = *self.mode.lock().unwrap();
         match mode {
-            Mode::Normal => Ok(()),
+            Mode::Normal | Mode::SlowReply(_) | Mode::ShortGrant(_) => Ok(()),
             Mode::Fail => Err(StoreError::Database(sea_orm::DbErr::Custom(
                 "injected".into(),
             ))),
@@ -69,8 +73,18 @@ impl LeaseStore for Scripted {
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         self.note(format!("acquire {c}"));
+        let mode = *self.mode.lock().unwrap();
         self.gate().await?;
-        let out = self.inner.acquire_or_renew(r, c, lease).await?;
+        let mut out = self.inner.acquire_or_renew(r, c, lease).await?;
+        if let Mode::SlowReply(delay) = mode {
+            tokio::time::sleep(delay).await;
+        }
+        if let Mode::ShortGrant(left) = mode {
+            if let LeaseOutcome::Acquired(l) | LeaseOutcome::Renewed(l) = &mut out {
+                l.remaining = left;
+            }
+            self.set(Mode::Normal);
+        }
         self.note(format!(
             "outcome {c} {}",
             match &out {
@@ -175,6 +189,118 @@ async fn steps_down_before_the_lease_can_expire() {
         store.set(Mode::Normal);
         handle.abort().await;
     }
+}
+
+/// The local deadline counts from when the request was *sent*, not from when the answer came:
+/// with an answer 4 s late, a leader whose renews then stop steps down while the store's lease
+/// is still live, after an acquire and after a renew alike.
+#[tokio::test(start_paused = true)]
+async fn deadline_counts_from_the_send_not_the_answer() {
+    let slow = Duration::from_secs(4);
+    let margin = LEASE / 10;
+    for renew_is_slow in [false, true] {
+        let store = Scripted::new();
+        let t0 = Instant::now();
+        if !renew_is_slow {
+            store.set(Mode::SlowReply(slow));
+        }
+        let handle = elector(&store, "a").start();
+        let term = wait_leader(&mut handle.watch()).await;
+        let sent = if renew_is_slow {
+            // The first renew (sent at t0 + RENEW) answers late; nothing after it answers.
+            store.set(Mode::SlowReply(slow));
+            tokio::time::sleep(RENEW + Duration::from_millis(1)).await;
+            store.set(Mode::Hang);
+            t0 + RENEW
+        } else {
+            store.set(Mode::Hang);
+            t0
+        };
+        term.lost().await;
+        assert_eq!(term.loss_reason(), Some(LossReason::Deadline));
+        assert_eq!(
+            Instant::now(),
+            sent + LEASE - margin,
+            "renew slow: {renew_is_slow}"
+        );
+        let rec = store.inner.current("job").await.unwrap().unwrap();
+        assert!(
+            rec.live && rec.remaining >= margin,
+            "the store's lease outlives the local term (renew slow: {renew_is_slow}): {rec:?}"
+        );
+        handle.abort().await;
+    }
+}
+
+/// A renew answered with a *new* term (the old one lapsed in the store): the old term ends
+/// `Superseded` and its work is dropped, the new term begins and the work runs again.
+#[tokio::test(start_paused = true)]
+async fn a_renew_answered_with_a_new_term_supersedes_the_old_one() {
+    let store = Scripted::new();
+    let handle = elector(&store, "a").start();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let runs2 = runs.clone();
+    let _work = handle.run_as_leader(move |term| {
+        let runs = runs2.clone();
+        async move {
+            runs.lock().unwrap().push(term.token().get());
+            std::future::pending::<()>().await;
+        }
+    });
+    let mut rx = handle.watch();
+    let first = wait_leader(&mut rx).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The lease ends in the store behind a's back; a's next renew makes a new term there.
+    assert!(store.inner.release("job", "a").await.unwrap());
+    first.lost().await;
+    assert_eq!(first.loss_reason(), Some(LossReason::Superseded));
+    let second = wait_leader(&mut rx).await;
+    assert_eq!(second.token().get(), 2);
+    assert!(second.is_current());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        *runs.lock().unwrap(),
+        vec![1, 2],
+        "the work ran once per term"
+    );
+    handle.shutdown().await;
+}
+
+/// A grant with less lease left than the step-down margin is not trusted: no leader state is
+/// published for it, and the candidate asks again at once (and is then granted in full).
+#[tokio::test(start_paused = true)]
+async fn a_grant_with_too_little_lease_left_is_not_a_term() {
+    let store = Scripted::new();
+    store.set(Mode::ShortGrant(LEASE / 20)); // under the margin (LEASE / 10)
+    let handle = elector(&store, "a").start();
+    let mut rx = handle.watch();
+    let mut seen = Vec::new();
+    let term = loop {
+        rx.changed().await.unwrap();
+        let state = rx.borrow_and_update().clone();
+        seen.push(format!("{state:?}"));
+        if let Leadership::Leader(term) = state {
+            break term;
+        }
+    };
+    assert_eq!(store.count("acquire a"), 2, "{:?}", store.events());
+    assert_eq!(
+        term.token().get(),
+        1,
+        "the second call renews the same lease"
+    );
+    assert_eq!(
+        seen.iter().filter(|s| s.starts_with("Leader")).count(),
+        1,
+        "{seen:?}"
+    );
+    let events = store.events();
+    assert_eq!(
+        events[0].0,
+        events[events.len() - 1].0,
+        "asked again at once"
+    );
+    handle.shutdown().await;
 }
 
 /// A denied renew ends the term at once; the candidate keeps contending and wins again later
@@ -574,9 +700,10 @@ async fn store_errors_are_retried_with_backoff() {
         a.leadership(),
         Leadership::Follower { leader: None }
     ));
-    // 50, 100, 200, 400, 800 ms, then the 2 s cap: ~8 attempts in 10 s, not a hot loop.
+    // At t = 0, then after 50, 100, 200, 400, 800 ms and 2 s (the cap) each: t = 0, 0.05,
+    // 0.15, 0.35, 0.75, 1.55, 3.55, 5.55, 7.55, 9.55 s: exactly 10 attempts, not a hot loop.
     let attempts = store.count("acquire a");
-    assert!((6..=10).contains(&attempts), "{attempts}");
+    assert_eq!(attempts, 10, "{:?}", store.events());
     store.set(Mode::Normal);
     let term = wait_leader(&mut a.watch()).await;
     assert_eq!(term.token().get(), 1);

@@ -214,6 +214,77 @@ pub async fn open_fence_holds_off_the_takeover(h: &SqlHarness) {
     ledger.drop(h.db()).await;
 }
 
+/// The statement-level fence locks the lease row like the transactional one: A's open
+/// transaction wrote through `execute_fenced`; B's acquire after A's lease expired waits for
+/// that transaction, then wins with t+1; A's writes come strictly before B's term.
+pub async fn open_statement_fence_holds_off_the_takeover(h: &SqlHarness) {
+    let store = h.store();
+    let ledger = Ledger::create(h.db()).await;
+    let r = unique("stmt_fence_race");
+    let t = acquire(&store, &r, "a").await;
+    let a = Term {
+        resource: &r,
+        holder: "a",
+        token: t,
+    };
+    // INSERT INTO ledger (token, seq) SELECT t, seq WHERE <fenced_by(a)>.
+    let fenced_insert = |seq: i32| {
+        Query::insert()
+            .into_table(Alias::new(&ledger.table))
+            .columns([Alias::new("token"), Alias::new("seq")])
+            .select_from(
+                Query::select()
+                    .expr(Expr::val(t.get()))
+                    .expr(Expr::val(seq))
+                    .and_where(store.fenced_by(a).unwrap())
+                    .to_owned(),
+            )
+            .unwrap()
+            .to_owned()
+    };
+
+    let txn = h.db().begin().await.unwrap();
+    assert_eq!(
+        store
+            .execute_fenced(&txn, &fenced_insert(1), a)
+            .await
+            .unwrap(),
+        1
+    );
+
+    let b_store = h.separate_store().await;
+    let r2 = r.clone();
+    let b = tokio::spawn(async move {
+        tokio::time::sleep(PAST_LEASE).await; // A's lease has expired by now
+        let started = Instant::now();
+        let out = b_store.acquire_or_renew(&r2, "b", LEASE).await.unwrap();
+        (started, Instant::now(), out)
+    });
+    tokio::time::sleep(PAST_LEASE + Duration::from_millis(700)).await; // B is waiting on the lock
+    ledger.insert(&txn, t, 2).await;
+    let committing = Instant::now();
+    txn.commit().await.unwrap();
+
+    let (b_started, b_done, out) = b.await.unwrap();
+    assert!(b_started < committing, "B asked before A committed");
+    assert!(
+        b_done >= committing,
+        "B's acquire must wait for A's statement-fenced transaction"
+    );
+    let LeaseOutcome::Acquired(lease) = out else {
+        panic!("B should take over: {out:?}")
+    };
+    assert_eq!(lease.token.get(), t.get() + 1);
+    // A stale term's fenced statement now writes nothing.
+    assert!(store
+        .execute_fenced(h.db(), &fenced_insert(3), a)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    assert_eq!(ledger.rows(h.db()).await, vec![(t.get(), 1), (t.get(), 2)]);
+    ledger.drop(h.db()).await;
+}
+
 /// The statement-level fence: one row for the current term, none (and `Fenced`) for a stale one.
 pub async fn statement_fence_affects_no_rows_when_stale(h: &SqlHarness) {
     let store = h.store();
@@ -375,6 +446,13 @@ macro_rules! fencing_suite {
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn open_statement_fence_holds_off_the_takeover() {
+            if let Some(h) = $setup.await {
+                crate::open_statement_fence_holds_off_the_takeover(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn statement_fence_affects_no_rows_when_stale() {
             if let Some(h) = $setup.await {
                 crate::statement_fence_affects_no_rows_when_stale(&h).await;
@@ -409,6 +487,18 @@ mod mariadb {
     use super::*;
     use crate::common::Server;
     fencing_suite!(SqlHarness::server(Server::MySql));
+}
+
+/// Under READ COMMITTED, InnoDB takes no shared locks on rows a statement's subquery reads
+/// unless asked (`LOCK IN SHARE MODE`); under the default REPEATABLE READ it locks them anyway.
+/// Both isolation levels run the suite, so a fence without its lock clause fails here.
+#[cfg(feature = "mysql")]
+mod mariadb_read_committed {
+    use super::*;
+    fencing_suite!(SqlHarness::mysql_with_session(
+        orion_beacon::MySqlUpsert::Returning,
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+    ));
 }
 
 #[cfg(feature = "serde")]

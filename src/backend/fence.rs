@@ -112,6 +112,24 @@ pub(crate) fn share_locked_check(
         .to_owned()
 }
 
+/// The subquery of the statement-level fence: [`share_locked_check`], except on SQLite, where
+/// one statement runs under the write lock already and `FOR SHARE` does not exist.
+pub(crate) fn statement_check(
+    d: &dyn Dialect,
+    backend: DbBackend,
+    table: &Alias,
+    term: &Term<'_>,
+) -> SelectStatement {
+    match backend {
+        DbBackend::Sqlite => Query::select()
+            .expr(Expr::val(1))
+            .from(table.clone())
+            .and_where(term.current(d))
+            .to_owned(),
+        _ => share_locked_check(d, table, term),
+    }
+}
+
 /// SQLite: a no-op write of the lease row, so the check holds SQLite's write lock.
 pub(crate) fn write_locked_check(
     d: &dyn Dialect,
@@ -176,16 +194,13 @@ impl SeaOrmLeaseStore {
         let term = term.into();
         term.validate()?;
         let d = self.dialect()?;
-        let mut check = share_locked_check(d, &self.table_iden(), &term);
-        if self.connection().get_database_backend() == DbBackend::Sqlite {
-            // One SQLite statement runs under the write lock already.
-            check = Query::select()
-                .expr(Expr::val(1))
-                .from(self.table_iden())
-                .and_where(term.current(d))
-                .to_owned();
-        }
-        Ok(Expr::exists(check))
+        let backend = self.connection().get_database_backend();
+        Ok(Expr::exists(statement_check(
+            d,
+            backend,
+            &self.table_iden(),
+            &term,
+        )))
     }
 
     /// Runs a statement that carries [`fenced_by`](Self::fenced_by) and returns the rows it
@@ -238,6 +253,36 @@ mod tests {
             holder: "me",
             token: FencingToken::new(7),
         }
+    }
+
+    // The statement-level fence inside a caller's UPDATE: the lock clause must survive.
+    #[test]
+    fn fenced_by_sql_per_backend() {
+        let t = Alias::new("orionbeacon_leases");
+        let update = |backend: DbBackend, d: &dyn Dialect| {
+            Query::update()
+                .table(Alias::new("jobs"))
+                .value(Alias::new("owner_token"), 7i64)
+                .and_where(Expr::col(Alias::new("id")).eq(1))
+                .and_where(Expr::exists(statement_check(d, backend, &t, &term())))
+                .to_owned()
+        };
+        let (sql, values) = update(DbBackend::Postgres, &Postgres).build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) FOR SHARE)"#
+        );
+        assert_eq!(values.0.len(), 6);
+        let (sql, _) = update(DbBackend::MySql, &MySql).build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            "UPDATE `jobs` SET `owner_token` = ? WHERE `id` = ? AND EXISTS(SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) LOCK IN SHARE MODE)"
+        );
+        let (sql, _) = update(DbBackend::Sqlite, &Sqlite).build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE "jobs" SET "owner_token" = ? WHERE "id" = ? AND EXISTS(SELECT ? FROM "orionbeacon_leases" WHERE "resource" = ? AND "holder" = ? AND "fencing_token" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')))"#
+        );
     }
 
     #[test]
