@@ -22,6 +22,43 @@ mod transaction {
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
 }
 
+/// COMMITs this session sent (`Com_commit`): the transaction form sends one per call, the
+/// `RETURNING` form none (autocommit).
+async fn commits(db: &sea_orm::DatabaseConnection) -> u64 {
+    use sea_orm::ConnectionTrait;
+    let row = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SHOW SESSION STATUS LIKE 'Com_commit'",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index::<String>(1).unwrap().parse().unwrap()
+}
+
+/// The harness's stores really use the form each suite names (one session: a pool of one).
+#[tokio::test]
+async fn each_suite_runs_the_form_it_names() {
+    use orion_beacon::{LeaseStore, SeaOrmLeaseStore};
+    for (form, per_call) in [(MySqlUpsert::Transaction, 1), (MySqlUpsert::Returning, 0)] {
+        let Some(h) = SqlHarness::mysql(form).await else {
+            return;
+        };
+        let db = Server::MySql.connect(1).await;
+        let store = h.configure(SeaOrmLeaseStore::new(db.clone()));
+        let before = commits(&db).await;
+        for _ in 0..3 {
+            store
+                .acquire_or_renew("r", "a", std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        assert_eq!(commits(&db).await - before, 3 * per_call, "{form:?}");
+        common::conformance::Harness::teardown(h).await;
+    }
+}
+
 /// On a session where every assignment of `ON DUPLICATE KEY UPDATE` reads the old row.
 pub const SIMULTANEOUS_ASSIGNMENT: &str =
     "SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')";
