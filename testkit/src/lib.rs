@@ -1,7 +1,8 @@
 //! Private database servers for orion-beacon's tests and benchmarks.
 //!
-//! Every server this crate starts is its own: a fresh data directory under the system's
-//! temporary directory, copied from a template that is built once per server version (with
+//! Every server this crate starts is its own: a fresh data directory in a temporary directory
+//! (`/dev/shm` when it has room, else `TMPDIR`; `ORION_TESTKIT_TMPDIR` overrides), copied from a
+//! template that is built once per server version (with
 //! `initdb` / `mariadb-install-db`) and cached in the cargo target directory, on a free port on
 //! 127.0.0.1. Nothing here connects to, stops or restarts a server it did not start.
 //!
@@ -34,7 +35,7 @@
 //! refuses root); otherwise as the current user.
 //!
 //! Environment: `ORION_TESTKIT_CACHE` (template cache directory; default
-//! `<target>/testkit`), `ORION_TESTKIT_KEEP=1` (keep instance directories after the run, for
+//! `<target>/testkit`), `ORION_TESTKIT_TMPDIR` (where instance directories go), `ORION_TESTKIT_KEEP=1` (keep instance directories after the run, for
 //! post-mortems), `ORION_TESTKIT_PG_BINDIR` (PostgreSQL's bin directory).
 //!
 //! # Topologies

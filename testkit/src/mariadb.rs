@@ -139,6 +139,8 @@ pub struct MariaDbBuilder {
     args: Vec<String>,
     env: Vec<(String, String)>,
     cache: Option<PathBuf>,
+    /// Tests only: the port to try first (one that is taken, to see the retry).
+    first_port: Option<u16>,
 }
 
 impl MariaDbBuilder {
@@ -176,12 +178,19 @@ impl MariaDbBuilder {
         format!("{:?} {:?}", self.args, self.env)
     }
 
+    #[cfg(test)]
+    fn first_port(mut self, port: u16) -> Self {
+        self.first_port = Some(port);
+        self
+    }
+
     /// Starts an instance of its own (stopped and removed on drop).
     pub fn start(self) -> Result<MariaDb, Error> {
         let started = Instant::now();
         let bin = binaries()?;
         let who = run_as("mysql", "mariadb-server")?;
         let mut cached = false;
+        let mut first_port = self.first_port;
         let db = with_port_retries(|| {
             let dir = new_dir("mariadb", who)?;
             let guard = DirGuard(Some(dir.clone()));
@@ -192,7 +201,10 @@ impl MariaDbBuilder {
                 &data,
                 |dest| init_template(bin, who, dest),
             )?;
-            let port = free_port()?;
+            let port = match first_port.take() {
+                Some(port) => port,
+                None => free_port()?,
+            };
             let db = MariaDb::launch(bin, who, dir, port, &self.args, &self.env, "", "MariaDB")?;
             guard.disarm();
             Ok(db)
@@ -363,5 +375,19 @@ impl MariaDb {
                 .args(["-u", "root", "-N", "-B", "-e", sql]),
             "mariadb",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_port_is_retried_with_another() {
+        let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = squatter.local_addr().unwrap().port();
+        let db = MariaDb::builder().first_port(taken).start().unwrap();
+        assert_ne!(db.port(), taken);
+        assert_eq!(db.sql("SELECT 1").unwrap().trim(), "1");
     }
 }

@@ -172,6 +172,8 @@ pub enum Replication {
 pub struct PostgresBuilder {
     settings: Vec<(String, String)>,
     cache: Option<PathBuf>,
+    /// Tests only: the port to try first (one that is taken, to see the retry).
+    first_port: Option<u16>,
 }
 
 impl PostgresBuilder {
@@ -193,12 +195,19 @@ impl PostgresBuilder {
         format!("{:?}", self.settings)
     }
 
+    #[cfg(test)]
+    fn first_port(mut self, port: u16) -> Self {
+        self.first_port = Some(port);
+        self
+    }
+
     /// Starts an instance of its own (stopped and removed on drop).
     pub fn start(self) -> Result<Postgres, Error> {
         let started = Instant::now();
         let bin = binaries()?;
         let who = run_as("postgres", "postgresql")?;
         let mut cached = false;
+        let mut first_port = self.first_port;
         let pg = with_port_retries(|| {
             let dir = new_dir("postgres", who)?;
             let guard = DirGuard(Some(dir.clone()));
@@ -209,7 +218,10 @@ impl PostgresBuilder {
                 &data,
                 |dest| init_template(bin, who, dest),
             )?;
-            let port = free_port()?;
+            let port = match first_port.take() {
+                Some(port) => port,
+                None => free_port()?,
+            };
             let mut settings: Vec<(String, String)> = DEFAULTS
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -535,4 +547,30 @@ pub struct PgCluster {
     pub standbys: Vec<Postgres>,
     /// The primary.
     pub primary: Postgres,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Someone else listens on the port the first attempt picks: the server fails to bind,
+    /// its directory goes, and the second attempt runs on another port.
+    #[test]
+    fn a_taken_port_is_retried_with_another() {
+        let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = squatter.local_addr().unwrap().port();
+        let pg = Postgres::builder().first_port(taken).start().unwrap();
+        assert_ne!(pg.port(), taken);
+        assert_eq!(pg.sql("SELECT 1").unwrap().trim(), "1");
+        let leftovers: Vec<_> = std::fs::read_dir(crate::process::base_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with(&format!("orion-testkit-postgres-{}-", std::process::id()))
+                    && e.path() != pg.data_dir().parent().unwrap()
+            })
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
 }

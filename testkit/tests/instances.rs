@@ -28,7 +28,7 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
-        "orion-testkit-test-{name}-{}-{}",
+        "orion-beacon-testkit-scratch-{name}-{}-{}",
         std::process::id(),
         Instant::now().elapsed().as_nanos()
     ));
