@@ -1,5 +1,5 @@
-//! The store contract on PostgreSQL (`ORION_BEACON_PG_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`).
+//! The store contract on PostgreSQL (this test binary's private instance, or the server
+//! `ORION_BEACON_PG_URL` names).
 #![cfg(feature = "postgres")]
 
 mod common;
