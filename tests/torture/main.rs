@@ -392,6 +392,19 @@ struct Proc {
     name: String,
     child: Child,
     history: PathBuf,
+    pid: Option<u32>,
+    skewed: bool,
+}
+
+impl Proc {
+    /// libfaketime keeps a shared-memory segment per process (`/dev/shm/faketime_shm_<pid>`,
+    /// `sem.faketime_sem_<pid>`) and removes it at exit; a SIGKILLed candidate cannot.
+    fn remove_faketime_leftovers(&self) {
+        if let (true, Some(pid)) = (self.skewed, self.pid) {
+            let _ = std::fs::remove_file(format!("/dev/shm/faketime_shm_{pid}"));
+            let _ = std::fs::remove_file(format!("/dev/shm/sem.faketime_sem_{pid}"));
+        }
+    }
 }
 
 async fn harness(args: Args) -> i32 {
@@ -550,8 +563,10 @@ fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     let child = cmd.spawn()?;
     Ok(Proc {
         name: name.to_owned(),
+        pid: child.id(),
         child,
         history,
+        skewed: skew.is_some(),
     })
 }
 
@@ -753,11 +768,7 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
                         let _ = slot.child.wait().await;
                         let old = std::mem::replace(slot, spawn(&s, &fresh, None)?);
                         // keep the dead one's history for the checker
-                        procs.push(Proc {
-                            name: old.name,
-                            child: old.child,
-                            history: old.history,
-                        });
+                        procs.push(old);
                     }
                 }
             }
@@ -828,6 +839,9 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
             let _ = p.child.start_kill();
             let _ = p.child.wait().await;
         }
+    }
+    for p in &procs {
+        p.remove_faketime_leftovers();
     }
     let run_end_ns = mono_ns();
     let mut record = checker::Record {
