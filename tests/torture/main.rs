@@ -902,6 +902,18 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
     for v in &verdict.violations {
         println!("  VIOLATION: {v}");
     }
+    if !verdict.violations.is_empty() {
+        // The fault timeline, in the same monotonic nanoseconds as the violations.
+        for f in &record.faults {
+            println!(
+                "  fault {} {} at {}..{}",
+                f.kind,
+                f.candidate.as_deref().unwrap_or("-"),
+                f.start,
+                f.end
+            );
+        }
+    }
     let missing: Vec<&String> = faults.iter().filter(|f| !counts.contains_key(*f)).collect();
     if !missing.is_empty() {
         println!("  (fault kinds that found no leader to hit: {missing:?})");
