@@ -176,3 +176,73 @@ mod mariadb_sql_mode {
         takeover_writes_a_live_lease(MySqlUpsert::Transaction).await;
     }
 }
+
+/// A pooled connection left inside a transaction nobody finished (sqlx 0.9 does that when a
+/// future is dropped during `begin()`; a raw `BEGIN` does the same): the store's statement must
+/// not join that transaction and report a grant that never commits.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod abandoned_transaction {
+    use std::time::Duration;
+
+    use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+    use sea_orm::ConnectionTrait;
+
+    use crate::common::{drop_table, migrate, unique, Server};
+
+    async fn grant_is_committed(server: Server) {
+        if server.skipped() {
+            return;
+        }
+        let admin = server.connect(2).await;
+        let table = unique("abandoned");
+        migrate(&admin, &table).await;
+        // One connection, left inside an open transaction.
+        let db = server.connect(1).await;
+        db.execute_unprepared("BEGIN").await.unwrap();
+        let store = SeaOrmLeaseStore::new(db.clone())
+            .with_table(&table)
+            .unwrap()
+            .with_release_notifications(false);
+        let out = store
+            .acquire_or_renew("job", "a", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(
+            matches!(out, LeaseOutcome::Acquired(ref l) if l.token.get() == 1),
+            "{out:?}"
+        );
+        // Committed: another connection sees it, without waiting for anybody's lock.
+        let other = SeaOrmLeaseStore::new(admin.clone())
+            .with_table(&table)
+            .unwrap();
+        let row = tokio::time::timeout(Duration::from_secs(5), other.current("job"))
+            .await
+            .expect("the lease row is not locked by an abandoned transaction")
+            .unwrap();
+        assert!(
+            matches!(row, Some(ref r) if r.live && r.holder == "a"),
+            "the reported grant is not in the table: {row:?}"
+        );
+        let b = tokio::time::timeout(
+            Duration::from_secs(5),
+            other.acquire_or_renew("job", "b", Duration::from_secs(30)),
+        )
+        .await
+        .expect("not blocked")
+        .unwrap();
+        assert!(matches!(b, LeaseOutcome::Denied(_)), "{b:?}");
+        drop_table(&admin, &table).await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        grant_is_committed(Server::Postgres).await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mariadb() {
+        grant_is_committed(Server::MySql).await;
+    }
+}

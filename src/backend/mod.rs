@@ -6,6 +6,8 @@
 //! MySQL builder drops `ON CONFLICT ... WHERE` and `RETURNING` without a word.
 
 mod admin;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod autocommit;
 mod errors;
 pub mod fence;
 pub mod mysql;

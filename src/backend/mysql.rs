@@ -145,6 +145,11 @@ pub(crate) fn upsert(
     Ok(stmt)
 }
 
+/// The last column of the MariaDB form's `RETURNING` list: 1 inside a transaction.
+pub(crate) const IN_TRANSACTION: &str = "CAST(@@in_transaction AS SIGNED)";
+/// Its index.
+pub(crate) const IN_TRANSACTION_COLUMN: usize = 6;
+
 /// The MariaDB form: the upsert with a `RETURNING` clause of the lease row, which sea-query's
 /// MySQL builder would drop. The clause is rendered by sea-query as a select list (it has no
 /// parameters) and appended.
@@ -163,6 +168,10 @@ pub(crate) fn upsert_returning(
         .ok_or_else(|| DbErr::Custom(format!("unexpected select list: {list}")))?;
     sql.push_str(" RETURNING ");
     sql.push_str(list);
+    // Whether the statement ran inside a transaction (then it has not committed): see
+    // `autocommit`.
+    sql.push_str(", ");
+    sql.push_str(IN_TRANSACTION);
     Ok(Statement::from_sql_and_values(
         DbBackend::MySql,
         sql,
@@ -233,7 +242,7 @@ mod tests {
             stmt.sql,
             format!(
                 "{UPSERT} RETURNING `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000"
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, CAST(@@in_transaction AS SIGNED)"
             )
         );
         assert_eq!(stmt.values.map(|v| v.0.len()), Some(9));

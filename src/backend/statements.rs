@@ -125,11 +125,15 @@ const ROW_NAMES: [&str; 6] = [
     "remaining_ms",
 ];
 
+/// The index of `transaction_timestamp()` in [`upsert_reporting`]'s rows.
+pub(crate) const TRANSACTION_START_COLUMN: usize = 7;
+
 /// PostgreSQL: the [`upsert`] and, when it grants nothing, the lease row as it stood when the
 /// statement began, in one statement (one round trip even when denied). The last column says
 /// which: `TRUE` for the granted row, `FALSE` for the report. The report comes from the
 /// statement's snapshot, so during a race it can be stale or missing: it is a hint about who
-/// holds the lease, never a grant.
+/// holds the lease, never a grant. The column after it is `transaction_timestamp()`, for the
+/// check that the statement committed on its own (see `autocommit`).
 pub(crate) fn upsert_reporting(
     d: &dyn Dialect,
     table: &Alias,
@@ -146,6 +150,7 @@ pub(crate) fn upsert_reporting(
     let report = Query::select()
         .exprs(returned_row(d))
         .expr(Expr::cust("FALSE"))
+        .expr(Expr::cust("transaction_timestamp()"))
         .from(table.clone())
         .and_where(Expr::col(Column::Resource).eq(resource))
         .and_where(
@@ -161,6 +166,7 @@ pub(crate) fn upsert_reporting(
     let main = Query::select()
         .columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
         .expr(Expr::cust("TRUE"))
+        .expr(Expr::cust("transaction_timestamp()"))
         .from(granted)
         .union(UnionType::All, report)
         .to_owned();
@@ -358,9 +364,9 @@ mod tests {
             sql,
             format!(
                 "WITH \"granted\" (\"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\") AS ({insert}) \
-                 SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\", TRUE FROM \"granted\" \
+                 SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\", TRUE, transaction_timestamp() FROM \"granted\" \
                  UNION ALL (SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \
-                 CAST(FLOOR(EXTRACT(EPOCH FROM (\"expires_at\" - statement_timestamp())) * 1000) AS BIGINT), FALSE \
+                 CAST(FLOOR(EXTRACT(EPOCH FROM (\"expires_at\" - statement_timestamp())) * 1000) AS BIGINT), FALSE, transaction_timestamp() \
                  FROM \"orionbeacon_leases\" WHERE \"resource\" = $9 AND (NOT EXISTS(SELECT 1 FROM \"granted\")))"
             )
         );

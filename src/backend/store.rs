@@ -210,10 +210,58 @@ impl SeaOrmLeaseStore {
     /// SQLite sends `RETURNING` rows before it commits (and a commit that cannot get its lock
     /// rolls the statement back), PostgreSQL reports commit-time errors after the rows, and a
     /// Galera node sends rows before certification. Only a statement read to its end, without
-    /// an error, has committed.
+    /// an error, has committed; on MariaDB and PostgreSQL it is also checked to have run
+    /// outside any transaction (see `autocommit`).
     async fn deciding(&self, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
-        self.with_retry(|| self.db.query_all_raw(stmt.clone()))
-            .await
+        match self.db.get_database_backend() {
+            #[cfg(feature = "postgres")]
+            DbBackend::Postgres => {
+                let pool = self.db.get_postgres_connection_pool();
+                self.autocommitted(|| {
+                    super::autocommit::postgres(pool, &stmt, statements::TRANSACTION_START_COLUMN)
+                })
+                .await
+            }
+            #[cfg(feature = "mysql")]
+            DbBackend::MySql => {
+                let pool = self.db.get_mysql_connection_pool();
+                self.autocommitted(|| {
+                    super::autocommit::mysql(pool, &stmt, super::mysql::IN_TRANSACTION_COLUMN)
+                })
+                .await
+            }
+            _ => {
+                self.with_retry(|| self.db.query_all_raw(stmt.clone()))
+                    .await
+            }
+        }
+    }
+
+    /// Runs a checked statement (see `autocommit`), again on another connection when the one
+    /// it got was inside an abandoned transaction, at most [`ATTEMPTS`] times in all.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    async fn autocommitted<F, Fut>(&self, mut run: F) -> Result<Vec<QueryResult>, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<super::autocommit::Checked, DbErr>>,
+    {
+        use super::autocommit::Checked;
+        for attempt in 1..=ATTEMPTS {
+            match self.with_retry(&mut run).await? {
+                Checked::Committed(rows) => return Ok(rows),
+                Checked::InAbandonedTransaction => tracing::warn!(
+                    table = %self.table,
+                    attempt,
+                    "a pooled connection was inside a transaction nobody finished (a future \
+                     dropped during `begin()`?); rolled it back, its lease statement does not count"
+                ),
+            }
+        }
+        Err(StoreError::Conflict {
+            source: DbErr::Custom(
+                "every pooled connection tried was inside an abandoned transaction".to_owned(),
+            ),
+        })
     }
 
     /// A row of the lease table that could not be read back.

@@ -193,6 +193,59 @@ impl HistoryFile {
     }
 }
 
+/// The store as the candidate uses it: every call and its raw outcome go to the history as a
+/// `call` line (start, end, outcome), so a violation can be traced to the statements behind it.
+#[derive(Clone)]
+struct Logged {
+    inner: SeaOrmLeaseStore,
+    history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Logged {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<orion_beacon::LeaseOutcome, orion_beacon::StoreError> {
+        let t0 = mono_ns();
+        let out = self.inner.acquire_or_renew(r, c, lease).await;
+        let t1 = mono_ns();
+        let what = match &out {
+            Ok(orion_beacon::LeaseOutcome::Acquired(l)) => format!(
+                "acquired {} rem={:?} acq={:?} exp={:?}",
+                l.token, l.remaining, l.acquired_at, l.expires_at
+            ),
+            Ok(orion_beacon::LeaseOutcome::Renewed(l)) => format!(
+                "renewed {} rem={:?} acq={:?} exp={:?}",
+                l.token, l.remaining, l.acquired_at, l.expires_at
+            ),
+            Ok(orion_beacon::LeaseOutcome::Denied(d)) => {
+                format!("denied {:?} {:?} rem={:?}", d.holder, d.token, d.remaining)
+            }
+            Err(e) => format!("error {e}"),
+        };
+        self.history
+            .lock()
+            .unwrap()
+            .line(&format!("call {t0} {t1} {what}"));
+        out
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, orion_beacon::StoreError> {
+        self.inner.release(r, c).await
+    }
+    async fn current(
+        &self,
+        r: &str,
+    ) -> Result<Option<orion_beacon::LeaseRecord>, orion_beacon::StoreError> {
+        self.inner.current(r).await
+    }
+    fn release_events(&self) -> Option<orion_beacon::ReleaseEvents> {
+        self.inner.release_events()
+    }
+}
+
 async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, Error> {
     let mut options = if url.starts_with("sqlite:") {
         orion_beacon::backend::sqlite::connect_options(url)
@@ -227,15 +280,18 @@ async fn candidate(args: Args) -> Result<(), Error> {
 
     let db = connect(&args.url, 3).await?;
     let store = SeaOrmLeaseStore::new(db.clone()).with_table(&args.table)?;
-    let handle = Elector::builder(store.clone())
-        .resource(&args.resource)
-        .candidate_id(&name)
-        .lease_duration(LEASE)
-        .renew_interval(RENEW)
-        .retry_interval(RETRY)
-        .grace_period(Duration::from_millis(200))
-        .build()?
-        .start();
+    let handle = Elector::builder(Logged {
+        inner: store.clone(),
+        history: history.clone(),
+    })
+    .resource(&args.resource)
+    .candidate_id(&name)
+    .lease_duration(LEASE)
+    .renew_interval(RENEW)
+    .retry_interval(RETRY)
+    .grace_period(Duration::from_millis(200))
+    .build()?
+    .start();
 
     // Leadership as the candidate believes it: a line when a term starts and when it ends.
     let mut rx = handle.watch();
