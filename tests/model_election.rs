@@ -119,6 +119,10 @@ struct Params {
     /// Statements in flight that nobody waits for (given up, failed, crashed, or never
     /// awaited: releases and fenced writes): at most this many at once.
     max_orphans: usize,
+    /// A release names the exact write it ends (the token and the expiry of the last renew the
+    /// elector saw) instead of only the holder: the change that would remove the same-id
+    /// counterexample.
+    release_guard: bool,
     /// Tokens and incarnations by rank, candidates in a canonical order (a finite, smaller
     /// state space). Off for readable traces, where the search is bounded by depth anyway.
     canonical_ids: bool,
@@ -154,6 +158,7 @@ impl Params {
             release: true,
             fence: true,
             max_orphans: 1,
+            release_guard: false,
             canonical_ids: true,
         }
     }
@@ -205,6 +210,9 @@ struct Row {
     expires: i8,
     acquired: i8,
     renewed: i8,
+    /// Which write of the row this is: every grant (new term or renew) makes a new one. Only
+    /// kept with `release_guard` (0 otherwise).
+    version: u8,
 }
 
 /// A candidate's elector. A `deadline` is the database instant, relative to now, at which the
@@ -226,7 +234,8 @@ enum Phase {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Outcome {
-    Granted(u8),
+    /// The token, and the identity of the write (see `Row::version`).
+    Granted(u8, u8),
     Denied,
 }
 
@@ -239,12 +248,15 @@ struct Cand {
     call: Option<i8>,
     /// Its answer, once the statement was applied (the loop may still never read it).
     answer: Option<Outcome>,
+    /// The write of the last grant its term took up (`release_guard` only).
+    seen: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Kind {
     Upsert,
-    Release,
+    /// With `release_guard`, the write it ends.
+    Release(u8),
     Fence(u8),
 }
 
@@ -339,6 +351,7 @@ impl Cand {
             phase: Phase::Follower,
             call: None,
             answer: None,
+            seen: 0,
         }
     }
 }
@@ -415,8 +428,9 @@ impl Election {
                             expires: lease,
                             acquired: start,
                             renewed: start,
+                            version: 1,
                         });
-                        Outcome::Granted(1)
+                        Outcome::Granted(1, 1)
                     }
                     Some(r) if r.expires <= start => {
                         // Expired when the statement started: a new term, token + 1.
@@ -426,16 +440,18 @@ impl Election {
                             expires: lease,
                             acquired: start,
                             renewed: start,
+                            version: r.version + 1,
                         });
-                        Outcome::Granted(r.token + 1)
+                        Outcome::Granted(r.token + 1, r.version + 1)
                     }
                     Some(r) if r.holder == m.origin => {
                         s.row = Some(Row {
                             expires: lease,
                             renewed: start.max(r.acquired),
+                            version: r.version + 1,
                             ..r
                         });
-                        Outcome::Granted(r.token)
+                        Outcome::Granted(r.token, r.version + 1)
                     }
                     Some(_) => Outcome::Denied,
                 };
@@ -443,9 +459,10 @@ impl Election {
                     s.cands[m.origin.slot as usize].answer = Some(outcome);
                 }
             }
-            Kind::Release => {
+            Kind::Release(version) => {
                 if let Some(r) = s.row.as_mut() {
-                    if r.holder == m.origin && r.expires > start {
+                    let named = !self.p.release_guard || r.version == version;
+                    if r.holder == m.origin && named && r.expires > start {
                         r.expires = r.renewed.min(start);
                     }
                 }
@@ -524,6 +541,24 @@ impl Election {
                 m.start = Some(place(t));
             }
         }
+        if self.p.release_guard {
+            self.rank_versions(s);
+        } else {
+            if let Some(r) = s.row.as_mut() {
+                r.version = 0;
+            }
+            for cand in s.cands.iter_mut() {
+                cand.seen = 0;
+                if let Some(Outcome::Granted(_, v)) = cand.answer.as_mut() {
+                    *v = 0;
+                }
+            }
+            for m in s.msgs.iter_mut() {
+                if let Kind::Release(v) = &mut m.kind {
+                    *v = 0;
+                }
+            }
+        }
         if self.p.canonical_ids {
             self.rank_tokens(s);
             self.rank_incarnations(s);
@@ -542,7 +577,7 @@ impl Election {
             if let Some((t, _)) = cand.phase.term() {
                 seen.push(t);
             }
-            if let Some(Outcome::Granted(t)) = cand.answer {
+            if let Some(Outcome::Granted(t, _)) = cand.answer {
                 seen.push(t);
             }
         }
@@ -561,13 +596,56 @@ impl Election {
             if let Phase::Leader { token, .. } | Phase::Draining { token, .. } = &mut cand.phase {
                 *token = rank(*token);
             }
-            if let Some(Outcome::Granted(t)) = cand.answer.as_mut() {
+            if let Some(Outcome::Granted(t, _)) = cand.answer.as_mut() {
                 *t = rank(*t);
             }
         }
         for m in s.msgs.iter_mut() {
             if let Kind::Fence(t) = &mut m.kind {
                 *t = rank(*t);
+            }
+        }
+    }
+
+    /// Write identities are only compared for equality: keep those still referred to, by rank.
+    fn rank_versions(&self, s: &mut State) {
+        let mut seen: Vec<u8> = Vec::new();
+        if let Some(r) = s.row {
+            seen.push(r.version);
+        }
+        for cand in &s.cands {
+            if cand.phase.term().is_some() {
+                seen.push(cand.seen);
+            }
+            if let Some(Outcome::Granted(_, v)) = cand.answer {
+                seen.push(v);
+            }
+        }
+        for m in &s.msgs {
+            if let Kind::Release(v) = m.kind {
+                seen.push(v);
+            }
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        // Rank 0 is "none of these": a seen write no longer referred to by anything else.
+        let rank = |v: u8| seen.binary_search(&v).map_or(0, |i| i as u8 + 1);
+        if let Some(r) = s.row.as_mut() {
+            r.version = rank(r.version);
+        }
+        for cand in s.cands.iter_mut() {
+            cand.seen = if cand.phase.term().is_some() {
+                rank(cand.seen)
+            } else {
+                0
+            };
+            if let Some(Outcome::Granted(_, v)) = cand.answer.as_mut() {
+                *v = rank(*v);
+            }
+        }
+        for m in s.msgs.iter_mut() {
+            if let Kind::Release(v) = &mut m.kind {
+                *v = rank(*v);
             }
         }
     }
@@ -709,7 +787,7 @@ impl Model for Election {
                 },
                 Some(sent) => {
                     match cand.answer {
-                        Some(Outcome::Granted(_)) => {
+                        Some(Outcome::Granted(..)) => {
                             // Where the new deadline falls depends on the clock's rate (spans
                             // giving the same deadline, e.g. passed already, are one choice).
                             let mut last = None;
@@ -783,15 +861,19 @@ impl Model for Election {
                 let deadline = (cand.call.expect("a call in flight") + span).max(0);
                 s.cands[c].call = None;
                 s.cands[c].answer = None;
-                match (cand.phase, cand.answer.expect("an answer")) {
-                    (Phase::Follower, Outcome::Granted(t)) => {
+                let outcome = cand.answer.expect("an answer");
+                if let Outcome::Granted(_, version) = outcome {
+                    s.cands[c].seen = version;
+                }
+                match (cand.phase, outcome) {
+                    (Phase::Follower, Outcome::Granted(t, _)) => {
                         self.begin_term(&mut s, c, t, deadline)
                     }
                     (Phase::Follower, Outcome::Denied) => {}
-                    (Phase::Leader { token, .. }, Outcome::Granted(t)) if t == token => {
+                    (Phase::Leader { token, .. }, Outcome::Granted(t, _)) if t == token => {
                         s.cands[c].phase = Phase::Leader { token, deadline };
                     }
-                    (Phase::Leader { .. }, Outcome::Granted(t)) => {
+                    (Phase::Leader { .. }, Outcome::Granted(t, _)) => {
                         // A new term in the store: the old one ends, the new one begins.
                         s.cands[c].phase = Phase::Follower;
                         self.begin_term(&mut s, c, t, deadline);
@@ -799,7 +881,7 @@ impl Model for Election {
                     (Phase::Leader { .. }, Outcome::Denied) => {
                         s.cands[c].phase = Phase::Follower;
                     }
-                    (Phase::Draining { token, .. }, Outcome::Granted(t)) if t == token => {
+                    (Phase::Draining { token, .. }, Outcome::Granted(t, _)) if t == token => {
                         s.cands[c].phase = Phase::Draining { token, deadline };
                     }
                     (Phase::Draining { .. }, _) => {
@@ -827,7 +909,8 @@ impl Model for Election {
             Action::EndDrain(c, release) => {
                 s.cands[c].phase = Phase::Stopped;
                 if release {
-                    self.send_orphan(&mut s, c, Kind::Release);
+                    let seen = s.cands[c].seen;
+                    self.send_orphan(&mut s, c, Kind::Release(seen));
                 }
             }
             Action::Crash(c) => {
@@ -926,7 +1009,7 @@ fn who(id: Id) -> String {
 fn statement(m: &Msg) -> String {
     match m.kind {
         Kind::Upsert => format!("{}'s acquire-or-renew", who(m.origin)),
-        Kind::Release => format!("{}'s release", who(m.origin)),
+        Kind::Release(_) => format!("{}'s release", who(m.origin)),
         Kind::Fence(t) => format!("{}'s fenced write (token {t})", who(m.origin)),
     }
 }
@@ -966,7 +1049,7 @@ fn trace(model: &Election, path: stateright::Path<State, Action>) -> String {
             Action::Answer(c, span) => {
                 let sent = db + before.cands[c].call.unwrap_or(0) as i32;
                 let outcome = match before.cands[c].answer {
-                    Some(Outcome::Granted(t)) => format!("granted, token {t}"),
+                    Some(Outcome::Granted(t, _)) => format!("granted, token {t}"),
                     _ => "denied".into(),
                 };
                 let clock = match span.cmp(&d) {
@@ -1108,7 +1191,7 @@ fn describe(p: &Params) -> String {
     let (fast, slow) = p.spans();
     format!(
         "{} candidates, lease {}, margin {}, rho {} (deadline {}..={} ticks after the send), \
-         crash {}, restart {:?}, shutdown {}, release {}, fenced writes {}, orphans <= {}",
+         crash {}, restart {:?}, shutdown {}, release {}{}, fenced writes {}, orphans <= {}",
         p.candidates,
         p.lease,
         p.margin,
@@ -1123,6 +1206,11 @@ fn describe(p: &Params) -> String {
         p.restart,
         p.shutdown,
         p.release,
+        if p.release_guard {
+            " (naming its write)"
+        } else {
+            ""
+        },
         p.fence,
         p.max_orphans,
     )
@@ -1336,6 +1424,25 @@ fn same_id_restart_with_a_release_in_flight_fails() {
         ONE_LEADER,
     );
     assert!(trace.contains("release"), "{trace}");
+}
+
+/// The same, with a release that names the exact write it ends (its term's token and the
+/// expiry of the last renew the elector saw): safe. This is the change that would let a
+/// restarted elector reuse its candidate id with `release_on_shutdown`.
+/// (In the longer run only.)
+#[test]
+fn same_id_restart_with_a_release_bound_to_its_write_is_safe() {
+    if !full_run() {
+        println!("SKIPPED: a longer model run (set ORION_BEACON_MODEL=full)");
+        return;
+    }
+    let margin = at_rule(3, 3);
+    assert_safe(Params {
+        restart: Restart::SameId,
+        fence: false,
+        release_guard: true,
+        ..everything(2, 3, margin, 3)
+    });
 }
 
 /// The derived rule (margin >= rho * lease) is what the code enforces for rho =

@@ -22,13 +22,16 @@ pub const DEFAULT_JITTER: f64 = 0.1;
 pub const MAX_INTERVAL: Duration = crate::store::MAX_LEASE;
 /// The smallest step-down margin accepted, whatever the lease: 1 ms.
 pub const MIN_STEP_DOWN_MARGIN: Duration = Duration::from_millis(1);
-/// The largest clock-rate difference the margin must absorb, as a fraction of the lease:
+/// The largest clock-rate difference the margin must absorb (0.1 %): a leader counts its
+/// deadline on the host's monotonic clock, so if that clock runs slow against the database's
+/// the deadline comes later, in database time, by up to this fraction of the lease. Hence
 /// `step_down_margin` must be at least `lease_duration / 1000` (and [`MIN_STEP_DOWN_MARGIN`]).
 pub const MAX_CLOCK_RATE_DIFFERENCE: f64 = 1e-3;
 
 /// The smallest step-down margin accepted for `lease`: [`MIN_STEP_DOWN_MARGIN`], or the time
-/// the host's clock can gain on the database's over one lease at
-/// [`MAX_CLOCK_RATE_DIFFERENCE`], whichever is larger.
+/// the database's clock can gain on the host's over one lease at [`MAX_CLOCK_RATE_DIFFERENCE`]
+/// (the rule `margin >= rho * lease`, which the model check of the protocol derives and checks:
+/// see `tests/model_election.rs`), whichever is larger.
 pub fn min_step_down_margin(lease: Duration) -> Duration {
     lease
         .mul_f64(MAX_CLOCK_RATE_DIFFERENCE)
@@ -65,7 +68,7 @@ pub enum ConfigError {
     /// [`min_step_down_margin`]).
     #[error(
         "step_down_margin {margin:?} is too small for lease_duration {lease:?}: at least {minimum:?} \
-         (the host's clock may run fast against the database's over one lease)"
+         (the database's clock may run fast against the host's over one lease)"
     )]
     MarginTooSmall {
         /// The margin.

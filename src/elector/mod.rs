@@ -81,9 +81,9 @@ impl ElectorBuilder {
     /// How long before its last grant would run out (counted from when that request was sent)
     /// the leader steps down if it could not renew. Default: a tenth of the lease.
     ///
-    /// The margin must cover how much faster the host's monotonic clock can run than the
-    /// database's clock over one lease, plus the time between a `is_leader()` check and the
-    /// action it guards. At least [`min_step_down_margin`] (`lease / 1000`, and 1 ms), less
+    /// The margin must cover how much the database's clock can gain on the host's monotonic
+    /// clock over one lease (the host's clock running slow makes the deadline come later), plus
+    /// the time between a `is_leader()` check and the action it guards. At least [`min_step_down_margin`] (`lease / 1000`, and 1 ms), less
     /// than half the lease.
     pub fn step_down_margin(mut self, margin: Duration) -> Self {
         self.options.step_down_margin = Some(margin);
