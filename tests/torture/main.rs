@@ -8,11 +8,15 @@
 //! cargo test --release --all-features --test torture -- --backend postgres --duration 600 --candidates 5 --seed 42
 //! ```
 //!
-//! Options: `--backend sqlite|postgres|mysql` (repeatable; default all three), `--duration SECS`
+//! Options: `--backend NAME` (repeatable; default all configurations: `sqlite`, `postgres`,
+//! `mysql`, `sqlite-rollback` (SQLite's rollback journal with a reader holding the file past
+//! the busy timeout), `mariadb-simultaneous` (a server-wide `sql_mode` with
+//! `SIMULTANEOUS_ASSIGNMENT`, candidates on pools of one connection)), `--duration SECS`
 //! (default 30), `--candidates N` (default 5), `--seed N` (default: random, printed),
-//! `--faults kill,pause,connkill,restart` (default all that apply to the backend), `--no-skew`
-//! (do not run candidates under `faketime`). The candidate processes are this same binary,
-//! started with `--candidate`.
+//! `--faults kill,pause,connkill,restart` (default all that apply to the backend), `--pool N`
+//! (connections per candidate pool; default per configuration), `--no-skew` (do not run
+//! candidates under `faketime`). The candidate processes are this same binary, started with
+//! `--candidate`.
 //!
 //! The servers are this binary's own private PostgreSQL and MariaDB instances
 //! (`orion-beacon-testkit`), whatever `ORION_BEACON_PG_URL` / `ORION_BEACON_MYSQL_URL` say: the
@@ -74,6 +78,67 @@ impl MonoClock {
     }
 }
 
+/// One configuration of the run: a backend and the settings around it that change semantics.
+#[derive(Debug, Clone, Copy)]
+struct Configuration {
+    name: &'static str,
+    backend: Backend,
+    /// Connections per candidate pool (the elector and its fenced writes share it).
+    pool: u32,
+    /// SQLite: rollback journal (a commit waits for every reader) with a reader that holds
+    /// its read lock now and then longer than the candidates' busy timeout.
+    rollback_journal: bool,
+    /// MariaDB: the server-wide `sql_mode`, when not the default.
+    sql_mode: Option<&'static str>,
+}
+
+/// The configurations a run without `--backend` goes through, in order.
+const CONFIGURATIONS: [Configuration; 5] = [
+    Configuration {
+        name: "sqlite",
+        backend: Backend::Sqlite,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+    },
+    Configuration {
+        name: "postgres",
+        backend: Backend::Postgres,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+    },
+    Configuration {
+        name: "mysql",
+        backend: Backend::MySql,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+    },
+    // SQLite's own default journal, a long reader, pools of two.
+    Configuration {
+        name: "sqlite-rollback",
+        backend: Backend::Sqlite,
+        pool: 2,
+        rollback_journal: true,
+        sql_mode: None,
+    },
+    // Every assignment of an UPDATE reads the old row (as `sql_mode=ORACLE` has it), pools of
+    // one connection.
+    Configuration {
+        name: "mariadb-simultaneous",
+        backend: Backend::MySql,
+        pool: 1,
+        rollback_journal: false,
+        sql_mode: Some(
+            "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,SIMULTANEOUS_ASSIGNMENT",
+        ),
+    },
+];
+
+/// SQLite rollback-journal mode: the candidates' busy timeout.
+const ROLLBACK_BUSY_TIMEOUT: Duration = Duration::from_millis(300);
+
 #[derive(Debug, Clone)]
 struct Args {
     candidate: Option<String>,
@@ -83,7 +148,11 @@ struct Args {
     seed: Option<u64>,
     faults: Option<Vec<String>>,
     skew: bool,
+    /// Connections in each candidate's pool (default: per configuration).
+    pool: Option<u32>,
     // candidate mode
+    /// SQLite only: rollback journal (SQLite's default) instead of WAL.
+    rollback_journal: bool,
     url: String,
     table: String,
     ledger: String,
@@ -100,6 +169,8 @@ fn parse_args() -> Result<Option<Args>, Error> {
         seed: None,
         faults: None,
         skew: true,
+        pool: None,
+        rollback_journal: false,
         url: String::new(),
         table: String::new(),
         ledger: String::new(),
@@ -120,6 +191,8 @@ fn parse_args() -> Result<Option<Args>, Error> {
             "--seed" => a.seed = Some(value()?.parse()?),
             "--faults" => a.faults = Some(value()?.split(',').map(str::to_owned).collect()),
             "--no-skew" => a.skew = false,
+            "--pool" => a.pool = Some(value()?.parse()?),
+            "--rollback-journal" => a.rollback_journal = true,
             "--url" => a.url = value()?,
             "--table" => a.table = value()?,
             "--ledger" => a.ledger = value()?,
@@ -140,7 +213,7 @@ fn parse_args() -> Result<Option<Args>, Error> {
         return Ok(None);
     }
     if a.backends.is_empty() {
-        a.backends = vec!["sqlite".into(), "postgres".into(), "mysql".into()];
+        a.backends = CONFIGURATIONS.iter().map(|c| c.name.to_owned()).collect();
     }
     Ok(Some(a))
 }
@@ -261,6 +334,27 @@ async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, Error> {
     Ok(sea_orm::Database::connect(options).await?)
 }
 
+/// SQLite in rollback-journal mode (SQLite's own default) with a short busy timeout.
+async fn connect_rollback_journal(
+    url: &str,
+    max: u32,
+    busy_timeout: Duration,
+) -> Result<DatabaseConnection, Error> {
+    use sea_orm::sqlx::sqlite::SqliteJournalMode;
+    let mut options = sea_orm::ConnectOptions::new(url);
+    options
+        .max_connections(max)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(2))
+        .sqlx_logging(false)
+        .map_sqlx_sqlite_opts(move |o| {
+            o.journal_mode(SqliteJournalMode::Delete)
+                .busy_timeout(busy_timeout)
+                .create_if_missing(true)
+        });
+    Ok(sea_orm::Database::connect(options).await?)
+}
+
 async fn candidate(args: Args) -> Result<(), Error> {
     let name = args.candidate.clone().unwrap_or_default();
     let clock = MonoClock::new();
@@ -278,7 +372,11 @@ async fn candidate(args: Args) -> Result<(), Error> {
         .unwrap()
         .line(&format!("start {name} {} {wall_ms}", mono_ns()));
 
-    let db = connect(&args.url, 3).await?;
+    let db = if args.rollback_journal {
+        connect_rollback_journal(&args.url, args.pool.unwrap_or(3), ROLLBACK_BUSY_TIMEOUT).await?
+    } else {
+        connect(&args.url, args.pool.unwrap_or(3)).await?
+    };
     let store = SeaOrmLeaseStore::new(db.clone()).with_table(&args.table)?;
     let handle = Elector::builder(Logged {
         inner: store.clone(),
@@ -432,6 +530,9 @@ enum Backend {
 
 struct Setup {
     backend: Backend,
+    config: Configuration,
+    /// The private MariaDB of this configuration.
+    mariadb: Option<&'static orion_beacon_testkit::MariaDb>,
     /// The URL candidates use.
     url: String,
     /// The URL the harness itself uses (probes, the ledger).
@@ -479,22 +580,24 @@ async fn harness(args: Args) -> i32 {
         return 0;
     }
     for (i, name) in args.backends.iter().enumerate() {
-        let backend = match name.as_str() {
-            "sqlite" => Backend::Sqlite,
-            "postgres" => Backend::Postgres,
-            "mysql" | "mariadb" => Backend::MySql,
-            other => {
-                eprintln!("torture: unknown backend {other}");
-                failed += 1;
-                continue;
-            }
+        let lookup = if name == "mariadb" { "mysql" } else { name };
+        let Some(mut config) = CONFIGURATIONS.iter().copied().find(|c| c.name == lookup) else {
+            eprintln!(
+                "torture: unknown backend {name} (one of: {})",
+                CONFIGURATIONS.map(|c| c.name).join(", ")
+            );
+            failed += 1;
+            continue;
         };
+        if let Some(pool) = args.pool {
+            config.pool = pool;
+        }
         if skip.split(',').any(|s| s.trim() == name) {
             println!("SKIPPED: torture[{name}] (ORION_BEACON_SKIP)");
             continue;
         }
         let seed = base_seed.wrapping_add(i as u64);
-        match run_backend(backend, &args, seed).await {
+        match run_backend(config, &args, seed).await {
             Ok(true) => passed += 1,
             Ok(false) => failed += 1,
             Err(e) => {
@@ -519,7 +622,9 @@ fn unique(prefix: &str) -> String {
     )
 }
 
-async fn setup(backend: Backend) -> Result<Setup, Error> {
+async fn setup(config: Configuration) -> Result<Setup, Error> {
+    let backend = config.backend;
+    let mut mariadb = None;
     let dir = tempfile::tempdir()?;
     let path = dir.path().to_path_buf();
     if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
@@ -540,7 +645,8 @@ async fn setup(backend: Backend) -> Result<Setup, Error> {
         }
         Backend::MySql => {
             // A database of its own: connection kills hit only the candidates.
-            let server = private_mariadb().await?;
+            let server = private_mariadb(config.sql_mode).await?;
+            mariadb = Some(server);
             connect(&server.url(), 1)
                 .await?
                 .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
@@ -549,7 +655,13 @@ async fn setup(backend: Backend) -> Result<Setup, Error> {
             (url.clone(), url)
         }
     };
-    let admin = connect(&admin_url, 2).await?;
+    // The harness's own connection: the candidates' journal mode (switching it needs the whole
+    // file), with a patient busy timeout.
+    let admin = if config.rollback_journal {
+        connect_rollback_journal(&admin_url, 2, Duration::from_secs(10)).await?
+    } else {
+        connect(&admin_url, 2).await?
+    };
     let table = unique("tt");
     let ledger = unique("ledger");
     use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
@@ -576,6 +688,8 @@ async fn setup(backend: Backend) -> Result<Setup, Error> {
     admin.execute(&create).await?;
     Ok(Setup {
         backend,
+        config,
+        mariadb,
         url,
         admin_url,
         table,
@@ -612,6 +726,8 @@ fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     ])
     .arg("--history")
     .arg(&history)
+    .args(["--pool", &s.config.pool.to_string()])
+    .args(s.config.rollback_journal.then_some("--rollback-journal"))
     .stdin(Stdio::piped())
     .stdout(Stdio::null())
     .stderr(Stdio::inherit())
@@ -640,6 +756,33 @@ fn faketime_lib() -> Option<String> {
     .map(|p| p.to_string())
 }
 
+/// Read transactions on the lease table, one after another: 100 ms, and every fourth 600 ms
+/// (twice the candidates' busy timeout).
+async fn long_reader(db: DatabaseConnection, table: String) {
+    let select = format!("SELECT COUNT(*) FROM \"{table}\"");
+    for round in 0u64.. {
+        let hold = if round % 4 == 3 { 600 } else { 100 };
+        if let Ok(txn) = db.begin().await {
+            let read = sea_orm::Statement::from_string(sea_orm::DbBackend::Sqlite, select.clone());
+            let _ = txn.query_all_raw(read).await;
+            tokio::time::sleep(Duration::from_millis(hold)).await;
+            let _ = txn.commit().await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Aborts a background task when the run ends, however it ends.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
 fn signal(p: &Proc, sig: Signal) {
     if let Some(pid) = p.child.id() {
         let _ = kill(Pid::from_raw(pid as i32), sig);
@@ -658,21 +801,29 @@ async fn private_postgres() -> Result<&'static orion_beacon_testkit::Postgres, E
     Ok(tokio::task::spawn_blocking(orion_beacon_testkit::Postgres::shared).await?)
 }
 
-/// This binary's private MariaDB instance.
-async fn private_mariadb() -> Result<&'static orion_beacon_testkit::MariaDb, Error> {
-    Ok(tokio::task::spawn_blocking(orion_beacon_testkit::MariaDb::shared).await?)
+/// This binary's private MariaDB instance, one per server-wide `sql_mode`.
+async fn private_mariadb(
+    sql_mode: Option<&'static str>,
+) -> Result<&'static orion_beacon_testkit::MariaDb, Error> {
+    Ok(tokio::task::spawn_blocking(move || match sql_mode {
+        Some(mode) => orion_beacon_testkit::MariaDb::builder()
+            .arg(format!("--sql-mode={mode}"))
+            .shared(),
+        None => orion_beacon_testkit::MariaDb::shared(),
+    })
+    .await?)
 }
 
 /// Restarts the private server (a clean stop, then a start on the same port and data), then
 /// waits until it answers queries.
-async fn restart_server(backend: Backend, probe_url: &str) -> Result<(), Error> {
-    match backend {
+async fn restart_server(s: &Setup, probe_url: &str) -> Result<(), Error> {
+    match s.backend {
         Backend::Postgres => {
             let pg = private_postgres().await?;
             tokio::task::spawn_blocking(move || pg.restart()).await??;
         }
         Backend::MySql => {
-            let db = private_mariadb().await?;
+            let db = s.mariadb.ok_or("no private MariaDB")?;
             tokio::task::spawn_blocking(move || db.restart()).await??;
         }
         Backend::Sqlite => return Ok(()),
@@ -740,10 +891,20 @@ async fn leader_process<'a>(s: &Setup, procs: &'a [Proc]) -> Option<&'a Proc> {
     procs.iter().find(|p| p.name == rec.holder)
 }
 
-async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, Error> {
-    let label = format!("{backend:?}").to_lowercase();
+async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bool, Error> {
+    let backend = config.backend;
+    let label = config.name.to_owned();
     let mut rng = Rng(seed.max(1));
-    let s = setup(backend).await?;
+    let s = setup(config).await?;
+    // SQLite rollback journal: a reader that holds the file's read lock now and then, sometimes
+    // past the candidates' busy timeout, so their commits fail and are rolled back.
+    let reader = if config.rollback_journal {
+        let db = connect_rollback_journal(&s.url, 1, ROLLBACK_BUSY_TIMEOUT).await?;
+        let table = s.table.clone();
+        Some(tokio::spawn(long_reader(db, table)))
+    } else {
+        None
+    };
     let probe = s.admin_url.clone();
     let all_faults: Vec<&str> = match backend {
         Backend::Sqlite => vec!["kill", "pause"],
@@ -762,6 +923,7 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
     // processes share the host clock. Skew is a fault for the server backends, whose clock is
     // the server's.
     let skew = args.skew && backend != Backend::Sqlite;
+    let _reader = AbortOnDrop(reader);
     if skew && faketime_lib().is_none() {
         return Err(
             "libfaketime is not installed (apt-get install faketime), or pass --no-skew".into(),
@@ -863,7 +1025,7 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
             }
             "restart" => {
                 let from = mono_ns();
-                restart_server(backend, &probe).await?;
+                restart_server(&s, &probe).await?;
                 let to = mono_ns();
                 restarts += 1;
                 fault_log.push(checker::Fault {
@@ -909,7 +1071,7 @@ async fn run_backend(backend: Backend, args: &Args, seed: u64) -> Result<bool, E
         let text = std::fs::read_to_string(&p.history).unwrap_or_default();
         record.add_history(&text, kills.get(&p.name).copied())?;
     }
-    let admin = connect(&s.admin_url, 1).await?;
+    let admin = &s.admin;
     let rows = admin
         .query_all(
             &Query::select()
