@@ -334,6 +334,58 @@ async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, Error> {
     Ok(sea_orm::Database::connect(options).await?)
 }
 
+/// The candidate's believed terms, as `lead` and `lost` lines in its history.
+struct Terms {
+    current: std::sync::Mutex<Option<orion_beacon::LeaderTerm>>,
+    history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
+    clock: MonoClock,
+}
+
+impl Terms {
+    /// `term` is (or was) this candidate's: its line, if not written yet. The start is stamped
+    /// conservatively: when its grant was requested (the deadline less lease and margin), not
+    /// when the line happens to be written.
+    fn lead(&self, term: &orion_beacon::LeaderTerm) {
+        let mut current = self.current.lock().unwrap();
+        if current.as_ref() == Some(term) {
+            return;
+        }
+        if let Some(old) = current.take() {
+            self.lost(&old);
+        }
+        let requested = term
+            .deadline()
+            .checked_sub(LEASE - LEASE / 10)
+            .unwrap_or_else(|| term.deadline());
+        let start = self.clock.ns(requested.min(tokio::time::Instant::now()));
+        self.history
+            .lock()
+            .unwrap()
+            .line(&format!("lead {} {start}", term.token()));
+        *current = Some(term.clone());
+    }
+
+    /// No term now.
+    fn follow(&self) {
+        if let Some(old) = self.current.lock().unwrap().take() {
+            self.lost(&old);
+        }
+    }
+
+    fn lost(&self, old: &orion_beacon::LeaderTerm) {
+        let why = old
+            .loss_reason()
+            .map_or("replaced".to_owned(), |r| r.to_string());
+        let now = tokio::time::Instant::now();
+        self.history.lock().unwrap().line(&format!(
+            "lost {} {} {} {why}",
+            old.token(),
+            self.clock.ns(now),
+            self.clock.ns(old.deadline())
+        ));
+    }
+}
+
 /// SQLite in rollback-journal mode (SQLite's own default) with a short busy timeout.
 async fn connect_rollback_journal(
     url: &str,
@@ -392,37 +444,25 @@ async fn candidate(args: Args) -> Result<(), Error> {
     .start();
 
     // Leadership as the candidate believes it: a line when a term starts and when it ends.
+    // A watch channel keeps only its latest value, so a term can begin and end between two
+    // looks of the watcher; the leader work, which only runs in a term, reports its term too.
+    // Either way the line is written once per term.
+    let terms = std::sync::Arc::new(Terms {
+        current: std::sync::Mutex::new(None),
+        history: history.clone(),
+        clock,
+    });
     let mut rx = handle.watch();
-    let h2 = history.clone();
+    let watched = terms.clone();
     let watcher = tokio::spawn(async move {
-        let mut current: Option<orion_beacon::LeaderTerm> = None;
         loop {
             let state = rx.borrow_and_update().clone();
-            let now = tokio::time::Instant::now();
-            let next = match &state {
-                Leadership::Leader(term) => Some(term.clone()),
-                _ => None,
-            };
-            if current.as_ref() != next.as_ref() {
-                if let Some(old) = current.take() {
-                    let why = old
-                        .loss_reason()
-                        .map_or("replaced".to_owned(), |r| r.to_string());
-                    h2.lock().unwrap().line(&format!(
-                        "lost {} {} {} {why}",
-                        old.token(),
-                        clock.ns(now),
-                        clock.ns(old.deadline())
-                    ));
-                }
-                if let Some(new) = &next {
-                    h2.lock()
-                        .unwrap()
-                        .line(&format!("lead {} {}", new.token(), clock.ns(now)));
-                }
-                current = next;
+            match &state {
+                Leadership::Leader(term) => watched.lead(term),
+                _ => watched.follow(),
             }
             if rx.changed().await.is_err() {
+                watched.follow();
                 return;
             }
         }
@@ -435,7 +475,9 @@ async fn candidate(args: Args) -> Result<(), Error> {
     // Sequence numbers per token: after a local step-down the store may renew the same token
     // into a new local term, and that is still one term in the ledger.
     let sequences: std::sync::Arc<std::sync::Mutex<HashMap<i64, i64>>> = Default::default();
+    let worked = terms.clone();
     let _work = handle.run_as_leader(move |term| {
+        worked.lead(&term);
         let (db, store, history, ledger, me) = (
             db.clone(),
             store.clone(),
