@@ -148,6 +148,7 @@ pub(crate) fn upsert(
 /// The last column of the MariaDB form's `RETURNING` list: 1 inside a transaction.
 pub(crate) const IN_TRANSACTION: &str = "CAST(@@in_transaction AS SIGNED)";
 /// Its index.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) const IN_TRANSACTION_COLUMN: usize = 6;
 
 /// The MariaDB form: the upsert with a `RETURNING` clause of the lease row, which sea-query's

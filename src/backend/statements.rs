@@ -126,6 +126,7 @@ const ROW_NAMES: [&str; 6] = [
 ];
 
 /// The index of `transaction_timestamp()` in [`upsert_reporting`]'s rows.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const TRANSACTION_START_COLUMN: usize = 7;
 
 /// PostgreSQL: the [`upsert`] and, when it grants nothing, the lease row as it stood when the
