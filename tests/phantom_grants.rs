@@ -240,6 +240,39 @@ mod abandoned_transaction {
         grant_is_committed(Server::Postgres).await;
     }
 
+    /// An abandoned transaction that is already aborted (every statement fails with 25P02):
+    /// the store's call fails, but the connection does not go back to the pool poisoned; the
+    /// next call and the application's own queries work.
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_aborted_transaction_is_not_handed_on() {
+        if Server::Postgres.skipped() {
+            return;
+        }
+        let admin = Server::Postgres.connect(2).await;
+        let table = unique("aborted");
+        migrate(&admin, &table).await;
+        let db = Server::Postgres.connect(1).await;
+        db.execute_unprepared("BEGIN").await.unwrap();
+        assert!(db.execute_unprepared("SELECT 1/0").await.is_err());
+        let store = SeaOrmLeaseStore::new(db.clone())
+            .with_table(&table)
+            .unwrap()
+            .with_release_notifications(false);
+        let lease = Duration::from_secs(30);
+        let first = store.acquire_or_renew("job", "a", lease).await;
+        assert!(first.is_err(), "inside an aborted transaction: {first:?}");
+        let second = store.acquire_or_renew("job", "a", lease).await.unwrap();
+        assert!(
+            matches!(second, LeaseOutcome::Acquired(ref l) if l.token.get() == 1),
+            "{second:?}"
+        );
+        db.execute_unprepared("SELECT 1")
+            .await
+            .expect("the pool's connection is usable again");
+        drop_table(&admin, &table).await;
+    }
+
     #[cfg(feature = "mysql")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mariadb() {

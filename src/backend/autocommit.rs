@@ -17,8 +17,10 @@
 //!   same connection reads it again: a new (autocommit) transaction has a later start, the same
 //!   abandoned transaction the same one.
 //!
-//! A connection found inside a transaction is rolled back (which also frees the lease row it may
-//! have locked) and the statement is tried again on another one; nothing it returned is used.
+//! A connection found inside a transaction is closed (the server rolls the transaction back,
+//! which also frees the lease row it may have locked) and the statement is tried again on
+//! another one; nothing it returned is used. So is a connection whose check did not finish (an
+//! error, or the call dropped by a timeout): it never goes back to the pool half-checked.
 //! MySQL's transaction form and SQLite need none of this: the first commits explicitly, and
 //! sqlx's SQLite driver does not leave a cancelled `BEGIN` open.
 
@@ -30,8 +32,8 @@ use sea_query_sqlx::SqlxValues;
 pub(crate) enum Checked {
     /// The statement ran in autocommit mode and has committed: its rows are the outcome.
     Committed(Vec<QueryResult>),
-    /// The connection was inside an abandoned transaction: it was rolled back, and nothing the
-    /// statement did or returned counts.
+    /// The connection was inside an abandoned transaction: it was closed (the server rolls
+    /// back), and nothing the statement did or returned counts.
     InAbandonedTransaction,
 }
 
@@ -43,6 +45,43 @@ fn values(stmt: &Statement) -> SqlxValues {
     SqlxValues(stmt.values.clone().unwrap_or(sea_orm::Values(Vec::new())))
 }
 
+/// A pooled connection that goes back to the pool only if the check finished and found it
+/// clean. On every other path (an error, a transaction found, or the caller's future dropped
+/// half way, e.g. by a timeout) it is closed instead: the server then rolls back whatever
+/// transaction it was in, and frees any lease row lock that transaction held, instead of
+/// handing the connection to the next user of the pool.
+struct Checkout<DB: sqlx::Database> {
+    conn: Option<sqlx::pool::PoolConnection<DB>>,
+    clean: bool,
+}
+
+impl<DB: sqlx::Database> Checkout<DB> {
+    async fn from(pool: &sqlx::Pool<DB>) -> Result<Self, DbErr> {
+        let conn = pool.acquire().await.map_err(query_err)?;
+        Ok(Self {
+            conn: Some(conn),
+            clean: false,
+        })
+    }
+
+    fn conn(&mut self) -> Result<&mut DB::Connection, DbErr> {
+        match self.conn.as_mut() {
+            Some(conn) => Ok(&mut **conn),
+            None => Err(DbErr::Custom("connection already given back".to_owned())),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> Drop for Checkout<DB> {
+    fn drop(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            if !self.clean {
+                conn.close_on_drop();
+            }
+        }
+    }
+}
+
 /// MariaDB: runs `stmt` (whose last returned column is `@@in_transaction`) on one pooled
 /// connection, read to the end.
 #[cfg(feature = "mysql")]
@@ -52,9 +91,9 @@ pub(crate) async fn mysql(
     in_transaction_column: usize,
 ) -> Result<Checked, DbErr> {
     use sqlx::Row;
-    let mut conn = pool.acquire().await.map_err(query_err)?;
+    let mut checkout = Checkout::from(pool).await?;
     let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
-        .fetch_all(&mut *conn)
+        .fetch_all(checkout.conn()?)
         .await
         .map_err(query_err)?;
     let mut inside = false;
@@ -63,12 +102,9 @@ pub(crate) async fn mysql(
         inside |= flag != 0;
     }
     if inside {
-        sqlx::query("ROLLBACK")
-            .execute(&mut *conn)
-            .await
-            .map_err(query_err)?;
         return Ok(Checked::InAbandonedTransaction);
     }
+    checkout.clean = true;
     Ok(Checked::Committed(
         rows.into_iter().map(Into::into).collect(),
     ))
@@ -76,7 +112,8 @@ pub(crate) async fn mysql(
 
 /// PostgreSQL: runs `stmt` (whose last returned column is `transaction_timestamp()`) on one
 /// pooled connection, read to the end, then compares that with a fresh
-/// `transaction_timestamp()` on the same connection.
+/// `transaction_timestamp()` on the same connection. A statement that returned no row is
+/// checked with two fresh reads instead (it may still have locked the row).
 #[cfg(feature = "postgres")]
 pub(crate) async fn postgres(
     pool: &sqlx::PgPool,
@@ -85,27 +122,27 @@ pub(crate) async fn postgres(
 ) -> Result<Checked, DbErr> {
     use chrono::{DateTime, Utc};
     use sqlx::Row;
-    let mut conn = pool.acquire().await.map_err(query_err)?;
+    const START: &str = "SELECT transaction_timestamp()";
+    let mut checkout = Checkout::from(pool).await?;
     let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
-        .fetch_all(&mut *conn)
+        .fetch_all(checkout.conn()?)
         .await
         .map_err(query_err)?;
-    let Some(first) = rows.first() else {
-        // No row, no outcome to trust or distrust: a denial without a report.
-        return Ok(Checked::Committed(Vec::new()));
-    };
-    let ours: DateTime<Utc> = first.try_get(transaction_start_column).map_err(query_err)?;
-    let now: DateTime<Utc> = sqlx::query_scalar("SELECT transaction_timestamp()")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(query_err)?;
-    if now == ours {
-        sqlx::query("ROLLBACK")
-            .execute(&mut *conn)
+    let ours: DateTime<Utc> = match rows.first() {
+        Some(first) => first.try_get(transaction_start_column).map_err(query_err)?,
+        None => sqlx::query_scalar(START)
+            .fetch_one(checkout.conn()?)
             .await
-            .map_err(query_err)?;
+            .map_err(query_err)?,
+    };
+    let next: DateTime<Utc> = sqlx::query_scalar(START)
+        .fetch_one(checkout.conn()?)
+        .await
+        .map_err(query_err)?;
+    if next == ours {
         return Ok(Checked::InAbandonedTransaction);
     }
+    checkout.clean = true;
     Ok(Checked::Committed(
         rows.into_iter().map(Into::into).collect(),
     ))

@@ -213,9 +213,10 @@ impl SeaOrmLeaseStore {
     /// an error, has committed; on MariaDB and PostgreSQL it is also checked to have run
     /// outside any transaction (see `autocommit`).
     async fn deciding(&self, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
-        match self.db.get_database_backend() {
+        use sea_orm::DatabaseConnectionType as Conn;
+        match &self.db.inner {
             #[cfg(feature = "postgres")]
-            DbBackend::Postgres => {
+            Conn::SqlxPostgresPoolConnection(_) => {
                 let pool = self.db.get_postgres_connection_pool();
                 self.autocommitted(|| {
                     super::autocommit::postgres(pool, &stmt, statements::TRANSACTION_START_COLUMN)
@@ -223,7 +224,7 @@ impl SeaOrmLeaseStore {
                 .await
             }
             #[cfg(feature = "mysql")]
-            DbBackend::MySql => {
+            Conn::SqlxMySqlPoolConnection(_) => {
                 let pool = self.db.get_mysql_connection_pool();
                 self.autocommitted(|| {
                     super::autocommit::mysql(pool, &stmt, super::mysql::IN_TRANSACTION_COLUMN)
@@ -252,8 +253,9 @@ impl SeaOrmLeaseStore {
                 Checked::InAbandonedTransaction => tracing::warn!(
                     table = %self.table,
                     attempt,
-                    "a pooled connection was inside a transaction nobody finished (a future \
-                     dropped during `begin()`?); rolled it back, its lease statement does not count"
+                    "a pooled connection was inside a transaction (one nobody finished, e.g. a \
+                     future dropped during `begin()`, or a session with autocommit off); closed \
+                     it, its lease statement does not count"
                 ),
             }
         }
