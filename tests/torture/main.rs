@@ -272,7 +272,13 @@ impl HistoryFile {
 struct Logged {
     inner: SeaOrmLeaseStore,
     history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
+    /// When the call that answered with each token was sent (the earliest a term of that
+    /// token can have begun), for stamping term starts.
+    asked: Asked,
 }
+
+/// Token -> monotonic ns at which the call that granted it was sent.
+type Asked = std::sync::Arc<std::sync::Mutex<HashMap<i64, u64>>>;
 
 #[async_trait::async_trait]
 impl LeaseStore for Logged {
@@ -285,6 +291,16 @@ impl LeaseStore for Logged {
         let t0 = mono_ns();
         let out = self.inner.acquire_or_renew(r, c, lease).await;
         let t1 = mono_ns();
+        if let Ok(
+            orion_beacon::LeaseOutcome::Acquired(l) | orion_beacon::LeaseOutcome::Renewed(l),
+        ) = &out
+        {
+            self.asked
+                .lock()
+                .unwrap()
+                .entry(l.token.get())
+                .or_insert(t0);
+        }
         let what = match &out {
             Ok(orion_beacon::LeaseOutcome::Acquired(l)) => format!(
                 "acquired {} rem={:?} acq={:?} exp={:?}",
@@ -336,6 +352,7 @@ async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, Error> {
 
 /// The candidate's believed terms, as `lead` and `lost` lines in its history.
 struct Terms {
+    asked: Asked,
     current: std::sync::Mutex<Option<orion_beacon::LeaderTerm>>,
     history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
     clock: MonoClock,
@@ -343,8 +360,8 @@ struct Terms {
 
 impl Terms {
     /// `term` is (or was) this candidate's: its line, if not written yet. The start is stamped
-    /// conservatively: when its grant was requested (the deadline less lease and margin), not
-    /// when the line happens to be written.
+    /// conservatively: when the first call that answered with its token was sent (or the
+    /// deadline less lease and margin, if earlier), not when the line happens to be written.
     fn lead(&self, term: &orion_beacon::LeaderTerm) {
         let mut current = self.current.lock().unwrap();
         if current.as_ref() == Some(term) {
@@ -357,7 +374,10 @@ impl Terms {
             .deadline()
             .checked_sub(LEASE - LEASE / 10)
             .unwrap_or_else(|| term.deadline());
-        let start = self.clock.ns(requested.min(tokio::time::Instant::now()));
+        let mut start = self.clock.ns(requested.min(tokio::time::Instant::now()));
+        if let Some(asked) = self.asked.lock().unwrap().get(&term.token().get()) {
+            start = start.min(*asked);
+        }
         self.history
             .lock()
             .unwrap()
@@ -430,9 +450,11 @@ async fn candidate(args: Args) -> Result<(), Error> {
         connect(&args.url, args.pool.unwrap_or(3)).await?
     };
     let store = SeaOrmLeaseStore::new(db.clone()).with_table(&args.table)?;
+    let asked: Asked = Default::default();
     let handle = Elector::builder(Logged {
         inner: store.clone(),
         history: history.clone(),
+        asked: asked.clone(),
     })
     .resource(&args.resource)
     .candidate_id(&name)
@@ -451,6 +473,7 @@ async fn candidate(args: Args) -> Result<(), Error> {
         current: std::sync::Mutex::new(None),
         history: history.clone(),
         clock,
+        asked: asked.clone(),
     });
     let mut rx = handle.watch();
     let watched = terms.clone();
