@@ -65,18 +65,24 @@
 //!
 //! Bounded: the number of candidates, and the statements in flight whose sender no longer waits
 //! for them (`max_orphans`; past that, such a statement never runs). Nothing else: times are
-//! kept relative to now (past instants by their order only), tokens and incarnations by rank,
-//! so the state space is finite and each check explores all of it: runs of any length.
+//! kept relative to now (past instants by their order only), tokens, incarnations and writes by
+//! rank, renamings of the candidates as one state, so the state space is finite and each check
+//! explores all of it: runs of any length.
 //!
 //! # Properties (invariants of every reachable state)
 //!
 //! - the store agrees with every candidate that believes it leads or runs leader work under a
 //!   deadline that has not passed: the row is that candidate's term, live;
 //! - at most one candidate believes it leads; at most one runs leader work under its deadline;
-//! - terms begin in token order: a term that begins has a token greater than every term begun
-//!   before it (equal only when the same candidate takes up its own term again);
-//! - a fenced write commits only for the term of every candidate that believes it leads, and
-//!   committed tokens never go down.
+//! - terms begin in token order: every term begins with the store's current token for that
+//!   candidate; the store's token only grows, so a term's token is greater than every term's
+//!   begun before it (equal only when a candidate takes up its own term again);
+//! - a fenced write commits only for the term of every candidate that believes it leads; it
+//!   commits with the store's current token, so committed tokens never go down.
+//!
+//! The same-id finding (a release still in flight from a stopped elector ends the lease of a new
+//! elector with the same candidate id) and the change that removes it (`release_guard`) are
+//! described in docs/reliability.md.
 
 use std::collections::BTreeMap;
 use std::time::{Duration as StdDuration, Instant};
@@ -1487,22 +1493,17 @@ fn full_model_runs() {
         return;
     }
     let runs = [
-        everything(2, 4, at_rule(4, 4), 4),
-        everything(2, 6, at_rule(6, 3), 3),
-        everything(3, 3, at_rule(3, 3), 3),
-        Params {
-            fast_clocks: true,
-            ..Params::timing(3, 6, at_rule(6, 3), 3)
-        },
-        Params {
-            max_orphans: 2,
-            ..everything(2, 3, at_rule(3, 3), 3)
-        },
         Params {
             restart: Restart::SameId,
             release: false,
             ..everything(2, 4, at_rule(4, 4), 4)
         },
+        Params {
+            fast_clocks: true,
+            ..Params::timing(3, 4, at_rule(4, 4), 4)
+        },
+        everything(2, 4, at_rule(4, 4), 4),
+        everything(2, 6, at_rule(6, 3), 3),
     ];
     let mut total = 0;
     for p in runs {
