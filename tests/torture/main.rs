@@ -272,12 +272,12 @@ impl HistoryFile {
 struct Logged {
     inner: SeaOrmLeaseStore,
     history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
-    /// When the call that answered with each token was sent (the earliest a term of that
-    /// token can have begun), for stamping term starts.
+    /// When the first call that answered with each token returned (the earliest moment this
+    /// candidate can believe in a term of that token), for stamping term starts.
     asked: Asked,
 }
 
-/// Token -> monotonic ns at which the call that granted it was sent.
+/// Token -> monotonic ns at which the first call that granted it returned.
 type Asked = std::sync::Arc<std::sync::Mutex<HashMap<i64, u64>>>;
 
 #[async_trait::async_trait]
@@ -299,7 +299,7 @@ impl LeaseStore for Logged {
                 .lock()
                 .unwrap()
                 .entry(l.token.get())
-                .or_insert(t0);
+                .or_insert(t1);
         }
         let what = match &out {
             Ok(orion_beacon::LeaseOutcome::Acquired(l)) => format!(
@@ -360,8 +360,8 @@ struct Terms {
 
 impl Terms {
     /// `term` is (or was) this candidate's: its line, if not written yet. The start is stamped
-    /// conservatively: when the first call that answered with its token was sent (or the
-    /// deadline less lease and margin, if earlier), not when the line happens to be written.
+    /// when the first call that answered with its token returned, not when the line happens to
+    /// be written (a watcher can look late).
     fn lead(&self, term: &orion_beacon::LeaderTerm) {
         let mut current = self.current.lock().unwrap();
         if current.as_ref() == Some(term) {
@@ -370,13 +370,11 @@ impl Terms {
         if let Some(old) = current.take() {
             self.lost(&old);
         }
-        let requested = term
-            .deadline()
-            .checked_sub(LEASE - LEASE / 10)
-            .unwrap_or_else(|| term.deadline());
-        let mut start = self.clock.ns(requested.min(tokio::time::Instant::now()));
-        if let Some(asked) = self.asked.lock().unwrap().get(&term.token().get()) {
-            start = start.min(*asked);
+        // Belief starts when the grant's answer came back, not when it was asked for (a
+        // statement can wait for a lock a long while, and nobody believes in it meanwhile).
+        let mut start = self.clock.ns(tokio::time::Instant::now());
+        if let Some(answered) = self.asked.lock().unwrap().get(&term.token().get()) {
+            start = start.min(*answered);
         }
         self.history
             .lock()
@@ -821,12 +819,12 @@ fn faketime_lib() -> Option<String> {
     .map(|p| p.to_string())
 }
 
-/// Read transactions on the lease table, one after another: 100 ms, and every fourth 600 ms
-/// (twice the candidates' busy timeout).
+/// Read transactions on the lease table, one after another: 100 ms, and every fifth 450 ms
+/// (half as long again as the candidates' busy timeout, so that commit fails and is rolled back).
 async fn long_reader(db: DatabaseConnection, table: String) {
     let select = format!("SELECT COUNT(*) FROM \"{table}\"");
     for round in 0u64.. {
-        let hold = if round % 4 == 3 { 600 } else { 100 };
+        let hold = if round % 5 == 4 { 450 } else { 100 };
         if let Ok(txn) = db.begin().await {
             let read = sea_orm::Statement::from_string(sea_orm::DbBackend::Sqlite, select.clone());
             let _ = txn.query_all_raw(read).await;
