@@ -436,6 +436,22 @@ impl Drop for Dropped {
     }
 }
 
+/// Leader work that ignores `lost` and never returns; the instant it was dropped is recorded.
+fn stubborn_work(
+    handle: &orion_beacon::ElectorHandle,
+) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Option<Instant>>>) {
+    let dropped_at = Arc::new(Mutex::new(None));
+    let d2 = dropped_at.clone();
+    let work = handle.run_as_leader(move |_term| {
+        let guard = Dropped(d2.clone());
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        }
+    });
+    (work, dropped_at)
+}
+
 /// When a term is lost at its deadline, the lease no longer covers the work: it is dropped at
 /// that instant, not after the grace period.
 #[tokio::test(start_paused = true)]
@@ -448,15 +464,7 @@ async fn lost_term_work_is_dropped_at_once() {
         .build()
         .unwrap()
         .start();
-    let dropped_at = Arc::new(Mutex::new(None));
-    let d2 = dropped_at.clone();
-    let work = a.run_as_leader(move |_term| {
-        let guard = Dropped(d2.clone());
-        async move {
-            let _guard = guard;
-            std::future::pending::<()>().await;
-        }
-    });
+    let (work, dropped_at) = stubborn_work(&a);
     let term = wait_leader(&mut a.watch()).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     store.set(Mode::Fail); // the term will end at its deadline
@@ -549,15 +557,7 @@ async fn shutdown_drops_stubborn_work_after_grace_then_releases() {
         .build()
         .unwrap()
         .start();
-    let dropped_at = Arc::new(Mutex::new(None));
-    let d2 = dropped_at.clone();
-    let _work = a.run_as_leader(move |_term| {
-        let guard = Dropped(d2.clone());
-        async move {
-            let _guard = guard;
-            std::future::pending::<()>().await;
-        }
-    });
+    let (_work, dropped_at) = stubborn_work(&a);
     wait_leader(&mut a.watch()).await;
     let t0 = Instant::now();
     a.shutdown().await;
@@ -585,15 +585,7 @@ async fn shutdown_drops_work_when_the_lease_is_lost_meanwhile() {
         .build()
         .unwrap()
         .start();
-    let dropped_at = Arc::new(Mutex::new(None));
-    let d2 = dropped_at.clone();
-    let _work = a.run_as_leader(move |_term| {
-        let guard = Dropped(d2.clone());
-        async move {
-            let _guard = guard;
-            std::future::pending::<()>().await;
-        }
-    });
+    let (_work, dropped_at) = stubborn_work(&a);
     let term = wait_leader(&mut a.watch()).await;
     store.set(Mode::Fail);
     let deadline = term.deadline();
