@@ -147,6 +147,41 @@ pub async fn stale_term_is_fenced(h: &SqlHarness) {
     ledger.drop(h.db()).await;
 }
 
+/// A's open transaction (fenced, with ledger row 1 written) outlives A's lease: B asks for the
+/// lease after it expired and must wait until A writes row 2 and commits, then B gets t+1.
+async fn takeover_waits_for_commit(
+    h: &SqlHarness,
+    r: &str,
+    t: FencingToken,
+    ledger: &Ledger,
+    txn: sea_orm::DatabaseTransaction,
+) -> orion_beacon::Lease {
+    let b_store = h.separate_store().await;
+    let r2 = r.to_owned();
+    let b = tokio::spawn(async move {
+        tokio::time::sleep(PAST_LEASE).await; // A's lease has expired by now
+        let started = Instant::now();
+        let out = b_store.acquire_or_renew(&r2, "b", LEASE).await.unwrap();
+        (started, Instant::now(), out)
+    });
+    tokio::time::sleep(PAST_LEASE + Duration::from_millis(700)).await; // B is waiting on the lock
+    ledger.insert(&txn, t, 2).await;
+    let committing = Instant::now();
+    txn.commit().await.unwrap();
+
+    let (b_started, b_done, out) = b.await.unwrap();
+    assert!(b_started < committing, "B asked before A committed");
+    assert!(
+        b_done >= committing,
+        "B's acquire must wait for A's fenced transaction"
+    );
+    let LeaseOutcome::Acquired(lease) = out else {
+        panic!("B should take over: {out:?}")
+    };
+    assert_eq!(lease.token.get(), t.get() + 1);
+    lease
+}
+
 /// A holds an open fenced transaction while its lease expires; B's acquire waits for that
 /// transaction to end, then wins with t+1; A's writes are ordered strictly before B's term.
 pub async fn open_fence_holds_off_the_takeover(h: &SqlHarness) {
@@ -169,29 +204,7 @@ pub async fn open_fence_holds_off_the_takeover(h: &SqlHarness) {
         .unwrap();
     ledger.insert(&txn, t, 1).await;
 
-    let b_store = h.separate_store().await;
-    let r2 = r.clone();
-    let b = tokio::spawn(async move {
-        tokio::time::sleep(PAST_LEASE).await; // A's lease has expired by now
-        let started = Instant::now();
-        let out = b_store.acquire_or_renew(&r2, "b", LEASE).await.unwrap();
-        (started, Instant::now(), out)
-    });
-    tokio::time::sleep(PAST_LEASE + Duration::from_millis(700)).await; // B is waiting on the lock
-    ledger.insert(&txn, t, 2).await;
-    let committing = Instant::now();
-    txn.commit().await.unwrap();
-
-    let (b_started, b_done, out) = b.await.unwrap();
-    assert!(b_started < committing, "B asked before A committed");
-    assert!(
-        b_done >= committing,
-        "B's acquire must wait for A's fenced transaction"
-    );
-    let LeaseOutcome::Acquired(lease) = out else {
-        panic!("B should take over: {out:?}")
-    };
-    assert_eq!(lease.token.get(), t.get() + 1);
+    let lease = takeover_waits_for_commit(h, &r, t, &ledger, txn).await;
 
     let txn = h.db().begin().await.unwrap();
     store
@@ -252,29 +265,7 @@ pub async fn open_statement_fence_holds_off_the_takeover(h: &SqlHarness) {
         1
     );
 
-    let b_store = h.separate_store().await;
-    let r2 = r.clone();
-    let b = tokio::spawn(async move {
-        tokio::time::sleep(PAST_LEASE).await; // A's lease has expired by now
-        let started = Instant::now();
-        let out = b_store.acquire_or_renew(&r2, "b", LEASE).await.unwrap();
-        (started, Instant::now(), out)
-    });
-    tokio::time::sleep(PAST_LEASE + Duration::from_millis(700)).await; // B is waiting on the lock
-    ledger.insert(&txn, t, 2).await;
-    let committing = Instant::now();
-    txn.commit().await.unwrap();
-
-    let (b_started, b_done, out) = b.await.unwrap();
-    assert!(b_started < committing, "B asked before A committed");
-    assert!(
-        b_done >= committing,
-        "B's acquire must wait for A's statement-fenced transaction"
-    );
-    let LeaseOutcome::Acquired(lease) = out else {
-        panic!("B should take over: {out:?}")
-    };
-    assert_eq!(lease.token.get(), t.get() + 1);
+    takeover_waits_for_commit(h, &r, t, &ledger, txn).await;
     // A stale term's fenced statement now writes nothing.
     assert!(store
         .execute_fenced(h.db(), &fenced_insert(3), a)
