@@ -48,32 +48,30 @@ async fn leads_for_ten_leases(db: DatabaseConnection, table: &str) {
     handle.shutdown().await;
 }
 
+/// The same on a server of the test's own: migrated with a separate pool, led on a pool of one.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn server_pool_of_one(server: common::Server) {
+    use common::{drop_table, migrate};
+    if server.skipped() {
+        return;
+    }
+    let setup = server.connect(2).await;
+    let table = unique("pool1");
+    migrate(&setup, &table).await;
+    leads_for_ten_leases(server.connect(1).await, &table).await;
+    drop_table(&setup, &table).await;
+}
+
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pool_of_one() {
-    use common::{drop_table, migrate, Server};
-    if Server::Postgres.skipped() {
-        return;
-    }
-    let setup = Server::Postgres.connect(2).await;
-    let table = unique("pool1");
-    migrate(&setup, &table).await;
-    leads_for_ten_leases(Server::Postgres.connect(1).await, &table).await;
-    drop_table(&setup, &table).await;
+    server_pool_of_one(common::Server::Postgres).await;
 }
 
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_pool_of_one() {
-    use common::{drop_table, migrate, Server};
-    if Server::MySql.skipped() {
-        return;
-    }
-    let setup = Server::MySql.connect(2).await;
-    let table = unique("pool1");
-    migrate(&setup, &table).await;
-    leads_for_ten_leases(Server::MySql.connect(1).await, &table).await;
-    drop_table(&setup, &table).await;
+    server_pool_of_one(common::Server::MySql).await;
 }
 
 #[cfg(feature = "sqlite")]
