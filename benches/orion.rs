@@ -536,6 +536,9 @@ impl LeaseStore for Counting {
     async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
         self.inner.release(r, c).await
     }
+    async fn release_lease(&self, lease: &orion_beacon::Lease) -> Result<bool, StoreError> {
+        self.inner.release_lease(lease).await
+    }
     async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
         self.inner.current(r).await
     }

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use crate::store::{validate_candidate, validate_request, validate_resource};
@@ -20,12 +21,15 @@ struct Slot {
 /// A [`LeaseStore`] in this process's memory: one leader per resource among the electors that
 /// share it (clones share the same leases), not across processes.
 ///
-/// Its clock is [`tokio::time::Instant`], so tests can pause and advance time. It has no wall
-/// clock, so the timestamps in its answers are `None`.
+/// Its clock is [`tokio::time::Instant`], so tests can pause and advance time. Expiries are
+/// reported on that clock too, mapped onto the wall time at which the store was created (so
+/// they identify a write exactly, as [`LeaseStore::release_lease`] needs); `acquired_at` and
+/// `renewed_at` are `None`.
 #[derive(Debug, Clone)]
 pub struct InMemoryLeaseStore {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
     released: tokio::sync::broadcast::Sender<Arc<str>>,
+    origin: (Instant, DateTime<Utc>),
 }
 
 impl Default for InMemoryLeaseStore {
@@ -33,6 +37,7 @@ impl Default for InMemoryLeaseStore {
         Self {
             slots: Arc::default(),
             released: tokio::sync::broadcast::channel(64).0,
+            origin: (Instant::now(), Utc::now()),
         }
     }
 }
@@ -41,6 +46,16 @@ impl InMemoryLeaseStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// `at` on the store's wall-clock axis: exact, so equal instants give equal timestamps.
+    fn wall(&self, at: Instant) -> Option<DateTime<Utc>> {
+        let (origin, wall) = self.origin;
+        if at >= origin {
+            wall.checked_add_signed(chrono::TimeDelta::from_std(at - origin).ok()?)
+        } else {
+            wall.checked_sub_signed(chrono::TimeDelta::from_std(origin - at).ok()?)
+        }
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
@@ -68,7 +83,7 @@ impl LeaseStore for InMemoryLeaseStore {
             holder: candidate.to_owned(),
             token: FencingToken::new(token),
             remaining: lease,
-            expires_at: None,
+            expires_at: self.wall(now + lease),
             acquired_at: None,
         };
         match slots.get_mut(resource) {
@@ -98,7 +113,7 @@ impl LeaseStore for InMemoryLeaseStore {
                 holder: Some(slot.holder.clone()),
                 token: Some(FencingToken::new(slot.token)),
                 remaining: slot.expires.saturating_duration_since(now),
-                expires_at: None,
+                expires_at: self.wall(slot.expires),
             })),
         }
     }
@@ -118,6 +133,26 @@ impl LeaseStore for InMemoryLeaseStore {
         }
     }
 
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        validate_resource(&lease.resource)?;
+        validate_candidate(&lease.holder)?;
+        let now = Instant::now();
+        match self.slots().get_mut(&lease.resource) {
+            Some(slot)
+                if slot.holder == lease.holder
+                    && slot.token == lease.token.get()
+                    && lease.expires_at.is_some()
+                    && self.wall(slot.expires) == lease.expires_at
+                    && slot.expires > now =>
+            {
+                slot.expires = now;
+                let _ = self.released.send(Arc::from(lease.resource.as_str()));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         validate_resource(resource)?;
         let now = Instant::now();
@@ -127,7 +162,7 @@ impl LeaseStore for InMemoryLeaseStore {
             token: FencingToken::new(slot.token),
             live: slot.expires > now,
             remaining: slot.expires.saturating_duration_since(now),
-            expires_at: None,
+            expires_at: self.wall(slot.expires),
             acquired_at: None,
             renewed_at: None,
         }))

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{LeaseOutcome, LeaseRecord, StoreError};
+use crate::{Lease, LeaseOutcome, LeaseRecord, StoreError};
 
 /// The longest resource name or candidate id, in characters (the columns are 255 wide).
 pub const MAX_NAME_LEN: usize = 255;
@@ -40,6 +40,17 @@ pub trait LeaseStore: Send + Sync {
     /// live lease the candidate held; `false` (and nothing changes) otherwise.
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError>;
 
+    /// Ends the term `lease` belongs to, but only if the store still holds the very write
+    /// that `lease` reports: same holder, same token and the same expiry (to the store clock's
+    /// resolution). Otherwise nothing changes and the answer is `false`.
+    ///
+    /// This is the release an elector sends on shutdown. Unlike [`release`](Self::release),
+    /// which ends whatever live lease the holder has, a release that arrives late (it waited
+    /// for a row lock, in the network, or its sender was killed right after sending it) can
+    /// never end a later renew, not even one by a new process that reuses the candidate id.
+    /// The tombstone is the same as [`release`](Self::release)'s: the token is kept.
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError>;
+
     /// The stored lease of `resource`, live or not, or `None` if it was never acquired.
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError>;
 
@@ -68,6 +79,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
         (**self).release(resource, candidate).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        (**self).release_lease(lease).await
     }
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {

@@ -67,6 +67,10 @@ impl LeaseStore for Wedgeable {
         self.gate(c).await?;
         self.inner.release(r, c).await
     }
+    async fn release_lease(&self, lease: &orion_beacon::Lease) -> Result<bool, StoreError> {
+        self.gate(&lease.holder).await?;
+        self.inner.release_lease(lease).await
+    }
     async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
         self.inner.current(r).await
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use orion_beacon::{
-    ConfigError, Elector, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseRecord, LeaseStore,
-    LossReason, StoreError,
+    ConfigError, Elector, InMemoryLeaseStore, Leadership, Lease, LeaseOutcome, LeaseRecord,
+    LeaseStore, LossReason, StoreError,
 };
 use tokio::time::Instant;
 
@@ -99,6 +99,12 @@ impl LeaseStore for Scripted {
         self.gate().await?;
         let released = self.inner.release(r, c).await?;
         self.note(format!("release {c} {released}"));
+        Ok(released)
+    }
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        self.gate().await?;
+        let released = self.inner.release_lease(lease).await?;
+        self.note(format!("release {} {released}", lease.holder));
         Ok(released)
     }
     async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
@@ -662,6 +668,9 @@ async fn a_denial_naming_ourselves_is_not_a_leader() {
         async fn release(&self, _r: &str, _c: &str) -> Result<bool, StoreError> {
             Ok(false)
         }
+        async fn release_lease(&self, _lease: &Lease) -> Result<bool, StoreError> {
+            Ok(false)
+        }
         async fn current(&self, _r: &str) -> Result<Option<LeaseRecord>, StoreError> {
             Ok(None)
         }
@@ -795,4 +804,91 @@ async fn release_wakes_followers_at_once() {
         Instant::now() - t0
     );
     b.shutdown().await;
+}
+
+/// A store whose releases reach the database only `delay` after they were sent (the statement
+/// waited in the network or for a row lock; its sender may be long gone).
+#[derive(Clone)]
+struct LateRelease {
+    inner: InMemoryLeaseStore,
+    delay: Duration,
+}
+
+#[async_trait]
+impl LeaseStore for LateRelease {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        self.inner.acquire_or_renew(r, c, lease).await
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.release(r, c).await
+    }
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.release_lease(lease).await
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+}
+
+/// A stopped elector's release that arrives after a new elector with the same candidate id
+/// (a pod name, a fixed node id) took the lease up again must not end the new elector's lease:
+/// another candidate would take over while the new one believes it leads. The release names
+/// the exact write it ends, so it does nothing once that write was renewed.
+#[tokio::test(start_paused = true)]
+async fn a_late_release_never_ends_the_lease_of_a_new_elector_with_the_same_id() {
+    let store = LateRelease {
+        inner: InMemoryLeaseStore::new(),
+        delay: Duration::from_secs(3),
+    };
+    let start = |id: &str| {
+        Elector::builder(store.clone())
+            .resource("job")
+            .candidate_id(id)
+            .lease_duration(LEASE)
+            .renew_interval(RENEW)
+            .jitter(0.0)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let old = start("node-a");
+    let first = wait_leader(&mut old.watch()).await;
+    let stopping = tokio::spawn(async move { old.shutdown().await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let new = start("node-a");
+    let term = wait_leader(&mut new.watch()).await;
+    assert_eq!(
+        term.token(),
+        first.token(),
+        "the same id takes up the same term"
+    );
+    stopping.await.unwrap();
+
+    // The old release has reached the store by now.
+    let row = store.inner.current("job").await.unwrap().unwrap();
+    assert!(
+        row.live && row.holder == "node-a",
+        "a late release ended the new elector's lease: {row:?}"
+    );
+    assert!(new.is_leader());
+    let rival = store
+        .inner
+        .acquire_or_renew("job", "b", LEASE)
+        .await
+        .unwrap();
+    assert!(
+        matches!(rival, LeaseOutcome::Denied(_)),
+        "a rival took over while the new elector leads: {rival:?}"
+    );
+    new.shutdown().await;
+    // The new elector's own release still works (it names its own last write).
+    assert!(!store.inner.current("job").await.unwrap().unwrap().live);
 }

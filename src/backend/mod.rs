@@ -39,6 +39,9 @@ pub(crate) trait Dialect: Sync {
     fn one_tick_after(&self, ts: Expr) -> Expr;
     /// Milliseconds from now until `expires` (negative once past), as a 64-bit integer.
     fn remaining_millis(&self, expires: Expr) -> Expr;
+    /// A timestamp read from a lease column, as a bound value that compares equal to the
+    /// stored one.
+    fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr;
     /// The larger of two timestamps.
     fn greatest(&self, a: Expr, b: Expr) -> Expr {
         Func::greatest([a, b]).into()

@@ -51,6 +51,11 @@ impl Dialect for MySql {
         Expr::cust_with_exprs("? + INTERVAL 1 MICROSECOND", [ts])
     }
 
+    // `DATETIME(6)` holds UTC without a zone: compare with the naive UTC value.
+    fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr {
+        Expr::val(t.naive_utc())
+    }
+
     fn remaining_millis(&self, expires: Expr) -> Expr {
         Expr::cust_with_exprs(
             "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), ?) DIV 1000",

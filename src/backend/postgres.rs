@@ -28,6 +28,10 @@ impl Dialect for Postgres {
         Expr::cust_with_exprs("$1 + INTERVAL '1 microsecond'", [ts])
     }
 
+    fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr {
+        Expr::val(t)
+    }
+
     fn remaining_millis(&self, expires: Expr) -> Expr {
         Expr::cust_with_exprs(
             "CAST(FLOOR(EXTRACT(EPOCH FROM ($1 - statement_timestamp())) * 1000) AS BIGINT)",

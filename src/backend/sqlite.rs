@@ -31,6 +31,11 @@ impl Dialect for Sqlite {
         Expr::cust_with_exprs("strftime('%Y-%m-%d %H:%M:%f', ?, '+0.001 seconds')", [ts])
     }
 
+    // The text `strftime('%Y-%m-%d %H:%M:%f')` wrote.
+    fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr {
+        Expr::val(t.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+    }
+
     fn remaining_millis(&self, expires: Expr) -> Expr {
         Expr::cust_with_exprs(
             "CAST(ROUND((julianday(?) - julianday('now')) * 86400000.0) AS INTEGER)",

@@ -40,7 +40,7 @@ use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
 use super::statements::Row;
 use crate::store::{validate_candidate, validate_request, validate_resource, MAX_NAME_LEN};
-use crate::{Denial, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
 
 /// The version name of the lease-table migration, the same as the SeaORM migration's.
 pub const MIGRATION_NAME: &str = "m20261129_000001_create_orionbeacon_leases";
@@ -148,6 +148,19 @@ fn release_sql(table: &str) -> String {
         "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
          UPDATE {t} SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
          WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;",
+        t = quoted(table),
+    )
+}
+
+/// The release of one exact write: [`release_sql`], only while the row still carries the
+/// token and the expiry the holder was last granted. Parameters: `@P1` the resource, `@P2`
+/// the holder, `@P3` the token, `@P4` the expiry (`datetime2`, as read from the row).
+fn release_write_sql(table: &str) -> String {
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         UPDATE {t} SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
+         WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at = @P4 \
+         AND expires_at > @now;",
         t = quoted(table),
     )
 }
@@ -373,6 +386,7 @@ async fn send(
 struct Statements {
     upsert: String,
     release: String,
+    release_write: String,
     current: String,
 }
 
@@ -381,6 +395,7 @@ impl Statements {
         Self {
             upsert: upsert_sql(table),
             release: release_sql(table),
+            release_write: release_write_sql(table),
             current: current_sql(table),
         }
     }
@@ -670,6 +685,32 @@ impl LeaseStore for SqlServerLeaseStore {
         }
     }
 
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        check_resource(&lease.resource)?;
+        check_candidate(&lease.holder)?;
+        let Some(expires_at) = lease.expires_at else {
+            return Ok(false);
+        };
+        let (expires_at, token) = (expires_at.naive_utc(), lease.token.get());
+        match self
+            .run(
+                Want::RowsAffected,
+                &self.sql.release_write,
+                &[
+                    &lease.resource.as_str(),
+                    &lease.holder.as_str(),
+                    &token,
+                    &expires_at,
+                ],
+            )
+            .await
+        {
+            Ok(Reply::RowsAffected(n)) => Ok(n > 0),
+            Ok(Reply::Rows(rows)) => Ok(!rows.is_empty()),
+            Err(err) => Err(self.classify(err)),
+        }
+    }
+
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         check_resource(resource)?;
         Ok(self
@@ -767,6 +808,7 @@ mod tests {
         for (sql, expected) in [
             (&store.sql.upsert, vec!["@P1", "@P2", "@P3", "@P4"]),
             (&store.sql.release, vec!["@P1", "@P2"]),
+            (&store.sql.release_write, vec!["@P1", "@P2", "@P3", "@P4"]),
             (&store.sql.current, vec!["@P1"]),
         ] {
             assert_eq!(params(sql), expected, "{sql}");
@@ -795,6 +837,13 @@ mod tests {
             "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
              UPDATE [orionbeacon_leases] SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
              WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;"
+        );
+        assert_eq!(
+            release_write_sql(DEFAULT_TABLE),
+            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+             UPDATE [orionbeacon_leases] SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
+             WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at = @P4 \
+             AND expires_at > @now;"
         );
         assert_eq!(
             current_sql(DEFAULT_TABLE),

@@ -183,8 +183,12 @@ pub(crate) fn release_notifying(
     resource: &str,
     candidate: &str,
 ) -> WithQuery {
+    notifying(release(d, table, resource, candidate), table_name)
+}
+
+/// PostgreSQL: a release `update` that also notifies followers of each row it released.
+pub(crate) fn notifying(mut update: UpdateStatement, table_name: &str) -> WithQuery {
     let released = Alias::new("released");
-    let mut update = release(d, table, resource, candidate);
     update.returning(Query::returning().column(Column::Resource));
     let cte = CommonTableExpression::new()
         .table_name(released.clone())
@@ -233,6 +237,23 @@ pub(crate) fn release(
         .and_where(Expr::col(Column::Holder).eq(candidate))
         .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
         .to_owned()
+}
+
+/// The release of one exact write: [`release`] of `lease`'s holder, only while the row still
+/// carries `lease`'s token and expiry (no renew or new term since). A lease without a stored
+/// expiry names no write: `None`.
+pub(crate) fn release_write(
+    d: &dyn Dialect,
+    table: &Alias,
+    lease: &Lease,
+) -> Option<UpdateStatement> {
+    let expires_at = lease.expires_at?;
+    Some(
+        release(d, table, &lease.resource, &lease.holder)
+            .and_where(Expr::col(Column::FencingToken).eq(lease.token.get()))
+            .and_where(Expr::col(Column::ExpiresAt).eq(d.stored_time(expires_at)))
+            .to_owned(),
+    )
 }
 
 /// The stored row of `resource` with its remaining time (negative once expired).
@@ -435,6 +456,62 @@ mod tests {
         assert!(
             values.0.contains(&"+1.500 seconds".into()),
             "exact ms modifier: {values:?}"
+        );
+    }
+
+    fn lease_seen(expires_at: Option<DateTime<Utc>>) -> Lease {
+        Lease {
+            resource: "r".into(),
+            holder: "me".into(),
+            token: FencingToken::new(7),
+            remaining: Duration::from_secs(1),
+            expires_at,
+            acquired_at: None,
+        }
+    }
+
+    /// The release of one write names its token and its expiry, each as a bound value in the
+    /// form the backend stored it in.
+    #[test]
+    fn release_of_one_write_is_pinned_per_backend() {
+        use crate::backend::mysql::MySql;
+        use sea_orm::sea_query::{MysqlQueryBuilder, Value};
+        let t: DateTime<Utc> = "2026-11-30T08:54:26.123456Z".parse().unwrap();
+        let lease = lease_seen(Some(t));
+
+        let update = release_write(&Postgres, &table(), &lease).unwrap();
+        let (sql, values) = notifying(update, "orionbeacon_leases").build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = (CASE WHEN (\"renewed_at\" < (statement_timestamp())) THEN \"renewed_at\" ELSE statement_timestamp() END) \
+             WHERE \"resource\" = $1 AND \"holder\" = $2 AND \"expires_at\" > (statement_timestamp()) AND \"fencing_token\" = $3 AND \"expires_at\" = $4 RETURNING \"resource\") \
+             SELECT pg_notify($5, $6 || \"resource\") FROM \"released\""
+        );
+        assert_eq!(values.0[2], Value::BigInt(Some(7)));
+        assert_eq!(values.0[3], Value::ChronoDateTimeUtc(Some(t)));
+
+        let (sql, values) = release_write(&Sqlite, &table(), &lease)
+            .unwrap()
+            .build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = (CASE WHEN ("renewed_at" < (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN "renewed_at" ELSE strftime('%Y-%m-%d %H:%M:%f', 'now') END) WHERE "resource" = ? AND "holder" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')) AND "fencing_token" = ? AND "expires_at" = ?"#
+        );
+        // The text strftime('%Y-%m-%d %H:%M:%f') writes, milliseconds only.
+        assert_eq!(values.0[3], Value::from("2026-11-30 08:54:26.123"));
+
+        let (sql, values) = release_write(&MySql, &table(), &lease)
+            .unwrap()
+            .build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            "UPDATE `orionbeacon_leases` SET `expires_at` = (CASE WHEN (`renewed_at` < (UTC_TIMESTAMP(6))) THEN `renewed_at` ELSE UTC_TIMESTAMP(6) END) WHERE `resource` = ? AND `holder` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) AND `fencing_token` = ? AND `expires_at` = ?"
+        );
+        assert_eq!(values.0[3], Value::ChronoDateTime(Some(t.naive_utc())));
+
+        assert!(
+            release_write(&Postgres, &table(), &lease_seen(None)).is_none(),
+            "a lease without an expiry names no write"
         );
     }
 

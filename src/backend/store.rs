@@ -14,7 +14,7 @@ use super::prepared::Prepared;
 use super::statements::{self, Row};
 use super::Dialect;
 use crate::store::{validate_candidate, validate_request, validate_resource};
-use crate::{Denial, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
 
 /// How often a statement is tried when the database reports a conflict with a concurrent
 /// transaction (serialization failure, deadlock, busy SQLite file). Such a failure means the
@@ -313,6 +313,42 @@ impl SeaOrmLeaseStore {
         Ok(prepared.bind(resource, candidate, 0))
     }
 
+    /// The exact statement [`release_lease`](LeaseStore::release_lease) sends for `lease` on
+    /// this connection's backend (on PostgreSQL it also notifies followers), or `None` when
+    /// `lease` carries no expiry and so names no write (it then releases nothing). The values
+    /// are bound parameters.
+    pub fn release_lease_statement(
+        &self,
+        lease: &Lease,
+    ) -> Result<Option<sea_orm::Statement>, StoreError> {
+        validate_resource(&lease.resource)?;
+        validate_candidate(&lease.holder)?;
+        let d = self.dialect()?;
+        let backend = self.db.get_database_backend();
+        let Some(update) = statements::release_write(d, &self.table_iden(), lease) else {
+            return Ok(None);
+        };
+        Ok(Some(match backend {
+            DbBackend::Postgres => backend.build(&statements::notifying(update, &self.table)),
+            _ => backend.build(&update),
+        }))
+    }
+
+    /// Runs a release statement: whether it released a lease.
+    async fn run_release(&self, stmt: sea_orm::Statement) -> Result<bool, StoreError> {
+        if self.db.get_database_backend() == DbBackend::Postgres {
+            // The notifying form returns one row per released lease.
+            let rows = self
+                .with_retry(|| self.db.query_all_raw(stmt.clone()))
+                .await?;
+            return Ok(!rows.is_empty());
+        }
+        let result = self
+            .with_retry(|| self.db.execute_raw(stmt.clone()))
+            .await?;
+        Ok(result.rows_affected() > 0)
+    }
+
     /// The acquire-or-renew statement of this backend (for MySQL/MariaDB, the `RETURNING`
     /// form), rendered once.
     fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
@@ -441,17 +477,14 @@ impl LeaseStore for SeaOrmLeaseStore {
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
         let stmt = self.release_statement(resource, candidate)?;
-        let backend = self.db.get_database_backend();
-        if backend == DbBackend::Postgres {
-            let rows = self
-                .with_retry(|| self.db.query_all_raw(stmt.clone()))
-                .await?;
-            return Ok(!rows.is_empty());
+        self.run_release(stmt).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        match self.release_lease_statement(lease)? {
+            Some(stmt) => self.run_release(stmt).await,
+            None => Ok(false),
         }
-        let result = self
-            .with_retry(|| self.db.execute_raw(stmt.clone()))
-            .await?;
-        Ok(result.rows_affected() > 0)
     }
 
     /// On PostgreSQL, `LISTEN`s on one connection of its own (opened on first use, kept while

@@ -54,6 +54,8 @@ pub(crate) struct Runner {
 struct Active {
     term: LeaderTerm,
     next_renew: Instant,
+    /// The last grant of this term the store answered: the write a release on shutdown ends.
+    granted: Lease,
 }
 
 enum Step<T> {
@@ -112,7 +114,7 @@ impl Runner {
                 // The work was told (`lost`); the lease stays ours while it winds down.
                 let holds_lease = self.drain(&mut a, &mut failures).await;
                 if holds_lease && self.config.release_on_shutdown {
-                    self.release().await;
+                    self.release(&a.granted).await;
                 }
             } else {
                 a.term.cut_off();
@@ -210,6 +212,7 @@ impl Runner {
                 active.term.extend(self.local_deadline(&lease, sent));
                 active.next_renew = later(sent, self.config.renew_interval);
                 debug!(token = %lease.token, remaining = ?lease.remaining, "renewed");
+                active.granted = lease;
                 Step::Done(LeaderNext::Stay)
             }
             Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease))) => {
@@ -313,6 +316,7 @@ impl Runner {
         Some(Active {
             term,
             next_renew: later(sent, self.config.renew_interval),
+            granted: lease.clone(),
         })
     }
 
@@ -427,6 +431,7 @@ impl Runner {
                     active.term.extend(self.local_deadline(&lease, sent));
                     active.next_renew = later(sent, self.config.renew_interval);
                     debug!(token = %lease.token, "renewed while leader work winds down");
+                    active.granted = lease;
                 }
                 Ok(Err(err)) => {
                     *failures += 1;
@@ -444,10 +449,10 @@ impl Runner {
         }
     }
 
-    async fn release(&self) {
-        let call = self
-            .store
-            .release(&self.config.resource, &self.config.candidate);
+    /// Releases the write `granted` came from, and nothing later: a release that is delayed
+    /// can never end a renew made since, even by a new elector that reuses our candidate id.
+    async fn release(&self, granted: &Lease) {
+        let call = self.store.release_lease(granted);
         match timeout(self.config.lease, call).await {
             Ok(Ok(true)) => info!("released the lease"),
             Ok(Ok(false)) => debug!("nothing to release: the lease was no longer held"),

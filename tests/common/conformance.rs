@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orion_beacon::{FencingToken, LeaseOutcome, LeaseStore, StoreError};
+use orion_beacon::{FencingToken, Lease, LeaseOutcome, LeaseStore, StoreError};
 
 use super::{unique, Rng};
 
@@ -85,22 +85,25 @@ pub async fn renew_keeps_token_and_extends<H: Harness>(h: &H) {
     assert!(rec.live);
     assert_eq!(rec.holder, "a");
     assert_eq!(rec.token, token);
-    match (first.lease().unwrap().expires_at, rec.expires_at) {
-        (Some(first_exp), Some(now_exp)) => {
-            assert!(
-                now_exp > first_exp,
-                "expiry moved forward: {first_exp} -> {now_exp}"
-            );
-            assert_eq!(
-                rec.acquired_at,
-                first.lease().unwrap().acquired_at,
-                "acquired_at kept"
-            );
-            assert!(rec.renewed_at.unwrap() > rec.acquired_at.unwrap());
-        }
-        // A store without database timestamps (in memory) reports none at all.
-        (None, None) => assert!(rec.acquired_at.is_none() && rec.renewed_at.is_none()),
-        other => panic!("timestamps reported for one call but not the other: {other:?}"),
+    let first_exp = first.lease().unwrap().expires_at;
+    let first_exp = first_exp.expect("every store reports the expiry it wrote");
+    let now_exp = rec
+        .expires_at
+        .expect("every store reports the expiry it holds");
+    assert!(
+        now_exp > first_exp,
+        "expiry moved forward: {first_exp} -> {now_exp}"
+    );
+    assert_eq!(
+        rec.acquired_at,
+        first.lease().unwrap().acquired_at,
+        "acquired_at kept"
+    );
+    match (rec.acquired_at, rec.renewed_at) {
+        (Some(acquired), Some(renewed)) => assert!(renewed > acquired),
+        // The in-memory store keeps no term timestamps.
+        (None, None) => {}
+        other => panic!("one term timestamp without the other: {other:?}"),
     }
 }
 
@@ -184,6 +187,92 @@ pub async fn release_tombstones_and_keeps_the_token<H: Harness>(h: &H) {
     assert!(store.release(&r, "a").await.unwrap());
     let t3 = acquired(&store.acquire_or_renew(&r, "b", LONG).await.unwrap());
     assert_eq!(t3.get(), t2.get() + 1);
+}
+
+fn granted(outcome: LeaseOutcome) -> Lease {
+    match outcome {
+        LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease) => lease,
+        LeaseOutcome::Denied(denial) => panic!("expected a grant, got {denial:?}"),
+    }
+}
+
+/// `release_lease` ends exactly the write it names: never a later renew (even by the same
+/// holder, as a restarted process that reuses its id makes), nor a later term.
+pub async fn release_lease_ends_only_the_write_it_names<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("release_lease");
+    let first = granted(store.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    assert!(first.expires_at.is_some(), "a grant names its write");
+    // Past the coarsest store clock step (SQLite: 1 ms), so the renew writes a new expiry.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let renewed = granted(store.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    assert_eq!(renewed.token, first.token);
+    assert_ne!(renewed.expires_at, first.expires_at);
+    assert!(
+        !store.release_lease(&first).await.unwrap(),
+        "a release naming an earlier write ended a later renew"
+    );
+    let row = store.current(&r).await.unwrap().unwrap();
+    assert!(row.live && row.holder == "a", "{row:?}");
+    assert_eq!(
+        row.expires_at, renewed.expires_at,
+        "the renew's write is intact"
+    );
+
+    let other_holder = Lease {
+        holder: "b".into(),
+        ..renewed.clone()
+    };
+    assert!(!store.release_lease(&other_holder).await.unwrap());
+    let other_token = Lease {
+        token: FencingToken::new(renewed.token.get() + 1),
+        ..renewed.clone()
+    };
+    assert!(!store.release_lease(&other_token).await.unwrap());
+    let no_write = Lease {
+        expires_at: None,
+        ..renewed.clone()
+    };
+    assert!(!store.release_lease(&no_write).await.unwrap());
+    assert!(store.current(&r).await.unwrap().unwrap().live);
+
+    assert!(
+        store.release_lease(&renewed).await.unwrap(),
+        "the last write is released"
+    );
+    let row = store.current(&r).await.unwrap().unwrap();
+    assert!(!row.live, "{row:?}");
+    assert_eq!(row.token, first.token, "the token survives the release");
+    assert!(
+        !store.release_lease(&renewed).await.unwrap(),
+        "releasing twice does nothing"
+    );
+    // The same holder's next term is not ended by the last term's release.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let next = granted(store.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    assert_eq!(next.token.get(), first.token.get() + 1);
+    assert!(!store.release_lease(&renewed).await.unwrap());
+    assert!(store.current(&r).await.unwrap().unwrap().live);
+    assert!(store.release_lease(&next).await.unwrap());
+
+    assert!(matches!(
+        store
+            .release_lease(&Lease {
+                resource: String::new(),
+                ..next.clone()
+            })
+            .await,
+        Err(StoreError::InvalidResource { .. })
+    ));
+    assert!(matches!(
+        store
+            .release_lease(&Lease {
+                holder: String::new(),
+                ..next
+            })
+            .await,
+        Err(StoreError::InvalidCandidate { .. })
+    ));
 }
 
 pub async fn release_by_non_holder_or_of_expired_changes_nothing<H: Harness>(h: &H) {
@@ -401,6 +490,7 @@ macro_rules! conformance_suite {
             own_expired_lease_is_a_new_term,
             release_tombstones_and_keeps_the_token,
             release_by_non_holder_or_of_expired_changes_nothing,
+            release_lease_ends_only_the_write_it_names,
             current_reports_rows,
             first_insert_race_has_one_winner,
             randomized_run_tokens_strictly_increase,

@@ -324,6 +324,12 @@ impl LeaseStore for Logged {
     async fn release(&self, r: &str, c: &str) -> Result<bool, orion_beacon::StoreError> {
         self.inner.release(r, c).await
     }
+    async fn release_lease(
+        &self,
+        lease: &orion_beacon::Lease,
+    ) -> Result<bool, orion_beacon::StoreError> {
+        self.inner.release_lease(lease).await
+    }
     async fn current(
         &self,
         r: &str,
