@@ -17,6 +17,14 @@ mod postgres {
     election_suite!(SqlHarness::server(Server::Postgres));
 }
 
+/// PostgreSQL through a transaction-pooling PgBouncer.
+#[cfg(feature = "postgres")]
+mod postgres_through_pgbouncer {
+    use crate::common::sql::SqlHarness;
+    use crate::election_suite;
+    election_suite!(SqlHarness::pgbouncer());
+}
+
 #[cfg(feature = "mysql")]
 mod mariadb {
     use crate::common::sql::SqlHarness;

@@ -147,3 +147,32 @@ pub(crate) async fn postgres(
         rows.into_iter().map(Into::into).collect(),
     ))
 }
+
+/// PostgreSQL behind a transaction-pooling proxy: `stmt` as an *unnamed* statement between
+/// `BEGIN` and `COMMIT` (simple-query messages), read to the end. The proxy keeps one server
+/// connection for the whole transaction, so the statement's parse and its execution (two
+/// protocol round trips in sqlx) reach the same server, and nothing outlives the transaction
+/// there. The rows count only once `COMMIT` succeeded; on any other path the client connection
+/// is closed rather than given back mid-transaction.
+#[cfg(feature = "postgres")]
+pub(crate) async fn postgres_in_transaction(
+    pool: &sqlx::PgPool,
+    stmt: &Statement,
+) -> Result<Vec<QueryResult>, DbErr> {
+    let mut checkout = Checkout::from(pool).await?;
+    sqlx::raw_sql("BEGIN")
+        .execute(checkout.conn()?)
+        .await
+        .map_err(query_err)?;
+    let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
+        .persistent(false)
+        .fetch_all(checkout.conn()?)
+        .await
+        .map_err(query_err)?;
+    sqlx::raw_sql("COMMIT")
+        .execute(checkout.conn()?)
+        .await
+        .map_err(query_err)?;
+    checkout.clean = true;
+    Ok(rows.into_iter().map(Into::into).collect())
+}

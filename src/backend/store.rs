@@ -42,6 +42,8 @@ pub struct SeaOrmLeaseStore {
     releases: super::notify::HubCell,
     /// Whether [`LeaseStore::release_events`] may listen for release notifications.
     notifications: bool,
+    /// PostgreSQL only: the connection goes through a transaction-pooling proxy.
+    transaction_pooling: bool,
 }
 
 impl SeaOrmLeaseStore {
@@ -55,7 +57,28 @@ impl SeaOrmLeaseStore {
             #[cfg(feature = "postgres")]
             releases: Arc::default(),
             notifications: true,
+            transaction_pooling: false,
         }
+    }
+
+    /// PostgreSQL only: the application's connection goes through a proxy that pools
+    /// *transactions* (PgBouncer with `pool_mode = transaction`, or any pooler that may hand
+    /// consecutive statements of one client to different server connections). Off by default.
+    ///
+    /// The store then sends each lease statement as an unnamed statement inside a transaction
+    /// of its own (`BEGIN`, the statement, `COMMIT`), so the proxy keeps one server connection
+    /// for all of it: no named prepared statement is left on a server connection another
+    /// client gets next (sqlx prepares named statements, which a transaction-pooling proxy
+    /// without prepared-statement support rejects or, worse, mixes up between clients), and
+    /// an outcome is reported only once its `COMMIT` succeeded. Release notifications are off
+    /// (`LISTEN` needs a session of its own); followers take over at their next retry. It
+    /// costs two more round trips per lease statement.
+    ///
+    /// Fenced writes run in the application's own transactions, which go through the same
+    /// proxy: see the topology notes in the documentation for what the proxy must support.
+    pub fn with_transaction_pooling(mut self, enabled: bool) -> Self {
+        self.transaction_pooling = enabled;
+        self
     }
 
     /// PostgreSQL only: whether followers are woken by release notifications (on by default).
@@ -65,8 +88,8 @@ impl SeaOrmLeaseStore {
     /// from the pool) while any clone of the store lives: one extra server connection per store
     /// and lease table. With notifications off, followers notice a release at their next retry
     /// (`retry_interval`) instead of at once; releases still send `pg_notify` for the others.
-    /// Turn them off where `LISTEN` cannot work (a transaction-pooling PgBouncer) or where
-    /// server connections are scarce.
+    /// Turn them off where server connections are scarce. Behind a transaction-pooling proxy
+    /// they are always off (see [`with_transaction_pooling`](Self::with_transaction_pooling)).
     pub fn with_release_notifications(mut self, enabled: bool) -> Self {
         self.notifications = enabled;
         self
@@ -216,6 +239,10 @@ impl SeaOrmLeaseStore {
         use sea_orm::DatabaseConnectionType as Conn;
         match &self.db.inner {
             #[cfg(feature = "postgres")]
+            Conn::SqlxPostgresPoolConnection(_) if self.transaction_pooling => {
+                self.pooled(&stmt).await
+            }
+            #[cfg(feature = "postgres")]
             Conn::SqlxPostgresPoolConnection(_) => {
                 let pool = self.db.get_postgres_connection_pool();
                 self.autocommitted(|| {
@@ -236,6 +263,26 @@ impl SeaOrmLeaseStore {
                     .await
             }
         }
+    }
+
+    /// PostgreSQL behind a transaction-pooling proxy: `stmt` as an unnamed statement in a
+    /// transaction of its own, read to the end; its rows once `COMMIT` succeeded.
+    #[cfg(feature = "postgres")]
+    async fn pooled(&self, stmt: &sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
+        let pool = self.db.get_postgres_connection_pool();
+        self.with_retry(|| super::autocommit::postgres_in_transaction(pool, stmt))
+            .await
+    }
+
+    /// Runs a statement that reads or releases (not one that grants): through the pooled path
+    /// behind a transaction-pooling proxy, else as SeaORM runs any statement.
+    async fn plain(&self, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
+        #[cfg(feature = "postgres")]
+        if self.transaction_pooling && self.db.get_database_backend() == DbBackend::Postgres {
+            return self.pooled(&stmt).await;
+        }
+        self.with_retry(|| self.db.query_all_raw(stmt.clone()))
+            .await
     }
 
     /// Runs a checked statement (see `autocommit`), again on another connection when the one
@@ -338,10 +385,7 @@ impl SeaOrmLeaseStore {
     async fn run_release(&self, stmt: sea_orm::Statement) -> Result<bool, StoreError> {
         if self.db.get_database_backend() == DbBackend::Postgres {
             // The notifying form returns one row per released lease.
-            let rows = self
-                .with_retry(|| self.db.query_all_raw(stmt.clone()))
-                .await?;
-            return Ok(!rows.is_empty());
+            return Ok(!self.plain(stmt).await?.is_empty());
         }
         let result = self
             .with_retry(|| self.db.execute_raw(stmt.clone()))
@@ -371,9 +415,7 @@ impl SeaOrmLeaseStore {
             Ok(backend.build(&statements::current(d, &table, r)))
         })?
         .bind(resource, "", 0);
-        let row = self
-            .with_retry(|| self.db.query_one_raw(stmt.clone()))
-            .await?;
+        let row = self.plain(stmt).await?.into_iter().next();
         row.map(|r| Row::decode(&r))
             .transpose()
             .map_err(|source| self.decode_error(source))
@@ -491,7 +533,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     /// any clone of this store lives) for the notifications that releases send; see
     /// [`with_release_notifications`](SeaOrmLeaseStore::with_release_notifications).
     fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
-        if !self.notifications {
+        if !self.notifications || self.transaction_pooling {
             return None;
         }
         #[cfg(feature = "postgres")]

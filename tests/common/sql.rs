@@ -19,6 +19,25 @@ enum Target {
     /// MySQL/MariaDB with this statement run on every new session (e.g. a `sql_mode`).
     #[cfg(feature = "mysql")]
     MySqlSession(&'static str),
+    /// PostgreSQL through a transaction-pooling PgBouncer (the private instance behind it).
+    #[cfg(feature = "postgres")]
+    Pgbouncer {
+        direct: DatabaseConnection,
+    },
+}
+
+/// This test binary's PgBouncer, in `pool_mode = transaction`, in front of its private
+/// PostgreSQL instance.
+#[cfg(feature = "postgres")]
+pub fn pgbouncer() -> &'static orion_beacon_testkit::Pgbouncer {
+    static BOUNCER: std::sync::OnceLock<orion_beacon_testkit::Pgbouncer> =
+        std::sync::OnceLock::new();
+    BOUNCER.get_or_init(|| {
+        orion_beacon_testkit::Pgbouncer::builder(orion_beacon_testkit::Postgres::shared())
+            .pool_mode(orion_beacon_testkit::PoolMode::Transaction)
+            .start()
+            .unwrap_or_else(|e| panic!("cannot start this test binary's PgBouncer: {e}"))
+    })
 }
 
 /// One migrated table of its own on a real database.
@@ -133,6 +152,26 @@ impl SqlHarness {
         Some(h)
     }
 
+    /// PostgreSQL through a transaction-pooling PgBouncer, the store in its
+    /// `with_transaction_pooling` mode. The table is made on a direct connection (migrations
+    /// are not run through the pooler).
+    #[cfg(feature = "postgres")]
+    pub async fn pgbouncer() -> Option<Self> {
+        if Server::Postgres.skipped() {
+            return None;
+        }
+        let direct = super::connect_url(&Server::Postgres.private_url(), 2).await;
+        let table = unique("obt");
+        migrate(&direct, &table).await;
+        let db = super::connect_url(&pgbouncer().url(), 8).await;
+        Some(Self {
+            target: Target::Pgbouncer { direct },
+            db,
+            table,
+            mysql_form: None,
+        })
+    }
+
     async fn migrated(target: Target, db: DatabaseConnection) -> Self {
         let table = unique("obt");
         migrate(&db, &table).await;
@@ -153,7 +192,11 @@ impl SqlHarness {
 
     /// A store on this harness's table, with its statement form if one was chosen.
     pub fn configure(&self, store: SeaOrmLeaseStore) -> SeaOrmLeaseStore {
-        let store = store.with_table(&self.table).expect("valid table");
+        let mut store = store.with_table(&self.table).expect("valid table");
+        #[cfg(feature = "postgres")]
+        if let Target::Pgbouncer { .. } = self.target {
+            store = store.with_transaction_pooling(true);
+        }
         match self.mysql_form {
             Some(form) => store.with_mysql_upsert(form),
             None => store,
@@ -193,6 +236,10 @@ impl SqlHarness {
             Target::Server(server) => server.connect(max_connections).await,
             #[cfg(feature = "mysql")]
             Target::MySqlSession(init) => connect_mysql_with_session(max_connections, init).await,
+            #[cfg(feature = "postgres")]
+            Target::Pgbouncer { .. } => {
+                super::connect_url(&pgbouncer().url(), max_connections).await
+            }
         }
     }
 }
@@ -210,7 +257,11 @@ impl Harness for SqlHarness {
     }
 
     async fn teardown(self) {
-        drop_table(&self.db, &self.table).await;
+        match &self.target {
+            #[cfg(feature = "postgres")]
+            Target::Pgbouncer { direct } => drop_table(direct, &self.table).await,
+            _ => drop_table(&self.db, &self.table).await,
+        }
     }
 
     fn read_delay(&self) -> std::time::Duration {
