@@ -22,7 +22,9 @@ pub struct Lease {
     /// little more when the statement waited for a row lock (the lease runs from when the row
     /// was written). Never compare the timestamps below with a local clock.
     pub remaining: Duration,
-    /// The expiry in the database's clock (`None` for the in-memory store, which has none).
+    /// The expiry in the database's clock; with the lease's holder and token it names the write
+    /// that granted it (see [`LeaseStore::release_lease`](crate::LeaseStore::release_lease)).
+    /// The in-memory store reports it on its own clock, anchored at the store's creation.
     pub expires_at: Option<DateTime<Utc>>,
     /// When this term began, in the database's clock (`None` for the in-memory store).
     pub acquired_at: Option<DateTime<Utc>>,
@@ -87,7 +89,7 @@ pub struct LeaseRecord {
     pub live: bool,
     /// Lease time left (zero when not live).
     pub remaining: Duration,
-    /// The expiry in the database's clock (`None` for the in-memory store).
+    /// The expiry in the database's clock (the in-memory store's own clock for that store).
     pub expires_at: Option<DateTime<Utc>>,
     /// When the term began (`None` for the in-memory store).
     pub acquired_at: Option<DateTime<Utc>>,

@@ -1341,6 +1341,18 @@ fn lifecycle_keeps_one_leader() {
     });
 }
 
+/// The same with the release that names only the holder (`LeaseStore::release`, what an
+/// operator's `release` sends): with fresh ids it is as safe.
+#[test]
+fn lifecycle_with_a_holder_only_release_keeps_one_leader() {
+    let margin = at_rule(3, 3);
+    assert_safe(Params {
+        fence: false,
+        release_guard: false,
+        ..everything(2, 3, margin, 3)
+    });
+}
+
 /// Fenced writes from live and stale terms, with crashes and restarts.
 #[test]
 fn fenced_writes_commit_only_for_the_current_term() {

@@ -455,7 +455,12 @@ impl Runner {
         let call = self.store.release_lease(granted);
         match timeout(self.config.lease, call).await {
             Ok(Ok(true)) => info!("released the lease"),
-            Ok(Ok(false)) => debug!("nothing to release: the lease was no longer held"),
+            // The row no longer holds our last known write: renewed since (by a new elector
+            // with our id, or by a renew whose answer we never got), taken, or expired.
+            Ok(Ok(false)) => info!(
+                "not released: the store no longer holds the last write this elector saw; \
+                 the lease lapses on its own"
+            ),
             Ok(Err(err)) => warn!(error = %err, "release failed; the lease will lapse on its own"),
             Err(_) => warn!("release timed out; the lease will lapse on its own"),
         }

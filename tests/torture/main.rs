@@ -11,7 +11,8 @@
 //! Options: `--backend NAME` (repeatable; default all configurations: `sqlite`, `postgres`,
 //! `mysql`, `sqlite-rollback` (SQLite's rollback journal with a reader holding the file past
 //! the busy timeout), `mariadb-simultaneous` (a server-wide `sql_mode` with
-//! `SIMULTANEOUS_ASSIGNMENT`, candidates on pools of one connection)), `--duration SECS`
+//! `SIMULTANEOUS_ASSIGNMENT`, candidates on pools of one connection), `postgres-pgbouncer`
+//! (lease statements through a transaction-pooling PgBouncer)), `--duration SECS`
 //! (default 30), `--candidates N` (default 5), `--seed N` (default: random, printed),
 //! `--faults kill,pause,connkill,restart` (default all that apply to the backend), `--pool N`
 //! (connections per candidate pool; default per configuration), `--no-skew` (do not run
@@ -90,16 +91,20 @@ struct Configuration {
     rollback_journal: bool,
     /// MariaDB: the server-wide `sql_mode`, when not the default.
     sql_mode: Option<&'static str>,
+    /// PostgreSQL: the lease statements go through a transaction-pooling PgBouncer (the store
+    /// in its `with_transaction_pooling` mode); fenced writes go to the server directly.
+    pgbouncer: bool,
 }
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 5] = [
+const CONFIGURATIONS: [Configuration; 6] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
         pool: 3,
         rollback_journal: false,
         sql_mode: None,
+        pgbouncer: false,
     },
     Configuration {
         name: "postgres",
@@ -107,6 +112,7 @@ const CONFIGURATIONS: [Configuration; 5] = [
         pool: 3,
         rollback_journal: false,
         sql_mode: None,
+        pgbouncer: false,
     },
     Configuration {
         name: "mysql",
@@ -114,6 +120,7 @@ const CONFIGURATIONS: [Configuration; 5] = [
         pool: 3,
         rollback_journal: false,
         sql_mode: None,
+        pgbouncer: false,
     },
     // SQLite's own default journal, a long reader, pools of two.
     Configuration {
@@ -122,6 +129,7 @@ const CONFIGURATIONS: [Configuration; 5] = [
         pool: 2,
         rollback_journal: true,
         sql_mode: None,
+        pgbouncer: false,
     },
     // Every assignment of an UPDATE reads the old row (as `sql_mode=ORACLE` has it), pools of
     // one connection.
@@ -133,6 +141,18 @@ const CONFIGURATIONS: [Configuration; 5] = [
         sql_mode: Some(
             "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,SIMULTANEOUS_ASSIGNMENT",
         ),
+        pgbouncer: false,
+    },
+    // Lease statements through PgBouncer in `pool_mode = transaction`: consecutive statements
+    // of one candidate reach different server connections. (A SeaORM transaction cannot go
+    // through PgBouncer 1.18 at all, named prepared statements: fenced writes go direct.)
+    Configuration {
+        name: "postgres-pgbouncer",
+        backend: Backend::Postgres,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+        pgbouncer: true,
     },
 ];
 
@@ -154,6 +174,10 @@ struct Args {
     /// SQLite only: rollback journal (SQLite's default) instead of WAL.
     rollback_journal: bool,
     url: String,
+    /// Where fenced writes go, when not to `url`.
+    fence_url: Option<String>,
+    /// The store's `with_transaction_pooling` mode.
+    transaction_pooling: bool,
     table: String,
     ledger: String,
     resource: String,
@@ -172,6 +196,8 @@ fn parse_args() -> Result<Option<Args>, Error> {
         pool: None,
         rollback_journal: false,
         url: String::new(),
+        fence_url: None,
+        transaction_pooling: false,
         table: String::new(),
         ledger: String::new(),
         resource: String::new(),
@@ -194,6 +220,8 @@ fn parse_args() -> Result<Option<Args>, Error> {
             "--pool" => a.pool = Some(value()?.parse()?),
             "--rollback-journal" => a.rollback_journal = true,
             "--url" => a.url = value()?,
+            "--fence-url" => a.fence_url = Some(value()?),
+            "--transaction-pooling" => a.transaction_pooling = true,
             "--table" => a.table = value()?,
             "--ledger" => a.ledger = value()?,
             "--resource" => a.resource = value()?,
@@ -313,7 +341,16 @@ impl LeaseStore for Logged {
             Ok(orion_beacon::LeaseOutcome::Denied(d)) => {
                 format!("denied {:?} {:?} rem={:?}", d.holder, d.token, d.remaining)
             }
-            Err(e) => format!("error {e}"),
+            Err(e) => {
+                // The whole chain: the top-level message alone says only "database error".
+                let mut line = format!("error {e}");
+                let mut source = std::error::Error::source(e);
+                while let Some(cause) = source {
+                    line += &format!(": {cause}");
+                    source = cause.source();
+                }
+                line.replace('\n', " ")
+            }
         };
         self.history
             .lock()
@@ -453,7 +490,18 @@ async fn candidate(args: Args) -> Result<(), Error> {
     } else {
         connect(&args.url, args.pool.unwrap_or(3)).await?
     };
-    let store = SeaOrmLeaseStore::new(db.clone()).with_table(&args.table)?;
+    let store = SeaOrmLeaseStore::new(db.clone())
+        .with_table(&args.table)?
+        .with_transaction_pooling(args.transaction_pooling);
+    // Fenced writes: the same pool, or a direct one where the lease pool cannot carry them.
+    let (db, fence_store) = match &args.fence_url {
+        Some(url) => {
+            let direct = connect(url, args.pool.unwrap_or(3)).await?;
+            let fence_store = SeaOrmLeaseStore::new(direct.clone()).with_table(&args.table)?;
+            (direct, fence_store)
+        }
+        None => (db, store.clone()),
+    };
     let asked: Asked = Default::default();
     let handle = Elector::builder(Logged {
         inner: store.clone(),
@@ -507,7 +555,7 @@ async fn candidate(args: Args) -> Result<(), Error> {
         worked.lead(&term);
         let (db, store, history, ledger, me) = (
             db.clone(),
-            store.clone(),
+            fence_store.clone(),
             h3.clone(),
             ledger.clone(),
             me.clone(),
@@ -604,6 +652,8 @@ struct Setup {
     mariadb: Option<&'static orion_beacon_testkit::MariaDb>,
     /// The URL candidates use.
     url: String,
+    /// The URL candidates send fenced writes to, when not `url`.
+    fence_url: Option<String>,
     /// The URL the harness itself uses (probes, the ledger).
     admin_url: String,
     table: String,
@@ -699,6 +749,7 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
     if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
         println!("torture: histories kept in {}", path.display());
     }
+    let mut fence_url = None;
     let (url, admin_url) = match backend {
         Backend::Sqlite => {
             let url = format!("sqlite://{}", path.join("torture.db").display());
@@ -710,7 +761,18 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
                 "{base}?application_name=orion-torture-{}",
                 std::process::id()
             );
-            (url, base)
+            if config.pgbouncer {
+                let bouncer = private_pgbouncer().await?;
+                let through = format!(
+                    "{}?application_name=orion-torture-{}",
+                    bouncer.url(),
+                    std::process::id()
+                );
+                fence_url = Some(url);
+                (through, base)
+            } else {
+                (url, base)
+            }
         }
         Backend::MySql => {
             // A database of its own: connection kills hit only the candidates.
@@ -760,6 +822,7 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
         config,
         mariadb,
         url,
+        fence_url,
         admin_url,
         table,
         ledger,
@@ -797,6 +860,14 @@ fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     .arg(&history)
     .args(["--pool", &s.config.pool.to_string()])
     .args(s.config.rollback_journal.then_some("--rollback-journal"))
+    .args(s.config.pgbouncer.then_some("--transaction-pooling"))
+    .args(
+        s.fence_url
+            .as_deref()
+            .map(|url| ["--fence-url", url])
+            .into_iter()
+            .flatten(),
+    )
     .stdin(Stdio::piped())
     .stdout(Stdio::null())
     .stderr(Stdio::inherit())
@@ -868,6 +939,27 @@ async fn db_answers(url: &str) -> bool {
 /// This binary's private PostgreSQL instance (started on first use, off the async threads).
 async fn private_postgres() -> Result<&'static orion_beacon_testkit::Postgres, Error> {
     Ok(tokio::task::spawn_blocking(orion_beacon_testkit::Postgres::shared).await?)
+}
+
+/// This binary's PgBouncer (`pool_mode = transaction`) in front of its private PostgreSQL.
+async fn private_pgbouncer() -> Result<&'static orion_beacon_testkit::Pgbouncer, Error> {
+    static BOUNCER: tokio::sync::OnceCell<orion_beacon_testkit::Pgbouncer> =
+        tokio::sync::OnceCell::const_new();
+    let pg = private_postgres().await?;
+    BOUNCER
+        .get_or_try_init(|| async move {
+            tokio::task::spawn_blocking(move || {
+                orion_beacon_testkit::Pgbouncer::builder(pg)
+                    .pool_mode(orion_beacon_testkit::PoolMode::Transaction)
+                    // After one failed server login (a restart, killed connections), PgBouncer
+                    // turns every client away for this long (default 15 s): no leader then.
+                    .setting("server_login_retry", "1")
+                    .start()
+            })
+            .await?
+            .map_err(Error::from)
+        })
+        .await
 }
 
 /// This binary's private MariaDB instance, one per server-wide `sql_mode`.
