@@ -1,5 +1,6 @@
 //! The torture checker must be able to fail: synthetic histories with an overlap, a reused
-//! token, a stale ledger write and a missed recovery are each caught; a clean one passes.
+//! token, a stale ledger write, a missed recovery, a paused leader nobody replaced and an
+//! unexplained leaderless stretch are each caught; a clean one passes.
 
 #[path = "torture/checker.rs"]
 mod checker;
@@ -12,6 +13,7 @@ const BOUND: u64 = 1_000 * MS;
 fn clean() -> Record {
     let mut r = Record {
         end: 10_000 * MS,
+        quiesce: 5_000 * MS,
         ..Record::default()
     };
     r.add_history("start a 0 0\nlead 1 100000000\nwrite 1 1 150000000\nlost 1 900000000 950000000 deadline\nstop 9000000000\n", None)
@@ -207,4 +209,109 @@ fn missed_recovery_is_caught() {
         "{:?}",
         v.violations
     );
+}
+
+/// A paused leader still believes it leads until its deadline; what matters is that another
+/// candidate takes over. Nobody did here: caught (an interval spanning the pause's end, the
+/// paused leader's own, must not count as recovery).
+#[test]
+fn a_paused_leader_nobody_replaces_is_caught() {
+    let history = |r: &mut Record| {
+        // a leads from 0.1 s, is paused at 1 s (deadline 1.2 s), wakes at 3 s, leads again.
+        r.add_history(
+            "start a 0 0\nlead 1 100000000\nlost 1 3000000000 1200000000 deadline\nlead 4 3100000000\n",
+            None,
+        )
+        .unwrap();
+        r.faults.push(Fault {
+            kind: "pause".into(),
+            candidate: Some("a".into()),
+            start: 1_000 * MS,
+            end: 3_000 * MS,
+        });
+    };
+    let mut alone = Record {
+        end: 6_000 * MS,
+        ..Record::default()
+    };
+    history(&mut alone);
+    let v = check(&alone, BOUND);
+    assert!(
+        v.violations
+            .iter()
+            .any(|m| m.starts_with("no other leader within 1000 ms after pause of a")),
+        "{:?}",
+        v.violations
+    );
+
+    let mut replaced = Record {
+        end: 6_000 * MS,
+        ..Record::default()
+    };
+    history(&mut replaced);
+    replaced
+        .add_history(
+            "start b 0 0\nlead 3 1800000000\nlost 3 3050000000 3050000000 denied\n",
+            None,
+        )
+        .unwrap();
+    let v = check(&replaced, BOUND);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    assert_eq!(v.worst_recovery_ns, 800 * MS);
+}
+
+/// A leaderless stretch longer than the bound with no fault to explain it is caught; a server
+/// restart in it explains it.
+#[test]
+fn an_unexplained_leaderless_stretch_is_caught() {
+    let history = |r: &mut Record| {
+        r.add_history(
+            "start a 0 0\nlead 1 100000000\nlost 1 900000000 900000000 denied\n",
+            None,
+        )
+        .unwrap();
+        r.add_history("start b 0 0\nlead 2 5000000000\n", None)
+            .unwrap();
+    };
+    let mut r = Record {
+        end: 8_000 * MS,
+        ..Record::default()
+    };
+    history(&mut r);
+    let v = check(&r, BOUND);
+    assert!(
+        v.violations
+            .iter()
+            .any(|m| m.starts_with("no leader for 4100 ms from")),
+        "{:?}",
+        v.violations
+    );
+
+    let mut restarted = Record {
+        end: 8_000 * MS,
+        ..Record::default()
+    };
+    history(&mut restarted);
+    restarted.faults.push(Fault {
+        kind: "restart".into(),
+        candidate: None,
+        start: 1_000 * MS,
+        end: 4_500 * MS,
+    });
+    let v = check(&restarted, BOUND);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+
+    // The shutdown at the end is not a leaderless stretch.
+    let mut stopped = Record {
+        end: 8_000 * MS,
+        quiesce: 1_500 * MS,
+        ..Record::default()
+    };
+    stopped
+        .add_history(
+            "start a 0 0\nlead 1 100000000\nlost 1 1600000000 1700000000 shutdown\n",
+            None,
+        )
+        .unwrap();
+    assert!(check(&stopped, BOUND).violations.is_empty());
 }

@@ -9,12 +9,16 @@
 //! lead <token> <ns>                       the candidate saw itself elected
 //! lost <token> <ns> <deadline-ns> <why>   the term ended (as observed; believed until min(ns, deadline))
 //! write <token> <seq> <ns>                a fenced ledger write committed
-//! refused <token> <ns>                    a fenced ledger write was refused
+//! refused <token> <ns>                    the fence refused a ledger write (its term was stale)
+//! failed <token> <ns>                     a ledger write failed (a database error)
 //! stop <ns>
 //! ```
 //!
-//! Fault log lines (the scheduler's): `kill <candidate> <ns>`, `pause <candidate> <from> <to>`,
-//! `connkill <ns>`, `restart <from> <to>`, `skew <candidate> <offset>`.
+//! Faults (the scheduler's): `kill` and `pause` of a candidate, `connkill`, `restart` (and
+//! `failover`) of the server. After a kill or the start of a pause, *another* candidate must
+//! lead within the bound (the paused one still believes it leads until its deadline); after a
+//! server fault ends, any candidate. Between the first term and the end of the run, no stretch
+//! without a leader may be longer than the bound unless a server fault window explains it.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -52,10 +56,23 @@ pub struct Record {
     pub faults: Vec<Fault>,
     pub ledger: Vec<LedgerRow>,
     pub writes_committed: u64,
+    /// Writes the fence refused (a stale term).
     pub writes_refused: u64,
+    /// Writes that failed with a database error.
+    pub writes_failed: u64,
     /// Run end (ns): intervals still open at the end are closed here.
     pub end: u64,
+    /// When the candidates were told to stop (ns; 0: at `end`): leaderless time after it is
+    /// the shutdown, not a fault.
+    pub quiesce: u64,
+    /// A paused candidate can stall every other one until it wakes (SQLite: it may hold the
+    /// file's lock): recovery from a pause is then measured from the wake-up.
+    pub pause_blocks_store: bool,
 }
+
+/// Fault kinds whose window (start to end, then the bound) may leave the run leaderless: the
+/// server itself was down.
+const SERVER_DOWN: [&str; 2] = ["restart", "failover"];
 
 fn num(parts: &[&str], i: usize, line: &str) -> Result<u64, String> {
     parts
@@ -115,6 +132,10 @@ impl Record {
                 }
                 "refused" => {
                     self.writes_refused += 1;
+                    last_seen = num(&parts, 2, line)?;
+                }
+                "failed" => {
+                    self.writes_failed += 1;
                     last_seen = num(&parts, 2, line)?;
                 }
                 "stop" => last_seen = num(&parts, 1, line)?,
@@ -228,24 +249,32 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
         }
     }
 
-    // 4. Liveness: after each fault ends, some candidate leads again within the bound.
+    // 4. Liveness: after each fault, another candidate leads within the bound.
     for fault in &record.faults {
+        // A killed or paused candidate does not count: the paused one still believes it leads
+        // until its deadline, and must be replaced, measured from when the pause began.
+        let (from, other) = match fault.kind.as_str() {
+            "pause" if record.pause_blocks_store => (fault.end, fault.candidate.as_deref()),
+            "kill" | "pause" => (fault.start, fault.candidate.as_deref()),
+            _ => (fault.end, None),
+        };
+        let counts = |i: &&Interval| other.is_none_or(|c| i.candidate != c);
         let covering = intervals
             .iter()
-            .any(|i| i.start <= fault.end && i.end > fault.end);
+            .filter(counts)
+            .any(|i| i.start <= from && i.end > from);
         let recovery = if covering {
             0
         } else {
             match intervals
                 .iter()
-                .filter(|i| i.start >= fault.end)
+                .filter(counts)
+                .filter(|i| i.start >= from)
                 .map(|i| i.start)
                 .min()
             {
-                Some(start) => start - fault.end,
-                None if record.end > fault.end && record.end - fault.end < recovery_bound_ns => {
-                    continue
-                } // run ended first
+                Some(start) => start - from,
+                None if record.end > from && record.end - from < recovery_bound_ns => continue, // run ended first
                 None => u64::MAX,
             }
         };
@@ -253,16 +282,62 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
         v.worst_recovery_ns = v.worst_recovery_ns.max(recovery);
         if recovery > recovery_bound_ns {
             v.violations.push(format!(
-                "no leader within {} ms after {} ended at {}{}",
+                "no {}leader within {} ms after {}{} {} at {}{}",
+                if other.is_some() { "other " } else { "" },
                 recovery_bound_ns / 1_000_000,
                 fault.kind,
-                fault.end,
+                other.map(|c| format!(" of {c}")).unwrap_or_default(),
+                if from == fault.start {
+                    "began"
+                } else {
+                    "ended"
+                },
+                from,
                 if recovery == u64::MAX {
                     " (never)".to_owned()
                 } else {
                     format!(" (took {} ms)", recovery / 1_000_000)
                 }
             ));
+        }
+    }
+
+    // 5. No unexplained leaderless stretch: from the first term to the stop, every gap in the
+    // union of believed terms is shorter than the bound, or overlaps a server fault's window.
+    let quiesce = if record.quiesce == 0 {
+        record.end
+    } else {
+        record.quiesce
+    };
+    if let Some(first) = intervals.first() {
+        let mut covered_to = first.end;
+        let mut gaps = Vec::new();
+        for i in &intervals[1..] {
+            if i.start > covered_to {
+                gaps.push((covered_to, i.start));
+            }
+            covered_to = covered_to.max(i.end);
+        }
+        if covered_to < quiesce {
+            gaps.push((covered_to, quiesce));
+        }
+        for (from, to) in gaps {
+            let to = to.min(quiesce);
+            if to <= from || to - from <= recovery_bound_ns {
+                continue;
+            }
+            let explained = record.faults.iter().any(|f| {
+                (SERVER_DOWN.contains(&f.kind.as_str())
+                    || (record.pause_blocks_store && f.kind == "pause"))
+                    && f.start <= to
+                    && from <= f.end.saturating_add(recovery_bound_ns)
+            });
+            if !explained {
+                v.violations.push(format!(
+                    "no leader for {} ms from {from} to {to}, and no server fault explains it",
+                    (to - from) / 1_000_000
+                ));
+            }
         }
     }
     v

@@ -544,67 +544,49 @@ async fn candidate(args: Args) -> Result<(), Error> {
     });
 
     // While leading: fenced ledger writes in a loop.
-    let h3 = history.clone();
-    let ledger = args.ledger.clone();
-    let me = name.clone();
-    // Sequence numbers per token: after a local step-down the store may renew the same token
-    // into a new local term, and that is still one term in the ledger.
-    let sequences: std::sync::Arc<std::sync::Mutex<HashMap<i64, i64>>> = Default::default();
+    let writer = LedgerWriter {
+        db: db.clone(),
+        store: fence_store.clone(),
+        history: history.clone(),
+        ledger: args.ledger.clone(),
+        me: name.clone(),
+        sequences: Default::default(),
+    };
     let worked = terms.clone();
+    let work_writer = writer.clone();
     let _work = handle.run_as_leader(move |term| {
         worked.lead(&term);
-        let (db, store, history, ledger, me) = (
-            db.clone(),
-            fence_store.clone(),
-            h3.clone(),
-            ledger.clone(),
-            me.clone(),
-        );
-        let sequences = sequences.clone();
+        let writer = work_writer.clone();
         async move {
             while !term.is_lost() {
-                let seq: i64 = {
-                    let mut all = sequences.lock().unwrap();
-                    let next = all.entry(term.token().get()).or_insert(0);
-                    *next += 1;
-                    *next
-                };
-                let result: Result<bool, Error> = async {
-                    let txn = db.begin().await?;
-                    if store.fence(&txn, &term).await.is_err() {
-                        txn.rollback().await?;
-                        return Ok(false);
-                    }
-                    let insert = Query::insert()
-                        .into_table(Alias::new(&ledger))
-                        .columns([
-                            Alias::new("token"),
-                            Alias::new("candidate"),
-                            Alias::new("seq"),
-                        ])
-                        .values([term.token().get().into(), me.clone().into(), seq.into()])?
-                        .to_owned();
-                    txn.execute(&insert).await?;
-                    txn.commit().await?;
-                    Ok(true)
-                }
-                .await;
-                let now = mono_ns();
-                match result {
-                    Ok(true) => history
-                        .lock()
-                        .unwrap()
-                        .line(&format!("write {} {seq} {now}", term.token())),
-                    Ok(false) | Err(_) => history
-                        .lock()
-                        .unwrap()
-                        .line(&format!("refused {} {now}", term.token())),
-                }
+                writer.write(&term).await;
                 tokio::select! {
                     _ = term.lost() => {}
                     _ = tokio::time::sleep(Duration::from_millis(20)) => {}
                 }
             }
+        }
+    });
+    // The classic bug fencing exists for: a leader paused (GC, SIGSTOP) past its lease wakes
+    // up and writes with the term it had. After any stall longer than the lease, this task
+    // sends one fenced write with the last term it saw, whatever the elector says now; the
+    // fence must refuse it (the checker fails a stale write that committed).
+    let zombie_rx = handle.watch();
+    let zombie = tokio::spawn(async move {
+        let mut last: Option<orion_beacon::LeaderTerm> = None;
+        let mut tick = std::time::Instant::now();
+        loop {
+            if let Some(term) = zombie_rx.borrow().term() {
+                last = Some(term.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = std::time::Instant::now();
+            if now.duration_since(tick) > LEASE {
+                if let Some(term) = last.as_ref().filter(|t| !t.is_current()) {
+                    writer.write(term).await;
+                }
+            }
+            tick = now;
         }
     });
 
@@ -614,10 +596,68 @@ async fn candidate(args: Args) -> Result<(), Error> {
             break;
         }
     }
+    zombie.abort();
     handle.shutdown().await;
     let _ = watcher.await;
     history.lock().unwrap().line(&format!("stop {}", mono_ns()));
     Ok(())
+}
+
+/// Fenced writes to the ledger table, each recorded in the history: `write` (committed),
+/// `refused` (the fence said the term is stale) or `failed` (a database error).
+#[derive(Clone)]
+struct LedgerWriter {
+    db: DatabaseConnection,
+    store: SeaOrmLeaseStore,
+    history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
+    ledger: String,
+    me: String,
+    /// Sequence numbers per token: after a local step-down the store may renew the same token
+    /// into a new local term, and that is still one term in the ledger.
+    sequences: std::sync::Arc<std::sync::Mutex<HashMap<i64, i64>>>,
+}
+
+impl LedgerWriter {
+    async fn write(&self, term: &orion_beacon::LeaderTerm) {
+        let token = term.token();
+        let seq: i64 = {
+            let mut all = self.sequences.lock().unwrap();
+            let next = all.entry(token.get()).or_insert(0);
+            *next += 1;
+            *next
+        };
+        let result: Result<bool, Error> = async {
+            let txn = self.db.begin().await?;
+            match self.store.fence(&txn, term).await {
+                Ok(()) => {}
+                Err(e) if e.is_fenced() => {
+                    txn.rollback().await?;
+                    return Ok(false);
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let insert = Query::insert()
+                .into_table(Alias::new(&self.ledger))
+                .columns([
+                    Alias::new("token"),
+                    Alias::new("candidate"),
+                    Alias::new("seq"),
+                ])
+                .values([token.get().into(), self.me.clone().into(), seq.into()])?
+                .to_owned();
+            txn.execute(&insert).await?;
+            txn.commit().await?;
+            Ok(true)
+        }
+        .await;
+        let now = mono_ns();
+        let line = match result {
+            Ok(true) => format!("write {token} {seq} {now}"),
+            Ok(false) => format!("refused {token} {now}"),
+            Err(_) => format!("failed {token} {now}"),
+        };
+        self.history.lock().unwrap().line(&line);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -670,6 +710,8 @@ struct Proc {
     history: PathBuf,
     pid: Option<u32>,
     skewed: bool,
+    /// The libfaketime offset it runs under (`-3h`), if skewed.
+    offset: Option<String>,
 }
 
 impl Proc {
@@ -879,7 +921,47 @@ fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
         child,
         history,
         skewed: skew.is_some(),
+        offset: skew.map(str::to_owned),
     })
+}
+
+/// Whether a skewed candidate's wall clock really ran at `offset` (e.g. `-3h`): its history's
+/// `start` line has its monotonic and wall-clock times; ours, read now, give the true offset
+/// between the two clocks. `None` if it did, else what is wrong.
+fn skew_problem(history: &str, offset: &str) -> Option<String> {
+    let start = history.lines().find(|l| l.starts_with("start "))?;
+    let parts: Vec<&str> = start.split_whitespace().collect();
+    let (mono, wall): (u64, u128) = match (parts.get(2)?.parse(), parts.get(3)?.parse()) {
+        (Ok(m), Ok(w)) => (m, w),
+        _ => return Some(format!("unreadable start line {start:?}")),
+    };
+    let unit = |c: char| match c {
+        'h' => Some(3_600_000i128),
+        'm' => Some(60_000),
+        's' => Some(1_000),
+        'd' => Some(86_400_000),
+        _ => None,
+    };
+    let expected_ms = offset
+        .strip_suffix(|c: char| c.is_ascii_alphabetic())
+        .and_then(|n| n.parse::<i128>().ok())
+        .zip(offset.chars().last().and_then(unit))
+        .map(|(n, u)| n * u)?;
+    let now_wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_millis() as i128;
+    let now_mono = mono_ns() as i128;
+    // Our wall clock at the candidate's start instant.
+    let true_wall = now_wall - (now_mono - mono as i128) / 1_000_000;
+    let seen = wall as i128 - true_wall;
+    if (seen - expected_ms).abs() > 5_000 {
+        Some(format!(
+            "its wall clock was {seen} ms off, not {offset} ({expected_ms} ms): libfaketime did not take effect"
+        ))
+    } else {
+        None
+    }
 }
 
 /// libfaketime, from Debian's `faketime` package (or `ORION_TORTURE_FAKETIME_LIB`).
@@ -1115,11 +1197,22 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
         bag.swap(i, rng.below(i as u64 + 1) as usize);
     }
     let mut restarts = 0;
+    // Faults of the run itself that did nothing (a connkill that killed nothing, a requested
+    // kind never applied, a clock that was not skewed): the run proves less than it says.
+    let mut run_violations: Vec<String> = Vec::new();
+    // Kinds that found no leader to hit: tried again later.
+    let mut skipped: Vec<String> = Vec::new();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     while started.elapsed() + Duration::from_secs(3) < args.duration && !faults.is_empty() {
-        let kind = bag
-            .pop()
-            .unwrap_or_else(|| faults[rng.below(faults.len() as u64) as usize].clone());
+        let kind = match (skipped.len() > 3, bag.pop()) {
+            (false, Some(kind)) => kind,
+            (_, popped) => {
+                bag.extend(popped);
+                skipped
+                    .pop()
+                    .unwrap_or_else(|| faults[rng.below(faults.len() as u64) as usize].clone())
+            }
+        };
         // A restart takes a while; one per 60 s of run is plenty.
         if kind == "restart" && restarts as f64 > args.duration.as_secs_f64() / 60.0 {
             continue;
@@ -1145,10 +1238,14 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                     let fresh = format!("{base}-r{incarnation}");
                     if let Some(slot) = procs.iter_mut().find(|p| p.name == name) {
                         let _ = slot.child.wait().await;
-                        let old = std::mem::replace(slot, spawn(&s, &fresh, None)?);
+                        // The replacement runs on the same (skewed) host clock.
+                        let offset = slot.offset.clone();
+                        let old = std::mem::replace(slot, spawn(&s, &fresh, offset.as_deref())?);
                         // keep the dead one's history for the checker
                         procs.push(old);
                     }
+                } else {
+                    skipped.push(kind.clone());
                 }
             }
             "pause" => {
@@ -1161,15 +1258,16 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                         signal(p, Signal::SIGCONT);
                     }
                     let to = mono_ns();
-                    // Liveness is about the others taking over during the pause.
+                    // Liveness: another candidate takes over, measured from `from`.
                     fault_log.push(checker::Fault {
                         kind: "pause".into(),
                         candidate: Some(name),
                         start: from,
-                        end: from,
+                        end: to,
                     });
-                    let _ = to;
                     *counts.entry(kind.clone()).or_default() += 1;
+                } else {
+                    skipped.push(kind.clone());
                 }
             }
             "connkill" => {
@@ -1182,7 +1280,9 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                     end: at,
                 });
                 *counts.entry(kind.clone()).or_default() += 1;
-                let _ = n;
+                if n == 0 {
+                    run_violations.push(format!("connkill at {at} killed no connection"));
+                }
             }
             "restart" => {
                 let from = mono_ns();
@@ -1205,6 +1305,7 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     tokio::time::sleep(remaining.max(Duration::from_secs(2))).await;
 
     // Stop everyone gracefully, then read what they wrote.
+    let quiesce_ns = mono_ns();
     for p in &mut procs {
         if let Some(stdin) = p.child.stdin.as_mut() {
             let _ = stdin.write_all(b"shutdown\n").await;
@@ -1225,12 +1326,32 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let run_end_ns = mono_ns();
     let mut record = checker::Record {
         end: run_end_ns,
+        quiesce: quiesce_ns,
+        // A SIGSTOPped SQLite candidate may hold the file's lock: nobody writes until it wakes.
+        pause_blocks_store: backend == Backend::Sqlite,
         faults: fault_log,
         ..checker::Record::default()
     };
     for p in &procs {
         let text = std::fs::read_to_string(&p.history).unwrap_or_default();
         record.add_history(&text, kills.get(&p.name).copied())?;
+        if let Some(offset) = &p.offset {
+            if let Some(problem) = skew_problem(&text, offset) {
+                run_violations.push(format!("{}: {problem}", p.name));
+            }
+        }
+    }
+    for kind in &faults {
+        if !counts.contains_key(kind) {
+            run_violations.push(format!("fault {kind} was requested but never applied"));
+        }
+    }
+    if counts.contains_key("pause") && record.writes_refused == 0 {
+        run_violations.push(
+            "leaders were paused past their lease, yet no stale write was refused by the fence \
+             (the woken leader's write never reached it)"
+                .to_owned(),
+        );
     }
     let admin = &s.admin;
     let rows = admin
@@ -1256,7 +1377,8 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
         });
     }
     let bound = LEASE + RETRY + RECOVERY_MARGIN;
-    let verdict = checker::check(&record, bound.as_nanos() as u64);
+    let mut verdict = checker::check(&record, bound.as_nanos() as u64);
+    verdict.violations.extend(run_violations);
     let tokens_in_table = SeaOrmLeaseStore::new(admin.clone())
         .with_table(&s.table)?
         .current(&s.resource)
@@ -1266,11 +1388,12 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let mut kinds: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
     kinds.sort();
     println!(
-        "torture[{label}] seed={seed} duration={:.0}s candidates={} skewed={skewed} operations={} (refused {}) terms={} last_token={} faults: {} violations={} worst_recovery={}ms (bound {}ms)",
+        "torture[{label}] seed={seed} duration={:.0}s candidates={} skewed={skewed} operations={} (fenced {}, failed {}) terms={} last_token={} faults: {} violations={} worst_recovery={}ms (bound {}ms)",
         (run_end_ns - run_start_ns) as f64 / 1e9,
         args.candidates,
-        record.writes_committed + record.writes_refused,
+        record.writes_committed + record.writes_refused + record.writes_failed,
         record.writes_refused,
+        record.writes_failed,
         verdict.terms,
         tokens_in_table.unwrap_or(0),
         kinds.join(" "),
@@ -1292,10 +1415,6 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                 f.end
             );
         }
-    }
-    let missing: Vec<&String> = faults.iter().filter(|f| !counts.contains_key(*f)).collect();
-    if !missing.is_empty() {
-        println!("  (fault kinds that found no leader to hit: {missing:?})");
     }
     if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
         std::mem::forget(s._dir);
