@@ -12,9 +12,11 @@
 //! `mysql`, `sqlite-rollback` (SQLite's rollback journal with a reader holding the file past
 //! the busy timeout), `mariadb-simultaneous` (a server-wide `sql_mode` with
 //! `SIMULTANEOUS_ASSIGNMENT`, candidates on pools of one connection), `postgres-pgbouncer`
-//! (lease statements through a transaction-pooling PgBouncer)), `--duration SECS`
+//! (lease statements through a transaction-pooling PgBouncer), `pg-sync-failover` and
+//! `pg-async-failover` (a primary and a standby behind one address, with the `failover`
+//! fault; the asynchronous one's violations are measured, not failed on)), `--duration SECS`
 //! (default 30), `--candidates N` (default 5), `--seed N` (default: random, printed),
-//! `--faults kill,pause,connkill,restart` (default all that apply to the backend), `--pool N`
+//! `--faults kill,pause,connkill,restart,failover` (default all that apply), `--pool N`
 //! (connections per candidate pool; default per configuration), `--no-skew` (do not run
 //! candidates under `faketime`). The candidate processes are this same binary, started with
 //! `--candidate`.
@@ -94,10 +96,16 @@ struct Configuration {
     /// PostgreSQL: the lease statements go through a transaction-pooling PgBouncer (the store
     /// in its `with_transaction_pooling` mode); fenced writes go to the server directly.
     pgbouncer: bool,
+    /// PostgreSQL: a primary and a streaming standby behind one stable address (a PgBouncer in
+    /// session pooling, re-pointed at failover), with the `failover` fault.
+    failover: Option<orion_beacon_testkit::Replication>,
+    /// Violations are the hazard being measured (asynchronous replication loses committed
+    /// lease writes at failover): reported, and the run does not fail on them.
+    measured: bool,
 }
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 6] = [
+const CONFIGURATIONS: [Configuration; 8] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -105,6 +113,8 @@ const CONFIGURATIONS: [Configuration; 6] = [
         rollback_journal: false,
         sql_mode: None,
         pgbouncer: false,
+        failover: None,
+        measured: false,
     },
     Configuration {
         name: "postgres",
@@ -113,6 +123,8 @@ const CONFIGURATIONS: [Configuration; 6] = [
         rollback_journal: false,
         sql_mode: None,
         pgbouncer: false,
+        failover: None,
+        measured: false,
     },
     Configuration {
         name: "mysql",
@@ -121,6 +133,8 @@ const CONFIGURATIONS: [Configuration; 6] = [
         rollback_journal: false,
         sql_mode: None,
         pgbouncer: false,
+        failover: None,
+        measured: false,
     },
     // SQLite's own default journal, a long reader, pools of two.
     Configuration {
@@ -130,6 +144,8 @@ const CONFIGURATIONS: [Configuration; 6] = [
         rollback_journal: true,
         sql_mode: None,
         pgbouncer: false,
+        failover: None,
+        measured: false,
     },
     // Every assignment of an UPDATE reads the old row (as `sql_mode=ORACLE` has it), pools of
     // one connection.
@@ -142,6 +158,8 @@ const CONFIGURATIONS: [Configuration; 6] = [
             "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,SIMULTANEOUS_ASSIGNMENT",
         ),
         pgbouncer: false,
+        failover: None,
+        measured: false,
     },
     // Lease statements through PgBouncer in `pool_mode = transaction`: consecutive statements
     // of one candidate reach different server connections. (A SeaORM transaction cannot go
@@ -153,6 +171,32 @@ const CONFIGURATIONS: [Configuration; 6] = [
         rollback_journal: false,
         sql_mode: None,
         pgbouncer: true,
+        failover: None,
+        measured: false,
+    },
+    // A primary and a synchronous standby: the standby has every commit a client was told of,
+    // so a failover loses no grant.
+    Configuration {
+        name: "pg-sync-failover",
+        backend: Backend::Postgres,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+        pgbouncer: false,
+        failover: Some(orion_beacon_testkit::Replication::Synchronous),
+        measured: false,
+    },
+    // The same with asynchronous replication: the last committed lease writes can be lost at
+    // failover. Measured, not a failure.
+    Configuration {
+        name: "pg-async-failover",
+        backend: Backend::Postgres,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+        pgbouncer: false,
+        failover: Some(orion_beacon_testkit::Replication::Asynchronous),
+        measured: true,
     },
 ];
 
@@ -690,6 +734,8 @@ struct Setup {
     config: Configuration,
     /// The private MariaDB of this configuration.
     mariadb: Option<&'static orion_beacon_testkit::MariaDb>,
+    /// The failover configurations' primary, standby and stable address.
+    cluster: Option<std::sync::Arc<std::sync::Mutex<Cluster>>>,
     /// The URL candidates use.
     url: String,
     /// The URL candidates send fenced writes to, when not `url`.
@@ -792,7 +838,21 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
         println!("torture: histories kept in {}", path.display());
     }
     let mut fence_url = None;
+    let mut cluster = None;
     let (url, admin_url) = match backend {
+        Backend::Postgres if config.failover.is_some() => {
+            let replication = config
+                .failover
+                .unwrap_or(orion_beacon_testkit::Replication::Synchronous);
+            let c = tokio::task::spawn_blocking(move || Cluster::start(replication)).await??;
+            let base = c.bouncer.url();
+            cluster = Some(std::sync::Arc::new(std::sync::Mutex::new(c)));
+            let url = format!(
+                "{base}?application_name=orion-torture-{}",
+                std::process::id()
+            );
+            (url, base)
+        }
         Backend::Sqlite => {
             let url = format!("sqlite://{}", path.join("torture.db").display());
             (url.clone(), url)
@@ -863,6 +923,7 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
         backend,
         config,
         mariadb,
+        cluster,
         url,
         fence_url,
         admin_url,
@@ -1023,6 +1084,97 @@ async fn private_postgres() -> Result<&'static orion_beacon_testkit::Postgres, E
     Ok(tokio::task::spawn_blocking(orion_beacon_testkit::Postgres::shared).await?)
 }
 
+/// A primary, its streaming standby (none while one is being rebuilt after a failover) and
+/// the one address candidates use: a PgBouncer in session pooling, re-pointed at failover the
+/// way HAProxy or Patroni move a service address.
+struct Cluster {
+    primary: orion_beacon_testkit::Postgres,
+    standby: Option<orion_beacon_testkit::Postgres>,
+    bouncer: orion_beacon_testkit::Pgbouncer,
+    replication: orion_beacon_testkit::Replication,
+}
+
+impl Cluster {
+    fn start(replication: orion_beacon_testkit::Replication) -> Result<Self, Error> {
+        use orion_beacon_testkit::{Pgbouncer, PoolMode, Postgres};
+        let primary = Postgres::builder().start()?;
+        let standby = Self::standby_of(&primary, replication)?;
+        let bouncer = Pgbouncer::builder(&primary)
+            .pool_mode(PoolMode::Session)
+            .setting("server_login_retry", "1")
+            .start()?;
+        Ok(Self {
+            primary,
+            standby: Some(standby),
+            bouncer,
+            replication,
+        })
+    }
+
+    /// The primary's machine dies: SIGKILL to the postmaster and every backend at once (a
+    /// backend left running could still answer). Then the standby is promoted and the address
+    /// moves to it. `false` if there was no standby to fail over to.
+    fn fail_over(&mut self) -> Result<bool, Error> {
+        let Some(standby) = self.standby.take() else {
+            return Ok(false);
+        };
+        if let Some(pid) = self.primary.pid() {
+            kill_tree(pid);
+        }
+        self.primary.kill()?;
+        standby.promote()?;
+        self.bouncer.point_to(&standby)?;
+        // Server connections to the dead primary are gone; PgBouncer opens new ones there.
+        let old = std::mem::replace(&mut self.primary, standby);
+        drop(old);
+        Ok(true)
+    }
+
+    /// A new standby of the current primary, so the run can fail over again.
+    fn rebuild_standby(&mut self) -> Result<(), Error> {
+        self.standby = Some(Self::standby_of(&self.primary, self.replication)?);
+        Ok(())
+    }
+
+    /// A streaming standby that reconnects 200 ms after losing its primary (default 5 s):
+    /// under synchronous replication every commit waits for it, so after a primary restart no
+    /// lease statement commits until it is back.
+    fn standby_of(
+        primary: &orion_beacon_testkit::Postgres,
+        replication: orion_beacon_testkit::Replication,
+    ) -> Result<orion_beacon_testkit::Postgres, Error> {
+        Ok(primary
+            .standby()
+            .synchronous(replication == orion_beacon_testkit::Replication::Synchronous)
+            .setting("wal_retrieve_retry_interval", "200ms")
+            .start()?)
+    }
+}
+
+/// SIGKILL to `pid` and all its children, children first.
+fn kill_tree(pid: u32) {
+    let children: Vec<i32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = &stat[stat.rfind(')')? + 2..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect();
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
+    for child in children {
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+    }
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+}
+
 /// This binary's PgBouncer (`pool_mode = transaction`) in front of its private PostgreSQL.
 async fn private_pgbouncer() -> Result<&'static orion_beacon_testkit::Pgbouncer, Error> {
     static BOUNCER: tokio::sync::OnceCell<orion_beacon_testkit::Pgbouncer> =
@@ -1061,6 +1213,14 @@ async fn private_mariadb(
 /// waits until it answers queries.
 async fn restart_server(s: &Setup, probe_url: &str) -> Result<(), Error> {
     match s.backend {
+        Backend::Postgres if s.cluster.is_some() => {
+            let cluster = s.cluster.clone().ok_or("no cluster")?;
+            tokio::task::spawn_blocking(move || {
+                let c = cluster.lock().unwrap_or_else(|e| e.into_inner());
+                c.primary.restart()
+            })
+            .await??;
+        }
         Backend::Postgres => {
             let pg = private_postgres().await?;
             tokio::task::spawn_blocking(move || pg.restart()).await??;
@@ -1151,6 +1311,7 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let probe = s.admin_url.clone();
     let all_faults: Vec<&str> = match backend {
         Backend::Sqlite => vec!["kill", "pause"],
+        _ if s.cluster.is_some() => vec!["kill", "pause", "connkill", "restart", "failover"],
         _ => vec!["kill", "pause", "connkill", "restart"],
     };
     let faults: Vec<String> = match &args.faults {
@@ -1202,6 +1363,8 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let mut run_violations: Vec<String> = Vec::new();
     // Kinds that found no leader to hit: tried again later.
     let mut skipped: Vec<String> = Vec::new();
+    // Standbys being rebuilt after a failover.
+    let mut rebuilds = Vec::new();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     while started.elapsed() + Duration::from_secs(3) < args.duration && !faults.is_empty() {
         let kind = match (skipped.len() > 3, bag.pop()) {
@@ -1284,6 +1447,41 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                     run_violations.push(format!("connkill at {at} killed no connection"));
                 }
             }
+            "failover" => {
+                let Some(cluster) = s.cluster.clone() else {
+                    continue;
+                };
+                let from = mono_ns();
+                let failed_over = tokio::task::spawn_blocking(move || {
+                    cluster
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .fail_over()
+                })
+                .await??;
+                if failed_over {
+                    let to = mono_ns();
+                    fault_log.push(checker::Fault {
+                        kind: "failover".into(),
+                        candidate: None,
+                        start: from,
+                        end: to,
+                    });
+                    *counts.entry(kind.clone()).or_default() += 1;
+                    // A standby of the new primary, so the run can fail over again.
+                    let cluster = s.cluster.clone();
+                    rebuilds.push(tokio::task::spawn_blocking(move || match cluster {
+                        Some(c) => c
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .rebuild_standby(),
+                        None => Ok(()),
+                    }));
+                } else {
+                    // The standby is still being rebuilt.
+                    skipped.push(kind.clone());
+                }
+            }
             "restart" => {
                 let from = mono_ns();
                 restart_server(&s, &probe).await?;
@@ -1304,6 +1502,11 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let remaining = args.duration.saturating_sub(started.elapsed());
     tokio::time::sleep(remaining.max(Duration::from_secs(2))).await;
 
+    for rebuild in rebuilds {
+        if let Err(e) = rebuild.await? {
+            run_violations.push(format!("a standby could not be rebuilt: {e}"));
+        }
+    }
     // Stop everyone gracefully, then read what they wrote.
     let quiesce_ns = mono_ns();
     for p in &mut procs {
@@ -1378,6 +1581,12 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     }
     let bound = LEASE + RETRY + RECOVERY_MARGIN;
     let mut verdict = checker::check(&record, bound.as_nanos() as u64);
+    // A measured hazard: what the checker found is the figure, not a failure of the run.
+    let measured = if config.measured {
+        std::mem::take(&mut verdict.violations)
+    } else {
+        Vec::new()
+    };
     verdict.violations.extend(run_violations);
     let tokens_in_table = SeaOrmLeaseStore::new(admin.clone())
         .with_table(&s.table)?
@@ -1403,6 +1612,28 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     );
     for v in &verdict.violations {
         println!("  VIOLATION: {v}");
+    }
+    if config.measured {
+        let mut by_kind: std::collections::BTreeMap<&str, usize> = Default::default();
+        for v in &measured {
+            let kind = v
+                .split(':')
+                .next()
+                .unwrap_or(v)
+                .split(" within")
+                .next()
+                .unwrap_or(v);
+            *by_kind.entry(kind).or_default() += 1;
+        }
+        println!(
+            "  measured (not a failure): {} violations {:?} over {} failovers",
+            measured.len(),
+            by_kind,
+            counts.get("failover").copied().unwrap_or(0)
+        );
+        for v in &measured {
+            println!("  measured: {v}");
+        }
     }
     if !verdict.violations.is_empty() {
         // The fault timeline, in the same monotonic nanoseconds as the violations.
