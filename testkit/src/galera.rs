@@ -21,6 +21,7 @@ const PROVIDERS: &[&str] = &[
 pub struct GaleraBuilder {
     nodes: usize,
     args: Vec<String>,
+    provider_options: Vec<(String, String)>,
     node_env: Vec<(usize, String, String)>,
     cache: Option<PathBuf>,
 }
@@ -29,6 +30,13 @@ impl GaleraBuilder {
     /// A server option for every node (after the Galera options, so it wins).
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    /// A Galera provider option for every node, appended to `wsrep_provider_options` (e.g.
+    /// `evs.suspect_timeout` = `PT1S`: how long a silent node stalls the others' writes).
+    pub fn provider_option(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.provider_options.push((name.into(), value.into()));
         self
     }
 
@@ -105,9 +113,14 @@ impl GaleraBuilder {
                     format!("--wsrep-node-address=127.0.0.1:{}", group[i]),
                     format!("--wsrep-node-name=node{i}"),
                     format!(
-                        "--wsrep-provider-options=base_port={g};gmcast.listen_addr=tcp://127.0.0.1:{g};ist.recv_addr=127.0.0.1:{};gcache.size=64M",
+                        "--wsrep-provider-options=base_port={g};gmcast.listen_addr=tcp://127.0.0.1:{g};ist.recv_addr=127.0.0.1:{};gcache.size=64M{extra}",
                         ist[i],
-                        g = group[i]
+                        g = group[i],
+                        extra = self
+                            .provider_options
+                            .iter()
+                            .map(|(k, v)| format!(";{k}={v}"))
+                            .collect::<String>()
                     ),
                     "--wsrep-sst-method=rsync".to_owned(),
                     format!("--wsrep-sst-receive-address=127.0.0.1:{}", sst[i]),
@@ -160,6 +173,7 @@ impl Galera {
         GaleraBuilder {
             nodes,
             args: Vec::new(),
+            provider_options: Vec::new(),
             node_env: Vec::new(),
             cache: None,
         }
