@@ -8,7 +8,11 @@
 //!   the database's now, and lock it so that no rival can take the lease over until the
 //!   transaction ends. PostgreSQL: `SELECT ... FOR SHARE`; MySQL/MariaDB: `SELECT ... LOCK IN
 //!   SHARE MODE`; SQLite: a no-op `UPDATE` of the lease row, which takes SQLite's write lock (all
-//!   writers, rivals included, wait for the transaction).
+//!   writers, rivals included, wait for the transaction). On a **Galera** cluster row locks do not
+//!   reach the other nodes and reads are not certified, so the fence *writes* the lease row
+//!   instead (its expiry one microsecond later, then back: no net change): the transaction's
+//!   write set then carries the row, and if a rival took the lease over on another node first,
+//!   certification aborts the fenced transaction at commit.
 //! - **Statement-level fence** ([`SeaOrmLeaseStore::fenced_by`]): an `EXISTS (...)` condition
 //!   on the lease row (locked the same way) that an `UPDATE ... WHERE` or `INSERT ... SELECT ...
 //!   WHERE` carries, so a stale term's write affects no rows; [`SeaOrmLeaseStore::execute_fenced`]
@@ -130,6 +134,35 @@ pub(crate) fn statement_check(
     }
 }
 
+/// Galera: the check as a write of the lease row, the expiry one microsecond later (the lease
+/// only ever looks longer to a dirty reader, never shorter). [`galera_untouch`] puts it back
+/// in the same transaction; the row's key stays in the write set either way, so certification
+/// orders this transaction against any rival's acquire on another node.
+pub(crate) fn galera_touch(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(
+            Column::ExpiresAt,
+            Expr::cust_with_exprs("? + INTERVAL 1 MICROSECOND", [Expr::col(Column::ExpiresAt)]),
+        )
+        .and_where(term.current(d))
+        .to_owned()
+}
+
+/// Galera: undoes [`galera_touch`] on the row this transaction holds locked.
+pub(crate) fn galera_untouch(table: &Alias, term: &Term<'_>) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(
+            Column::ExpiresAt,
+            Expr::cust_with_exprs("? - INTERVAL 1 MICROSECOND", [Expr::col(Column::ExpiresAt)]),
+        )
+        .and_where(Expr::col(Column::Resource).eq(term.resource))
+        .and_where(Expr::col(Column::Holder).eq(term.holder))
+        .and_where(Expr::col(Column::FencingToken).eq(term.token.get()))
+        .to_owned()
+}
+
 /// SQLite: a no-op write of the lease row, so the check holds SQLite's write lock.
 pub(crate) fn write_locked_check(
     d: &dyn Dialect,
@@ -169,6 +202,20 @@ impl SeaOrmLeaseStore {
                     .await
                     .map_err(|e| classify(e, self.table()))?;
                 done.rows_affected() == 1
+            }
+            DbBackend::MySql if self.is_galera().await? => {
+                let touched = txn
+                    .execute(&galera_touch(d, &table, &term))
+                    .await
+                    .map_err(|e| classify(e, self.table()))?
+                    .rows_affected()
+                    == 1;
+                if touched {
+                    txn.execute(&galera_untouch(&table, &term))
+                        .await
+                        .map_err(|e| classify(e, self.table()))?;
+                }
+                touched
             }
             _ => {
                 let stmt = share_locked_check(d, &table, &term);
@@ -283,6 +330,23 @@ mod tests {
             sql,
             r#"UPDATE "jobs" SET "owner_token" = ? WHERE "id" = ? AND EXISTS(SELECT ? FROM "orionbeacon_leases" WHERE "resource" = ? AND "holder" = ? AND "fencing_token" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')))"#
         );
+    }
+
+    #[test]
+    fn galera_fence_writes_the_row_and_puts_it_back() {
+        let t = Alias::new("orionbeacon_leases");
+        let (sql, values) = galera_touch(&MySql, &t, &term()).build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            "UPDATE `orionbeacon_leases` SET `expires_at` = `expires_at` + INTERVAL 1 MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
+        );
+        assert_eq!(values.0.len(), 3);
+        let (sql, values) = galera_untouch(&t, &term()).build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            "UPDATE `orionbeacon_leases` SET `expires_at` = `expires_at` - INTERVAL 1 MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ?"
+        );
+        assert_eq!(values.0.len(), 3);
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct SeaOrmLeaseStore {
     table: Arc<str>,
     /// MySQL/MariaDB only: which upsert form the server takes, detected once.
     mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
+    /// MySQL/MariaDB only: whether the server is a Galera cluster node, detected once.
+    galera: Arc<tokio::sync::OnceCell<bool>>,
     /// The statements, rendered once for this backend and table.
     prepared: Arc<PreparedCache>,
     /// PostgreSQL only: the release listener, started on first subscription.
@@ -53,6 +55,7 @@ impl SeaOrmLeaseStore {
             db,
             table: Arc::from(DEFAULT_TABLE),
             mysql_upsert: Arc::default(),
+            galera: Arc::default(),
             prepared: Arc::default(),
             #[cfg(feature = "postgres")]
             releases: Arc::default(),
@@ -193,6 +196,37 @@ impl SeaOrmLeaseStore {
             })
             .await?;
         Ok(*form)
+    }
+
+    /// MySQL/MariaDB: whether the server replicates with Galera (`@@GLOBAL.wsrep_on`), where
+    /// row locks stay on their node and the fence must write instead. Servers without the
+    /// variable (MySQL) are not.
+    pub(crate) async fn is_galera(&self) -> Result<bool, StoreError> {
+        let galera = self
+            .galera
+            .get_or_try_init(|| async {
+                let stmt = sea_orm::Statement::from_string(
+                    DbBackend::MySql,
+                    "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)",
+                );
+                let on = match self.db.query_one_raw(stmt).await {
+                    Ok(row) => {
+                        row.map(|r| r.try_get_by_index::<i64>(0))
+                            .transpose()
+                            .map_err(StoreError::Database)?
+                            .unwrap_or(0)
+                            != 0
+                    }
+                    // MySQL, or a MariaDB built without wsrep: no such variable. Any other
+                    // error is not an answer (and is not cached): try again next time.
+                    Err(e) if e.to_string().contains("Unknown system variable") => false,
+                    Err(e) => return Err(classify(e, &self.table)),
+                };
+                tracing::debug!(galera = on, "MySQL replication detected");
+                Ok::<_, StoreError>(on)
+            })
+            .await?;
+        Ok(*galera)
     }
 
     /// MySQL/MariaDB acquire-or-renew: the rows after the statement, read to the end.

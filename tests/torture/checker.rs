@@ -10,7 +10,8 @@
 //! lost <token> <ns> <deadline-ns> <why>   the term ended (as observed; believed until min(ns, deadline))
 //! write <token> <seq> <ns>                a fenced ledger write committed
 //! refused <token> <ns>                    the fence refused a ledger write (its term was stale)
-//! failed <token> <ns>                     a ledger write failed (a database error)
+//! aborted <token> <ns>                    its commit lost to a concurrent transaction
+//! failed <token> <ns>                     a ledger write failed (another database error)
 //! stop <ns>
 //! ```
 //!
@@ -58,7 +59,9 @@ pub struct Record {
     pub writes_committed: u64,
     /// Writes the fence refused (a stale term).
     pub writes_refused: u64,
-    /// Writes that failed with a database error.
+    /// Writes whose commit lost to a concurrent transaction (Galera certification, deadlock).
+    pub writes_aborted: u64,
+    /// Writes that failed with another database error.
     pub writes_failed: u64,
     /// Run end (ns): intervals still open at the end are closed here.
     pub end: u64,
@@ -72,7 +75,7 @@ pub struct Record {
 
 /// Fault kinds whose window (start to end, then the bound) may leave the run leaderless: the
 /// server itself was down.
-const SERVER_DOWN: [&str; 2] = ["restart", "failover"];
+const SERVER_DOWN: [&str; 5] = ["restart", "failover", "nodekill", "nodestop", "noderejoin"];
 
 fn num(parts: &[&str], i: usize, line: &str) -> Result<u64, String> {
     parts
@@ -136,6 +139,10 @@ impl Record {
                 }
                 "failed" => {
                     self.writes_failed += 1;
+                    last_seen = num(&parts, 2, line)?;
+                }
+                "aborted" => {
+                    self.writes_aborted += 1;
                     last_seen = num(&parts, 2, line)?;
                 }
                 "stop" => last_seen = num(&parts, 1, line)?,

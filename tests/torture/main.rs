@@ -102,10 +102,18 @@ struct Configuration {
     /// Violations are the hazard being measured (asynchronous replication loses committed
     /// lease writes at failover): reported, and the run does not fail on them.
     measured: bool,
+    /// MariaDB: a three-node Galera cluster, candidates spread over the nodes, with node
+    /// faults; node 2's clock ahead by this much (libfaketime `FAKETIME`), if set.
+    galera: Option<GaleraTopology>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct GaleraTopology {
+    node2_skew: Option<&'static str>,
 }
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 8] = [
+const CONFIGURATIONS: [Configuration; 10] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -115,6 +123,7 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: false,
         failover: None,
         measured: false,
+        galera: None,
     },
     Configuration {
         name: "postgres",
@@ -125,6 +134,7 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: false,
         failover: None,
         measured: false,
+        galera: None,
     },
     Configuration {
         name: "mysql",
@@ -135,6 +145,7 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: false,
         failover: None,
         measured: false,
+        galera: None,
     },
     // SQLite's own default journal, a long reader, pools of two.
     Configuration {
@@ -146,6 +157,7 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: false,
         failover: None,
         measured: false,
+        galera: None,
     },
     // Every assignment of an UPDATE reads the old row (as `sql_mode=ORACLE` has it), pools of
     // one connection.
@@ -160,6 +172,7 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: false,
         failover: None,
         measured: false,
+        galera: None,
     },
     // Lease statements through PgBouncer in `pool_mode = transaction`: consecutive statements
     // of one candidate reach different server connections. (A SeaORM transaction cannot go
@@ -173,6 +186,7 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: true,
         failover: None,
         measured: false,
+        galera: None,
     },
     // A primary and a synchronous standby: the standby has every commit a client was told of,
     // so a failover loses no grant.
@@ -185,6 +199,7 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: false,
         failover: Some(orion_beacon_testkit::Replication::Synchronous),
         measured: false,
+        galera: None,
     },
     // The same with asynchronous replication: the last committed lease writes can be lost at
     // failover. Measured, not a failure.
@@ -197,6 +212,37 @@ const CONFIGURATIONS: [Configuration; 8] = [
         pgbouncer: false,
         failover: Some(orion_beacon_testkit::Replication::Asynchronous),
         measured: true,
+        galera: None,
+    },
+    // Three Galera nodes, candidates spread over them; node 2's clock 20 ms ahead, inside the
+    // step-down margin (lease / 10 = 50 ms): every node judges leases with its own clock.
+    Configuration {
+        name: "galera",
+        backend: Backend::MySql,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+        pgbouncer: false,
+        failover: None,
+        measured: false,
+        galera: Some(GaleraTopology {
+            node2_skew: Some("+0.02"),
+        }),
+    },
+    // The same with node 2's clock 300 ms ahead, beyond the margin: a lease written through
+    // another node looks expired on node 2 while its holder still trusts it. Measured.
+    Configuration {
+        name: "galera-skew",
+        backend: Backend::MySql,
+        pool: 3,
+        rollback_journal: false,
+        sql_mode: None,
+        pgbouncer: false,
+        failover: None,
+        measured: true,
+        galera: Some(GaleraTopology {
+            node2_skew: Some("+0.3"),
+        }),
     },
 ];
 
@@ -648,7 +694,8 @@ async fn candidate(args: Args) -> Result<(), Error> {
 }
 
 /// Fenced writes to the ledger table, each recorded in the history: `write` (committed),
-/// `refused` (the fence said the term is stale) or `failed` (a database error).
+/// `refused` (the fence said the term is stale), `aborted` (the commit lost to a concurrent
+/// transaction: a Galera certification failure, a deadlock) or `failed` (any other error).
 #[derive(Clone)]
 struct LedgerWriter {
     db: DatabaseConnection,
@@ -670,13 +717,13 @@ impl LedgerWriter {
             *next += 1;
             *next
         };
-        let result: Result<bool, Error> = async {
+        let result: Result<Option<bool>, Error> = async {
             let txn = self.db.begin().await?;
             match self.store.fence(&txn, term).await {
                 Ok(()) => {}
                 Err(e) if e.is_fenced() => {
                     txn.rollback().await?;
-                    return Ok(false);
+                    return Ok(Some(false));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -690,14 +737,21 @@ impl LedgerWriter {
                 .values([token.get().into(), self.me.clone().into(), seq.into()])?
                 .to_owned();
             txn.execute(&insert).await?;
-            txn.commit().await?;
-            Ok(true)
+            if let Err(e) = txn.commit().await {
+                let text = e.to_string();
+                if text.contains("Deadlock") || text.contains("40001") {
+                    return Ok(None);
+                }
+                return Err(e.into());
+            }
+            Ok(Some(true))
         }
         .await;
         let now = mono_ns();
         let line = match result {
-            Ok(true) => format!("write {token} {seq} {now}"),
-            Ok(false) => format!("refused {token} {now}"),
+            Ok(Some(true)) => format!("write {token} {seq} {now}"),
+            Ok(Some(false)) => format!("refused {token} {now}"),
+            Ok(None) => format!("aborted {token} {now}"),
             Err(_) => format!("failed {token} {now}"),
         };
         self.history.lock().unwrap().line(&line);
@@ -736,6 +790,11 @@ struct Setup {
     mariadb: Option<&'static orion_beacon_testkit::MariaDb>,
     /// The failover configurations' primary, standby and stable address.
     cluster: Option<std::sync::Arc<std::sync::Mutex<Cluster>>>,
+    /// The Galera configurations' cluster, one URL per node (candidate `cN` uses node N mod
+    /// 3), and the harness's connection to each node.
+    galera: Option<std::sync::Arc<orion_beacon_testkit::Galera>>,
+    node_urls: Vec<String>,
+    node_admins: Vec<DatabaseConnection>,
     /// The URL candidates use.
     url: String,
     /// The URL candidates send fenced writes to, when not `url`.
@@ -839,7 +898,26 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
     }
     let mut fence_url = None;
     let mut cluster = None;
+    let mut galera = None;
+    let mut node_urls = Vec::new();
+    let mut node_admins = Vec::new();
     let (url, admin_url) = match backend {
+        Backend::MySql if config.galera.is_some() => {
+            let topology = config.galera.ok_or("no topology")?;
+            let g = tokio::task::spawn_blocking(move || start_galera(topology)).await??;
+            connect(&g.node(0).url(), 1)
+                .await?
+                .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
+                .await?;
+            for node in g.nodes() {
+                let url = node.url_for("orion_torture");
+                node_admins.push(connect(&url, 2).await?);
+                node_urls.push(url);
+            }
+            let url = node_urls[0].clone();
+            galera = Some(std::sync::Arc::new(g));
+            (url.clone(), url)
+        }
         Backend::Postgres if config.failover.is_some() => {
             let replication = config
                 .failover
@@ -924,6 +1002,9 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
         config,
         mariadb,
         cluster,
+        galera,
+        node_urls,
+        node_admins,
         url,
         fence_url,
         admin_url,
@@ -938,6 +1019,19 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
 
 fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     let exe = std::env::current_exe()?;
+    // Galera: candidate `cN` (and its replacements `cN-rM`) talks to node N mod 3.
+    let url = match s.node_urls.len() {
+        0 => &s.url,
+        nodes => {
+            let index: usize = name
+                .trim_start_matches('c')
+                .split("-r")
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            &s.node_urls[index % nodes]
+        }
+    };
     let history = s.dir.join(format!("{name}.history"));
     let mut cmd = Command::new(&exe);
     if let Some(offset) = skew {
@@ -951,7 +1045,7 @@ fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
         "--candidate",
         name,
         "--url",
-        &s.url,
+        url,
         "--table",
         &s.table,
         "--ledger",
@@ -1082,6 +1176,37 @@ async fn db_answers(url: &str) -> bool {
 /// This binary's private PostgreSQL instance (started on first use, off the async threads).
 async fn private_postgres() -> Result<&'static orion_beacon_testkit::Postgres, Error> {
     Ok(tokio::task::spawn_blocking(orion_beacon_testkit::Postgres::shared).await?)
+}
+
+/// The window in which a killed Galera node rejoined (its state transfer).
+fn rejoined(start: u64, end: u64) -> checker::Fault {
+    checker::Fault {
+        kind: "noderejoin".into(),
+        candidate: None,
+        start,
+        end,
+    }
+}
+
+/// A three-node Galera cluster for the torture run. Galera's failure detector is tuned down
+/// from its 5 s defaults (a silent node stalls every node's writes until it is suspected), as
+/// deployments that need fast failover do.
+fn start_galera(topology: GaleraTopology) -> Result<orion_beacon_testkit::Galera, Error> {
+    let mut builder = orion_beacon_testkit::Galera::builder(3)
+        .provider_option("evs.keepalive_period", "PT0.3S")
+        .provider_option("evs.suspect_timeout", "PT1.5S")
+        .provider_option("evs.inactive_check_period", "PT0.5S")
+        .provider_option("evs.inactive_timeout", "PT3S")
+        .provider_option("evs.install_timeout", "PT3S");
+    if let Some(offset) = topology.node2_skew {
+        let lib =
+            faketime_lib().ok_or("libfaketime is not installed (apt-get install faketime)")?;
+        builder = builder
+            .node_env(2, "LD_PRELOAD", lib)
+            .node_env(2, "FAKETIME", offset)
+            .node_env(2, "FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    }
+    Ok(builder.start()?)
 }
 
 /// A primary, its streaming standby (none while one is being rebuilt after a failover) and
@@ -1256,25 +1381,35 @@ async fn kill_connections(s: &Setup) -> Result<u64, Error> {
                 .len() as u64)
         }
         Backend::MySql => {
-            let rows = s
-                .admin
-                .query_all_raw(sea_orm::Statement::from_string(
-                    s.admin.get_database_backend(),
-                    "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = 'orion_torture' AND ID <> CONNECTION_ID()",
-                ))
-                .await?;
+            let admins = if s.node_admins.is_empty() {
+                std::slice::from_ref(&s.admin)
+            } else {
+                &s.node_admins[..]
+            };
             let mut n = 0;
-            for row in rows {
-                let id: i64 = row
-                    .try_get_by_index::<u64>(0)
-                    .map(|v| v as i64)
-                    .or_else(|_| row.try_get_by_index::<i64>(0))?;
-                if s.admin
-                    .execute_unprepared(&format!("KILL CONNECTION {id}"))
+            for admin in admins {
+                // A node that is down has no connections to kill.
+                let Ok(rows) = admin
+                    .query_all_raw(sea_orm::Statement::from_string(
+                        admin.get_database_backend(),
+                        "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = 'orion_torture' AND ID <> CONNECTION_ID()",
+                    ))
                     .await
-                    .is_ok()
-                {
-                    n += 1;
+                else {
+                    continue;
+                };
+                for row in rows {
+                    let id: i64 = row
+                        .try_get_by_index::<u64>(0)
+                        .map(|v| v as i64)
+                        .or_else(|_| row.try_get_by_index::<i64>(0))?;
+                    if admin
+                        .execute_unprepared(&format!("KILL CONNECTION {id}"))
+                        .await
+                        .is_ok()
+                    {
+                        n += 1;
+                    }
                 }
             }
             Ok(n)
@@ -1312,6 +1447,11 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let all_faults: Vec<&str> = match backend {
         Backend::Sqlite => vec!["kill", "pause"],
         _ if s.cluster.is_some() => vec!["kill", "pause", "connkill", "restart", "failover"],
+        _ if s.galera.is_some() => {
+            vec![
+                "kill", "pause", "connkill", "restart", "nodekill", "nodestop",
+            ]
+        }
         _ => vec!["kill", "pause", "connkill", "restart"],
     };
     let faults: Vec<String> = match &args.faults {
@@ -1365,6 +1505,8 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let mut skipped: Vec<String> = Vec::new();
     // Standbys being rebuilt after a failover.
     let mut rebuilds = Vec::new();
+    // A Galera node rejoining after a kill.
+    let mut rejoin: Option<tokio::task::JoinHandle<Result<(u64, u64), Error>>> = None;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     while started.elapsed() + Duration::from_secs(3) < args.duration && !faults.is_empty() {
         let kind = match (skipped.len() > 3, bag.pop()) {
@@ -1447,6 +1589,83 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                     run_violations.push(format!("connkill at {at} killed no connection"));
                 }
             }
+            "nodekill" | "nodestop" | "restart" if s.galera.is_some() => {
+                let Some(g) = s.galera.clone() else {
+                    continue;
+                };
+                // One node fault at a time: a node still rejoining is not hit again (two of
+                // three nodes down is no quorum, which no lease store survives).
+                if rejoin.as_ref().is_some_and(|r| !r.is_finished()) {
+                    skipped.push(kind.clone());
+                } else {
+                    if let Some(r) = rejoin.take() {
+                        match r.await? {
+                            Ok((start, end)) => fault_log.push(rejoined(start, end)),
+                            Err(e) => {
+                                run_violations.push(format!("a Galera node did not rejoin: {e}"))
+                            }
+                        }
+                    }
+                    // Nodes 1 and 2: the harness reads the ledger through node 0.
+                    let node = 1 + rng.below(2) as usize;
+                    let stop_for = LEASE + Duration::from_millis(100 + rng.below(100));
+                    let from = mono_ns();
+                    let kill = kind == "nodekill";
+                    let restart = kind == "restart";
+                    let g2 = g.clone();
+                    tokio::task::spawn_blocking(move || -> Result<(), Error> {
+                        if restart {
+                            // Cleanly: it rejoins with an incremental state transfer.
+                            g2.node(node).restart()?;
+                            g2.wait_synced(Duration::from_secs(120))?;
+                            return Ok(());
+                        }
+                        if kill {
+                            // The others go on as a cluster of two once they suspect it.
+                            g2.node(node).kill()?;
+                        } else {
+                            // Longer than a lease, shorter than the failure detector: every
+                            // node's writes wait for it.
+                            g2.node(node).signal("STOP")?;
+                            std::thread::sleep(stop_for);
+                            g2.node(node).signal("CONT")?;
+                        }
+                        if g2.wait_synced(Duration::from_secs(30)).is_err() && !kill {
+                            // Evicted after all and stuck outside the cluster: what an
+                            // operator does, a restart, after which it rejoins.
+                            g2.node(node).restart()?;
+                            g2.wait_synced(Duration::from_secs(120))?;
+                        } else if kill {
+                            g2.wait_synced(Duration::from_secs(60))?;
+                        }
+                        Ok(())
+                    })
+                    .await??;
+                    let to = mono_ns();
+                    fault_log.push(checker::Fault {
+                        kind: kind.clone(),
+                        candidate: None,
+                        start: from,
+                        end: to,
+                    });
+                    *counts.entry(kind.clone()).or_default() += 1;
+                    if kill {
+                        // Back after a while, with a full state transfer (its data after a
+                        // SIGKILL is not trusted).
+                        // The state transfer blocks the donor's writes while it runs: a
+                        // server fault window of its own.
+                        rejoin = Some(tokio::task::spawn_blocking(
+                            move || -> Result<(u64, u64), Error> {
+                                std::thread::sleep(Duration::from_secs(2));
+                                let start = mono_ns();
+                                g.node(node).start()?;
+                                g.wait_synced(Duration::from_secs(120))?;
+                                Ok((start, mono_ns()))
+                            },
+                        ));
+                    }
+                }
+            }
             "failover" => {
                 let Some(cluster) = s.cluster.clone() else {
                     continue;
@@ -1507,6 +1726,12 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
             run_violations.push(format!("a standby could not be rebuilt: {e}"));
         }
     }
+    if let Some(r) = rejoin.take() {
+        match r.await? {
+            Ok((start, end)) => fault_log.push(rejoined(start, end)),
+            Err(e) => run_violations.push(format!("a Galera node did not rejoin: {e}")),
+        }
+    }
     // Stop everyone gracefully, then read what they wrote.
     let quiesce_ns = mono_ns();
     for p in &mut procs {
@@ -1549,10 +1774,10 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
             run_violations.push(format!("fault {kind} was requested but never applied"));
         }
     }
-    if counts.contains_key("pause") && record.writes_refused == 0 {
+    if counts.contains_key("pause") && record.writes_refused + record.writes_aborted == 0 {
         run_violations.push(
             "leaders were paused past their lease, yet no stale write was refused by the fence \
-             (the woken leader's write never reached it)"
+             or aborted at commit (the woken leader's write never reached the database)"
                 .to_owned(),
         );
     }
@@ -1597,11 +1822,15 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let mut kinds: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
     kinds.sort();
     println!(
-        "torture[{label}] seed={seed} duration={:.0}s candidates={} skewed={skewed} operations={} (fenced {}, failed {}) terms={} last_token={} faults: {} violations={} worst_recovery={}ms (bound {}ms)",
+        "torture[{label}] seed={seed} duration={:.0}s candidates={} skewed={skewed} operations={} (fenced {}, aborted {}, failed {}) terms={} last_token={} faults: {} violations={} worst_recovery={}ms (bound {}ms)",
         (run_end_ns - run_start_ns) as f64 / 1e9,
         args.candidates,
-        record.writes_committed + record.writes_refused + record.writes_failed,
+        record.writes_committed
+            + record.writes_refused
+            + record.writes_aborted
+            + record.writes_failed,
         record.writes_refused,
+        record.writes_aborted,
         record.writes_failed,
         verdict.terms,
         tokens_in_table.unwrap_or(0),
@@ -1625,17 +1854,19 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                 .unwrap_or(v);
             *by_kind.entry(kind).or_default() += 1;
         }
+        let mut kinds: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        kinds.sort();
         println!(
-            "  measured (not a failure): {} violations {:?} over {} failovers",
+            "  measured (not a failure): {} violations {:?} with faults {}",
             measured.len(),
             by_kind,
-            counts.get("failover").copied().unwrap_or(0)
+            kinds.join(" ")
         );
         for v in &measured {
             println!("  measured: {v}");
         }
     }
-    if !verdict.violations.is_empty() {
+    if !verdict.violations.is_empty() || !measured.is_empty() {
         // The fault timeline, in the same monotonic nanoseconds as the violations.
         for f in &record.faults {
             println!(
