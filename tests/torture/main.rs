@@ -14,9 +14,11 @@
 //! `SIMULTANEOUS_ASSIGNMENT`, candidates on pools of one connection), `postgres-pgbouncer`
 //! (lease statements through a transaction-pooling PgBouncer), `pg-sync-failover` and
 //! `pg-async-failover` (a primary and a standby behind one address, with the `failover`
-//! fault; the asynchronous one's violations are measured, not failed on)), `--duration SECS`
-//! (default 30), `--candidates N` (default 5), `--seed N` (default: random, printed),
-//! `--faults kill,pause,connkill,restart,failover` (default all that apply), `--pool N`
+//! fault; the asynchronous one's violations are measured, not failed on), `galera` (three
+//! nodes, candidates spread over them, node faults, one node's clock 20 ms ahead); by name
+//! only: `galera-skew` (300 ms ahead, measured)), `--duration SECS` (default 30),
+//! `--candidates N` (default 5), `--seed N` (default: random, printed), `--faults
+//! kill,pause,connkill,restart,failover,nodekill,nodestop` (default all that apply), `--pool N`
 //! (connections per candidate pool; default per configuration), `--no-skew` (do not run
 //! candidates under `faketime`). The candidate processes are this same binary, started with
 //! `--candidate`.
@@ -331,7 +333,12 @@ fn parse_args() -> Result<Option<Args>, Error> {
         return Ok(None);
     }
     if a.backends.is_empty() {
-        a.backends = CONFIGURATIONS.iter().map(|c| c.name.to_owned()).collect();
+        // Everything but the skewed Galera run, a measurement that needs no repeating in CI.
+        a.backends = CONFIGURATIONS
+            .iter()
+            .filter(|c| c.name != "galera-skew")
+            .map(|c| c.name.to_owned())
+            .collect();
     }
     Ok(Some(a))
 }
