@@ -892,3 +892,181 @@ async fn a_late_release_never_ends_the_lease_of_a_new_elector_with_the_same_id()
     // The new elector's own release still works (it names its own last write).
     assert!(!store.inner.current("job").await.unwrap().unwrap().live);
 }
+
+/// A follower whose store never answers gives up on each attempt after one lease and backs
+/// off longer each time: attempts at 0, 15.05, 30.15 and 45.35 s (50, 100, 200 ms of back-off
+/// after each 15 s wait), not a fixed retry.
+#[tokio::test(start_paused = true)]
+async fn unanswered_attempts_back_off_more_each_time() {
+    let store = Scripted::new();
+    store.set(Mode::Hang);
+    let t0 = Instant::now();
+    let a = elector(&store, "a").start();
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    let at: Vec<u128> = store
+        .events()
+        .iter()
+        .filter(|(_, e)| e == "acquire a")
+        .map(|(t, _)| (*t - t0).as_millis())
+        .collect();
+    assert_eq!(at, vec![0, 15_050, 30_150, 45_350]);
+    a.abort().await;
+}
+
+/// A leader whose renews fail backs off (50 ms, doubling, capped at the renew interval) until
+/// its deadline, then steps down: exactly these attempts, not a hot loop.
+#[tokio::test(start_paused = true)]
+async fn failing_renews_back_off_until_the_deadline() {
+    let store = Scripted::new();
+    let t0 = Instant::now();
+    let a = elector(&store, "a").start();
+    let term = wait_leader(&mut a.watch()).await;
+    tokio::time::sleep(Duration::from_secs(6)).await; // renewed at 5 s
+    store.set(Mode::Fail);
+    term.lost().await;
+    assert_eq!(term.loss_reason(), Some(LossReason::Deadline));
+    // Deadline: the renew sent at 5 s + 15 s - 1.5 s margin = 18.5 s.
+    assert_eq!((Instant::now() - t0).as_millis(), 18_500);
+    let at: Vec<u128> = store
+        .events()
+        .iter()
+        // Renews of the term (after the loss at 18.5 s the follower asks again at once).
+        .filter(|(t, e)| {
+            e == "acquire a"
+                && *t - t0 > Duration::from_secs(6)
+                && *t - t0 < Duration::from_millis(18_500)
+        })
+        .map(|(t, _)| (*t - t0).as_millis())
+        .collect();
+    assert_eq!(
+        at,
+        vec![10_000, 10_050, 10_150, 10_350, 10_750, 11_550, 13_150, 16_350]
+    );
+    a.abort().await;
+}
+
+/// A store that answers the second renew of a term with `Renewed` under a new token.
+#[derive(Clone)]
+struct RenewsIntoNewToken {
+    inner: InMemoryLeaseStore,
+    calls: Arc<Mutex<u32>>,
+}
+
+#[async_trait]
+impl LeaseStore for RenewsIntoNewToken {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let out = self.inner.acquire_or_renew(r, c, lease).await?;
+        let call = {
+            let mut calls = self.calls.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        Ok(match out {
+            LeaseOutcome::Renewed(mut l) if call == 2 => {
+                l.token = orion_beacon::FencingToken::new(l.token.get() + 1);
+                LeaseOutcome::Renewed(l)
+            }
+            other => other,
+        })
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        self.inner.release(r, c).await
+    }
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        self.inner.release_lease(lease).await
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+}
+
+/// A "renew" that comes back with another token is a new term, whatever the store calls it:
+/// the old term ends `Superseded`.
+#[tokio::test(start_paused = true)]
+async fn a_renew_with_another_token_is_a_new_term() {
+    let store = RenewsIntoNewToken {
+        inner: InMemoryLeaseStore::new(),
+        calls: Arc::default(),
+    };
+    let a = Elector::builder(store)
+        .resource("job")
+        .candidate_id("a")
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start();
+    let mut rx = a.watch();
+    let first = wait_leader(&mut rx).await;
+    tokio::time::timeout(Duration::from_secs(60), first.lost())
+        .await
+        .expect("the term with the old token ends");
+    assert_eq!(first.loss_reason(), Some(LossReason::Superseded));
+    let second = wait_leader(&mut rx).await;
+    assert_eq!(second.token().get(), first.token().get() + 1);
+    a.abort().await;
+}
+
+/// With `release_on_shutdown(false)` a shutdown leaves the lease to lapse in the store.
+#[tokio::test(start_paused = true)]
+async fn shutdown_without_release_leaves_the_lease() {
+    let store = Scripted::new();
+    let a = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .release_on_shutdown(false)
+        .build()
+        .unwrap()
+        .start();
+    wait_leader(&mut a.watch()).await;
+    a.shutdown().await;
+    let row = store.inner.current("job").await.unwrap().unwrap();
+    assert!(row.live && row.holder == "a", "{row:?}");
+    assert_eq!(store.count("release"), 0, "{:?}", store.events());
+}
+
+/// Release notifications of *another* resource do not wake a follower: it waits for its own
+/// retry.
+#[tokio::test(start_paused = true)]
+async fn a_release_of_another_resource_does_not_wake_a_follower() {
+    let store = Scripted::new();
+    let a = elector(&store, "a").start();
+    wait_leader(&mut a.watch()).await;
+    let other = Elector::builder(store.clone())
+        .resource("other")
+        .candidate_id("c")
+        .build()
+        .unwrap()
+        .start();
+    wait_leader(&mut other.watch()).await;
+    let b = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("b")
+        .retry_interval(Duration::from_secs(10))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start();
+    let mut brx = b.watch();
+    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
+        .await
+        .unwrap();
+    let before = store.count("acquire b");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    other.shutdown().await; // releases "other"
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        store.count("acquire b"),
+        before,
+        "woken by another resource's release: {:?}",
+        store.events()
+    );
+    a.abort().await;
+    b.abort().await;
+}

@@ -256,6 +256,60 @@ mod tests {
         assert_ne!(default_candidate_id(), default_candidate_id());
     }
 
+    /// Every bound is inclusive: the value right at it is accepted.
+    #[test]
+    fn bounds_are_inclusive() {
+        let at = |f: fn(&mut Options)| {
+            let mut o = opts();
+            f(&mut o);
+            o.validate()
+        };
+        assert!(at(|o| o.grace_period = Some(MAX_INTERVAL)).is_ok());
+        assert!(at(|o| o.retry_interval = Some(MAX_INTERVAL)).is_ok());
+        // margin == the minimum the rule allows
+        let lease = Duration::from_secs(10);
+        let c = at(|o| {
+            o.lease = Some(Duration::from_secs(10));
+            o.renew_interval = Some(Duration::from_secs(3));
+            o.step_down_margin = Some(min_step_down_margin(Duration::from_secs(10)));
+        })
+        .unwrap();
+        assert_eq!(c.step_down_margin, min_step_down_margin(lease));
+        // 2 × renew == lease - margin: exactly room for one retry
+        assert!(at(|o| {
+            o.lease = Some(Duration::from_secs(10));
+            o.step_down_margin = Some(Duration::from_secs(1));
+            o.renew_interval = Some(Duration::from_millis(4500));
+        })
+        .is_ok());
+        assert!(at(|o| {
+            o.lease = Some(Duration::from_secs(10));
+            o.step_down_margin = Some(Duration::from_secs(1));
+            o.renew_interval = Some(Duration::from_millis(4501));
+        })
+        .is_err());
+    }
+
+    /// The default id is `<host>-<pid>-<8 hex>`, with the host name as the system reports it
+    /// (control characters dropped).
+    #[test]
+    fn default_id_names_the_host() {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "host".to_owned());
+        let id = default_candidate_id();
+        let expected = format!("{}-{}-", host.trim(), std::process::id());
+        assert!(
+            id.starts_with(&expected),
+            "{id} should start with {expected}"
+        );
+        assert_eq!(id.len(), expected.len() + 8, "{id}");
+        assert!(!id.chars().any(char::is_control));
+    }
+
     #[test]
     fn bad_options() {
         assert!(matches!(
