@@ -1070,3 +1070,103 @@ async fn a_release_of_another_resource_does_not_wake_a_follower() {
     a.abort().await;
     b.abort().await;
 }
+
+/// Work that winds down for 3 s after `lost`, noting when it finished or was dropped.
+fn winding_down_work(
+    handle: &orion_beacon::ElectorHandle,
+    store: &Scripted,
+) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Option<Instant>>>) {
+    let dropped_at = Arc::new(Mutex::new(None));
+    let d2 = dropped_at.clone();
+    let s2 = store.clone();
+    let work = handle.run_as_leader(move |term| {
+        let guard = Dropped(d2.clone());
+        let store = s2.clone();
+        async move {
+            term.lost().await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            store.note("work finished");
+            std::mem::forget(guard);
+        }
+    });
+    (work, dropped_at)
+}
+
+fn short_lease(store: &Scripted) -> orion_beacon::ElectorHandle {
+    Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .lease_duration(Duration::from_secs(2))
+        .renew_interval(Duration::from_millis(500))
+        .grace_period(Duration::from_secs(5))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start()
+}
+
+/// A store error while the work winds down is retried (the lease is not lost yet): the work
+/// finishes and the lease is released after it.
+#[tokio::test(start_paused = true)]
+async fn a_store_error_while_winding_down_is_retried() {
+    let store = Scripted::new();
+    let a = short_lease(&store);
+    let (_work, dropped_at) = winding_down_work(&a, &store);
+    wait_leader(&mut a.watch()).await;
+    let shutdown = tokio::spawn(a.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.set(Mode::Fail); // the next renew (at 0.5 s) and its first retries fail
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    store.set(Mode::Normal);
+    shutdown.await.unwrap();
+    assert!(dropped_at.lock().unwrap().is_none(), "the work was dropped");
+    let events: Vec<String> = store.events().into_iter().map(|(_, e)| e).collect();
+    let finished = events.iter().position(|e| e == "work finished");
+    let released = events.iter().position(|e| e == "release a true");
+    assert!(
+        matches!((finished, released), (Some(f), Some(r)) if f < r),
+        "{events:?}"
+    );
+}
+
+/// While the work winds down, a renew answered with another token means the term is gone: the
+/// work is cut off at once and nothing is released.
+#[tokio::test(start_paused = true)]
+async fn a_new_token_while_winding_down_cuts_the_work_off() {
+    let store = RenewsIntoNewToken {
+        inner: InMemoryLeaseStore::new(),
+        calls: Arc::default(),
+    };
+    let a = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .lease_duration(Duration::from_secs(2))
+        .renew_interval(Duration::from_millis(500))
+        .grace_period(Duration::from_secs(5))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start();
+    let finished = Arc::new(Mutex::new(false));
+    let f2 = finished.clone();
+    let _work = a.run_as_leader(move |term| {
+        let finished = f2.clone();
+        async move {
+            term.lost().await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            *finished.lock().unwrap() = true;
+        }
+    });
+    wait_leader(&mut a.watch()).await;
+    let t0 = Instant::now();
+    a.shutdown().await; // the drain's first renew (call 2) comes back with a new token
+    assert!(
+        !*finished.lock().unwrap(),
+        "the work ran on after its term was gone"
+    );
+    assert!(
+        Instant::now() - t0 < Duration::from_secs(1),
+        "{:?}",
+        Instant::now() - t0
+    );
+}
