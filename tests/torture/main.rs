@@ -29,6 +29,7 @@
 //! start.
 
 mod checker;
+mod timeline;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -1885,7 +1886,15 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
             );
         }
     }
-    if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
+    // The picture, next to the histories; kept (with them) when asked for or when the run
+    // found anything.
+    let picture = s.dir.join("timeline.svg");
+    std::fs::write(&picture, timeline::render(&record, &label, run_start_ns))?;
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some()
+        || !verdict.violations.is_empty()
+        || !measured.is_empty()
+    {
+        println!("  timeline: {}", picture.display());
         std::mem::forget(s._dir);
         return Ok(verdict.violations.is_empty() && verdict.terms > 0);
     }
