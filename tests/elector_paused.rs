@@ -1113,6 +1113,7 @@ async fn a_store_error_while_winding_down_is_retried() {
     let a = short_lease(&store);
     let (_work, dropped_at) = winding_down_work(&a, &store);
     wait_leader(&mut a.watch()).await;
+    let t0 = Instant::now();
     let shutdown = tokio::spawn(a.shutdown());
     tokio::time::sleep(Duration::from_millis(100)).await;
     store.set(Mode::Fail); // the next renew (at 0.5 s) and its first retries fail
@@ -1120,6 +1121,19 @@ async fn a_store_error_while_winding_down_is_retried() {
     store.set(Mode::Normal);
     shutdown.await.unwrap();
     assert!(dropped_at.lock().unwrap().is_none(), "the work was dropped");
+    // The renew due at 0.5 s failed, then retries after 50 and 100 ms of back-off failed too;
+    // the next, 200 ms later, found the store back.
+    let failing: Vec<u128> = store
+        .events()
+        .iter()
+        .filter(|(t, e)| {
+            e == "acquire a"
+                && *t - t0 > Duration::from_millis(100)
+                && *t - t0 < Duration::from_millis(700)
+        })
+        .map(|(t, _)| (*t - t0).as_millis())
+        .collect();
+    assert_eq!(failing, vec![500, 550, 650]);
     let events: Vec<String> = store.events().into_iter().map(|(_, e)| e).collect();
     let finished = events.iter().position(|e| e == "work finished");
     let released = events.iter().position(|e| e == "release a true");

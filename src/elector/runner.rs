@@ -504,13 +504,17 @@ mod tests {
 
     #[test]
     fn jitter_stays_in_range() {
+        let mut spread = std::collections::HashSet::new();
         for _ in 0..1000 {
             let d = jittered(Duration::from_secs(2), 0.1);
             assert!(
                 d >= Duration::from_millis(1800) && d <= Duration::from_millis(2200),
                 "{d:?}"
             );
+            spread.insert(d);
         }
+        // Jitter spreads the waits (candidates that failed together do not retry together).
+        assert!(spread.len() > 900, "{} distinct waits", spread.len());
         assert_eq!(
             jittered(Duration::from_secs(2), 0.0),
             Duration::from_secs(2)
