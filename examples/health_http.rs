@@ -120,8 +120,7 @@ async fn main() -> Result<(), Error> {
         tokio::signal::ctrl_c().await?;
     }
     server.abort();
-    if let Ok(handle) = Arc::try_unwrap(handle) {
-        handle.shutdown().await;
-    }
+    // The handle is shared with the server's state; shutdown needs only a reference.
+    handle.shutdown().await;
     Ok(())
 }

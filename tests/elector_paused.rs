@@ -1184,3 +1184,20 @@ async fn a_new_token_while_winding_down_cuts_the_work_off() {
         Instant::now() - t0
     );
 }
+
+/// The handle can be shared (say, in an axum state): shutdown through an `Arc`, awaited in
+/// another task, returns once the elector stopped and released.
+#[tokio::test(start_paused = true)]
+async fn shutdown_through_a_shared_handle() {
+    let store = Scripted::new();
+    let a = Arc::new(elector(&store, "a").start());
+    wait_leader(&mut a.watch()).await;
+    let shared = a.clone();
+    tokio::spawn(async move { shared.shutdown().await })
+        .await
+        .unwrap();
+    assert!(!a.is_leader());
+    assert_eq!(store.count("release a true"), 1, "{:?}", store.events());
+    // Asking again is harmless.
+    a.shutdown().await;
+}

@@ -188,13 +188,18 @@ impl Elector {
             work_gate: work_gate.clone(),
             probe: probe.clone(),
         };
-        let task = tokio::spawn(probe.clone().supervise(runner.run()));
+        let (finished, done) = watch::channel(false);
+        let supervised = probe.clone().supervise(runner.run());
+        tokio::spawn(async move {
+            supervised.await;
+            finished.send_replace(true);
+        });
         ElectorHandle {
             config: self.config,
             receiver,
             stop,
             work_gate,
-            task: Some(task),
+            done,
             probe,
         }
     }
@@ -208,7 +213,8 @@ pub struct ElectorHandle {
     receiver: watch::Receiver<Leadership>,
     stop: Stop,
     work_gate: Arc<RwLock<()>>,
-    task: Option<JoinHandle<()>>,
+    /// Turns `true` when the elector's task has ended.
+    done: watch::Receiver<bool>,
     probe: health::Probe,
 }
 
@@ -302,19 +308,29 @@ impl ElectorHandle {
     /// [`lost`](LeaderTerm::lost) fires), its work gets up to the grace period to return while
     /// the lease is kept renewed, then the lease is released (unless disabled) so another
     /// candidate takes over at once, and the elector stops.
-    pub async fn shutdown(mut self) {
+    ///
+    /// The stop is requested when this is called; the returned future (which borrows nothing,
+    /// so it can be spawned, and the handle can sit behind an `Arc`) waits until it is done.
+    pub fn shutdown(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.stop.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+        self.finished()
     }
 
     /// Stops the elector at once, as if the process had died: the term is marked lost locally,
     /// but work is not waited for and the lease is not released; it lapses in the store.
-    pub async fn abort(mut self) {
+    ///
+    /// Like [`shutdown`](Self::shutdown), the stop is requested at the call.
+    pub fn abort(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.stop.abort.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+        self.finished()
+    }
+
+    /// Resolves once the elector's task has ended (also if it panicked).
+    fn finished(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut done = self.done.clone();
+        async move {
+            // An error means the task is gone without saying so (a panic): it has ended too.
+            let _ = done.wait_for(|finished| *finished).await;
         }
     }
 }
