@@ -109,7 +109,33 @@ impl MigrationTrait for CreateLeaseTable {
         manager.create_table(self.create_statement(backend)).await
     }
 
+    /// Drops the table, but only an empty one: its rows are live leases and the token
+    /// history, and a table made again by `up` starts tokens at 1, below every token already
+    /// written into fenced rows downstream. Delete the rows first to mean it.
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        if manager.has_table(&self.table).await? {
+            let count = Query::select()
+                .expr(Expr::col(Asterisk).count())
+                .from(Alias::new(&self.table))
+                .to_owned();
+            let rows: i64 = manager
+                .get_connection()
+                .query_one(&count)
+                .await?
+                .map(|row| row.try_get_by_index::<i64>(0))
+                .transpose()?
+                .unwrap_or(0);
+            if rows > 0 {
+                return Err(DbErr::Migration(format!(
+                    "refusing to drop {table}: it holds {rows} lease row(s), the live leases and \
+                     the fencing-token history. Tokens of a table made again start at 1, below \
+                     the tokens already in fenced rows, so those rows would accept stale writes. \
+                     To drop it anyway, stop every elector, run `DELETE FROM {table}`, then run \
+                     `down` again.",
+                    table = self.table
+                )));
+            }
+        }
         manager
             .drop_table(
                 Table::drop()

@@ -31,6 +31,26 @@ fn migrate(url: &str, schema: Option<&str>, command: &str) {
     );
 }
 
+/// Runs a command that must be refused; returns what it said.
+fn refused(url: &str, schema: Option<&str>, command: &str) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orion-beacon-migration"));
+    cmd.arg(command).arg("-u").arg(url);
+    if let Some(schema) = schema {
+        cmd.arg("-s").arg(schema);
+    }
+    let out = cmd.output().expect("run the migration binary");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "`{command}` should be refused:\n{said}"
+    );
+    said
+}
+
 async fn count(db: &DatabaseConnection, sql: &str) -> Result<i64, sea_orm_migration::DbErr> {
     let row = db
         .query_one_raw(Statement::from_string(
@@ -50,13 +70,55 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         CreateLeaseTable::NAME
     );
 
+    // An application table next to the lease table, which no command here may touch.
+    let app = format!("{prefix}job_runs");
+    db.execute_unprepared(&format!("CREATE TABLE {app} (id INTEGER PRIMARY KEY)"))
+        .await
+        .unwrap();
     migrate(url, schema, "up");
     assert_eq!(count(db, &leases).await.expect("table created by `up`"), 0);
     assert_eq!(count(db, &tracked).await.expect("own tracking table"), 1);
     migrate(url, schema, "up"); // idempotent: already applied
+
+    // Commands that drop or undo everything in the database are not offered.
+    for command in ["fresh", "refresh", "reset"] {
+        let said = refused(url, schema, command);
+        assert!(said.contains("is not offered"), "{said}");
+    }
+    let app_rows = format!("SELECT COUNT(*) FROM {app}");
+    assert_eq!(
+        count(db, &app_rows)
+            .await
+            .expect("the app's table survives"),
+        0
+    );
+
+    // `down` keeps a table that holds leases (and their token history).
+    db.execute_unprepared(&format!(
+        "INSERT INTO {prefix}orionbeacon_leases (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) \
+         VALUES ('nightly', 'node-a', 7, '2026-01-01 00:00:00', '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+    ))
+    .await
+    .unwrap();
+    let said = refused(url, schema, "down");
+    assert!(
+        said.contains("refusing to drop") && said.contains("1 lease row"),
+        "{said}"
+    );
+    assert_eq!(count(db, &leases).await.expect("still there"), 1);
+    assert_eq!(
+        count(db, &tracked).await.unwrap(),
+        1,
+        "still recorded as applied"
+    );
+    db.execute_unprepared(&format!("DELETE FROM {prefix}orionbeacon_leases"))
+        .await
+        .unwrap();
     migrate(url, schema, "down");
     // Gone, not unreadable for some other reason: each backend's "no such table" error.
-    let gone = count(db, &leases).await.expect_err("`down` drops the table");
+    let gone = count(db, &leases)
+        .await
+        .expect_err("`down` drops the table");
     let message = gone.to_string();
     assert!(
         ["does not exist", "doesn't exist", "no such table"]
@@ -65,6 +127,9 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         "`down` should have dropped the table: {message}"
     );
     assert_eq!(count(db, &tracked).await.unwrap(), 0);
+    db.execute_unprepared(&format!("DROP TABLE {app}"))
+        .await
+        .unwrap();
 }
 
 #[cfg(feature = "sqlite")]
