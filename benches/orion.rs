@@ -78,14 +78,19 @@ fn unique(prefix: &str) -> String {
 async fn migrate(db: &DatabaseConnection, table: &str) -> Result<(), Error> {
     use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
     let m = CreateLeaseTable::with_table(table)?;
-    m.down(&SchemaManager::new(db)).await?;
+    drop(db, table).await;
     m.up(&SchemaManager::new(db)).await?;
     Ok(())
 }
 
+/// Deletes the benchmark's leases, then drops the table (`down` keeps a table with rows).
 async fn drop(db: &DatabaseConnection, table: &str) {
     use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    use sea_orm::sea_query::{Alias, Query};
     if let Ok(m) = CreateLeaseTable::with_table(table) {
+        let _ = db
+            .execute(&Query::delete().from_table(Alias::new(table)).to_owned())
+            .await;
         let _ = m.down(&SchemaManager::new(db)).await;
     }
 }

@@ -113,28 +113,44 @@ impl MigrationTrait for CreateLeaseTable {
     /// history, and a table made again by `up` starts tokens at 1, below every token already
     /// written into fenced rows downstream. Delete the rows first to mean it.
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.has_table(&self.table).await? {
-            let count = Query::select()
-                .expr(Expr::col(Asterisk).count())
-                .from(Alias::new(&self.table))
-                .to_owned();
-            let rows: i64 = manager
-                .get_connection()
-                .query_one(&count)
-                .await?
+        let conn = manager.get_connection();
+        if manager.get_database_backend() == DbBackend::Postgres {
+            // The count and the drop see the same table: nobody writes a lease in between
+            // (sea-orm-migration runs a PostgreSQL migration in one transaction).
+            let lock = format!(
+                "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+                quoted_postgres(&self.table)
+            );
+            // Outside a transaction (a direct call, not through a migrator) there is nothing
+            // to hold the lock in: count and drop as the other backends do.
+            if let Err(e) = conn.execute_unprepared(&lock).await {
+                if !is_missing_table(&e) && !has_sqlstate(&e, "25P01") {
+                    return Err(e);
+                }
+            }
+        }
+        let count = Query::select()
+            .expr(Expr::col(Asterisk).count())
+            .from(Alias::new(&self.table))
+            .to_owned();
+        // The table the drop below would find, through the same name lookup (search path).
+        let rows: i64 = match conn.query_one(&count).await {
+            Ok(row) => row
                 .map(|row| row.try_get_by_index::<i64>(0))
                 .transpose()?
-                .unwrap_or(0);
-            if rows > 0 {
-                return Err(DbErr::Migration(format!(
-                    "refusing to drop {table}: it holds {rows} lease row(s), the live leases and \
-                     the fencing-token history. Tokens of a table made again start at 1, below \
-                     the tokens already in fenced rows, so those rows would accept stale writes. \
-                     To drop it anyway, stop every elector, run `DELETE FROM {table}`, then run \
-                     `down` again.",
-                    table = self.table
-                )));
-            }
+                .unwrap_or(0),
+            Err(e) if is_missing_table(&e) => 0,
+            Err(e) => return Err(e),
+        };
+        if rows > 0 {
+            return Err(DbErr::Migration(format!(
+                "refusing to drop {table}: it holds {rows} lease row(s), the live leases and \
+                 the fencing-token history. Tokens of a table made again start at 1, below \
+                 the tokens already in fenced rows, so those rows would accept stale writes. \
+                 To drop it anyway, stop every elector, run `DELETE FROM {table}`, then run \
+                 `down` again.",
+                table = self.table
+            )));
         }
         manager
             .drop_table(
@@ -145,6 +161,41 @@ impl MigrationTrait for CreateLeaseTable {
             )
             .await
     }
+}
+
+/// `"name"` for PostgreSQL (the name is validated: letters, digits and `_` only).
+fn quoted_postgres(name: &str) -> String {
+    format!("\"{name}\"")
+}
+
+/// The database error behind `err`: its SQLSTATE and message.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+fn database_error(err: &DbErr) -> Option<(Option<String>, String)> {
+    use sea_orm_migration::sea_orm::RuntimeErr;
+    let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err
+    else {
+        return None;
+    };
+    let db = e.as_database_error()?;
+    Some((db.code().map(|c| c.into_owned()), db.message().to_owned()))
+}
+
+/// Without a driver there is no database error.
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+fn database_error(_err: &DbErr) -> Option<(Option<String>, String)> {
+    None
+}
+
+fn has_sqlstate(err: &DbErr, state: &str) -> bool {
+    database_error(err).is_some_and(|(code, _)| code.as_deref() == Some(state))
+}
+
+/// "No such table", by SQLSTATE (PostgreSQL `42P01`, MySQL/MariaDB `42S02`) or SQLite's
+/// message (SQLite's messages are not translated).
+fn is_missing_table(err: &DbErr) -> bool {
+    has_sqlstate(err, "42P01")
+        || has_sqlstate(err, "42S02")
+        || database_error(err).is_some_and(|(_, message)| message.starts_with("no such table"))
 }
 
 #[cfg(test)]

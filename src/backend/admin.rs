@@ -63,10 +63,11 @@ impl SeaOrmLeaseStore {
     /// judged by the database clock (as in [`current`](crate::LeaseStore::current)).
     pub async fn list(&self) -> Result<Vec<LeaseRecord>, StoreError> {
         let d = self.dialect()?;
-        let stmt = list(d, &self.table_iden());
-        let rows = self
-            .with_retry(|| self.connection().query_all(&stmt))
-            .await?;
+        let stmt = self
+            .connection()
+            .get_database_backend()
+            .build(&list(d, &self.table_iden()));
+        let rows = self.plain(stmt).await?;
         rows.iter()
             .map(|r| {
                 let row = Row::decode(r)?;

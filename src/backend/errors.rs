@@ -58,3 +58,22 @@ pub(crate) fn classify(err: DbErr, table: &str) -> StoreError {
         Kind::Other => StoreError::Database(err),
     }
 }
+
+/// The MySQL/MariaDB error number of a database error (e.g. 1193 for an unknown system
+/// variable), whatever the server's message language.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_error_number(err: &DbErr) -> Option<u16> {
+    use sea_orm::RuntimeErr;
+    let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err
+    else {
+        return None;
+    };
+    let db = e.as_database_error()?;
+    db.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
+        .map(|m| m.number())
+}
+
+#[cfg(not(feature = "mysql"))]
+pub(crate) fn mysql_error_number(_err: &DbErr) -> Option<u16> {
+    None
+}

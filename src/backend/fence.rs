@@ -203,7 +203,7 @@ impl SeaOrmLeaseStore {
                     .map_err(|e| classify(e, self.table()))?;
                 done.rows_affected() == 1
             }
-            DbBackend::MySql if self.is_galera().await? => {
+            DbBackend::MySql if self.is_galera(txn).await? => {
                 let touched = txn
                     .execute(&galera_touch(d, &table, &term))
                     .await

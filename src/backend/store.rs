@@ -21,6 +21,9 @@ use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
 /// statement had no effect, so trying again is safe.
 const ATTEMPTS: u32 = 3;
 
+/// MySQL/MariaDB `ER_UNKNOWN_SYSTEM_VARIABLE`.
+const UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
+
 /// A [`LeaseStore`] in a table of the application's database, through SeaORM.
 ///
 /// It shares the application's [`DatabaseConnection`] (and so its pool): every operation takes
@@ -200,8 +203,9 @@ impl SeaOrmLeaseStore {
 
     /// MySQL/MariaDB: whether the server replicates with Galera (`@@GLOBAL.wsrep_on`), where
     /// row locks stay on their node and the fence must write instead. Servers without the
-    /// variable (MySQL) are not.
-    pub(crate) async fn is_galera(&self) -> Result<bool, StoreError> {
+    /// variable (MySQL) are not. Asked on `conn` (the caller's transaction: no second pooled
+    /// connection is needed, and a proxy cannot send the question elsewhere), once per store.
+    pub(crate) async fn is_galera<C: ConnectionTrait>(&self, conn: &C) -> Result<bool, StoreError> {
         let galera = self
             .galera
             .get_or_try_init(|| async {
@@ -209,7 +213,7 @@ impl SeaOrmLeaseStore {
                     DbBackend::MySql,
                     "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)",
                 );
-                let on = match self.db.query_one_raw(stmt).await {
+                let on = match conn.query_one_raw(stmt).await {
                     Ok(row) => {
                         row.map(|r| r.try_get_by_index::<i64>(0))
                             .transpose()
@@ -219,7 +223,12 @@ impl SeaOrmLeaseStore {
                     }
                     // MySQL, or a MariaDB built without wsrep: no such variable. Any other
                     // error is not an answer (and is not cached): try again next time.
-                    Err(e) if e.to_string().contains("Unknown system variable") => false,
+                    Err(e)
+                        if super::errors::mysql_error_number(&e)
+                            == Some(UNKNOWN_SYSTEM_VARIABLE) =>
+                    {
+                        false
+                    }
                     Err(e) => return Err(classify(e, &self.table)),
                 };
                 tracing::debug!(galera = on, "MySQL replication detected");
@@ -310,10 +319,15 @@ impl SeaOrmLeaseStore {
 
     /// Runs a statement that reads or releases (not one that grants): through the pooled path
     /// behind a transaction-pooling proxy, else as SeaORM runs any statement.
-    async fn plain(&self, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
+    pub(crate) async fn plain(
+        &self,
+        stmt: sea_orm::Statement,
+    ) -> Result<Vec<QueryResult>, StoreError> {
         #[cfg(feature = "postgres")]
-        if self.transaction_pooling && self.db.get_database_backend() == DbBackend::Postgres {
-            return self.pooled(&stmt).await;
+        if let sea_orm::DatabaseConnectionType::SqlxPostgresPoolConnection(_) = &self.db.inner {
+            if self.transaction_pooling {
+                return self.pooled(&stmt).await;
+            }
         }
         self.with_retry(|| self.db.query_all_raw(stmt.clone()))
             .await
@@ -523,15 +537,22 @@ impl LeaseStore for SeaOrmLeaseStore {
             }
             [row] => row,
             // One statement, several rows: a Galera node re-ran the upsert after a failed
-            // certification and sent the rows of both attempts. Trust none of them: deny. If
-            // the re-run did grant us the lease, the next attempt renews it.
+            // certification and sent the rows of both attempts. Trust none of them: it is no
+            // grant, and not a denial either (a leader keeps its term to its deadline and asks
+            // again); if the re-run did grant us the lease, the next attempt renews it.
             [..] => {
                 tracing::warn!(
                     table = %self.table,
                     rows = rows.len(),
                     "the lease statement returned several rows (a server-side retry?); not a grant"
                 );
-                return Ok(LeaseOutcome::Denied(unknown()));
+                return Err(StoreError::Conflict {
+                    source: DbErr::Custom(format!(
+                        "the lease statement returned {} rows (a server-side retry after a \
+                         certification conflict); none of them is trusted",
+                        rows.len()
+                    )),
+                });
             }
         };
         if backend == DbBackend::Postgres {

@@ -165,10 +165,16 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
         .expect("migration up");
 }
 
-/// Drops `table` with the migration's `down`.
+/// Drops `table` with the migration's `down`, after deleting its rows (`down` refuses a table
+/// that holds leases).
 pub async fn drop_table(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    use sea_orm::sea_query::{Alias, Query};
+    use sea_orm::ConnectionTrait;
     let migration = CreateLeaseTable::with_table(table).expect("valid table name");
+    db.execute(&Query::delete().from_table(Alias::new(table)).to_owned())
+        .await
+        .expect("delete the test's lease rows");
     migration
         .down(&SchemaManager::new(db))
         .await
