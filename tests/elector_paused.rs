@@ -1201,3 +1201,42 @@ async fn shutdown_through_a_shared_handle() {
     // Asking again is harmless.
     a.shutdown().await;
 }
+
+/// What a term says about itself, before and after it ends: names, equality, the loss, and the
+/// deadline as an exclusive bound (at the deadline instant the term is no longer current).
+#[tokio::test(start_paused = true)]
+async fn a_term_describes_itself() {
+    let store = Scripted::new();
+    let a = elector(&store, "a").start();
+    let mut rx = a.watch();
+    let term = wait_leader(&mut rx).await;
+    assert_eq!((term.resource(), term.candidate()), ("job", "a"));
+    assert_eq!(term, term.clone());
+    assert_eq!(a.leadership(), Leadership::Leader(term.clone()));
+    assert_ne!(a.leadership(), Leadership::Starting);
+    assert_eq!(Leadership::Starting, Leadership::Starting);
+    assert!(!term.is_lost() && term.is_current());
+    let token = term.cancellation_token();
+    assert!(!token.is_cancelled());
+
+    // At the deadline instant exactly, the term is not current any more.
+    store.set(Mode::Hang);
+    tokio::time::sleep_until(term.deadline()).await;
+    assert!(!term.is_current(), "current at its deadline");
+    term.lost().await;
+    assert!(term.is_lost());
+    assert!(token.is_cancelled(), "the cancellation token fires with the loss");
+    assert_eq!(term.loss_reason(), Some(LossReason::Deadline));
+    assert_eq!(LossReason::Deadline.to_string(), "deadline");
+    assert_eq!(
+        [
+            LossReason::Denied,
+            LossReason::Superseded,
+            LossReason::Shutdown,
+            LossReason::Aborted
+        ]
+        .map(|r| r.to_string()),
+        ["denied", "superseded", "shutdown", "aborted"]
+    );
+    a.abort().await;
+}
