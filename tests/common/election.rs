@@ -135,7 +135,7 @@ pub async fn crash_and_graceful_handover(h: &SqlHarness) {
     let mut handles: Vec<Option<ElectorHandle>> = Vec::new();
     for idx in 0..5 {
         let db = h.connect_again(2).await;
-        let store = SeaOrmLeaseStore::new(db).with_table(h.table()).unwrap();
+        let store = h.configure(SeaOrmLeaseStore::new(db));
         let handle = Elector::builder(store)
             .resource(&resource)
             .candidate_id(format!("node-{idx}"))
@@ -186,7 +186,7 @@ pub async fn crash_and_graceful_handover(h: &SqlHarness) {
         }
         // Bring a fresh candidate back so there are always contenders.
         let db = h.connect_again(2).await;
-        let store = SeaOrmLeaseStore::new(db).with_table(h.table()).unwrap();
+        let store = h.configure(SeaOrmLeaseStore::new(db));
         let fresh = Elector::builder(store)
             .resource(&resource)
             .candidate_id(format!("node-{}", 5 + round))
