@@ -69,7 +69,7 @@ pub struct Record {
     /// the shutdown, not a fault.
     pub quiesce: u64,
     /// A paused candidate can stall every other one until it wakes (SQLite: it may hold the
-    /// file's lock): recovery from a pause is then measured from the wake-up.
+    /// file's lock): recovery from a pause is then measured from the wake-up, by anyone.
     pub pause_blocks_store: bool,
 }
 
@@ -261,7 +261,9 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
         // A killed or paused candidate does not count: the paused one still believes it leads
         // until its deadline, and must be replaced, measured from when the pause began.
         let (from, other) = match fault.kind.as_str() {
-            "pause" if record.pause_blocks_store => (fault.end, fault.candidate.as_deref()),
+            // Nobody could write while it was stopped: from the wake-up, anyone (the woken
+            // one too, with a new term: its old one ended at its deadline).
+            "pause" if record.pause_blocks_store => (fault.end, None),
             "kill" | "pause" => (fault.start, fault.candidate.as_deref()),
             _ => (fault.end, None),
         };
