@@ -513,8 +513,12 @@ mod tests {
             );
             spread.insert(d);
         }
-        // Jitter spreads the waits (candidates that failed together do not retry together).
+        // Jitter spreads the waits (candidates that failed together do not retry together),
+        // over the whole range, both sides of the base.
         assert!(spread.len() > 900, "{} distinct waits", spread.len());
+        let (low, high) = (spread.iter().min().unwrap(), spread.iter().max().unwrap());
+        assert!(*low < Duration::from_millis(1850), "lowest {low:?}");
+        assert!(*high > Duration::from_millis(2150), "highest {high:?}");
         assert_eq!(
             jittered(Duration::from_secs(2), 0.0),
             Duration::from_secs(2)
