@@ -460,6 +460,34 @@ macro_rules! fencing_suite {
     };
 }
 
+/// A term with a bad name is refused before any SQL runs, by both fences.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn bad_terms_are_refused_before_sql() {
+    let h = SqlHarness::sqlite().await.unwrap();
+    let store = h.store();
+    let bad = Term {
+        resource: "",
+        holder: "a",
+        token: FencingToken::new(1),
+    };
+    let txn = h.db().begin().await.unwrap();
+    assert!(matches!(
+        store.fence(&txn, bad).await,
+        Err(FenceError::Store(
+            orion_beacon::StoreError::InvalidResource { .. }
+        ))
+    ));
+    txn.rollback().await.unwrap();
+    assert!(matches!(
+        store.fenced_by(Term { holder: "", ..bad }),
+        Err(FenceError::Store(
+            orion_beacon::StoreError::InvalidResource { .. }
+        ))
+    ));
+    h.teardown().await;
+}
+
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;

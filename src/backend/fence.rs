@@ -350,6 +350,19 @@ mod tests {
     }
 
     #[test]
+    fn only_a_stale_term_is_fenced() {
+        assert!(term().fenced().is_fenced());
+        let failed = FenceError::Store(StoreError::InvalidResource {
+            name: String::new(),
+            reason: "empty",
+        });
+        assert!(
+            !failed.is_fenced(),
+            "a failed check is not a verdict on the term"
+        );
+    }
+
+    #[test]
     fn fence_sql_per_backend() {
         let t = Alias::new("orionbeacon_leases");
         let (sql, values) = share_locked_check(&Postgres, &t, &term()).build(PostgresQueryBuilder);
