@@ -1225,7 +1225,10 @@ async fn a_term_describes_itself() {
     assert!(!term.is_current(), "current at its deadline");
     term.lost().await;
     assert!(term.is_lost());
-    assert!(token.is_cancelled(), "the cancellation token fires with the loss");
+    assert!(
+        token.is_cancelled(),
+        "the cancellation token fires with the loss"
+    );
     assert_eq!(term.loss_reason(), Some(LossReason::Deadline));
     assert_eq!(LossReason::Deadline.to_string(), "deadline");
     assert_eq!(
