@@ -122,14 +122,41 @@ async fn racing_stores_on_two_nodes_get_exactly_one_grant() {
     tokio::task::block_in_place(|| set_everywhere(g, "SET GLOBAL wsrep_retry_autocommit = 1"));
 }
 
+/// `a` takes a fresh lease on `r`, then opens a transaction on `db` that fences with it and
+/// inserts `value` into `ledger`; the transaction is left open.
+async fn fenced_insert(
+    a: &SeaOrmLeaseStore,
+    db: &sea_orm::DatabaseConnection,
+    r: &str,
+    lease: Duration,
+    ledger: &str,
+    value: i64,
+) -> (orion_beacon::Lease, sea_orm::DatabaseTransaction) {
+    use orion_beacon::Term;
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(r, "a", lease).await.unwrap() else {
+        panic!("a fresh resource is granted");
+    };
+    let term = Term {
+        resource: r,
+        holder: "a",
+        token: lease.token,
+    };
+    let txn = db.begin().await.unwrap();
+    a.fence(&txn, term).await.unwrap();
+    txn.execute_unprepared(&format!("INSERT INTO {ledger} (token) VALUES ({value})"))
+        .await
+        .unwrap();
+    (lease, txn)
+}
+
 /// The fence on a Galera node: row locks stay on their node and reads are not certified, so
 /// the fence writes the lease row (and puts it back). A fenced transaction that a takeover on
 /// another node overtook cannot commit; one that was not commits and leaves the lease row as
 /// it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_on_one_node_holds_against_a_takeover_on_another() {
-    use orion_beacon::Term;
-    use sea_orm::{ConnectionTrait, TransactionTrait};
+    use sea_orm::ConnectionTrait;
     if Server::MySql.skipped() {
         return;
     }
@@ -153,19 +180,7 @@ async fn a_fence_on_one_node_holds_against_a_takeover_on_another() {
 
     // A current term: the fenced write commits, and the lease row is as it was.
     let r = unique("fenced");
-    let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(&r, "a", LONG).await.unwrap() else {
-        panic!("a fresh resource is granted");
-    };
-    let term = Term {
-        resource: &r,
-        holder: "a",
-        token: lease.token,
-    };
-    let txn = n0.begin().await.unwrap();
-    a.fence(&txn, term).await.unwrap();
-    txn.execute_unprepared(&format!("INSERT INTO {ledger} (token) VALUES (1)"))
-        .await
-        .unwrap();
+    let (lease, txn) = fenced_insert(&a, &n0, &r, LONG, &ledger, 1).await;
     txn.commit().await.unwrap();
     let row = a.current(&r).await.unwrap().unwrap();
     assert_eq!(
@@ -177,19 +192,7 @@ async fn a_fence_on_one_node_holds_against_a_takeover_on_another() {
     // grants it to b. The fenced transaction must not commit.
     let r = unique("overtaken");
     let short = Duration::from_millis(300);
-    let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(&r, "a", short).await.unwrap() else {
-        panic!("a fresh resource is granted");
-    };
-    let term = Term {
-        resource: &r,
-        holder: "a",
-        token: lease.token,
-    };
-    let txn = n0.begin().await.unwrap();
-    a.fence(&txn, term).await.unwrap();
-    txn.execute_unprepared(&format!("INSERT INTO {ledger} (token) VALUES (2)"))
-        .await
-        .unwrap();
+    let (lease, txn) = fenced_insert(&a, &n0, &r, short, &ledger, 2).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let taken = b.acquire_or_renew(&r, "b", LONG).await;
     let commit = txn.commit().await;

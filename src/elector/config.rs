@@ -205,15 +205,23 @@ impl Options {
     }
 }
 
-/// Host name + process id + a random suffix: unique per elector, readable in `leases` output.
-pub(crate) fn default_candidate_id() -> String {
-    let host = std::env::var("HOSTNAME")
+/// The host name as the system reports it (`HOSTNAME`, else the kernel's), or `host`.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".to_owned());
-    let host: String = host.chars().filter(|c| !c.is_control()).take(200).collect();
+        .unwrap_or_else(|| "host".to_owned())
+}
+
+/// Host name + process id + a random suffix: unique per elector, readable in `leases` output.
+pub(crate) fn default_candidate_id() -> String {
+    let host: String = host_name()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
     format!(
         "{}-{}-{:08x}",
         host.trim(),
@@ -294,12 +302,7 @@ mod tests {
     /// (control characters dropped).
     #[test]
     fn default_id_names_the_host() {
-        let host = std::env::var("HOSTNAME")
-            .ok()
-            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "host".to_owned());
+        let host = host_name();
         let id = default_candidate_id();
         let expected = format!("{}-{}-", host.trim(), std::process::id());
         assert!(

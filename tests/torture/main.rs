@@ -115,40 +115,35 @@ struct GaleraTopology {
     node2_skew: Option<&'static str>,
 }
 
+/// One server with its defaults: three connections per candidate, nothing else changed.
+const PLAIN: Configuration = Configuration {
+    name: "",
+    backend: Backend::Sqlite,
+    pool: 3,
+    rollback_journal: false,
+    sql_mode: None,
+    pgbouncer: false,
+    failover: None,
+    measured: false,
+    galera: None,
+};
+
 /// The configurations a run without `--backend` goes through, in order.
 const CONFIGURATIONS: [Configuration; 10] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
-        pgbouncer: false,
-        failover: None,
-        measured: false,
-        galera: None,
+        ..PLAIN
     },
     Configuration {
         name: "postgres",
         backend: Backend::Postgres,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
-        pgbouncer: false,
-        failover: None,
-        measured: false,
-        galera: None,
+        ..PLAIN
     },
     Configuration {
         name: "mysql",
         backend: Backend::MySql,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
-        pgbouncer: false,
-        failover: None,
-        measured: false,
-        galera: None,
+        ..PLAIN
     },
     // SQLite's own default journal, a long reader, pools of two.
     Configuration {
@@ -156,11 +151,7 @@ const CONFIGURATIONS: [Configuration; 10] = [
         backend: Backend::Sqlite,
         pool: 2,
         rollback_journal: true,
-        sql_mode: None,
-        pgbouncer: false,
-        failover: None,
-        measured: false,
-        galera: None,
+        ..PLAIN
     },
     // Every assignment of an UPDATE reads the old row (as `sql_mode=ORACLE` has it), pools of
     // one connection.
@@ -168,14 +159,10 @@ const CONFIGURATIONS: [Configuration; 10] = [
         name: "mariadb-simultaneous",
         backend: Backend::MySql,
         pool: 1,
-        rollback_journal: false,
         sql_mode: Some(
             "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION,SIMULTANEOUS_ASSIGNMENT",
         ),
-        pgbouncer: false,
-        failover: None,
-        measured: false,
-        galera: None,
+        ..PLAIN
     },
     // Lease statements through PgBouncer in `pool_mode = transaction`: consecutive statements
     // of one candidate reach different server connections. (A SeaORM transaction cannot go
@@ -183,69 +170,46 @@ const CONFIGURATIONS: [Configuration; 10] = [
     Configuration {
         name: "postgres-pgbouncer",
         backend: Backend::Postgres,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
         pgbouncer: true,
-        failover: None,
-        measured: false,
-        galera: None,
+        ..PLAIN
     },
     // A primary and a synchronous standby: the standby has every commit a client was told of,
     // so a failover loses no grant.
     Configuration {
         name: "pg-sync-failover",
         backend: Backend::Postgres,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
-        pgbouncer: false,
         failover: Some(orion_beacon_testkit::Replication::Synchronous),
-        measured: false,
-        galera: None,
+        ..PLAIN
     },
     // The same with asynchronous replication: the last committed lease writes can be lost at
     // failover. Measured, not a failure.
     Configuration {
         name: "pg-async-failover",
         backend: Backend::Postgres,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
-        pgbouncer: false,
         failover: Some(orion_beacon_testkit::Replication::Asynchronous),
         measured: true,
-        galera: None,
+        ..PLAIN
     },
     // Three Galera nodes, candidates spread over them; node 2's clock 20 ms ahead, inside the
     // step-down margin (lease / 10 = 50 ms): every node judges leases with its own clock.
     Configuration {
         name: "galera",
         backend: Backend::MySql,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
-        pgbouncer: false,
-        failover: None,
-        measured: false,
         galera: Some(GaleraTopology {
             node2_skew: Some("+0.02"),
         }),
+        ..PLAIN
     },
     // The same with node 2's clock 300 ms ahead, beyond the margin: a lease written through
     // another node looks expired on node 2 while its holder still trusts it. Measured.
     Configuration {
         name: "galera-skew",
         backend: Backend::MySql,
-        pool: 3,
-        rollback_journal: false,
-        sql_mode: None,
-        pgbouncer: false,
-        failover: None,
         measured: true,
         galera: Some(GaleraTopology {
             node2_skew: Some("+0.3"),
         }),
+        ..PLAIN
     },
 ];
 
