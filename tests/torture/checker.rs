@@ -68,8 +68,9 @@ pub struct Record {
     /// When the candidates were told to stop (ns; 0: at `end`): leaderless time after it is
     /// the shutdown, not a fault.
     pub quiesce: u64,
-    /// A paused candidate can stall every other one until it wakes (SQLite: it may hold the
-    /// file's lock): recovery from a pause is then measured from the wake-up, by anyone.
+    /// A paused candidate can stall every other one until it wakes (inside a fenced
+    /// transaction it holds the lease row's lock; SQLite: the file's): recovery from a pause
+    /// is then measured from the wake-up, by anyone.
     pub pause_blocks_store: bool,
 }
 

@@ -1727,8 +1727,10 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     let mut record = checker::Record {
         end: run_end_ns,
         quiesce: quiesce_ns,
-        // A SIGSTOPped SQLite candidate may hold the file's lock: nobody writes until it wakes.
-        pause_blocks_store: backend == Backend::Sqlite,
+        // A SIGSTOPped candidate may be inside a fenced transaction, which holds the lease
+        // row's lock (SQLite: the file's) until it ends: no takeover until it wakes, on any
+        // backend. That is the fence working, so recovery counts from the wake-up.
+        pause_blocks_store: true,
         faults: fault_log,
         ..checker::Record::default()
     };
