@@ -101,6 +101,8 @@ async fn candidate(name: &str, args: &Args) -> Result<(), Error> {
                 Leadership::Follower { leader } => {
                     Some(format!("FOLLOWER {}", leader.as_deref().unwrap_or("-")))
                 }
+                Leadership::Failed(err) => Some(format!("FAILED {err}")),
+                _ => None,
             };
             if let Some(line) = line {
                 println!("{line}");

@@ -61,6 +61,15 @@ pub trait LeaseStore: Send + Sync {
     fn release_events(&self) -> Option<ReleaseEvents> {
         None
     }
+
+    /// Whether this store can work at all, decided without touching the database: `Err` with
+    /// the error every call would fail with (e.g. [`StoreError::UnsupportedBackend`] for a
+    /// connection to a backend this build was compiled without). [`ElectorBuilder::build`](crate::ElectorBuilder::build)
+    /// calls it, so a misconfigured elector fails at build time instead of retrying forever.
+    /// The default is `Ok(())`.
+    fn validate(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// A subscription to a store's release notifications (see [`LeaseStore::release_events`]).
@@ -91,6 +100,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
 
     fn release_events(&self) -> Option<ReleaseEvents> {
         (**self).release_events()
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        (**self).validate()
     }
 }
 

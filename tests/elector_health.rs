@@ -18,6 +18,10 @@ struct Wedgeable {
     inner: InMemoryLeaseStore,
     hanging: Arc<Mutex<HashSet<String>>>,
     failing: Arc<Mutex<HashSet<String>>>,
+    /// Candidates whose calls fail with an error retrying cannot fix (a dropped table).
+    broken: Arc<Mutex<HashSet<String>>>,
+    /// Calls per candidate.
+    calls: Arc<Mutex<std::collections::HashMap<String, u32>>>,
 }
 
 impl Wedgeable {
@@ -37,7 +41,27 @@ impl Wedgeable {
             set.remove(candidate);
         }
     }
+    fn calls(&self, candidate: &str) -> u32 {
+        self.calls
+            .lock()
+            .unwrap()
+            .get(candidate)
+            .copied()
+            .unwrap_or(0)
+    }
     async fn gate(&self, candidate: &str) -> Result<(), StoreError> {
+        *self
+            .calls
+            .lock()
+            .unwrap()
+            .entry(candidate.to_owned())
+            .or_default() += 1;
+        if self.broken.lock().unwrap().contains(candidate) {
+            return Err(StoreError::MissingTable {
+                table: "orionbeacon_leases".into(),
+                source: sea_orm::DbErr::Custom("no such table: orionbeacon_leases".into()),
+            });
+        }
         if self.failing.lock().unwrap().contains(candidate) {
             return Err(StoreError::Database(sea_orm::DbErr::Custom(
                 "injected".into(),
@@ -283,4 +307,80 @@ async fn health_window_option() {
     sleep(Duration::from_millis(3001)).await;
     assert!(!handle.health().healthy);
     handle.abort().await;
+}
+
+/// The store fails with an error retrying cannot fix: the follower stops after that one call
+/// (no retry loop), publishes `Failed`, logs it, and health says why.
+#[tokio::test(start_paused = true)]
+async fn a_follower_stops_on_an_error_retrying_cannot_fix() {
+    let store = Wedgeable::default();
+    store.broken.lock().unwrap().insert("a".into());
+    let handle = start(&store, "a");
+    let mut rx = handle.watch();
+    let state = tokio::time::timeout(
+        Duration::from_secs(1),
+        rx.wait_for(|s| matches!(s, Leadership::Failed(_))),
+    )
+    .await
+    .expect("Failed within the first attempt")
+    .unwrap()
+    .clone();
+    let Leadership::Failed(err) = state else {
+        unreachable!()
+    };
+    assert!(matches!(*err, StoreError::MissingTable { .. }), "{err:?}");
+    // Ten retry intervals later: still that one call, no retry loop.
+    sleep(10 * RETRY).await;
+    assert_eq!(store.calls("a"), 1, "a permanent error was retried");
+    let h = handle.health();
+    assert!(!h.healthy, "{h}");
+    let failure = h.failure.clone().expect("health names the failure");
+    assert!(
+        failure.contains("does not exist") && failure.contains("no such table"),
+        "{failure}"
+    );
+    assert!(h.to_string().starts_with("UNHEALTHY: stopped: "), "{h}");
+    // The elector's task has ended: shutdown returns at once.
+    tokio::time::timeout(Duration::from_millis(1), handle.shutdown())
+        .await
+        .expect("stopped already");
+}
+
+/// A leader whose renew fails that way loses its term at once (reason `Failed`, work cut off)
+/// and stops; it does not hold on to its deadline hoping for a renew.
+#[tokio::test(start_paused = true)]
+async fn a_leader_stops_on_an_error_retrying_cannot_fix() {
+    let store = Wedgeable::default();
+    let handle = start(&store, "a");
+    wait_leader(&handle).await;
+    let term = handle.leadership().term().cloned().unwrap();
+    let t0 = Instant::now();
+    store.broken.lock().unwrap().insert("a".into());
+    let mut rx = handle.watch();
+    tokio::time::timeout(LEASE, rx.wait_for(|s| matches!(s, Leadership::Failed(_))))
+        .await
+        .expect("Failed within the lease")
+        .unwrap();
+    assert_eq!(
+        Instant::now() - t0,
+        RENEW,
+        "stopped at the first failed renew"
+    );
+    assert!(term.is_lost());
+    assert_eq!(term.loss_reason(), Some(orion_beacon::LossReason::Failed));
+    assert!(!handle.is_leader());
+    assert!(!handle.health().healthy);
+}
+
+/// An ordinary store error is retried as before (the rule above is only for permanent ones).
+#[tokio::test(start_paused = true)]
+async fn transient_errors_are_still_retried() {
+    let store = Wedgeable::default();
+    store.fail("a", true);
+    let handle = start(&store, "a");
+    sleep(10 * RETRY).await;
+    assert!(store.calls("a") > 5, "calls: {}", store.calls("a"));
+    assert!(!matches!(handle.leadership(), Leadership::Failed(_)));
+    store.fail("a", false);
+    wait_leader(&handle).await;
 }

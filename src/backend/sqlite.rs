@@ -8,11 +8,9 @@ use sea_orm::sea_query::Expr;
 
 use super::Dialect;
 
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) struct Sqlite;
 
 /// The one timestamp format (UTC, milliseconds).
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 
 impl Dialect for Sqlite {

@@ -138,16 +138,18 @@ impl SeaOrmLeaseStore {
         Alias::new(&*self.table)
     }
 
+    /// The backend comes from the connection. SQLite needs nothing of its driver beyond what
+    /// SeaORM runs, so it works in every build; PostgreSQL and MySQL need their driver's own
+    /// connection type for the check that a grant committed outside any transaction (see
+    /// `autocommit`), which only their cargo features compile in. Without it they are refused
+    /// here, before any statement, rather than run without that check.
     pub(crate) fn dialect(&self) -> Result<&'static dyn Dialect, StoreError> {
         match self.db.get_database_backend() {
+            DbBackend::Sqlite => Ok(&super::sqlite::Sqlite),
             #[cfg(feature = "postgres")]
             DbBackend::Postgres => Ok(&super::postgres::Postgres),
-            #[cfg(feature = "sqlite")]
-            DbBackend::Sqlite => Ok(&super::sqlite::Sqlite),
             #[cfg(not(feature = "postgres"))]
             DbBackend::Postgres => Err(unsupported("PostgreSQL", "postgres")),
-            #[cfg(not(feature = "sqlite"))]
-            DbBackend::Sqlite => Err(unsupported("SQLite", "sqlite")),
             #[cfg(feature = "mysql")]
             DbBackend::MySql => Ok(&super::mysql::MySql),
             #[cfg(not(feature = "mysql"))]
@@ -279,6 +281,7 @@ impl SeaOrmLeaseStore {
     /// an error, has committed; on MariaDB and PostgreSQL it is also checked to have run
     /// outside any transaction (see `autocommit`).
     async fn deciding(&self, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
         use sea_orm::DatabaseConnectionType as Conn;
         match &self.db.inner {
             #[cfg(feature = "postgres")]
@@ -599,6 +602,12 @@ impl LeaseStore for SeaOrmLeaseStore {
         {
             None
         }
+    }
+
+    /// `Err(StoreError::UnsupportedBackend)` for a connection whose backend this build cannot
+    /// serve safely (see [`SeaOrmLeaseStore`]'s feature notes).
+    fn validate(&self) -> Result<(), StoreError> {
+        self.dialect().map(|_| ())
     }
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {

@@ -45,7 +45,8 @@ pub enum ConfigError {
     /// No resource name was given.
     #[error("no resource name: call .resource(\"...\")")]
     MissingResource,
-    /// The resource name or candidate id was refused, or the lease duration is out of range.
+    /// The resource name or candidate id was refused, the lease duration is out of range, or
+    /// the store cannot work with its connection (a backend this build does not support).
     #[error(transparent)]
     Invalid(#[from] StoreError),
     /// A duration option was zero.

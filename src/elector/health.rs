@@ -37,12 +37,18 @@ pub struct Health {
     pub last_round_trip: Option<Duration>,
     /// The health window ([`ElectorBuilder::health_window`]).
     pub window: Duration,
+    /// Why the elector stopped for good, if it did: an error retrying cannot fix (see
+    /// [`Leadership::Failed`](crate::Leadership::Failed)). Such an elector is never healthy.
+    pub failure: Option<String>,
 }
 
 impl fmt::Display for Health {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let role = if self.leader { "leader" } else { "follower" };
         let status = if self.healthy { "healthy" } else { "UNHEALTHY" };
+        if let Some(failure) = &self.failure {
+            return write!(f, "{status}: stopped: {failure}");
+        }
         match self.last_round_trip {
             Some(age) => write!(
                 f,
@@ -89,13 +95,30 @@ impl ElectorHandle {
         let now = Instant::now();
         let last = state.last();
         let age = now.saturating_duration_since(last.unwrap_or(state.started));
+        let failure = match &*self.receiver.borrow() {
+            crate::Leadership::Failed(err) => Some(error_chain(err)),
+            _ => None,
+        };
         Health {
-            healthy: age <= state.window,
+            healthy: age <= state.window && failure.is_none(),
+            failure,
             leader: self.is_leader(),
             last_round_trip: last.map(|at| now.saturating_duration_since(at)),
             window: state.window,
         }
     }
+}
+
+/// `err` and its sources, `: `-separated.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// The window from the builder option, or the default for `config`.

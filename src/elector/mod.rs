@@ -112,9 +112,12 @@ impl ElectorBuilder {
         self
     }
 
-    /// Validates the options.
+    /// Validates the options, and asks the store whether it can work at all (see
+    /// [`LeaseStore::validate`]): a connection to a backend this build does not support fails
+    /// here, not later in a retry loop.
     pub fn build(self) -> Result<Elector, ConfigError> {
         let config = self.options.validate()?;
+        self.store.validate()?;
         let health_window = health::window(self.health_window, &config)?;
         Ok(Elector {
             store: self.store,

@@ -7,7 +7,7 @@ use tokio::sync::{broadcast, watch, RwLock};
 use tokio::time::error::Elapsed;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, error, info, warn, Instrument};
 
 use super::config::{random_u64, Config};
 use super::health::Probe;
@@ -79,7 +79,7 @@ impl Runner {
         let mut next_attempt = Instant::now();
         let mut failures: u32 = 0;
         let mut releases = self.store.release_events();
-        let stopped_by = loop {
+        let (stopped_by, failure) = loop {
             let step = match active.as_mut() {
                 None => {
                     self.follower_step(&mut next_attempt, &mut failures, &mut active, &mut releases)
@@ -104,8 +104,9 @@ impl Runner {
                         next_attempt = Instant::now();
                     }
                 }
-                Step::Shutdown => break LossReason::Shutdown,
-                Step::Abort => break LossReason::Aborted,
+                Step::Done(LeaderNext::Failed(err)) => break (LossReason::Failed, Some(err)),
+                Step::Shutdown => break (LossReason::Shutdown, None),
+                Step::Abort => break (LossReason::Aborted, None),
             }
         };
         if let Some(mut a) = active.take() {
@@ -123,7 +124,16 @@ impl Runner {
             self.state
                 .send_replace(Leadership::Follower { leader: None });
         }
-        info!(reason = %stopped_by, "elector stopped");
+        match failure {
+            Some(err) => {
+                error!(
+                    error = %err,
+                    "elector stopped: the store reported an error that retrying cannot fix"
+                );
+                self.state.send_replace(Leadership::Failed(Arc::new(err)));
+            }
+            None => info!(reason = %stopped_by, "elector stopped"),
+        }
     }
 
     /// One follower attempt: wait for the next attempt time, then try to acquire.
@@ -162,6 +172,7 @@ impl Runner {
                 self.follow(&denial);
                 *next_attempt = later(Instant::now(), self.follower_wait(&denial));
             }
+            Ok(Err(err)) if !err.is_retryable() => return Step::Done(LeaderNext::Failed(err)),
             Ok(Err(err)) => {
                 *failures += 1;
                 warn!(error = %err, failures = *failures, "store error while contending");
@@ -222,6 +233,7 @@ impl Runner {
             Ok(Ok(LeaseOutcome::Denied(denial))) => {
                 Step::Done(LeaderNext::Lost(LossReason::Denied, denial.holder))
             }
+            Ok(Err(err)) if !err.is_retryable() => Step::Done(LeaderNext::Failed(err)),
             Ok(Err(err)) => {
                 *failures += 1;
                 let wait = backoff(*failures, self.config.renew_interval);
@@ -471,6 +483,8 @@ enum LeaderNext {
     Stay,
     Lost(LossReason, Option<String>),
     Replace(Lease, Instant),
+    /// An error that retrying cannot fix (bad configuration, a missing table): stop.
+    Failed(crate::StoreError),
 }
 
 fn backoff(failures: u32, cap: Duration) -> Duration {

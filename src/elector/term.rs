@@ -10,6 +10,7 @@ use crate::FencingToken;
 
 /// What one elector believes about its resource, published on [`ElectorHandle::watch`](crate::ElectorHandle::watch).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Leadership {
     /// The elector has not heard from the store yet.
     Starting,
@@ -20,6 +21,11 @@ pub enum Leadership {
     },
     /// This candidate leads: the term is valid until it is lost.
     Leader(LeaderTerm),
+    /// The elector stopped for good: the store reported an error that retrying cannot fix
+    /// ([`StoreError::is_retryable`](crate::StoreError::is_retryable) is false: a backend this
+    /// build does not support, a missing lease table, a row of the wrong shape). It is logged
+    /// at error level and [`health`](crate::ElectorHandle::health) reports it.
+    Failed(Arc<crate::StoreError>),
 }
 
 impl Leadership {
@@ -43,6 +49,7 @@ impl PartialEq for Leadership {
             (Leadership::Starting, Leadership::Starting) => true,
             (Leadership::Follower { leader: a }, Leadership::Follower { leader: b }) => a == b,
             (Leadership::Leader(a), Leadership::Leader(b)) => a == b,
+            (Leadership::Failed(a), Leadership::Failed(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -62,6 +69,9 @@ pub enum LossReason {
     Shutdown,
     /// The elector was aborted without releasing.
     Aborted,
+    /// The store reported an error that retrying cannot fix; the elector stopped (see
+    /// [`Leadership::Failed`]).
+    Failed,
 }
 
 impl fmt::Display for LossReason {
@@ -72,6 +82,7 @@ impl fmt::Display for LossReason {
             LossReason::Superseded => "superseded",
             LossReason::Shutdown => "shutdown",
             LossReason::Aborted => "aborted",
+            LossReason::Failed => "failed",
         })
     }
 }
