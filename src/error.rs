@@ -42,9 +42,9 @@ pub enum StoreError {
     InvalidTableName(#[from] TableNameError),
     /// The lease table does not exist in this database.
     #[error(
-        "the lease table {table:?} does not exist: run the migration first \
-         (`sea-orm-cli migrate up -d migration`, `cargo run -p orion-beacon-migration -- up -u <DATABASE_URL>`, \
-         or add `orion_beacon_migration::CreateLeaseTable` to your own Migrator)"
+        "the lease table {table:?} does not exist: run the migration first (add \
+         `orion_beacon_migration::CreateLeaseTable` to your application's Migrator, or run \
+         `orion-beacon-migration up -u <DATABASE_URL>` for the default table)"
     )]
     MissingTable {
         /// The table that was looked for.

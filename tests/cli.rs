@@ -479,10 +479,9 @@ async fn missing_table_says_how_to_migrate(t: &Target, url: &str) {
         assert!(
             out.stderr
                 .contains(&format!("the lease table \"{table}\" does not exist"))
-                && out
-                    .stderr
-                    .contains("cargo run -p orion-beacon-migration -- up -u ")
-                && out.stderr.contains("sea-orm-cli migrate up -d migration"),
+                && out.stderr.contains(&format!(
+                    "add orion_beacon_migration::CreateLeaseTable::with_table(\"{table}\") to your app's Migrator"
+                )),
             "{out:#?}"
         );
     }

@@ -2,9 +2,9 @@
 //!
 //! Two ways in:
 //!
-//! 1. Run our own [`Migrator`] (what `sea-orm-cli migrate up -d migration` and
-//!    `cargo run -p orion-beacon-migration -- up -u URL` do). It keeps its own tracking table,
-//!    [`TRACKING_TABLE`], so it never collides with the application's `seaql_migrations`.
+//! 1. Run our own [`Migrator`] (what the `orion-beacon-migration up -u URL` command line of
+//!    the `cli` feature does). It keeps its own tracking table, [`TRACKING_TABLE`], so it
+//!    never collides with the application's `seaql_migrations`.
 //! 2. Add [`CreateLeaseTable`] to the application's own `Migrator::migrations()`:
 //!
 //! ```
@@ -24,6 +24,15 @@
 //! }
 //! ```
 //!
+//! Choose exactly one path per database: `up` refuses a lease table that already exists
+//! (applied through the other path, or made by hand), saying which path recorded it, and
+//! `down` refuses a table that still holds leases.
+//!
+//! The default features are empty (no command line, no driver): the migration runs on the
+//! drivers of the application's own sea-orm. Features, named as sea-orm-migration's: `cli`
+//! (the `orion-beacon-migration` binary), `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite`,
+//! `runtime-tokio-rustls`.
+//!
 //! The migration's name is fixed forever ([`CreateLeaseTable::NAME`]), so moving files around
 //! never makes it run twice. A custom table name is supported with
 //! [`CreateLeaseTable::with_table`]; its migration name carries the table name.
@@ -40,8 +49,7 @@ pub use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_TABLE
 /// The tracking table of our own [`Migrator`]: separate from the application's.
 pub const TRACKING_TABLE: &str = "seaql_migrations_orionbeacon";
 
-/// orion-beacon's own migrator, for `sea-orm-cli migrate -d migration` and the binary in this
-/// crate. It creates the default table (`orionbeacon_leases`).
+/// orion-beacon's own migrator, for the binary in this crate (feature `cli`). It creates the default table (`orionbeacon_leases`).
 pub struct Migrator;
 
 #[async_trait::async_trait]

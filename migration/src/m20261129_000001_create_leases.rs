@@ -1,7 +1,8 @@
 use orion_beacon_entity::lease::Column;
 use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_TABLE};
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
+use sea_orm_migration::SchemaManagerConnection;
 
 /// Creates the lease table (`orionbeacon_leases` by default).
 ///
@@ -104,44 +105,78 @@ impl MigrationName for CreateLeaseTable {
 
 #[async_trait::async_trait]
 impl MigrationTrait for CreateLeaseTable {
+    /// Creates the table. A table that already exists is an error, not a silent no-op: it
+    /// means the migration was applied through the other path (orion-beacon's own migrator and
+    /// the application's `Migrator` must not both carry it) or the table was made by hand, and
+    /// the two paths' `status` and `down` would disagree from then on.
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        if manager.has_table(&self.table).await? {
+            let applied = applied_through(manager, &self.name).await?;
+            return Err(DbErr::Migration(already_exists(&self.table, &applied)));
+        }
         let backend = manager.get_database_backend();
         manager.create_table(self.create_statement(backend)).await
     }
 
     /// Drops the table, but only an empty one: its rows are live leases and the token
     /// history, and a table made again by `up` starts tokens at 1, below every token already
-    /// written into fenced rows downstream. Delete the rows first to mean it.
+    /// written into fenced rows downstream. Delete the rows first to mean it. Also refused
+    /// while both migration paths record this migration (see `up`).
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let conn = manager.get_connection();
-        if manager.get_database_backend() == DbBackend::Postgres {
-            // The count and the drop see the same table: nobody writes a lease in between
-            // (sea-orm-migration runs a PostgreSQL migration in one transaction).
+        let applied = applied_through(manager, &self.name).await?;
+        if applied.len() > 1 {
+            return Err(DbErr::Migration(format!(
+                "refusing to drop {table}: the migration `{name}` is recorded in both {tables}, \
+                 so the two migrators disagree about it. Keep exactly one path: delete the \
+                 record from the tracking table you no longer use, then run `down` from the \
+                 other.",
+                table = self.table,
+                name = self.name,
+                tables = applied.join(" and "),
+            )));
+        }
+        if !manager.has_table(&self.table).await? {
+            return Ok(()); // nothing to drop
+        }
+        let backend = manager.get_database_backend();
+        match manager.get_connection() {
+            // Outside a transaction (a migrator told not to use one): make one, so the count
+            // and the drop see the same table under PostgreSQL's lock.
+            SchemaManagerConnection::Connection(db) if backend == DbBackend::Postgres => {
+                let txn = db.begin().await?;
+                self.drop_if_empty(&txn, backend).await?;
+                txn.commit().await
+            }
+            conn => self.drop_if_empty(conn, backend).await,
+        }
+    }
+}
+
+impl CreateLeaseTable {
+    /// Counts the rows and drops the table if there are none. On PostgreSQL the table is
+    /// locked first (inside the caller's transaction), so no lease is written in between.
+    async fn drop_if_empty<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        backend: DbBackend,
+    ) -> Result<(), DbErr> {
+        if backend == DbBackend::Postgres {
             let lock = format!(
                 "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
                 quoted_postgres(&self.table)
             );
-            // Outside a transaction (a direct call, not through a migrator) there is nothing
-            // to hold the lock in: count and drop as the other backends do.
-            if let Err(e) = conn.execute_unprepared(&lock).await {
-                if !is_missing_table(&e) && !has_sqlstate(&e, "25P01") {
-                    return Err(e);
-                }
-            }
+            conn.execute_unprepared(&lock).await?;
         }
         let count = Query::select()
             .expr(Expr::col(Asterisk).count())
             .from(Alias::new(&self.table))
             .to_owned();
-        // The table the drop below would find, through the same name lookup (search path).
-        let rows: i64 = match conn.query_one(&count).await {
-            Ok(row) => row
-                .map(|row| row.try_get_by_index::<i64>(0))
-                .transpose()?
-                .unwrap_or(0),
-            Err(e) if is_missing_table(&e) => 0,
-            Err(e) => return Err(e),
-        };
+        let rows: i64 = conn
+            .query_one(&count)
+            .await?
+            .map(|row| row.try_get_by_index::<i64>(0))
+            .transpose()?
+            .unwrap_or(0);
         if rows > 0 {
             return Err(DbErr::Migration(format!(
                 "refusing to drop {table}: it holds {rows} lease row(s), the live leases and \
@@ -152,50 +187,66 @@ impl MigrationTrait for CreateLeaseTable {
                 table = self.table
             )));
         }
-        manager
-            .drop_table(
-                Table::drop()
-                    .table(Alias::new(&self.table))
-                    .if_exists()
-                    .to_owned(),
-            )
+        conn.execute(&Table::drop().table(Alias::new(&self.table)).to_owned())
             .await
+            .map(|_| ())
     }
 }
 
-/// `"name"` for PostgreSQL (the name is validated: letters, digits and `_` only).
+/// The tracking tables (of the two paths, by their default names) that record `name`.
+async fn applied_through(
+    manager: &SchemaManager<'_>,
+    name: &str,
+) -> Result<Vec<&'static str>, DbErr> {
+    let mut found = Vec::new();
+    for tracking in [crate::TRACKING_TABLE, APP_TRACKING_TABLE] {
+        if !manager.has_table(tracking).await? {
+            continue;
+        }
+        let query = Query::select()
+            .expr(Expr::col(Asterisk).count())
+            .from(Alias::new(tracking))
+            .and_where(Expr::col(Alias::new("version")).eq(name))
+            .to_owned();
+        let count: i64 = manager
+            .get_connection()
+            .query_one(&query)
+            .await?
+            .map(|row| row.try_get_by_index::<i64>(0))
+            .transpose()?
+            .unwrap_or(0);
+        if count > 0 {
+            found.push(tracking);
+        }
+    }
+    Ok(found)
+}
+
+/// sea-orm-migration's default tracking table: the application's `Migrator` path.
+const APP_TRACKING_TABLE: &str = "seaql_migrations";
+
+fn already_exists(table: &str, applied: &[&str]) -> String {
+    let how = match applied {
+        [] => "no migrator records it (made by hand, or by another tool)".to_owned(),
+        [one] if *one == crate::TRACKING_TABLE => format!(
+            "it was created by orion-beacon's own migrator (recorded in `{one}`), so your \
+             application's Migrator must not carry CreateLeaseTable too"
+        ),
+        [one] => format!(
+            "it was created by your application's Migrator (recorded in `{one}`), so \
+             orion-beacon's own migrator must not run on this database"
+        ),
+        _ => format!("both migrators record it ({})", applied.join(", ")),
+    };
+    format!(
+        "the lease table {table} already exists: {how}. Apply the lease migration through \
+         exactly one path: orion-beacon's own migrator, or CreateLeaseTable in your \
+         application's Migrator."
+    )
+}
+
 fn quoted_postgres(name: &str) -> String {
     format!("\"{name}\"")
-}
-
-/// The database error behind `err`: its SQLSTATE and message.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-fn database_error(err: &DbErr) -> Option<(Option<String>, String)> {
-    use sea_orm_migration::sea_orm::RuntimeErr;
-    let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err
-    else {
-        return None;
-    };
-    let db = e.as_database_error()?;
-    Some((db.code().map(|c| c.into_owned()), db.message().to_owned()))
-}
-
-/// Without a driver there is no database error.
-#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
-fn database_error(_err: &DbErr) -> Option<(Option<String>, String)> {
-    None
-}
-
-fn has_sqlstate(err: &DbErr, state: &str) -> bool {
-    database_error(err).is_some_and(|(code, _)| code.as_deref() == Some(state))
-}
-
-/// "No such table", by SQLSTATE (PostgreSQL `42P01`, MySQL/MariaDB `42S02`) or SQLite's
-/// message (SQLite's messages are not translated).
-fn is_missing_table(err: &DbErr) -> bool {
-    has_sqlstate(err, "42P01")
-        || has_sqlstate(err, "42S02")
-        || database_error(err).is_some_and(|(_, message)| message.starts_with("no such table"))
 }
 
 #[cfg(test)]

@@ -1,12 +1,89 @@
-//! `cargo run -p orion-beacon-migration -- up|down`, which is what `sea-orm-cli migrate -d
-//! migration` runs, against SQLite, PostgreSQL and MariaDB: private server instances
+//! The `orion-beacon-migration` command line (`up`, `down`, `status`; the rest refused) and the
+//! two migration paths (that command line's own migrator, or `CreateLeaseTable` in the
+//! application's `Migrator`), against SQLite, PostgreSQL and MariaDB: private server instances
 //! (`orion-beacon-testkit`) unless `ORION_BEACON_PG_URL` / `ORION_BEACON_MYSQL_URL` name others.
 #![cfg(feature = "cli")]
 
 use std::process::Command;
 
-use orion_beacon_migration::{CreateLeaseTable, TRACKING_TABLE};
+use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, MigratorTrait, TRACKING_TABLE};
 use sea_orm_migration::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+
+/// An application's own migrator that carries the lease migration (tracking table
+/// `seaql_migrations`).
+struct AppMigrator;
+
+#[orion_beacon_migration::async_trait::async_trait]
+impl MigratorTrait for AppMigrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(CreateLeaseTable::new())]
+    }
+}
+
+/// Both paths on one database: whichever comes second is refused with a message naming the
+/// first, and nothing is recorded twice. `db` is connected inside `schema` (if any).
+async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Option<&str>) {
+    let app_tracked = format!(
+        "SELECT COUNT(*) FROM seaql_migrations WHERE version = '{}'",
+        CreateLeaseTable::NAME
+    );
+    // Our migrator first: the app's Migrator must not apply it again.
+    migrate(url, schema, "up");
+    let err = AppMigrator::up(db, None)
+        .await
+        .expect_err("the app's Migrator must refuse a table our migrator made");
+    assert!(
+        err.to_string()
+            .contains("created by orion-beacon's own migrator"),
+        "{err}"
+    );
+    assert_eq!(
+        count(db, &app_tracked).await.unwrap_or(0),
+        0,
+        "recorded twice"
+    );
+    migrate(url, schema, "down");
+
+    // The app's Migrator first: ours is refused.
+    AppMigrator::up(db, None).await.expect("app path up");
+    let said = refused(url, schema, "up");
+    assert!(
+        said.contains("created by your application's Migrator"),
+        "{said}"
+    );
+
+    // A database that already has both records (from before this check): `down` refuses.
+    let fake = format!(
+        "INSERT INTO {TRACKING_TABLE} (version, applied_at) VALUES ('{}', 0)",
+        CreateLeaseTable::NAME
+    );
+    db.execute_unprepared(&fake).await.unwrap();
+    let err = AppMigrator::down(db, None)
+        .await
+        .expect_err("down with both records");
+    assert!(err.to_string().contains("recorded in both"), "{err}");
+    db.execute_unprepared(&format!("DELETE FROM {TRACKING_TABLE}"))
+        .await
+        .unwrap();
+    AppMigrator::down(db, None).await.expect("app path down");
+
+    // A table made by hand: neither path adopts it silently.
+    db.execute_unprepared("CREATE TABLE orionbeacon_leases (resource VARCHAR(255) PRIMARY KEY)")
+        .await
+        .unwrap();
+    let err = AppMigrator::up(db, None)
+        .await
+        .expect_err("hand-made table");
+    assert!(err.to_string().contains("no migrator records it"), "{err}");
+    let said = refused(url, schema, "up");
+    assert!(said.contains("no migrator records it"), "{said}");
+    db.execute_unprepared("DROP TABLE orionbeacon_leases")
+        .await
+        .unwrap();
+    db.execute_unprepared("DROP TABLE seaql_migrations")
+        .await
+        .unwrap();
+}
 
 /// The variable's URL when set, else this test binary's private instance.
 fn server_url(var: &str, private: impl FnOnce() -> String) -> String {
@@ -132,7 +209,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         .unwrap();
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "sqlx-sqlite")]
 #[tokio::test]
 async fn up_and_down_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -140,9 +217,10 @@ async fn up_and_down_on_sqlite() {
     migrate(&url, None, "status");
     let db = Database::connect(&url).await.unwrap();
     check_up_then_down(&url, &db, None).await;
+    one_path_per_database(&url, &db, None).await;
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "sqlx-postgres")]
 #[tokio::test]
 async fn up_and_down_on_postgres() {
     if std::env::var("ORION_BEACON_SKIP").is_ok_and(|s| s.contains("postgres")) {
@@ -161,12 +239,16 @@ async fn up_and_down_on_postgres() {
         .await
         .unwrap();
     check_up_then_down(&url, &db, Some(&schema)).await;
+    let mut inside = sea_orm_migration::sea_orm::ConnectOptions::new(url.clone());
+    inside.set_schema_search_path(schema.clone());
+    let in_schema = Database::connect(inside).await.unwrap();
+    one_path_per_database(&url, &in_schema, Some(&schema)).await;
     db.execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .unwrap();
 }
 
-#[cfg(feature = "mysql")]
+#[cfg(feature = "sqlx-mysql")]
 #[tokio::test]
 async fn up_and_down_on_mariadb() {
     if std::env::var("ORION_BEACON_SKIP").is_ok_and(|s| s.contains("mysql")) {
@@ -236,6 +318,7 @@ async fn up_and_down_on_mariadb() {
     assert_eq!(got, expected);
     migrate(&own_url, None, "down");
     check_up_then_down(&own_url, &db, None).await;
+    one_path_per_database(&own_url, &db, None).await;
     admin
         .execute_unprepared(&format!("DROP DATABASE {name}"))
         .await

@@ -323,19 +323,40 @@ fn sqlite_options(_url: &str) -> Result<sea_orm::ConnectOptions, Failure> {
     ))
 }
 
+/// How to create a missing lease table: the migration's command line makes only the default
+/// table; another name is made by the application's Migrator.
+fn migration_hint(table: &str, url: &str) -> String {
+    let driver = match url.split(':').next().unwrap_or_default() {
+        "postgres" | "postgresql" => "sqlx-postgres",
+        "mysql" | "mariadb" => "sqlx-mysql",
+        _ => "sqlx-sqlite",
+    };
+    if table == DEFAULT_TABLE {
+        format!(
+            "run the migration first:\n  \
+             orion-beacon-migration up -u {url}\n\
+             (install it with `cargo install orion-beacon-migration --features cli,{driver}`), \
+             or add orion_beacon_migration::CreateLeaseTable::new() to your app's Migrator"
+        )
+    } else {
+        format!(
+            "run the migration first: add \
+             orion_beacon_migration::CreateLeaseTable::with_table({table:?}) to your app's \
+             Migrator and run it (`sea-orm-cli migrate up -d <your migration crate>`); the \
+             orion-beacon-migration command line creates only the default table {DEFAULT_TABLE:?}"
+        )
+    }
+}
+
 /// A store error as the operator should read it, with its exit code.
 fn store_failure(ctx: &Ctx, err: StoreError) -> Failure {
     match &err {
         StoreError::MissingTable { table, .. } => Failure::new(
             exit::MISSING_TABLE,
             format!(
-                "the lease table {table:?} does not exist in {url}\n\
-                 run the migration first, from the orion-beacon workspace:\n  \
-                 cargo run -p orion-beacon-migration -- up -u {url}\n\
-                 or: sea-orm-cli migrate up -d migration -u {url}\n\
-                 (those create the default table {DEFAULT_TABLE:?}; for another name add \
-                 CreateLeaseTable::with_table({table:?}) to your app's Migrator)",
-                url = ctx.url
+                "the lease table {table:?} does not exist in {url}\n{hint}",
+                url = ctx.url,
+                hint = migration_hint(table, &ctx.url),
             ),
         ),
         StoreError::InvalidResource { .. }
@@ -787,6 +808,25 @@ fn confirm(resource: &str, r: &LeaseRecord) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn migration_hint_names_the_table_and_the_driver() {
+        let default = super::migration_hint("orionbeacon_leases", "postgres://app@db/app");
+        assert!(
+            default.contains("orion-beacon-migration up -u postgres://app@db/app"),
+            "{default}"
+        );
+        assert!(
+            default.contains("--features cli,sqlx-postgres"),
+            "{default}"
+        );
+        let custom = super::migration_hint("shard_leases", "mysql://app@db/app");
+        assert!(
+            custom.contains("CreateLeaseTable::with_table(\"shard_leases\")"),
+            "{custom}"
+        );
+        assert!(!custom.contains("orion-beacon-migration up"), "{custom}");
+    }
+
     use super::*;
 
     #[test]
