@@ -227,6 +227,33 @@ pub async fn open_fence_holds_off_the_takeover(h: &SqlHarness) {
     ledger.drop(h.db()).await;
 }
 
+/// The fence alone, before the transaction wrote anything, holds off the takeover: on
+/// PostgreSQL and MariaDB through its lock on the lease row, on SQLite through the write lock
+/// its no-op update takes (a transaction that only read would let B in at once, and A's later
+/// write would then fail against B's commit: safe, but not the order promised).
+pub async fn fence_alone_holds_off_the_takeover(h: &SqlHarness) {
+    let store = h.store();
+    let ledger = Ledger::create(h.db()).await;
+    let r = unique("fence_alone");
+    let t = acquire(&store, &r, "a").await;
+    let txn = h.db().begin().await.unwrap();
+    store
+        .fence(
+            &txn,
+            Term {
+                resource: &r,
+                holder: "a",
+                token: t,
+            },
+        )
+        .await
+        .unwrap();
+    let lease = takeover_waits_for_commit(h, &r, t, &ledger, txn).await;
+    assert_eq!(lease.token.get(), t.get() + 1);
+    assert_eq!(ledger.rows(h.db()).await, vec![(t.get(), 2)]);
+    ledger.drop(h.db()).await;
+}
+
 /// The statement-level fence locks the lease row like the transactional one: A's open
 /// transaction wrote through `execute_fenced`; B's acquire after A's lease expired waits for
 /// that transaction, then wins with t+1; A's writes come strictly before B's term.
@@ -433,6 +460,13 @@ macro_rules! fencing_suite {
         async fn open_fence_holds_off_the_takeover() {
             if let Some(h) = $setup.await {
                 crate::open_fence_holds_off_the_takeover(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fence_alone_holds_off_the_takeover() {
+            if let Some(h) = $setup.await {
+                crate::fence_alone_holds_off_the_takeover(&h).await;
                 h.teardown().await;
             }
         }
