@@ -522,6 +522,77 @@ async fn bad_terms_are_refused_before_sql() {
     h.teardown().await;
 }
 
+/// A term fences through its elector's own store (`LeaderTerm::fence`), from work started with
+/// `run_as_leader_with`; once the term is over, the same call is refused by the database.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_fences_through_its_elector() {
+    let h = SqlHarness::sqlite().await.unwrap();
+    let ledger = Ledger::create(h.db()).await;
+    let r = unique("term_fence");
+    let handle = orion_beacon::Elector::builder(h.store())
+        .resource(&r)
+        .candidate_id("a")
+        .lease_duration(Duration::from_secs(2))
+        .renew_interval(Duration::from_millis(500))
+        .retry_interval(Duration::from_millis(200))
+        .build()
+        .unwrap()
+        .start();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let ledger_table = ledger.table.clone();
+    handle.run_as_leader_with((h.db().clone(), tx), move |term, (db, tx)| {
+        let table = ledger_table.clone();
+        async move {
+            let txn = db.begin().await.unwrap();
+            term.fence(&txn).await.unwrap();
+            Ledger { table }.insert(&txn, term.token(), 1).await;
+            txn.commit().await.unwrap();
+            let _ = tx.send(term);
+        }
+    });
+    let term = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("leader work within 10 s")
+        .unwrap();
+    assert_eq!(ledger.rows(h.db()).await, vec![(term.token().get(), 1)]);
+    handle.shutdown().await; // releases: the term is over in the table too
+    let txn = h.db().begin().await.unwrap();
+    let err = term.fence(&txn).await.expect_err("an ended term");
+    assert!(err.is_fenced(), "{err:?}");
+    txn.rollback().await.unwrap();
+    ledger.drop(h.db()).await;
+    h.teardown().await;
+}
+
+/// A term of an elector on another kind of store cannot fence a SeaORM transaction, and says so.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_term_without_a_sea_orm_store_cannot_fence() {
+    let h = SqlHarness::sqlite().await.unwrap();
+    let handle = orion_beacon::Elector::builder_in_memory()
+        .resource(unique("memory_term"))
+        .build()
+        .unwrap()
+        .start();
+    let term = handle
+        .watch()
+        .wait_for(|s| s.is_leader())
+        .await
+        .unwrap()
+        .term()
+        .cloned()
+        .unwrap();
+    let txn = h.db().begin().await.unwrap();
+    assert!(matches!(
+        term.fence(&txn).await,
+        Err(FenceError::Unsupported)
+    ));
+    txn.rollback().await.unwrap();
+    handle.shutdown().await;
+    h.teardown().await;
+}
+
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;

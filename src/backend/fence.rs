@@ -47,6 +47,10 @@ pub enum FenceError {
     /// The check itself failed (database error, missing table, bad input).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// [`LeaderTerm::fence`] on a term whose elector's store cannot fence SeaORM transactions
+    /// (it is not a [`SeaOrmLeaseStore`]).
+    #[error("this term's elector does not run on a SeaOrmLeaseStore, so it cannot fence a SeaORM transaction")]
+    Unsupported,
 }
 
 impl FenceError {

@@ -32,6 +32,7 @@ use runner::{Runner, Stop};
 #[must_use]
 pub struct ElectorBuilder {
     store: Arc<dyn LeaseStore>,
+    fence: Option<crate::SeaOrmLeaseStore>,
     options: Options,
     health_window: Option<Duration>,
 }
@@ -121,6 +122,7 @@ impl ElectorBuilder {
         let health_window = health::window(self.health_window, &config)?;
         Ok(Elector {
             store: self.store,
+            fence: self.fence,
             config: Arc::new(config),
             health_window,
         })
@@ -130,6 +132,7 @@ impl ElectorBuilder {
 /// A configured elector, ready to [`start`](Self::start).
 pub struct Elector {
     store: Arc<dyn LeaseStore>,
+    fence: Option<crate::SeaOrmLeaseStore>,
     config: Arc<Config>,
     health_window: Duration,
 }
@@ -142,6 +145,17 @@ impl std::fmt::Debug for Elector {
     }
 }
 
+/// `store` as a [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) (itself or in an `Arc`), which
+/// the elector's terms then fence with.
+fn fence_store(store: &dyn std::any::Any) -> Option<crate::SeaOrmLeaseStore> {
+    if let Some(store) = store.downcast_ref::<crate::SeaOrmLeaseStore>() {
+        return Some(store.clone());
+    }
+    store
+        .downcast_ref::<Arc<crate::SeaOrmLeaseStore>>()
+        .map(|store| (**store).clone())
+}
+
 fn process_store() -> InMemoryLeaseStore {
     static STORE: OnceLock<InMemoryLeaseStore> = OnceLock::new();
     STORE.get_or_init(InMemoryLeaseStore::new).clone()
@@ -150,8 +164,10 @@ fn process_store() -> InMemoryLeaseStore {
 impl Elector {
     /// A builder over `store`, the place every candidate of the resource shares.
     pub fn builder(store: impl LeaseStore + 'static) -> ElectorBuilder {
+        let fence = fence_store(&store);
         ElectorBuilder {
             store: Arc::new(store),
+            fence,
             options: Options::default(),
             health_window: None,
         }
@@ -190,6 +206,7 @@ impl Elector {
             stop: stop.clone(),
             work_gate: work_gate.clone(),
             probe: probe.clone(),
+            fence: self.fence,
         };
         let (finished, done) = watch::channel(false);
         let supervised = probe.clone().supervise(runner.run());
@@ -305,6 +322,32 @@ impl ElectorHandle {
                 }
             }
         })
+    }
+
+    /// [`run_as_leader`](Self::run_as_leader) with a context that each term's work gets its
+    /// own clone of, so a `move` closure needs no clone-inside-a-clone:
+    ///
+    /// ```
+    /// # use orion_beacon::Elector;
+    /// # #[derive(Clone)] struct Db;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let db = Db;
+    /// let handle = Elector::builder_in_memory().resource("nightly").build()?.start();
+    /// handle.run_as_leader_with(db.clone(), |term, db| async move {
+    ///     // `db` is this term's own clone; `term.fence(&txn)` guards its writes.
+    ///     let _ = (term.token(), db);
+    /// });
+    /// # handle.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn run_as_leader_with<C, F, Fut>(&self, context: C, work: F) -> JoinHandle<()>
+    where
+        C: Clone + Send + Sync + 'static,
+        F: Fn(LeaderTerm, C) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.run_as_leader(move |term| work(term, context.clone()))
     }
 
     /// Stops the elector: the term ends (`is_leader()` turns false and the term's

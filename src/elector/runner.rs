@@ -49,6 +49,8 @@ pub(crate) struct Runner {
     pub work_gate: Arc<RwLock<()>>,
     /// Health and metrics: store round trips and term changes.
     pub probe: Probe,
+    /// The store again, where it can fence SeaORM transactions (see `LeaderTerm::fence`).
+    pub fence: Option<crate::SeaOrmLeaseStore>,
 }
 
 struct Active {
@@ -321,6 +323,7 @@ impl Runner {
             self.config.resource.clone(),
             self.config.candidate.clone(),
             deadline,
+            self.fence.clone(),
         );
         info!(token = %lease.token, "elected");
         self.state.send_replace(Leadership::Leader(term.clone()));

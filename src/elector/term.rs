@@ -99,6 +99,8 @@ struct TermState {
     /// by each successful renew.
     deadline: Mutex<Instant>,
     reason: Mutex<Option<LossReason>>,
+    /// The elector's store, where it can fence SeaORM transactions.
+    fence: Option<crate::SeaOrmLeaseStore>,
 }
 
 /// One leadership term of this candidate: from the store's grant until it is lost.
@@ -116,6 +118,7 @@ impl LeaderTerm {
         resource: Arc<str>,
         candidate: Arc<str>,
         deadline: Instant,
+        fence: Option<crate::SeaOrmLeaseStore>,
     ) -> Self {
         Self {
             inner: Arc::new(TermState {
@@ -126,7 +129,25 @@ impl LeaderTerm {
                 cut_off: CancellationToken::new(),
                 deadline: Mutex::new(deadline),
                 reason: Mutex::new(None),
+                fence,
             }),
+        }
+    }
+
+    /// Fences `txn` with this term, through the elector's own store: the same as
+    /// [`SeaOrmLeaseStore::fence`](crate::SeaOrmLeaseStore::fence)`(txn, &term)`, without
+    /// keeping a second clone of the store around. Call it first in the transaction; on
+    /// [`FenceError::Fenced`](crate::FenceError::Fenced), roll back.
+    ///
+    /// [`FenceError::Unsupported`](crate::FenceError::Unsupported) when the elector's store
+    /// is not a [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) (the in-memory store, say).
+    pub async fn fence<C: sea_orm::ConnectionTrait>(
+        &self,
+        txn: &C,
+    ) -> Result<(), crate::FenceError> {
+        match &self.inner.fence {
+            Some(store) => store.fence(txn, self).await,
+            None => Err(crate::FenceError::Unsupported),
         }
     }
 
