@@ -521,6 +521,91 @@ mod sqlite {
         );
     }
 
+    /// `-o table|wide|json` (`--json` kept), `--no-headers`, wide characters aligned, "did you
+    /// mean" for a typo, shell completions, Ctrl-C on `watch` exits 130.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn output_formats_and_command_line_habits() {
+        let (t, _url) = sqlite().await;
+        for (r, who) in [("nightly-report", "node-a"), ("日本-shard", "ノード")] {
+            t.store.acquire_or_renew(r, who, LONG).await.unwrap();
+        }
+        let table = t.run(&["leases"]).await;
+        let wide = t.run(&["leases", "-o", "wide"]).await;
+        assert_code(&wide, 0);
+        let header = wide.stdout.lines().next().unwrap();
+        assert!(header.contains("EXPIRES (UTC)"), "{wide:#?}");
+        assert!(!table.stdout.contains("EXPIRES"), "{table:#?}");
+        // Columns line up in terminal columns: the token column ends at the same place.
+        let ends: Vec<usize> = table
+            .stdout
+            .lines()
+            .take(3)
+            .map(|line| {
+                let token_end = line.find(" live").or_else(|| line.find(" STATE")).unwrap();
+                line[..token_end]
+                    .chars()
+                    .map(|c| if c.is_ascii() { 1 } else { 2 })
+                    .sum()
+            })
+            .collect();
+        assert!(
+            ends.windows(2).all(|w| w[0] == w[1]),
+            "{ends:?}\n{}",
+            table.stdout
+        );
+        assert!(
+            table.stdout.lines().all(|l| !l.ends_with(' ')),
+            "trailing spaces"
+        );
+        let bare = t.run(&["leases", "--no-headers"]).await;
+        assert_eq!(bare.stdout.lines().count(), 2, "{bare:#?}");
+        assert!(bare.stdout.starts_with("nightly-report "), "{bare:#?}");
+        let names = |text: &str| -> Vec<String> {
+            let all: serde_json::Value = serde_json::from_str(text).unwrap();
+            let all = all.as_array().unwrap().iter();
+            all.map(|r| r["resource"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(
+            names(&t.run(&["ls", "-o", "json"]).await.stdout),
+            names(&t.run(&["ls", "--json"]).await.stdout)
+        );
+        assert_code(&t.run(&["ls", "--json", "-o", "wide"]).await, BAD_INPUT);
+
+        let typo = t.run(&["show", "nightly-reprot"]).await;
+        assert_code(&typo, UNKNOWN_RESOURCE);
+        assert!(
+            typo.stderr.contains("did you mean \"nightly-report\"?"),
+            "{typo:#?}"
+        );
+        let far = t.run(&["show", "billing"]).await;
+        assert!(!far.stderr.contains("did you mean"), "{far:#?}");
+
+        let completions = run(&["completions", "bash"]).await;
+        assert_code(&completions, 0);
+        assert!(
+            completions.stdout.contains("orion-beacon"),
+            "{completions:#?}"
+        );
+
+        // Ctrl-C on watch: exit 130, like any program stopped by SIGINT in a shell.
+        let all = t.with(&["watch", "nightly-report", "--interval", "100ms"]);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let child = command(&refs).spawn().unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        let out = tokio::task::spawn_blocking(move || finish(child))
+            .await
+            .unwrap();
+        assert_code(&out, 130);
+        assert!(out.stdout.contains("holder node-a"), "{out:#?}");
+        t.teardown().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn bad_input_and_unreachable_databases() {
         let (_t, url) = sqlite().await;
@@ -644,6 +729,33 @@ mod postgres {
         assert!(
             !out.stderr.contains("secret"),
             "the password is not printed"
+        );
+        // The real cause, not the pool's "timed out".
+        assert!(
+            out.stderr.contains("Connection refused") && !out.stderr.contains("timed out"),
+            "{out:#?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_database_is_named() {
+        if common::Server::Postgres.skipped() {
+            return;
+        }
+        let url = common::Server::Postgres.url();
+        let base = url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&url);
+        let out = run(&[
+            "leases",
+            "--database-url",
+            &format!("{base}/no_such_db_here"),
+        ])
+        .await;
+        assert_code(&out, UNREACHABLE);
+        assert!(
+            out.stderr
+                .contains("database \"no_such_db_here\" does not exist")
+                && !out.stderr.contains("line"),
+            "{out:#?}"
         );
     }
 }

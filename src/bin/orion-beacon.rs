@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use orion_beacon::entity::{validate_table_name, DEFAULT_TABLE};
 use orion_beacon::store::{validate_candidate, validate_resource};
 use orion_beacon::{LeaseRecord, LeaseStore, SeaOrmLeaseStore, StoreError};
@@ -33,6 +33,40 @@ mod exit {
     pub const MISSING_TABLE: u8 = 4;
     pub const UNKNOWN_RESOURCE: u8 = 5;
     pub const NOTHING_CHANGED: u8 = 6;
+    /// Interrupted (Ctrl-C), as shells report a SIGINT: 128 + 2.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// How `leases`, `show` and `watch` print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Aligned columns for people.
+    Table,
+    /// The table with every column (the expiry too).
+    Wide,
+    /// JSON for scripts (an array, an object, or one object per line for `watch`).
+    Json,
+}
+
+/// `-o FORMAT`, with `--json` kept as the short way to say `-o json`.
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct Format {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Same as `-o json`.
+    #[arg(long, conflicts_with = "output")]
+    json: bool,
+}
+
+impl Format {
+    fn get(self) -> Output {
+        if self.json {
+            Output::Json
+        } else {
+            self.output
+        }
+    }
 }
 
 /// See who leads, watch it change, and recover a stuck lease by hand.
@@ -67,19 +101,21 @@ enum Command {
     /// Every resource: holder, token, live or expired, time left, when acquired and renewed.
     #[command(visible_alias = "ls")]
     Leases {
-        /// One JSON array, for scripts.
+        #[command(flatten)]
+        format: Format,
+        /// Leave out the header line (and the summary line) of the table.
         #[arg(long)]
-        json: bool,
+        no_headers: bool,
     },
     /// One resource's lease.
     Show {
         /// The resource.
         resource: String,
-        /// One JSON object, for scripts.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: Format,
     },
-    /// Print each change of a resource's holder, token or liveness until interrupted (Ctrl-C).
+    /// Print each change of a resource's holder, token or liveness until interrupted (Ctrl-C:
+    /// exit code 130).
     Watch {
         /// The resource.
         resource: String,
@@ -92,9 +128,8 @@ enum Command {
         /// Stop after this long.
         #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
         run_for: Option<Duration>,
-        /// One JSON object per line.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: Format,
     },
     /// The normal guarded release: ends the lease only if HOLDER holds it live.
     Release {
@@ -123,6 +158,12 @@ enum Command {
         /// Do not ask for confirmation.
         #[arg(long, short = 'y')]
         yes: bool,
+    },
+    /// Print a shell completion script (e.g. `orion-beacon completions bash >
+    /// /etc/bash_completion.d/orion-beacon`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -160,7 +201,9 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {}", failure.message);
+            if !failure.message.is_empty() {
+                eprintln!("error: {}", failure.message);
+            }
             ExitCode::from(failure.code)
         }
     }
@@ -185,9 +228,15 @@ struct Ctx {
 }
 
 async fn run(cli: Cli) -> Outcome {
+    if let Command::Completions { shell } = cli.command {
+        let mut out = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "orion-beacon", &mut out);
+        emit(&String::from_utf8_lossy(&out));
+        return Ok(());
+    }
     validate_table_name(&cli.table).map_err(|e| Failure::new(exit::BAD_INPUT, e.to_string()))?;
     match &cli.command {
-        Command::Leases { .. } => {}
+        Command::Leases { .. } | Command::Completions { .. } => {}
         Command::Show { resource, .. }
         | Command::Watch { resource, .. }
         | Command::Revoke { resource, .. } => check_resource(resource)?,
@@ -224,17 +273,21 @@ async fn run(cli: Cli) -> Outcome {
         url: redact(&url),
     };
     match cli.command {
-        Command::Leases { json } => leases(&ctx, json).await,
-        Command::Show { resource, json } => show(&ctx, &resource, json).await,
+        Command::Leases { format, no_headers } => leases(&ctx, format.get(), !no_headers).await,
+        Command::Show { resource, format } => show(&ctx, &resource, format.get()).await,
         Command::Watch {
             resource,
             interval,
             max_changes,
             run_for,
-            json,
-        } => watch(&ctx, &resource, interval, max_changes, run_for, json).await,
+            format,
+        } => {
+            let json = format.get() == Output::Json;
+            watch(&ctx, &resource, interval, max_changes, run_for, json).await
+        }
         Command::Release { resource, holder } => release(&ctx, &resource, &holder).await,
         Command::Revoke { resource, yes, .. } => revoke(&ctx, &resource, yes).await,
+        Command::Completions { .. } => Ok(()),
     }
 }
 
@@ -286,17 +339,58 @@ async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection, Fai
         .connect_timeout(timeout)
         .acquire_timeout(timeout)
         .sqlx_logging(false);
-    sea_orm::Database::connect(options).await.map_err(|err| {
-        Failure::new(
-            exit::UNREACHABLE,
-            format!(
-                "cannot reach the database at {}: {} (is the server up and reachable, and \
-                 are the host, port, database name and credentials right?)",
-                redact(url),
-                chain(&err)
-            ),
-        )
-    })
+    match sea_orm::Database::connect(options).await {
+        Ok(db) => Ok(db),
+        Err(err) => {
+            // A pool only says it timed out; one direct connection says why.
+            let cause = match direct_error(url, timeout).await {
+                Some(cause) => cause,
+                None => chain(&err),
+            };
+            Err(Failure::new(
+                exit::UNREACHABLE,
+                format!(
+                    "cannot reach the database at {}: {cause} (is the server up and reachable, \
+                     and are the host, port, database name and credentials right?)",
+                    redact(url),
+                ),
+            ))
+        }
+    }
+}
+
+/// The error of one direct connection to `url`, without a pool in between (which reports any
+/// failure to connect as a time-out).
+async fn direct_error(url: &str, timeout: Duration) -> Option<String> {
+    #[allow(unused_imports)]
+    use sea_orm::sqlx::Connection as _;
+    let scheme = url.split(':').next().unwrap_or_default();
+    let attempt = async {
+        match scheme {
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => sea_orm::sqlx::PgConnection::connect(url)
+                .await
+                .err()
+                .map(|e| database_message(&e)),
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => sea_orm::sqlx::MySqlConnection::connect(url)
+                .await
+                .err()
+                .map(|e| database_message(&e)),
+            _ => None,
+        }
+    };
+    tokio::time::timeout(timeout, attempt).await.ok().flatten()
+}
+
+/// A sqlx error as one line: the server's own message where there is one (without the source
+/// file and line sqlx's debug form adds), else the error's text.
+#[allow(dead_code)]
+fn database_message(err: &sea_orm::sqlx::Error) -> String {
+    match err.as_database_error() {
+        Some(db) => db.message().to_owned(),
+        None => err.to_string(),
+    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -372,15 +466,36 @@ fn store_failure(ctx: &Ctx, err: StoreError) -> Failure {
     }
 }
 
-fn unknown_resource(ctx: &Ctx, resource: &str) -> Failure {
+async fn unknown_resource(ctx: &Ctx, resource: &str) -> Failure {
+    let names: Vec<String> = ctx
+        .store
+        .list()
+        .await
+        .map(|all| all.into_iter().map(|r| r.resource).collect())
+        .unwrap_or_default();
+    let hint = match closest(resource, &names) {
+        Some(name) => format!("did you mean {name:?}? "),
+        None => String::new(),
+    };
     Failure::new(
         exit::UNKNOWN_RESOURCE,
         format!(
             "no lease for resource {resource:?} in table {:?} (it was never acquired there); \
-             `orion-beacon leases` lists the resources",
+             {hint}`orion-beacon leases` lists the resources",
             ctx.store.table()
         ),
     )
+}
+
+/// The name closest to `typed`, if one is close enough to be a typo of it.
+fn closest<'a>(typed: &str, names: &'a [String]) -> Option<&'a str> {
+    let limit = (typed.chars().count() / 3).clamp(1, 3);
+    names
+        .iter()
+        .map(|name| (strsim::damerau_levenshtein(typed, name), name))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name.as_str())
 }
 
 /// An error and its sources on one line.
@@ -399,43 +514,27 @@ fn chain(err: &dyn std::error::Error) -> String {
 }
 
 /// The URL with its password, if any, replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+fn redact(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            if parsed.set_password(Some("***")).is_err() {
+                return "<a database URL>".to_owned();
+            }
+            parsed.to_string()
+        }
+        _ => text.to_owned(),
     }
 }
 
-/// Parses `250ms`, `2s`, `1.5s`, `3m`, `1h` (a bare number is seconds).
+/// Parses durations as humantime does (`250ms`, `2s`, `1m 30s`, `1h`); a bare number is
+/// seconds (`1.5` too).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (like 500ms, 2s, 1m)"))?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?} (use ms, s, m or h)"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration (like 500ms, 2s, 1m 30s): {e}"))
 }
 
 /// A duration as an operator reads it: `14.998s`, `3m05s`, `2h03m`, `4d02h`.
@@ -499,94 +598,92 @@ fn emit(text: &str) -> bool {
         .is_ok()
 }
 
-async fn leases(ctx: &Ctx, json: bool) -> Outcome {
+async fn leases(ctx: &Ctx, output: Output, headers: bool) -> Outcome {
     let records = ctx.store.list().await.map_err(|e| store_failure(ctx, e))?;
-    if json {
+    if output == Output::Json {
         let all: Vec<_> = records.iter().map(record_json).collect();
         emit(&format!("{}\n", serde_json::Value::Array(all)));
         return Ok(());
     }
     if records.is_empty() {
-        emit(&format!("no leases in table {:?}\n", ctx.store.table()));
+        if headers {
+            emit(&format!("no leases in table {:?}\n", ctx.store.table()));
+        }
         return Ok(());
     }
-    let header = [
-        "RESOURCE",
-        "HOLDER",
-        "TOKEN",
-        "STATE",
-        "TIME LEFT",
-        "ACQUIRED (UTC)",
-        "RENEWED (UTC)",
-    ];
-    let rows: Vec<[String; 7]> = records
-        .iter()
-        .map(|r| {
-            [
-                r.resource.clone(),
-                r.holder.clone(),
-                r.token.to_string(),
-                state(r).to_owned(),
-                left(r),
-                time(r.acquired_at),
-                time(r.renewed_at),
-            ]
-        })
-        .collect();
-    let mut widths = header.map(|h| h.chars().count());
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
+    let wide = output == Output::Wide;
+    let mut header = vec!["RESOURCE", "HOLDER", "TOKEN", "STATE", "TIME LEFT"];
+    if wide {
+        header.push("EXPIRES (UTC)");
     }
-    let line = |cells: [&str; 7]| {
-        let mut text = String::new();
-        for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
-            let pad = width.saturating_sub(cell.chars().count());
-            if i == 2 || i == 4 {
-                // Numbers right-aligned.
-                text.push_str(&" ".repeat(pad));
-                text.push_str(cell);
-            } else {
-                text.push_str(cell);
-                if i + 1 < cells.len() {
-                    text.push_str(&" ".repeat(pad));
-                }
-            }
-            if i + 1 < cells.len() {
-                text.push_str("  ");
-            }
+    header.extend(["ACQUIRED (UTC)", "RENEWED (UTC)"]);
+    let rows = records.iter().map(|r| {
+        let mut row = vec![
+            r.resource.clone(),
+            r.holder.clone(),
+            r.token.to_string(),
+            state(r).to_owned(),
+            left(r),
+        ];
+        if wide {
+            row.push(time(r.expires_at));
         }
-        text.push('\n');
-        text
-    };
-    let mut text = line(header);
-    for row in &rows {
-        text.push_str(&line([
-            &row[0], &row[1], &row[2], &row[3], &row[4], &row[5], &row[6],
-        ]));
+        row.extend([time(r.acquired_at), time(r.renewed_at)]);
+        row
+    });
+    let mut text = table(headers.then_some(header), rows, &[2, 4]);
+    if headers {
+        let live = records.iter().filter(|r| r.live).count();
+        text.push_str(&format!(
+            "{} lease{}, {live} live (time left by the database clock)\n",
+            records.len(),
+            if records.len() == 1 { "" } else { "s" }
+        ));
     }
-    let live = records.iter().filter(|r| r.live).count();
-    text.push_str(&format!(
-        "{} lease{}, {live} live (time left by the database clock)\n",
-        records.len(),
-        if records.len() == 1 { "" } else { "s" }
-    ));
     emit(&text);
     Ok(())
+}
+
+/// Columns two spaces apart, `right` ones right-aligned (numbers), widths counted in
+/// terminal columns (wide characters take two), no trailing spaces.
+fn table(
+    header: Option<Vec<&str>>,
+    rows: impl IntoIterator<Item = Vec<String>>,
+    right: &[usize],
+) -> String {
+    use comfy_table::{CellAlignment, ContentArrangement, Table};
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled);
+    if let Some(header) = header {
+        t.set_header(header);
+    }
+    for row in rows {
+        t.add_row(row);
+    }
+    let count = t.column_count();
+    for (i, column) in t.column_iter_mut().enumerate() {
+        column.set_padding((0, if i + 1 < count { 2 } else { 0 }));
+        if right.contains(&i) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t.lines()
+        .map(|line| line.trim_end().to_owned() + "\n")
+        .collect()
 }
 
 async fn read(ctx: &Ctx, resource: &str) -> Result<LeaseRecord, Failure> {
     match ctx.store.current(resource).await {
         Ok(Some(record)) => Ok(record),
-        Ok(None) => Err(unknown_resource(ctx, resource)),
+        Ok(None) => Err(unknown_resource(ctx, resource).await),
         Err(err) => Err(store_failure(ctx, err)),
     }
 }
 
-async fn show(ctx: &Ctx, resource: &str, json: bool) -> Outcome {
+async fn show(ctx: &Ctx, resource: &str, output: Output) -> Outcome {
     let r = read(ctx, resource).await?;
-    if json {
+    if output == Output::Json {
         emit(&format!("{}\n", record_json(&r)));
         return Ok(());
     }
@@ -683,7 +780,7 @@ async fn watch(
                     }
                 }
             }
-            Ok(None) if last.is_none() => return Err(unknown_resource(ctx, resource)),
+            Ok(None) if last.is_none() => return Err(unknown_resource(ctx, resource).await),
             Ok(None) => {
                 return Err(Failure::new(
                     exit::UNKNOWN_RESOURCE,
@@ -698,7 +795,7 @@ async fn watch(
         let next = Instant::now() + interval;
         let wake = until.map_or(next, |u| u.min(next));
         tokio::select! {
-            _ = &mut ctrl_c => return Ok(()),
+            _ = &mut ctrl_c => return Err(Failure::new(exit::INTERRUPTED, "")),
             () = tokio::time::sleep_until(wake) => {}
         }
         if until.is_some_and(|u| Instant::now() >= u) {
@@ -776,7 +873,7 @@ async fn revoke(ctx: &Ctx, resource: &str, yes: bool) -> Outcome {
             ));
             Ok(())
         }
-        Ok(None) => Err(unknown_resource(ctx, resource)),
+        Ok(None) => Err(unknown_resource(ctx, resource).await),
         Err(err) => Err(store_failure(ctx, err)),
     }
 }
