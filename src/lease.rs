@@ -7,7 +7,12 @@ use chrono::{DateTime, Utc};
 use crate::FencingToken;
 
 /// A lease this candidate holds, as the store just granted or renewed it.
+///
+/// With the `serde` feature it serializes with `remaining` as `remaining_ms` (milliseconds) and
+/// times as RFC 3339.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Lease {
     /// The resource led.
     pub resource: String,
@@ -21,6 +26,10 @@ pub struct Lease {
     /// the lease in the store. For a fresh grant or renew it is the whole lease duration, or a
     /// little more when the statement waited for a row lock (the lease runs from when the row
     /// was written). Never compare the timestamps below with a local clock.
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "remaining_ms", serialize_with = "millis")
+    )]
     pub remaining: Duration,
     /// The expiry in the database's clock; with the lease's holder and token it names the write
     /// that granted it (see [`LeaseStore::release_lease`](crate::LeaseStore::release_lease)).
@@ -32,6 +41,8 @@ pub struct Lease {
 
 /// Someone else holds a live lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Denial {
     /// The resource asked for.
     pub resource: String,
@@ -40,6 +51,10 @@ pub struct Denial {
     /// The holder's token, where known.
     pub token: Option<FencingToken>,
     /// Lease time the holder has left, judged by the store's clock (zero if unknown).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "remaining_ms", serialize_with = "millis")
+    )]
     pub remaining: Duration,
     /// The holder's expiry in the database's clock, where known.
     pub expires_at: Option<DateTime<Utc>>,
@@ -47,6 +62,8 @@ pub struct Denial {
 
 /// The answer to [`LeaseStore::acquire_or_renew`](crate::LeaseStore::acquire_or_renew).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(tag = "outcome", rename_all = "snake_case"))]
 pub enum LeaseOutcome {
     /// A new term began for this candidate: the token advanced.
     Acquired(Lease),
@@ -78,6 +95,8 @@ impl LeaseOutcome {
 
 /// A lease row as stored, with liveness judged by the store's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LeaseRecord {
     /// The resource.
     pub resource: String,
@@ -88,6 +107,10 @@ pub struct LeaseRecord {
     /// Whether the lease is live now (by the store's clock). A released lease is not.
     pub live: bool,
     /// Lease time left (zero when not live).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "remaining_ms", serialize_with = "millis")
+    )]
     pub remaining: Duration,
     /// The expiry in the database's clock (the in-memory store's own clock for that store).
     pub expires_at: Option<DateTime<Utc>>,
@@ -95,4 +118,76 @@ pub struct LeaseRecord {
     pub acquired_at: Option<DateTime<Utc>>,
     /// When the term was last acquired or renewed (`None` for the in-memory store).
     pub renewed_at: Option<DateTime<Utc>>,
+}
+
+impl Lease {
+    /// A lease of `holder` on `resource` with `token` and `remaining` time, no database times:
+    /// for [`LeaseStore`](crate::LeaseStore) implementations (set the other fields as known).
+    pub fn new(
+        resource: impl Into<String>,
+        holder: impl Into<String>,
+        token: FencingToken,
+        remaining: Duration,
+    ) -> Self {
+        Self {
+            resource: resource.into(),
+            holder: holder.into(),
+            token,
+            remaining,
+            expires_at: None,
+            acquired_at: None,
+        }
+    }
+}
+
+impl Denial {
+    /// A denial on `resource` whose holder the store cannot name (set the fields it knows).
+    pub fn new(resource: impl Into<String>) -> Self {
+        Self {
+            resource: resource.into(),
+            holder: None,
+            token: None,
+            remaining: Duration::ZERO,
+            expires_at: None,
+        }
+    }
+}
+
+impl LeaseRecord {
+    /// A stored lease of `holder` on `resource` with `token`, not live, no database times (set
+    /// the fields as known).
+    pub fn new(
+        resource: impl Into<String>,
+        holder: impl Into<String>,
+        token: FencingToken,
+    ) -> Self {
+        Self {
+            resource: resource.into(),
+            holder: holder.into(),
+            token,
+            live: false,
+            remaining: Duration::ZERO,
+            expires_at: None,
+            acquired_at: None,
+            renewed_at: None,
+        }
+    }
+}
+
+/// A duration as whole milliseconds (saturating), for `serde`.
+#[cfg(feature = "serde")]
+pub(crate) fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// An optional duration as whole milliseconds, for `serde`.
+#[cfg(feature = "serde")]
+pub(crate) fn opt_millis<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => millis(d, s),
+        None => s.serialize_none(),
+    }
 }

@@ -657,13 +657,11 @@ async fn a_denial_naming_ourselves_is_not_a_leader() {
             c: &str,
             _lease: Duration,
         ) -> Result<LeaseOutcome, StoreError> {
-            Ok(LeaseOutcome::Denied(orion_beacon::Denial {
-                resource: r.to_owned(),
-                holder: Some(c.to_owned()),
-                token: Some(orion_beacon::FencingToken::new(4)),
-                remaining: Duration::from_secs(1),
-                expires_at: None,
-            }))
+            let mut denial = orion_beacon::Denial::new(r);
+            denial.holder = Some(c.to_owned());
+            denial.token = Some(orion_beacon::FencingToken::new(4));
+            denial.remaining = Duration::from_secs(1);
+            Ok(LeaseOutcome::Denied(denial))
         }
         async fn release(&self, _r: &str, _c: &str) -> Result<bool, StoreError> {
             Ok(false)

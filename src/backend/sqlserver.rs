@@ -643,26 +643,14 @@ impl LeaseStore for SqlServerLeaseStore {
         let mut returned = returned.into_iter();
         match (returned.next(), returned.next()) {
             // Several rows for one statement: trust none of them.
-            (Some(_), Some(_)) => Ok(LeaseOutcome::Denied(Denial {
-                resource: resource.to_owned(),
-                holder: None,
-                token: None,
-                remaining: Duration::ZERO,
-                expires_at: None,
-            })),
+            (Some(_), Some(_)) => Ok(LeaseOutcome::Denied(Denial::new(resource))),
             (Some(row), None) => Ok(row.outcome(resource, candidate)),
             // Denied: the MERGE changed nothing. Say who holds the lease with a plain read; the
             // read is only a report (the holder may change between the two statements).
             (None, _) => Ok(LeaseOutcome::Denied(
                 match self.read_row(resource).await? {
                     Some(row) => row.denial_for(resource, candidate),
-                    None => Denial {
-                        resource: resource.to_owned(),
-                        holder: None,
-                        token: None,
-                        remaining: Duration::ZERO,
-                        expires_at: None,
-                    },
+                    None => Denial::new(resource),
                 },
             )),
         }

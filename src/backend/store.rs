@@ -508,13 +508,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         let millis = validate_request(resource, candidate, lease)?;
         let d = self.dialect()?;
         let backend = self.db.get_database_backend();
-        let unknown = || Denial {
-            resource: resource.to_owned(),
-            holder: None,
-            token: None,
-            remaining: Duration::ZERO,
-            expires_at: None,
-        };
+        let unknown = || Denial::new(resource);
         let rows = if backend == DbBackend::MySql {
             self.mysql_upsert(resource, candidate, millis).await?
         } else {

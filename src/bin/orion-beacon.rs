@@ -16,7 +16,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use orion_beacon::entity::{validate_table_name, DEFAULT_TABLE};
 use orion_beacon::store::{validate_candidate, validate_resource};
@@ -556,11 +556,6 @@ fn time(t: Option<DateTime<Utc>>) -> String {
         .unwrap_or_else(|| "-".to_owned())
 }
 
-fn rfc3339(t: Option<DateTime<Utc>>) -> serde_json::Value {
-    t.map(|t| json!(t.to_rfc3339_opts(SecondsFormat::AutoSi, true)))
-        .unwrap_or(serde_json::Value::Null)
-}
-
 fn state(r: &LeaseRecord) -> &'static str {
     if r.live {
         "live"
@@ -577,17 +572,9 @@ fn left(r: &LeaseRecord) -> String {
     }
 }
 
+/// The record as JSON: its `serde` form (times RFC 3339, `remaining_ms`).
 fn record_json(r: &LeaseRecord) -> serde_json::Value {
-    json!({
-        "resource": r.resource,
-        "holder": r.holder,
-        "token": r.token.get(),
-        "live": r.live,
-        "remaining_ms": u64::try_from(r.remaining.as_millis()).unwrap_or(u64::MAX),
-        "expires_at": rfc3339(r.expires_at),
-        "acquired_at": rfc3339(r.acquired_at),
-        "renewed_at": rfc3339(r.renewed_at),
-    })
+    serde_json::to_value(r).unwrap_or(serde_json::Value::Null)
 }
 
 /// Writes to stdout; false once stdout is gone (a closed pipe), which ends the command quietly.

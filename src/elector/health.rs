@@ -24,7 +24,11 @@ use crate::StoreError;
 pub const HEALTH_WINDOW_FACTOR: u32 = 3;
 
 /// The answer to [`ElectorHandle::health`]: for a readiness or liveness probe.
+///
+/// With the `serde` feature it serializes with durations in milliseconds (`last_round_trip_ms`,
+/// `window_ms`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Health {
     /// Whether the elector completed a store round trip (any answer: acquired, renewed or
@@ -34,8 +38,19 @@ pub struct Health {
     /// Whether this candidate leads right now (as [`ElectorHandle::is_leader`]).
     pub leader: bool,
     /// How long ago the last store round trip completed; `None` if none has yet.
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            rename = "last_round_trip_ms",
+            serialize_with = "crate::lease::opt_millis"
+        )
+    )]
     pub last_round_trip: Option<Duration>,
     /// The health window ([`ElectorBuilder::health_window`]).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "window_ms", serialize_with = "crate::lease::millis")
+    )]
     pub window: Duration,
     /// Why the elector stopped for good, if it did: an error retrying cannot fix (see
     /// [`Leadership::Failed`](crate::Leadership::Failed)). Such an elector is never healthy.

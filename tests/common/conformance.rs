@@ -219,20 +219,14 @@ pub async fn release_lease_ends_only_the_write_it_names<H: Harness>(h: &H) {
         "the renew's write is intact"
     );
 
-    let other_holder = Lease {
-        holder: "b".into(),
-        ..renewed.clone()
-    };
+    let mut other_holder = renewed.clone();
+    other_holder.holder = "b".into();
     assert!(!store.release_lease(&other_holder).await.unwrap());
-    let other_token = Lease {
-        token: FencingToken::new(renewed.token.get() + 1),
-        ..renewed.clone()
-    };
+    let mut other_token = renewed.clone();
+    other_token.token = FencingToken::new(renewed.token.get() + 1);
     assert!(!store.release_lease(&other_token).await.unwrap());
-    let no_write = Lease {
-        expires_at: None,
-        ..renewed.clone()
-    };
+    let mut no_write = renewed.clone();
+    no_write.expires_at = None;
     assert!(!store.release_lease(&no_write).await.unwrap());
     assert!(store.current(&r).await.unwrap().unwrap().live);
 
@@ -255,22 +249,16 @@ pub async fn release_lease_ends_only_the_write_it_names<H: Harness>(h: &H) {
     assert!(store.current(&r).await.unwrap().unwrap().live);
     assert!(store.release_lease(&next).await.unwrap());
 
+    let mut nameless = next.clone();
+    nameless.resource = String::new();
     assert!(matches!(
-        store
-            .release_lease(&Lease {
-                resource: String::new(),
-                ..next.clone()
-            })
-            .await,
+        store.release_lease(&nameless).await,
         Err(StoreError::InvalidResource { .. })
     ));
+    let mut holderless = next;
+    holderless.holder = String::new();
     assert!(matches!(
-        store
-            .release_lease(&Lease {
-                holder: String::new(),
-                ..next
-            })
-            .await,
+        store.release_lease(&holderless).await,
         Err(StoreError::InvalidCandidate { .. })
     ));
 }
