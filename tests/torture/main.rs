@@ -14,7 +14,8 @@
 //! `SIMULTANEOUS_ASSIGNMENT`, candidates on pools of one connection), `postgres-pgbouncer`
 //! (lease statements through a transaction-pooling PgBouncer), `pg-sync-failover` and
 //! `pg-async-failover` (a primary and a standby behind one address, with the `failover`
-//! fault; the asynchronous one's violations are measured, not failed on), `galera` (three
+//! fault; the asynchronous one holds its standby 2 s behind and kills the leader inside that
+//! window before each failover, and its violations are measured, not failed on), `galera` (three
 //! nodes, candidates spread over them, node faults, one node's clock 20 ms ahead); by name
 //! only: `galera-skew` (300 ms ahead, measured)), `--duration SECS` (default 30),
 //! `--candidates N` (default 5), `--seed N` (default: random, printed), `--faults
@@ -105,6 +106,10 @@ struct Configuration {
     /// Violations are the hazard being measured (asynchronous replication loses committed
     /// lease writes at failover): reported, and the run does not fail on them.
     measured: bool,
+    /// Failover: the standby's WAL receiver is stopped this long before the primary dies, so
+    /// the standby is that far behind (replication lag, as across a network; on one machine an
+    /// asynchronous standby is otherwise microseconds behind).
+    standby_lag: Option<Duration>,
     /// MariaDB: a three-node Galera cluster, candidates spread over the nodes, with node
     /// faults; node 2's clock ahead by this much (libfaketime `FAKETIME`), if set.
     galera: Option<GaleraTopology>,
@@ -125,6 +130,7 @@ const PLAIN: Configuration = Configuration {
     pgbouncer: false,
     failover: None,
     measured: false,
+    standby_lag: None,
     galera: None,
 };
 
@@ -181,13 +187,14 @@ const CONFIGURATIONS: [Configuration; 10] = [
         failover: Some(orion_beacon_testkit::Replication::Synchronous),
         ..PLAIN
     },
-    // The same with asynchronous replication: the last committed lease writes can be lost at
-    // failover. Measured, not a failure.
+    // The same with asynchronous replication and a standby 2 s behind when the primary
+    // dies: the last committed lease writes are lost. Measured, not a failure.
     Configuration {
         name: "pg-async-failover",
         backend: Backend::Postgres,
         failover: Some(orion_beacon_testkit::Replication::Asynchronous),
         measured: true,
+        standby_lag: Some(Duration::from_secs(2)),
         ..PLAIN
     },
     // Three Galera nodes, candidates spread over them; node 2's clock 20 ms ahead, inside the
@@ -1211,7 +1218,7 @@ impl Cluster {
     /// The primary's machine dies: SIGKILL to the postmaster and every backend at once (a
     /// backend left running could still answer). Then the standby is promoted and the address
     /// moves to it. `false` if there was no standby to fail over to.
-    fn fail_over(&mut self) -> Result<bool, Error> {
+    fn fail_over(&mut self, held_receiver: Option<i32>) -> Result<bool, Error> {
         let Some(standby) = self.standby.take() else {
             return Ok(false);
         };
@@ -1219,12 +1226,29 @@ impl Cluster {
             kill_tree(pid);
         }
         self.primary.kill()?;
+        if let Some(pid) = held_receiver {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
         standby.promote()?;
         self.bouncer.point_to(&standby)?;
         // Server connections to the dead primary are gone; PgBouncer opens new ones there.
         let old = std::mem::replace(&mut self.primary, standby);
         drop(old);
         Ok(true)
+    }
+
+    /// Stops the standby's WAL receiver (SIGSTOP), so the standby falls behind while the
+    /// primary goes on committing; [`fail_over`](Self::fail_over) lets it go again. `None` if
+    /// there is no standby yet (it is being rebuilt).
+    fn hold_receiver(&self) -> Result<Option<i32>, Error> {
+        let Some(postmaster) = self.standby.as_ref().and_then(|s| s.pid()) else {
+            return Ok(None);
+        };
+        // A lag that was not applied would make the run measure nothing.
+        let receiver = child_named(postmaster, "walreceiver")
+            .ok_or("the standby has no walreceiver process: the lag cannot be applied")?;
+        kill(Pid::from_raw(receiver), Signal::SIGSTOP)?;
+        Ok(Some(receiver))
     }
 
     /// A new standby of the current primary, so the run can fail over again.
@@ -1248,9 +1272,19 @@ impl Cluster {
     }
 }
 
-/// SIGKILL to `pid` and all its children, children first.
-fn kill_tree(pid: u32) {
-    let children: Vec<i32> = std::fs::read_dir("/proc")
+/// The child process of `parent` whose command line contains `name` (PostgreSQL names its
+/// processes `postgres: walreceiver ...`).
+fn child_named(parent: u32, name: &str) -> Option<i32> {
+    children(parent).into_iter().find(|child| {
+        std::fs::read(format!("/proc/{child}/cmdline"))
+            .map(|cmd| String::from_utf8_lossy(&cmd).contains(name))
+            .unwrap_or(false)
+    })
+}
+
+/// The process ids whose parent is `pid`.
+fn children(pid: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
@@ -1264,7 +1298,12 @@ fn kill_tree(pid: u32) {
                 })
                 == Some(pid)
         })
-        .collect();
+        .collect()
+}
+
+/// SIGKILL to `pid` and all its children, children first.
+fn kill_tree(pid: u32) {
+    let children = children(pid);
     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
     for child in children {
         let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
@@ -1390,6 +1429,51 @@ async fn kill_connections(s: &Setup) -> Result<u64, Error> {
     }
 }
 
+/// What the fault loop records about the faults it applied.
+struct Faults<'a> {
+    fault_log: &'a mut Vec<checker::Fault>,
+    kills: &'a mut HashMap<String, u64>,
+    counts: &'a mut HashMap<String, u32>,
+    incarnation: &'a mut u32,
+}
+
+/// SIGKILLs the leader (no release: its lease must lapse) and, after a while, starts a new
+/// incarnation (a new candidate id) in its place. `false` if no leader was found.
+async fn kill_leader(
+    s: &Setup,
+    procs: &mut Vec<Proc>,
+    run: &mut Faults<'_>,
+    rng: &mut Rng,
+) -> Result<bool, Error> {
+    let Some(p) = leader_process(s, procs).await else {
+        return Ok(false);
+    };
+    let name = p.name.clone();
+    signal(p, Signal::SIGKILL);
+    let at = mono_ns();
+    run.kills.insert(name.clone(), at);
+    run.fault_log.push(checker::Fault {
+        kind: "kill".into(),
+        candidate: Some(name.clone()),
+        start: at,
+        end: at,
+    });
+    *run.counts.entry("kill".into()).or_default() += 1;
+    tokio::time::sleep(Duration::from_millis(300 + rng.below(700))).await;
+    *run.incarnation += 1;
+    let base = name.split("-r").next().unwrap_or(&name);
+    let fresh = format!("{base}-r{}", run.incarnation);
+    if let Some(slot) = procs.iter_mut().find(|p| p.name == name) {
+        let _ = slot.child.wait().await;
+        // The replacement runs on the same (skewed) host clock.
+        let offset = slot.offset.clone();
+        let old = std::mem::replace(slot, spawn(s, &fresh, offset.as_deref())?);
+        // keep the dead one's history for the checker
+        procs.push(old);
+    }
+    Ok(true)
+}
+
 async fn leader_process<'a>(s: &Setup, procs: &'a [Proc]) -> Option<&'a Proc> {
     let store = SeaOrmLeaseStore::new(s.admin.clone())
         .with_table(&s.table)
@@ -1496,32 +1580,13 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
         }
         match kind.as_str() {
             "kill" => {
-                if let Some(p) = leader_process(&s, &procs).await {
-                    let name = p.name.clone();
-                    signal(p, Signal::SIGKILL);
-                    let at = mono_ns();
-                    kills.insert(name.clone(), at);
-                    fault_log.push(checker::Fault {
-                        kind: "kill".into(),
-                        candidate: Some(name.clone()),
-                        start: at,
-                        end: at,
-                    });
-                    *counts.entry(kind.clone()).or_default() += 1;
-                    // A new incarnation (a new candidate id) replaces it after a while.
-                    tokio::time::sleep(Duration::from_millis(300 + rng.below(700))).await;
-                    incarnation += 1;
-                    let base = name.split("-r").next().unwrap_or(&name);
-                    let fresh = format!("{base}-r{incarnation}");
-                    if let Some(slot) = procs.iter_mut().find(|p| p.name == name) {
-                        let _ = slot.child.wait().await;
-                        // The replacement runs on the same (skewed) host clock.
-                        let offset = slot.offset.clone();
-                        let old = std::mem::replace(slot, spawn(&s, &fresh, offset.as_deref())?);
-                        // keep the dead one's history for the checker
-                        procs.push(old);
-                    }
-                } else {
+                let mut run = Faults {
+                    fault_log: &mut fault_log,
+                    kills: &mut kills,
+                    counts: &mut counts,
+                    incarnation: &mut incarnation,
+                };
+                if !kill_leader(&s, &mut procs, &mut run, &mut rng).await? {
                     skipped.push(kind.clone());
                 }
             }
@@ -1642,12 +1707,34 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                 let Some(cluster) = s.cluster.clone() else {
                     continue;
                 };
+                // Replication lag: the standby stops receiving WAL, and a term changes hands
+                // (the leader is killed) while it is behind, so the writes the failover loses
+                // include a grant.
+                let mut held = None;
+                if let Some(lag) = s.config.standby_lag {
+                    let lag_end = tokio::time::Instant::now() + lag;
+                    let c = cluster.clone();
+                    held = tokio::task::spawn_blocking(move || {
+                        c.lock().unwrap_or_else(|e| e.into_inner()).hold_receiver()
+                    })
+                    .await??;
+                    if held.is_some() {
+                        let mut run = Faults {
+                            fault_log: &mut fault_log,
+                            kills: &mut kills,
+                            counts: &mut counts,
+                            incarnation: &mut incarnation,
+                        };
+                        kill_leader(&s, &mut procs, &mut run, &mut rng).await?;
+                        tokio::time::sleep_until(lag_end).await;
+                    }
+                }
                 let from = mono_ns();
                 let failed_over = tokio::task::spawn_blocking(move || {
                     cluster
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .fail_over()
+                        .fail_over(held)
                 })
                 .await??;
                 if failed_over {
@@ -1813,6 +1900,20 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
         verdict.worst_recovery_ns / 1_000_000,
         bound.as_millis(),
     );
+    let failovers: Vec<u64> = record
+        .faults
+        .iter()
+        .filter(|f| f.kind == "failover")
+        .map(|f| f.end.saturating_sub(f.start) / 1_000_000)
+        .collect();
+    if let (Some(min), Some(max)) = (failovers.iter().min(), failovers.iter().max()) {
+        // Against the lease: a failover shorter than a lease is when lost writes can matter.
+        println!(
+            "  failovers: {} (primary killed to address moved: {min}..{max} ms; lease {} ms)",
+            failovers.len(),
+            LEASE.as_millis()
+        );
+    }
     for v in &verdict.violations {
         println!("  VIOLATION: {v}");
     }
