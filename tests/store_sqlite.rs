@@ -16,3 +16,63 @@ mod rollback_journal {
     conformance_suite!(SqlHarness::sqlite_rollback_journal());
     sql_store_suite!(SqlHarness::sqlite_rollback_journal());
 }
+
+/// A file in SQLite's rollback-journal mode gets one warning per store (commits wait for
+/// readers there); a file in WAL mode gets none.
+#[cfg(feature = "cli")] // tracing-subscriber, to read the warnings
+#[tokio::test(flavor = "current_thread")]
+async fn rollback_journal_is_warned_about_once() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use orion_beacon::{LeaseStore, SeaOrmLeaseStore};
+
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Logs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let warned = || {
+        String::from_utf8_lossy(&logs.0.lock().unwrap())
+            .matches("rollback-journal mode")
+            .count()
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let rollback = common::sql::connect_sqlite_rollback_journal(
+        &dir.path().join("rollback.db"),
+        2,
+        Duration::from_secs(1),
+    )
+    .await;
+    common::migrate(&rollback, orion_beacon::entity::DEFAULT_TABLE).await;
+    let store = SeaOrmLeaseStore::new(rollback);
+    for _ in 0..3 {
+        store
+            .acquire_or_renew("r", "a", Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    assert_eq!(warned(), 1, "one warning per store");
+
+    let wal = common::connect_sqlite(&dir.path().join("wal.db"), 2).await;
+    common::migrate(&wal, orion_beacon::entity::DEFAULT_TABLE).await;
+    SeaOrmLeaseStore::new(wal)
+        .acquire_or_renew("r", "a", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(warned(), 1, "no warning for WAL");
+}

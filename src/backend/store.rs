@@ -40,6 +40,8 @@ pub struct SeaOrmLeaseStore {
     mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
     /// MySQL/MariaDB only: whether the server is a Galera cluster node, detected once.
     galera: Arc<tokio::sync::OnceCell<bool>>,
+    /// SQLite only: whether the journal mode was looked at (once per store).
+    sqlite_checked: Arc<tokio::sync::OnceCell<()>>,
     /// The statements, rendered once for this backend and table.
     prepared: Arc<PreparedCache>,
     /// PostgreSQL only: the release listener, started on first subscription.
@@ -59,6 +61,7 @@ impl SeaOrmLeaseStore {
             table: Arc::from(DEFAULT_TABLE),
             mysql_upsert: Arc::default(),
             galera: Arc::default(),
+            sqlite_checked: Arc::default(),
             prepared: Arc::default(),
             #[cfg(feature = "postgres")]
             releases: Arc::default(),
@@ -156,6 +159,28 @@ impl SeaOrmLeaseStore {
             DbBackend::MySql => Err(unsupported("MySQL", "mysql")),
             #[allow(unreachable_patterns)]
             _ => Err(unsupported("unknown", "the matching backend")),
+        }
+    }
+
+    /// SQLite: warns (once per store) when the file is not in WAL mode. In SQLite's default
+    /// rollback journal a commit waits for every reader to finish, and a reader that holds
+    /// the file past the busy timeout makes lease statements fail; with several processes on
+    /// one file, open it with `backend::sqlite::connect_options` (WAL, a 5 s busy timeout).
+    async fn check_sqlite_journal(&self) {
+        let stmt = sea_orm::Statement::from_string(DbBackend::Sqlite, "PRAGMA journal_mode");
+        let mode = match self.db.query_one_raw(stmt).await {
+            Ok(Some(row)) => row.try_get_by_index::<String>(0).unwrap_or_default(),
+            _ => return, // the lease statement will report the error
+        };
+        // `memory`: an in-memory database, one process; `wal`/`wal2`: fine.
+        if !mode.eq_ignore_ascii_case("memory") && !mode.to_ascii_lowercase().starts_with("wal") {
+            tracing::warn!(
+                journal_mode = %mode,
+                table = %self.table,
+                "SQLite file in rollback-journal mode: commits wait for every reader, and lease \
+                 statements fail while a reader holds the file past the busy timeout; open it in \
+                 WAL mode (orion_beacon::backend::sqlite::connect_options does)"
+            );
         }
     }
 
@@ -509,6 +534,11 @@ impl LeaseStore for SeaOrmLeaseStore {
         let d = self.dialect()?;
         let backend = self.db.get_database_backend();
         let unknown = || Denial::new(resource);
+        if backend == DbBackend::Sqlite {
+            self.sqlite_checked
+                .get_or_init(|| self.check_sqlite_journal())
+                .await;
+        }
         let rows = if backend == DbBackend::MySql {
             self.mysql_upsert(resource, candidate, millis).await?
         } else {
