@@ -134,4 +134,23 @@ impl StoreError {
             _ => false,
         }
     }
+
+    /// Whether this error comes from the program's own configuration (a backend this build
+    /// does not support, a refused name, duration, table name or connection string): every
+    /// later call fails the same way until the program changes. An elector stops on these
+    /// ([`Leadership::Failed`](crate::Leadership::Failed)). Everything else, a missing lease
+    /// table and an unreadable row included (a migration still running, a restore, a proxy
+    /// routing a read elsewhere), may clear up and is retried.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            StoreError::UnsupportedBackend { .. }
+            | StoreError::InvalidResource { .. }
+            | StoreError::InvalidCandidate { .. }
+            | StoreError::InvalidLeaseDuration { .. }
+            | StoreError::InvalidTableName(_) => true,
+            #[cfg(feature = "sqlserver")]
+            StoreError::InvalidConnectionString { .. } => true,
+            _ => false,
+        }
+    }
 }

@@ -18,8 +18,10 @@ struct Wedgeable {
     inner: InMemoryLeaseStore,
     hanging: Arc<Mutex<HashSet<String>>>,
     failing: Arc<Mutex<HashSet<String>>>,
-    /// Candidates whose calls fail with an error retrying cannot fix (a dropped table).
+    /// Candidates whose calls fail with an error of the program's configuration.
     broken: Arc<Mutex<HashSet<String>>>,
+    /// Candidates whose calls fail because the lease table is missing.
+    tableless: Arc<Mutex<HashSet<String>>>,
     /// Calls per candidate.
     calls: Arc<Mutex<std::collections::HashMap<String, u32>>>,
 }
@@ -57,6 +59,12 @@ impl Wedgeable {
             .entry(candidate.to_owned())
             .or_default() += 1;
         if self.broken.lock().unwrap().contains(candidate) {
+            return Err(StoreError::UnsupportedBackend {
+                backend: "PostgreSQL",
+                feature: "postgres",
+            });
+        }
+        if self.tableless.lock().unwrap().contains(candidate) {
             return Err(StoreError::MissingTable {
                 table: "orionbeacon_leases".into(),
                 source: sea_orm::DbErr::Custom("no such table: orionbeacon_leases".into()),
@@ -309,10 +317,10 @@ async fn health_window_option() {
     handle.abort().await;
 }
 
-/// The store fails with an error retrying cannot fix: the follower stops after that one call
+/// The store refuses the elector's configuration: the follower stops after that one call
 /// (no retry loop), publishes `Failed`, logs it, and health says why.
 #[tokio::test(start_paused = true)]
-async fn a_follower_stops_on_an_error_retrying_cannot_fix() {
+async fn a_follower_stops_when_the_store_refuses_its_configuration() {
     let store = Wedgeable::default();
     store.broken.lock().unwrap().insert("a".into());
     let handle = start(&store, "a");
@@ -328,17 +336,17 @@ async fn a_follower_stops_on_an_error_retrying_cannot_fix() {
     let Leadership::Failed(err) = state else {
         unreachable!()
     };
-    assert!(matches!(*err, StoreError::MissingTable { .. }), "{err:?}");
+    assert!(
+        matches!(*err, StoreError::UnsupportedBackend { .. }),
+        "{err:?}"
+    );
     // Ten retry intervals later: still that one call, no retry loop.
     sleep(10 * RETRY).await;
     assert_eq!(store.calls("a"), 1, "a permanent error was retried");
     let h = handle.health();
     assert!(!h.healthy, "{h}");
     let failure = h.failure.clone().expect("health names the failure");
-    assert!(
-        failure.contains("does not exist") && failure.contains("no such table"),
-        "{failure}"
-    );
+    assert!(failure.contains("not supported by this build"), "{failure}");
     assert!(h.to_string().starts_with("UNHEALTHY: stopped: "), "{h}");
     // The elector's task has ended: shutdown returns at once.
     tokio::time::timeout(Duration::from_millis(1), handle.shutdown())
@@ -346,10 +354,10 @@ async fn a_follower_stops_on_an_error_retrying_cannot_fix() {
         .expect("stopped already");
 }
 
-/// A leader whose renew fails that way loses its term at once (reason `Failed`, work cut off)
-/// and stops; it does not hold on to its deadline hoping for a renew.
+/// A leader whose renew fails that way loses its term at once (reason `Failed`, its work cut
+/// off, the lease left to lapse) and stops; it does not hold on to its deadline.
 #[tokio::test(start_paused = true)]
-async fn a_leader_stops_on_an_error_retrying_cannot_fix() {
+async fn a_leader_stops_when_the_store_refuses_its_configuration() {
     let store = Wedgeable::default();
     let handle = start(&store, "a");
     wait_leader(&handle).await;
@@ -370,6 +378,27 @@ async fn a_leader_stops_on_an_error_retrying_cannot_fix() {
     assert_eq!(term.loss_reason(), Some(orion_beacon::LossReason::Failed));
     assert!(!handle.is_leader());
     assert!(!handle.health().healthy);
+    // Its work was cut off, and nothing released the lease: it lapses on its own.
+    let work = handle.run_as_leader(|_| async {});
+    tokio::time::timeout(Duration::from_secs(1), work)
+        .await
+        .expect("run_as_leader ends with the elector")
+        .unwrap();
+    assert!(store.inner.current("job").await.unwrap().unwrap().live);
+}
+
+/// A missing lease table is retried (a migration may still be running): logged at error level,
+/// never `Failed`, and the elector leads once the table is there.
+#[tokio::test(start_paused = true)]
+async fn a_missing_table_is_retried_until_it_appears() {
+    let store = Wedgeable::default();
+    store.tableless.lock().unwrap().insert("a".into());
+    let handle = start(&store, "a");
+    sleep(10 * RETRY).await;
+    assert!(store.calls("a") > 3, "calls: {}", store.calls("a"));
+    assert!(matches!(handle.leadership(), Leadership::Follower { .. }));
+    store.tableless.lock().unwrap().clear();
+    wait_leader(&handle).await;
 }
 
 /// An ordinary store error is retried as before (the rule above is only for permanent ones).

@@ -52,7 +52,7 @@ pub struct Health {
         serde(rename = "window_ms", serialize_with = "crate::lease::millis")
     )]
     pub window: Duration,
-    /// Why the elector stopped for good, if it did: an error retrying cannot fix (see
+    /// Why the elector stopped for good, if it did: the store refused its configuration (see
     /// [`Leadership::Failed`](crate::Leadership::Failed)). Such an elector is never healthy.
     pub failure: Option<String>,
 }

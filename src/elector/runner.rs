@@ -130,7 +130,7 @@ impl Runner {
             Some(err) => {
                 error!(
                     error = %err,
-                    "elector stopped: the store reported an error that retrying cannot fix"
+                    "elector stopped: the store refused its configuration"
                 );
                 self.state.send_replace(Leadership::Failed(Arc::new(err)));
             }
@@ -174,10 +174,16 @@ impl Runner {
                 self.follow(&denial);
                 *next_attempt = later(Instant::now(), self.follower_wait(&denial));
             }
-            Ok(Err(err)) if !err.is_retryable() => return Step::Done(LeaderNext::Failed(err)),
+            Ok(Err(err)) if err.is_permanent() => return Step::Done(LeaderNext::Failed(err)),
             Ok(Err(err)) => {
                 *failures += 1;
-                warn!(error = %err, failures = *failures, "store error while contending");
+                if err.is_retryable() {
+                    warn!(error = %err, failures = *failures, "store error while contending");
+                } else {
+                    // A missing table or an unreadable row: likely a setup problem, retried
+                    // in case it clears up (a migration still running, a restore).
+                    error!(error = %err, failures = *failures, "store error while contending");
+                }
                 self.note_follower_without_answer();
                 *next_attempt = later(
                     Instant::now(),
@@ -235,7 +241,7 @@ impl Runner {
             Ok(Ok(LeaseOutcome::Denied(denial))) => {
                 Step::Done(LeaderNext::Lost(LossReason::Denied, denial.holder))
             }
-            Ok(Err(err)) if !err.is_retryable() => Step::Done(LeaderNext::Failed(err)),
+            Ok(Err(err)) if err.is_permanent() => Step::Done(LeaderNext::Failed(err)),
             Ok(Err(err)) => {
                 *failures += 1;
                 let wait = backoff(*failures, self.config.renew_interval);
@@ -486,7 +492,7 @@ enum LeaderNext {
     Stay,
     Lost(LossReason, Option<String>),
     Replace(Lease, Instant),
-    /// An error that retrying cannot fix (bad configuration, a missing table): stop.
+    /// An error of the program's configuration (`StoreError::is_permanent`): stop.
     Failed(crate::StoreError),
 }
 

@@ -21,10 +21,11 @@ pub enum Leadership {
     },
     /// This candidate leads: the term is valid until it is lost.
     Leader(LeaderTerm),
-    /// The elector stopped for good: the store reported an error that retrying cannot fix
-    /// ([`StoreError::is_retryable`](crate::StoreError::is_retryable) is false: a backend this
-    /// build does not support, a missing lease table, a row of the wrong shape). It is logged
-    /// at error level and [`health`](crate::ElectorHandle::health) reports it.
+    /// The elector stopped for good: the store refused its configuration
+    /// ([`StoreError::is_permanent`](crate::StoreError::is_permanent): a backend this build
+    /// does not support, a refused name). It is logged at error level and
+    /// [`health`](crate::ElectorHandle::health) reports it. A missing lease table is not such
+    /// an error: it is logged at error level and retried.
     Failed(Arc<crate::StoreError>),
 }
 
@@ -69,7 +70,7 @@ pub enum LossReason {
     Shutdown,
     /// The elector was aborted without releasing.
     Aborted,
-    /// The store reported an error that retrying cannot fix; the elector stopped (see
+    /// The store refused the elector's configuration; the elector stopped (see
     /// [`Leadership::Failed`]).
     Failed,
 }
