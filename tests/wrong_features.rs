@@ -4,6 +4,9 @@
 //! nothing of its driver beyond what SeaORM runs); PostgreSQL and MySQL are refused when the
 //! elector is built, with a typed error naming the missing feature, and no statement is sent.
 //!
+//! The lease migration runs here too, with sea-orm-migration built without driver features
+//! (the migration crate's light defaults): it needs only the application's sea-orm drivers.
+//!
 //! This file only compiles in that build; the test command runs it as
 //! `cargo test --no-default-features --features sea-orm/sqlx-sqlite,sea-orm/sqlx-postgres,sea-orm/sqlx-mysql,sea-orm/runtime-tokio-rustls --test wrong_features`.
 #![cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]

@@ -1,7 +1,7 @@
 use orion_beacon_entity::lease::Column;
 use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_TABLE};
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use sea_orm_migration::SchemaManagerConnection;
 
 /// Creates the lease table (`orionbeacon_leases` by default).
@@ -105,13 +105,19 @@ impl MigrationName for CreateLeaseTable {
 
 #[async_trait::async_trait]
 impl MigrationTrait for CreateLeaseTable {
-    /// Creates the table. A table that already exists is an error, not a silent no-op: it
-    /// means the migration was applied through the other path (orion-beacon's own migrator and
-    /// the application's `Migrator` must not both carry it) or the table was made by hand, and
-    /// the two paths' `status` and `down` would disagree from then on.
+    /// Creates the table. A table that already exists is an error, not a silent no-op, when
+    /// the other migration path recorded it (orion-beacon's own migrator and the application's
+    /// `Migrator` must not both carry it: their `status` and `down` would disagree from then
+    /// on) or when it holds rows no migrator recorded. An empty, unrecorded table (an
+    /// interrupted or concurrent run) is adopted.
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.has_table(&self.table).await? {
+        if table_exists(manager, &self.table).await? {
             let applied = applied_through(manager, &self.name).await?;
+            // Unrecorded and empty: left by an interrupted run of this migration (MySQL and
+            // SQLite run it outside a transaction) or by a concurrent one. Adopt it.
+            if applied.is_empty() && row_count(manager.get_connection(), &self.table).await? == 0 {
+                return Ok(());
+            }
             return Err(DbErr::Migration(already_exists(&self.table, &applied)));
         }
         let backend = manager.get_database_backend();
@@ -135,14 +141,18 @@ impl MigrationTrait for CreateLeaseTable {
                 tables = applied.join(" and "),
             )));
         }
-        if !manager.has_table(&self.table).await? {
+        if !table_exists(manager, &self.table).await? {
             return Ok(()); // nothing to drop
         }
         let backend = manager.get_database_backend();
         match manager.get_connection() {
-            // Outside a transaction (a migrator told not to use one): make one, so the count
-            // and the drop see the same table under PostgreSQL's lock.
-            SchemaManagerConnection::Connection(db) if backend == DbBackend::Postgres => {
+            // Outside a transaction (sea-orm-migration's default on SQLite, and on PostgreSQL
+            // when told so): make one, so the count and the drop see the same table (under
+            // PostgreSQL's lock; on SQLite a lease written after the count makes the drop fail
+            // as busy). MySQL's DDL commits on its own; stop the electors first there.
+            SchemaManagerConnection::Connection(db)
+                if matches!(backend, DbBackend::Postgres | DbBackend::Sqlite) =>
+            {
                 let txn = db.begin().await?;
                 self.drop_if_empty(&txn, backend).await?;
                 txn.commit().await
@@ -167,16 +177,7 @@ impl CreateLeaseTable {
             );
             conn.execute_unprepared(&lock).await?;
         }
-        let count = Query::select()
-            .expr(Expr::col(Asterisk).count())
-            .from(Alias::new(&self.table))
-            .to_owned();
-        let rows: i64 = conn
-            .query_one(&count)
-            .await?
-            .map(|row| row.try_get_by_index::<i64>(0))
-            .transpose()?
-            .unwrap_or(0);
+        let rows = row_count(conn, &self.table).await?;
         if rows > 0 {
             return Err(DbErr::Migration(format!(
                 "refusing to drop {table}: it holds {rows} lease row(s), the live leases and \
@@ -193,6 +194,47 @@ impl CreateLeaseTable {
     }
 }
 
+/// The rows of `table`.
+async fn row_count<C: ConnectionTrait>(conn: &C, table: &str) -> Result<i64, DbErr> {
+    let count = Query::select()
+        .expr(Expr::col(Asterisk).count())
+        .from(Alias::new(table))
+        .to_owned();
+    Ok(conn
+        .query_one(&count)
+        .await?
+        .map(|row| row.try_get_by_index::<i64>(0))
+        .transpose()?
+        .unwrap_or(0))
+}
+
+/// Whether `table` exists where an unqualified name resolves (the current schema or
+/// database), asked in plain SQL: `SchemaManager::has_table` needs sea-orm-migration's driver
+/// features, which an application's migration crate need not enable.
+async fn table_exists(manager: &SchemaManager<'_>, table: &str) -> Result<bool, DbErr> {
+    let backend = manager.get_database_backend();
+    let sql = match backend {
+        DbBackend::Postgres => {
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = current_schema() AND table_name = $1"
+        }
+        DbBackend::MySql => {
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = ?"
+        }
+        _ => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+    };
+    let stmt = Statement::from_sql_and_values(backend, sql, [table.into()]);
+    let count: i64 = manager
+        .get_connection()
+        .query_one_raw(stmt)
+        .await?
+        .map(|row| row.try_get_by_index::<i64>(0))
+        .transpose()?
+        .unwrap_or(0);
+    Ok(count > 0)
+}
+
 /// The tracking tables (of the two paths, by their default names) that record `name`.
 async fn applied_through(
     manager: &SchemaManager<'_>,
@@ -200,7 +242,7 @@ async fn applied_through(
 ) -> Result<Vec<&'static str>, DbErr> {
     let mut found = Vec::new();
     for tracking in [crate::TRACKING_TABLE, APP_TRACKING_TABLE] {
-        if !manager.has_table(tracking).await? {
+        if !table_exists(manager, tracking).await? {
             continue;
         }
         let query = Query::select()
@@ -227,7 +269,8 @@ const APP_TRACKING_TABLE: &str = "seaql_migrations";
 
 fn already_exists(table: &str, applied: &[&str]) -> String {
     let how = match applied {
-        [] => "no migrator records it (made by hand, or by another tool)".to_owned(),
+        [] => "it holds rows, and no migrator records it (made by hand, or by another tool)"
+            .to_owned(),
         [one] if *one == crate::TRACKING_TABLE => format!(
             "it was created by orion-beacon's own migrator (recorded in `{one}`), so your \
              application's Migrator must not carry CreateLeaseTable too"
