@@ -1218,17 +1218,26 @@ impl Cluster {
     /// The primary's machine dies: SIGKILL to the postmaster and every backend at once (a
     /// backend left running could still answer). Then the standby is promoted and the address
     /// moves to it. `false` if there was no standby to fail over to.
-    fn fail_over(&mut self, held_receiver: Option<i32>) -> Result<bool, Error> {
+    fn fail_over(&mut self, held_sender: Option<i32>) -> Result<bool, Error> {
         let Some(standby) = self.standby.take() else {
             return Ok(false);
         };
+        if held_sender.is_some() {
+            // The lag must be real: the primary has committed WAL the standby never received.
+            let sent = lsn(&self.primary.sql("SELECT pg_current_wal_lsn()")?)?;
+            let received = lsn(&standby.sql("SELECT pg_last_wal_receive_lsn()")?)?;
+            if received >= sent {
+                return Err(format!(
+                    "the standby is not behind (received {received:#x}, primary at {sent:#x}): \
+                     the lag was not applied"
+                )
+                .into());
+            }
+        }
         if let Some(pid) = self.primary.pid() {
             kill_tree(pid);
         }
         self.primary.kill()?;
-        if let Some(pid) = held_receiver {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-        }
         standby.promote()?;
         self.bouncer.point_to(&standby)?;
         // Server connections to the dead primary are gone; PgBouncer opens new ones there.
@@ -1237,18 +1246,30 @@ impl Cluster {
         Ok(true)
     }
 
-    /// Stops the standby's WAL receiver (SIGSTOP), so the standby falls behind while the
-    /// primary goes on committing; [`fail_over`](Self::fail_over) lets it go again. `None` if
-    /// there is no standby yet (it is being rebuilt).
-    fn hold_receiver(&self) -> Result<Option<i32>, Error> {
-        let Some(postmaster) = self.standby.as_ref().and_then(|s| s.pid()) else {
+    /// Stops the primary's WAL sender (SIGSTOP): the primary goes on committing (replication
+    /// is asynchronous) while the standby receives nothing, as across a slow network.
+    /// [`fail_over`](Self::fail_over) then kills the primary with it. `None` if there is no
+    /// standby yet (it is being rebuilt).
+    fn hold_sender(&self) -> Result<Option<i32>, Error> {
+        if self.standby.is_none() {
             return Ok(None);
+        }
+        let postmaster = self.primary.pid().ok_or("the primary has no process")?;
+        // Right after a restart the standby takes a moment to reconnect.
+        let give_up = std::time::Instant::now() + Duration::from_secs(3);
+        let sender = loop {
+            if let Some(pid) = child_named(postmaster, "walsender") {
+                break pid;
+            }
+            if std::time::Instant::now() > give_up {
+                return Err(
+                    "the primary has no walsender process: the lag cannot be applied".into(),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
         };
-        // A lag that was not applied would make the run measure nothing.
-        let receiver = child_named(postmaster, "walreceiver")
-            .ok_or("the standby has no walreceiver process: the lag cannot be applied")?;
-        kill(Pid::from_raw(receiver), Signal::SIGSTOP)?;
-        Ok(Some(receiver))
+        kill(Pid::from_raw(sender), Signal::SIGSTOP)?;
+        Ok(Some(sender))
     }
 
     /// A new standby of the current primary, so the run can fail over again.
@@ -1272,8 +1293,17 @@ impl Cluster {
     }
 }
 
+/// A PostgreSQL LSN (`16/B374D848`) as a number.
+fn lsn(text: &str) -> Result<u64, Error> {
+    let (high, low) = text
+        .trim()
+        .split_once('/')
+        .ok_or_else(|| format!("not an LSN: {text:?}"))?;
+    Ok((u64::from_str_radix(high, 16)? << 32) | u64::from_str_radix(low, 16)?)
+}
+
 /// The child process of `parent` whose command line contains `name` (PostgreSQL names its
-/// processes `postgres: walreceiver ...`).
+/// processes `postgres: walsender ...`).
 fn child_named(parent: u32, name: &str) -> Option<i32> {
     children(parent).into_iter().find(|child| {
         std::fs::read(format!("/proc/{child}/cmdline"))
@@ -1707,15 +1737,15 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                 let Some(cluster) = s.cluster.clone() else {
                     continue;
                 };
-                // Replication lag: the standby stops receiving WAL, and a term changes hands
-                // (the leader is killed) while it is behind, so the writes the failover loses
-                // include a grant.
+                // Replication lag: the primary stops sending WAL, and a term changes hands (the
+                // leader is killed) while the standby is behind, so the writes the failover
+                // loses include a grant.
                 let mut held = None;
                 if let Some(lag) = s.config.standby_lag {
                     let lag_end = tokio::time::Instant::now() + lag;
                     let c = cluster.clone();
                     held = tokio::task::spawn_blocking(move || {
-                        c.lock().unwrap_or_else(|e| e.into_inner()).hold_receiver()
+                        c.lock().unwrap_or_else(|e| e.into_inner()).hold_sender()
                     })
                     .await??;
                     if held.is_some() {
