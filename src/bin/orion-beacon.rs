@@ -224,7 +224,10 @@ fn init_tracing() {
 /// What every command needs: the store and how to name the database in messages.
 struct Ctx {
     store: SeaOrmLeaseStore,
+    /// The URL as messages show it (password redacted).
     url: String,
+    /// The URL as given, only to scrub it out of error texts.
+    raw_url: String,
 }
 
 async fn run(cli: Cli) -> Outcome {
@@ -271,6 +274,7 @@ async fn run(cli: Cli) -> Outcome {
     let ctx = Ctx {
         store,
         url: redact(&url),
+        raw_url: url,
     };
     match cli.command {
         Command::Leases { format, no_headers } => leases(&ctx, format.get(), !no_headers).await,
@@ -328,6 +332,11 @@ async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection, Fai
             format!("this build of orion-beacon has no {backend} support: rebuild it with `--features cli,{feature}`"),
         ));
     }
+    // sqlx knows MariaDB as `mysql://`.
+    let url = &match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
     let mut options = if scheme == "sqlite" {
         sqlite_options(url)?
     } else {
@@ -347,6 +356,7 @@ async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection, Fai
                 Some(cause) => cause,
                 None => chain(&err),
             };
+            let cause = scrub(&cause, url);
             Err(Failure::new(
                 exit::UNREACHABLE,
                 format!(
@@ -361,8 +371,8 @@ async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection, Fai
 
 /// The error of one direct connection to `url`, without a pool in between (which reports any
 /// failure to connect as a time-out).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn direct_error(url: &str, timeout: Duration) -> Option<String> {
-    #[allow(unused_imports)]
     use sea_orm::sqlx::Connection as _;
     let scheme = url.split(':').next().unwrap_or_default();
     let attempt = async {
@@ -383,9 +393,14 @@ async fn direct_error(url: &str, timeout: Duration) -> Option<String> {
     tokio::time::timeout(timeout, attempt).await.ok().flatten()
 }
 
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+async fn direct_error(_url: &str, _timeout: Duration) -> Option<String> {
+    None
+}
+
 /// A sqlx error as one line: the server's own message where there is one (without the source
 /// file and line sqlx's debug form adds), else the error's text.
-#[allow(dead_code)]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn database_message(err: &sea_orm::sqlx::Error) -> String {
     match err.as_database_error() {
         Some(db) => db.message().to_owned(),
@@ -450,7 +465,14 @@ fn store_failure(ctx: &Ctx, err: StoreError) -> Failure {
             format!(
                 "the lease table {table:?} does not exist in {url}\n{hint}",
                 url = ctx.url,
-                hint = migration_hint(table, &ctx.url),
+                hint = migration_hint(
+                    table,
+                    if ctx.url == ctx.raw_url {
+                        &ctx.url
+                    } else {
+                        "<DATABASE_URL>"
+                    }
+                ),
             ),
         ),
         StoreError::InvalidResource { .. }
@@ -460,9 +482,13 @@ fn store_failure(ctx: &Ctx, err: StoreError) -> Failure {
         | StoreError::UnsupportedBackend { .. } => bad_input(&err),
         StoreError::Database(DbErr::Conn(_) | DbErr::ConnectionAcquire(_)) => Failure::new(
             exit::UNREACHABLE,
-            format!("cannot reach the database at {}: {}", ctx.url, chain(&err)),
+            format!(
+                "cannot reach the database at {}: {}",
+                ctx.url,
+                scrub(&chain(&err), &ctx.raw_url)
+            ),
         ),
-        _ => Failure::new(exit::OTHER, chain(&err)),
+        _ => Failure::new(exit::OTHER, scrub(&chain(&err), &ctx.raw_url)),
     }
 }
 
@@ -513,17 +539,79 @@ fn chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// The URL with its password, if any, replaced by `***`.
+/// The URL with its password, if any, replaced by `***`: in the user part (also when the
+/// password has characters a URL parser refuses, like an unencoded `#` or `/`) and in a
+/// `password=` query parameter.
 fn redact(text: &str) -> String {
-    match url::Url::parse(text) {
+    let masked = match url::Url::parse(text) {
         Ok(mut parsed) if parsed.password().is_some() => {
             if parsed.set_password(Some("***")).is_err() {
                 return "<a database URL>".to_owned();
             }
             parsed.to_string()
         }
-        _ => text.to_owned(),
+        _ => mask_userinfo(text),
+    };
+    mask_password_parameter(&masked)
+}
+
+/// `scheme://user:***@rest`, taking the last `@` as the end of the user part.
+fn mask_userinfo(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_owned();
+    };
+    match rest.rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{}", &rest[at + 1..]),
+            None => text.to_owned(),
+        },
+        None => text.to_owned(),
     }
+}
+
+/// Every `password=...` value (up to the next `&`) as `***`.
+fn mask_password_parameter(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("password=") {
+        let value = at + "password=".len();
+        out.push_str(&rest[..value]);
+        out.push_str("***");
+        rest = &rest[value..];
+        rest = &rest[rest.find('&').unwrap_or(rest.len())..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` (an error's words, which may quote the URL) with the URL and its password taken out.
+fn scrub(text: &str, url: &str) -> String {
+    let mut text = text.replace(url, &redact(url));
+    for password in passwords(url) {
+        if !password.is_empty() {
+            text = text.replace(&password, "***");
+        }
+    }
+    text
+}
+
+/// The passwords in `url`: the user part's and any `password=` parameter's.
+fn passwords(url: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Some((_, rest)) = url.split_once("://") {
+        if let Some(at) = rest.rfind('@') {
+            if let Some((_, password)) = rest[..at].split_once(':') {
+                found.push(password.to_owned());
+            }
+        }
+    }
+    let mut rest = url;
+    while let Some(at) = rest.find("password=") {
+        rest = &rest[at + "password=".len()..];
+        let end = rest.find('&').unwrap_or(rest.len());
+        found.push(rest[..end].to_owned());
+    }
+    found
 }
 
 /// Parses durations as humantime does (`250ms`, `2s`, `1m 30s`, `1h`); a bare number is
@@ -942,6 +1030,25 @@ mod tests {
             redact("mysql://root:p@ss@host/x"),
             "mysql://root:***@host/x"
         );
+        // Characters a URL parser refuses or reads otherwise, unencoded in the password.
+        for (url, shown) in [
+            ("postgres://app:p#ss@db/app", "postgres://app:***@db/app"),
+            ("postgres://app:123#x@db/app", "postgres://app:***@db/app"),
+            ("postgres://app:a/b?c@db/app", "postgres://app:***@db/app"),
+            (
+                "postgres://app@db/app?password=s3cret&sslmode=require",
+                "postgres://app@db/app?password=***&sslmode=require",
+            ),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+        // Error texts quoting the URL or the password lose both.
+        let url = "mysql://root:hunter2@db/x";
+        let said = scrub(
+            &format!("connection string '{url}' has no driver; hunter2"),
+            url,
+        );
+        assert!(!said.contains("hunter2"), "{said}");
     }
 
     #[test]
