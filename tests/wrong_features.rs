@@ -71,6 +71,12 @@ async fn sqlite_without_its_feature_leads_and_fences() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite:{}?mode=rwc", dir.path().join("app.db").display());
     let db = Database::connect(&url).await.expect("sqlite");
+    // Error kinds come from SQLite's (untranslated) messages in this build.
+    let err = SeaOrmLeaseStore::new(db.clone())
+        .acquire_or_renew("nightly", "a", Duration::from_secs(5))
+        .await
+        .expect_err("no table yet");
+    assert!(matches!(err, StoreError::MissingTable { .. }), "{err:?}");
     Migrator::up(&db, None).await.expect("migration");
     let store = SeaOrmLeaseStore::new(db.clone());
     store.validate().expect("SQLite needs no feature of ours");

@@ -5,10 +5,6 @@ use sea_orm::DbErr;
 use crate::StoreError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
 pub(crate) enum Kind {
     /// The lease table is not there: the migration has not run.
     MissingTable,
@@ -17,9 +13,21 @@ pub(crate) enum Kind {
     Other,
 }
 
+/// Without a backend feature the driver's error type is out of reach, but SQLite (which works
+/// in every build) does not translate its messages, so they are read instead.
 #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
-pub(crate) fn kind(_err: &DbErr) -> Kind {
-    Kind::Other
+pub(crate) fn kind(err: &DbErr) -> Kind {
+    let text = err.to_string();
+    if text.contains("no such table") {
+        Kind::MissingTable
+    } else if text.contains("database is locked")
+        || text.contains("database table is locked")
+        || text.contains("database schema is locked")
+    {
+        Kind::Conflict
+    } else {
+        Kind::Other
+    }
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]

@@ -643,3 +643,92 @@ impl LeaseStore for SeaOrmLeaseStore {
             .map(|row| row.record(resource)))
     }
 }
+
+#[cfg(all(test, any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+mod tests {
+    use std::borrow::Cow;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use sea_orm::sqlx::error::{DatabaseError, ErrorKind};
+    use sea_orm::{DatabaseConnection, DbErr, RuntimeErr};
+
+    use super::{SeaOrmLeaseStore, ATTEMPTS};
+    use crate::StoreError;
+
+    /// A database error with a SQLSTATE of our choosing.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error {}", self.0)
+        }
+    }
+    impl std::error::Error for Coded {}
+    impl DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "injected"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> ErrorKind {
+            ErrorKind::Other
+        }
+    }
+
+    fn err(code: &'static str) -> DbErr {
+        DbErr::Exec(RuntimeErr::SqlxError(Arc::new(
+            sea_orm::sqlx::Error::Database(Box::new(Coded(code))),
+        )))
+    }
+
+    /// `code` for the first `failures` calls, then success; returns the result and the calls.
+    async fn run(code: &'static str, failures: u32) -> (Result<u32, StoreError>, u32) {
+        let store = SeaOrmLeaseStore::new(DatabaseConnection::default());
+        let calls = AtomicU32::new(0);
+        let result = store
+            .with_retry(|| {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    if n <= failures {
+                        Err(err(code))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            })
+            .await;
+        (result, calls.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn conflicts_are_retried_up_to_the_limit_and_nothing_else_is() {
+        assert_eq!(ATTEMPTS, 3);
+        // Serialization failures: tried again, at most three times in all.
+        let (result, calls) = run("40001", 2).await;
+        assert_eq!((result.ok(), calls), (Some(3), 3));
+        let (result, calls) = run("40001", 3).await;
+        assert!(
+            matches!(result, Err(StoreError::Conflict { .. })),
+            "{result:?}"
+        );
+        assert_eq!(calls, 3);
+        // SQLite busy: the same.
+        let (result, calls) = run("5", 1).await;
+        assert_eq!((result.ok(), calls), (Some(2), 2));
+        // Any other error: reported at once.
+        let (result, calls) = run("23505", 1).await;
+        assert!(matches!(result, Err(StoreError::Database(_))), "{result:?}");
+        assert_eq!(calls, 1);
+    }
+}
