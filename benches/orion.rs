@@ -23,6 +23,7 @@ use orion_beacon::{
     Elector, ElectorHandle, Leadership, LeaseOutcome, LeaseRecord, LeaseStore, SeaOrmLeaseStore,
     StoreError,
 };
+use plotters::prelude::*;
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::time::Instant;
 
@@ -329,12 +330,21 @@ async fn roundtrips() -> Result<(), Error> {
 // ------------------------------------------------------------------------------------------
 // Handover and failover
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
+/// Transition times (ms) in an HDR histogram: microsecond resolution, 3 significant digits.
+fn histogram(times_ms: &[f64]) -> Result<hdrhistogram::Histogram<u64>, Error> {
+    let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
+    for t in times_ms {
+        h.record((t * 1000.0).round().max(1.0) as u64)?;
+    }
+    Ok(h)
+}
+
+/// The `q` quantile of `h`, in milliseconds (`NaN` for no samples).
+fn quantile_ms(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
         return f64::NAN;
     }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
+    h.value_at_quantile(q) as f64 / 1000.0
 }
 
 async fn start(
@@ -405,50 +415,46 @@ async fn transitions(
     Ok(times)
 }
 
-fn svg(series: &[(&str, &str, Vec<f64>)], path: &std::path::Path) -> Result<(), Error> {
-    let (w, h, pad) = (720.0, 360.0, 50.0);
-    let n = series.iter().map(|s| s.2.len()).max().unwrap_or(1).max(2) as f64;
+/// One line per series: time to a new leader (ms) per transition.
+fn svg(series: &[(&str, RGBColor, Vec<f64>)], path: &std::path::Path) -> Result<(), Error> {
+    let n = series.iter().map(|s| s.2.len()).max().unwrap_or(1).max(2);
     let ymax = series
         .iter()
         .flat_map(|s| s.2.iter().copied())
         .fold(1.0, f64::max)
         * 1.1;
-    let x = |i: usize| pad + (w - 2.0 * pad) * i as f64 / (n - 1.0);
-    let y = |v: f64| h - pad - (h - 2.0 * pad) * v / ymax;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{pad}\" y=\"20\" font-size=\"14\">orion-beacon: time to a new leader per transition (ms)</text>\n\
-         <line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n<line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - pad, w - pad, h - pad, h - pad
-    );
-    for k in 0..=4 {
-        let v = ymax * k as f64 / 4.0;
-        out += &format!("<text x=\"5\" y=\"{:.1}\">{v:.0}</text><line x1=\"{pad}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#ddd\"/>\n", y(v) + 4.0, y(v), w - pad, y(v));
+    let root = SVGBackend::new(path, (720, 360)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "orion-beacon: time to a new leader per transition (ms)",
+            ("sans-serif", 16),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0..n, 0.0..ymax)?;
+    chart
+        .configure_mesh()
+        .x_desc("transition #")
+        .y_desc("ms")
+        .draw()?;
+    for (label, color, values) in series {
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(
+                values.iter().copied().enumerate(),
+                color.stroke_width(2),
+            ))?
+            .label(*label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    out += &format!(
-        "<text x=\"{}\" y=\"{}\">transition #</text>\n",
-        w / 2.0 - 30.0,
-        h - 15.0
-    );
-    for (k, (label, color, values)) in series.iter().enumerate() {
-        let points: Vec<String> = values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| format!("{:.1},{:.1}", x(i), y(*v)))
-            .collect();
-        out += &format!(
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-            points.join(" ")
-        );
-        out += &format!(
-            "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{label}</text>\n",
-            pad + 10.0,
-            pad + 15.0 * k as f64
-        );
-    }
-    out += "</svg>\n";
-    std::fs::write(path, out)?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
     Ok(())
 }
 
@@ -475,9 +481,8 @@ async fn handover() -> Result<(), Error> {
         ("SQLite", sqlite),
     ] {
         for graceful in [true, false] {
-            let mut t = transitions(&url, n, graceful, lease, renew, retry).await?;
-            let series = t.clone();
-            t.sort_by(|a, b| a.total_cmp(b));
+            let t = transitions(&url, n, graceful, lease, renew, retry).await?;
+            let h = histogram(&t)?;
             let goal = match (graceful, name) {
                 (true, "PostgreSQL") => "p99 < 50 ms (LISTEN/NOTIFY)".to_owned(),
                 (true, _) => format!("next poll (<= {} ms)", retry.as_millis()),
@@ -490,9 +495,9 @@ async fn handover() -> Result<(), Error> {
                 } else {
                     "crash (no release)"
                 },
-                percentile(&t, 0.5),
-                percentile(&t, 0.99),
-                t.last().copied().unwrap_or(f64::NAN)
+                quantile_ms(&h, 0.5),
+                quantile_ms(&h, 0.99),
+                quantile_ms(&h, 1.0)
             );
             if name == "PostgreSQL" {
                 chart.push((
@@ -501,8 +506,12 @@ async fn handover() -> Result<(), Error> {
                     } else {
                         "PostgreSQL failover after crash"
                     },
-                    if graceful { "#1f77b4" } else { "#d62728" },
-                    series,
+                    if graceful {
+                        RGBColor(0x1f, 0x77, 0xb4)
+                    } else {
+                        RGBColor(0xd6, 0x27, 0x28)
+                    },
+                    t,
                 ));
             }
         }

@@ -1948,16 +1948,16 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
         println!("  VIOLATION: {v}");
     }
     if config.measured {
-        let mut by_kind: std::collections::BTreeMap<&str, usize> = Default::default();
+        let mut by_kind: std::collections::BTreeMap<String, usize> = Default::default();
         for v in &measured {
-            let kind = v
-                .split(':')
-                .next()
-                .unwrap_or(v)
-                .split(" within")
-                .next()
-                .unwrap_or(v);
-            *by_kind.entry(kind).or_default() += 1;
+            // "token 7 reused: by c1 and by c2" counts as "token reused".
+            let head = v.split(':').next().unwrap_or(v);
+            let head = head.split(" within").next().unwrap_or(head);
+            let kind: Vec<&str> = head
+                .split_whitespace()
+                .filter(|w| !w.chars().all(|c| c.is_ascii_digit()))
+                .collect();
+            *by_kind.entry(kind.join(" ")).or_default() += 1;
         }
         let mut kinds: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
         kinds.sort();
