@@ -1,69 +1,57 @@
-//! Wiring `ElectorHandle::health()` to HTTP probes, with nothing but tokio: `GET /healthz`
-//! (liveness/readiness: 200 while the elector hears from its store, 503 when it is wedged) and
-//! `GET /leader` (200 only on the leader, e.g. to route leader-only traffic).
+//! Wiring `ElectorHandle::health()` to HTTP probes with axum: `GET /healthz` (liveness and
+//! readiness: 200 while the elector hears from its store, 503 when it is wedged or stopped) and
+//! `GET /leader` (200 only on the leader, e.g. to route leader-only traffic). The body is the
+//! `Health` value as JSON (feature `serde`).
 //!
 //! ```sh
-//! cargo run --example health_http                 # serves on 127.0.0.1:8080 until Ctrl-C
+//! cargo run --example health_http --features serde               # 127.0.0.1:8080 until Ctrl-C
 //! curl -i http://127.0.0.1:8080/healthz
-//! cargo run --example health_http -- --once       # asks itself once and exits
+//! cargo run --example health_http --features serde -- --once     # asks itself once and exits
 //! ```
 //!
-//! With axum the handler is the same few lines (see the README's Operations section). The
-//! elector here runs on the in-memory store so the example needs no database; use
+//! The elector here runs on the in-memory store so the example needs no database; use
 //! `Elector::builder(SeaOrmLeaseStore::new(db))` in a service.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
 use orion_beacon::{Elector, ElectorHandle, Health};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The probe's answer: status line and a small JSON body.
-fn respond(path: &str, health: &Health) -> (u16, String) {
-    let body = format!(
-        "{{\"healthy\":{},\"leader\":{},\"last_round_trip_ms\":{},\"window_ms\":{}}}",
-        health.healthy,
-        health.leader,
-        health
-            .last_round_trip
-            .map_or("null".to_owned(), |d| d.as_millis().to_string()),
-        health.window.as_millis()
-    );
-    let ok = match path {
-        "/healthz" => health.healthy,
-        "/leader" => health.healthy && health.leader,
-        _ => return (404, "{\"error\":\"not found\"}".to_owned()),
-    };
-    (if ok { 200 } else { 503 }, body)
+/// 200 while the elector hears from its store.
+async fn healthz(State(elector): State<Arc<ElectorHandle>>) -> (StatusCode, Json<Health>) {
+    let health = elector.health();
+    (status(health.healthy), Json(health))
 }
 
-async fn serve_one(mut stream: TcpStream, elector: Arc<ElectorHandle>) -> Result<(), Error> {
-    let mut buf = vec![0u8; 1024];
-    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await??;
-    let request = String::from_utf8_lossy(&buf[..n]);
-    let path = request.split_whitespace().nth(1).unwrap_or("/");
-    let (status, body) = respond(path, &elector.health());
-    let reason = match status {
-        200 => "OK",
-        404 => "Not Found",
-        _ => "Service Unavailable",
-    };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await?;
-    Ok(())
+/// 200 only on a healthy leader.
+async fn leader(State(elector): State<Arc<ElectorHandle>>) -> (StatusCode, Json<Health>) {
+    let health = elector.health();
+    (status(health.healthy && health.leader), Json(health))
 }
 
-async fn get(addr: std::net::SocketAddr, path: &str) -> Result<String, Error> {
+fn status(ok: bool) -> StatusCode {
+    if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// A minimal HTTP/1.1 GET, for `--once` (no HTTP client needed for one request).
+async fn ask(addr: std::net::SocketAddr, path: &str) -> Result<String, Error> {
     let mut stream = TcpStream::connect(addr).await?;
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
         .await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
@@ -83,9 +71,12 @@ async fn main() -> Result<(), Error> {
         .health_window(Duration::from_secs(15)) // the default for these intervals
         .build()?;
     let handle = Arc::new(elector.start());
-    let mut state = handle.watch();
-    state.wait_for(|s| s.is_leader()).await?;
+    handle.watch().wait_for(|s| s.is_leader()).await?;
 
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/leader", get(leader))
+        .with_state(handle.clone());
     let listener = TcpListener::bind(if once {
         "127.0.0.1:0"
     } else {
@@ -93,27 +84,12 @@ async fn main() -> Result<(), Error> {
     })
     .await?;
     let addr = listener.local_addr()?;
-    let server = tokio::spawn({
-        let handle = handle.clone();
-        async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let handle = handle.clone();
-                tokio::spawn(async move {
-                    if let Err(err) = serve_one(stream, handle).await {
-                        eprintln!("probe connection failed: {err}");
-                    }
-                });
-            }
-        }
-    });
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
     if once {
         println!("health: {}", handle.health());
         for path in ["/healthz", "/leader"] {
-            println!("GET {path}  ->  {}", get(addr, path).await?);
+            println!("GET {path}  ->  {}", ask(addr, path).await?);
         }
     } else {
         println!("serving probes on http://{addr}/healthz and http://{addr}/leader (Ctrl-C stops)");
