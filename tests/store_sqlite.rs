@@ -76,3 +76,18 @@ async fn rollback_journal_is_warned_about_once() {
         .unwrap();
     assert_eq!(warned(), 1, "no warning for WAL");
 }
+
+/// The store names its table and hands out the connection it was built on.
+#[tokio::test]
+async fn accessors_report_the_table_and_connection() {
+    use orion_beacon::SeaOrmLeaseStore;
+    use sea_orm::{ConnectionTrait, DbBackend};
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::connect_sqlite(&dir.path().join("a.db"), 1).await;
+    let store = SeaOrmLeaseStore::new(db);
+    assert_eq!(store.table(), "orionbeacon_leases");
+    let store = store.with_table("shard_leases").unwrap();
+    assert_eq!(store.table(), "shard_leases");
+    assert_eq!(store.connection().get_database_backend(), DbBackend::Sqlite);
+    assert!(store.connection().ping().await.is_ok());
+}
