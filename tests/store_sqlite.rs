@@ -81,7 +81,7 @@ async fn rollback_journal_is_warned_about_once() {
 #[tokio::test]
 async fn accessors_report_the_table_and_connection() {
     use orion_beacon::SeaOrmLeaseStore;
-    use sea_orm::{ConnectionTrait, DbBackend};
+    use sea_orm::DbBackend;
     let dir = tempfile::tempdir().unwrap();
     let db = common::connect_sqlite(&dir.path().join("a.db"), 1).await;
     let store = SeaOrmLeaseStore::new(db);
