@@ -666,6 +666,21 @@ mod sqlite {
         assert_code(&out, BAD_INPUT);
         assert!(out.stderr.contains("unsupported database URL"), "{out:#?}");
         assert_code(&run(&["frobnicate"]).await, BAD_INPUT);
+        // A URL in the wrong place: clap's message quotes it, without the password.
+        let out = run(&["leases", "postgres://app:hunter2@db/app"]).await;
+        assert_code(&out, BAD_INPUT);
+        assert!(
+            !out.stderr.contains("hunter2") && out.stderr.contains("postgres://app:***@db/app"),
+            "{out:#?}"
+        );
+        let out = run(&[
+            "leases",
+            "--database-url",
+            "Server=db;User Id=sa;Password=S3cret;",
+        ])
+        .await;
+        assert_code(&out, BAD_INPUT);
+        assert!(!out.stderr.contains("S3cret"), "{out:#?}");
         assert_code(
             &run(&[
                 "watch",

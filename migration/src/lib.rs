@@ -25,7 +25,8 @@
 //! ```
 //!
 //! Choose exactly one path per database: `up` refuses a lease table that already exists
-//! (applied through the other path, or made by hand), saying which path recorded it, and
+//! (applied through the other path, made by hand, or left by an interrupted run), saying which
+//! path recorded it, if any, and
 //! `down` refuses a table that still holds leases.
 //!
 //! The default features are empty (no command line, no driver): the migration runs on the

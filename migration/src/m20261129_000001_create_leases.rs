@@ -105,19 +105,15 @@ impl MigrationName for CreateLeaseTable {
 
 #[async_trait::async_trait]
 impl MigrationTrait for CreateLeaseTable {
-    /// Creates the table. A table that already exists is an error, not a silent no-op, when
-    /// the other migration path recorded it (orion-beacon's own migrator and the application's
-    /// `Migrator` must not both carry it: their `status` and `down` would disagree from then
-    /// on) or when it holds rows no migrator recorded. An empty, unrecorded table (an
-    /// interrupted or concurrent run) is adopted.
+    /// Creates the table. A table that already exists is an error, not a silent no-op: the
+    /// other migration path may have recorded it (orion-beacon's own migrator and the
+    /// application's `Migrator` must not both carry it: their `status` and `down` would
+    /// disagree from then on), or it was made by hand or left by an interrupted run, and its
+    /// shape is unknown (a case-insensitive collation or a time zone-dependent timestamp
+    /// would break the lease rules without an error).
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if table_exists(manager, &self.table).await? {
             let applied = applied_through(manager, &self.name).await?;
-            // Unrecorded and empty: left by an interrupted run of this migration (MySQL and
-            // SQLite run it outside a transaction) or by a concurrent one. Adopt it.
-            if applied.is_empty() && row_count(manager.get_connection(), &self.table).await? == 0 {
-                return Ok(());
-            }
             return Err(DbErr::Migration(already_exists(&self.table, &applied)));
         }
         let backend = manager.get_database_backend();
@@ -216,11 +212,13 @@ async fn table_exists(manager: &SchemaManager<'_>, table: &str) -> Result<bool, 
     let sql = match backend {
         DbBackend::Postgres => {
             "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = current_schema() AND table_name = $1"
+             WHERE table_schema = current_schema() AND table_name = $1 \
+             AND table_type = 'BASE TABLE'"
         }
         DbBackend::MySql => {
             "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = ?"
+             WHERE table_schema = DATABASE() AND table_name = ? \
+             AND table_type = 'BASE TABLE'"
         }
         _ => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
     };
@@ -269,7 +267,9 @@ const APP_TRACKING_TABLE: &str = "seaql_migrations";
 
 fn already_exists(table: &str, applied: &[&str]) -> String {
     let how = match applied {
-        [] => "it holds rows, and no migrator records it (made by hand, or by another tool)"
+        [] => "no migrator records it (made by hand or by another tool, or left by an \
+               interrupted run of this migration: MySQL and SQLite run it outside a \
+               transaction; if so, drop it and run `up` again)"
             .to_owned(),
         [one] if *one == crate::TRACKING_TABLE => format!(
             "it was created by orion-beacon's own migrator (recorded in `{one}`), so your \

@@ -186,7 +186,30 @@ impl Failure {
 type Outcome = Result<(), Failure>;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse(); // usage errors exit with 2, like bad input
+    // Usage errors exit with 2, like bad input; clap quotes the offending argument, which may be
+    // a database URL given in the wrong place.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let text = err.render().to_string();
+            let shown: String = text
+                .split_inclusive(char::is_whitespace)
+                .map(|word| {
+                    if word.contains("://") {
+                        redact(word)
+                    } else {
+                        word.to_owned()
+                    }
+                })
+                .collect();
+            if err.use_stderr() {
+                eprint!("{shown}");
+            } else {
+                print!("{shown}");
+            }
+            return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(exit::BAD_INPUT));
+        }
+    };
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -314,11 +337,23 @@ async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection, Fai
         _ => {
             return Err(Failure::new(
                 exit::BAD_INPUT,
+                // Only the scheme: an unknown form (an ADO.NET string, say) may hold a password
+                // anywhere.
                 format!(
-                "unsupported database URL {:?}: use sqlite://PATH, postgres://... or mysql://...",
-                redact(url)
-            ),
-            ))
+                    "unsupported database URL{}: use sqlite://PATH, postgres://... or \
+                     mysql://...",
+                    if !scheme.is_empty()
+                        && scheme.len() <= 20
+                        && scheme
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+                    {
+                        format!(" scheme {scheme:?}")
+                    } else {
+                        String::new()
+                    }
+                ),
+            ));
         }
     };
     let compiled = match feature {
@@ -418,7 +453,10 @@ fn sqlite_options(url: &str) -> Result<sea_orm::ConnectOptions, Failure> {
     if !path.is_empty() && path != ":memory:" && !std::path::Path::new(path).exists() {
         return Err(Failure::new(
             exit::UNREACHABLE,
-            format!("cannot reach the database at {url}: no SQLite database file at {path}"),
+            format!(
+                "cannot reach the database at {}: no SQLite database file at {path}",
+                redact(url)
+            ),
         ));
     }
     Ok(orion_beacon::backend::sqlite::connect_options(url))
@@ -439,6 +477,11 @@ fn migration_hint(table: &str, url: &str) -> String {
         "postgres" | "postgresql" => "sqlx-postgres",
         "mysql" | "mariadb" => "sqlx-mysql",
         _ => "sqlx-sqlite",
+    };
+    // The migration's command line (sea-orm) knows MariaDB as `mysql://`.
+    let url = &match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
     };
     if table == DEFAULT_TABLE {
         format!(
@@ -543,16 +586,38 @@ fn chain(err: &dyn std::error::Error) -> String {
 /// password has characters a URL parser refuses, like an unencoded `#` or `/`) and in a
 /// `password=` query parameter.
 fn redact(text: &str) -> String {
-    let masked = match url::Url::parse(text) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            if parsed.set_password(Some("***")).is_err() {
+    // Database URLs have no fragment: a `#` means an unencoded `#` in the password, which a URL
+    // parser reads as the start of one.
+    match url::Url::parse(text)
+        .ok()
+        .filter(|u| u.fragment().is_none())
+    {
+        Some(mut parsed) => {
+            if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
                 return "<a database URL>".to_owned();
+            }
+            // Query keys as the driver reads them (percent-decoded, any case).
+            let pairs: Vec<(String, String)> = parsed
+                .query_pairs()
+                .map(|(k, v)| {
+                    let secret = matches!(k.to_ascii_lowercase().as_str(), "password" | "pwd");
+                    let v = if secret {
+                        "***".to_owned()
+                    } else {
+                        v.into_owned()
+                    };
+                    (k.into_owned(), v)
+                })
+                .collect();
+            if !pairs.is_empty() {
+                parsed.query_pairs_mut().clear().extend_pairs(pairs);
             }
             parsed.to_string()
         }
-        _ => mask_userinfo(text),
-    };
-    mask_password_parameter(&masked)
+        // Not a URL a parser accepts (an unencoded `#` or `/` in the password, say): mask by
+        // hand.
+        None => mask_password_parameter(&mask_userinfo(text)),
+    }
 }
 
 /// `scheme://user:***@rest`, taking the last `@` as the end of the user part.
@@ -569,47 +634,63 @@ fn mask_userinfo(text: &str) -> String {
     }
 }
 
-/// Every `password=...` value (up to the next `&`) as `***`.
+/// Every `password=...` (or `pwd=`) value, any case, up to the next `&` or `;`, as `***`.
 fn mask_password_parameter(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
     let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("password=") {
-        let value = at + "password=".len();
-        out.push_str(&rest[..value]);
+    let mut at = 0;
+    while let Some(found) = ["password=", "pwd="]
+        .iter()
+        .filter_map(|key| lower[at..].find(key).map(|i| (at + i, key.len())))
+        .min()
+    {
+        let value = found.0 + found.1;
+        out.push_str(&text[at..value]);
         out.push_str("***");
-        rest = &rest[value..];
-        rest = &rest[rest.find('&').unwrap_or(rest.len())..];
+        let end = text[value..]
+            .find(['&', ';'])
+            .map_or(text.len(), |i| value + i);
+        at = end;
     }
-    out.push_str(rest);
+    out.push_str(&text[at..]);
     out
 }
 
 /// `text` (an error's words, which may quote the URL) with the URL and its password taken out.
+/// A password is replaced on its own only when it is long enough not to be an ordinary word of
+/// the message (a user name, a port).
 fn scrub(text: &str, url: &str) -> String {
     let mut text = text.replace(url, &redact(url));
     for password in passwords(url) {
-        if !password.is_empty() {
+        if password.chars().count() >= 6 {
             text = text.replace(&password, "***");
         }
     }
     text
 }
 
-/// The passwords in `url`: the user part's and any `password=` parameter's.
+/// The passwords in `url`: the user part's (within the authority) and any password parameter.
 fn passwords(url: &str) -> Vec<String> {
     let mut found = Vec::new();
-    if let Some((_, rest)) = url.split_once("://") {
-        if let Some(at) = rest.rfind('@') {
-            if let Some((_, password)) = rest[..at].split_once(':') {
-                found.push(password.to_owned());
+    match url::Url::parse(url).ok().filter(|u| u.fragment().is_none()) {
+        Some(parsed) => {
+            found.extend(parsed.password().map(str::to_owned));
+            found.extend(
+                parsed
+                    .query_pairs()
+                    .filter(|(k, _)| matches!(k.to_ascii_lowercase().as_str(), "password" | "pwd"))
+                    .map(|(_, v)| v.into_owned()),
+            );
+        }
+        None => {
+            if let Some((_, rest)) = url.split_once("://") {
+                if let Some(at) = rest.rfind('@') {
+                    if let Some((_, password)) = rest[..at].split_once(':') {
+                        found.push(password.to_owned());
+                    }
+                }
             }
         }
-    }
-    let mut rest = url;
-    while let Some(at) = rest.find("password=") {
-        rest = &rest[at + "password=".len()..];
-        let end = rest.find('&').unwrap_or(rest.len());
-        found.push(rest[..end].to_owned());
     }
     found
 }
@@ -1038,6 +1119,18 @@ mod tests {
             (
                 "postgres://app@db/app?password=s3cret&sslmode=require",
                 "postgres://app@db/app?password=***&sslmode=require",
+            ),
+            (
+                "postgres://app@db/app?pass%77ord=hunter2",
+                "postgres://app@db/app?password=***",
+            ),
+            (
+                "postgres://app@db/app?PASSWORD=hunter2",
+                "postgres://app@db/app?PASSWORD=***",
+            ),
+            (
+                "postgres://db:5432/app?application_name=a@b",
+                "postgres://db:5432/app?application_name=a%40b",
             ),
         ] {
             assert_eq!(redact(url), shown, "{url}");

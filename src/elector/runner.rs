@@ -245,7 +245,7 @@ impl Runner {
             Ok(Err(err)) => {
                 *failures += 1;
                 let wait = backoff(*failures, self.config.renew_interval);
-                warn!(error = %err, failures = *failures, retry_in = ?wait, "store error while renewing");
+                log_store_error(&err, *failures, wait, "store error while renewing");
                 active.next_renew = later(Instant::now(), wait);
                 Step::Done(LeaderNext::Stay)
             }
@@ -457,7 +457,7 @@ impl Runner {
                 Ok(Err(err)) => {
                     *failures += 1;
                     let wait = backoff(*failures, self.config.renew_interval);
-                    warn!(error = %err, failures = *failures, retry_in = ?wait, "store error while renewing");
+                    log_store_error(&err, *failures, wait, "store error while renewing");
                     active.next_renew = later(Instant::now(), wait);
                 }
                 // Denied, a new term, or no answer before the deadline: the lease is gone.
@@ -494,6 +494,16 @@ enum LeaderNext {
     Replace(Lease, Instant),
     /// An error of the program's configuration (`StoreError::is_permanent`): stop.
     Failed(crate::StoreError),
+}
+
+/// A store error of a leader: at warn when retrying may help (a database error, a conflict),
+/// at error when it is likely a setup problem (a missing table, an unreadable row).
+fn log_store_error(err: &crate::StoreError, failures: u32, retry_in: Duration, what: &str) {
+    if err.is_retryable() {
+        warn!(error = %err, failures, ?retry_in, "{what}");
+    } else {
+        error!(error = %err, failures, ?retry_in, "{what}");
+    }
 }
 
 fn backoff(failures: u32, cap: Duration) -> Duration {

@@ -106,8 +106,8 @@ struct Configuration {
     /// Violations are the hazard being measured (asynchronous replication loses committed
     /// lease writes at failover): reported, and the run does not fail on them.
     measured: bool,
-    /// Failover: the standby's WAL receiver is stopped this long before the primary dies, so
-    /// the standby is that far behind (replication lag, as across a network; on one machine an
+    /// Failover: the primary's WAL sender is stopped this long before the primary dies, so the
+    /// standby is that far behind (replication lag, as across a network; on one machine an
     /// asynchronous standby is otherwise microseconds behind).
     standby_lag: Option<Duration>,
     /// MariaDB: a three-node Galera cluster, candidates spread over the nodes, with node
@@ -1222,16 +1222,22 @@ impl Cluster {
         let Some(standby) = self.standby.take() else {
             return Ok(false);
         };
-        if held_sender.is_some() {
+        if let Some(sender) = held_sender {
             // The lag must be real: the primary has committed WAL the standby never received.
-            let sent = lsn(&self.primary.sql("SELECT pg_current_wal_lsn()")?)?;
-            let received = lsn(&standby.sql("SELECT pg_last_wal_receive_lsn()")?)?;
-            if received >= sent {
-                return Err(format!(
-                    "the standby is not behind (received {received:#x}, primary at {sent:#x}): \
-                     the lag was not applied"
-                )
-                .into());
+            let behind = (|| -> Result<bool, Error> {
+                let sent = lsn(&self.primary.sql("SELECT pg_current_wal_lsn()")?)?;
+                let received =
+                    lsn(&standby.sql("SELECT COALESCE(pg_last_wal_receive_lsn(), '0/0')")?)?;
+                Ok(received < sent)
+            })();
+            if !matches!(behind, Ok(true)) {
+                // Let the sender go, so the servers shut down normally, then fail the run.
+                let _ = kill(Pid::from_raw(sender), Signal::SIGCONT);
+                self.standby = Some(standby);
+                return Err(match behind {
+                    Err(e) => format!("could not compare WAL positions: {e}").into(),
+                    _ => "the standby was not behind: the lag was not applied".into(),
+                });
             }
         }
         if let Some(pid) = self.primary.pid() {
@@ -1254,17 +1260,20 @@ impl Cluster {
         if self.standby.is_none() {
             return Ok(None);
         }
-        let postmaster = self.primary.pid().ok_or("the primary has no process")?;
+        // The sender that streams to the standby (not one of a base backup just ending).
         // Right after a restart the standby takes a moment to reconnect.
         let give_up = std::time::Instant::now() + Duration::from_secs(3);
         let sender = loop {
-            if let Some(pid) = child_named(postmaster, "walsender") {
+            let pid = self
+                .primary
+                .sql("SELECT pid FROM pg_stat_replication WHERE state = 'streaming' LIMIT 1")
+                .ok()
+                .and_then(|out| out.trim().parse::<i32>().ok());
+            if let Some(pid) = pid {
                 break pid;
             }
             if std::time::Instant::now() > give_up {
-                return Err(
-                    "the primary has no walsender process: the lag cannot be applied".into(),
-                );
+                return Err("the primary streams to no standby: the lag cannot be applied".into());
             }
             std::thread::sleep(Duration::from_millis(50));
         };
@@ -1300,16 +1309,6 @@ fn lsn(text: &str) -> Result<u64, Error> {
         .split_once('/')
         .ok_or_else(|| format!("not an LSN: {text:?}"))?;
     Ok((u64::from_str_radix(high, 16)? << 32) | u64::from_str_radix(low, 16)?)
-}
-
-/// The child process of `parent` whose command line contains `name` (PostgreSQL names its
-/// processes `postgres: walsender ...`).
-fn child_named(parent: u32, name: &str) -> Option<i32> {
-    children(parent).into_iter().find(|child| {
-        std::fs::read(format!("/proc/{child}/cmdline"))
-            .map(|cmd| String::from_utf8_lossy(&cmd).contains(name))
-            .unwrap_or(false)
-    })
 }
 
 /// The process ids whose parent is `pid`.
@@ -1584,6 +1583,8 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
         bag.swap(i, rng.below(i as u64 + 1) as usize);
     }
     let mut restarts = 0;
+    // Failovers with a leader killed inside the replication lag (see `standby_lag`).
+    let mut lag_kills = 0;
     // Faults of the run itself that did nothing (a connkill that killed nothing, a requested
     // kind never applied, a clock that was not skewed): the run proves less than it says.
     let mut run_violations: Vec<String> = Vec::new();
@@ -1748,14 +1749,21 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
                         c.lock().unwrap_or_else(|e| e.into_inner()).hold_sender()
                     })
                     .await??;
-                    if held.is_some() {
+                    if let Some(sender) = held {
                         let mut run = Faults {
                             fault_log: &mut fault_log,
                             kills: &mut kills,
                             counts: &mut counts,
                             incarnation: &mut incarnation,
                         };
-                        kill_leader(&s, &mut procs, &mut run, &mut rng).await?;
+                        match kill_leader(&s, &mut procs, &mut run, &mut rng).await {
+                            Ok(true) => lag_kills += 1,
+                            Ok(false) => {}
+                            Err(e) => {
+                                let _ = kill(Pid::from_raw(sender), Signal::SIGCONT);
+                                return Err(e);
+                            }
+                        }
                         tokio::time::sleep_until(lag_end).await;
                     }
                 }
@@ -1939,7 +1947,8 @@ async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bo
     if let (Some(min), Some(max)) = (failovers.iter().min(), failovers.iter().max()) {
         // Against the lease: a failover shorter than a lease is when lost writes can matter.
         println!(
-            "  failovers: {} (primary killed to address moved: {min}..{max} ms; lease {} ms)",
+            "  failovers: {} ({lag_kills} with a leader killed inside the lag; primary killed to \
+             address moved: {min}..{max} ms; lease {} ms)",
             failovers.len(),
             LEASE.as_millis()
         );
