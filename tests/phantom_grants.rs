@@ -196,9 +196,17 @@ mod abandoned_transaction {
         let admin = server.connect(2).await;
         let table = unique("abandoned");
         migrate(&admin, &table).await;
-        // One connection, left inside an open transaction.
+        // One connection, left inside an open transaction that wrote something of its own.
+        let leak = format!("{table}_leak");
+        admin
+            .execute_unprepared(&format!("CREATE TABLE {leak} (x INTEGER)"))
+            .await
+            .unwrap();
         let db = server.connect(1).await;
         db.execute_unprepared("BEGIN").await.unwrap();
+        db.execute_unprepared(&format!("INSERT INTO {leak} (x) VALUES (1)"))
+            .await
+            .unwrap();
         let store = SeaOrmLeaseStore::new(db.clone())
             .with_table(&table)
             .unwrap()
@@ -231,6 +239,25 @@ mod abandoned_transaction {
         .expect("not blocked")
         .unwrap();
         assert!(matches!(b, LeaseOutcome::Denied(_)), "{b:?}");
+        // The abandoned transaction's own write was never committed by the store's statement.
+        let leaked = admin
+            .query_one_raw(sea_orm::Statement::from_string(
+                admin.get_database_backend(),
+                format!("SELECT COUNT(*) FROM {leak}"),
+            ))
+            .await
+            .unwrap()
+            .unwrap()
+            .try_get_by_index::<i64>(0)
+            .unwrap();
+        assert_eq!(
+            leaked, 0,
+            "the store committed someone else's abandoned transaction"
+        );
+        admin
+            .execute_unprepared(&format!("DROP TABLE {leak}"))
+            .await
+            .unwrap();
         drop_table(&admin, &table).await;
     }
 

@@ -19,3 +19,26 @@ mod through_pgbouncer {
     use crate::conformance_suite;
     conformance_suite!(SqlHarness::pgbouncer());
 }
+
+/// Release notifications: a store LISTENs unless told not to, and never behind a
+/// transaction-pooling proxy (LISTEN needs a session of its own), whatever the other option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notifications_only_on_a_direct_session() {
+    use orion_beacon::{LeaseStore, SeaOrmLeaseStore};
+    if Server::Postgres.skipped() {
+        return;
+    }
+    let db = Server::Postgres.connect(2).await;
+    let store = SeaOrmLeaseStore::new(db);
+    assert!(store.clone().release_events().is_some());
+    for (notify, pooling) in [(false, false), (false, true), (true, true)] {
+        let s = store
+            .clone()
+            .with_release_notifications(notify)
+            .with_transaction_pooling(pooling);
+        assert!(
+            s.release_events().is_none(),
+            "notifications {notify}, transaction pooling {pooling}"
+        );
+    }
+}
