@@ -295,3 +295,58 @@ async fn leadership_renews_errors_and_staleness_are_recorded() {
     );
     a.abort().await;
 }
+
+/// An elector stopped by its configuration reports an infinite time since its last round trip,
+/// so an alert on staleness fires, and counts the loss of its term as `failed`.
+#[tokio::test(start_paused = true)]
+async fn a_failed_elector_reads_as_stale_forever() {
+    #[derive(Clone, Default)]
+    struct Refusing(Arc<std::sync::atomic::AtomicBool>, InMemoryLeaseStore);
+    #[async_trait]
+    impl LeaseStore for Refusing {
+        async fn acquire_or_renew(
+            &self,
+            r: &str,
+            c: &str,
+            lease: Duration,
+        ) -> Result<LeaseOutcome, StoreError> {
+            if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::UnsupportedBackend {
+                    backend: "PostgreSQL",
+                    feature: "postgres",
+                });
+            }
+            self.1.acquire_or_renew(r, c, lease).await
+        }
+        async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+            self.1.release(r, c).await
+        }
+        async fn release_lease(&self, lease: &orion_beacon::Lease) -> Result<bool, StoreError> {
+            self.1.release_lease(lease).await
+        }
+        async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+            self.1.current(r).await
+        }
+    }
+    let recorder = TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let store = Refusing::default();
+    let a = Elector::builder(store.clone())
+        .resource("job")
+        .candidate_id("a")
+        .build()
+        .unwrap()
+        .start();
+    a.watch().wait_for(|s| s.is_leader()).await.unwrap();
+    store.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    a.watch()
+        .wait_for(|s| matches!(s, Leadership::Failed(_)))
+        .await
+        .unwrap();
+    assert_eq!(recorder.gauge(&key(SINCE_RENEW, "a", &[])), f64::INFINITY);
+    assert_eq!(recorder.gauge(&key(IS_LEADER, "a", &[])), 0.0);
+    assert_eq!(
+        recorder.counter(&key(TERM_CHANGES, "a", &[("change", "failed")])),
+        1
+    );
+}

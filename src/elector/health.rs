@@ -240,6 +240,13 @@ impl Probe {
         self.metrics.elected();
     }
 
+    /// The elector stopped for good (`Leadership::Failed`): no round trip will come again, so
+    /// the time-since-last-round-trip gauge reads as infinite from now on, and alerts on it fire.
+    pub(crate) fn failed(&self) {
+        #[cfg(feature = "metrics")]
+        self.metrics.round_trip_age(Duration::MAX);
+    }
+
     /// A term ended.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn lost(&self, reason: LossReason) {

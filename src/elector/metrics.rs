@@ -16,7 +16,7 @@ use crate::StoreError;
 /// Gauge: 1 while this candidate leads the resource, 0 otherwise.
 pub const IS_LEADER: &str = "orion_beacon_is_leader";
 /// Counter: term changes, by `change`: `elected`, or why a term ended (`denied`, `deadline`,
-/// `superseded`, `shutdown`, `aborted`).
+/// `superseded`, `shutdown`, `aborted`, `failed`).
 pub const TERM_CHANGES: &str = "orion_beacon_term_changes_total";
 /// Histogram: seconds a leader's renew (acquire-or-renew while leading) took, answered or not.
 pub const RENEW_DURATION: &str = "orion_beacon_renew_duration_seconds";
@@ -26,6 +26,7 @@ pub const STORE_ERRORS: &str = "orion_beacon_store_errors_total";
 /// Gauge: seconds since the elector last completed a store round trip: the leader's last
 /// successful renew, or a follower's last answered attempt. It grows while the store fails or
 /// hangs (refreshed every second); the health check turns unhealthy when it passes the window.
+/// An elector stopped by its configuration (`Leadership::Failed`) reports `+Inf`.
 pub const SINCE_RENEW: &str = "orion_beacon_seconds_since_renew";
 
 /// How often the time-since-last-round-trip gauge is refreshed.
@@ -95,7 +96,12 @@ impl Metrics {
     }
 
     pub(crate) fn round_trip_age(&self, age: Duration) {
-        metrics::gauge!(SINCE_RENEW, &self.labels).set(age.as_secs_f64());
+        let seconds = if age == Duration::MAX {
+            f64::INFINITY
+        } else {
+            age.as_secs_f64()
+        };
+        metrics::gauge!(SINCE_RENEW, &self.labels).set(seconds);
     }
 }
 

@@ -132,6 +132,7 @@ impl Runner {
                     error = %err,
                     "elector stopped: the store refused its configuration"
                 );
+                self.probe.failed();
                 self.state.send_replace(Leadership::Failed(Arc::new(err)));
             }
             None => info!(reason = %stopped_by, "elector stopped"),
