@@ -30,6 +30,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("max_connections", "200"),
     ("log_line_prefix", "%m [%p] "),
     ("timezone", "UTC"),
+    // Dynamic shared memory in the data directory (removed with it), not in /dev/shm, where a
+    // SIGKILLed server (the tests' failovers and crashes) would leave its segments behind.
+    ("dynamic_shared_memory_type", "mmap"),
 ];
 
 struct Binaries {
