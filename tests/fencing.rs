@@ -111,18 +111,7 @@ pub async fn stale_term_is_fenced(h: &SqlHarness) {
     assert!(matches!(err, FenceError::Fenced { token, .. } if token == t));
     txn.rollback().await.unwrap();
 
-    let txn = h.db().begin().await.unwrap();
-    store
-        .fence(
-            &txn,
-            Term {
-                resource: &r,
-                holder: "b",
-                token: t2,
-            },
-        )
-        .await
-        .unwrap();
+    let txn = fenced(h, &store, &r, "b", t2).await;
     ledger.insert(&txn, t2, 1).await;
     txn.commit().await.unwrap();
 
@@ -182,6 +171,29 @@ async fn takeover_waits_for_commit(
     lease
 }
 
+/// A transaction on the harness's database, fenced with `holder`'s term `token` on `r`.
+async fn fenced(
+    h: &SqlHarness,
+    store: &SeaOrmLeaseStore,
+    r: &str,
+    holder: &str,
+    token: FencingToken,
+) -> sea_orm::DatabaseTransaction {
+    let txn = h.db().begin().await.unwrap();
+    store
+        .fence(
+            &txn,
+            Term {
+                resource: r,
+                holder,
+                token,
+            },
+        )
+        .await
+        .unwrap();
+    txn
+}
+
 /// A holds an open fenced transaction while its lease expires; B's acquire waits for that
 /// transaction to end, then wins with t+1; A's writes are ordered strictly before B's term.
 pub async fn open_fence_holds_off_the_takeover(h: &SqlHarness) {
@@ -190,34 +202,12 @@ pub async fn open_fence_holds_off_the_takeover(h: &SqlHarness) {
     let r = unique("fence_race");
     let t = acquire(&store, &r, "a").await;
 
-    let txn = h.db().begin().await.unwrap();
-    store
-        .fence(
-            &txn,
-            Term {
-                resource: &r,
-                holder: "a",
-                token: t,
-            },
-        )
-        .await
-        .unwrap();
+    let txn = fenced(h, &store, &r, "a", t).await;
     ledger.insert(&txn, t, 1).await;
 
     let lease = takeover_waits_for_commit(h, &r, t, &ledger, txn).await;
 
-    let txn = h.db().begin().await.unwrap();
-    store
-        .fence(
-            &txn,
-            Term {
-                resource: &r,
-                holder: "b",
-                token: lease.token,
-            },
-        )
-        .await
-        .unwrap();
+    let txn = fenced(h, &store, &r, "b", lease.token).await;
     ledger.insert(&txn, lease.token, 1).await;
     txn.commit().await.unwrap();
     assert_eq!(
@@ -236,18 +226,7 @@ pub async fn fence_alone_holds_off_the_takeover(h: &SqlHarness) {
     let ledger = Ledger::create(h.db()).await;
     let r = unique("fence_alone");
     let t = acquire(&store, &r, "a").await;
-    let txn = h.db().begin().await.unwrap();
-    store
-        .fence(
-            &txn,
-            Term {
-                resource: &r,
-                holder: "a",
-                token: t,
-            },
-        )
-        .await
-        .unwrap();
+    let txn = fenced(h, &store, &r, "a", t).await;
     let lease = takeover_waits_for_commit(h, &r, t, &ledger, txn).await;
     assert_eq!(lease.token.get(), t.get() + 1);
     assert_eq!(ledger.rows(h.db()).await, vec![(t.get(), 2)]);
