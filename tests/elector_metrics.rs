@@ -152,11 +152,13 @@ impl Recorder for TestRecorder {
     }
 }
 
-/// The in-memory store with a per-candidate switch: fail at once, or hang.
+/// The in-memory store with a per-candidate switch: fail at once, refuse the configuration,
+/// or hang.
 #[derive(Clone, Default)]
 struct Switched {
     inner: InMemoryLeaseStore,
     failing: Arc<Mutex<HashSet<String>>>,
+    refusing: Arc<Mutex<HashSet<String>>>,
     hanging: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -172,6 +174,12 @@ impl LeaseStore for Switched {
             return Err(StoreError::Database(sea_orm::DbErr::Custom(
                 "injected".into(),
             )));
+        }
+        if self.refusing.lock().unwrap().contains(c) {
+            return Err(StoreError::UnsupportedBackend {
+                backend: "PostgreSQL",
+                feature: "postgres",
+            });
         }
         let hangs = self.hanging.lock().unwrap().contains(c);
         if hangs {
@@ -300,45 +308,12 @@ async fn leadership_renews_errors_and_staleness_are_recorded() {
 /// so an alert on staleness fires, and counts the loss of its term as `failed`.
 #[tokio::test(start_paused = true)]
 async fn a_failed_elector_reads_as_stale_forever() {
-    #[derive(Clone, Default)]
-    struct Refusing(Arc<std::sync::atomic::AtomicBool>, InMemoryLeaseStore);
-    #[async_trait]
-    impl LeaseStore for Refusing {
-        async fn acquire_or_renew(
-            &self,
-            r: &str,
-            c: &str,
-            lease: Duration,
-        ) -> Result<LeaseOutcome, StoreError> {
-            if self.0.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(StoreError::UnsupportedBackend {
-                    backend: "PostgreSQL",
-                    feature: "postgres",
-                });
-            }
-            self.1.acquire_or_renew(r, c, lease).await
-        }
-        async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-            self.1.release(r, c).await
-        }
-        async fn release_lease(&self, lease: &orion_beacon::Lease) -> Result<bool, StoreError> {
-            self.1.release_lease(lease).await
-        }
-        async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-            self.1.current(r).await
-        }
-    }
     let recorder = TestRecorder::default();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let store = Refusing::default();
-    let a = Elector::builder(store.clone())
-        .resource("job")
-        .candidate_id("a")
-        .build()
-        .unwrap()
-        .start();
+    let store = Switched::default();
+    let a = start(&store, "a");
     a.watch().wait_for(|s| s.is_leader()).await.unwrap();
-    store.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    store.refusing.lock().unwrap().insert("a".into());
     a.watch()
         .wait_for(|s| matches!(s, Leadership::Failed(_)))
         .await
