@@ -367,11 +367,7 @@ async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection, Fai
             format!("this build of orion-beacon has no {backend} support: rebuild it with `--features cli,{feature}`"),
         ));
     }
-    // sqlx knows MariaDB as `mysql://`.
-    let url = &match url.strip_prefix("mariadb://") {
-        Some(rest) => format!("mysql://{rest}"),
-        None => url.to_owned(),
-    };
+    let url = &driver_url(url);
     let mut options = if scheme == "sqlite" {
         sqlite_options(url)?
     } else {
@@ -470,6 +466,14 @@ fn sqlite_options(_url: &str) -> Result<sea_orm::ConnectOptions, Failure> {
     ))
 }
 
+/// `url` as sqlx and sea-orm take it: they know MariaDB only as `mysql://`.
+fn driver_url(url: &str) -> String {
+    match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    }
+}
+
 /// How to create a missing lease table: the migration's command line makes only the default
 /// table; another name is made by the application's Migrator.
 fn migration_hint(table: &str, url: &str) -> String {
@@ -478,11 +482,7 @@ fn migration_hint(table: &str, url: &str) -> String {
         "mysql" | "mariadb" => "sqlx-mysql",
         _ => "sqlx-sqlite",
     };
-    // The migration's command line (sea-orm) knows MariaDB as `mysql://`.
-    let url = &match url.strip_prefix("mariadb://") {
-        Some(rest) => format!("mysql://{rest}"),
-        None => url.to_owned(),
-    };
+    let url = &driver_url(url);
     if table == DEFAULT_TABLE {
         format!(
             "run the migration first:\n  \
@@ -586,12 +586,7 @@ fn chain(err: &dyn std::error::Error) -> String {
 /// password has characters a URL parser refuses, like an unencoded `#` or `/`) and in a
 /// `password=` query parameter.
 fn redact(text: &str) -> String {
-    // Database URLs have no fragment: a `#` means an unencoded `#` in the password, which a URL
-    // parser reads as the start of one.
-    match url::Url::parse(text)
-        .ok()
-        .filter(|u| u.fragment().is_none())
-    {
+    match parsed_url(text) {
         Some(mut parsed) => {
             if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
                 return "<a database URL>".to_owned();
@@ -600,8 +595,7 @@ fn redact(text: &str) -> String {
             let pairs: Vec<(String, String)> = parsed
                 .query_pairs()
                 .map(|(k, v)| {
-                    let secret = matches!(k.to_ascii_lowercase().as_str(), "password" | "pwd");
-                    let v = if secret {
+                    let v = if is_password_key(&k) {
                         "***".to_owned()
                     } else {
                         v.into_owned()
@@ -620,16 +614,32 @@ fn redact(text: &str) -> String {
     }
 }
 
-/// `scheme://user:***@rest`, taking the last `@` as the end of the user part.
+/// `text` as a URL, where it reads as one. Database URLs have no fragment: a `#` means an
+/// unencoded `#` in the password, which a URL parser takes for the start of one.
+fn parsed_url(text: &str) -> Option<url::Url> {
+    url::Url::parse(text)
+        .ok()
+        .filter(|u| u.fragment().is_none())
+}
+
+/// Whether a query parameter carries a password (as sqlx reads them: any case).
+fn is_password_key(key: &str) -> bool {
+    matches!(key.to_ascii_lowercase().as_str(), "password" | "pwd")
+}
+
+/// `(scheme, user, password, rest after the @)` of `scheme://user:password@rest`, taking the
+/// last `@` as the end of the user part (for text no URL parser accepts).
+fn userinfo(text: &str) -> Option<(&str, &str, &str, &str)> {
+    let (scheme, rest) = text.split_once("://")?;
+    let at = rest.rfind('@')?;
+    let (user, password) = rest[..at].split_once(':')?;
+    Some((scheme, user, password, &rest[at + 1..]))
+}
+
+/// `scheme://user:***@rest`.
 fn mask_userinfo(text: &str) -> String {
-    let Some((scheme, rest)) = text.split_once("://") else {
-        return text.to_owned();
-    };
-    match rest.rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{}", &rest[at + 1..]),
-            None => text.to_owned(),
-        },
+    match userinfo(text) {
+        Some((scheme, user, _password, rest)) => format!("{scheme}://{user}:***@{rest}"),
         None => text.to_owned(),
     }
 }
@@ -671,28 +681,22 @@ fn scrub(text: &str, url: &str) -> String {
 
 /// The passwords in `url`: the user part's (within the authority) and any password parameter.
 fn passwords(url: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    match url::Url::parse(url).ok().filter(|u| u.fragment().is_none()) {
-        Some(parsed) => {
-            found.extend(parsed.password().map(str::to_owned));
-            found.extend(
+    match parsed_url(url) {
+        Some(parsed) => parsed
+            .password()
+            .map(str::to_owned)
+            .into_iter()
+            .chain(
                 parsed
                     .query_pairs()
-                    .filter(|(k, _)| matches!(k.to_ascii_lowercase().as_str(), "password" | "pwd"))
+                    .filter(|(k, _)| is_password_key(k))
                     .map(|(_, v)| v.into_owned()),
-            );
-        }
-        None => {
-            if let Some((_, rest)) = url.split_once("://") {
-                if let Some(at) = rest.rfind('@') {
-                    if let Some((_, password)) = rest[..at].split_once(':') {
-                        found.push(password.to_owned());
-                    }
-                }
-            }
-        }
+            )
+            .collect(),
+        None => userinfo(url)
+            .map(|(_, _, password, _)| vec![password.to_owned()])
+            .unwrap_or_default(),
     }
-    found
 }
 
 /// Parses durations as humantime does (`250ms`, `2s`, `1m 30s`, `1h`); a bare number is
