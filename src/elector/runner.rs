@@ -178,18 +178,10 @@ impl Runner {
             Ok(Err(err)) if err.is_permanent() => return Step::Done(LeaderNext::Failed(err)),
             Ok(Err(err)) => {
                 *failures += 1;
-                if err.is_retryable() {
-                    warn!(error = %err, failures = *failures, "store error while contending");
-                } else {
-                    // A missing table or an unreadable row: likely a setup problem, retried
-                    // in case it clears up (a migration still running, a restore).
-                    error!(error = %err, failures = *failures, "store error while contending");
-                }
+                let wait = backoff(*failures, self.config.retry_interval);
+                log_store_error(&err, *failures, wait, "store error while contending");
                 self.note_follower_without_answer();
-                *next_attempt = later(
-                    Instant::now(),
-                    backoff(*failures, self.config.retry_interval),
-                );
+                *next_attempt = later(Instant::now(), wait);
             }
             Err(_) => {
                 *failures += 1;
@@ -497,8 +489,9 @@ enum LeaderNext {
     Failed(crate::StoreError),
 }
 
-/// A store error of a leader: at warn when retrying may help (a database error, a conflict),
-/// at error when it is likely a setup problem (a missing table, an unreadable row).
+/// A store error: at warn when retrying may help (a database error, a conflict), at error when
+/// it is likely a setup problem (a missing table, an unreadable row), which is retried anyway
+/// in case it clears up (a migration still running, a restore).
 fn log_store_error(err: &crate::StoreError, failures: u32, retry_in: Duration, what: &str) {
     if err.is_retryable() {
         warn!(error = %err, failures, ?retry_in, "{what}");
