@@ -28,3 +28,14 @@ pub use store::{LeaseStore, ReleaseEvents};
 
 /// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).
 pub use orion_beacon_entity as entity;
+
+// The Rust examples of the guides in docs/ are doctests too.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/elector.md")]
+mod elector_docs {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/lease-table.md")]
+mod lease_table_docs {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/topologies.md")]
+mod topologies_docs {}

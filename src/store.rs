@@ -22,6 +22,78 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// a live lease on one resource, and each new term's fencing token is strictly greater than the
 /// last (a renew keeps it). Liveness is judged by the store's own clock (the database's), never
 /// the caller's.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+/// use orion_beacon_migration::{Migrator, MigratorTrait};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}", dir.path().join("app.db").display());
+/// // Your app's connection (here a SQLite file; WAL and a busy timeout for several processes).
+/// let db = sea_orm::Database::connect(orion_beacon::backend::sqlite::connect_options(url)).await?;
+///
+/// // Create the lease table (or add `CreateLeaseTable` to your own Migrator).
+/// Migrator::up(&db, None).await?;
+///
+/// let store = SeaOrmLeaseStore::new(db);
+/// let lease = Duration::from_secs(15);
+/// match store.acquire_or_renew("nightly-report", "node-a", lease).await? {
+///     LeaseOutcome::Acquired(l) => println!("node-a leads, token {}", l.token),
+///     LeaseOutcome::Renewed(l) => println!("node-a still leads, token {}", l.token),
+///     LeaseOutcome::Denied(d) => println!("{:?} leads for {:?} more", d.holder, d.remaining),
+/// }
+///
+/// // Someone else is denied and told who leads.
+/// let other = store.acquire_or_renew("nightly-report", "node-b", lease).await?;
+/// assert!(matches!(other, LeaseOutcome::Denied(ref d) if d.holder.as_deref() == Some("node-a")));
+///
+/// // Hand over: a release tombstones the lease but keeps its token...
+/// assert!(store.release("nightly-report", "node-a").await?);
+/// // ...so the next term's token is strictly higher.
+/// let next = store.acquire_or_renew("nightly-report", "node-b", lease).await?;
+/// assert_eq!(next.token().map(|t| t.get()), Some(2));
+/// # Ok(()) }
+/// ```
+///
+/// # The rules
+///
+/// Every store (the in-memory one and each database backend) follows these rules, and passes the
+/// same conformance suite for them:
+///
+/// | situation | result | token |
+/// | --- | --- | --- |
+/// | no row, or the row's lease expired by the **database clock** | `Acquired`: the caller holds a new term | previous + 1 (1 for a new row) |
+/// | the caller holds a live lease | `Renewed`: expiry := db-now + lease | unchanged |
+/// | the caller's own lease already expired | `Acquired`: a new term, not a renew | previous + 1 |
+/// | another candidate holds a live lease | `Denied`: nothing changes; the holder, its token and its remaining time are reported | unchanged |
+/// | `release` by the live holder | `true`: expiry := the term's last renew, never later than db-now (a tombstone; the row and its token stay) | kept, so the next term is + 1, even after the row sat idle |
+/// | `release` by anyone else, or of an expired lease | `false`: nothing changes | unchanged |
+/// | 16+ candidates on separate connections race for a fresh (or lapsed) resource | exactly one `Acquired`, the rest `Denied`, no duplicate-key error | 1 (or + 1) |
+///
+/// An outcome is only reported for a statement that committed: every deciding statement is read
+/// to its end, a commit that fails is a retryable [`StoreError::Conflict`], never a grant, and a
+/// statement that returns several rows (a server-side retry) is treated as a denial. Why each
+/// database needs this is in the rustdoc of [`crate::backend`].
+///
+/// # Clocks
+///
+/// - Liveness is judged by the database clock at the statement's start, which only errs towards
+///   "still live"; callers never compare a database timestamp with a local clock.
+/// - A granted lease runs from the moment its row is written, so an acquire that waited for a
+///   row lock (e.g. behind a fenced transaction) still gets its full lease.
+/// - A grant's time left, [`Lease::remaining`], comes from the database in the same statement;
+///   see there for turning it into a local deadline.
+///
+/// # Input
+///
+/// Bad input gets a typed [`StoreError`] before any SQL runs: empty or over-long (more than
+/// [`MAX_NAME_LEN`], 255 characters) resource and candidate names, names with control characters
+/// or leading/trailing white space, leases under [`MIN_LEASE`] (1 ms) or over [`MAX_LEASE`] (366
+/// days), bad table names.
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
     /// Takes the lease if nobody holds a live one (a new term: [`LeaseOutcome::Acquired`], token
@@ -35,9 +107,17 @@ pub trait LeaseStore: Send + Sync {
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError>;
 
-    /// Ends `candidate`'s live lease on `resource` by moving its expiry to now (a tombstone: the
-    /// token is kept, so the next term advances past it). Returns `true` if this call released a
-    /// live lease the candidate held; `false` (and nothing changes) otherwise.
+    /// Ends `candidate`'s live lease on `resource` (a tombstone: the row and its token are kept,
+    /// so the next term advances past it). Returns `true` if this call released a live lease the
+    /// candidate held; `false` (and nothing changes) otherwise.
+    ///
+    /// The database stores move the expiry back to the term's last renew (`renewed_at`), never
+    /// later than the database's now, not merely to now (the in-memory store, whose calls apply
+    /// at once, sets it to now). Liveness is judged at a statement's start, and a renew of the
+    /// holder that was already in flight (say one the elector gave up waiting for) started after
+    /// that last renew, so it sees the lease ended and at most starts a new term with a higher
+    /// token; it can never extend the released term. An operator's revoke ends a lease the same
+    /// way.
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError>;
 
     /// Ends the term `lease` belongs to, but only if the store still holds the very write
@@ -51,7 +131,9 @@ pub trait LeaseStore: Send + Sync {
     /// The tombstone is the same as [`release`](Self::release)'s: the token is kept.
     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError>;
 
-    /// The stored lease of `resource`, live or not, or `None` if it was never acquired.
+    /// The stored lease of `resource`, live or not, or `None` if it was never acquired: the row
+    /// as stored, with `live` and `remaining` judged by the store's clock (the database stores
+    /// round down to whole milliseconds: a lease with under 1 ms left reads as not live).
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError>;
 
     /// Release notifications, for stores that can push them: each message names a resource
