@@ -40,27 +40,23 @@ pub enum StoreError {
     /// The configured table name was refused.
     #[error(transparent)]
     InvalidTableName(#[from] TableNameError),
-    /// The lease table does not exist in this database.
-    #[error(
-        "the lease table {table:?} does not exist: run the migration first (add \
-         `orion_beacon_migration::CreateLeaseTable` to your application's Migrator, or run \
-         `orion-beacon-migration up -u <DATABASE_URL>` for the default table)"
-    )]
+    /// The lease table does not exist in this database: run the migration.
+    #[error("the lease table {table:?} does not exist: run the migration first ({})", source.migration_hint())]
     MissingTable {
         /// The table that was looked for.
         table: String,
         /// The database's error.
         #[source]
-        source: DbErr,
+        source: BackendError,
     },
     /// The database refused the statement because of a concurrent transaction (serialization
-    /// failure, deadlock, or a busy SQLite file) and it still failed after the store's own
-    /// retries. Safe to retry.
+    /// failure, deadlock, or a busy SQLite file; on SQL Server a deadlock victim or a duplicate
+    /// key) and it still failed after the store's own retries. It had no effect; safe to retry.
     #[error("lease statement conflicted with a concurrent transaction; retry")]
     Conflict {
         /// The database's error.
         #[source]
-        source: DbErr,
+        source: BackendError,
     },
     /// The connection's backend is not compiled in (enable the matching cargo feature).
     #[error("database backend {backend} is not supported by this build of orion-beacon: enable the `{feature}` feature")]
@@ -79,9 +75,15 @@ pub enum StoreError {
         #[source]
         source: DbErr,
     },
-    /// Any other database error (connection refused, pool timed out, ...).
+    /// The store's [`DatabaseConnection`](sea_orm::DatabaseConnection) is disconnected (closed,
+    /// or the default value, never connected): every call fails until the program builds the
+    /// store on a connected one.
+    #[error("the lease store's DatabaseConnection is disconnected")]
+    Disconnected,
+    /// Any other database error (connection refused, pool timed out, TLS, login, a server
+    /// error, ...).
     #[error("lease store database error")]
-    Database(#[source] DbErr),
+    Database(#[source] BackendError),
     /// SQL Server: tiberius' parser refused the ADO.NET connection string.
     #[cfg(feature = "sqlserver")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
@@ -91,66 +93,118 @@ pub enum StoreError {
         #[source]
         source: tiberius::error::Error,
     },
-    /// SQL Server: the lease table does not exist in this database (error 208).
+}
+
+/// The database error under a [`StoreError`]: SeaORM's for [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore),
+/// tiberius' for the SQL Server store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// An error of SeaORM (and the sqlx driver under it).
+    #[error(transparent)]
+    SeaOrm(#[from] DbErr),
+    /// An error of tiberius, the SQL Server driver.
     #[cfg(feature = "sqlserver")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
-    #[error(
-        "the lease table {table:?} does not exist: run the migration first \
-         (`SqlServerLeaseStore::migrate()`, or the T-SQL \
-         migration/sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql)"
-    )]
-    SqlServerMissingTable {
-        /// The table that was looked for.
-        table: String,
-        /// SQL Server's error.
-        #[source]
-        source: tiberius::error::Error,
-    },
-    /// SQL Server: the statement was chosen as a deadlock victim (1205) or hit a duplicate key
-    /// (2627) and still failed after the store's own retries. It had no effect; safe to retry.
-    #[cfg(feature = "sqlserver")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
-    #[error("lease statement conflicted with a concurrent transaction on SQL Server; retry")]
-    SqlServerConflict {
-        /// SQL Server's error.
-        #[source]
-        source: tiberius::error::Error,
-    },
-    /// SQL Server: any other error (connection refused, TLS, login, protocol, server error, ...).
-    #[cfg(feature = "sqlserver")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
-    #[error("lease store SQL Server error")]
-    SqlServer(#[source] tiberius::error::Error),
+    #[error(transparent)]
+    SqlServer(#[from] tiberius::error::Error),
+}
+
+impl BackendError {
+    /// How to create the lease table for this store.
+    fn migration_hint(&self) -> &'static str {
+        match self {
+            BackendError::SeaOrm(_) => {
+                "add `orion_beacon_migration::CreateLeaseTable` to your application's Migrator, \
+                 or run `orion-beacon-migration up -u <DATABASE_URL>` for the default table"
+            }
+            #[cfg(feature = "sqlserver")]
+            BackendError::SqlServer(_) => {
+                "`SqlServerLeaseStore::migrate()`, or the T-SQL in \
+                 `orion_beacon::backend::sqlserver::MIGRATION_SQL`"
+            }
+        }
+    }
+}
+
+/// What kind of failure a [`StoreError`] is: what retries, metrics labels and exit codes
+/// are decided on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A refused resource name, candidate id, lease duration, table name or connection string:
+    /// it fails the same way every time, before any SQL runs.
+    InvalidInput,
+    /// The store cannot run on this connection in this build (a backend whose cargo feature is
+    /// off, a disconnected connection): it fails the same way every time.
+    Unsupported,
+    /// The lease table is missing: the migration has not run (yet).
+    MissingTable,
+    /// A concurrent transaction got in the way, after the store's own retries; safe to retry.
+    Conflict,
+    /// A lease row could not be read back.
+    Decode,
+    /// Any other database error (connection, pool, timeout, server error).
+    Database,
+}
+
+impl ErrorKind {
+    /// A short, stable name (`invalid_input`, `unsupported_backend`, `missing_table`, `conflict`,
+    /// `decode`, `database`), e.g. for metrics labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Unsupported => "unsupported_backend",
+            ErrorKind::MissingTable => "missing_table",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Decode => "decode",
+            ErrorKind::Database => "database",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl StoreError {
-    /// Whether trying the same operation again may succeed (database or conflict errors), as
-    /// opposed to bad input or configuration, which will fail the same way every time.
-    pub fn is_retryable(&self) -> bool {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            StoreError::Conflict { .. } | StoreError::Database(_) => true,
+            StoreError::InvalidResource { .. }
+            | StoreError::InvalidCandidate { .. }
+            | StoreError::InvalidLeaseDuration { .. }
+            | StoreError::InvalidTableName(_) => ErrorKind::InvalidInput,
             #[cfg(feature = "sqlserver")]
-            StoreError::SqlServerConflict { .. } | StoreError::SqlServer(_) => true,
-            _ => false,
+            StoreError::InvalidConnectionString { .. } => ErrorKind::InvalidInput,
+            StoreError::UnsupportedBackend { .. } | StoreError::Disconnected => {
+                ErrorKind::Unsupported
+            }
+            StoreError::MissingTable { .. } => ErrorKind::MissingTable,
+            StoreError::Conflict { .. } => ErrorKind::Conflict,
+            StoreError::Decode { .. } => ErrorKind::Decode,
+            StoreError::Database(_) => ErrorKind::Database,
         }
     }
 
+    /// Whether trying the same operation again may succeed (database or conflict errors), as
+    /// opposed to bad input or configuration, which will fail the same way every time.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Conflict | ErrorKind::Database)
+    }
+
     /// Whether this error comes from the program's own configuration (a backend this build
-    /// does not support, a refused name, duration, table name or connection string): every
-    /// later call fails the same way until the program changes. An elector stops on these
-    /// ([`Leadership::Failed`](crate::Leadership::Failed)). Everything else, a missing lease
-    /// table and an unreadable row included (a migration still running, a restore, a proxy
-    /// routing a read elsewhere), may clear up and is retried.
+    /// does not support, a disconnected connection, a refused name, duration, table name or
+    /// connection string): every later call fails the same way until the program changes. An
+    /// elector stops on these ([`Leadership::Failed`](crate::Leadership::Failed)). Everything
+    /// else, a missing lease table and an unreadable row included (a migration still running,
+    /// a restore, a proxy routing a read elsewhere), may clear up and is retried.
     pub fn is_permanent(&self) -> bool {
-        match self {
-            StoreError::UnsupportedBackend { .. }
-            | StoreError::InvalidResource { .. }
-            | StoreError::InvalidCandidate { .. }
-            | StoreError::InvalidLeaseDuration { .. }
-            | StoreError::InvalidTableName(_) => true,
-            #[cfg(feature = "sqlserver")]
-            StoreError::InvalidConnectionString { .. } => true,
-            _ => false,
-        }
+        matches!(
+            self.kind(),
+            ErrorKind::InvalidInput | ErrorKind::Unsupported
+        )
     }
 }

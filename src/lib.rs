@@ -20,7 +20,7 @@ pub use elector::Health;
 pub use elector::{
     ConfigError, Elector, ElectorBuilder, ElectorHandle, LeaderTerm, Leadership, LossReason,
 };
-pub use error::{StoreError, TableNameError};
+pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::FencingToken;
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord};
 pub use memory::InMemoryLeaseStore;

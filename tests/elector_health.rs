@@ -67,13 +67,13 @@ impl Wedgeable {
         if self.tableless.lock().unwrap().contains(candidate) {
             return Err(StoreError::MissingTable {
                 table: "orionbeacon_leases".into(),
-                source: sea_orm::DbErr::Custom("no such table: orionbeacon_leases".into()),
+                source: sea_orm::DbErr::Custom("no such table: orionbeacon_leases".into()).into(),
             });
         }
         if self.failing.lock().unwrap().contains(candidate) {
-            return Err(StoreError::Database(sea_orm::DbErr::Custom(
-                "injected".into(),
-            )));
+            return Err(StoreError::Database(
+                sea_orm::DbErr::Custom("injected".into()).into(),
+            ));
         }
         let hangs = self.hanging.lock().unwrap().contains(candidate);
         if hangs {

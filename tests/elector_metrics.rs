@@ -171,9 +171,9 @@ impl LeaseStore for Switched {
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         if self.failing.lock().unwrap().contains(c) {
-            return Err(StoreError::Database(sea_orm::DbErr::Custom(
-                "injected".into(),
-            )));
+            return Err(StoreError::Database(
+                sea_orm::DbErr::Custom("injected".into()).into(),
+            ));
         }
         if self.refusing.lock().unwrap().contains(c) {
             return Err(StoreError::UnsupportedBackend {

@@ -56,9 +56,9 @@ impl Scripted {
         let mode = *self.mode.lock().unwrap();
         match mode {
             Mode::Normal | Mode::SlowReply(_) | Mode::ShortGrant(_) => Ok(()),
-            Mode::Fail => Err(StoreError::Database(sea_orm::DbErr::Custom(
-                "injected".into(),
-            ))),
+            Mode::Fail => Err(StoreError::Database(
+                sea_orm::DbErr::Custom("injected".into()).into(),
+            )),
             Mode::Hang => std::future::pending().await,
         }
     }

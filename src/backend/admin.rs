@@ -8,11 +8,12 @@ use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
     Alias, Expr, ExprTrait, LockType, Order, Query, SelectStatement, UpdateStatement,
 };
-use sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
+use sea_orm::{ConnectionTrait, TransactionTrait};
 
+use super::sqlite;
 use super::statements::{self, returned_row, Row};
 use super::store::SeaOrmLeaseStore;
-use super::Dialect;
+use super::{Dialect, Form};
 use crate::store::validate_resource;
 use crate::{LeaseRecord, StoreError};
 
@@ -29,20 +30,10 @@ pub(crate) fn list(d: &dyn Dialect, table: &Alias) -> SelectStatement {
 }
 
 /// The row of `resource`, locked for the revoke that follows (`FOR UPDATE`; SQLite has no row
-/// locks and takes its write lock with [`sqlite_write_lock`] first).
+/// locks and takes its write lock first, see `revoke`).
 pub(crate) fn revoke_read(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectStatement {
     statements::current(d, table, resource)
         .lock(LockType::Update)
-        .to_owned()
-}
-
-/// SQLite: a no-op write of the row, so the read that follows and the revoke run under the
-/// database's write lock (no writer can slip in between them).
-pub(crate) fn sqlite_write_lock(table: &Alias, resource: &str) -> UpdateStatement {
-    Query::update()
-        .table(table.clone())
-        .value(Column::FencingToken, Expr::col(Column::FencingToken))
-        .and_where(Expr::col(Column::Resource).eq(resource))
         .to_owned()
 }
 
@@ -62,11 +53,10 @@ impl SeaOrmLeaseStore {
     /// Every lease in the table, live or not, ordered by resource, with `live` and `remaining`
     /// judged by the database clock (as in [`current`](crate::LeaseStore::current)).
     pub async fn list(&self) -> Result<Vec<LeaseRecord>, StoreError> {
-        let d = self.dialect()?;
-        let stmt = self
-            .connection()
-            .get_database_backend()
-            .build(&list(d, &self.table_iden()));
+        let form = self.form()?;
+        let stmt = form
+            .backend()
+            .build(&list(form.dialect(), &self.table_iden()));
         let rows = self.plain(stmt).await?;
         rows.iter()
             .map(|r| {
@@ -92,8 +82,10 @@ impl SeaOrmLeaseStore {
         validate_resource(resource)?;
         let d = self.dialect()?;
         let table = self.table_iden();
-        let sqlite = self.connection().get_database_backend() == DbBackend::Sqlite;
-        let lock = sqlite_write_lock(&table, resource);
+        // SQLite has no row locks: a no-op write of the row takes the database's write lock
+        // first, so no writer can slip in between the read and the revoke.
+        let sqlite = self.form()? == Form::Sqlite;
+        let lock = sqlite::statements::write_lock(&table, Expr::col(Column::Resource).eq(resource));
         let read = revoke_read(d, &table, resource);
         let update = revoke(d, &table, resource);
         let row = self
@@ -201,7 +193,9 @@ mod tests {
 
         // SQLite: no row locks (the builder drops FOR UPDATE); a no-op write takes the
         // database's write lock first.
-        let (sql, _) = sqlite_write_lock(&table(), "r").build(SqliteQueryBuilder);
+        let (sql, _) =
+            sqlite::statements::write_lock(&table(), Expr::col(Column::Resource).eq("r"))
+                .build(SqliteQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "orionbeacon_leases" SET "fencing_token" = "fencing_token" WHERE "resource" = ?"#

@@ -176,3 +176,35 @@ pub(crate) async fn postgres_in_transaction(
     checkout.clean = true;
     Ok(rows.into_iter().map(Into::into).collect())
 }
+
+impl crate::SeaOrmLeaseStore {
+    /// Runs a checked statement, again on another connection when the one it got was inside
+    /// an abandoned transaction, at most `ATTEMPTS` times in all.
+    pub(super) async fn autocommitted<F, Fut>(
+        &self,
+        mut run: F,
+    ) -> Result<Vec<QueryResult>, crate::StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Checked, DbErr>>,
+    {
+        for attempt in 1..=super::store::ATTEMPTS {
+            match self.with_retry(&mut run).await? {
+                Checked::Committed(rows) => return Ok(rows),
+                Checked::InAbandonedTransaction => tracing::warn!(
+                    table = %self.table(),
+                    attempt,
+                    "a pooled connection was inside a transaction (one nobody finished, e.g. a \
+                     future dropped during `begin()`, or a session with autocommit off); closed \
+                     it, its lease statement does not count"
+                ),
+            }
+        }
+        Err(crate::StoreError::Conflict {
+            source: DbErr::Custom(
+                "every pooled connection tried was inside an abandoned transaction".to_owned(),
+            )
+            .into(),
+        })
+    }
+}

@@ -1,4 +1,5 @@
-//! Sorting database errors into the store's error kinds.
+//! Sorting database errors into the store's error kinds; each backend's folder knows its own
+//! codes (`errors.rs` there).
 
 use sea_orm::DbErr;
 
@@ -17,17 +18,7 @@ pub(crate) enum Kind {
 /// in every build) does not translate its messages, so they are read instead.
 #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 pub(crate) fn kind(err: &DbErr) -> Kind {
-    let text = err.to_string();
-    if text.contains("no such table") {
-        Kind::MissingTable
-    } else if text.contains("database is locked")
-        || text.contains("database table is locked")
-        || text.contains("database schema is locked")
-    {
-        Kind::Conflict
-    } else {
-        Kind::Other
-    }
+    super::sqlite::errors::kind_by_message(&err.to_string()).unwrap_or(Kind::Other)
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -40,48 +31,25 @@ pub(crate) fn kind(err: &DbErr) -> Kind {
     let sea_orm::sqlx::Error::Database(db) = e.as_ref() else {
         return Kind::Other;
     };
-    let code = db.code();
-    match code.as_deref() {
-        // PostgreSQL undefined_table; MySQL/MariaDB ER_NO_SUCH_TABLE.
-        Some("42P01") | Some("42S02") => return Kind::MissingTable,
-        // serialization_failure (PostgreSQL, MySQL deadlock 1213), deadlock_detected.
-        Some("40001") | Some("40P01") => return Kind::Conflict,
-        // SQLite: BUSY, LOCKED and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, ...).
-        Some("5") | Some("6") | Some("261") | Some("262") | Some("517") => return Kind::Conflict,
-        _ => {}
-    }
-    if db.message().starts_with("no such table") {
-        return Kind::MissingTable;
-    }
-    Kind::Other
+    // The codes of the three backends do not overlap (five-character SQLSTATEs on PostgreSQL
+    // and MySQL, numbers on SQLite), so every backend's list is asked.
+    let by_code = db.code().and_then(|code| {
+        super::postgres::errors::kind(&code)
+            .or_else(|| super::mysql::errors::kind(&code))
+            .or_else(|| super::sqlite::errors::kind(&code))
+    });
+    by_code
+        .or_else(|| super::sqlite::errors::missing_table(db.message()))
+        .unwrap_or(Kind::Other)
 }
 
 pub(crate) fn classify(err: DbErr, table: &str) -> StoreError {
     match kind(&err) {
         Kind::MissingTable => StoreError::MissingTable {
             table: table.to_owned(),
-            source: err,
+            source: err.into(),
         },
-        Kind::Conflict => StoreError::Conflict { source: err },
-        Kind::Other => StoreError::Database(err),
+        Kind::Conflict => StoreError::Conflict { source: err.into() },
+        Kind::Other => StoreError::Database(err.into()),
     }
-}
-
-/// The MySQL/MariaDB error number of a database error (e.g. 1193 for an unknown system
-/// variable), whatever the server's message language.
-#[cfg(feature = "mysql")]
-pub(crate) fn mysql_error_number(err: &DbErr) -> Option<u16> {
-    use sea_orm::RuntimeErr;
-    let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err
-    else {
-        return None;
-    };
-    let db = e.as_database_error()?;
-    db.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
-        .map(|m| m.number())
-}
-
-#[cfg(not(feature = "mysql"))]
-pub(crate) fn mysql_error_number(_err: &DbErr) -> Option<u16> {
-    None
 }

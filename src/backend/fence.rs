@@ -20,12 +20,15 @@
 //!   [`FenceError::Fenced`].
 
 use orion_beacon_entity::lease::Column;
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SelectStatement, UpdateStatement};
-use sea_orm::{ConnectionTrait, DbBackend, StatementBuilder};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SelectStatement};
+use sea_orm::{ConnectionTrait, StatementBuilder};
 
 use super::errors::classify;
+#[cfg(feature = "mysql")]
+use super::mysql;
+use super::sqlite;
 use super::store::SeaOrmLeaseStore;
-use super::Dialect;
+use super::{Dialect, Form};
 use crate::store::{validate_candidate, validate_resource};
 use crate::{FencingToken, LeaderTerm, StoreError};
 
@@ -96,7 +99,7 @@ impl Term<'_> {
     }
 
     /// The lease row is this term's and live by the database clock.
-    fn current(&self, d: &dyn Dialect) -> Expr {
+    pub(crate) fn current(&self, d: &dyn Dialect) -> Expr {
         Expr::col(Column::Resource)
             .eq(self.resource)
             .and(Expr::col(Column::Holder).eq(self.holder))
@@ -120,62 +123,15 @@ pub(crate) fn share_locked_check(
         .to_owned()
 }
 
-/// The subquery of the statement-level fence: [`share_locked_check`], except on SQLite, where
-/// one statement runs under the write lock already and `FOR SHARE` does not exist.
-pub(crate) fn statement_check(
-    d: &dyn Dialect,
-    backend: DbBackend,
-    table: &Alias,
-    term: &Term<'_>,
-) -> SelectStatement {
-    match backend {
-        DbBackend::Sqlite => Query::select()
-            .expr(Expr::val(1))
-            .from(table.clone())
-            .and_where(term.current(d))
-            .to_owned(),
-        _ => share_locked_check(d, table, term),
+/// The subquery of the statement-level fence: [`share_locked_check`], except where the
+/// backend has no row locks (SQLite: one statement runs under the write lock already).
+pub(crate) fn statement_check(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> SelectStatement {
+    if d.locks_rows() {
+        return share_locked_check(d, table, term);
     }
-}
-
-/// Galera: the check as a write of the lease row, the expiry one microsecond later (the lease
-/// only ever looks longer to a dirty reader, never shorter). [`galera_untouch`] puts it back
-/// in the same transaction; the row's key stays in the write set either way, so certification
-/// orders this transaction against any rival's acquire on another node.
-pub(crate) fn galera_touch(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> UpdateStatement {
-    Query::update()
-        .table(table.clone())
-        .value(
-            Column::ExpiresAt,
-            Expr::cust_with_exprs("? + INTERVAL 1 MICROSECOND", [Expr::col(Column::ExpiresAt)]),
-        )
-        .and_where(term.current(d))
-        .to_owned()
-}
-
-/// Galera: undoes [`galera_touch`] on the row this transaction holds locked.
-pub(crate) fn galera_untouch(table: &Alias, term: &Term<'_>) -> UpdateStatement {
-    Query::update()
-        .table(table.clone())
-        .value(
-            Column::ExpiresAt,
-            Expr::cust_with_exprs("? - INTERVAL 1 MICROSECOND", [Expr::col(Column::ExpiresAt)]),
-        )
-        .and_where(Expr::col(Column::Resource).eq(term.resource))
-        .and_where(Expr::col(Column::Holder).eq(term.holder))
-        .and_where(Expr::col(Column::FencingToken).eq(term.token.get()))
-        .to_owned()
-}
-
-/// SQLite: a no-op write of the lease row, so the check holds SQLite's write lock.
-pub(crate) fn write_locked_check(
-    d: &dyn Dialect,
-    table: &Alias,
-    term: &Term<'_>,
-) -> UpdateStatement {
-    Query::update()
-        .table(table.clone())
-        .value(Column::FencingToken, Expr::col(Column::FencingToken))
+    Query::select()
+        .expr(Expr::val(1))
+        .from(table.clone())
         .and_where(term.current(d))
         .to_owned()
 }
@@ -196,31 +152,34 @@ impl SeaOrmLeaseStore {
     ) -> Result<(), FenceError> {
         let term = term.into();
         term.validate()?;
-        let d = self.dialect()?;
+        let form = self.form()?;
+        let d = form.dialect();
         let table = self.table_iden();
-        let held = match txn.get_database_backend() {
-            DbBackend::Sqlite => {
-                let stmt = write_locked_check(d, &table, &term);
+        let held = match form {
+            Form::Sqlite => {
+                let stmt = sqlite::statements::write_lock(&table, term.current(d));
                 let done = txn
                     .execute(&stmt)
                     .await
                     .map_err(|e| classify(e, self.table()))?;
                 done.rows_affected() == 1
             }
-            DbBackend::MySql if self.is_galera(txn).await? => {
+            #[cfg(feature = "mysql")]
+            Form::MySql if mysql::store::is_galera(self, txn).await? => {
                 let touched = txn
-                    .execute(&galera_touch(d, &table, &term))
+                    .execute(&mysql::statements::galera_touch(d, &table, &term))
                     .await
                     .map_err(|e| classify(e, self.table()))?
                     .rows_affected()
                     == 1;
                 if touched {
-                    txn.execute(&galera_untouch(&table, &term))
+                    txn.execute(&mysql::statements::galera_untouch(&table, &term))
                         .await
                         .map_err(|e| classify(e, self.table()))?;
                 }
                 touched
             }
+            #[allow(unreachable_patterns)] // a build with SQLite alone
             _ => {
                 let stmt = share_locked_check(d, &table, &term);
                 // Read to the end, like every statement that decides something.
@@ -245,13 +204,7 @@ impl SeaOrmLeaseStore {
         let term = term.into();
         term.validate()?;
         let d = self.dialect()?;
-        let backend = self.connection().get_database_backend();
-        Ok(Expr::exists(statement_check(
-            d,
-            backend,
-            &self.table_iden(),
-            &term,
-        )))
+        Ok(Expr::exists(statement_check(d, &self.table_iden(), &term)))
     }
 
     /// Runs a statement that carries [`fenced_by`](Self::fenced_by) and returns the rows it
@@ -293,12 +246,13 @@ impl SeaOrmLeaseStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::backend::{mysql::MySql, postgres::Postgres, sqlite::Sqlite};
     use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
 
-    fn term() -> Term<'static> {
+    /// The term the statement tests of every backend fence with.
+    pub(crate) fn term() -> Term<'static> {
         Term {
             resource: "r",
             holder: "me",
@@ -310,47 +264,30 @@ mod tests {
     #[test]
     fn fenced_by_sql_per_backend() {
         let t = Alias::new("orionbeacon_leases");
-        let update = |backend: DbBackend, d: &dyn Dialect| {
+        let update = |d: &dyn Dialect| {
             Query::update()
                 .table(Alias::new("jobs"))
                 .value(Alias::new("owner_token"), 7i64)
                 .and_where(Expr::col(Alias::new("id")).eq(1))
-                .and_where(Expr::exists(statement_check(d, backend, &t, &term())))
+                .and_where(Expr::exists(statement_check(d, &t, &term())))
                 .to_owned()
         };
-        let (sql, values) = update(DbBackend::Postgres, &Postgres).build(PostgresQueryBuilder);
+        let (sql, values) = update(&Postgres).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) FOR SHARE)"#
         );
         assert_eq!(values.0.len(), 6);
-        let (sql, _) = update(DbBackend::MySql, &MySql).build(MysqlQueryBuilder);
+        let (sql, _) = update(&MySql).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
             "UPDATE `jobs` SET `owner_token` = ? WHERE `id` = ? AND EXISTS(SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) LOCK IN SHARE MODE)"
         );
-        let (sql, _) = update(DbBackend::Sqlite, &Sqlite).build(SqliteQueryBuilder);
+        let (sql, _) = update(&Sqlite).build(SqliteQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "jobs" SET "owner_token" = ? WHERE "id" = ? AND EXISTS(SELECT ? FROM "orionbeacon_leases" WHERE "resource" = ? AND "holder" = ? AND "fencing_token" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')))"#
         );
-    }
-
-    #[test]
-    fn galera_fence_writes_the_row_and_puts_it_back() {
-        let t = Alias::new("orionbeacon_leases");
-        let (sql, values) = galera_touch(&MySql, &t, &term()).build(MysqlQueryBuilder);
-        assert_eq!(
-            sql,
-            "UPDATE `orionbeacon_leases` SET `expires_at` = `expires_at` + INTERVAL 1 MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
-        );
-        assert_eq!(values.0.len(), 3);
-        let (sql, values) = galera_untouch(&t, &term()).build(MysqlQueryBuilder);
-        assert_eq!(
-            sql,
-            "UPDATE `orionbeacon_leases` SET `expires_at` = `expires_at` - INTERVAL 1 MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ?"
-        );
-        assert_eq!(values.0.len(), 3);
     }
 
     #[test]
@@ -380,7 +317,8 @@ mod tests {
             sql,
             "SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) LOCK IN SHARE MODE"
         );
-        let (sql, _) = write_locked_check(&Sqlite, &t, &term()).build(SqliteQueryBuilder);
+        let (sql, _) =
+            sqlite::statements::write_lock(&t, term().current(&Sqlite)).build(SqliteQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "orionbeacon_leases" SET "fencing_token" = "fencing_token" WHERE "resource" = ? AND "holder" = ? AND "fencing_token" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#

@@ -8,6 +8,8 @@
 
 use sea_orm::{DbBackend, DbErr, Statement, Value, Values};
 
+use super::Dialect;
+
 const RESOURCE: &str = "\u{1}orion-beacon:resource\u{1}";
 const CANDIDATE: &str = "\u{1}orion-beacon:candidate\u{1}";
 /// A lease length no caller can pass (validated leases are at most 366 days).
@@ -17,32 +19,38 @@ const MILLIS: i64 = 987_654_321_987;
 enum Slot {
     Resource,
     Candidate,
-    Millis,
-    Micros,
-    SqliteModifier,
+    /// The lease length, in the form the backend binds it ([`Dialect::lease_value`]).
+    Lease,
     Fixed(Value),
 }
 
 /// A rendered statement and where each call's values go.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Prepared {
+    dialect: &'static dyn Dialect,
     backend: DbBackend,
     sql: String,
     slots: Vec<Slot>,
 }
 
-/// The SQLite lease modifier for `millis` (see `sqlite::Sqlite::lease_end`).
-pub(crate) fn sqlite_modifier(millis: i64) -> String {
-    format!("+{}.{:03} seconds", millis / 1000, millis % 1000)
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("backend", &self.backend)
+            .field("sql", &self.sql)
+            .field("slots", &self.slots)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Prepared {
     /// Renders `build` once with marker values and records the parameter slots.
     pub(crate) fn new(
+        dialect: &'static dyn Dialect,
         build: impl Fn(&str, &str, i64) -> Result<Statement, DbErr>,
     ) -> Result<Self, DbErr> {
         let stmt = build(RESOURCE, CANDIDATE, MILLIS)?;
-        let modifier = sqlite_modifier(MILLIS);
+        let lease = dialect.lease_value(MILLIS);
         let slots = stmt
             .values
             .map(|v| v.0)
@@ -51,13 +59,12 @@ impl Prepared {
             .map(|value| match &value {
                 Value::String(Some(s)) if s == RESOURCE => Slot::Resource,
                 Value::String(Some(s)) if s == CANDIDATE => Slot::Candidate,
-                Value::String(Some(s)) if *s == modifier => Slot::SqliteModifier,
-                Value::BigInt(Some(n)) if *n == MILLIS => Slot::Millis,
-                Value::BigInt(Some(n)) if *n == MILLIS * 1000 => Slot::Micros,
+                _ if value == lease => Slot::Lease,
                 _ => Slot::Fixed(value),
             })
             .collect();
         Ok(Self {
+            dialect,
             backend: stmt.db_backend,
             sql: stmt.sql,
             slots,
@@ -72,9 +79,7 @@ impl Prepared {
             .map(|slot| match slot {
                 Slot::Resource => Value::from(resource),
                 Slot::Candidate => Value::from(candidate),
-                Slot::Millis => Value::from(millis),
-                Slot::Micros => Value::from(millis.saturating_mul(1000)),
-                Slot::SqliteModifier => Value::from(sqlite_modifier(millis)),
+                Slot::Lease => self.dialect.lease_value(millis),
                 Slot::Fixed(v) => v.clone(),
             })
             .collect();
@@ -85,7 +90,7 @@ impl Prepared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{mysql, postgres::Postgres, sqlite::Sqlite, statements, Dialect};
+    use crate::backend::{mysql, postgres, postgres::Postgres, sqlite::Sqlite, statements};
     use sea_orm::sea_query::Alias;
 
     fn table() -> Alias {
@@ -93,20 +98,23 @@ mod tests {
     }
 
     type Build = Box<dyn Fn(&str, &str, i64) -> Result<Statement, DbErr>>;
+    type Case = (DbBackend, &'static dyn Dialect, Build);
 
     /// Binding into the cached text gives exactly what rendering afresh gives.
     #[test]
     fn bound_statements_equal_fresh_ones() {
-        let cases: Vec<(DbBackend, Build)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 DbBackend::Postgres,
+                &Postgres,
                 Box::new(|r, c, m| {
-                    statements::upsert_reporting(&Postgres, &table(), r, c, m)
+                    postgres::statements::upsert_reporting(&Postgres, &table(), r, c, m)
                         .map(|q| DbBackend::Postgres.build(&q))
                 }),
             ),
             (
                 DbBackend::Sqlite,
+                &Sqlite,
                 Box::new(|r, c, m| {
                     statements::upsert(&Sqlite, &table(), r, c, m)
                         .map(|q| DbBackend::Sqlite.build(&q))
@@ -114,39 +122,45 @@ mod tests {
             ),
             (
                 DbBackend::MySql,
-                Box::new(|r, c, m| mysql::upsert_returning(&table(), r, c, m)),
+                &mysql::MySql,
+                Box::new(|r, c, m| mysql::statements::upsert_returning(&table(), r, c, m)),
             ),
             (
                 DbBackend::Postgres,
+                &Postgres,
                 Box::new(|r, c, _| {
-                    Ok(DbBackend::Postgres.build(&statements::release_notifying(
-                        &Postgres,
-                        &table(),
-                        "orionbeacon_leases",
-                        r,
-                        c,
-                    )))
+                    Ok(
+                        DbBackend::Postgres.build(&postgres::statements::release_notifying(
+                            &Postgres,
+                            &table(),
+                            "orionbeacon_leases",
+                            r,
+                            c,
+                        )),
+                    )
                 }),
             ),
             (
                 DbBackend::MySql,
+                &mysql::MySql,
                 Box::new(|r, c, _| {
                     Ok(DbBackend::MySql.build(&statements::release(&mysql::MySql, &table(), r, c)))
                 }),
             ),
             (
                 DbBackend::Sqlite,
+                &Sqlite,
                 Box::new(|r, _, _| {
                     Ok(DbBackend::Sqlite.build(&statements::current(
-                        &Sqlite as &dyn Dialect,
+                        &Sqlite as &dyn crate::backend::Dialect,
                         &table(),
                         r,
                     )))
                 }),
             ),
         ];
-        for (backend, build) in cases {
-            let prepared = Prepared::new(&build).unwrap();
+        for (backend, dialect, build) in cases {
+            let prepared = Prepared::new(dialect, &build).unwrap();
             for (r, c, m) in [
                 ("nightly-report", "node-a", 15_000),
                 ("r", "c", 1),

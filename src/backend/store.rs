@@ -6,23 +6,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use orion_beacon_entity::{validate_table_name, DEFAULT_TABLE};
 use sea_orm::sea_query::Alias;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult};
 
 use super::errors::{classify, kind, Kind};
 use super::mysql::MySqlUpsert;
 use super::prepared::Prepared;
 use super::statements::{self, Row};
-use super::Dialect;
+use super::{Dialect, Form, Refused};
 use crate::store::{validate_candidate, validate_request, validate_resource};
-use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+use crate::{Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
 
 /// How often a statement is tried when the database reports a conflict with a concurrent
 /// transaction (serialization failure, deadlock, busy SQLite file). Such a failure means the
 /// statement had no effect, so trying again is safe.
-const ATTEMPTS: u32 = 3;
-
-/// MySQL/MariaDB `ER_UNKNOWN_SYSTEM_VARIABLE`.
-const UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
+pub(super) const ATTEMPTS: u32 = 3;
 
 /// A [`LeaseStore`] in a table of the application's database, through SeaORM.
 ///
@@ -34,29 +31,33 @@ const UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
 /// crate). A missing table is reported as [`StoreError::MissingTable`].
 #[derive(Debug, Clone)]
 pub struct SeaOrmLeaseStore {
-    db: DatabaseConnection,
+    pub(super) db: DatabaseConnection,
+    /// The backend, chosen once from the connection (or why there is none).
+    form: Result<Form, Refused>,
     table: Arc<str>,
     /// MySQL/MariaDB only: which upsert form the server takes, detected once.
-    mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
+    pub(super) mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
     /// MySQL/MariaDB only: whether the server is a Galera cluster node, detected once.
-    galera: Arc<tokio::sync::OnceCell<bool>>,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(super) galera: Arc<tokio::sync::OnceCell<bool>>,
     /// SQLite only: whether the journal mode was looked at (once per store).
-    sqlite_checked: Arc<tokio::sync::OnceCell<()>>,
+    pub(super) sqlite_checked: Arc<tokio::sync::OnceCell<()>>,
     /// The statements, rendered once for this backend and table.
     prepared: Arc<PreparedCache>,
     /// PostgreSQL only: the release listener, started on first subscription.
     #[cfg(feature = "postgres")]
-    releases: super::notify::HubCell,
+    releases: super::postgres::notify::HubCell,
     /// Whether [`LeaseStore::release_events`] may listen for release notifications.
     notifications: bool,
     /// PostgreSQL only: the connection goes through a transaction-pooling proxy.
-    transaction_pooling: bool,
+    pub(super) transaction_pooling: bool,
 }
 
 impl SeaOrmLeaseStore {
     /// A store on the default table, `orionbeacon_leases`.
     pub fn new(db: DatabaseConnection) -> Self {
         Self {
+            form: Form::of(&db),
             db,
             table: Arc::from(DEFAULT_TABLE),
             mysql_upsert: Arc::default(),
@@ -141,47 +142,14 @@ impl SeaOrmLeaseStore {
         Alias::new(&*self.table)
     }
 
-    /// The backend comes from the connection. SQLite needs nothing of its driver beyond what
-    /// SeaORM runs, so it works in every build; PostgreSQL and MySQL need their driver's own
-    /// connection type for the check that a grant committed outside any transaction (see
-    /// `autocommit`), which only their cargo features compile in. Without it they are refused
-    /// here, before any statement, rather than run without that check.
-    pub(crate) fn dialect(&self) -> Result<&'static dyn Dialect, StoreError> {
-        match self.db.get_database_backend() {
-            DbBackend::Sqlite => Ok(&super::sqlite::Sqlite),
-            #[cfg(feature = "postgres")]
-            DbBackend::Postgres => Ok(&super::postgres::Postgres),
-            #[cfg(not(feature = "postgres"))]
-            DbBackend::Postgres => Err(unsupported("PostgreSQL", "postgres")),
-            #[cfg(feature = "mysql")]
-            DbBackend::MySql => Ok(&super::mysql::MySql),
-            #[cfg(not(feature = "mysql"))]
-            DbBackend::MySql => Err(unsupported("MySQL", "mysql")),
-            #[allow(unreachable_patterns)]
-            _ => Err(unsupported("unknown", "the matching backend")),
-        }
+    /// The store's backend, or the error every call reports when it has none (see [`Form`]).
+    pub(crate) fn form(&self) -> Result<Form, StoreError> {
+        self.form.map_err(StoreError::from)
     }
 
-    /// SQLite: warns (once per store) when the file is not in WAL mode. In SQLite's default
-    /// rollback journal a commit waits for every reader to finish, and a reader that holds
-    /// the file past the busy timeout makes lease statements fail; with several processes on
-    /// one file, open it with `backend::sqlite::connect_options` (WAL, a 5 s busy timeout).
-    async fn check_sqlite_journal(&self) {
-        let stmt = sea_orm::Statement::from_string(DbBackend::Sqlite, "PRAGMA journal_mode");
-        let mode = match self.db.query_one_raw(stmt).await {
-            Ok(Some(row)) => row.try_get_by_index::<String>(0).unwrap_or_default(),
-            _ => return, // the lease statement will report the error
-        };
-        // `memory`: an in-memory database, one process; `wal`/`wal2`: fine.
-        if !mode.eq_ignore_ascii_case("memory") && !mode.to_ascii_lowercase().starts_with("wal") {
-            tracing::warn!(
-                journal_mode = %mode,
-                table = %self.table,
-                "SQLite file in rollback-journal mode: commits wait for every reader, and lease \
-                 statements fail while a reader holds the file past the busy timeout; open it in \
-                 WAL mode (orion_beacon::backend::sqlite::connect_options does)"
-            );
-        }
+    /// The store's backend's clock and value forms.
+    pub(crate) fn dialect(&self) -> Result<&'static dyn Dialect, StoreError> {
+        self.form().map(Form::dialect)
     }
 
     /// Runs `op` again while the database reports a conflict, at most [`ATTEMPTS`] times.
@@ -204,144 +172,20 @@ impl SeaOrmLeaseStore {
         }
     }
 
-    async fn mysql_form(&self) -> Result<MySqlUpsert, StoreError> {
-        let form = self
-            .mysql_upsert
-            .get_or_try_init(|| async {
-                let version = self
-                    .with_retry(|| {
-                        self.db.query_one_raw(sea_orm::Statement::from_string(
-                            DbBackend::MySql,
-                            "SELECT VERSION()",
-                        ))
-                    })
-                    .await?
-                    .map(|row| row.try_get_by_index::<String>(0))
-                    .transpose()
-                    .map_err(StoreError::Database)?
-                    .unwrap_or_default();
-                let form = MySqlUpsert::for_version(&version);
-                tracing::debug!(%version, ?form, "MySQL upsert form chosen");
-                Ok::<_, StoreError>(form)
-            })
-            .await?;
-        Ok(*form)
-    }
-
-    /// MySQL/MariaDB: whether the server replicates with Galera (`@@GLOBAL.wsrep_on`), where
-    /// row locks stay on their node and the fence must write instead. Servers without the
-    /// variable (MySQL) are not. Asked on `conn` (the caller's transaction: no second pooled
-    /// connection is needed, and a proxy cannot send the question elsewhere), once per store.
-    pub(crate) async fn is_galera<C: ConnectionTrait>(&self, conn: &C) -> Result<bool, StoreError> {
-        let galera = self
-            .galera
-            .get_or_try_init(|| async {
-                let stmt = sea_orm::Statement::from_string(
-                    DbBackend::MySql,
-                    "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)",
-                );
-                let on = match conn.query_one_raw(stmt).await {
-                    Ok(row) => {
-                        row.map(|r| r.try_get_by_index::<i64>(0))
-                            .transpose()
-                            .map_err(StoreError::Database)?
-                            .unwrap_or(0)
-                            != 0
-                    }
-                    // MySQL, or a MariaDB built without wsrep: no such variable. Any other
-                    // error is not an answer (and is not cached): try again next time.
-                    Err(e)
-                        if super::errors::mysql_error_number(&e)
-                            == Some(UNKNOWN_SYSTEM_VARIABLE) =>
-                    {
-                        false
-                    }
-                    Err(e) => return Err(classify(e, &self.table)),
-                };
-                tracing::debug!(galera = on, "MySQL replication detected");
-                Ok::<_, StoreError>(on)
-            })
-            .await?;
-        Ok(*galera)
-    }
-
-    /// MySQL/MariaDB acquire-or-renew: the rows after the statement, read to the end.
-    async fn mysql_upsert(
-        &self,
-        resource: &str,
-        candidate: &str,
-        millis: i64,
-    ) -> Result<Vec<QueryResult>, StoreError> {
-        use sea_orm::TransactionTrait;
-        let table = self.table_iden();
-        match self.mysql_form().await? {
-            MySqlUpsert::Returning => {
-                let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
-                self.deciding(stmt).await
-            }
-            MySqlUpsert::Transaction => {
-                let upsert = super::mysql::upsert(&table, resource, candidate, millis)
-                    .map_err(StoreError::Database)?;
-                let read = statements::current(&super::mysql::MySql, &table, resource);
-                self.with_retry(|| async {
-                    let txn = self.db.begin().await?;
-                    txn.execute(&upsert).await?;
-                    // The upsert holds the row's lock until commit: this reads what it left.
-                    let rows = txn.query_all(&read).await?;
-                    // Nothing is reported before the commit is known.
-                    txn.commit().await?;
-                    Ok(rows)
-                })
-                .await
-            }
-        }
-    }
-
-    /// Runs a statement that decides an outcome and reads every row it sends, to the end.
+    /// Runs a statement that decides an outcome on a backend without further checks (SQLite,
+    /// and connections SeaORM fakes), read to the end: see [`postgres::store`](super::postgres)
+    /// and [`mysql::store`](super::mysql) for the checked forms.
     ///
     /// A driver that stops after the first row never sees what the statement did afterwards:
     /// SQLite sends `RETURNING` rows before it commits (and a commit that cannot get its lock
     /// rolls the statement back), PostgreSQL reports commit-time errors after the rows, and a
     /// Galera node sends rows before certification. Only a statement read to its end, without
-    /// an error, has committed; on MariaDB and PostgreSQL it is also checked to have run
-    /// outside any transaction (see `autocommit`).
-    async fn deciding(&self, stmt: sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
-        #[cfg(any(feature = "postgres", feature = "mysql"))]
-        use sea_orm::DatabaseConnectionType as Conn;
-        match &self.db.inner {
-            #[cfg(feature = "postgres")]
-            Conn::SqlxPostgresPoolConnection(_) if self.transaction_pooling => {
-                self.pooled(&stmt).await
-            }
-            #[cfg(feature = "postgres")]
-            Conn::SqlxPostgresPoolConnection(_) => {
-                let pool = self.db.get_postgres_connection_pool();
-                self.autocommitted(|| {
-                    super::autocommit::postgres(pool, &stmt, statements::TRANSACTION_START_COLUMN)
-                })
-                .await
-            }
-            #[cfg(feature = "mysql")]
-            Conn::SqlxMySqlPoolConnection(_) => {
-                let pool = self.db.get_mysql_connection_pool();
-                self.autocommitted(|| {
-                    super::autocommit::mysql(pool, &stmt, super::mysql::IN_TRANSACTION_COLUMN)
-                })
-                .await
-            }
-            _ => {
-                self.with_retry(|| self.db.query_all_raw(stmt.clone()))
-                    .await
-            }
-        }
-    }
-
-    /// PostgreSQL behind a transaction-pooling proxy: `stmt` as an unnamed statement in a
-    /// transaction of its own, read to the end; its rows once `COMMIT` succeeded.
-    #[cfg(feature = "postgres")]
-    async fn pooled(&self, stmt: &sea_orm::Statement) -> Result<Vec<QueryResult>, StoreError> {
-        let pool = self.db.get_postgres_connection_pool();
-        self.with_retry(|| super::autocommit::postgres_in_transaction(pool, stmt))
+    /// an error, has committed.
+    pub(super) async fn read_to_end(
+        &self,
+        stmt: sea_orm::Statement,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        self.with_retry(|| self.db.query_all_raw(stmt.clone()))
             .await
     }
 
@@ -352,41 +196,10 @@ impl SeaOrmLeaseStore {
         stmt: sea_orm::Statement,
     ) -> Result<Vec<QueryResult>, StoreError> {
         #[cfg(feature = "postgres")]
-        if let sea_orm::DatabaseConnectionType::SqlxPostgresPoolConnection(_) = &self.db.inner {
-            if self.transaction_pooling {
-                return self.pooled(&stmt).await;
-            }
+        if let Some(pooled) = super::postgres::store::pooled(self, &stmt).await {
+            return pooled;
         }
-        self.with_retry(|| self.db.query_all_raw(stmt.clone()))
-            .await
-    }
-
-    /// Runs a checked statement (see `autocommit`), again on another connection when the one
-    /// it got was inside an abandoned transaction, at most [`ATTEMPTS`] times in all.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    async fn autocommitted<F, Fut>(&self, mut run: F) -> Result<Vec<QueryResult>, StoreError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<super::autocommit::Checked, DbErr>>,
-    {
-        use super::autocommit::Checked;
-        for attempt in 1..=ATTEMPTS {
-            match self.with_retry(&mut run).await? {
-                Checked::Committed(rows) => return Ok(rows),
-                Checked::InAbandonedTransaction => tracing::warn!(
-                    table = %self.table,
-                    attempt,
-                    "a pooled connection was inside a transaction (one nobody finished, e.g. a \
-                     future dropped during `begin()`, or a session with autocommit off); closed \
-                     it, its lease statement does not count"
-                ),
-            }
-        }
-        Err(StoreError::Conflict {
-            source: DbErr::Custom(
-                "every pooled connection tried was inside an abandoned transaction".to_owned(),
-            ),
-        })
+        self.read_to_end(stmt).await
     }
 
     /// A row of the lease table that could not be read back.
@@ -394,6 +207,36 @@ impl SeaOrmLeaseStore {
         StoreError::Decode {
             table: self.table.to_string(),
             source,
+        }
+    }
+
+    /// The one row a deciding statement returned, or `None`. Several rows for one statement
+    /// mean a Galera node re-ran the upsert after a failed certification and sent the rows of
+    /// both attempts. Trust none of them: it is no grant, and not a denial either (a leader
+    /// keeps its term to its deadline and asks again); if the re-run did grant us the lease,
+    /// the next attempt renews it.
+    pub(super) fn single_row<'r>(
+        &self,
+        rows: &'r [QueryResult],
+    ) -> Result<Option<&'r QueryResult>, StoreError> {
+        match rows {
+            [] => Ok(None),
+            [row] => Ok(Some(row)),
+            [..] => {
+                tracing::warn!(
+                    table = %self.table,
+                    rows = rows.len(),
+                    "the lease statement returned several rows (a server-side retry?); not a grant"
+                );
+                Err(StoreError::Conflict {
+                    source: DbErr::Custom(format!(
+                        "the lease statement returned {} rows (a server-side retry after a \
+                         certification conflict); none of them is trusted",
+                        rows.len()
+                    ))
+                    .into(),
+                })
+            }
         }
     }
 
@@ -421,15 +264,19 @@ impl SeaOrmLeaseStore {
     ) -> Result<sea_orm::Statement, StoreError> {
         validate_resource(resource)?;
         validate_candidate(candidate)?;
-        let d = self.dialect()?;
-        let backend = self.db.get_database_backend();
-        let table = self.table_iden();
-        let prepared = cached(&self.prepared.release, |r, c, _| {
-            Ok(match backend {
+        let form = self.form()?;
+        let (d, backend, table) = (form.dialect(), form.backend(), self.table_iden());
+        let prepared = cached(&self.prepared.release, form, |r, c, _| {
+            Ok(match form {
                 // The release and the wake-up of the followers (`pg_notify`), in one statement.
-                DbBackend::Postgres => {
-                    backend.build(&statements::release_notifying(d, &table, &self.table, r, c))
-                }
+                #[cfg(feature = "postgres")]
+                Form::Postgres => backend.build(&super::postgres::statements::release_notifying(
+                    d,
+                    &table,
+                    &self.table,
+                    r,
+                    c,
+                )),
                 _ => backend.build(&statements::release(d, &table, r, c)),
             })
         })?;
@@ -446,49 +293,62 @@ impl SeaOrmLeaseStore {
     ) -> Result<Option<sea_orm::Statement>, StoreError> {
         validate_resource(&lease.resource)?;
         validate_candidate(&lease.holder)?;
-        let d = self.dialect()?;
-        let backend = self.db.get_database_backend();
-        let Some(update) = statements::release_write(d, &self.table_iden(), lease) else {
+        let form = self.form()?;
+        let backend = form.backend();
+        let Some(update) = statements::release_write(form.dialect(), &self.table_iden(), lease)
+        else {
             return Ok(None);
         };
-        Ok(Some(match backend {
-            DbBackend::Postgres => backend.build(&statements::notifying(update, &self.table)),
+        Ok(Some(match form {
+            #[cfg(feature = "postgres")]
+            Form::Postgres => {
+                backend.build(&super::postgres::statements::notifying(update, &self.table))
+            }
             _ => backend.build(&update),
         }))
     }
 
     /// Runs a release statement: whether it released a lease.
     async fn run_release(&self, stmt: sea_orm::Statement) -> Result<bool, StoreError> {
-        if self.db.get_database_backend() == DbBackend::Postgres {
+        match self.form()? {
             // The notifying form returns one row per released lease.
-            return Ok(!self.plain(stmt).await?.is_empty());
+            #[cfg(feature = "postgres")]
+            Form::Postgres => Ok(!self.plain(stmt).await?.is_empty()),
+            _ => {
+                let result = self
+                    .with_retry(|| self.db.execute_raw(stmt.clone()))
+                    .await?;
+                Ok(result.rows_affected() > 0)
+            }
         }
-        let result = self
-            .with_retry(|| self.db.execute_raw(stmt.clone()))
-            .await?;
-        Ok(result.rows_affected() > 0)
     }
 
     /// The acquire-or-renew statement of this backend (for MySQL/MariaDB, the `RETURNING`
     /// form), rendered once.
-    fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
-        let d = self.dialect()?;
-        let backend = self.db.get_database_backend();
+    pub(super) fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
+        let form = self.form()?;
         let table = self.table_iden();
-        cached(&self.prepared.acquire, |r, c, m| match backend {
-            DbBackend::Postgres => {
-                statements::upsert_reporting(d, &table, r, c, m).map(|q| backend.build(&q))
+        cached(&self.prepared.acquire, form, |r, c, m| match form {
+            #[cfg(feature = "postgres")]
+            Form::Postgres => {
+                super::postgres::statements::upsert_reporting(form.dialect(), &table, r, c, m)
+                    .map(|q| form.backend().build(&q))
             }
-            DbBackend::MySql => super::mysql::upsert_returning(&table, r, c, m),
-            _ => statements::upsert(d, &table, r, c, m).map(|q| backend.build(&q)),
+            #[cfg(feature = "mysql")]
+            Form::MySql => super::mysql::statements::upsert_returning(&table, r, c, m),
+            Form::Sqlite => statements::upsert(form.dialect(), &table, r, c, m)
+                .map(|q| form.backend().build(&q)),
         })
     }
 
-    async fn read_row(&self, d: &dyn Dialect, resource: &str) -> Result<Option<Row>, StoreError> {
-        let backend = self.db.get_database_backend();
+    /// The stored row of `resource`, read with a plain statement.
+    pub(super) async fn read_row(&self, resource: &str) -> Result<Option<Row>, StoreError> {
+        let form = self.form()?;
         let table = self.table_iden();
-        let stmt = cached(&self.prepared.current, |r, _, _| {
-            Ok(backend.build(&statements::current(d, &table, r)))
+        let stmt = cached(&self.prepared.current, form, |r, _, _| {
+            Ok(form
+                .backend()
+                .build(&statements::current(form.dialect(), &table, r)))
         })?
         .bind(resource, "", 0);
         let row = self.plain(stmt).await?.into_iter().next();
@@ -509,17 +369,15 @@ struct PreparedCache {
 /// The cached statement in `cell`, rendering it with `build` the first time.
 fn cached(
     cell: &OnceLock<Prepared>,
+    form: Form,
     build: impl Fn(&str, &str, i64) -> Result<sea_orm::Statement, DbErr>,
 ) -> Result<&Prepared, StoreError> {
     if let Some(prepared) = cell.get() {
         return Ok(prepared);
     }
-    let prepared = Prepared::new(build).map_err(StoreError::Database)?;
+    let prepared =
+        Prepared::new(form.dialect(), build).map_err(|e| StoreError::Database(e.into()))?;
     Ok(cell.get_or_init(|| prepared))
-}
-
-fn unsupported(backend: &'static str, feature: &'static str) -> StoreError {
-    StoreError::UnsupportedBackend { backend, feature }
 }
 
 #[async_trait]
@@ -531,72 +389,19 @@ impl LeaseStore for SeaOrmLeaseStore {
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
-        let d = self.dialect()?;
-        let backend = self.db.get_database_backend();
-        let unknown = || Denial::new(resource);
-        if backend == DbBackend::Sqlite {
-            self.sqlite_checked
-                .get_or_init(|| self.check_sqlite_journal())
-                .await;
+        match self.form()? {
+            #[cfg(feature = "postgres")]
+            Form::Postgres => {
+                super::postgres::store::acquire_or_renew(self, resource, candidate, millis).await
+            }
+            #[cfg(feature = "mysql")]
+            Form::MySql => {
+                super::mysql::store::acquire_or_renew(self, resource, candidate, millis).await
+            }
+            Form::Sqlite => {
+                super::sqlite::store::acquire_or_renew(self, resource, candidate, millis).await
+            }
         }
-        let rows = if backend == DbBackend::MySql {
-            self.mysql_upsert(resource, candidate, millis).await?
-        } else {
-            let stmt = self.acquire_prepared()?.bind(resource, candidate, millis);
-            self.deciding(stmt).await?
-        };
-        let row = match rows.as_slice() {
-            [] if backend == DbBackend::MySql => {
-                return Err(
-                    self.decode_error(DbErr::RecordNotFound("the upserted lease row".to_owned()))
-                );
-            }
-            // PostgreSQL: a first insert raced ours and is not in our snapshot.
-            [] if backend == DbBackend::Postgres => return Ok(LeaseOutcome::Denied(unknown())),
-            // SQLite: denied, the statement changed nothing. Say who holds the lease with a
-            // plain read; it is only a report (the holder may change between the two).
-            [] => {
-                let report = match self.read_row(d, resource).await? {
-                    Some(row) => row.denial_for(resource, candidate),
-                    None => unknown(),
-                };
-                return Ok(LeaseOutcome::Denied(report));
-            }
-            [row] => row,
-            // One statement, several rows: a Galera node re-ran the upsert after a failed
-            // certification and sent the rows of both attempts. Trust none of them: it is no
-            // grant, and not a denial either (a leader keeps its term to its deadline and asks
-            // again); if the re-run did grant us the lease, the next attempt renews it.
-            [..] => {
-                tracing::warn!(
-                    table = %self.table,
-                    rows = rows.len(),
-                    "the lease statement returned several rows (a server-side retry?); not a grant"
-                );
-                return Err(StoreError::Conflict {
-                    source: DbErr::Custom(format!(
-                        "the lease statement returned {} rows (a server-side retry after a \
-                         certification conflict); none of them is trusted",
-                        rows.len()
-                    )),
-                });
-            }
-        };
-        if backend == DbBackend::Postgres {
-            // One round trip whatever the outcome: the upsert, or the row that denied it.
-            let granted: bool = row
-                .try_get_by_index(6)
-                .map_err(|source| self.decode_error(source))?;
-            let decoded = Row::decode(row).map_err(|source| self.decode_error(source))?;
-            return Ok(if granted {
-                decoded.outcome(resource, candidate)
-            } else {
-                // The report comes from the statement's snapshot: it can even name us.
-                LeaseOutcome::Denied(decoded.denial_for(resource, candidate))
-            });
-        }
-        let decoded = Row::decode(row).map_err(|source| self.decode_error(source))?;
-        Ok(decoded.outcome(resource, candidate))
     }
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
@@ -620,7 +425,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         }
         #[cfg(feature = "postgres")]
         {
-            super::notify::subscribe(&self.releases, &self.db, &self.table)
+            super::postgres::notify::subscribe(&self.releases, &self.db, &self.table)
         }
         #[cfg(not(feature = "postgres"))]
         {
@@ -629,16 +434,16 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     /// `Err(StoreError::UnsupportedBackend)` for a connection whose backend this build cannot
-    /// serve safely (see [`SeaOrmLeaseStore`]'s feature notes).
+    /// serve safely (see [`SeaOrmLeaseStore`]'s feature notes), and
+    /// `Err(StoreError::Disconnected)` for a disconnected one.
     fn validate(&self) -> Result<(), StoreError> {
-        self.dialect().map(|_| ())
+        self.form().map(|_| ())
     }
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         validate_resource(resource)?;
-        let d = self.dialect()?;
         Ok(self
-            .read_row(d, resource)
+            .read_row(resource)
             .await?
             .map(|row| row.record(resource)))
     }

@@ -523,7 +523,9 @@ fn store_failure(ctx: &Ctx, err: StoreError) -> Failure {
         | StoreError::InvalidLeaseDuration { .. }
         | StoreError::InvalidTableName(_)
         | StoreError::UnsupportedBackend { .. } => bad_input(&err),
-        StoreError::Database(DbErr::Conn(_) | DbErr::ConnectionAcquire(_)) => Failure::new(
+        StoreError::Database(orion_beacon::BackendError::SeaOrm(
+            DbErr::Conn(_) | DbErr::ConnectionAcquire(_),
+        )) => Failure::new(
             exit::UNREACHABLE,
             format!(
                 "cannot reach the database at {}: {}",

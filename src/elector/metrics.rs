@@ -107,25 +107,5 @@ impl Metrics {
 
 /// The `kind` label of a store error.
 pub(crate) fn error_kind(err: &StoreError) -> &'static str {
-    match err {
-        StoreError::InvalidResource { .. }
-        | StoreError::InvalidCandidate { .. }
-        | StoreError::InvalidLeaseDuration { .. }
-        | StoreError::InvalidTableName(_) => "invalid_input",
-        StoreError::MissingTable { .. } => "missing_table",
-        StoreError::Conflict { .. } => "conflict",
-        StoreError::UnsupportedBackend { .. } => "unsupported_backend",
-        StoreError::Decode { .. } => "decode",
-        StoreError::Database(_) => "database",
-        #[cfg(feature = "sqlserver")]
-        StoreError::InvalidConnectionString { .. } => "invalid_input",
-        #[cfg(feature = "sqlserver")]
-        StoreError::SqlServerMissingTable { .. } => "missing_table",
-        #[cfg(feature = "sqlserver")]
-        StoreError::SqlServerConflict { .. } => "conflict",
-        #[cfg(feature = "sqlserver")]
-        StoreError::SqlServer(_) => "database",
-        #[allow(unreachable_patterns)]
-        _ => "other",
-    }
+    err.kind().as_str()
 }

@@ -1,96 +1,17 @@
-//! MySQL and MariaDB: `UTC_TIMESTAMP(6)` is the clock, `DATETIME(6)` the column type.
-//!
-//! sea-query's MySQL builder silently drops `ON CONFLICT ... WHERE` and `RETURNING`: a
-//! PostgreSQL-shaped upsert run here would overwrite a live lease. So this backend builds its
-//! own `INSERT ... ON DUPLICATE KEY UPDATE`, where every assignment is conditional.
-//!
-//! The assignments give the same row whichever way the server evaluates them. By default
-//! MySQL and MariaDB run them left to right, each seeing the columns already updated; with
-//! MariaDB's `SIMULTANEOUS_ASSIGNMENT` `sql_mode` flag (part of `sql_mode=ORACLE`) every one
-//! reads the old row. So `renewed_at`, `acquired_at`, `fencing_token` and `holder` come first
-//! and read only columns assigned after them (old values either way), and `expires_at` comes
-//! last with a condition that is true for a new term or a renew whether `holder` is already
-//! the new one (the candidate exactly when granted) or still the old one (then the old row's
-//! "held by the candidate, or expired" decides).
-//!
-//! Two ways to read the result, chosen per server with `SELECT VERSION()`:
-//! - MariaDB 10.5+: the statement ends in `RETURNING`, which gives the final row in every case
-//!   (granted, renewed, or the unchanged row of the holder that denied us): one round trip.
-//! - MySQL (no `RETURNING`): one transaction, the upsert then a read of the row it locked,
-//!   then commit.
+//! MySQL's and MariaDB's own statements: the conditional `INSERT ... ON DUPLICATE KEY UPDATE`
+//! (every assignment conditional, in an order that gives the same row under
+//! `SIMULTANEOUS_ASSIGNMENT`: see the module above), and MariaDB's form of it with `RETURNING`.
 
+use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
-    Alias, Expr, ExprTrait, InsertStatement, MysqlQueryBuilder, OnConflict, Query,
+    Alias, Expr, ExprTrait, InsertStatement, MysqlQueryBuilder, OnConflict, Query, UpdateStatement,
 };
 use sea_orm::{DbBackend, DbErr, Statement};
 
-use orion_beacon_entity::lease::Column;
-
-use super::statements::{insert_new_row, returned_row};
-use super::Dialect;
-
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(crate) struct MySql;
-
-impl Dialect for MySql {
-    fn now(&self) -> Expr {
-        // Evaluated once per statement; UTC regardless of the session time zone.
-        Expr::cust("UTC_TIMESTAMP(6)")
-    }
-
-    // `SYSDATE(6)` is read when the row is written, after any row-lock wait, but in the
-    // session's time zone; the statement's constant UTC offset turns it into UTC.
-    fn lease_end(&self, millis: i64) -> Expr {
-        Expr::cust_with_values(
-            "SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND",
-            [millis.saturating_mul(1000)],
-        )
-    }
-
-    fn one_tick_after(&self, ts: Expr) -> Expr {
-        Expr::cust_with_exprs("? + INTERVAL 1 MICROSECOND", [ts])
-    }
-
-    // `DATETIME(6)` holds UTC without a zone: compare with the naive UTC value.
-    fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr {
-        Expr::val(t.naive_utc())
-    }
-
-    fn remaining_millis(&self, expires: Expr) -> Expr {
-        Expr::cust_with_exprs(
-            "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), ?) DIV 1000",
-            [expires],
-        )
-    }
-}
-
-/// How the result of the MySQL upsert is read back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MySqlUpsert {
-    /// `INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING` (MariaDB 10.5 and later).
-    Returning,
-    /// A transaction: the upsert, then a read of the row before commit (MySQL).
-    Transaction,
-}
-
-impl MySqlUpsert {
-    /// The form a server supports, from its `SELECT VERSION()` answer.
-    pub fn for_version(version: &str) -> Self {
-        let Some(idx) = version.find("MariaDB") else {
-            return MySqlUpsert::Transaction;
-        };
-        // "10.11.6-MariaDB-0+deb12u1", or "5.5.5-10.11.6-MariaDB" through some proxies.
-        let numbers = version[..idx].trim_start_matches("5.5.5-");
-        let mut parts = numbers
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|p| p.parse::<u32>().ok());
-        match (parts.next(), parts.next()) {
-            (Some(major), Some(minor)) if (major, minor) >= (10, 5) => MySqlUpsert::Returning,
-            _ => MySqlUpsert::Transaction,
-        }
-    }
-}
+use super::MySql;
+use crate::backend::fence::Term;
+use crate::backend::statements::{insert_new_row, returned_row};
+use crate::backend::Dialect;
 
 /// The conditional upsert (without `RETURNING`).
 pub(crate) fn upsert(
@@ -185,36 +106,40 @@ pub(crate) fn upsert_returning(
     ))
 }
 
+/// Galera: the check as a write of the lease row, the expiry one microsecond later (the lease
+/// only ever looks longer to a dirty reader, never shorter). [`galera_untouch`] puts it back
+/// in the same transaction; the row's key stays in the write set either way, so certification
+/// orders this transaction against any rival's acquire on another node.
+pub(crate) fn galera_touch(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(
+            Column::ExpiresAt,
+            Expr::cust_with_exprs("? + INTERVAL 1 MICROSECOND", [Expr::col(Column::ExpiresAt)]),
+        )
+        .and_where(term.current(d))
+        .to_owned()
+}
+
+/// Galera: undoes [`galera_touch`] on the row this transaction holds locked.
+pub(crate) fn galera_untouch(table: &Alias, term: &Term<'_>) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(
+            Column::ExpiresAt,
+            Expr::cust_with_exprs("? - INTERVAL 1 MICROSECOND", [Expr::col(Column::ExpiresAt)]),
+        )
+        .and_where(Expr::col(Column::Resource).eq(term.resource))
+        .and_where(Expr::col(Column::Holder).eq(term.holder))
+        .and_where(Expr::col(Column::FencingToken).eq(term.token.get()))
+        .to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::fence::tests::term;
     use crate::backend::statements::{current, release};
-
-    #[test]
-    fn version_detection() {
-        assert_eq!(
-            MySqlUpsert::for_version("10.11.19-MariaDB-0+deb12u1"),
-            MySqlUpsert::Returning
-        );
-        assert_eq!(
-            MySqlUpsert::for_version("10.5.0-MariaDB"),
-            MySqlUpsert::Returning
-        );
-        assert_eq!(
-            MySqlUpsert::for_version("5.5.5-10.6.12-MariaDB-log"),
-            MySqlUpsert::Returning
-        );
-        assert_eq!(
-            MySqlUpsert::for_version("10.4.32-MariaDB"),
-            MySqlUpsert::Transaction
-        );
-        assert_eq!(MySqlUpsert::for_version("8.0.36"), MySqlUpsert::Transaction);
-        assert_eq!(
-            MySqlUpsert::for_version("8.4.0-commercial"),
-            MySqlUpsert::Transaction
-        );
-        assert_eq!(MySqlUpsert::for_version(""), MySqlUpsert::Transaction);
-    }
 
     const UPSERT: &str = concat!(
         "INSERT INTO `orionbeacon_leases` (`resource`, `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`) ",
@@ -268,5 +193,22 @@ mod tests {
             sql,
             "SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000 FROM `orionbeacon_leases` WHERE `resource` = ?"
         );
+    }
+
+    #[test]
+    fn galera_fence_writes_the_row_and_puts_it_back() {
+        let t = Alias::new("orionbeacon_leases");
+        let (sql, values) = galera_touch(&MySql, &t, &term()).build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            "UPDATE `orionbeacon_leases` SET `expires_at` = `expires_at` + INTERVAL 1 MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
+        );
+        assert_eq!(values.0.len(), 3);
+        let (sql, values) = galera_untouch(&t, &term()).build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            "UPDATE `orionbeacon_leases` SET `expires_at` = `expires_at` - INTERVAL 1 MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ?"
+        );
+        assert_eq!(values.0.len(), 3);
     }
 }

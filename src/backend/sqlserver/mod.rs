@@ -1,73 +1,89 @@
-//! SQL Server: [`SqlServerLeaseStore`], straight over TDS with `tiberius`.
+//! SQL Server: [`SqlServerLeaseStore`], straight over TDS with `tiberius` (cargo feature
+//! `sqlserver`).
 //!
 //! Open-source SeaORM and sea-query have no SQL Server backend, so this store talks to SQL Server
-//! directly: TDS 7.3 over rustls (no OpenSSL), tokio through tokio-util's compat layer, and a
-//! small pool of its own. The contract and the rules are those of every other store (see
-//! [`LeaseStore`]); only the statements differ:
+//! (2016 or later, or Azure SQL) directly: TDS 7.3 over rustls (no OpenSSL), tokio through
+//! tokio-util's compat layer, and a pool of its own (deadpool; see [`SqlServerLeaseStore`] for
+//! connecting, connection strings, encryption and the pool). The contract and the rules are those
+//! of every other store (see [`LeaseStore`]); only the statements differ.
 //!
-//! - acquire-or-renew is one `MERGE ... WITH (HOLDLOCK) ... OUTPUT inserted....;`. `HOLDLOCK`
-//!   (serializable) locks the key range, so two racers for a fresh resource cannot both take
-//!   the `WHEN NOT MATCHED` branch; the lease filter sits in `WHEN MATCHED AND (...)`, never in
-//!   `ON`, so a live lease of someone else matches and is left alone instead of falling through
-//!   to an insert. No `OUTPUT` row means denied, and a plain read then reports the holder.
-//! - every time comes from the database clock: one `DECLARE @now datetime2(7) =
-//!   SYSUTCDATETIME()` opens each batch, so every comparison in it agrees; the acquire batch
-//!   first locks the lease row's key range and then reads the clock again (`@written`), so a
-//!   lease granted after a wait behind a fence still runs its full length from the grant;
-//! - deadlocks (1205) and duplicate keys (2627, defensively) mean the statement had no effect:
-//!   they are retried a few times, then reported as [`StoreError::SqlServerConflict`].
+//! # The table
+//!
+//! The table comes from the versioned T-SQL in
+//! `sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql` of this crate (the same version name
+//! as the SeaORM migration, which cannot run on SQL Server; this module includes that file:
+//! [`MIGRATION_SQL`]): `IF OBJECT_ID(...) IS NULL CREATE TABLE ...` with `resource`/`holder` as
+//! `nvarchar(255) COLLATE Latin1_General_100_BIN2` (names compare byte for byte, as on the other
+//! backends), `fencing_token bigint` and `datetime2(7)` UTC times. Apply it with your own tools
+//! ([`SqlServerLeaseStore::migration_sql`] gives it for a custom table), or call
+//! [`SqlServerLeaseStore::migrate`], which sends exactly that text and is safe to run from several
+//! processes at once.
 //!
 //! `OUTPUT` without `INTO` fails (error 334) on a table with enabled triggers: leave the lease
 //! table without triggers.
 //!
-//! The table comes from the versioned T-SQL in
-//! `migration/sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql` (this module
-//! includes that file: [`MIGRATION_SQL`]), applied by hand or by
-//! [`SqlServerLeaseStore::migrate`].
+//! # The statements
+//!
+//! - acquire-or-renew is one statement after `DECLARE @now datetime2(7) = SYSUTCDATETIME();` (one
+//!   database-clock reading per batch, so every comparison in it agrees): `MERGE <table> WITH
+//!   (HOLDLOCK) AS t USING (SELECT @P1 AS resource, @P2 AS holder) AS s ON t.resource = s.resource
+//!   WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE ... WHEN NOT
+//!   MATCHED THEN INSERT ... OUTPUT inserted....;`. `HOLDLOCK` (serializable) locks the key range,
+//!   so two racers for a fresh resource cannot both take the `WHEN NOT MATCHED` branch; the lease
+//!   filter sits in `WHEN MATCHED AND (...)`, never in `ON`, so a live lease of someone else
+//!   matches and is left alone instead of falling through to an insert. No `OUTPUT` row means
+//!   denied, and a plain read then reports the holder. Every value is an `@Pn` parameter.
+//! - the acquire batch first locks the lease row's key range and then reads the clock again
+//!   (`@written`), so a lease granted after a wait behind a fence still runs its full length from
+//!   the grant.
+//! - deadlocks (1205) and duplicate keys (2627, defensively) mean the statement had no effect:
+//!   they are retried up to 5 times, then reported as the retryable [`StoreError::Conflict`].
+//!
+//! # Fenced writes
+//!
+//! There is no SeaORM transaction to fence here: run [`SqlServerLeaseStore::fence_sql`] (`SELECT 1
+//! ... WITH (HOLDLOCK, ROWLOCK) WHERE <term is current>`) in your own transaction before your
+//! writes. The rival's `MERGE` waits for its shared lock until your transaction ends. The fence is
+//! not covered by the fencing tests, which need a server.
+//!
+//! # Names
+//!
+//! SQL Server counts `nvarchar(255)` in UTF-16 code units, so a resource or candidate name of more
+//! than 255 code units (characters outside the Basic Multilingual Plane count twice) is refused
+//! before any SQL runs.
+//!
+//! # Errors
+//!
+//! A missing table is [`StoreError::MissingTable`] (its message says how to migrate), a refused
+//! connection string [`StoreError::InvalidConnectionString`], a conflict that outlasted the retries
+//! [`StoreError::Conflict`], anything else from SQL Server [`StoreError::Database`]; each keeps
+//! tiberius' error as its source.
+//!
+//! The module's parts: the store here, its T-SQL in `tsql`, its connection pool in `pool`.
 
-use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use orion_beacon_entity::{validate_table_name, DEFAULT_TABLE};
 use sea_orm::DbErr;
 use tiberius::error::Error as TdsError;
-use tiberius::{Client, Config, FromSql, SqlBrowser, ToSql};
-use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
-use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+use tiberius::{Config, FromSql, ToSql};
 
 use super::statements::Row;
 use crate::store::{validate_candidate, validate_request, validate_resource, MAX_NAME_LEN};
 use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
 
-/// The version name of the lease-table migration, the same as the SeaORM migration's.
-pub const MIGRATION_NAME: &str = "m20261129_000001_create_orionbeacon_leases";
+mod pool;
+mod tsql;
 
-/// The versioned, idempotent T-SQL that creates the default lease table
-/// (`migration/sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql`, next to the
-/// SeaORM migration; this crate ships an identical copy in `sql/` so it builds when packaged).
-/// [`SqlServerLeaseStore::migration_sql`] gives it for the store's own table.
-pub const MIGRATION_SQL: &str =
-    include_str!("../../sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql");
+use pool::{keeps_connection, Connection, Pool, DEFAULT_MAX_CONNECTIONS};
+use tsql::{fence_sql, migration_sql, Statements};
+pub use tsql::{MIGRATION_NAME, MIGRATION_SQL};
 
 /// How often a statement is tried when SQL Server picks it as a deadlock victim (1205) or
 /// reports a duplicate key (2627). Either way the statement had no effect.
 const ATTEMPTS: u32 = 5;
-
-/// Connections a store opens at most, unless told otherwise.
-const DEFAULT_MAX_CONNECTIONS: usize = 4;
-
-/// Establishing the TCP connection (the TDS handshake has tiberius' own 15 s timeout).
-const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// An idle connection older than this is closed rather than reused: servers, load balancers and
-/// firewalls drop idle connections, and a lease store must not fail on a stale one.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Server errors of this severity or more close the connection.
-const FATAL_SEVERITY: u8 = 20;
 
 /// SQL Server error numbers the store treats specially.
 mod code {
@@ -79,123 +95,6 @@ mod code {
     pub const DUPLICATE_KEY: u32 = 2627;
     /// There is already an object of that name (a concurrent `migrate`).
     pub const OBJECT_EXISTS: u32 = 2714;
-}
-
-type Connection = Client<Compat<TcpStream>>;
-
-/// A table name, bracket-quoted (the name is validated first, so it never holds a `]`; one is
-/// doubled anyway, as T-SQL quoting demands).
-fn quoted(table: &str) -> String {
-    format!("[{}]", table.replace(']', "]]"))
-}
-
-/// The one-statement acquire-or-renew (after the `@now` declaration). Parameters: `@P1` the
-/// resource, `@P2` the candidate, `@P3` whole seconds and `@P4` the remaining milliseconds of
-/// the lease (`DATEADD` takes an `int`, and 366 days of milliseconds do not fit one).
-///
-/// - no row: insert with token 1, `acquired_at = renewed_at = now`;
-/// - row expired (whoever held it): new term, token + 1, `acquired_at = renewed_at = now`;
-/// - row live and held by the candidate: renew, token and `acquired_at` kept, `renewed_at` at
-///   least one tick (100 ns) after `acquired_at`, so `acquired_at = renewed_at` holds exactly
-///   for new terms;
-/// - row live and held by another: no branch applies, nothing changes, no row is output.
-///
-/// `SET` expressions read the row as it was before the statement. The remaining time is
-/// counted in nanoseconds (exact for `datetime2(7)`) and divided down to whole milliseconds;
-/// `DATEDIFF_BIG(MILLISECOND, ...)` would count millisecond boundaries crossed, which rounds
-/// up as often as down.
-fn upsert_sql(table: &str) -> String {
-    let t = quoted(table);
-    let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written))";
-    let tick_after_acquired = "DATEADD(NANOSECOND, 100, t.acquired_at)";
-    format!(
-        "SET XACT_ABORT ON; \
-         DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-         DECLARE @locked int; \
-         BEGIN TRANSACTION; \
-         SELECT @locked = COUNT(*) FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE resource = @P1; \
-         DECLARE @written datetime2(7) = SYSUTCDATETIME(); \
-         MERGE {t} WITH (HOLDLOCK) AS t \
-         USING (SELECT @P1 AS resource, @P2 AS holder) AS s \
-         ON t.resource = s.resource \
-         WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE SET \
-         t.fencing_token = CASE WHEN t.expires_at <= @now THEN t.fencing_token + 1 ELSE t.fencing_token END, \
-         t.acquired_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.acquired_at END, \
-         t.renewed_at = CASE WHEN t.expires_at <= @now THEN @now \
-         WHEN @now > {tick_after_acquired} THEN @now ELSE {tick_after_acquired} END, \
-         t.holder = s.holder, \
-         t.expires_at = {expiry} \
-         WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) \
-         VALUES (s.resource, s.holder, 1, {expiry}, @now, @now) \
-         OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, \
-         inserted.renewed_at, {remaining} AS remaining_ms; \
-         COMMIT TRANSACTION;",
-        remaining = remaining_ms("inserted.expires_at"),
-    )
-}
-
-/// Whole milliseconds from `@now` until `expires` (truncated; negative once past).
-fn remaining_ms(expires: &str) -> String {
-    format!("DATEDIFF_BIG(NANOSECOND, @now, {expires}) / 1000000")
-}
-
-/// The guarded release: a tombstone only for the live lease of the candidate. The expiry moves
-/// back to the term's last renew (never later than now), so a renew already in flight, which
-/// started after that renew, sees the lease ended instead of extending it. Parameters: `@P1`
-/// the resource, `@P2` the candidate.
-fn release_sql(table: &str) -> String {
-    format!(
-        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-         UPDATE {t} SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
-         WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;",
-        t = quoted(table),
-    )
-}
-
-/// The release of one exact write: [`release_sql`], only while the row still carries the
-/// token and the expiry the holder was last granted. Parameters: `@P1` the resource, `@P2`
-/// the holder, `@P3` the token, `@P4` the expiry (`datetime2`, as read from the row).
-fn release_write_sql(table: &str) -> String {
-    format!(
-        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-         UPDATE {t} SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
-         WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at = @P4 \
-         AND expires_at > @now;",
-        t = quoted(table),
-    )
-}
-
-/// The transactional fence: one row while the term is current, and a shared lock on the lease
-/// row held to the end of the caller's transaction (`HOLDLOCK`), so a rival's `MERGE` waits.
-/// Parameters: `@P1` the resource, `@P2` the holder, `@P3` the token.
-fn fence_sql(table: &str) -> String {
-    format!(
-        "SELECT 1 AS held FROM {t} WITH (HOLDLOCK, ROWLOCK) \
-         WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > SYSUTCDATETIME();",
-        t = quoted(table),
-    )
-}
-
-/// The stored row of a resource with its remaining time. Parameter: `@P1` the resource.
-fn current_sql(table: &str) -> String {
-    format!(
-        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-         SELECT holder, fencing_token, expires_at, acquired_at, renewed_at, {remaining} AS remaining_ms \
-         FROM {t} WHERE resource = @P1;",
-        remaining = remaining_ms("expires_at"),
-        t = quoted(table),
-    )
-}
-
-/// [`MIGRATION_SQL`] for `table`: the bracket-quoted table name and its primary key's name are
-/// the only places the default name is changed.
-fn migration_sql(table: &str) -> String {
-    MIGRATION_SQL
-        .replace(&quoted(DEFAULT_TABLE), &quoted(table))
-        .replace(
-            &quoted(&format!("PK_{DEFAULT_TABLE}")),
-            &quoted(&format!("PK_{table}")),
-        )
 }
 
 /// SQL Server counts `nvarchar(255)` in UTF-16 code units: a character outside the Basic
@@ -227,129 +126,9 @@ fn check_candidate(candidate: &str) -> Result<(), StoreError> {
     }
 }
 
-/// Whether a connection may go back to the pool after `err`: only after an ordinary server
-/// error (the response was complete and the session is intact). Anything at the IO, TLS or
-/// protocol level, and fatal server errors, leave the connection in an unknown state.
-fn keeps_connection(err: &TdsError) -> bool {
-    match err {
-        TdsError::Server(token) => token.class() < FATAL_SEVERITY,
-        _ => false,
-    }
-}
-
 /// Whether `code` means the statement lost a race and had no effect.
 fn is_conflict(code: Option<u32>) -> bool {
     matches!(code, Some(code::DEADLOCK | code::DUPLICATE_KEY))
-}
-
-fn timed_out(what: &str) -> TdsError {
-    TdsError::Io {
-        kind: std::io::ErrorKind::TimedOut,
-        message: format!("{what} timed out"),
-    }
-}
-
-/// Opens one connection: SQL Browser for a named instance, TCP otherwise, then the TDS login;
-/// follows one routing redirect (Azure SQL's gateway).
-async fn open(config: &Config) -> Result<Connection, TdsError> {
-    let tcp = tokio::time::timeout(TCP_CONNECT_TIMEOUT, TcpStream::connect_named(config))
-        .await
-        .map_err(|_| timed_out("connecting to SQL Server"))??;
-    tcp.set_nodelay(true)?;
-    match Client::connect(config.clone(), tcp.compat_write()).await {
-        Err(TdsError::Routing { host, port }) => {
-            let mut routed = config.clone();
-            routed.host(&host);
-            routed.port(port);
-            let tcp =
-                tokio::time::timeout(TCP_CONNECT_TIMEOUT, TcpStream::connect(routed.get_addr()))
-                    .await
-                    .map_err(|_| timed_out("connecting to SQL Server"))??;
-            tcp.set_nodelay(true)?;
-            Client::connect(routed, tcp.compat_write()).await
-        }
-        other => other,
-    }
-}
-
-struct Idle {
-    client: Connection,
-    since: Instant,
-}
-
-/// A small pool: at most `max` connections, each used by one operation at a time. A connection
-/// goes back only through [`Pooled::give_back`]; dropped any other way (an error, a cancelled
-/// future), it is closed.
-struct Pool {
-    config: Config,
-    max: usize,
-    slots: Semaphore,
-    idle: Mutex<Vec<Idle>>,
-}
-
-impl fmt::Debug for Pool {
-    // The config holds credentials: show where it points, nothing more.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pool")
-            .field("addr", &self.config.get_addr())
-            .field("max", &self.max)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Pool {
-    fn new(config: Config, max: usize) -> Self {
-        let max = max.max(1);
-        Self {
-            config,
-            max,
-            slots: Semaphore::new(max),
-            idle: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn take_idle(&self) -> Option<Connection> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(conn) = idle.pop() {
-            if conn.since.elapsed() < IDLE_TIMEOUT {
-                return Some(conn.client);
-            }
-        }
-        None
-    }
-
-    async fn get(&self) -> Result<Pooled<'_>, TdsError> {
-        let permit = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| TdsError::Protocol("the connection pool was closed".into()))?;
-        let client = match self.take_idle() {
-            Some(client) => client,
-            None => open(&self.config).await?,
-        };
-        Ok(Pooled {
-            pool: self,
-            client,
-            _permit: permit,
-        })
-    }
-}
-
-struct Pooled<'a> {
-    pool: &'a Pool,
-    client: Connection,
-    _permit: tokio::sync::SemaphorePermit<'a>,
-}
-
-impl Pooled<'_> {
-    fn give_back(self) {
-        let mut idle = self.pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.push(Idle {
-            client: self.client,
-            since: Instant::now(),
-        });
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -378,26 +157,6 @@ async fn send(
         Want::RowsAffected => Ok(Reply::RowsAffected(
             client.execute(sql, params).await?.total(),
         )),
-    }
-}
-
-/// The statements of one table.
-#[derive(Debug)]
-struct Statements {
-    upsert: String,
-    release: String,
-    release_write: String,
-    current: String,
-}
-
-impl Statements {
-    fn new(table: &str) -> Self {
-        Self {
-            upsert: upsert_sql(table),
-            release: release_sql(table),
-            release_write: release_write_sql(table),
-            current: current_sql(table),
-        }
     }
 }
 
@@ -450,10 +209,14 @@ impl SqlServerLeaseStore {
     }
 
     /// Like [`new`](Self::new), and opens one connection right away, so a wrong address,
-    /// certificate or password shows up here ([`StoreError::SqlServer`]).
+    /// certificate or password shows up here ([`StoreError::Database`]).
     pub async fn connect(ado_connection_string: &str) -> Result<Self, StoreError> {
         let store = Self::new(ado_connection_string)?;
-        let conn = store.pool.get().await.map_err(StoreError::SqlServer)?;
+        let conn = store
+            .pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Database(e.into()))?;
         conn.give_back();
         Ok(store)
     }
@@ -481,7 +244,7 @@ impl SqlServerLeaseStore {
 
     /// The same store with a pool of its own of at most `max` connections (at least 1).
     pub fn with_max_connections(mut self, max: usize) -> Self {
-        self.pool = Arc::new(Pool::new(self.pool.config.clone(), max));
+        self.pool = Arc::new(Pool::new(self.pool.config().clone(), max));
         self
     }
 
@@ -527,7 +290,7 @@ impl SqlServerLeaseStore {
         let mut attempt = 1;
         loop {
             let mut conn = self.pool.get().await?;
-            match send(&mut conn.client, want, sql, params).await {
+            match send(conn.client()?, want, sql, params).await {
                 Ok(reply) => {
                     conn.give_back();
                     return Ok(reply);
@@ -577,12 +340,12 @@ impl SqlServerLeaseStore {
 
     fn classify(&self, err: TdsError) -> StoreError {
         match err.code() {
-            Some(code::INVALID_OBJECT) => StoreError::SqlServerMissingTable {
+            Some(code::INVALID_OBJECT) => StoreError::MissingTable {
                 table: self.table.to_string(),
-                source: err,
+                source: err.into(),
             },
-            code if is_conflict(code) => StoreError::SqlServerConflict { source: err },
-            _ => StoreError::SqlServer(err),
+            code if is_conflict(code) => StoreError::Conflict { source: err.into() },
+            _ => StoreError::Database(err.into()),
         }
     }
 }
@@ -711,136 +474,11 @@ impl LeaseStore for SqlServerLeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pool::timed_out;
+    use tsql::quoted;
 
     const SEED: &str =
         "Server=localhost;Database=app;User Id=sa;Password=secret;TrustServerCertificate=True";
-
-    // The statements are plain text: pin every character of them.
-    #[test]
-    fn upsert_is_one_merge_with_holdlock_and_output() {
-        assert_eq!(
-            upsert_sql(DEFAULT_TABLE),
-            concat!(
-                "SET XACT_ABORT ON; ",
-                "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
-                "DECLARE @locked int; ",
-                "BEGIN TRANSACTION; ",
-                "SELECT @locked = COUNT(*) FROM [orionbeacon_leases] WITH (UPDLOCK, HOLDLOCK) WHERE resource = @P1; ",
-                "DECLARE @written datetime2(7) = SYSUTCDATETIME(); ",
-                "MERGE [orionbeacon_leases] WITH (HOLDLOCK) AS t ",
-                "USING (SELECT @P1 AS resource, @P2 AS holder) AS s ",
-                "ON t.resource = s.resource ",
-                "WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE SET ",
-                "t.fencing_token = CASE WHEN t.expires_at <= @now THEN t.fencing_token + 1 ELSE t.fencing_token END, ",
-                "t.acquired_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.acquired_at END, ",
-                "t.renewed_at = CASE WHEN t.expires_at <= @now THEN @now ",
-                "WHEN @now > DATEADD(NANOSECOND, 100, t.acquired_at) THEN @now ELSE DATEADD(NANOSECOND, 100, t.acquired_at) END, ",
-                "t.holder = s.holder, ",
-                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)) ",
-                "WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) ",
-                "VALUES (s.resource, s.holder, 1, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)), @now, @now) ",
-                "OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, ",
-                "inserted.renewed_at, DATEDIFF_BIG(NANOSECOND, @now, inserted.expires_at) / 1000000 AS remaining_ms; ",
-                "COMMIT TRANSACTION;",
-            )
-        );
-    }
-
-    #[test]
-    fn upsert_respects_the_known_pitfalls() {
-        let sql = upsert_sql(DEFAULT_TABLE);
-        // One MERGE, serializable on the key range, terminated.
-        assert_eq!(sql.matches("MERGE ").count(), 1);
-        assert!(sql.contains("MERGE [orionbeacon_leases] WITH (HOLDLOCK) AS t "));
-        assert!(sql.ends_with(';'));
-        // The lease filter is in WHEN MATCHED AND, never in ON.
-        let on = &sql[sql.find(" ON ").unwrap()..sql.find(" WHEN MATCHED").unwrap()];
-        assert_eq!(on, " ON t.resource = s.resource");
-        assert!(sql.contains(
-            "WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE"
-        ));
-        // The clock is read twice per batch: liveness at the start (`@now`), the lease's end
-        // after the row's key range is locked (`@written`), as the only later read.
-        assert_eq!(sql.matches("SYSUTCDATETIME()").count(), 2);
-        let lock = sql.find("WITH (UPDLOCK, HOLDLOCK)").unwrap();
-        let written = sql.find("DECLARE @written").unwrap();
-        assert!(lock < written && written < sql.find("MERGE ").unwrap());
-        assert!(!sql.contains("DATEADD(SECOND, @P3, @now)"), "{sql}");
-        // One transaction, rolled back whole on any error.
-        assert!(
-            sql.starts_with("SET XACT_ABORT ON; DECLARE @now datetime2(7) = SYSUTCDATETIME(); ")
-        );
-        assert!(sql.ends_with(" COMMIT TRANSACTION;"));
-        // No output row means denied: OUTPUT sits on the MERGE itself.
-        assert!(sql.contains(" OUTPUT inserted.holder,"));
-    }
-
-    fn params(sql: &str) -> Vec<&str> {
-        let mut found: Vec<&str> = sql
-            .match_indices("@P")
-            .map(|(i, _)| {
-                let digits = sql[i + 2..]
-                    .find(|c: char| !c.is_ascii_digit())
-                    .map_or(sql.len(), |end| i + 2 + end);
-                &sql[i..digits]
-            })
-            .collect();
-        found.sort_unstable();
-        found.dedup();
-        found
-    }
-
-    #[test]
-    fn values_are_parameters_only() {
-        let store = SqlServerLeaseStore::new(SEED).unwrap();
-        for (sql, expected) in [
-            (&store.sql.upsert, vec!["@P1", "@P2", "@P3", "@P4"]),
-            (&store.sql.release, vec!["@P1", "@P2"]),
-            (&store.sql.release_write, vec!["@P1", "@P2", "@P3", "@P4"]),
-            (&store.sql.current, vec!["@P1"]),
-        ] {
-            assert_eq!(params(sql), expected, "{sql}");
-            assert!(!sql.contains('\''), "no string literals: {sql}");
-            assert!(
-                !sql.contains('"'),
-                "no quoted identifiers or literals: {sql}"
-            );
-            assert!(sql.ends_with(';'), "{sql}");
-        }
-    }
-
-    #[test]
-    fn fence_text() {
-        assert_eq!(
-            fence_sql(DEFAULT_TABLE),
-            "SELECT 1 AS held FROM [orionbeacon_leases] WITH (HOLDLOCK, ROWLOCK) \
-             WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > SYSUTCDATETIME();"
-        );
-    }
-
-    #[test]
-    fn release_and_current_text() {
-        assert_eq!(
-            release_sql(DEFAULT_TABLE),
-            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-             UPDATE [orionbeacon_leases] SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
-             WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;"
-        );
-        assert_eq!(
-            release_write_sql(DEFAULT_TABLE),
-            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-             UPDATE [orionbeacon_leases] SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
-             WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at = @P4 \
-             AND expires_at > @now;"
-        );
-        assert_eq!(
-            current_sql(DEFAULT_TABLE),
-            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-             SELECT holder, fencing_token, expires_at, acquired_at, renewed_at, \
-             DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms \
-             FROM [orionbeacon_leases] WHERE resource = @P1;"
-        );
-    }
 
     #[test]
     fn custom_tables_are_validated_and_bracket_quoted() {
@@ -930,7 +568,7 @@ mod tests {
             ),
         ] {
             let store = SqlServerLeaseStore::new(ado).unwrap_or_else(|e| panic!("{ado}: {e:?}"));
-            assert_eq!(store.pool.config.get_addr(), addr, "{ado}");
+            assert_eq!(store.pool.config().get_addr(), addr, "{ado}");
             assert_eq!(store.table(), DEFAULT_TABLE);
             let debug = format!("{store:?}");
             assert!(!debug.contains("secret") && !debug.contains("p@ss"), "{debug}");

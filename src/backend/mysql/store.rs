@@ -1,0 +1,138 @@
+//! How the store runs its statements on MySQL and MariaDB: the upsert form detected once per
+//! store (`RETURNING` on MariaDB 10.5+, a transaction on MySQL), every MariaDB grant checked
+//! to have committed on its own (`autocommit`), and Galera detected for the fence.
+
+use sea_orm::{ConnectionTrait, DatabaseConnectionType, DbBackend, DbErr, QueryResult, Statement};
+
+use crate::backend::autocommit;
+use crate::backend::errors::classify;
+use crate::backend::statements::{self, Row};
+use crate::{LeaseOutcome, SeaOrmLeaseStore, StoreError};
+
+use super::errors::{error_number, UNKNOWN_SYSTEM_VARIABLE};
+use super::statements::IN_TRANSACTION_COLUMN;
+use super::{MySql, MySqlUpsert};
+
+/// Acquire-or-renew: the row after the upsert is the outcome, whoever holds the lease.
+pub(crate) async fn acquire_or_renew(
+    store: &SeaOrmLeaseStore,
+    resource: &str,
+    candidate: &str,
+    millis: i64,
+) -> Result<LeaseOutcome, StoreError> {
+    let rows = upsert(store, resource, candidate, millis).await?;
+    let Some(row) = store.single_row(&rows)? else {
+        return Err(store.decode_error(DbErr::RecordNotFound("the upserted lease row".to_owned())));
+    };
+    let decoded = Row::decode(row).map_err(|source| store.decode_error(source))?;
+    Ok(decoded.outcome(resource, candidate))
+}
+
+/// The rows after the upsert, read to the end, in the server's form.
+async fn upsert(
+    store: &SeaOrmLeaseStore,
+    resource: &str,
+    candidate: &str,
+    millis: i64,
+) -> Result<Vec<QueryResult>, StoreError> {
+    use sea_orm::TransactionTrait;
+    let table = store.table_iden();
+    match form(store).await? {
+        MySqlUpsert::Returning => {
+            let stmt = store.acquire_prepared()?.bind(resource, candidate, millis);
+            deciding(store, stmt).await
+        }
+        MySqlUpsert::Transaction => {
+            let upsert = super::statements::upsert(&table, resource, candidate, millis)
+                .map_err(|e| StoreError::Database(e.into()))?;
+            let read = statements::current(&MySql, &table, resource);
+            store
+                .with_retry(|| async {
+                    let txn = store.db.begin().await?;
+                    txn.execute(&upsert).await?;
+                    // The upsert holds the row's lock until commit: this reads what it left.
+                    let rows = txn.query_all(&read).await?;
+                    // Nothing is reported before the commit is known.
+                    txn.commit().await?;
+                    Ok(rows)
+                })
+                .await
+        }
+    }
+}
+
+/// Runs the MariaDB form, read to the end, known to have committed on its own.
+async fn deciding(
+    store: &SeaOrmLeaseStore,
+    stmt: Statement,
+) -> Result<Vec<QueryResult>, StoreError> {
+    match &store.db.inner {
+        DatabaseConnectionType::SqlxMySqlPoolConnection(_) => {
+            let pool = store.db.get_mysql_connection_pool();
+            store
+                .autocommitted(|| autocommit::mysql(pool, &stmt, IN_TRANSACTION_COLUMN))
+                .await
+        }
+        _ => store.read_to_end(stmt).await,
+    }
+}
+
+/// The upsert form of the server, from `SELECT VERSION()`, once per store (unless set with
+/// `with_mysql_upsert`).
+async fn form(store: &SeaOrmLeaseStore) -> Result<MySqlUpsert, StoreError> {
+    let form = store
+        .mysql_upsert
+        .get_or_try_init(|| async {
+            let version = store
+                .with_retry(|| {
+                    store
+                        .db
+                        .query_one_raw(Statement::from_string(DbBackend::MySql, "SELECT VERSION()"))
+                })
+                .await?
+                .map(|row| row.try_get_by_index::<String>(0))
+                .transpose()
+                .map_err(|e| StoreError::Database(e.into()))?
+                .unwrap_or_default();
+            let form = MySqlUpsert::for_version(&version);
+            tracing::debug!(%version, ?form, "MySQL upsert form chosen");
+            Ok::<_, StoreError>(form)
+        })
+        .await?;
+    Ok(*form)
+}
+
+/// Whether the server replicates with Galera (`@@GLOBAL.wsrep_on`), where row locks stay on
+/// their node and the fence must write instead. Servers without the variable (MySQL) are not.
+/// Asked on `conn` (the caller's transaction: no second pooled connection is needed, and a
+/// proxy cannot send the question elsewhere), once per store.
+pub(crate) async fn is_galera<C: ConnectionTrait>(
+    store: &SeaOrmLeaseStore,
+    conn: &C,
+) -> Result<bool, StoreError> {
+    let galera = store
+        .galera
+        .get_or_try_init(|| async {
+            let stmt = Statement::from_string(
+                DbBackend::MySql,
+                "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)",
+            );
+            let on = match conn.query_one_raw(stmt).await {
+                Ok(row) => {
+                    row.map(|r| r.try_get_by_index::<i64>(0))
+                        .transpose()
+                        .map_err(|e| StoreError::Database(e.into()))?
+                        .unwrap_or(0)
+                        != 0
+                }
+                // MySQL, or a MariaDB built without wsrep: no such variable. Any other
+                // error is not an answer (and is not cached): try again next time.
+                Err(e) if error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) => false,
+                Err(e) => return Err(classify(e, store.table())),
+            };
+            tracing::debug!(galera = on, "MySQL replication detected");
+            Ok::<_, StoreError>(on)
+        })
+        .await?;
+    Ok(*galera)
+}

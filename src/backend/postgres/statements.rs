@@ -1,0 +1,146 @@
+//! PostgreSQL's own statements: the acquire-or-renew that reports the holder when it grants
+//! nothing, and releases that wake the followers (`pg_notify`), each one round trip.
+
+use orion_beacon_entity::lease::Column;
+use sea_orm::sea_query::{
+    Alias, CommonTableExpression, Expr, ExprTrait, Query, UnionType, UpdateStatement, WithClause,
+    WithQuery,
+};
+use sea_orm::DbErr;
+
+use crate::backend::statements::{release, returned_row, upsert};
+use crate::backend::Dialect;
+
+/// The channel PostgreSQL release notifications go to; the payload is `<table>/<resource>`.
+pub(crate) const RELEASE_CHANNEL: &str = "orionbeacon_releases";
+
+/// The names of the returned row's columns, for the CTEs below.
+const ROW_NAMES: [&str; 6] = [
+    "holder",
+    "fencing_token",
+    "expires_at",
+    "acquired_at",
+    "renewed_at",
+    "remaining_ms",
+];
+
+/// The index of `transaction_timestamp()` in [`upsert_reporting`]'s rows.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const TRANSACTION_START_COLUMN: usize = 7;
+
+/// PostgreSQL: the [`upsert`] and, when it grants nothing, the lease row as it stood when the
+/// statement began, in one statement (one round trip even when denied). The last column says
+/// which: `TRUE` for the granted row, `FALSE` for the report. The report comes from the
+/// statement's snapshot, so during a race it can be stale or missing: it is a hint about who
+/// holds the lease, never a grant. The column after it is `transaction_timestamp()`, for the
+/// check that the statement committed on its own (see `autocommit`).
+pub(crate) fn upsert_reporting(
+    d: &dyn Dialect,
+    table: &Alias,
+    resource: &str,
+    candidate: &str,
+    millis: i64,
+) -> Result<WithQuery, DbErr> {
+    let granted = Alias::new("granted");
+    let cte = CommonTableExpression::new()
+        .table_name(granted.clone())
+        .columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
+        .query(upsert(d, table, resource, candidate, millis)?)
+        .to_owned();
+    let report = Query::select()
+        .exprs(returned_row(d))
+        .expr(Expr::cust("FALSE"))
+        .expr(Expr::cust("transaction_timestamp()"))
+        .from(table.clone())
+        .and_where(Expr::col(Column::Resource).eq(resource))
+        .and_where(
+            Expr::exists(
+                Query::select()
+                    .expr(Expr::cust("1"))
+                    .from(granted.clone())
+                    .to_owned(),
+            )
+            .not(),
+        )
+        .to_owned();
+    let main = Query::select()
+        .columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
+        .expr(Expr::cust("TRUE"))
+        .expr(Expr::cust("transaction_timestamp()"))
+        .from(granted)
+        .union(UnionType::All, report)
+        .to_owned();
+    Ok(WithClause::new().cte(cte).to_owned().query(main))
+}
+
+/// PostgreSQL: the guarded [`release`] that also notifies followers (`pg_notify`, delivered on
+/// commit), in one statement. Returns one row per released lease.
+pub(crate) fn release_notifying(
+    d: &dyn Dialect,
+    table: &Alias,
+    table_name: &str,
+    resource: &str,
+    candidate: &str,
+) -> WithQuery {
+    notifying(release(d, table, resource, candidate), table_name)
+}
+
+/// PostgreSQL: a release `update` that also notifies followers of each row it released.
+pub(crate) fn notifying(mut update: UpdateStatement, table_name: &str) -> WithQuery {
+    let released = Alias::new("released");
+    update.returning(Query::returning().column(Column::Resource));
+    let cte = CommonTableExpression::new()
+        .table_name(released.clone())
+        .column(Alias::new("resource"))
+        .query(update)
+        .to_owned();
+    let notify = Query::select()
+        .expr(Expr::cust_with_values(
+            "pg_notify($1, $2 || \"resource\")",
+            [RELEASE_CHANNEL.to_owned(), format!("{table_name}/")],
+        ))
+        .from(released)
+        .to_owned();
+    WithClause::new().cte(cte).to_owned().query(notify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::postgres::Postgres;
+    use sea_orm::sea_query::PostgresQueryBuilder;
+
+    fn table() -> Alias {
+        Alias::new("orionbeacon_leases")
+    }
+
+    #[test]
+    fn postgres_reporting_upsert_and_notifying_release() {
+        let (sql, values) = upsert_reporting(&Postgres, &table(), "r", "me", 1500)
+            .unwrap()
+            .build(PostgresQueryBuilder);
+        let (insert, _) = upsert(&Postgres, &table(), "r", "me", 1500)
+            .unwrap()
+            .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            format!(
+                "WITH \"granted\" (\"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\") AS ({insert}) \
+                 SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\", TRUE, transaction_timestamp() FROM \"granted\" \
+                 UNION ALL (SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \
+                 CAST(FLOOR(EXTRACT(EPOCH FROM (\"expires_at\" - statement_timestamp())) * 1000) AS BIGINT), FALSE, transaction_timestamp() \
+                 FROM \"orionbeacon_leases\" WHERE \"resource\" = $9 AND (NOT EXISTS(SELECT 1 FROM \"granted\")))"
+            )
+        );
+        assert_eq!(values.0.len(), 9);
+        let (sql, values) = release_notifying(&Postgres, &table(), "orionbeacon_leases", "r", "me")
+            .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = (CASE WHEN (\"renewed_at\" < (statement_timestamp())) THEN \"renewed_at\" ELSE statement_timestamp() END) \
+             WHERE \"resource\" = $1 AND \"holder\" = $2 AND \"expires_at\" > (statement_timestamp()) RETURNING \"resource\") \
+             SELECT pg_notify($3, $4 || \"resource\") FROM \"released\""
+        );
+        assert_eq!(values.0.len(), 4);
+    }
+}

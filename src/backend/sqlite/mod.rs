@@ -1,0 +1,115 @@
+//! SQLite: times are millisecond text written by `strftime` only.
+//!
+//! Text written from Rust (RFC 3339, `T` separator, offsets) and text written by SQL sort
+//! differently, so every lease time is produced by `strftime('%Y-%m-%d %H:%M:%f', ...)` and
+//! compared as text in that one format. `'now'` is fixed for the whole statement.
+//!
+//! # Acquire-or-renew
+//!
+//! The same one-statement upsert as PostgreSQL (`INSERT ... ON CONFLICT (resource) DO UPDATE SET
+//! ... WHERE holder = $me OR expires_at <= now RETURNING ...`, see [`postgres`](super::postgres)).
+//! When it grants nothing, the store reads the row once (in-process) to report the holder: a hint
+//! only, which during a race may be stale or missing. SQLite sends the `RETURNING` rows before it
+//! commits, and a commit that cannot get its lock rolls the statement back, so the statement is
+//! read to its end before its row counts (see the `backend` module). A busy file (`BUSY`) means the
+//! statement had no effect and is retried.
+//!
+//! # Several processes on one file
+//!
+//! Open the file with [`connect_options`] (WAL journal, 5 s busy timeout, file created if missing)
+//! when several processes share it. In SQLite's default rollback-journal mode a commit needs every
+//! reader gone: a lease statement that cannot commit within the busy timeout is rolled back and
+//! reported as a retryable [`StoreError::Conflict`](crate::StoreError::Conflict). The store warns
+//! once when the file is not in WAL mode.
+//!
+//! # Fenced writes
+//!
+//! SQLite has no row locks, so the fence is a no-op `UPDATE` of the lease row, which takes the
+//! database's write lock: every other writer, the rival's acquire included, waits for your commit.
+//! Call `fence` first in the transaction.
+//!
+//! # The clock
+//!
+//! SQLite's clock is the host's wall clock, read inside each process, so processes on one host
+//! cannot disagree about it. The flip side is a known limit: a *step* of the host's wall clock (a
+//! manual change, an NTP jump) moves every SQLite lease at once; fenced writes stay safe (the fence
+//! uses the same clock and the higher token), but believed leadership can overlap for up to one
+//! lease. Use a server database where that matters.
+
+use sea_orm::sea_query::Expr;
+use sea_orm::Value;
+
+use super::Dialect;
+
+pub(crate) mod errors;
+pub(crate) mod statements;
+pub(crate) mod store;
+
+pub(crate) struct Sqlite;
+
+/// The one timestamp format (UTC, milliseconds).
+const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+
+impl Dialect for Sqlite {
+    fn now(&self) -> Expr {
+        Expr::cust(NOW)
+    }
+
+    // SQLite takes its lock before the statement reads the clock: no wait to account for.
+    fn lease_end(&self, millis: i64) -> Expr {
+        Expr::cust_with_values(
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+            [self.lease_value(millis)],
+        )
+    }
+
+    // An exact "+S.mmm seconds" modifier: no floating point on the way.
+    fn lease_value(&self, millis: i64) -> Value {
+        Value::from(format!("+{}.{:03} seconds", millis / 1000, millis % 1000))
+    }
+
+    fn locks_rows(&self) -> bool {
+        false
+    }
+
+    fn one_tick_after(&self, ts: Expr) -> Expr {
+        Expr::cust_with_exprs("strftime('%Y-%m-%d %H:%M:%f', ?, '+0.001 seconds')", [ts])
+    }
+
+    // The text `strftime('%Y-%m-%d %H:%M:%f')` wrote.
+    fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr {
+        Expr::val(t.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+    }
+
+    fn remaining_millis(&self, expires: Expr) -> Expr {
+        Expr::cust_with_exprs(
+            "CAST(ROUND((julianday(?) - julianday('now')) * 86400000.0) AS INTEGER)",
+            [expires],
+        )
+    }
+}
+
+/// Connection options for a SQLite file shared by several processes: WAL journal (readers do
+/// not block the writer), a 5 s busy timeout (a writer waits for the lock instead of failing),
+/// and the file created if missing.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), sea_orm::DbErr> {
+/// let db = sea_orm::Database::connect(orion_beacon::backend::sqlite::connect_options(
+///     "sqlite:///var/lib/app/leases.db",
+/// ))
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub fn connect_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
+    use sea_orm::sqlx::sqlite::SqliteJournalMode;
+    let mut options = sea_orm::ConnectOptions::new(url);
+    options.map_sqlx_sqlite_opts(|o| {
+        o.journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .create_if_missing(true)
+    });
+    options
+}

@@ -1,0 +1,281 @@
+//! SQL Server's statements, in T-SQL: the `MERGE` acquire-or-renew, the releases, the read,
+//! the fence, and the versioned migration, with bracket quoting of the table name.
+
+use orion_beacon_entity::DEFAULT_TABLE;
+
+/// The version name of the lease-table migration, the same as the SeaORM migration's.
+pub const MIGRATION_NAME: &str = "m20261129_000001_create_orionbeacon_leases";
+
+/// The versioned, idempotent T-SQL that creates the default lease table (the file
+/// `sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql` of this crate, for those who
+/// apply it by hand).
+/// [`SqlServerLeaseStore::migration_sql`] gives it for the store's own table.
+pub const MIGRATION_SQL: &str =
+    include_str!("../../../sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql");
+
+/// A table name, bracket-quoted (the name is validated first, so it never holds a `]`; one is
+/// doubled anyway, as T-SQL quoting demands).
+pub(super) fn quoted(table: &str) -> String {
+    format!("[{}]", table.replace(']', "]]"))
+}
+
+/// The one-statement acquire-or-renew (after the `@now` declaration). Parameters: `@P1` the
+/// resource, `@P2` the candidate, `@P3` whole seconds and `@P4` the remaining milliseconds of
+/// the lease (`DATEADD` takes an `int`, and 366 days of milliseconds do not fit one).
+///
+/// - no row: insert with token 1, `acquired_at = renewed_at = now`;
+/// - row expired (whoever held it): new term, token + 1, `acquired_at = renewed_at = now`;
+/// - row live and held by the candidate: renew, token and `acquired_at` kept, `renewed_at` at
+///   least one tick (100 ns) after `acquired_at`, so `acquired_at = renewed_at` holds exactly
+///   for new terms;
+/// - row live and held by another: no branch applies, nothing changes, no row is output.
+///
+/// `SET` expressions read the row as it was before the statement. The remaining time is
+/// counted in nanoseconds (exact for `datetime2(7)`) and divided down to whole milliseconds;
+/// `DATEDIFF_BIG(MILLISECOND, ...)` would count millisecond boundaries crossed, which rounds
+/// up as often as down.
+pub(super) fn upsert_sql(table: &str) -> String {
+    let t = quoted(table);
+    let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written))";
+    let tick_after_acquired = "DATEADD(NANOSECOND, 100, t.acquired_at)";
+    format!(
+        "SET XACT_ABORT ON; \
+         DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         DECLARE @locked int; \
+         BEGIN TRANSACTION; \
+         SELECT @locked = COUNT(*) FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE resource = @P1; \
+         DECLARE @written datetime2(7) = SYSUTCDATETIME(); \
+         MERGE {t} WITH (HOLDLOCK) AS t \
+         USING (SELECT @P1 AS resource, @P2 AS holder) AS s \
+         ON t.resource = s.resource \
+         WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE SET \
+         t.fencing_token = CASE WHEN t.expires_at <= @now THEN t.fencing_token + 1 ELSE t.fencing_token END, \
+         t.acquired_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.acquired_at END, \
+         t.renewed_at = CASE WHEN t.expires_at <= @now THEN @now \
+         WHEN @now > {tick_after_acquired} THEN @now ELSE {tick_after_acquired} END, \
+         t.holder = s.holder, \
+         t.expires_at = {expiry} \
+         WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) \
+         VALUES (s.resource, s.holder, 1, {expiry}, @now, @now) \
+         OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, \
+         inserted.renewed_at, {remaining} AS remaining_ms; \
+         COMMIT TRANSACTION;",
+        remaining = remaining_ms("inserted.expires_at"),
+    )
+}
+
+/// Whole milliseconds from `@now` until `expires` (truncated; negative once past).
+fn remaining_ms(expires: &str) -> String {
+    format!("DATEDIFF_BIG(NANOSECOND, @now, {expires}) / 1000000")
+}
+
+/// The guarded release: a tombstone only for the live lease of the candidate. The expiry moves
+/// back to the term's last renew (never later than now), so a renew already in flight, which
+/// started after that renew, sees the lease ended instead of extending it. Parameters: `@P1`
+/// the resource, `@P2` the candidate.
+pub(super) fn release_sql(table: &str) -> String {
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         UPDATE {t} SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
+         WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;",
+        t = quoted(table),
+    )
+}
+
+/// The release of one exact write: [`release_sql`], only while the row still carries the
+/// token and the expiry the holder was last granted. Parameters: `@P1` the resource, `@P2`
+/// the holder, `@P3` the token, `@P4` the expiry (`datetime2`, as read from the row).
+pub(super) fn release_write_sql(table: &str) -> String {
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         UPDATE {t} SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
+         WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at = @P4 \
+         AND expires_at > @now;",
+        t = quoted(table),
+    )
+}
+
+/// The transactional fence: one row while the term is current, and a shared lock on the lease
+/// row held to the end of the caller's transaction (`HOLDLOCK`), so a rival's `MERGE` waits.
+/// Parameters: `@P1` the resource, `@P2` the holder, `@P3` the token.
+pub(super) fn fence_sql(table: &str) -> String {
+    format!(
+        "SELECT 1 AS held FROM {t} WITH (HOLDLOCK, ROWLOCK) \
+         WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > SYSUTCDATETIME();",
+        t = quoted(table),
+    )
+}
+
+/// The stored row of a resource with its remaining time. Parameter: `@P1` the resource.
+pub(super) fn current_sql(table: &str) -> String {
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         SELECT holder, fencing_token, expires_at, acquired_at, renewed_at, {remaining} AS remaining_ms \
+         FROM {t} WHERE resource = @P1;",
+        remaining = remaining_ms("expires_at"),
+        t = quoted(table),
+    )
+}
+
+/// [`MIGRATION_SQL`] for `table`: the bracket-quoted table name and its primary key's name are
+/// the only places the default name is changed.
+pub(super) fn migration_sql(table: &str) -> String {
+    MIGRATION_SQL
+        .replace(&quoted(DEFAULT_TABLE), &quoted(table))
+        .replace(
+            &quoted(&format!("PK_{DEFAULT_TABLE}")),
+            &quoted(&format!("PK_{table}")),
+        )
+}
+
+/// The statements of one table.
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub(super) upsert: String,
+    pub(super) release: String,
+    pub(super) release_write: String,
+    pub(super) current: String,
+}
+
+impl Statements {
+    pub(super) fn new(table: &str) -> Self {
+        Self {
+            upsert: upsert_sql(table),
+            release: release_sql(table),
+            release_write: release_write_sql(table),
+            current: current_sql(table),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The statements are plain text: pin every character of them.
+    #[test]
+    fn upsert_is_one_merge_with_holdlock_and_output() {
+        assert_eq!(
+            upsert_sql(DEFAULT_TABLE),
+            concat!(
+                "SET XACT_ABORT ON; ",
+                "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
+                "DECLARE @locked int; ",
+                "BEGIN TRANSACTION; ",
+                "SELECT @locked = COUNT(*) FROM [orionbeacon_leases] WITH (UPDLOCK, HOLDLOCK) WHERE resource = @P1; ",
+                "DECLARE @written datetime2(7) = SYSUTCDATETIME(); ",
+                "MERGE [orionbeacon_leases] WITH (HOLDLOCK) AS t ",
+                "USING (SELECT @P1 AS resource, @P2 AS holder) AS s ",
+                "ON t.resource = s.resource ",
+                "WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE SET ",
+                "t.fencing_token = CASE WHEN t.expires_at <= @now THEN t.fencing_token + 1 ELSE t.fencing_token END, ",
+                "t.acquired_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.acquired_at END, ",
+                "t.renewed_at = CASE WHEN t.expires_at <= @now THEN @now ",
+                "WHEN @now > DATEADD(NANOSECOND, 100, t.acquired_at) THEN @now ELSE DATEADD(NANOSECOND, 100, t.acquired_at) END, ",
+                "t.holder = s.holder, ",
+                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)) ",
+                "WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) ",
+                "VALUES (s.resource, s.holder, 1, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)), @now, @now) ",
+                "OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, ",
+                "inserted.renewed_at, DATEDIFF_BIG(NANOSECOND, @now, inserted.expires_at) / 1000000 AS remaining_ms; ",
+                "COMMIT TRANSACTION;",
+            )
+        );
+    }
+
+    #[test]
+    fn upsert_respects_the_known_pitfalls() {
+        let sql = upsert_sql(DEFAULT_TABLE);
+        // One MERGE, serializable on the key range, terminated.
+        assert_eq!(sql.matches("MERGE ").count(), 1);
+        assert!(sql.contains("MERGE [orionbeacon_leases] WITH (HOLDLOCK) AS t "));
+        assert!(sql.ends_with(';'));
+        // The lease filter is in WHEN MATCHED AND, never in ON.
+        let on = &sql[sql.find(" ON ").unwrap()..sql.find(" WHEN MATCHED").unwrap()];
+        assert_eq!(on, " ON t.resource = s.resource");
+        assert!(sql.contains(
+            "WHEN MATCHED AND (t.holder = s.holder OR t.expires_at <= @now) THEN UPDATE"
+        ));
+        // The clock is read twice per batch: liveness at the start (`@now`), the lease's end
+        // after the row's key range is locked (`@written`), as the only later read.
+        assert_eq!(sql.matches("SYSUTCDATETIME()").count(), 2);
+        let lock = sql.find("WITH (UPDLOCK, HOLDLOCK)").unwrap();
+        let written = sql.find("DECLARE @written").unwrap();
+        assert!(lock < written && written < sql.find("MERGE ").unwrap());
+        assert!(!sql.contains("DATEADD(SECOND, @P3, @now)"), "{sql}");
+        // One transaction, rolled back whole on any error.
+        assert!(
+            sql.starts_with("SET XACT_ABORT ON; DECLARE @now datetime2(7) = SYSUTCDATETIME(); ")
+        );
+        assert!(sql.ends_with(" COMMIT TRANSACTION;"));
+        // No output row means denied: OUTPUT sits on the MERGE itself.
+        assert!(sql.contains(" OUTPUT inserted.holder,"));
+    }
+
+    fn params(sql: &str) -> Vec<&str> {
+        let mut found: Vec<&str> = sql
+            .match_indices("@P")
+            .map(|(i, _)| {
+                let digits = sql[i + 2..]
+                    .find(|c: char| !c.is_ascii_digit())
+                    .map_or(sql.len(), |end| i + 2 + end);
+                &sql[i..digits]
+            })
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found
+    }
+
+    #[test]
+    fn values_are_parameters_only() {
+        let sql = Statements::new(DEFAULT_TABLE);
+        for (sql, expected) in [
+            (&sql.upsert, vec!["@P1", "@P2", "@P3", "@P4"]),
+            (&sql.release, vec!["@P1", "@P2"]),
+            (&sql.release_write, vec!["@P1", "@P2", "@P3", "@P4"]),
+            (&sql.current, vec!["@P1"]),
+        ] {
+            assert_eq!(params(sql), expected, "{sql}");
+            assert!(!sql.contains('\''), "no string literals: {sql}");
+            assert!(
+                !sql.contains('"'),
+                "no quoted identifiers or literals: {sql}"
+            );
+            assert!(sql.ends_with(';'), "{sql}");
+        }
+    }
+
+    #[test]
+    fn fence_text() {
+        assert_eq!(
+            fence_sql(DEFAULT_TABLE),
+            "SELECT 1 AS held FROM [orionbeacon_leases] WITH (HOLDLOCK, ROWLOCK) \
+             WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > SYSUTCDATETIME();"
+        );
+    }
+
+    #[test]
+    fn release_and_current_text() {
+        assert_eq!(
+            release_sql(DEFAULT_TABLE),
+            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+             UPDATE [orionbeacon_leases] SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
+             WHERE resource = @P1 AND holder = @P2 AND expires_at > @now;"
+        );
+        assert_eq!(
+            release_write_sql(DEFAULT_TABLE),
+            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+             UPDATE [orionbeacon_leases] SET expires_at = CASE WHEN renewed_at < @now THEN renewed_at ELSE @now END \
+             WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at = @P4 \
+             AND expires_at > @now;"
+        );
+        assert_eq!(
+            current_sql(DEFAULT_TABLE),
+            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+             SELECT holder, fencing_token, expires_at, acquired_at, renewed_at, \
+             DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms \
+             FROM [orionbeacon_leases] WHERE resource = @P1;"
+        );
+    }
+}
