@@ -1,0 +1,171 @@
+//! The command line as clap reads it: global options, the subcommands and their flags.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use orion_beacon::entity::DEFAULT_TABLE;
+
+/// How `leases`, `show` and `watch` print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Aligned columns for people.
+    Table,
+    /// The table with every column (the expiry too).
+    Wide,
+    /// JSON for scripts (an array, an object, or one object per line for `watch`).
+    Json,
+}
+
+/// `-o FORMAT`, with `--json` kept as the short way to say `-o json`.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct Format {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Same as `-o json`.
+    #[arg(long, conflicts_with = "output")]
+    json: bool,
+}
+
+impl Format {
+    pub fn get(self) -> Output {
+        if self.json {
+            Output::Json
+        } else {
+            self.output
+        }
+    }
+}
+
+/// See who leads, watch it change, and recover a stuck lease by hand.
+///
+/// Times left are judged by the database clock. Exit codes: 0 done, 1 other failure, 2 bad
+/// input, 3 database unreachable, 4 lease table missing, 5 unknown resource, 6 nothing changed
+/// (release refused, revoke not confirmed).
+#[derive(Debug, Parser)]
+#[command(name = "orion-beacon", version, about, long_about)]
+pub struct Cli {
+    /// The database: sqlite://PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        global = true,
+        value_name = "URL"
+    )]
+    pub database_url: Option<String>,
+    /// The lease table (ASCII letters, digits and '_').
+    #[arg(long, global = true, default_value = DEFAULT_TABLE, value_name = "NAME")]
+    pub table: String,
+    /// How long to wait for a connection to the database.
+    #[arg(long, global = true, default_value = "10s", value_name = "DURATION", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Every resource: holder, token, live or expired, time left, when acquired and renewed.
+    #[command(visible_alias = "ls")]
+    Leases {
+        #[command(flatten)]
+        format: Format,
+        /// Leave out the header line (and the summary line) of the table.
+        #[arg(long)]
+        no_headers: bool,
+    },
+    /// One resource's lease.
+    Show {
+        /// The resource.
+        resource: String,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Print each change of a resource's holder, token or liveness until interrupted (Ctrl-C:
+    /// exit code 130).
+    Watch {
+        /// The resource.
+        resource: String,
+        /// How often to read the lease.
+        #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = parse_duration)]
+        interval: Duration,
+        /// Stop after this many changes (the first line is not a change).
+        #[arg(long, value_name = "N")]
+        max_changes: Option<u64>,
+        /// Stop after this long.
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
+        run_for: Option<Duration>,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// The normal guarded release: ends the lease only if HOLDER holds it live.
+    Release {
+        /// The resource.
+        resource: String,
+        /// The candidate that holds the lease.
+        #[arg(long, value_name = "ID")]
+        holder: String,
+    },
+    /// An operator's override: ends the live lease whoever holds it (needs --force).
+    ///
+    /// The lease's expiry moves back to its last renew (database clock); the holder and token
+    /// are kept and nothing else changes, so the next candidate to ask (the old holder at its
+    /// next renew included) starts a new term with a higher token. Asks for confirmation on
+    /// stdin unless --yes, and logs what it did (old holder and token).
+    ///
+    /// The holder is not told: it may go on acting as leader until its next renew (fenced
+    /// writes of its term are refused at once). Meant for a lease whose holder is gone or
+    /// wedged; to move leadership off a healthy leader, shut that process down instead.
+    Revoke {
+        /// The resource.
+        resource: String,
+        /// Required: revoking overrides the holder.
+        #[arg(long)]
+        force: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Print a shell completion script (e.g. `orion-beacon completions bash >
+    /// /etc/bash_completion.d/orion-beacon`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Parses durations as humantime does (`250ms`, `2s`, `1m 30s`, `1h`); a bare number is
+/// seconds (`1.5` too).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration (like 500ms, 2s, 1m 30s): {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "2x", "-1s", "1e400s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn cli_shape() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,143 @@
+//! What the commands share: the opened store, reading one lease, and a store error or an
+//! unknown resource put in the operator's words.
+
+pub mod completions;
+pub mod leases;
+pub mod release;
+pub mod revoke;
+pub mod show;
+pub mod watch;
+
+use orion_beacon::entity::DEFAULT_TABLE;
+use orion_beacon::{ErrorKind, LeaseRecord, LeaseStore, SeaOrmLeaseStore, StoreError};
+
+use crate::connect::{driver_url, scrub};
+use crate::exit::{chain, unreachable, CliError};
+
+/// What every command needs: the store and how to name the database in messages.
+pub struct Ctx {
+    pub store: SeaOrmLeaseStore,
+    /// The URL as messages show it (password redacted).
+    pub url: String,
+    /// The URL as given, only to scrub it out of error texts.
+    pub raw_url: String,
+}
+
+/// The resource's lease; no row is an unknown resource.
+pub async fn read_lease(ctx: &Ctx, resource: &str) -> Result<LeaseRecord, CliError> {
+    match ctx.store.current(resource).await {
+        Ok(Some(record)) => Ok(record),
+        Ok(None) => Err(unknown_resource(ctx, resource).await),
+        Err(err) => Err(store_failure(ctx, err)),
+    }
+}
+
+/// How to create a missing lease table: the migration's command line makes only the default
+/// table; another name is made by the application's Migrator.
+fn migration_hint(table: &str, url: &str) -> String {
+    let driver = match url.split(':').next().unwrap_or_default() {
+        "postgres" | "postgresql" => "sqlx-postgres",
+        "mysql" | "mariadb" => "sqlx-mysql",
+        _ => "sqlx-sqlite",
+    };
+    let url = &driver_url(url);
+    if table == DEFAULT_TABLE {
+        format!(
+            "run the migration first:\n  \
+             orion-beacon-migration up -u {url}\n\
+             (install it with `cargo install orion-beacon-migration --features cli,{driver}`), \
+             or add orion_beacon_migration::CreateLeaseTable::new() to your app's Migrator"
+        )
+    } else {
+        format!(
+            "run the migration first: add \
+             orion_beacon_migration::CreateLeaseTable::with_table({table:?}) to your app's \
+             Migrator and run it (`sea-orm-cli migrate up -d <your migration crate>`); the \
+             orion-beacon-migration command line creates only the default table {DEFAULT_TABLE:?}"
+        )
+    }
+}
+
+/// A store error as the operator should read it; [`crate::exit::exit_code`] gives its code.
+pub fn store_failure(ctx: &Ctx, err: StoreError) -> CliError {
+    let message = match &err {
+        StoreError::MissingTable { table, .. } => format!(
+            "the lease table {table:?} does not exist in {url}\n{hint}",
+            url = ctx.url,
+            hint = migration_hint(
+                table,
+                if ctx.url == ctx.raw_url {
+                    &ctx.url
+                } else {
+                    "<DATABASE_URL>"
+                }
+            ),
+        ),
+        // Refused input: the store's own words, as for a refused argument.
+        _ if matches!(err.kind(), ErrorKind::InvalidInput | ErrorKind::Unsupported) => {
+            err.to_string()
+        }
+        _ if unreachable(&err) => format!(
+            "cannot reach the database at {}: {}",
+            ctx.url,
+            scrub(&chain(&err), &ctx.raw_url)
+        ),
+        _ => scrub(&chain(&err), &ctx.raw_url),
+    };
+    CliError::Store {
+        source: Box::new(err),
+        message,
+    }
+}
+
+/// No lease row for `resource`, with the closest name there is as a hint (a typo, likely).
+pub async fn unknown_resource(ctx: &Ctx, resource: &str) -> CliError {
+    let names: Vec<String> = ctx
+        .store
+        .list()
+        .await
+        .map(|all| all.into_iter().map(|r| r.resource).collect())
+        .unwrap_or_default();
+    let hint = match closest(resource, &names) {
+        Some(name) => format!("did you mean {name:?}? "),
+        None => String::new(),
+    };
+    CliError::UnknownResource(format!(
+        "no lease for resource {resource:?} in table {:?} (it was never acquired there); \
+         {hint}`orion-beacon leases` lists the resources",
+        ctx.store.table()
+    ))
+}
+
+/// The name closest to `typed`, if one is close enough to be a typo of it.
+fn closest<'a>(typed: &str, names: &'a [String]) -> Option<&'a str> {
+    let limit = (typed.chars().count() / 3).clamp(1, 3);
+    names
+        .iter()
+        .map(|name| (strsim::damerau_levenshtein(typed, name), name))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn migration_hint_names_the_table_and_the_driver() {
+        let default = super::migration_hint("orionbeacon_leases", "postgres://app@db/app");
+        assert!(
+            default.contains("orion-beacon-migration up -u postgres://app@db/app"),
+            "{default}"
+        );
+        assert!(
+            default.contains("--features cli,sqlx-postgres"),
+            "{default}"
+        );
+        let custom = super::migration_hint("shard_leases", "mysql://app@db/app");
+        assert!(
+            custom.contains("CreateLeaseTable::with_table(\"shard_leases\")"),
+            "{custom}"
+        );
+        assert!(!custom.contains("orion-beacon-migration up"), "{custom}");
+    }
+}
