@@ -24,12 +24,12 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// Small deterministic PRNG (xorshift64*), so randomized tests can print and replay a seed.
-pub struct Rng(u64);
+/// A seeded generator (`fastrand`'s), so randomized tests can print and replay a seed.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
+        Self(fastrand::Rng::with_seed(seed))
     }
     pub fn seed_from_time() -> u64 {
         SystemTime::now()
@@ -38,15 +38,11 @@ impl Rng {
             .unwrap_or(42)
     }
     pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.u64(..)
     }
+    /// Uniform in `0..n`; `n` must not be 0.
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.u64(..n)
     }
 }
 

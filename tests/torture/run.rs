@@ -1,0 +1,426 @@
+//! One configuration's run: its servers and tables, the candidate processes, the faults
+//! applied to them, then the checker's verdict on what they recorded.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use orion_beacon::{LeaseStore, SeaOrmLeaseStore};
+use sea_orm::sea_query::{Alias, ColumnDef, Query, Table};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+
+use crate::clock::mono_ns;
+use crate::common::{unique, Rng};
+use crate::db::{connect, connect_rollback_journal};
+use crate::servers::{private_mariadb, private_pgbouncer, private_postgres, start_galera, Cluster};
+use crate::skew::{faketime_lib, skew_problem};
+use crate::{checker, faults, report, timeline};
+use crate::{Args, Backend, Configuration, Error, LEASE, RECOVERY_MARGIN, RETRY};
+
+/// One configuration's servers, tables and working directory, as the run set them up.
+pub struct Setup {
+    pub backend: Backend,
+    pub config: Configuration,
+    /// The private MariaDB of this configuration.
+    pub mariadb: Option<&'static orion_beacon_testkit::MariaDb>,
+    /// The failover configurations' primary, standby and stable address.
+    pub cluster: Option<std::sync::Arc<std::sync::Mutex<Cluster>>>,
+    /// The Galera configurations' cluster, one URL per node (candidate `cN` uses node N mod
+    /// 3), and the harness's connection to each node.
+    pub galera: Option<std::sync::Arc<orion_beacon_testkit::Galera>>,
+    node_urls: Vec<String>,
+    pub node_admins: Vec<DatabaseConnection>,
+    /// The URL candidates use.
+    pub url: String,
+    /// The URL candidates send fenced writes to, when not `url`.
+    fence_url: Option<String>,
+    /// The URL the harness itself uses (probes, the ledger).
+    pub admin_url: String,
+    pub table: String,
+    ledger: String,
+    pub resource: String,
+    pub admin: DatabaseConnection,
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+/// A candidate process the run started.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    history: PathBuf,
+    pid: Option<u32>,
+    skewed: bool,
+    /// The libfaketime offset it runs under (`-3h`), if skewed.
+    pub offset: Option<String>,
+}
+
+impl Proc {
+    /// libfaketime keeps a shared-memory segment per process (`/dev/shm/faketime_shm_<pid>`,
+    /// `sem.faketime_sem_<pid>`) and removes it at exit; a SIGKILLed candidate cannot.
+    fn remove_faketime_leftovers(&self) {
+        if let (true, Some(pid)) = (self.skewed, self.pid) {
+            let _ = std::fs::remove_file(format!("/dev/shm/faketime_shm_{pid}"));
+            let _ = std::fs::remove_file(format!("/dev/shm/sem.faketime_sem_{pid}"));
+        }
+    }
+}
+
+/// The configuration's servers (started on first use), lease table and ledger table.
+async fn setup(config: Configuration) -> Result<Setup, Error> {
+    let backend = config.backend;
+    let mut mariadb = None;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().to_path_buf();
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
+        println!("torture: histories kept in {}", path.display());
+    }
+    let mut fence_url = None;
+    let mut cluster = None;
+    let mut galera = None;
+    let mut node_urls = Vec::new();
+    let mut node_admins = Vec::new();
+    let (url, admin_url) = match backend {
+        Backend::MySql if config.galera.is_some() => {
+            let topology = config.galera.ok_or("no topology")?;
+            let g = tokio::task::spawn_blocking(move || start_galera(topology)).await??;
+            connect(&g.node(0).url(), 1)
+                .await?
+                .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
+                .await?;
+            for node in g.nodes() {
+                let url = node.url_for("orion_torture");
+                node_admins.push(connect(&url, 2).await?);
+                node_urls.push(url);
+            }
+            let url = node_urls[0].clone();
+            galera = Some(std::sync::Arc::new(g));
+            (url.clone(), url)
+        }
+        Backend::Postgres if config.failover.is_some() => {
+            let replication = config
+                .failover
+                .unwrap_or(orion_beacon_testkit::Replication::Synchronous);
+            let c = tokio::task::spawn_blocking(move || Cluster::start(replication)).await??;
+            let base = c.bouncer.url();
+            cluster = Some(std::sync::Arc::new(std::sync::Mutex::new(c)));
+            let url = format!(
+                "{base}?application_name=orion-torture-{}",
+                std::process::id()
+            );
+            (url, base)
+        }
+        Backend::Sqlite => {
+            let url = format!("sqlite://{}", path.join("torture.db").display());
+            (url.clone(), url)
+        }
+        Backend::Postgres => {
+            let base = private_postgres().await?.url();
+            let url = format!(
+                "{base}?application_name=orion-torture-{}",
+                std::process::id()
+            );
+            if config.pgbouncer {
+                let bouncer = private_pgbouncer().await?;
+                let through = format!(
+                    "{}?application_name=orion-torture-{}",
+                    bouncer.url(),
+                    std::process::id()
+                );
+                fence_url = Some(url);
+                (through, base)
+            } else {
+                (url, base)
+            }
+        }
+        Backend::MySql => {
+            // A database of its own: connection kills hit only the candidates.
+            let server = private_mariadb(config.sql_mode).await?;
+            mariadb = Some(server);
+            connect(&server.url(), 1)
+                .await?
+                .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
+                .await?;
+            let url = server.url_for("orion_torture");
+            (url.clone(), url)
+        }
+    };
+    // The harness's own connection: the candidates' journal mode (switching it needs the whole
+    // file), with a patient busy timeout.
+    let admin = if config.rollback_journal {
+        connect_rollback_journal(&admin_url, 2, Duration::from_secs(10)).await?
+    } else {
+        connect(&admin_url, 2).await?
+    };
+    let table = unique("tt");
+    let ledger = unique("ledger");
+    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    CreateLeaseTable::with_table(&table)?
+        .up(&SchemaManager::new(&admin))
+        .await?;
+    let create = Table::create()
+        .table(Alias::new(&ledger))
+        .col(
+            ColumnDef::new(Alias::new("id"))
+                .big_integer()
+                .not_null()
+                .auto_increment()
+                .primary_key(),
+        )
+        .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
+        .col(
+            ColumnDef::new(Alias::new("candidate"))
+                .string_len(64)
+                .not_null(),
+        )
+        .col(ColumnDef::new(Alias::new("seq")).big_integer().not_null())
+        .to_owned();
+    admin.execute(&create).await?;
+    Ok(Setup {
+        backend,
+        config,
+        mariadb,
+        cluster,
+        galera,
+        node_urls,
+        node_admins,
+        url,
+        fence_url,
+        admin_url,
+        table,
+        ledger,
+        resource: unique("job"),
+        admin,
+        _dir: dir,
+        dir: path,
+    })
+}
+
+/// Starts candidate `name` (this binary with `--candidate`), its wall clock at `skew` if given.
+pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
+    let exe = std::env::current_exe()?;
+    // Galera: candidate `cN` (and its replacements `cN-rM`) talks to node N mod 3.
+    let url = match s.node_urls.len() {
+        0 => &s.url,
+        nodes => {
+            let index: usize = name
+                .trim_start_matches('c')
+                .split("-r")
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            &s.node_urls[index % nodes]
+        }
+    };
+    let history = s.dir.join(format!("{name}.history"));
+    let mut cmd = Command::new(&exe);
+    if let Some(offset) = skew {
+        // libfaketime preloaded into the candidate itself (the `faketime` wrapper would fork,
+        // and a signal to the wrapper would miss the candidate). Only the wall clock moves.
+        cmd.env("LD_PRELOAD", faketime_lib().unwrap_or_default())
+            .env("FAKETIME", offset)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    }
+    cmd.args([
+        "--candidate",
+        name,
+        "--url",
+        url,
+        "--table",
+        &s.table,
+        "--ledger",
+        &s.ledger,
+        "--resource",
+        &s.resource,
+    ])
+    .arg("--history")
+    .arg(&history)
+    .args(["--pool", &s.config.pool.to_string()])
+    .args(s.config.rollback_journal.then_some("--rollback-journal"))
+    .args(s.config.pgbouncer.then_some("--transaction-pooling"))
+    .args(
+        s.fence_url
+            .as_deref()
+            .map(|url| ["--fence-url", url])
+            .into_iter()
+            .flatten(),
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true);
+    let child = cmd.spawn()?;
+    Ok(Proc {
+        name: name.to_owned(),
+        pid: child.id(),
+        child,
+        history,
+        skewed: skew.is_some(),
+        offset: skew.map(str::to_owned),
+    })
+}
+
+/// Runs one configuration: sets it up, starts the candidates, applies the faults, stops the
+/// candidates and checks what they recorded. `true` if it passed.
+pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Result<bool, Error> {
+    let backend = config.backend;
+    let label = config.name.to_owned();
+    let mut rng = Rng::new(seed);
+    let s = setup(config).await?;
+    let _reader = faults::start_long_reader(&s).await?;
+    let kinds = faults::applicable(&s, args.faults.as_deref());
+    // SQLite's clock is each process's own wall clock (the library runs in the candidate), so
+    // skewing one process's wall clock is a setup that cannot exist on a real host: there the
+    // processes share the host clock. Skew is a fault for the server backends, whose clock is
+    // the server's.
+    let skew = args.skew && backend != Backend::Sqlite;
+    if skew && faketime_lib().is_none() {
+        return Err(
+            "libfaketime is not installed (apt-get install faketime), or pass --no-skew".into(),
+        );
+    }
+    let offsets = ["-3h", "+5h", "-26h"];
+    let mut procs: Vec<Proc> = Vec::new();
+    let mut skewed = 0;
+    for i in 0..args.candidates {
+        let name = format!("c{i}");
+        let offset = if skew && i % 2 == 1 {
+            Some(offsets[(i / 2) % offsets.len()])
+        } else {
+            None
+        };
+        skewed += usize::from(offset.is_some());
+        procs.push(spawn(&s, &name, offset)?);
+    }
+    let started = tokio::time::Instant::now();
+    let run_start_ns = mono_ns();
+    let mut applied =
+        faults::apply(&s, &mut procs, &kinds, args.duration, started, &mut rng).await?;
+    // Faults of the run itself that did nothing (a connkill that killed nothing, a requested
+    // kind never applied, a clock that was not skewed): the run proves less than it says.
+    let mut run_violations = std::mem::take(&mut applied.problems);
+
+    // Stop everyone gracefully, then read what they wrote.
+    let quiesce_ns = mono_ns();
+    for p in &mut procs {
+        if let Some(stdin) = p.child.stdin.as_mut() {
+            let _ = stdin.write_all(b"shutdown\n").await;
+        }
+    }
+    for p in &mut procs {
+        if tokio::time::timeout(Duration::from_secs(10), p.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = p.child.start_kill();
+            let _ = p.child.wait().await;
+        }
+    }
+    for p in &procs {
+        p.remove_faketime_leftovers();
+    }
+    let run_end_ns = mono_ns();
+    let mut record = checker::Record {
+        end: run_end_ns,
+        quiesce: quiesce_ns,
+        // A SIGSTOPped candidate may be inside a fenced transaction, which holds the lease
+        // row's lock (SQLite: the file's) until it ends: no takeover until it wakes, on any
+        // backend. That is the fence working, so recovery counts from the wake-up.
+        pause_blocks_store: true,
+        faults: std::mem::take(&mut applied.log),
+        ..checker::Record::default()
+    };
+    for p in &procs {
+        let text = std::fs::read_to_string(&p.history).unwrap_or_default();
+        record.add_history(&text, applied.kills.get(&p.name).copied())?;
+        if let Some(offset) = &p.offset {
+            if let Some(problem) = skew_problem(&text, offset) {
+                run_violations.push(format!("{}: {problem}", p.name));
+            }
+        }
+    }
+    for kind in &kinds {
+        if !applied.counts.contains_key(kind) {
+            run_violations.push(format!("fault {kind} was requested but never applied"));
+        }
+    }
+    if applied.counts.contains_key("pause") && record.writes_refused + record.writes_aborted == 0 {
+        run_violations.push(
+            "leaders were paused past their lease, yet no stale write was refused by the fence \
+             or aborted at commit (the woken leader's write never reached the database)"
+                .to_owned(),
+        );
+    }
+    let admin = &s.admin;
+    let rows = admin
+        .query_all(
+            &Query::select()
+                .columns([
+                    Alias::new("id"),
+                    Alias::new("token"),
+                    Alias::new("candidate"),
+                    Alias::new("seq"),
+                ])
+                .from(Alias::new(&s.ledger))
+                .order_by(Alias::new("id"), sea_orm::sea_query::Order::Asc)
+                .to_owned(),
+        )
+        .await?;
+    for row in rows {
+        record.ledger.push(checker::LedgerRow {
+            id: row.try_get_by_index(0)?,
+            token: row.try_get_by_index(1)?,
+            candidate: row.try_get_by_index(2)?,
+            seq: row.try_get_by_index(3)?,
+        });
+    }
+    let bound = LEASE + RETRY + RECOVERY_MARGIN;
+    let mut verdict = checker::check(&record, bound.as_nanos() as u64);
+    // A measured hazard: what the checker found is the figure, not a failure of the run.
+    let measured = if config.measured {
+        std::mem::take(&mut verdict.violations)
+    } else {
+        Vec::new()
+    };
+    verdict.violations.extend(run_violations);
+    let tokens_in_table = SeaOrmLeaseStore::new(admin.clone())
+        .with_table(&s.table)?
+        .current(&s.resource)
+        .await?
+        .map(|r| r.token.get());
+
+    report::Summary {
+        label: &label,
+        seed,
+        candidates: args.candidates,
+        skewed,
+        run_start_ns,
+        record: &record,
+        verdict: &verdict,
+        measured: config.measured.then_some(&measured[..]),
+        faults: &applied,
+        last_token: tokens_in_table.unwrap_or(0),
+        bound,
+    }
+    .print();
+    // The picture, next to the histories; kept (with them) when asked for or when the run
+    // failed. (A measured configuration finds something on every run: its histories are kept
+    // only when asked for, or every test run would leave a directory behind.)
+    let picture = s.dir.join("timeline.svg");
+    std::fs::write(&picture, timeline::render(&record, &label, run_start_ns))?;
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some() || !verdict.violations.is_empty() {
+        println!("  timeline: {}", picture.display());
+        std::mem::forget(s._dir);
+        return Ok(verdict.violations.is_empty() && verdict.terms > 0);
+    }
+    // Clean up the tables (the temp dir goes by itself).
+    let _ = admin
+        .execute(&Table::drop().table(Alias::new(&s.ledger)).to_owned())
+        .await;
+    let _ = admin
+        .execute(&Table::drop().table(Alias::new(&s.table)).to_owned())
+        .await;
+    Ok(verdict.violations.is_empty() && verdict.terms > 0)
+}
