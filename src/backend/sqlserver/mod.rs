@@ -181,7 +181,7 @@ async fn send(
 /// # Ok(()) }
 /// ```
 ///
-/// The store keeps a small pool of its own (4 connections unless
+/// The store keeps a pool of its own (deadpool; 4 connections unless
 /// [`with_max_connections`](Self::with_max_connections) says otherwise): every operation takes
 /// one connection for its statement and gives it back. A connection that failed at the IO, TLS
 /// or protocol level (or was interrupted by a cancelled call) is closed and replaced, never
