@@ -191,3 +191,35 @@ pub(crate) fn opt_millis<S: serde::Serializer>(
         None => s.serialize_none(),
     }
 }
+
+/// What [`LeaseStore::renew_all`](crate::LeaseStore::renew_all) did with the leases it was
+/// given, each in the order given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Renewals {
+    /// The leases renewed: the same terms (holder, token), with the new remaining time and
+    /// expiry.
+    pub renewed: Vec<Lease>,
+    /// The leases not renewed, as they were given: expired, released, revoked or taken over.
+    /// Their terms have ended; the other leases' terms are not affected.
+    pub lost: Vec<Lease>,
+}
+
+impl Renewals {
+    /// Sorts `held` into renewed and lost: a lease is renewed when `fresh` has a lease of the
+    /// same resource, holder and token (the store's answer for it), and lost otherwise.
+    pub(crate) fn sort(held: &[Lease], mut fresh: Vec<Lease>) -> Self {
+        let mut out = Renewals::default();
+        for lease in held {
+            let found = fresh.iter().position(|f| {
+                f.resource == lease.resource && f.holder == lease.holder && f.token == lease.token
+            });
+            match found {
+                Some(i) => out.renewed.push(fresh.swap_remove(i)),
+                None => out.lost.push(lease.clone()),
+            }
+        }
+        out
+    }
+}

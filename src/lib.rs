@@ -22,7 +22,7 @@ pub use elector::{
 };
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::FencingToken;
-pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord};
+pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
 pub use memory::InMemoryLeaseStore;
 pub use store::{LeaseStore, ReleaseEvents};
 
@@ -30,7 +30,8 @@ pub use store::{LeaseStore, ReleaseEvents};
 pub use orion_beacon_entity as entity;
 
 // The Rust examples of the guides in docs/ are doctests too.
-#[cfg(doctest)]
+// (its health endpoint serializes `Health`, which needs the `serde` feature)
+#[cfg(all(doctest, feature = "serde"))]
 #[doc = include_str!("../docs/elector.md")]
 mod elector_docs {}
 #[cfg(doctest)]

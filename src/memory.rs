@@ -8,8 +8,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::store::{validate_candidate, validate_request, validate_resource};
-use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+use crate::store::{validate_batch, validate_candidate, validate_request, validate_resource};
+use crate::{
+    Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError,
+};
 
 #[derive(Debug, Clone)]
 struct Slot {
@@ -166,6 +168,32 @@ impl LeaseStore for InMemoryLeaseStore {
             acquired_at: None,
             renewed_at: None,
         }))
+    }
+
+    async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
+        let millis = validate_batch(held, lease)?;
+        let lease = Duration::from_millis(millis.unsigned_abs());
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let mut fresh = Vec::with_capacity(held.len());
+        for h in held {
+            match slots.get_mut(&h.resource) {
+                Some(slot)
+                    if slot.holder == h.holder
+                        && slot.token == h.token.get()
+                        && slot.expires > now =>
+                {
+                    slot.expires = now + lease;
+                    fresh.push(Lease {
+                        remaining: lease,
+                        expires_at: self.wall(slot.expires),
+                        ..h.clone()
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(Renewals::sort(held, fresh))
     }
 
     fn release_events(&self) -> Option<crate::store::ReleaseEvents> {

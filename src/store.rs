@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Lease, LeaseOutcome, LeaseRecord, StoreError};
+use crate::{Lease, LeaseOutcome, LeaseRecord, Renewals, StoreError};
 
 /// The longest resource name or candidate id, in characters (the columns are 255 wide).
 pub const MAX_NAME_LEN: usize = 255;
@@ -76,7 +76,8 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 ///
 /// An outcome is only reported for a statement that committed: every deciding statement is read
 /// to its end, a commit that fails is a retryable [`StoreError::Conflict`], never a grant, and a
-/// statement that returns several rows (a server-side retry) is treated as a denial. Why each
+/// statement that returns several rows (a server-side retry) is a retryable
+/// [`StoreError::Conflict`] too, neither a grant nor a denial. Why each
 /// database needs this is in the rustdoc of [`crate::backend`].
 ///
 /// # Clocks
@@ -131,6 +132,36 @@ pub trait LeaseStore: Send + Sync {
     /// The tombstone is the same as [`release`](Self::release)'s: the token is kept.
     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError>;
 
+    /// Renews many leases at once, each only while the store still holds it as given: the same
+    /// holder, the same token (term) and live by the store's clock. It never starts a term: a
+    /// lease that lapsed, was released, revoked or taken over is reported
+    /// [`lost`](Renewals::lost) and only its term ends. The holders may differ.
+    ///
+    /// The database stores do it in one statement per call (whatever the number of leases),
+    /// judged by the database clock in that statement, and report a renew only once it has
+    /// committed. Bad input (an invalid name or duration, a resource given twice) is refused
+    /// before any SQL runs; an empty `held` is no statement at all.
+    ///
+    /// The default (for stores that do not override it) asks
+    /// [`acquire_or_renew`](Self::acquire_or_renew) lease by lease and, where that started a new
+    /// term instead of renewing, ends that term at once with
+    /// [`release_lease`](Self::release_lease) and reports the lease lost (the token it used is
+    /// spent: tokens still only increase).
+    async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
+        validate_batch(held, lease)?;
+        let mut fresh = Vec::with_capacity(held.len());
+        for h in held {
+            match self.acquire_or_renew(&h.resource, &h.holder, lease).await? {
+                LeaseOutcome::Renewed(renewed) => fresh.push(renewed),
+                LeaseOutcome::Acquired(acquired) => {
+                    self.release_lease(&acquired).await?;
+                }
+                LeaseOutcome::Denied(_) => {}
+            }
+        }
+        Ok(Renewals::sort(held, fresh))
+    }
+
     /// The stored lease of `resource`, live or not, or `None` if it was never acquired: the row
     /// as stored, with `live` and `remaining` judged by the store's clock (the database stores
     /// round down to whole milliseconds: a lease with under 1 ms left reads as not live).
@@ -178,6 +209,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         (**self).current(resource).await
+    }
+
+    async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
+        (**self).renew_all(held, lease).await
     }
 
     fn release_events(&self) -> Option<ReleaseEvents> {
@@ -241,6 +276,25 @@ pub fn lease_millis(lease: Duration) -> Result<i64, StoreError> {
         return Err(invalid("must be at most 366 days"));
     }
     i64::try_from(lease.as_millis()).map_err(|_| invalid("must be at most 366 days"))
+}
+
+/// Checks a batch for [`LeaseStore::renew_all`]: every name, the duration, and no resource
+/// twice (one statement cannot renew a resource for two terms). Returns the duration in
+/// milliseconds.
+pub fn validate_batch(held: &[Lease], lease: Duration) -> Result<i64, StoreError> {
+    let millis = lease_millis(lease)?;
+    let mut seen = std::collections::HashSet::with_capacity(held.len());
+    for h in held {
+        validate_resource(&h.resource)?;
+        validate_candidate(&h.holder)?;
+        if !seen.insert(h.resource.as_str()) {
+            return Err(StoreError::InvalidResource {
+                name: h.resource.clone(),
+                reason: "appears more than once in the batch",
+            });
+        }
+    }
+    Ok(millis)
 }
 
 pub(crate) fn validate_request(

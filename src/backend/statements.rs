@@ -6,7 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
-    Alias, Expr, ExprTrait, InsertStatement, OnConflict, Query, SelectStatement, UpdateStatement,
+    Alias, BinOper, Expr, ExprTrait, InsertStatement, OnConflict, Query, SelectStatement,
+    UpdateStatement,
 };
 use sea_orm::{DbErr, QueryResult};
 
@@ -172,6 +173,69 @@ pub(crate) fn current(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectS
         .to_owned()
 }
 
+/// The batch renew: every lease in `held` (rows of resource, holder and token, in each
+/// backend's form of a table from one bound JSON document, see [`held_json`]) whose row still
+/// has that holder and token and is live by the database clock gets a whole lease from the
+/// write, and `renewed_at` as a renew sets it. Nothing else changes: no term starts, and a row
+/// whose term ended is left alone.
+pub(crate) fn renew_held(
+    d: &dyn Dialect,
+    table: &Alias,
+    held: Expr,
+    millis: i64,
+) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(Column::ExpiresAt, d.lease_end(millis))
+        .value(
+            Column::RenewedAt,
+            d.greatest(d.now(), d.one_tick_after(Expr::col(Column::AcquiredAt))),
+        )
+        .and_where(held_rows(d, table, held))
+        .to_owned()
+}
+
+/// The rows of `held` that are live: the condition of [`renew_held`], and of the read that
+/// reports its result where `UPDATE` has no `RETURNING`.
+pub(crate) fn held_rows(d: &dyn Dialect, table: &Alias, held: Expr) -> Expr {
+    let key = Expr::tuple([
+        Expr::col((table.clone(), Column::Resource)),
+        Expr::col((table.clone(), Column::Holder)),
+        Expr::col((table.clone(), Column::FencingToken)),
+    ]);
+    key.binary(BinOper::In, held)
+        .and(Expr::col((table.clone(), Column::ExpiresAt)).gt(d.now()))
+}
+
+/// The columns a batch renew returns per renewed row: the lease row, then the resource.
+pub(crate) fn renewed_row(d: &dyn Dialect) -> Vec<Expr> {
+    let mut exprs = returned_row(d);
+    exprs.push(Expr::col(Column::Resource));
+    exprs
+}
+
+/// The leases of a batch as one JSON document, bound as a single parameter:
+/// `[{"r": resource, "h": holder, "t": token}, ...]`.
+pub(crate) fn held_json(held: &[Lease]) -> String {
+    let rows: Vec<serde_json::Value> = held
+        .iter()
+        .map(|l| serde_json::json!({"r": l.resource, "h": l.holder, "t": l.token.get()}))
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// The leases in rows of [`renewed_row`]; a row that is not live (a lease shorter than the
+/// database's rounding) renews nothing.
+pub(crate) fn renewed_leases(rows: &[QueryResult]) -> Result<Vec<Lease>, DbErr> {
+    let mut leases = Vec::with_capacity(rows.len());
+    for r in rows {
+        let row = Row::decode(r)?;
+        let resource: String = r.try_get_by_index(6)?;
+        leases.extend(row.live_lease(resource));
+    }
+    Ok(leases)
+}
+
 /// A decoded lease row.
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
@@ -202,6 +266,18 @@ impl Row {
 
     fn remaining(&self) -> Duration {
         Duration::from_millis(u64::try_from(self.remaining_millis).unwrap_or(0))
+    }
+
+    /// The lease this row is for its holder, if it is live (a renewed row of a batch).
+    pub(crate) fn live_lease(self, resource: String) -> Option<Lease> {
+        self.live().then(|| Lease {
+            resource,
+            token: FencingToken::new(self.token),
+            remaining: self.remaining(),
+            expires_at: Some(self.expires_at),
+            acquired_at: Some(self.acquired_at),
+            holder: self.holder,
+        })
     }
 
     /// The outcome this row means for `candidate`, when it is the row after the upsert.

@@ -13,8 +13,8 @@ use super::mysql::MySqlUpsert;
 use super::prepared::Prepared;
 use super::statements::{self, Row};
 use super::{Dialect, Form, Refused};
-use crate::store::{validate_candidate, validate_request, validate_resource};
-use crate::{Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+use crate::store::{validate_batch, validate_candidate, validate_request, validate_resource};
+use crate::{Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
 
 /// How often a statement is tried when the database reports a conflict with a concurrent
 /// transaction (serialization failure, deadlock, busy SQLite file). Such a failure means the
@@ -414,6 +414,27 @@ impl LeaseStore for SeaOrmLeaseStore {
             Some(stmt) => self.run_release(stmt).await,
             None => Ok(false),
         }
+    }
+
+    /// One statement per call on every backend (MySQL/MariaDB: the `UPDATE` and a read of what
+    /// it renewed, in one transaction), with the leases bound as one JSON document; MariaDB
+    /// needs 10.6 or later (`JSON_TABLE`).
+    async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
+        let millis = validate_batch(held, lease)?;
+        let form = self.form()?;
+        if held.is_empty() {
+            return Ok(Renewals::default());
+        }
+        let json = statements::held_json(held);
+        let rows = match form {
+            #[cfg(feature = "postgres")]
+            Form::Postgres => super::postgres::store::renew_all(self, json, millis).await?,
+            #[cfg(feature = "mysql")]
+            Form::MySql => super::mysql::store::renew_all(self, json, millis).await?,
+            Form::Sqlite => super::sqlite::store::renew_all(self, json, millis).await?,
+        };
+        let fresh = statements::renewed_leases(&rows).map_err(|e| self.decode_error(e))?;
+        Ok(Renewals::sort(held, fresh))
     }
 
     /// On PostgreSQL, `LISTEN`s on one connection of its own (opened on first use, kept while

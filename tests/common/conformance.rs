@@ -458,6 +458,116 @@ pub async fn bad_input_is_refused_before_sql<H: Harness>(h: &H) {
     ));
 }
 
+pub async fn renew_all_renews_held_terms_and_reports_the_lost<H: Harness>(h: &H) {
+    let store = h.store();
+    let names: Vec<String> = (0..5).map(|i| unique(&format!("batch{i}"))).collect();
+    let kept = granted(store.acquire_or_renew(&names[0], "a", LONG).await.unwrap());
+    let released = granted(store.acquire_or_renew(&names[1], "a", LONG).await.unwrap());
+    let lapsing = granted(store.acquire_or_renew(&names[2], "a", SHORT).await.unwrap());
+    let other_holder = granted(store.acquire_or_renew(&names[3], "b", LONG).await.unwrap());
+    let taken = granted(store.acquire_or_renew(&names[4], "a", SHORT).await.unwrap());
+    assert!(store.release(&names[1], "a").await.unwrap());
+    tokio::time::sleep(PAST_SHORT).await;
+    // names[4] lapsed and went to "c": a's term there is over, though the row is live.
+    let rival = granted(store.acquire_or_renew(&names[4], "c", LONG).await.unwrap());
+    // A term the store never granted: the right holder, a token from the future.
+    let mut stale = lapsing.clone();
+    stale.token = FencingToken::new(lapsing.token.get() + 7);
+
+    let held = [
+        lapsing.clone(),
+        kept.clone(),
+        released.clone(),
+        other_holder.clone(),
+        taken.clone(),
+    ];
+    let out = store.renew_all(&held, LONG).await.unwrap();
+    let resources = |v: &[Lease]| v.iter().map(|l| l.resource.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        resources(&out.renewed),
+        vec![names[0].clone(), names[3].clone()],
+        "the live terms are renewed, in the order given: {out:?}"
+    );
+    assert_eq!(
+        resources(&out.lost),
+        vec![names[2].clone(), names[1].clone(), names[4].clone()],
+        "lapsed, released and taken-over terms are lost: {out:?}"
+    );
+    for (renewed, before) in out.renewed.iter().zip([&kept, &other_holder]) {
+        assert_eq!(
+            (&renewed.holder, renewed.token),
+            (&before.holder, before.token),
+            "a renew keeps the term"
+        );
+        // A whole lease, less the moment a store that reads the renewed rows back in a second
+        // statement (MySQL) spends between the two.
+        assert!(
+            renewed.remaining + Duration::from_millis(250) >= LONG
+                && renewed.remaining <= LONG + Duration::from_secs(1),
+            "a renew has the whole lease left: {renewed:?}"
+        );
+    }
+    assert_eq!(out.lost[0], lapsing, "a lost lease comes back as given");
+
+    // No term was started or touched for the lost ones.
+    let lapsed = store.current(&names[2]).await.unwrap().unwrap();
+    assert_eq!((lapsed.live, lapsed.token), (false, lapsing.token));
+    let tomb = store.current(&names[1]).await.unwrap().unwrap();
+    assert_eq!((tomb.live, tomb.token), (false, released.token));
+    let now_rival = store.current(&names[4]).await.unwrap().unwrap();
+    assert_eq!(
+        (now_rival.holder.as_str(), now_rival.token),
+        ("c", rival.token)
+    );
+    // The renewed leases really were extended, and stay the holders' terms.
+    assert_eq!(
+        renewed(&store.acquire_or_renew(&names[0], "a", LONG).await.unwrap()),
+        kept.token
+    );
+    // A token the row does not carry renews nothing, even for the holder of a live lease.
+    let out = store.renew_all(&[stale], LONG).await.unwrap();
+    assert!(out.renewed.is_empty() && out.lost.len() == 1, "{out:?}");
+    assert_eq!(
+        store.current(&names[2]).await.unwrap().unwrap().token,
+        lapsing.token
+    );
+    // Nothing to renew: no error.
+    let out = store.renew_all(&[], LONG).await.unwrap();
+    assert!(out.renewed.is_empty() && out.lost.is_empty());
+}
+
+pub async fn renew_all_refuses_bad_input_before_sql<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("batch_bad");
+    let lease = granted(store.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    let twice = store
+        .renew_all(&[lease.clone(), lease.clone()], LONG)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(twice, StoreError::InvalidResource { .. }),
+        "a resource twice in one batch: {twice:?}"
+    );
+    let zero = store
+        .renew_all(std::slice::from_ref(&lease), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(zero, StoreError::InvalidLeaseDuration { .. }),
+        "{zero:?}"
+    );
+    let mut bad = lease.clone();
+    bad.holder = " a".into();
+    let err = store.renew_all(&[bad], LONG).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::InvalidCandidate { .. }),
+        "{err:?}"
+    );
+    // The refused batches changed nothing.
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert_eq!((rec.token, rec.expires_at), (lease.token, lease.expires_at));
+}
+
 /// Generates one `#[tokio::test]` per contract case for a harness setup expression
 /// (`async -> Option<Harness>`; `None` means the backend was opted out).
 #[macro_export]
@@ -483,6 +593,8 @@ macro_rules! conformance_suite {
             first_insert_race_has_one_winner,
             randomized_run_tokens_strictly_increase,
             bad_input_is_refused_before_sql,
+            renew_all_renews_held_terms_and_reports_the_lost,
+            renew_all_refuses_bad_input_before_sql,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -4,13 +4,16 @@
 
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
-    Alias, Expr, ExprTrait, InsertStatement, MysqlQueryBuilder, OnConflict, Query, UpdateStatement,
+    Alias, Expr, ExprTrait, InsertStatement, MysqlQueryBuilder, OnConflict, Query, SelectStatement,
+    UpdateStatement,
 };
 use sea_orm::{DbBackend, DbErr, Statement};
 
 use super::MySql;
 use crate::backend::fence::Term;
-use crate::backend::statements::{insert_new_row, returned_row};
+use crate::backend::statements::{
+    held_rows, insert_new_row, renew_held, renewed_row, returned_row,
+};
 use crate::backend::Dialect;
 
 /// The conditional upsert (without `RETURNING`).
@@ -135,6 +138,34 @@ pub(crate) fn galera_untouch(table: &Alias, term: &Term<'_>) -> UpdateStatement 
         .to_owned()
 }
 
+/// The rows of a batch renew, from its JSON document (see `held_json`), in the lease
+/// table's binary collation (MariaDB 10.6+ and MySQL 8.0 have `JSON_TABLE`).
+pub(crate) fn held(json: String) -> Expr {
+    Expr::cust_with_values(
+        "SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (\
+         `r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', \
+         `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', \
+         `t` BIGINT PATH '$.t')) AS `held`",
+        [json],
+    )
+}
+
+/// MySQL/MariaDB have no `UPDATE ... RETURNING`: the batch renew, then (in the same
+/// transaction, before its commit) [`renewed`] reads what it renewed.
+pub(crate) fn renew_all(table: &Alias, json: String, millis: i64) -> UpdateStatement {
+    renew_held(&MySql, table, held(json), millis)
+}
+
+/// The rows [`renew_all`] renewed, read in its transaction: those of the batch that are live
+/// now (a row it did not renew had lapsed or changed hands, and is not).
+pub(crate) fn renewed(table: &Alias, json: String) -> SelectStatement {
+    Query::select()
+        .exprs(renewed_row(&MySql))
+        .from(table.clone())
+        .and_where(held_rows(&MySql, table, held(json)))
+        .to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +241,24 @@ mod tests {
             "UPDATE `orionbeacon_leases` SET `expires_at` = `expires_at` - INTERVAL 1 MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ?"
         );
         assert_eq!(values.0.len(), 3);
+    }
+
+    // The batch's update and the read of what it renewed, each with the leases in one bound
+    // JSON document.
+    #[test]
+    fn batch_renew_is_one_update_and_one_read_from_json() {
+        let t = Alias::new("orionbeacon_leases");
+        let (sql, values) = renew_all(&t, "[]".to_owned(), 1500).build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE `orionbeacon_leases` SET `expires_at` = SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `renewed_at` = GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) WHERE (`orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token`) IN (SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', `t` BIGINT PATH '$.t')) AS `held`) AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))"#
+        );
+        assert_eq!(values.0.len(), 2, "{values:?}");
+        let (sql, values) = renewed(&t, "[]".to_owned()).build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource` FROM `orionbeacon_leases` WHERE (`orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token`) IN (SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', `t` BIGINT PATH '$.t')) AS `held`) AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))"#
+        );
+        assert_eq!(values.0.len(), 1, "{values:?}");
     }
 }

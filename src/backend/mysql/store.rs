@@ -28,6 +28,29 @@ pub(crate) async fn acquire_or_renew(
     Ok(decoded.outcome(resource, candidate))
 }
 
+/// The batch renew and the read of what it renewed, in one transaction; the rows once it has
+/// committed.
+pub(crate) async fn renew_all(
+    store: &SeaOrmLeaseStore,
+    json: String,
+    millis: i64,
+) -> Result<Vec<QueryResult>, StoreError> {
+    use sea_orm::TransactionTrait;
+    let table = store.table_iden();
+    let update = super::statements::renew_all(&table, json.clone(), millis);
+    let read = super::statements::renewed(&table, json);
+    store
+        .with_retry(|| async {
+            let txn = store.db.begin().await?;
+            txn.execute(&update).await?;
+            // The update holds the renewed rows' locks until commit: this reads what it left.
+            let rows = txn.query_all(&read).await?;
+            txn.commit().await?;
+            Ok(rows)
+        })
+        .await
+}
+
 /// The rows after the upsert, read to the end, in the server's form.
 async fn upsert(
     store: &SeaOrmLeaseStore,

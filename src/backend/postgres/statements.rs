@@ -8,7 +8,7 @@ use sea_orm::sea_query::{
 };
 use sea_orm::DbErr;
 
-use crate::backend::statements::{release, returned_row, upsert};
+use crate::backend::statements::{release, renew_held, renewed_row, returned_row, upsert};
 use crate::backend::Dialect;
 
 /// The channel PostgreSQL release notifications go to; the payload is `<table>/<resource>`.
@@ -104,6 +104,33 @@ pub(crate) fn notifying(mut update: UpdateStatement, table_name: &str) -> WithQu
     WithClause::new().cte(cte).to_owned().query(notify)
 }
 
+/// The rows of a batch renew, from its JSON document (see `held_json`).
+pub(crate) fn held(json: String) -> Expr {
+    Expr::cust_with_values(
+        r#"SELECT "r", "h", "t" FROM json_to_recordset(CAST($1 AS json)) AS "held" ("r" text, "h" text, "t" bigint)"#,
+        [json],
+    )
+}
+
+/// The batch renew, returning each renewed row (see `renewed_row`) and
+/// `transaction_timestamp()` at [`RENEW_TRANSACTION_START_COLUMN`], for the check that it
+/// committed on its own (see `autocommit`).
+pub(crate) fn renew_all(
+    d: &dyn Dialect,
+    table: &Alias,
+    json: String,
+    millis: i64,
+) -> UpdateStatement {
+    let mut exprs = renewed_row(d);
+    exprs.push(Expr::cust("transaction_timestamp()"));
+    renew_held(d, table, held(json), millis)
+        .returning(Query::returning().exprs(exprs))
+        .to_owned()
+}
+
+/// The index of `transaction_timestamp()` in [`renew_all`]'s rows.
+pub(crate) const RENEW_TRANSACTION_START_COLUMN: usize = 7;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +169,17 @@ mod tests {
              SELECT pg_notify($3, $4 || \"resource\") FROM \"released\""
         );
         assert_eq!(values.0.len(), 4);
+    }
+
+    // One statement for the whole batch, its leases in one bound JSON document.
+    #[test]
+    fn batch_renew_is_one_update_from_json() {
+        let (sql, values) =
+            renew_all(&Postgres, &table(), "[]".to_owned(), 1500).build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = clock_timestamp() + $1 * INTERVAL '1 millisecond', "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#
+        );
+        assert_eq!(values.0.len(), 2, "{values:?}");
     }
 }

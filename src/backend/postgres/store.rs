@@ -8,7 +8,7 @@ use crate::backend::autocommit;
 use crate::backend::statements::Row;
 use crate::{Denial, LeaseOutcome, SeaOrmLeaseStore, StoreError};
 
-use super::statements::TRANSACTION_START_COLUMN;
+use super::statements::{RENEW_TRANSACTION_START_COLUMN, TRANSACTION_START_COLUMN};
 
 /// Acquire-or-renew in one round trip whatever the outcome: the upsert, or the row that denied
 /// it (see `upsert_reporting`).
@@ -19,7 +19,7 @@ pub(crate) async fn acquire_or_renew(
     millis: i64,
 ) -> Result<LeaseOutcome, StoreError> {
     let stmt = store.acquire_prepared()?.bind(resource, candidate, millis);
-    let rows = deciding(store, stmt).await?;
+    let rows = deciding(store, stmt, TRANSACTION_START_COLUMN).await?;
     // No row: a first insert raced ours and is not in our snapshot.
     let Some(row) = store.single_row(&rows)? else {
         return Ok(LeaseOutcome::Denied(Denial::new(resource)));
@@ -36,10 +36,24 @@ pub(crate) async fn acquire_or_renew(
     })
 }
 
-/// Runs a deciding statement, read to the end, known to have committed on its own.
+/// The batch renew: the rows it renewed, once known to have committed.
+pub(crate) async fn renew_all(
+    store: &SeaOrmLeaseStore,
+    json: String,
+    millis: i64,
+) -> Result<Vec<QueryResult>, StoreError> {
+    let form = store.form()?;
+    let update = super::statements::renew_all(form.dialect(), &store.table_iden(), json, millis);
+    let stmt = form.backend().build(&update);
+    deciding(store, stmt, RENEW_TRANSACTION_START_COLUMN).await
+}
+
+/// Runs a deciding statement, read to the end, known to have committed on its own (its rows
+/// carry `transaction_timestamp()` at `start_column`).
 async fn deciding(
     store: &SeaOrmLeaseStore,
     stmt: Statement,
+    start_column: usize,
 ) -> Result<Vec<QueryResult>, StoreError> {
     if let Some(pooled) = pooled(store, &stmt).await {
         return pooled;
@@ -48,7 +62,7 @@ async fn deciding(
         DatabaseConnectionType::SqlxPostgresPoolConnection(_) => {
             let pool = store.db.get_postgres_connection_pool();
             store
-                .autocommitted(|| autocommit::postgres(pool, &stmt, TRANSACTION_START_COLUMN))
+                .autocommitted(|| autocommit::postgres(pool, &stmt, start_column))
                 .await
         }
         _ => store.read_to_end(stmt).await,

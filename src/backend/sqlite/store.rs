@@ -2,7 +2,7 @@
 //! `RETURNING` rows before it commits), a plain read to report a denial, and a warning for a
 //! file in rollback-journal mode.
 
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, DbBackend, QueryResult, Statement};
 
 use crate::backend::statements::Row;
 use crate::{Denial, LeaseOutcome, SeaOrmLeaseStore, StoreError};
@@ -31,6 +31,21 @@ pub(crate) async fn acquire_or_renew(
     };
     let decoded = Row::decode(row).map_err(|source| store.decode_error(source))?;
     Ok(decoded.outcome(resource, candidate))
+}
+
+/// The batch renew: `RETURNING` rows, read to the end (SQLite sends them before it commits).
+pub(crate) async fn renew_all(
+    store: &SeaOrmLeaseStore,
+    json: String,
+    millis: i64,
+) -> Result<Vec<QueryResult>, StoreError> {
+    store
+        .sqlite_checked
+        .get_or_init(|| check_journal(store))
+        .await;
+    let form = store.form()?;
+    let update = super::statements::renew_all(form.dialect(), &store.table_iden(), json, millis);
+    store.read_to_end(form.backend().build(&update)).await
 }
 
 /// Warns (once per store) when the file is not in WAL mode. In SQLite's default rollback

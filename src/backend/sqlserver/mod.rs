@@ -70,9 +70,11 @@ use sea_orm::DbErr;
 use tiberius::error::Error as TdsError;
 use tiberius::{Config, FromSql, ToSql};
 
-use super::statements::Row;
-use crate::store::{validate_candidate, validate_request, validate_resource, MAX_NAME_LEN};
-use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+use super::statements::{held_json, Row};
+use crate::store::{
+    validate_batch, validate_candidate, validate_request, validate_resource, MAX_NAME_LEN,
+};
+use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
 
 mod pool;
 mod tsql;
@@ -350,6 +352,18 @@ impl SqlServerLeaseStore {
     }
 }
 
+/// A lease in whole seconds and the milliseconds left over (`DATEADD` takes an `int`, and 366
+/// days of milliseconds do not fit one).
+fn split_lease(millis: i64, lease: Duration) -> Result<(i32, i32), StoreError> {
+    let too_long = || StoreError::InvalidLeaseDuration {
+        duration: lease,
+        reason: "must be at most 366 days",
+    };
+    let seconds = i32::try_from(millis / 1000).map_err(|_| too_long())?;
+    let rest_ms = i32::try_from(millis % 1000).map_err(|_| too_long())?;
+    Ok((seconds, rest_ms))
+}
+
 /// 5 ms, 10 ms, ... plus up to 5 ms of jitter, so racers that collided do not collide again.
 fn backoff(attempt: u32) -> Duration {
     let jitter = std::time::SystemTime::now()
@@ -391,12 +405,7 @@ impl LeaseStore for SqlServerLeaseStore {
         let millis = validate_request(resource, candidate, lease)?;
         check_resource(resource)?;
         check_candidate(candidate)?;
-        let too_long = || StoreError::InvalidLeaseDuration {
-            duration: lease,
-            reason: "must be at most 366 days",
-        };
-        let seconds = i32::try_from(millis / 1000).map_err(|_| too_long())?;
-        let rest_ms = i32::try_from(millis % 1000).map_err(|_| too_long())?;
+        let (seconds, rest_ms) = split_lease(millis, lease)?;
         let returned = self
             .rows(
                 &self.sql.upsert,
@@ -460,6 +469,44 @@ impl LeaseStore for SqlServerLeaseStore {
             Ok(Reply::Rows(rows)) => Ok(!rows.is_empty()),
             Err(err) => Err(self.classify(err)),
         }
+    }
+
+    /// One batch for all of `held` (see `renew_all_sql`), the leases bound as one JSON
+    /// document.
+    async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
+        let millis = validate_batch(held, lease)?;
+        for h in held {
+            check_resource(&h.resource)?;
+            check_candidate(&h.holder)?;
+        }
+        if held.is_empty() {
+            return Ok(Renewals::default());
+        }
+        let (seconds, rest_ms) = split_lease(millis, lease)?;
+        let json = held_json(held);
+        let rows = match self
+            .run(
+                Want::Rows,
+                &self.sql.renew_all,
+                &[&seconds, &rest_ms, &json.as_str()],
+            )
+            .await
+        {
+            Ok(Reply::Rows(rows)) => rows,
+            Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) => return Err(self.classify(err)),
+        };
+        let mut fresh = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let (row, resource) = decode(r)
+                .and_then(|row| Ok((row, column::<&str>(r, 6, "resource")?.to_owned())))
+                .map_err(|source| StoreError::Decode {
+                    table: self.table.to_string(),
+                    source,
+                })?;
+            fresh.extend(row.live_lease(resource));
+        }
+        Ok(Renewals::sort(held, fresh))
     }
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {

@@ -103,7 +103,9 @@ impl Pool {
     }
 }
 
-/// A connection taken from the pool.
+/// A connection taken from the pool. Every use of the pool goes through this wrapper: deadpool
+/// takes back whatever `Object` is dropped, so a connection left mid-response would otherwise
+/// go to the next operation.
 pub(super) struct Pooled {
     object: Option<Object<Manager>>,
 }

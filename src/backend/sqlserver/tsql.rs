@@ -64,6 +64,38 @@ pub(super) fn upsert_sql(table: &str) -> String {
     )
 }
 
+/// The batch renew (after the `@now` declaration). Parameters: `@P1` whole seconds and `@P2`
+/// the remaining milliseconds of the lease, `@P3` the leases as one JSON document
+/// (`[{"r": resource, "h": holder, "t": token}, ...]`). Each lease whose row still has that
+/// holder and token and is live at `@now` gets a whole lease from the write (after the rows'
+/// locks are taken, as in [`upsert_sql`]), and `renewed_at` as a renew sets it; nothing else
+/// changes, no term starts. `OUTPUT` lists the renewed rows, the resource last. The JSON
+/// columns take the table's binary collation, so names compare byte for byte.
+pub(super) fn renew_all_sql(table: &str) -> String {
+    let t = quoted(table);
+    let held = "OPENJSON(@P3) WITH (r nvarchar(255) '$.r', h nvarchar(255) '$.h', tk bigint '$.t') AS held \
+                ON t.resource = held.r COLLATE Latin1_General_100_BIN2 \
+                AND t.holder = held.h COLLATE Latin1_General_100_BIN2 AND t.fencing_token = held.tk";
+    let tick_after_acquired = "DATEADD(NANOSECOND, 100, t.acquired_at)";
+    format!(
+        "SET XACT_ABORT ON; \
+         DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         DECLARE @locked int; \
+         BEGIN TRANSACTION; \
+         SELECT @locked = COUNT(*) FROM {t} AS t WITH (UPDLOCK, HOLDLOCK) JOIN {held}; \
+         DECLARE @written datetime2(7) = SYSUTCDATETIME(); \
+         UPDATE t SET \
+         t.expires_at = DATEADD(MILLISECOND, @P2, DATEADD(SECOND, @P1, @written)), \
+         t.renewed_at = CASE WHEN @now > {tick_after_acquired} THEN @now ELSE {tick_after_acquired} END \
+         OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, \
+         inserted.renewed_at, {remaining} AS remaining_ms, inserted.resource \
+         FROM {t} AS t JOIN {held} \
+         WHERE t.expires_at > @now; \
+         COMMIT TRANSACTION;",
+        remaining = remaining_ms("inserted.expires_at"),
+    )
+}
+
 /// Whole milliseconds from `@now` until `expires` (truncated; negative once past).
 fn remaining_ms(expires: &str) -> String {
     format!("DATEDIFF_BIG(NANOSECOND, @now, {expires}) / 1000000")
@@ -135,6 +167,7 @@ pub(super) struct Statements {
     pub(super) release: String,
     pub(super) release_write: String,
     pub(super) current: String,
+    pub(super) renew_all: String,
 }
 
 impl Statements {
@@ -144,6 +177,7 @@ impl Statements {
             release: release_sql(table),
             release_write: release_write_sql(table),
             current: current_sql(table),
+            renew_all: renew_all_sql(table),
         }
     }
 }
@@ -276,6 +310,35 @@ mod tests {
              SELECT holder, fencing_token, expires_at, acquired_at, renewed_at, \
              DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms \
              FROM [orionbeacon_leases] WHERE resource = @P1;"
+        );
+    }
+
+    #[test]
+    fn batch_renew_is_one_update_from_json() {
+        assert_eq!(
+            renew_all_sql(DEFAULT_TABLE),
+            concat!(
+                "SET XACT_ABORT ON; ",
+                "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
+                "DECLARE @locked int; ",
+                "BEGIN TRANSACTION; ",
+                "SELECT @locked = COUNT(*) FROM [orionbeacon_leases] AS t WITH (UPDLOCK, HOLDLOCK) JOIN ",
+                "OPENJSON(@P3) WITH (r nvarchar(255) '$.r', h nvarchar(255) '$.h', tk bigint '$.t') AS held ",
+                "ON t.resource = held.r COLLATE Latin1_General_100_BIN2 ",
+                "AND t.holder = held.h COLLATE Latin1_General_100_BIN2 AND t.fencing_token = held.tk; ",
+                "DECLARE @written datetime2(7) = SYSUTCDATETIME(); ",
+                "UPDATE t SET ",
+                "t.expires_at = DATEADD(MILLISECOND, @P2, DATEADD(SECOND, @P1, @written)), ",
+                "t.renewed_at = CASE WHEN @now > DATEADD(NANOSECOND, 100, t.acquired_at) THEN @now ELSE DATEADD(NANOSECOND, 100, t.acquired_at) END ",
+                "OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, ",
+                "inserted.renewed_at, DATEDIFF_BIG(NANOSECOND, @now, inserted.expires_at) / 1000000 AS remaining_ms, inserted.resource ",
+                "FROM [orionbeacon_leases] AS t JOIN ",
+                "OPENJSON(@P3) WITH (r nvarchar(255) '$.r', h nvarchar(255) '$.h', tk bigint '$.t') AS held ",
+                "ON t.resource = held.r COLLATE Latin1_General_100_BIN2 ",
+                "AND t.holder = held.h COLLATE Latin1_General_100_BIN2 AND t.fencing_token = held.tk ",
+                "WHERE t.expires_at > @now; ",
+                "COMMIT TRANSACTION;",
+            )
         );
     }
 }
