@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo bench --all-features --bench orion                    # everything (a few minutes)
-//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
 //!
@@ -652,6 +652,96 @@ async fn scale() -> Result<(), Error> {
     Ok(())
 }
 
+// ------------------------------------------------------------------------------------------
+// Batched renewal
+
+/// One process holding `BENCH_LEASES` leases (default 10,000) in one table renews them all,
+/// `BENCH_ROUNDS` times (default 5): lease by lease (16 at a time, as electors sharing a pool
+/// of 16 would) and with one `renew_all` per round, side by side on the same leases.
+async fn batch_backend(name: &str, url: &str) -> Result<(), Error> {
+    let leases: usize = std::env::var("BENCH_LEASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let lease = Duration::from_secs(60);
+    let table = unique("obbatch");
+    let db = connect(url, 16, false).await?;
+    migrate(&db, &table).await?;
+    let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
+    // Acquire them all (16 at a time).
+    let mut held = Vec::with_capacity(leases);
+    for chunk in (0..leases).collect::<Vec<_>>().chunks(16) {
+        let grants = futures::future::join_all(chunk.iter().map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .acquire_or_renew(&format!("shard-{i}"), "batch-node", lease)
+                    .await
+            }
+        }))
+        .await;
+        for g in grants {
+            match g? {
+                LeaseOutcome::Acquired(l) | LeaseOutcome::Renewed(l) => held.push(l),
+                LeaseOutcome::Denied(d) => return Err(format!("denied: {d:?}").into()),
+            }
+        }
+    }
+    // Lease by lease.
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    for _ in 0..rounds {
+        for chunk in held.chunks(16) {
+            for r in futures::future::join_all(chunk.iter().map(|l| {
+                let store = store.clone();
+                async move { store.acquire_or_renew(&l.resource, &l.holder, lease).await }
+            }))
+            .await
+            {
+                if !matches!(r?, LeaseOutcome::Renewed(_)) {
+                    return Err("a per-lease renew did not renew".into());
+                }
+            }
+        }
+    }
+    let (single_cpu, single_wall) = (cpu_time() - cpu0, t0.elapsed());
+    // One statement per round.
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    for _ in 0..rounds {
+        let out = store.renew_all(&held, lease).await?;
+        if out.renewed.len() != leases {
+            return Err(format!("the batch renewed {} of {leases}", out.renewed.len()).into());
+        }
+    }
+    let (batch_cpu, batch_wall) = (cpu_time() - cpu0, t0.elapsed());
+    let renewals = (leases * rounds) as f64;
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / renewals;
+    println!(
+        "\n## Batched renewal: {leases} leases, {rounds} rounds, {name}\n\n\
+         | path | statements per round | wall time per round | client CPU per lease renewal |\n\
+         | --- | --- | --- | --- |\n\
+         | lease by lease (16 at a time) | {leases} | {:.0} ms | {:.1} µs |\n\
+         | `renew_all` | 1 | {:.0} ms | {:.1} µs |\n\
+         | ratio (lease by lease / batch) | {leases} | {:.1} | {:.1} |",
+        single_wall.as_secs_f64() * 1e3 / rounds as f64,
+        per(single_cpu),
+        batch_wall.as_secs_f64() * 1e3 / rounds as f64,
+        per(batch_cpu),
+        single_wall.as_secs_f64() / batch_wall.as_secs_f64().max(1e-9),
+        single_cpu.as_secs_f64() / batch_cpu.as_secs_f64().max(1e-9),
+    );
+    drop(&db, &table).await;
+    Ok(())
+}
+
+async fn batch() -> Result<(), Error> {
+    batch_backend("PostgreSQL", &pg_url()).await?;
+    batch_backend("MariaDB", &mysql_url()).await
+}
+
 fn main() -> Result<(), Error> {
     let what: Vec<String> = std::env::args()
         .skip(1)
@@ -674,6 +764,9 @@ fn main() -> Result<(), Error> {
         }
         if all || what.iter().any(|w| w == "scale") {
             scale().await?;
+        }
+        if all || what.iter().any(|w| w == "batch") {
+            batch().await?;
         }
         Ok(())
     })

@@ -184,6 +184,14 @@ pub(crate) fn renew_held(
     held: Expr,
     millis: i64,
 ) -> UpdateStatement {
+    renew_set(d, table, millis)
+        .and_where(held_rows(d, table, held))
+        .to_owned()
+}
+
+/// The assignments of a renew, without a condition: a whole lease from the write, and
+/// `renewed_at` as a renew sets it.
+pub(crate) fn renew_set(d: &dyn Dialect, table: &Alias, millis: i64) -> UpdateStatement {
     Query::update()
         .table(table.clone())
         .value(Column::ExpiresAt, d.lease_end(millis))
@@ -191,7 +199,6 @@ pub(crate) fn renew_held(
             Column::RenewedAt,
             d.greatest(d.now(), d.one_tick_after(Expr::col(Column::AcquiredAt))),
         )
-        .and_where(held_rows(d, table, held))
         .to_owned()
 }
 

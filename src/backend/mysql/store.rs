@@ -37,12 +37,13 @@ pub(crate) async fn renew_all(
 ) -> Result<Vec<QueryResult>, StoreError> {
     use sea_orm::TransactionTrait;
     let table = store.table_iden();
-    let update = super::statements::renew_all(&table, json.clone(), millis);
+    let update = super::statements::renew_all(&table, json.clone(), millis)
+        .map_err(|e| StoreError::Database(e.into()))?;
     let read = super::statements::renewed(&table, json);
     store
         .with_retry(|| async {
             let txn = store.db.begin().await?;
-            txn.execute(&update).await?;
+            txn.execute_raw(update.clone()).await?;
             // The update holds the renewed rows' locks until commit: this reads what it left.
             let rows = txn.query_all(&read).await?;
             txn.commit().await?;
