@@ -11,9 +11,7 @@ use sea_orm::{DbBackend, DbErr, Statement};
 
 use super::MySql;
 use crate::backend::fence::Term;
-use crate::backend::statements::{
-    held_rows, insert_new_row, renew_set, renewed_row, returned_row,
-};
+use crate::backend::statements::{held_rows, insert_new_row, renew_set, renewed_row, returned_row};
 use crate::backend::Dialect;
 
 /// The conditional upsert (without `RETURNING`).
