@@ -5,6 +5,7 @@ mod health;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+mod random;
 mod runner;
 mod term;
 

@@ -9,8 +9,9 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
-use super::config::{random_u64, Config};
+use super::config::Config;
 use super::health::Probe;
+use super::random::jittered;
 use super::term::{LeaderTerm, Leadership, LossReason};
 use crate::store::ReleaseEvents;
 use crate::{Denial, Lease, LeaseOutcome, LeaseStore};
@@ -505,16 +506,6 @@ fn backoff(failures: u32, cap: Duration) -> Duration {
     FIRST_BACKOFF.saturating_mul(1 << exp).min(cap)
 }
 
-fn jittered(base: Duration, jitter: f64) -> Duration {
-    if jitter == 0.0 {
-        return base;
-    }
-    // Uniform in [1 - jitter, 1 + jitter].
-    let unit = (random_u64() >> 11) as f64 / (1u64 << 53) as f64;
-    Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 - jitter + 2.0 * jitter * unit))
-        .unwrap_or(base)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,28 +518,5 @@ mod tests {
         assert_eq!(backoff(5, cap), Duration::from_millis(800));
         assert_eq!(backoff(6, cap), cap);
         assert_eq!(backoff(u32::MAX, cap), cap);
-    }
-
-    #[test]
-    fn jitter_stays_in_range() {
-        let mut spread = std::collections::HashSet::new();
-        for _ in 0..1000 {
-            let d = jittered(Duration::from_secs(2), 0.1);
-            assert!(
-                d >= Duration::from_millis(1800) && d <= Duration::from_millis(2200),
-                "{d:?}"
-            );
-            spread.insert(d);
-        }
-        // Jitter spreads the waits (candidates that failed together do not retry together),
-        // over the whole range, both sides of the base.
-        assert!(spread.len() > 900, "{} distinct waits", spread.len());
-        let (low, high) = (spread.iter().min().unwrap(), spread.iter().max().unwrap());
-        assert!(*low < Duration::from_millis(1850), "lowest {low:?}");
-        assert!(*high > Duration::from_millis(2150), "highest {high:?}");
-        assert_eq!(
-            jittered(Duration::from_secs(2), 0.0),
-            Duration::from_secs(2)
-        );
     }
 }
