@@ -12,7 +12,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::error::Elapsed;
 use tokio::time::Instant;
 
 use super::config::Config;
@@ -181,11 +180,11 @@ impl Probe {
     /// One acquire-or-renew call ended (`result` as the loop saw it: answered, failed, or not
     /// answered in time). `leading`: it was a leader's renew.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn store_call<T>(
+    pub(crate) fn store_call<T, E>(
         &self,
         leading: bool,
         sent: Instant,
-        result: &Result<Result<T, StoreError>, Elapsed>,
+        result: &Result<Result<T, StoreError>, E>,
     ) {
         let now = Instant::now();
         if let Ok(Ok(_)) = result {

@@ -1,6 +1,7 @@
 //! The elector: keeps one candidate elected per resource on any [`LeaseStore`].
 
 mod config;
+mod decision;
 mod health;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
