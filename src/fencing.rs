@@ -1,4 +1,4 @@
-//! Fencing tokens: the number that orders leadership terms.
+//! Fencing tokens: the number that orders leadership terms, and the term a fence checks.
 
 use std::fmt;
 
@@ -23,6 +23,20 @@ impl FencingToken {
     pub const fn get(self) -> i64 {
         self.0
     }
+}
+
+/// What a fence checks: one term of one holder on one resource.
+///
+/// A [`LeaderTerm`](crate::LeaderTerm) converts into one (`&term`); the checks themselves are
+/// [`SeaOrmLeaseStore::fence`](crate::SeaOrmLeaseStore::fence) and friends.
+#[derive(Debug, Clone, Copy)]
+pub struct Term<'a> {
+    /// The resource.
+    pub resource: &'a str,
+    /// The holder.
+    pub holder: &'a str,
+    /// The term's token.
+    pub token: FencingToken,
 }
 
 impl FencingToken {

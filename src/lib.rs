@@ -11,7 +11,7 @@ mod lease;
 mod memory;
 pub mod store;
 
-pub use backend::fence::{FenceError, Term};
+pub use backend::fence::FenceError;
 pub use backend::mysql::MySqlUpsert;
 #[cfg(feature = "sqlserver")]
 pub use backend::sqlserver::SqlServerLeaseStore;
@@ -21,7 +21,7 @@ pub use elector::{
     ConfigError, Elector, ElectorBuilder, ElectorHandle, LeaderTerm, Leadership, LossReason,
 };
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
-pub use fencing::FencingToken;
+pub use fencing::{FencingToken, Term};
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
 pub use memory::InMemoryLeaseStore;
 pub use store::{LeaseStore, ReleaseEvents};

@@ -30,7 +30,11 @@ use super::sqlite;
 use super::store::SeaOrmLeaseStore;
 use super::{Dialect, Form};
 use crate::store::{validate_candidate, validate_resource};
-use crate::{FencingToken, LeaderTerm, StoreError};
+use crate::{FencingToken, StoreError};
+
+// The term a fence checks is defined next to `FencingToken`, and the elector converts its
+// `LeaderTerm` into it: the backend needs no elector types. Its database checks are below.
+pub use crate::fencing::Term;
 
 /// Why a fenced write was refused.
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +54,8 @@ pub enum FenceError {
     /// The check itself failed (database error, missing table, bad input).
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// [`LeaderTerm::fence`] on a term whose elector's store cannot fence SeaORM transactions
-    /// (it is not a [`SeaOrmLeaseStore`]).
+    /// [`LeaderTerm::fence`](crate::LeaderTerm::fence) on a term whose elector's store cannot
+    /// fence SeaORM transactions (it is not a [`SeaOrmLeaseStore`]).
     #[error("this term's elector does not run on a SeaOrmLeaseStore, so it cannot fence a SeaORM transaction")]
     Unsupported,
 }
@@ -60,27 +64,6 @@ impl FenceError {
     /// Whether this is [`FenceError::Fenced`]: the caller is not the leader (any more).
     pub fn is_fenced(&self) -> bool {
         matches!(self, FenceError::Fenced { .. })
-    }
-}
-
-/// What a fence checks: one term of one holder on one resource.
-#[derive(Debug, Clone, Copy)]
-pub struct Term<'a> {
-    /// The resource.
-    pub resource: &'a str,
-    /// The holder.
-    pub holder: &'a str,
-    /// The term's token.
-    pub token: FencingToken,
-}
-
-impl<'a> From<&'a LeaderTerm> for Term<'a> {
-    fn from(term: &'a LeaderTerm) -> Self {
-        Term {
-            resource: term.resource(),
-            holder: term.candidate(),
-            token: term.token(),
-        }
     }
 }
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::random::random_u64;
 use crate::store::{lease_millis, validate_candidate, validate_resource};
 use crate::StoreError;
 
@@ -229,17 +230,6 @@ pub(crate) fn default_candidate_id() -> String {
         std::process::id(),
         random_u64() as u32
     )
-}
-
-/// A random number from the standard library's per-process hasher keys (no extra dependency;
-/// good enough for ids and jitter, not for cryptography).
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.finish()
 }
 
 #[cfg(test)]

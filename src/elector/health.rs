@@ -12,18 +12,18 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::error::Elapsed;
 use tokio::time::Instant;
 
 use super::config::Config;
 use super::term::LossReason;
-use super::{ConfigError, ElectorBuilder, ElectorHandle};
+use super::{ConfigError, ElectorBuilder};
 use crate::StoreError;
 
 /// The default health window is this many times the longer of the renew and retry intervals.
 pub const HEALTH_WINDOW_FACTOR: u32 = 3;
 
-/// The answer to [`ElectorHandle::health`]: for a readiness or liveness probe.
+/// The answer to [`ElectorHandle::health`](super::ElectorHandle::health): for a readiness or
+/// liveness probe.
 ///
 /// With the `serde` feature it serializes with durations in milliseconds (`last_round_trip_ms`,
 /// `window_ms`).
@@ -35,7 +35,8 @@ pub struct Health {
     /// denied) within the last [`window`](Self::window). Right after start, the window counts
     /// from the start.
     pub healthy: bool,
-    /// Whether this candidate leads right now (as [`ElectorHandle::is_leader`]).
+    /// Whether this candidate leads right now (as
+    /// [`ElectorHandle::is_leader`](super::ElectorHandle::is_leader)).
     pub leader: bool,
     /// How long ago the last store round trip completed; `None` if none has yet.
     #[cfg_attr(
@@ -81,46 +82,13 @@ impl fmt::Display for Health {
 
 impl ElectorBuilder {
     /// How long the elector may go without completing a store round trip before
-    /// [`ElectorHandle::health`] reports it unhealthy. Default: three times the longer of the
-    /// renew and retry intervals (15 s with the default intervals). Errors and timeouts do not
-    /// count as round trips, so this is the time a store can fail or hang before probes see it.
+    /// [`ElectorHandle::health`](super::ElectorHandle::health) reports it unhealthy. Default:
+    /// three times the longer of the renew and retry intervals (15 s with the default
+    /// intervals). Errors and timeouts do not count as round trips, so this is the time a store
+    /// can fail or hang before probes see it.
     pub fn health_window(mut self, window: Duration) -> Self {
         self.health_window = Some(window);
         self
-    }
-}
-
-impl ElectorHandle {
-    /// Health for a readiness or liveness probe: unhealthy when the elector has not completed a
-    /// store round trip within the health window, whether or not it leads.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let handle = orion_beacon::Elector::builder_in_memory()
-    ///     .resource("health-doc")
-    ///     .build()?
-    ///     .start();
-    /// let health = handle.health();
-    /// assert!(health.healthy); // within the window of the start
-    /// # Ok(()) }
-    /// ```
-    pub fn health(&self) -> Health {
-        let state = &self.probe.state;
-        let now = Instant::now();
-        let last = state.last();
-        let age = now.saturating_duration_since(last.unwrap_or(state.started));
-        let failure = match &*self.receiver.borrow() {
-            crate::Leadership::Failed(err) => Some(error_chain(err)),
-            _ => None,
-        };
-        Health {
-            healthy: age <= state.window && failure.is_none(),
-            failure,
-            leader: self.is_leader(),
-            last_round_trip: last.map(|at| now.saturating_duration_since(at)),
-            window: state.window,
-        }
     }
 }
 
@@ -212,11 +180,11 @@ impl Probe {
     /// One acquire-or-renew call ended (`result` as the loop saw it: answered, failed, or not
     /// answered in time). `leading`: it was a leader's renew.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn store_call<T>(
+    pub(crate) fn store_call<T, E>(
         &self,
         leading: bool,
         sent: Instant,
-        result: &Result<Result<T, StoreError>, Elapsed>,
+        result: &Result<Result<T, StoreError>, E>,
     ) {
         let now = Instant::now();
         if let Ok(Ok(_)) = result {
@@ -232,6 +200,23 @@ impl Probe {
                 Err(_) => Some("timeout"),
             },
         );
+    }
+
+    /// Health as of now (see [`ElectorHandle::health`](super::ElectorHandle::health)):
+    /// `failure` is why the elector stopped for good, if it did; `leader` whether it leads.
+    pub(crate) fn health(&self, failure: Option<&StoreError>, leader: bool) -> Health {
+        let state = &self.state;
+        let now = Instant::now();
+        let last = state.last();
+        let age = now.saturating_duration_since(last.unwrap_or(state.started));
+        let failure = failure.map(|err| error_chain(err));
+        Health {
+            healthy: age <= state.window && failure.is_none(),
+            failure,
+            leader,
+            last_round_trip: last.map(|at| now.saturating_duration_since(at)),
+            window: state.window,
+        }
     }
 
     /// A term began.

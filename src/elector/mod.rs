@@ -1,10 +1,12 @@
 //! The elector: keeps one candidate elected per resource on any [`LeaseStore`].
 
 mod config;
+mod decision;
 mod health;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+mod random;
 mod runner;
 mod term;
 
@@ -261,6 +263,28 @@ impl ElectorHandle {
             Leadership::Leader(term) if term.is_current() => Some(term.token()),
             _ => None,
         }
+    }
+
+    /// Health for a readiness or liveness probe: unhealthy when the elector has not completed a
+    /// store round trip within the health window, whether or not it leads.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let handle = orion_beacon::Elector::builder_in_memory()
+    ///     .resource("health-doc")
+    ///     .build()?
+    ///     .start();
+    /// let health = handle.health();
+    /// assert!(health.healthy); // within the window of the start
+    /// # Ok(()) }
+    /// ```
+    pub fn health(&self) -> Health {
+        let failure = match &*self.receiver.borrow() {
+            Leadership::Failed(err) => Some(err.clone()),
+            _ => None,
+        };
+        self.probe.health(failure.as_deref(), self.is_leader())
     }
 
     /// This candidate's id.

@@ -1,34 +1,28 @@
 //! The elector's loop: contend as a follower, renew as a leader, step down in time.
+//!
+//! Each turn waits, asks the store, and hands the answer to [`decide`], which says what comes
+//! next; the loop carries that out (terms, the watch channel, logs, metrics).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch, RwLock};
-use tokio::time::error::Elapsed;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
-use super::config::{random_u64, Config};
+use super::config::Config;
+use super::decision::{
+    backoff, decide, later, local_deadline, Answer, Decision, Grant, Next, NoAnswer, Role, Setback,
+};
 use super::health::Probe;
+use super::random::jittered;
 use super::term::{LeaderTerm, Leadership, LossReason};
 use crate::store::ReleaseEvents;
 use crate::{Denial, Lease, LeaseOutcome, LeaseStore};
 
-/// A follower told that the lease ends in `remaining` tries again this long after it.
-const AFTER_EXPIRY: Duration = Duration::from_millis(15);
-/// First back-off after a store error; doubles per consecutive error.
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// How long dropped leader work gets to let go of the work gate before shutdown gives up on it.
 const UNWIND: Duration = Duration::from_millis(100);
-
-/// `t + d`, checked: the options are bounded (see `MAX_INTERVAL`), so this never saturates in
-/// practice, but no option value can make the loop panic.
-fn later(t: Instant, d: Duration) -> Instant {
-    t.checked_add(d)
-        .or_else(|| t.checked_add(super::config::MAX_INTERVAL))
-        .unwrap_or(t)
-}
 
 /// How the loop was asked to stop.
 #[derive(Debug, Clone)]
@@ -60,9 +54,12 @@ struct Active {
     granted: Lease,
 }
 
-enum Step<T> {
-    Done(T),
+/// Why a turn of the loop ended early: a stop was requested (see [`Stop`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    /// Graceful: end the work, release, stop.
     Shutdown,
+    /// Abrupt: no waiting for work, no release.
     Abort,
 }
 
@@ -82,33 +79,57 @@ impl Runner {
         let mut failures: u32 = 0;
         let mut releases = self.store.release_events();
         let (stopped_by, failure) = loop {
-            let step = match active.as_mut() {
+            let step = match active.as_ref() {
                 None => {
-                    self.follower_step(&mut next_attempt, &mut failures, &mut active, &mut releases)
+                    self.follower_step(next_attempt, failures, &mut releases)
                         .await
                 }
-                Some(a) => self.leader_step(a, &mut failures).await,
+                Some(a) => self.leader_step(a, failures).await,
             };
-            match step {
-                Step::Done(LeaderNext::Stay) => {}
-                Step::Done(LeaderNext::Lost(reason, leader)) => {
+            let decision = match step {
+                Ok(decision) => decision,
+                Err(Stopped::Shutdown) => break (LossReason::Shutdown, None),
+                Err(Stopped::Abort) => break (LossReason::Aborted, None),
+            };
+            failures = decision.failures;
+            match decision.next {
+                Next::Elect(grant) => {
+                    if let Some(a) = active.take() {
+                        self.end_term(&a.term, LossReason::Superseded, None);
+                    }
+                    active = Some(self.begin_term(grant));
+                }
+                Next::Extend(grant) => {
+                    if let Some(a) = active.as_mut() {
+                        a.term.extend(grant.deadline);
+                        a.next_renew = grant.next_renew;
+                        debug!(token = %grant.lease.token, remaining = ?grant.lease.remaining, "renewed");
+                        a.granted = grant.lease;
+                    }
+                }
+                Next::Follow { denial, at } => {
+                    self.follow(&denial);
+                    next_attempt = at;
+                }
+                Next::Lose(reason, leader) => {
                     if let Some(a) = active.take() {
                         self.end_term(&a.term, reason, leader);
                     }
                     next_attempt = Instant::now();
                 }
-                Step::Done(LeaderNext::Replace(lease, sent)) => {
-                    if let Some(a) = active.take() {
-                        self.end_term(&a.term, LossReason::Superseded, None);
+                Next::Retry { at, setback } => match active.as_mut() {
+                    Some(a) => {
+                        if let Setback::Error { error, wait } = &setback {
+                            log_store_error(error, failures, *wait, "store error while renewing");
+                        }
+                        a.next_renew = at;
                     }
-                    active = self.begin_term(&lease, sent);
-                    if active.is_none() {
-                        next_attempt = Instant::now();
+                    None => {
+                        self.follower_setback(&setback, failures);
+                        next_attempt = at;
                     }
-                }
-                Step::Done(LeaderNext::Failed(err)) => break (LossReason::Failed, Some(err)),
-                Step::Shutdown => break (LossReason::Shutdown, None),
-                Step::Abort => break (LossReason::Aborted, None),
+                },
+                Next::Fail(err) => break (LossReason::Failed, Some(err)),
             }
         };
         if let Some(mut a) = active.take() {
@@ -139,124 +160,65 @@ impl Runner {
         }
     }
 
-    /// One follower attempt: wait for the next attempt time, then try to acquire.
+    /// One follower attempt: waits for the next attempt time, then tries to acquire.
     async fn follower_step(
         &self,
-        next_attempt: &mut Instant,
-        failures: &mut u32,
-        active: &mut Option<Active>,
+        next_attempt: Instant,
+        failures: u32,
         releases: &mut Option<ReleaseEvents>,
-    ) -> Step<LeaderNext> {
-        match self
-            .stoppable(self.wait_turn(*next_attempt, releases))
-            .await
-        {
-            Step::Done(()) => {}
-            Step::Shutdown => return Step::Shutdown,
-            Step::Abort => return Step::Abort,
-        }
-        let sent = Instant::now();
-        let result = match self.ask_store(later(sent, self.config.lease)).await {
-            Step::Done(result) => result,
-            Step::Shutdown => return Step::Shutdown,
-            Step::Abort => return Step::Abort,
+    ) -> Result<Decision, Stopped> {
+        self.stoppable(self.wait_turn(next_attempt, releases))
+            .await?;
+        let role = Role::Follower {
+            retry: jittered(self.config.retry_interval, self.config.jitter),
         };
-        self.probe.store_call(false, sent, &result);
-        match result {
-            Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease))) => {
-                *failures = 0;
-                *active = self.begin_term(&lease, sent);
-                if active.is_none() {
-                    *next_attempt = Instant::now();
-                }
-            }
-            Ok(Ok(LeaseOutcome::Denied(denial))) => {
-                *failures = 0;
-                self.follow(&denial);
-                *next_attempt = later(Instant::now(), self.follower_wait(&denial));
-            }
-            Ok(Err(err)) if err.is_permanent() => return Step::Done(LeaderNext::Failed(err)),
-            Ok(Err(err)) => {
-                *failures += 1;
-                let wait = backoff(*failures, self.config.retry_interval);
-                log_store_error(&err, *failures, wait, "store error while contending");
-                self.note_follower_without_answer();
-                *next_attempt = later(Instant::now(), wait);
-            }
-            Err(_) => {
-                *failures += 1;
-                warn!(after = ?self.config.lease, "store did not answer while contending");
-                self.note_follower_without_answer();
-                *next_attempt = later(
-                    Instant::now(),
-                    backoff(*failures, self.config.retry_interval),
-                );
-            }
-        }
-        Step::Done(LeaderNext::Stay)
+        let sent = Instant::now();
+        self.ask_and_decide(role, sent, later(sent, self.config.lease), failures)
+            .await
     }
 
-    /// One leader round: wait for the renew time (or the deadline), then renew, bounded by
+    /// One leader round: waits for the renew time (or the deadline), then renews, bounded by
     /// the deadline.
-    async fn leader_step(&self, active: &mut Active, failures: &mut u32) -> Step<LeaderNext> {
+    async fn leader_step(&self, active: &Active, failures: u32) -> Result<Decision, Stopped> {
         let deadline = active.term.deadline();
-        match self
-            .stoppable(sleep_until(active.next_renew.min(deadline)))
-            .await
-        {
-            Step::Done(()) => {}
-            Step::Shutdown => return Step::Shutdown,
-            Step::Abort => return Step::Abort,
-        }
+        self.stoppable(sleep_until(active.next_renew.min(deadline)))
+            .await?;
         if Instant::now() >= deadline {
-            return Step::Done(LeaderNext::Lost(LossReason::Deadline, None));
+            let next = Next::Lose(LossReason::Deadline, None);
+            return Ok(Decision { next, failures });
         }
-        let sent = Instant::now();
-        let result = match self.ask_store(deadline).await {
-            Step::Done(result) => result,
-            Step::Shutdown => return Step::Shutdown,
-            Step::Abort => return Step::Abort,
+        let role = Role::Leader {
+            token: active.term.token(),
         };
-        self.probe.store_call(true, sent, &result);
-        match result {
-            Ok(Ok(LeaseOutcome::Renewed(lease))) if lease.token == active.term.token() => {
-                *failures = 0;
-                active.term.extend(self.local_deadline(&lease, sent));
-                active.next_renew = later(sent, self.config.renew_interval);
-                debug!(token = %lease.token, remaining = ?lease.remaining, "renewed");
-                active.granted = lease;
-                Step::Done(LeaderNext::Stay)
-            }
-            Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease))) => {
-                // The store started a new term: ours lapsed there. End it before the new one.
-                Step::Done(LeaderNext::Replace(lease, sent))
-            }
-            Ok(Ok(LeaseOutcome::Denied(denial))) => {
-                Step::Done(LeaderNext::Lost(LossReason::Denied, denial.holder))
-            }
-            Ok(Err(err)) if err.is_permanent() => Step::Done(LeaderNext::Failed(err)),
-            Ok(Err(err)) => {
-                *failures += 1;
-                let wait = backoff(*failures, self.config.renew_interval);
-                log_store_error(&err, *failures, wait, "store error while renewing");
-                active.next_renew = later(Instant::now(), wait);
-                Step::Done(LeaderNext::Stay)
-            }
-            Err(_) => Step::Done(LeaderNext::Lost(LossReason::Deadline, None)),
-        }
+        self.ask_and_decide(role, Instant::now(), deadline, failures)
+            .await
+    }
+
+    /// Asks the store (the call sent at `sent`, given up at `until`), reports the round trip,
+    /// and decides what the answer means for an elector in `role`.
+    async fn ask_and_decide(
+        &self,
+        role: Role,
+        sent: Instant,
+        until: Instant,
+        failures: u32,
+    ) -> Result<Decision, Stopped> {
+        let answer = self.ask_store(until).await?;
+        let leading = matches!(role, Role::Leader { .. });
+        self.probe.store_call(leading, sent, &answer);
+        let now = Instant::now();
+        Ok(decide(answer, sent, now, &self.config, role, failures))
     }
 
     /// One acquire-or-renew, given up at `until` (a leader's deadline, a follower's lease).
-    async fn ask_store(
-        &self,
-        until: Instant,
-    ) -> Step<Result<Result<LeaseOutcome, crate::StoreError>, Elapsed>> {
+    async fn ask_store(&self, until: Instant) -> Result<Answer, Stopped> {
         let call = self.store.acquire_or_renew(
             &self.config.resource,
             &self.config.candidate,
             self.config.lease,
         );
-        self.abortable(timeout_at(until, call)).await
+        let answer = self.abortable(timeout_at(until, call)).await?;
+        Ok(answer.map_err(|_| NoAnswer))
     }
 
     /// Waits until `next_attempt`, or less if the store says our resource was just released.
@@ -285,53 +247,40 @@ impl Runner {
     /// Runs a store call to its end unless aborted. A shutdown does not cut a call short: a
     /// statement cancelled on our side may still commit on the server, after the release that
     /// follows, and leave a live lease nobody renews. The calls are bounded by their timeouts.
-    async fn abortable<F: std::future::Future>(&self, fut: F) -> Step<F::Output> {
+    async fn abortable<F: std::future::Future>(&self, fut: F) -> Result<F::Output, Stopped> {
         tokio::select! {
             biased;
-            _ = self.stop.abort.cancelled() => Step::Abort,
-            out = fut => Step::Done(out),
+            _ = self.stop.abort.cancelled() => Err(Stopped::Abort),
+            out = fut => Ok(out),
         }
     }
 
     /// Runs `fut` unless a stop is requested first.
-    async fn stoppable<F: std::future::Future>(&self, fut: F) -> Step<F::Output> {
+    async fn stoppable<F: std::future::Future>(&self, fut: F) -> Result<F::Output, Stopped> {
         tokio::select! {
             biased;
-            _ = self.stop.abort.cancelled() => Step::Abort,
-            _ = self.stop.shutdown.cancelled() => Step::Shutdown,
-            out = fut => Step::Done(out),
+            _ = self.stop.abort.cancelled() => Err(Stopped::Abort),
+            _ = self.stop.shutdown.cancelled() => Err(Stopped::Shutdown),
+            out = fut => Ok(out),
         }
     }
 
-    /// The local deadline of a grant: the send instant plus the lease time the store said was
-    /// left, minus the margin. The store measured from a moment after `sent`, so this is
-    /// earlier than the store's expiry by at least the margin.
-    fn local_deadline(&self, lease: &Lease, sent: Instant) -> Instant {
-        let granted = lease.remaining.min(self.config.lease);
-        later(sent, granted.saturating_sub(self.config.step_down_margin))
-    }
-
-    fn begin_term(&self, lease: &Lease, sent: Instant) -> Option<Active> {
-        let deadline = self.local_deadline(lease, sent);
-        if deadline <= Instant::now() {
-            // Too little of the lease is left to trust; the next attempt renews it in full.
-            return None;
-        }
+    fn begin_term(&self, grant: Grant) -> Active {
         let term = LeaderTerm::new(
-            lease.token,
+            grant.lease.token,
             self.config.resource.clone(),
             self.config.candidate.clone(),
-            deadline,
+            grant.deadline,
             self.fence.clone(),
         );
-        info!(token = %lease.token, "elected");
+        info!(token = %grant.lease.token, "elected");
         self.state.send_replace(Leadership::Leader(term.clone()));
         self.probe.elected();
-        Some(Active {
+        Active {
             term,
-            next_renew: later(sent, self.config.renew_interval),
-            granted: lease.clone(),
-        })
+            next_renew: grant.next_renew,
+            granted: grant.lease,
+        }
     }
 
     fn end_term(&self, term: &LeaderTerm, reason: LossReason, leader: Option<String>) {
@@ -380,16 +329,20 @@ impl Runner {
         });
     }
 
-    /// Expiry-aware: a lease that ends before the next regular retry is retried right after it
-    /// ends, so a crashed leader is replaced one lease after its last renew.
-    fn follower_wait(&self, denial: &Denial) -> Duration {
-        let regular = jittered(self.config.retry_interval, self.config.jitter);
-        let at_expiry = denial.remaining.saturating_add(AFTER_EXPIRY);
-        if !denial.remaining.is_zero() && at_expiry < regular {
-            at_expiry
-        } else {
-            regular
+    /// A follower's attempt that led only to a later one: says why, and leaves `Starting` (the
+    /// store was asked) unless the attempt was granted too little of the lease.
+    fn follower_setback(&self, setback: &Setback, failures: u32) {
+        match setback {
+            // Not a failure: the next attempt, at once, renews the lease in full.
+            Setback::ShortGrant => return,
+            Setback::Error { error, wait } => {
+                log_store_error(error, failures, *wait, "store error while contending")
+            }
+            Setback::NoAnswer => {
+                warn!(after = ?self.config.lease, "store did not answer while contending")
+            }
         }
+        self.note_follower_without_answer();
     }
 
     /// Shutdown of a leader: keeps renewing the lease while the term's work winds down, for
@@ -432,8 +385,8 @@ impl Runner {
             }
             let sent = Instant::now();
             let result = match self.ask_store(deadline).await {
-                Step::Done(result) => result,
-                _ => {
+                Ok(result) => result,
+                Err(_) => {
                     active.term.cut_off();
                     return false;
                 }
@@ -442,7 +395,9 @@ impl Runner {
             match result {
                 Ok(Ok(LeaseOutcome::Renewed(lease))) if lease.token == active.term.token() => {
                     *failures = 0;
-                    active.term.extend(self.local_deadline(&lease, sent));
+                    active
+                        .term
+                        .extend(local_deadline(&lease, sent, &self.config));
                     active.next_renew = later(sent, self.config.renew_interval);
                     debug!(token = %lease.token, "renewed while leader work winds down");
                     active.granted = lease;
@@ -481,14 +436,6 @@ impl Runner {
     }
 }
 
-enum LeaderNext {
-    Stay,
-    Lost(LossReason, Option<String>),
-    Replace(Lease, Instant),
-    /// An error of the program's configuration (`StoreError::is_permanent`): stop.
-    Failed(crate::StoreError),
-}
-
 /// A store error: at warn when retrying may help (a database error, a conflict), at error when
 /// it is likely a setup problem (a missing table, an unreadable row), which is retried anyway
 /// in case it clears up (a migration still running, a restore).
@@ -497,58 +444,5 @@ fn log_store_error(err: &crate::StoreError, failures: u32, retry_in: Duration, w
         warn!(error = %err, failures, ?retry_in, "{what}");
     } else {
         error!(error = %err, failures, ?retry_in, "{what}");
-    }
-}
-
-fn backoff(failures: u32, cap: Duration) -> Duration {
-    let exp = failures.saturating_sub(1).min(16);
-    FIRST_BACKOFF.saturating_mul(1 << exp).min(cap)
-}
-
-fn jittered(base: Duration, jitter: f64) -> Duration {
-    if jitter == 0.0 {
-        return base;
-    }
-    // Uniform in [1 - jitter, 1 + jitter].
-    let unit = (random_u64() >> 11) as f64 / (1u64 << 53) as f64;
-    Duration::try_from_secs_f64(base.as_secs_f64() * (1.0 - jitter + 2.0 * jitter * unit))
-        .unwrap_or(base)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_cap() {
-        let cap = Duration::from_secs(1);
-        assert_eq!(backoff(1, cap), Duration::from_millis(50));
-        assert_eq!(backoff(2, cap), Duration::from_millis(100));
-        assert_eq!(backoff(5, cap), Duration::from_millis(800));
-        assert_eq!(backoff(6, cap), cap);
-        assert_eq!(backoff(u32::MAX, cap), cap);
-    }
-
-    #[test]
-    fn jitter_stays_in_range() {
-        let mut spread = std::collections::HashSet::new();
-        for _ in 0..1000 {
-            let d = jittered(Duration::from_secs(2), 0.1);
-            assert!(
-                d >= Duration::from_millis(1800) && d <= Duration::from_millis(2200),
-                "{d:?}"
-            );
-            spread.insert(d);
-        }
-        // Jitter spreads the waits (candidates that failed together do not retry together),
-        // over the whole range, both sides of the base.
-        assert!(spread.len() > 900, "{} distinct waits", spread.len());
-        let (low, high) = (spread.iter().min().unwrap(), spread.iter().max().unwrap());
-        assert!(*low < Duration::from_millis(1850), "lowest {low:?}");
-        assert!(*high > Duration::from_millis(2150), "highest {high:?}");
-        assert_eq!(
-            jittered(Duration::from_secs(2), 0.0),
-            Duration::from_secs(2)
-        );
     }
 }

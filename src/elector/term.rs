@@ -222,6 +222,17 @@ impl LeaderTerm {
     }
 }
 
+/// What a fence checks of this term: `store.fence(&txn, &term)`.
+impl<'a> From<&'a LeaderTerm> for crate::Term<'a> {
+    fn from(term: &'a LeaderTerm) -> Self {
+        crate::Term {
+            resource: term.resource(),
+            holder: term.candidate(),
+            token: term.token(),
+        }
+    }
+}
+
 impl PartialEq for LeaderTerm {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -1,0 +1,474 @@
+//! What the elector's loop does after a store call: one pure function from the store's answer,
+//! the call's timing and where the loop stood, to the next step. No clock, no runtime, no
+//! randomness: every decision of the loop is testable with plain `#[test]`s.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::config::{Config, MAX_INTERVAL};
+use super::term::LossReason;
+use crate::{Denial, FencingToken, Lease, LeaseOutcome, StoreError};
+
+/// A follower told that the lease ends in `remaining` tries again this long after it.
+const AFTER_EXPIRY: Duration = Duration::from_millis(15);
+/// First back-off after a store error; doubles per consecutive error.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A store call given up before it answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NoAnswer;
+
+/// What one acquire-or-renew came back with.
+pub(super) type Answer = Result<Result<LeaseOutcome, StoreError>, NoAnswer>;
+
+/// Where the loop stood when it asked the store.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Role {
+    /// Contending. `retry` is this attempt's regular retry interval with its jitter applied,
+    /// drawn by the caller so that the decision stays deterministic.
+    Follower { retry: Duration },
+    /// Renewing the term of `token`.
+    Leader { token: FencingToken },
+}
+
+/// The next step, with the count of store calls failed in a row that goes with it.
+#[derive(Debug)]
+pub(super) struct Decision {
+    pub next: Next,
+    pub failures: u32,
+}
+
+/// What the loop does next.
+#[derive(Debug)]
+pub(super) enum Next {
+    /// Begin a term on this grant. A term still running was superseded by it (the store began
+    /// a new term: ours had lapsed there) and ends first.
+    Elect(Grant),
+    /// The current term goes on, renewed by this grant.
+    Extend(Grant),
+    /// Another candidate holds the lease (or the store could not say who): follow it, and try
+    /// again at `at`.
+    Follow { denial: Denial, at: Instant },
+    /// The current term is lost (to the leader named, where the store said): contend again at
+    /// once.
+    Lose(LossReason, Option<String>),
+    /// Try again at `at` (a follower's next attempt, a leader's next renew) after `setback`.
+    Retry { at: Instant, setback: Setback },
+    /// The store refused the elector's configuration (`StoreError::is_permanent`): stop.
+    Fail(StoreError),
+}
+
+/// A lease granted or renewed, with the local instants that follow from it.
+#[derive(Debug, PartialEq)]
+pub(super) struct Grant {
+    pub lease: Lease,
+    /// The term's local deadline (see [`local_deadline`]).
+    pub deadline: Instant,
+    /// When to renew.
+    pub next_renew: Instant,
+}
+
+/// Why a store call led to nothing but a later try.
+#[derive(Debug)]
+pub(super) enum Setback {
+    /// A grant with too little of the lease left to trust: the next attempt renews it in full.
+    ShortGrant,
+    /// The store failed (not permanently); `wait` is the back-off before the next try.
+    Error { error: StoreError, wait: Duration },
+    /// The store did not answer in time.
+    NoAnswer,
+}
+
+/// The loop's decision on `answer`, the store's reply to a call sent at `sent`, seen at `now`,
+/// by an elector in `role` after `failures` failed calls in a row.
+pub(super) fn decide(
+    answer: Answer,
+    sent: Instant,
+    now: Instant,
+    config: &Config,
+    role: Role,
+    failures: u32,
+) -> Decision {
+    let (next, failures) = match (role, answer) {
+        (Role::Leader { token }, Ok(Ok(LeaseOutcome::Renewed(lease)))) if lease.token == token => {
+            (Next::Extend(grant(lease, sent, config)), 0)
+        }
+        (role, Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease)))) => {
+            let grant = grant(lease, sent, config);
+            let too_short = grant.deadline <= now;
+            match role {
+                // A follower's count starts over with any answer; a leader's goes on into the
+                // new term.
+                Role::Follower { .. } if too_short => (
+                    Next::Retry {
+                        at: now,
+                        setback: Setback::ShortGrant,
+                    },
+                    0,
+                ),
+                Role::Follower { .. } => (Next::Elect(grant), 0),
+                Role::Leader { .. } if too_short => {
+                    (Next::Lose(LossReason::Superseded, None), failures)
+                }
+                Role::Leader { .. } => (Next::Elect(grant), failures),
+            }
+        }
+        (Role::Follower { retry }, Ok(Ok(LeaseOutcome::Denied(denial)))) => {
+            let at = later(now, follower_wait(&denial, retry));
+            (Next::Follow { denial, at }, 0)
+        }
+        (Role::Leader { .. }, Ok(Ok(LeaseOutcome::Denied(denial)))) => {
+            (Next::Lose(LossReason::Denied, denial.holder), failures)
+        }
+        (_, Ok(Err(error))) if error.is_permanent() => (Next::Fail(error), failures),
+        (role, Ok(Err(error))) => {
+            let failures = failures.saturating_add(1);
+            let cap = match role {
+                Role::Follower { .. } => config.retry_interval,
+                Role::Leader { .. } => config.renew_interval,
+            };
+            let wait = backoff(failures, cap);
+            let setback = Setback::Error { error, wait };
+            let at = later(now, wait);
+            (Next::Retry { at, setback }, failures)
+        }
+        (Role::Follower { .. }, Err(NoAnswer)) => {
+            let failures = failures.saturating_add(1);
+            let at = later(now, backoff(failures, config.retry_interval));
+            let setback = Setback::NoAnswer;
+            (Next::Retry { at, setback }, failures)
+        }
+        // The call was bounded by the term's deadline: no answer means it has passed.
+        (Role::Leader { .. }, Err(NoAnswer)) => (Next::Lose(LossReason::Deadline, None), failures),
+    };
+    Decision { next, failures }
+}
+
+fn grant(lease: Lease, sent: Instant, config: &Config) -> Grant {
+    Grant {
+        deadline: local_deadline(&lease, sent, config),
+        next_renew: later(sent, config.renew_interval),
+        lease,
+    }
+}
+
+/// The local deadline of a grant: the send instant plus the lease time the store said was
+/// left, minus the margin. The store measured from a moment after `sent`, so this is earlier
+/// than the store's expiry by at least the margin.
+pub(super) fn local_deadline(lease: &Lease, sent: Instant, config: &Config) -> Instant {
+    let granted = lease.remaining.min(config.lease);
+    later(sent, granted.saturating_sub(config.step_down_margin))
+}
+
+/// Expiry-aware: a lease that ends before the next regular retry is retried right after it
+/// ends, so a crashed leader is replaced one lease after its last renew.
+fn follower_wait(denial: &Denial, regular: Duration) -> Duration {
+    let at_expiry = denial.remaining.saturating_add(AFTER_EXPIRY);
+    if !denial.remaining.is_zero() && at_expiry < regular {
+        at_expiry
+    } else {
+        regular
+    }
+}
+
+/// The wait after `failures` store errors in a row: doubling from [`FIRST_BACKOFF`], at most
+/// `cap`.
+pub(super) fn backoff(failures: u32, cap: Duration) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    FIRST_BACKOFF.saturating_mul(1 << exp).min(cap)
+}
+
+/// `t + d`, checked: the options are bounded (see `MAX_INTERVAL`), so this never saturates in
+/// practice, but no option value can make the loop panic.
+pub(super) fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .or_else(|| t.checked_add(MAX_INTERVAL))
+        .unwrap_or(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elector::config::Options;
+    use crate::BackendError;
+
+    const ME: FencingToken = FencingToken::new(7);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Lease 10 s, renew every 3 s, retry every 2 s, step down 1 s before the lease ends.
+    fn config() -> Config {
+        Options {
+            resource: Some("r".into()),
+            candidate: Some("me".into()),
+            lease: Some(ms(10_000)),
+            renew_interval: Some(ms(3_000)),
+            retry_interval: Some(ms(2_000)),
+            step_down_margin: Some(ms(1_000)),
+            ..Options::default()
+        }
+        .validate()
+        .expect("valid options")
+    }
+
+    const FOLLOWER: Role = Role::Follower {
+        retry: Duration::from_millis(2_100),
+    };
+    const LEADER: Role = Role::Leader { token: ME };
+
+    fn lease(token: FencingToken, remaining: Duration) -> Lease {
+        Lease::new("r", "me", token, remaining)
+    }
+
+    /// The grant of a whole lease (`lease`) sent at `sent`: the deadline 9 s later (lease minus
+    /// margin), the renew 3 s later.
+    fn whole(lease: Lease, sent: Instant) -> Grant {
+        Grant {
+            lease,
+            deadline: sent + ms(9_000),
+            next_renew: sent + ms(3_000),
+        }
+    }
+
+    fn denial(holder: Option<&str>, remaining: Duration) -> Denial {
+        let mut denial = Denial::new("r");
+        denial.holder = holder.map(str::to_owned);
+        denial.remaining = remaining;
+        denial
+    }
+
+    fn retryable() -> StoreError {
+        StoreError::Database(BackendError::SeaOrm(sea_orm::DbErr::Custom("down".into())))
+    }
+
+    /// `answer` to a call sent at `sent`, seen 20 ms later.
+    fn decide_at(sent: Instant, answer: Answer, role: Role, failures: u32) -> Decision {
+        decide(answer, sent, sent + ms(20), &config(), role, failures)
+    }
+
+    #[test]
+    fn a_follower_granted_the_lease_is_elected_with_a_deadline_from_the_send() {
+        let sent = Instant::now();
+        for outcome in [LeaseOutcome::Acquired, LeaseOutcome::Renewed] {
+            // More than the lease asked for counts as the lease: the deadline never trusts more.
+            for remaining in [ms(10_000), ms(60_000)] {
+                let granted = lease(ME, remaining);
+                let decision = decide_at(sent, Ok(Ok(outcome(granted.clone()))), FOLLOWER, 3);
+                assert_eq!(decision.failures, 0);
+                assert!(
+                    matches!(&decision.next, Next::Elect(grant) if *grant == whole(granted, sent)),
+                    "{:?}",
+                    decision.next
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_follower_granted_too_little_of_the_lease_tries_again_at_once() {
+        let sent = Instant::now();
+        let now = sent + ms(20);
+        // (time left, too little?): the deadline is the send plus what is left minus the 1 s
+        // margin; one at or before `now` is too late.
+        for (remaining, short) in [(ms(1_000), true), (ms(1_020), true), (ms(1_021), false)] {
+            let granted = LeaseOutcome::Acquired(lease(ME, remaining));
+            let decision = decide_at(sent, Ok(Ok(granted)), FOLLOWER, 3);
+            assert_eq!(decision.failures, 0);
+            let as_expected = if short {
+                matches!(
+                    decision.next,
+                    Next::Retry { at, setback: Setback::ShortGrant } if at == now
+                )
+            } else {
+                matches!(decision.next, Next::Elect(_))
+            };
+            assert!(as_expected, "{remaining:?}: {:?}", decision.next);
+        }
+    }
+
+    #[test]
+    fn a_leader_renewed_on_its_token_extends_its_term() {
+        let sent = Instant::now();
+        let renewed = lease(ME, ms(10_000));
+        let decision = decide_at(
+            sent,
+            Ok(Ok(LeaseOutcome::Renewed(renewed.clone()))),
+            LEADER,
+            1,
+        );
+        assert_eq!(decision.failures, 0);
+        assert!(
+            matches!(&decision.next, Next::Extend(grant) if *grant == whole(renewed, sent)),
+            "{:?}",
+            decision.next
+        );
+    }
+
+    /// A new token (or any `Acquired`) means the store began a new term: ours lapsed there.
+    #[test]
+    fn a_leader_granted_a_new_term_begins_it_and_keeps_its_failure_count() {
+        let sent = Instant::now();
+        for outcome in [
+            LeaseOutcome::Renewed(lease(FencingToken::new(8), ms(10_000))),
+            LeaseOutcome::Acquired(lease(FencingToken::new(8), ms(10_000))),
+            LeaseOutcome::Acquired(lease(ME, ms(10_000))),
+        ] {
+            let decision = decide_at(sent, Ok(Ok(outcome)), LEADER, 2);
+            assert_eq!(decision.failures, 2);
+            assert!(
+                matches!(&decision.next, Next::Elect(grant) if grant.deadline == sent + ms(9_000)),
+                "{:?}",
+                decision.next
+            );
+        }
+    }
+
+    #[test]
+    fn a_leader_granted_too_little_of_a_new_term_is_superseded() {
+        let sent = Instant::now();
+        let short = lease(FencingToken::new(8), ms(1_000));
+        let decision = decide_at(sent, Ok(Ok(LeaseOutcome::Renewed(short))), LEADER, 2);
+        assert_eq!(decision.failures, 2);
+        assert!(
+            matches!(decision.next, Next::Lose(LossReason::Superseded, None)),
+            "{:?}",
+            decision.next
+        );
+    }
+
+    #[test]
+    fn a_denied_follower_follows_and_retries_right_after_a_short_lease_ends() {
+        let sent = Instant::now();
+        let now = sent + ms(20);
+        for (holder, remaining, wait) in [
+            // Ends before the regular retry: right after it ends.
+            (Some("other"), ms(500), ms(515)),
+            // Ends after it: the regular (jittered) retry.
+            (Some("other"), ms(5_000), ms(2_100)),
+            (Some("other"), ms(2_084), ms(2_099)),
+            // Unknown time left: the regular retry.
+            (None, Duration::ZERO, ms(2_100)),
+            // No holder named: the same rule.
+            (None, ms(100), ms(115)),
+        ] {
+            let denied = denial(holder, remaining);
+            let decision = decide_at(
+                sent,
+                Ok(Ok(LeaseOutcome::Denied(denied.clone()))),
+                FOLLOWER,
+                4,
+            );
+            assert_eq!(decision.failures, 0);
+            assert!(
+                matches!(&decision.next, Next::Follow { denial, at } if *denial == denied && *at == now + wait),
+                "{holder:?} {remaining:?}: {:?}",
+                decision.next
+            );
+        }
+    }
+
+    #[test]
+    fn a_denied_leader_loses_its_term_to_the_holder() {
+        let sent = Instant::now();
+        let decision = decide_at(
+            sent,
+            Ok(Ok(LeaseOutcome::Denied(denial(Some("other"), ms(5_000))))),
+            LEADER,
+            1,
+        );
+        assert_eq!(decision.failures, 1);
+        assert!(
+            matches!(&decision.next, Next::Lose(LossReason::Denied, Some(holder)) if holder == "other"),
+            "{:?}",
+            decision.next
+        );
+        let decision = decide_at(
+            sent,
+            Ok(Ok(LeaseOutcome::Denied(denial(None, ms(5_000))))),
+            LEADER,
+            1,
+        );
+        assert!(
+            matches!(decision.next, Next::Lose(LossReason::Denied, None)),
+            "{:?}",
+            decision.next
+        );
+    }
+
+    #[test]
+    fn a_permanent_error_stops_the_elector() {
+        let sent = Instant::now();
+        for role in [FOLLOWER, LEADER] {
+            let decision = decide_at(sent, Ok(Err(StoreError::Disconnected)), role, 1);
+            assert_eq!(decision.failures, 1);
+            assert!(
+                matches!(decision.next, Next::Fail(StoreError::Disconnected)),
+                "{role:?}: {:?}",
+                decision.next
+            );
+        }
+    }
+
+    #[test]
+    fn other_errors_back_off_per_role() {
+        let sent = Instant::now();
+        let now = sent + ms(20);
+        let missing_table = || StoreError::MissingTable {
+            table: "leases".into(),
+            source: BackendError::SeaOrm(sea_orm::DbErr::Custom("no such table".into())),
+        };
+        // (role, failures before, failures after, wait): doubling from 50 ms, capped by the
+        // retry interval for a follower and the renew interval for a leader.
+        for (role, before, after, wait) in [
+            (FOLLOWER, 0, 1, ms(50)),
+            (FOLLOWER, 2, 3, ms(200)),
+            (FOLLOWER, 9, 10, ms(2_000)),
+            (LEADER, 0, 1, ms(50)),
+            (LEADER, 9, 10, ms(3_000)),
+            (LEADER, u32::MAX, u32::MAX, ms(3_000)),
+        ] {
+            // A setup error (a missing table) is retried too, in case it clears up.
+            for error in [retryable(), missing_table()] {
+                let decision = decide_at(sent, Ok(Err(error)), role, before);
+                assert_eq!(decision.failures, after, "{role:?} after {before}");
+                assert!(
+                    matches!(decision.next, Next::Retry { at, setback: Setback::Error { wait: w, .. } } if at == now + wait && w == wait),
+                    "{role:?} after {before}: {:?}",
+                    decision.next
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn no_answer_backs_a_follower_off_and_ends_a_leaders_term() {
+        let sent = Instant::now();
+        let decision = decide_at(sent, Err(NoAnswer), FOLLOWER, 1);
+        assert_eq!(decision.failures, 2);
+        assert!(
+            matches!(decision.next, Next::Retry { at, setback: Setback::NoAnswer } if at == sent + ms(20) + ms(100)),
+            "{:?}",
+            decision.next
+        );
+        let decision = decide_at(sent, Err(NoAnswer), LEADER, 1);
+        assert_eq!(decision.failures, 1);
+        assert!(
+            matches!(decision.next, Next::Lose(LossReason::Deadline, None)),
+            "{:?}",
+            decision.next
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_cap() {
+        let cap = Duration::from_secs(1);
+        assert_eq!(backoff(1, cap), Duration::from_millis(50));
+        assert_eq!(backoff(2, cap), Duration::from_millis(100));
+        assert_eq!(backoff(5, cap), Duration::from_millis(800));
+        assert_eq!(backoff(6, cap), cap);
+        assert_eq!(backoff(u32::MAX, cap), cap);
+    }
+}
