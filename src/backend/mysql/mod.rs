@@ -45,6 +45,10 @@
 //! On a Galera cluster node (`@@wsrep_on`, detected once per store) the fence writes the lease row
 //! instead of locking it, and each node judges leases by its own clock: see [`fence`](super::fence)
 //! and `docs/topologies.md` for what that means and what to configure.
+//!
+//! The batch renew ([`LeaseStore::renew_all`](crate::LeaseStore::renew_all)) joins the batch's
+//! rows from one JSON document with `JSON_TABLE` (MariaDB 10.6+, MySQL 8.0), then reads what it
+//! renewed in the same transaction, and reports it after the commit.
 
 // Without the cargo feature the statements are still built (and tested), never sent.
 #![cfg_attr(not(feature = "mysql"), allow(dead_code))]
