@@ -4,11 +4,11 @@
 //! statements of the common shape (`statements`: PostgreSQL and SQLite run the same
 //! `INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING`), statements rendered once
 //! (`prepared`), fenced writes (`fence`), the operator's tools (`admin`) and the sorting of
-//! database errors (`errors`). Each backend's folder holds its clock ([`Dialect`]), its own
+//! database errors (`errors`). Each backend's folder holds its clock (`Dialect`), its own
 //! statements, how the store runs them there, and its error codes:
 //! [`postgres`], [`mysql`] (MySQL and MariaDB), [`sqlite`], and `sqlserver` (its own store over
 //! TDS, since SeaORM has no SQL Server driver). A store picks its backend once, from its
-//! connection, and dispatches on that ([`Form`]).
+//! connection, and dispatches on that (`Form`).
 //!
 //! # What every SeaORM backend does
 //!

@@ -9,7 +9,7 @@ pub const MIGRATION_NAME: &str = "m20261129_000001_create_orionbeacon_leases";
 /// The versioned, idempotent T-SQL that creates the default lease table (the file
 /// `sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql` of this crate, for those who
 /// apply it by hand).
-/// [`SqlServerLeaseStore::migration_sql`] gives it for the store's own table.
+/// [`SqlServerLeaseStore::migration_sql`](super::SqlServerLeaseStore::migration_sql) gives it for the store's own table.
 pub const MIGRATION_SQL: &str =
     include_str!("../../../sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql");
 
