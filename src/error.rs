@@ -75,6 +75,13 @@ pub enum StoreError {
         #[source]
         source: DbErr,
     },
+    /// This store does not implement the operation (a [`LeaseStore`](crate::LeaseStore) that
+    /// keeps a trait method's default).
+    #[error("this lease store does not support {operation}")]
+    Unsupported {
+        /// The operation.
+        operation: &'static str,
+    },
     /// The store's [`DatabaseConnection`](sea_orm::DatabaseConnection) is disconnected (closed,
     /// or the default value, never connected): every call fails until the program builds the
     /// store on a connected one.
@@ -179,9 +186,9 @@ impl StoreError {
             | StoreError::InvalidTableName(_) => ErrorKind::InvalidInput,
             #[cfg(feature = "sqlserver")]
             StoreError::InvalidConnectionString { .. } => ErrorKind::InvalidInput,
-            StoreError::UnsupportedBackend { .. } | StoreError::Disconnected => {
-                ErrorKind::Unsupported
-            }
+            StoreError::UnsupportedBackend { .. }
+            | StoreError::Unsupported { .. }
+            | StoreError::Disconnected => ErrorKind::Unsupported,
             StoreError::MissingTable { .. } => ErrorKind::MissingTable,
             StoreError::Conflict { .. } => ErrorKind::Conflict,
             StoreError::Decode { .. } => ErrorKind::Decode,

@@ -209,14 +209,20 @@ pub struct Renewals {
 impl Renewals {
     /// Sorts `held` into renewed and lost: a lease is renewed when `fresh` has a lease of the
     /// same resource, holder and token (the store's answer for it), and lost otherwise.
-    pub(crate) fn sort(held: &[Lease], mut fresh: Vec<Lease>) -> Self {
+    pub(crate) fn sort(held: &[Lease], fresh: Vec<Lease>) -> Self {
+        let mut fresh: std::collections::HashMap<(String, String, i64), Lease> = fresh
+            .into_iter()
+            .map(|f| ((f.resource.clone(), f.holder.clone(), f.token.get()), f))
+            .collect();
         let mut out = Renewals::default();
         for lease in held {
-            let found = fresh.iter().position(|f| {
-                f.resource == lease.resource && f.holder == lease.holder && f.token == lease.token
-            });
-            match found {
-                Some(i) => out.renewed.push(fresh.swap_remove(i)),
+            let key = (
+                lease.resource.clone(),
+                lease.holder.clone(),
+                lease.token.get(),
+            );
+            match fresh.remove(&key) {
+                Some(renewed) => out.renewed.push(renewed),
                 None => out.lost.push(lease.clone()),
             }
         }

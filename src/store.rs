@@ -142,24 +142,15 @@ pub trait LeaseStore: Send + Sync {
     /// committed. Bad input (an invalid name or duration, a resource given twice) is refused
     /// before any SQL runs; an empty `held` is no statement at all.
     ///
-    /// The default (for stores that do not override it) asks
-    /// [`acquire_or_renew`](Self::acquire_or_renew) lease by lease and, where that started a new
-    /// term instead of renewing, ends that term at once with
-    /// [`release_lease`](Self::release_lease) and reports the lease lost (the token it used is
-    /// spent: tokens still only increase).
+    /// The default (for stores that cannot do this atomically) is
+    /// [`StoreError::Unsupported`], after the input checks: renewing lease by lease through
+    /// [`acquire_or_renew`](Self::acquire_or_renew) would start a term for a lapsed lease and
+    /// would not check the token.
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
         validate_batch(held, lease)?;
-        let mut fresh = Vec::with_capacity(held.len());
-        for h in held {
-            match self.acquire_or_renew(&h.resource, &h.holder, lease).await? {
-                LeaseOutcome::Renewed(renewed) => fresh.push(renewed),
-                LeaseOutcome::Acquired(acquired) => {
-                    self.release_lease(&acquired).await?;
-                }
-                LeaseOutcome::Denied(_) => {}
-            }
-        }
-        Ok(Renewals::sort(held, fresh))
+        Err(StoreError::Unsupported {
+            operation: "renew_all",
+        })
     }
 
     /// The stored lease of `resource`, live or not, or `None` if it was never acquired: the row
@@ -310,6 +301,53 @@ pub(crate) fn validate_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store that keeps the trait's defaults, forwarding the required methods.
+    struct Plain(crate::InMemoryLeaseStore);
+
+    #[async_trait]
+    impl LeaseStore for Plain {
+        async fn acquire_or_renew(
+            &self,
+            resource: &str,
+            candidate: &str,
+            lease: Duration,
+        ) -> Result<LeaseOutcome, StoreError> {
+            self.0.acquire_or_renew(resource, candidate, lease).await
+        }
+        async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+            self.0.release(resource, candidate).await
+        }
+        async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+            self.0.release_lease(lease).await
+        }
+        async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
+            self.0.current(resource).await
+        }
+    }
+
+    // The default never renews lease by lease (that could start a term): it refuses.
+    #[tokio::test]
+    async fn the_default_batch_renew_refuses_after_checking_input() {
+        let store = Plain(crate::InMemoryLeaseStore::new());
+        let Ok(LeaseOutcome::Acquired(lease)) = store
+            .acquire_or_renew("r", "a", Duration::from_secs(1))
+            .await
+        else {
+            panic!("a fresh lease is acquired")
+        };
+        let err = store
+            .renew_all(&[lease.clone()], Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unsupported { .. }), "{err:?}");
+        assert!(err.is_permanent());
+        let err = store
+            .renew_all(&[lease.clone(), lease], Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidResource { .. }), "{err:?}");
+    }
 
     #[test]
     fn names() {

@@ -42,7 +42,13 @@ pub(crate) async fn renew_all(
     let read = super::statements::renewed(&table, json);
     store
         .with_retry(|| async {
-            let txn = store.db.begin().await?;
+            // REPEATABLE READ whatever the session's level: the update then keeps the locks of
+            // the rows it found lapsed, so no other renew can write one of them before the
+            // read below, which would report it as renewed by this call.
+            let txn = store
+                .db
+                .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+                .await?;
             txn.execute_raw(update.clone()).await?;
             // The update holds the renewed rows' locks until commit: this reads what it left.
             let rows = txn.query_all(&read).await?;
