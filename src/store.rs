@@ -337,7 +337,7 @@ mod tests {
             panic!("a fresh lease is acquired")
         };
         let err = store
-            .renew_all(&[lease.clone()], Duration::from_secs(1))
+            .renew_all(std::slice::from_ref(&lease), Duration::from_secs(1))
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::Unsupported { .. }), "{err:?}");
