@@ -21,6 +21,14 @@ pub enum StoreError {
         /// Why.
         reason: &'static str,
     },
+    /// The shard set name was refused (same rules as resource names).
+    #[error("invalid shard set name {name:?}: {reason}")]
+    InvalidShardSet {
+        /// The refused name.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
     /// The candidate id was refused (same rules as resource names).
     #[error("invalid candidate id {name:?}: {reason}")]
     InvalidCandidate {
@@ -40,8 +48,9 @@ pub enum StoreError {
     /// The configured table name was refused.
     #[error(transparent)]
     InvalidTableName(#[from] TableNameError),
-    /// The lease table does not exist in this database: run the migration.
-    #[error("the lease table {table:?} does not exist: run the migration first ({})", source.migration_hint())]
+    /// The lease table (or a shard set's membership table) does not exist in this database:
+    /// run the migration.
+    #[error("the table {table:?} does not exist: run the migration first ({})", source.migration_hint())]
     MissingTable {
         /// The table that was looked for.
         table: String,
@@ -181,6 +190,7 @@ impl StoreError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             StoreError::InvalidResource { .. }
+            | StoreError::InvalidShardSet { .. }
             | StoreError::InvalidCandidate { .. }
             | StoreError::InvalidLeaseDuration { .. }
             | StoreError::InvalidTableName(_) => ErrorKind::InvalidInput,

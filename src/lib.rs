@@ -8,6 +8,7 @@ pub mod elector;
 mod error;
 mod fencing;
 mod lease;
+pub mod membership;
 mod memory;
 pub mod store;
 
@@ -23,6 +24,7 @@ pub use elector::{
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
+pub use membership::{Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
 pub use store::{LeaseStore, ReleaseEvents};
 

@@ -8,10 +8,17 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
 use crate::store::{validate_batch, validate_candidate, validate_request, validate_resource};
 use crate::{
     Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError,
 };
+
+#[derive(Debug, Clone)]
+struct Membership {
+    expires: Instant,
+    draining: bool,
+}
 
 #[derive(Debug, Clone)]
 struct Slot {
@@ -30,6 +37,8 @@ struct Slot {
 #[derive(Debug, Clone)]
 pub struct InMemoryLeaseStore {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
+    /// Shard set members by (shard set, member).
+    members: Arc<Mutex<HashMap<(String, String), Membership>>>,
     released: tokio::sync::broadcast::Sender<Arc<str>>,
     origin: (Instant, DateTime<Utc>),
 }
@@ -38,6 +47,7 @@ impl Default for InMemoryLeaseStore {
     fn default() -> Self {
         Self {
             slots: Arc::default(),
+            members: Arc::default(),
             released: tokio::sync::broadcast::channel(64).0,
             origin: (Instant::now(), Utc::now()),
         }
@@ -60,11 +70,65 @@ impl InMemoryLeaseStore {
         }
     }
 
+    fn members_of(&self, shard_set: &str, now: Instant) -> Vec<Member> {
+        let members = lock(&self.members);
+        let mut live: Vec<Member> = members
+            .iter()
+            .filter(|((set, _), m)| set == shard_set && m.expires > now)
+            .map(|((set, id), m)| {
+                let mut member = Member::new(set, id, m.expires - now);
+                member.draining = m.draining;
+                member
+            })
+            .collect();
+        live.sort_by(|a, b| a.member.cmp(&b.member));
+        live
+    }
+
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
-        // No code path panics while holding the lock, but never let poison take the store down.
-        self.slots
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.slots)
+    }
+}
+
+// No code path panics while holding a lock, but never let poison take the store down.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[async_trait]
+impl MembershipStore for InMemoryLeaseStore {
+    async fn heartbeat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        let now = Instant::now();
+        let expires = now + Duration::from_millis(millis.unsigned_abs());
+        lock(&self.members).insert(
+            (shard_set.to_owned(), member.to_owned()),
+            Membership { expires, draining },
+        );
+        Ok(self.members_of(shard_set, now))
+    }
+
+    async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
+        validate_shard_set(shard_set)?;
+        validate_candidate(member)?;
+        let now = Instant::now();
+        let mut members = lock(&self.members);
+        let was_live = members
+            .remove(&(shard_set.to_owned(), member.to_owned()))
+            .is_some_and(|m| m.expires > now);
+        members.retain(|(set, _), m| set != shard_set || m.expires > now);
+        Ok(was_live)
+    }
+
+    async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
+        validate_shard_set(shard_set)?;
+        Ok(self.members_of(shard_set, Instant::now()))
     }
 }
 

@@ -15,6 +15,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Nodes that share resources with a shard set heartbeat into the membership table
+//! (`orionbeacon_members`), whose rows are [`member::Model`].
+//!
 //! Whether a lease is *live* must be judged against the database clock (compare `expires_at`
 //! with the database's `now`), never against the reader's wall clock.
 #![forbid(unsafe_code)]
@@ -22,6 +25,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod lease;
+pub mod member;
 mod table;
 
-pub use table::{validate_table_name, TableNameError, DEFAULT_TABLE, MAX_TABLE_NAME_LEN};
+pub use table::{
+    validate_table_name, TableNameError, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
+};

@@ -3,6 +3,9 @@
 /// The default lease table name.
 pub const DEFAULT_TABLE: &str = "orionbeacon_leases";
 
+/// The default membership table name (shard sets).
+pub const DEFAULT_MEMBER_TABLE: &str = "orionbeacon_members";
+
 /// The longest accepted table name (PostgreSQL truncates identifiers past 63 bytes).
 pub const MAX_TABLE_NAME_LEN: usize = 63;
 

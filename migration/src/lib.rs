@@ -1,4 +1,5 @@
-//! The versioned migration that creates the orion-beacon lease table.
+//! The versioned migrations that create the orion-beacon tables: the lease table
+//! ([`CreateLeaseTable`]) and the membership table of shard sets ([`CreateMemberTable`]).
 //!
 //! Two ways in:
 //!
@@ -19,6 +20,8 @@
 //!         vec![
 //!             // ... the application's own migrations ...
 //!             Box::new(CreateLeaseTable::new()),
+//!             // only for shard sets (many resources spread over nodes):
+//!             Box::new(orion_beacon_migration::CreateMemberTable::new()),
 //!         ]
 //!     }
 //! }
@@ -43,20 +46,29 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_create_leases;
+mod m20261201_000001_create_members;
 
 pub use m20261129_000001_create_leases::CreateLeaseTable;
-pub use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_TABLE};
+pub use m20261201_000001_create_members::CreateMemberTable;
+pub use orion_beacon_entity::{
+    validate_table_name, TableNameError, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
+};
 
 /// The tracking table of our own [`Migrator`]: separate from the application's.
 pub const TRACKING_TABLE: &str = "seaql_migrations_orionbeacon";
 
-/// orion-beacon's own migrator, for the binary in this crate (feature `cli`). It creates the default table (`orionbeacon_leases`).
+/// orion-beacon's own migrator, for the binary in this crate (feature `cli`). It creates the
+/// default tables: the lease table (`orionbeacon_leases`), then the membership table of shard
+/// sets (`orionbeacon_members`), each its own versioned migration.
 pub struct Migrator;
 
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateLeaseTable::new())]
+        vec![
+            Box::new(CreateLeaseTable::new()),
+            Box::new(CreateMemberTable::new()),
+        ]
     }
 
     fn migration_table_name() -> DynIden {

@@ -207,7 +207,7 @@ async fn row_count<C: ConnectionTrait>(conn: &C, table: &str) -> Result<i64, DbE
 /// Whether `table` exists where an unqualified name resolves (the current schema or
 /// database), asked in plain SQL: `SchemaManager::has_table` needs sea-orm-migration's driver
 /// features, which an application's migration crate need not enable.
-async fn table_exists(manager: &SchemaManager<'_>, table: &str) -> Result<bool, DbErr> {
+pub(crate) async fn table_exists(manager: &SchemaManager<'_>, table: &str) -> Result<bool, DbErr> {
     let backend = manager.get_database_backend();
     let sql = match backend {
         DbBackend::Postgres => {
@@ -234,7 +234,7 @@ async fn table_exists(manager: &SchemaManager<'_>, table: &str) -> Result<bool, 
 }
 
 /// The tracking tables (of the two paths, by their default names) that record `name`.
-async fn applied_through(
+pub(crate) async fn applied_through(
     manager: &SchemaManager<'_>,
     name: &str,
 ) -> Result<Vec<&'static str>, DbErr> {

@@ -42,6 +42,7 @@ mod admin;
 mod autocommit;
 mod errors;
 pub mod fence;
+mod members;
 pub mod mysql;
 pub mod postgres;
 mod prepared;

@@ -4,7 +4,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orion_beacon_entity::{validate_table_name, DEFAULT_TABLE};
+use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 use sea_orm::sea_query::Alias;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult};
 
@@ -35,6 +35,8 @@ pub struct SeaOrmLeaseStore {
     /// The backend, chosen once from the connection (or why there is none).
     form: Result<Form, Refused>,
     table: Arc<str>,
+    /// The membership table of shard sets.
+    pub(super) member_table: Arc<str>,
     /// MySQL/MariaDB only: which upsert form the server takes, detected once.
     pub(super) mysql_upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
     /// MySQL/MariaDB only: whether the server is a Galera cluster node, detected once.
@@ -60,6 +62,7 @@ impl SeaOrmLeaseStore {
             form: Form::of(&db),
             db,
             table: Arc::from(DEFAULT_TABLE),
+            member_table: Arc::from(DEFAULT_MEMBER_TABLE),
             mysql_upsert: Arc::default(),
             galera: Arc::default(),
             sqlite_checked: Arc::default(),
@@ -459,6 +462,12 @@ impl LeaseStore for SeaOrmLeaseStore {
     /// `Err(StoreError::Disconnected)` for a disconnected one.
     fn validate(&self) -> Result<(), StoreError> {
         self.form().map(|_| ())
+    }
+
+    /// One statement per 1,000 resources.
+    async fn current_all(&self, resources: &[String]) -> Result<Vec<LeaseRecord>, StoreError> {
+        super::members::validate_resources(resources)?;
+        self.read_leases(resources).await
     }
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {

@@ -1,0 +1,42 @@
+//! The membership row: one per live node of a shard set.
+#![allow(missing_docs)] // the derive macros generate the Column/ActiveModel items
+
+use sea_orm::entity::prelude::*;
+
+/// One member row. The table name here is the default (`orionbeacon_members`); a store
+/// configured with another membership table writes rows of the same shape there.
+///
+/// A member is live while `expires_at` is ahead of the database's now; the row is written only
+/// by the member's own heartbeats, with times from the database clock.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "orionbeacon_members")]
+pub struct Model {
+    /// The shard set the node takes part in (the first half of the primary key).
+    #[sea_orm(
+        primary_key,
+        auto_increment = false,
+        column_type = "String(StringLen::N(255))"
+    )]
+    pub shard_set: String,
+    /// The node's member id: the holder its leases carry (the second half of the key).
+    #[sea_orm(
+        primary_key,
+        auto_increment = false,
+        column_type = "String(StringLen::N(255))"
+    )]
+    pub member: String,
+    /// Whether the node is draining: it hands its resources over and takes none.
+    pub draining: bool,
+    /// When the node's current membership began (database clock).
+    pub joined_at: DateTimeUtc,
+    /// The node's last heartbeat (database clock).
+    pub heartbeat_at: DateTimeUtc,
+    /// When the membership lapses without another heartbeat (database clock).
+    pub expires_at: DateTimeUtc,
+}
+
+/// The membership table has no relations.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,176 @@
+use orion_beacon_entity::member::Column;
+use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_MEMBER_TABLE};
+use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::DbBackend;
+
+use crate::m20261129_000001_create_leases::{applied_through, table_exists};
+
+/// Creates the membership table of shard sets (`orionbeacon_members` by default): one row per
+/// live node of a shard set, written by its heartbeats.
+///
+/// Columns: `shard_set` and `member` (the primary key, up to 255 characters each, binary
+/// collation on MySQL/MariaDB), `draining`, `joined_at`, `heartbeat_at`, `expires_at`.
+/// Timestamps have the lease table's types and, like them, are only ever written by the
+/// database clock.
+///
+/// A second, later migration: a database that already has the lease table gets it with
+/// `migrate up`, and `down` (one step) removes it again, leaving the leases alone.
+#[derive(Debug, Clone)]
+pub struct CreateMemberTable {
+    table: String,
+    name: String,
+}
+
+impl CreateMemberTable {
+    /// The migration name for the default table. It never changes.
+    pub const NAME: &'static str = "m20261201_000001_create_orionbeacon_members";
+
+    /// The migration for the default table, `orionbeacon_members`.
+    pub fn new() -> Self {
+        Self {
+            table: DEFAULT_MEMBER_TABLE.to_owned(),
+            name: Self::NAME.to_owned(),
+        }
+    }
+
+    /// The migration for a custom table name (validated: ASCII letters, digits and `_`).
+    /// Its migration name is `m20261201_000001_create_orionbeacon_members_<table>`.
+    pub fn with_table(table: impl Into<String>) -> Result<Self, TableNameError> {
+        let table = table.into();
+        validate_table_name(&table)?;
+        if table == DEFAULT_MEMBER_TABLE {
+            return Ok(Self::new());
+        }
+        let name = format!("{}_{table}", Self::NAME);
+        Ok(Self { table, name })
+    }
+
+    /// The table this migration creates.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn create_statement(&self, backend: DbBackend) -> TableCreateStatement {
+        let name = |col: Column| {
+            let mut def = ColumnDef::new(col);
+            match backend {
+                // Byte-for-byte names, as in the lease table.
+                DbBackend::MySql => def.custom(Alias::new(
+                    "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+                )),
+                _ => def.string_len(255),
+            };
+            def.not_null();
+            def
+        };
+        let ts = |col: Column| {
+            let mut def = ColumnDef::new(col);
+            match backend {
+                DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
+                _ => def.timestamp_with_time_zone(),
+            };
+            def.not_null();
+            def
+        };
+        Table::create()
+            .table(Alias::new(&self.table))
+            .col(name(Column::ShardSet))
+            .col(name(Column::Member))
+            .col(ColumnDef::new(Column::Draining).boolean().not_null())
+            .col(ts(Column::JoinedAt))
+            .col(ts(Column::HeartbeatAt))
+            .col(ts(Column::ExpiresAt))
+            .primary_key(Index::create().col(Column::ShardSet).col(Column::Member))
+            .to_owned()
+    }
+}
+
+impl Default for CreateMemberTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MigrationName for CreateMemberTable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for CreateMemberTable {
+    /// Creates the table; one that already exists is refused, as for the lease table (its
+    /// shape is unknown).
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        if table_exists(manager, &self.table).await? {
+            let applied = applied_through(manager, &self.name).await?;
+            let how = if applied.is_empty() {
+                "no migrator records it (made by hand, or left by an interrupted run: drop it \
+                 and run `up` again)"
+                    .to_owned()
+            } else {
+                format!("recorded in {}", applied.join(" and "))
+            };
+            return Err(DbErr::Migration(format!(
+                "the membership table {} already exists: {how}. Apply CreateMemberTable \
+                 through exactly one migrator.",
+                self.table
+            )));
+        }
+        let backend = manager.get_database_backend();
+        manager.create_table(self.create_statement(backend)).await
+    }
+
+    /// Drops the table. Its rows are heartbeats only (no token history): nodes still running a
+    /// shard set report the missing table and keep their leases until they are stopped.
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        if !table_exists(manager, &self.table).await? {
+            return Ok(());
+        }
+        manager
+            .drop_table(Table::drop().table(Alias::new(&self.table)).to_owned())
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm_migration::sea_orm::sea_query::{
+        MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder,
+    };
+
+    #[test]
+    fn names_are_fixed() {
+        assert_eq!(
+            CreateMemberTable::new().name(),
+            "m20261201_000001_create_orionbeacon_members"
+        );
+        assert_eq!(
+            CreateMemberTable::with_table("shard_members")
+                .unwrap()
+                .name(),
+            "m20261201_000001_create_orionbeacon_members_shard_members"
+        );
+        assert!(CreateMemberTable::with_table("x; DROP TABLE y").is_err());
+    }
+
+    #[test]
+    fn ddl_per_backend() {
+        let m = CreateMemberTable::new();
+        assert_eq!(
+            m.create_statement(DbBackend::Postgres)
+                .to_string(PostgresQueryBuilder),
+            r#"CREATE TABLE "orionbeacon_members" ( "shard_set" varchar(255) NOT NULL, "member" varchar(255) NOT NULL, "draining" bool NOT NULL, "joined_at" timestamp with time zone NOT NULL, "heartbeat_at" timestamp with time zone NOT NULL, "expires_at" timestamp with time zone NOT NULL, PRIMARY KEY ("shard_set", "member") )"#
+        );
+        assert_eq!(
+            m.create_statement(DbBackend::Sqlite)
+                .to_string(SqliteQueryBuilder),
+            r#"CREATE TABLE "orionbeacon_members" ( "shard_set" varchar(255) NOT NULL, "member" varchar(255) NOT NULL, "draining" boolean NOT NULL, "joined_at" timestamp_with_timezone_text NOT NULL, "heartbeat_at" timestamp_with_timezone_text NOT NULL, "expires_at" timestamp_with_timezone_text NOT NULL, PRIMARY KEY ("shard_set", "member") )"#
+        );
+        assert_eq!(
+            m.create_statement(DbBackend::MySql).to_string(MysqlQueryBuilder),
+            "CREATE TABLE `orionbeacon_members` ( `shard_set` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `member` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `draining` bool NOT NULL, `joined_at` DATETIME(6) NOT NULL, `heartbeat_at` DATETIME(6) NOT NULL, `expires_at` DATETIME(6) NOT NULL, PRIMARY KEY (`shard_set`, `member`) )"
+        );
+    }
+}

@@ -1,0 +1,380 @@
+//! The membership table of shard sets on the SeaORM backends, and the batched read of lease
+//! rows a shard set looks at.
+//!
+//! A heartbeat is one upsert (`INSERT ... ON CONFLICT (shard_set, member) DO UPDATE`, MySQL's
+//! `ON DUPLICATE KEY UPDATE`), its times from the database clock, then one read of the set's
+//! live members. Membership decides no grant (the leases do), so these statements need none of
+//! the lease statements' commit checks; they still run through the store's retry and, on
+//! PostgreSQL behind a transaction-pooling proxy, its unnamed-statement path.
+
+use async_trait::async_trait;
+use orion_beacon_entity::member::Column;
+use orion_beacon_entity::{lease, validate_table_name};
+use sea_orm::sea_query::{
+    Alias, DeleteStatement, Expr, ExprTrait, InsertStatement, OnConflict, Query, SelectStatement,
+};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult};
+
+use super::statements::{returned_row, Row};
+use super::store::SeaOrmLeaseStore;
+use super::{Dialect, Form};
+use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
+use crate::store::{validate_candidate, validate_resource};
+use crate::{LeaseRecord, StoreError};
+
+/// Resources read by one statement of [`current_all`](crate::LeaseStore::current_all): far
+/// below every backend's limit on bound parameters.
+pub(crate) const READ_CHUNK: usize = 1000;
+
+/// The heartbeat of `member`: its row, live for `millis` from the write, with its draining
+/// flag. `joined_at` restarts when the row had lapsed (a member that comes back is a new
+/// membership). It is assigned first: MySQL assigns in order and must read the old expiry.
+pub(crate) fn heartbeat(
+    d: &dyn Dialect,
+    table: &Alias,
+    shard_set: &str,
+    member: &str,
+    millis: i64,
+    draining: bool,
+) -> Result<InsertStatement, DbErr> {
+    let old = |c: Column| Expr::col((table.clone(), c));
+    let on_conflict = OnConflict::columns([Column::ShardSet, Column::Member])
+        .values([
+            (
+                Column::JoinedAt,
+                Expr::case(old(Column::ExpiresAt).lte(d.now()), d.now())
+                    .finally(old(Column::JoinedAt))
+                    .into(),
+            ),
+            (Column::Draining, Expr::val(draining)),
+            (Column::HeartbeatAt, d.now()),
+            (Column::ExpiresAt, d.lease_end(millis)),
+        ])
+        .to_owned();
+    let mut stmt = Query::insert();
+    stmt.into_table(table.clone())
+        .columns([
+            Column::ShardSet,
+            Column::Member,
+            Column::Draining,
+            Column::JoinedAt,
+            Column::HeartbeatAt,
+            Column::ExpiresAt,
+        ])
+        .values([
+            Expr::val(shard_set),
+            Expr::val(member),
+            Expr::val(draining),
+            d.now(),
+            d.now(),
+            d.lease_end(millis),
+        ])
+        .map_err(|e| DbErr::Custom(e.to_string()))?
+        .on_conflict(on_conflict);
+    Ok(stmt)
+}
+
+/// The live members of `shard_set` (all sets for `None`), with their remaining time.
+pub(crate) fn live(d: &dyn Dialect, table: &Alias, shard_set: Option<&str>) -> SelectStatement {
+    let mut select = Query::select();
+    select
+        .columns([
+            Column::ShardSet,
+            Column::Member,
+            Column::Draining,
+            Column::JoinedAt,
+            Column::HeartbeatAt,
+        ])
+        .expr(d.remaining_millis(Expr::col(Column::ExpiresAt)))
+        .from(table.clone())
+        .and_where(Expr::col(Column::ExpiresAt).gt(d.now()));
+    if let Some(set) = shard_set {
+        select.and_where(Expr::col(Column::ShardSet).eq(set));
+    }
+    select
+}
+
+/// The row of `member`, if it is live.
+pub(crate) fn leave(
+    d: &dyn Dialect,
+    table: &Alias,
+    shard_set: &str,
+    member: &str,
+) -> DeleteStatement {
+    Query::delete()
+        .from_table(table.clone())
+        .and_where(Expr::col(Column::ShardSet).eq(shard_set))
+        .and_where(Expr::col(Column::Member).eq(member))
+        .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
+        .to_owned()
+}
+
+/// The lapsed rows of `shard_set` (members that died without leaving).
+pub(crate) fn prune(d: &dyn Dialect, table: &Alias, shard_set: &str) -> DeleteStatement {
+    Query::delete()
+        .from_table(table.clone())
+        .and_where(Expr::col(Column::ShardSet).eq(shard_set))
+        .and_where(Expr::col(Column::ExpiresAt).lte(d.now()))
+        .to_owned()
+}
+
+/// The lease rows of `resources`, with the resource last (as the operator's list has it).
+pub(crate) fn leases_of(d: &dyn Dialect, table: &Alias, resources: &[String]) -> SelectStatement {
+    let mut exprs = returned_row(d);
+    exprs.push(Expr::col(lease::Column::Resource));
+    Query::select()
+        .exprs(exprs)
+        .from(table.clone())
+        .and_where(Expr::col(lease::Column::Resource).is_in(resources.iter().map(String::as_str)))
+        .to_owned()
+}
+
+fn decode_member(row: &QueryResult) -> Result<Member, DbErr> {
+    let remaining: i64 = row.try_get_by_index(5)?;
+    let mut member = Member::new(
+        row.try_get_by_index::<String>(0)?,
+        row.try_get_by_index::<String>(1)?,
+        std::time::Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
+    );
+    member.draining = row.try_get_by_index(2)?;
+    member.joined_at = Some(row.try_get_by_index(3)?);
+    member.heartbeat_at = Some(row.try_get_by_index(4)?);
+    Ok(member)
+}
+
+impl SeaOrmLeaseStore {
+    /// The same store with shard sets' members in another table (validated like lease table
+    /// names). Create it with `CreateMemberTable::with_table` of the migration crate.
+    pub fn with_member_table(mut self, table: impl AsRef<str>) -> Result<Self, StoreError> {
+        let table = table.as_ref();
+        validate_table_name(table)?;
+        self.member_table = std::sync::Arc::from(table);
+        Ok(self)
+    }
+
+    /// The membership table's name (`orionbeacon_members` unless configured).
+    pub fn member_table(&self) -> &str {
+        &self.member_table
+    }
+
+    /// Every live member of every shard set, ordered by shard set and member id: the operator's
+    /// view.
+    pub async fn list_members(&self) -> Result<Vec<Member>, StoreError> {
+        self.read_members(None).await
+    }
+
+    async fn read_members(&self, shard_set: Option<&str>) -> Result<Vec<Member>, StoreError> {
+        let form = self.form()?;
+        let table = Alias::new(&*self.member_table);
+        let stmt = form
+            .backend()
+            .build(&live(form.dialect(), &table, shard_set));
+        let rows = self.members_plain(stmt).await?;
+        let mut members = rows
+            .iter()
+            .map(decode_member)
+            .collect::<Result<Vec<_>, DbErr>>()
+            .map_err(|source| StoreError::Decode {
+                table: self.member_table.to_string(),
+                source,
+            })?;
+        // Byte order, whatever the database's collation: every member must see the same order.
+        members.sort_by(|a, b| (&a.shard_set, &a.member).cmp(&(&b.shard_set, &b.member)));
+        Ok(members)
+    }
+
+    /// A membership statement, with the membership table named in its errors.
+    async fn members_plain(
+        &self,
+        stmt: sea_orm::Statement,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        self.plain(stmt)
+            .await
+            .map_err(|e| self.member_table_error(e))
+    }
+
+    fn member_table_error(&self, err: StoreError) -> StoreError {
+        match err {
+            StoreError::MissingTable { source, .. } => StoreError::MissingTable {
+                table: self.member_table.to_string(),
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// A membership statement that changes rows: how many it changed.
+    async fn members_execute(&self, stmt: sea_orm::Statement) -> Result<u64, StoreError> {
+        match self.form()? {
+            // PostgreSQL runs it through the store's plain path (unnamed behind a
+            // transaction-pooling proxy) and counts the rows it returns.
+            #[cfg(feature = "postgres")]
+            Form::Postgres => {
+                let stmt = sea_orm::Statement::from_sql_and_values(
+                    stmt.db_backend,
+                    format!("{} RETURNING 1", stmt.sql),
+                    stmt.values.map(|v| v.0).unwrap_or_default(),
+                );
+                Ok(self.members_plain(stmt).await?.len() as u64)
+            }
+            _ => self
+                .with_retry(|| self.db.execute_raw(stmt.clone()))
+                .await
+                .map(|r| r.rows_affected())
+                .map_err(|e| self.member_table_error(e)),
+        }
+    }
+
+    /// The lease rows of `resources`, one statement per [`READ_CHUNK`] resources.
+    pub(crate) async fn read_leases(
+        &self,
+        resources: &[String],
+    ) -> Result<Vec<LeaseRecord>, StoreError> {
+        let form = self.form()?;
+        let table = self.table_iden();
+        let mut records = Vec::with_capacity(resources.len());
+        for chunk in resources.chunks(READ_CHUNK) {
+            let stmt = form
+                .backend()
+                .build(&leases_of(form.dialect(), &table, chunk));
+            for r in self.plain(stmt).await? {
+                let decoded = Row::decode(&r).and_then(|row| {
+                    let resource: String = r.try_get_by_index(6)?;
+                    Ok(row.record(&resource))
+                });
+                records.push(decoded.map_err(|source| self.decode_error(source))?);
+            }
+        }
+        Ok(records)
+    }
+}
+
+/// Validates every name of a [`current_all`](crate::LeaseStore::current_all) call.
+pub(crate) fn validate_resources(resources: &[String]) -> Result<(), StoreError> {
+    resources.iter().try_for_each(|r| validate_resource(r))
+}
+
+#[async_trait]
+impl MembershipStore for SeaOrmLeaseStore {
+    async fn heartbeat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: std::time::Duration,
+        draining: bool,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        let form = self.form()?;
+        let table = Alias::new(&*self.member_table);
+        let upsert = heartbeat(form.dialect(), &table, shard_set, member, millis, draining)
+            .map_err(|e| StoreError::Database(e.into()))?;
+        self.members_plain(form.backend().build(&upsert)).await?;
+        self.read_members(Some(shard_set)).await
+    }
+
+    async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
+        validate_shard_set(shard_set)?;
+        validate_candidate(member)?;
+        let form = self.form()?;
+        let (d, backend) = (form.dialect(), form.backend());
+        let table = Alias::new(&*self.member_table);
+        let left = self
+            .members_execute(backend.build(&leave(d, &table, shard_set, member)))
+            .await?;
+        self.members_execute(backend.build(&prune(d, &table, shard_set)))
+            .await?;
+        Ok(left > 0)
+    }
+
+    async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
+        validate_shard_set(shard_set)?;
+        self.read_members(Some(shard_set)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{mysql::MySql, postgres::Postgres, sqlite::Sqlite};
+    use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
+
+    fn table() -> Alias {
+        Alias::new("orionbeacon_members")
+    }
+
+    // sea-query drops clauses a backend lacks without a word: pin the exact SQL.
+    #[test]
+    fn heartbeat_is_one_upsert_per_backend() {
+        let (sql, values) = heartbeat(&Postgres, &table(), "orders", "node-a", 15_000, false)
+            .unwrap()
+            .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            concat!(
+                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at") "#,
+                r#"VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(), clock_timestamp() + $4 * INTERVAL '1 millisecond') "#,
+                r#"ON CONFLICT ("shard_set", "member") DO UPDATE SET "#,
+                r#""joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_members"."joined_at" END), "#,
+                r#""draining" = $5, "heartbeat_at" = statement_timestamp(), "expires_at" = clock_timestamp() + $6 * INTERVAL '1 millisecond'"#,
+            )
+        );
+        assert_eq!(values.0.len(), 6, "{values:?}");
+
+        let (sql, _) = heartbeat(&Sqlite, &table(), "orders", "node-a", 15_000, true)
+            .unwrap()
+            .build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            concat!(
+                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at") "#,
+                r#"VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) "#,
+                r#"ON CONFLICT ("shard_set", "member") DO UPDATE SET "#,
+                r#""joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE "orionbeacon_members"."joined_at" END), "#,
+                r#""draining" = ?, "heartbeat_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?)"#,
+            )
+        );
+
+        let (sql, _) = heartbeat(&MySql, &table(), "orders", "node-a", 15_000, false)
+            .unwrap()
+            .build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            concat!(
+                "INSERT INTO `orionbeacon_members` (`shard_set`, `member`, `draining`, `joined_at`, `heartbeat_at`, `expires_at`) ",
+                "VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)) ",
+                "ON DUPLICATE KEY UPDATE ",
+                "`joined_at` = (CASE WHEN (`orionbeacon_members`.`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `orionbeacon_members`.`joined_at` END), ",
+                "`draining` = ?, `heartbeat_at` = UTC_TIMESTAMP(6), `expires_at` = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
+            )
+        );
+    }
+
+    #[test]
+    fn reads_and_deletes_are_guarded_and_bound() {
+        let (sql, values) = live(&Postgres, &table(), Some("orders")).build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT "shard_set", "member", "draining", "joined_at", "heartbeat_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT) FROM "orionbeacon_members" WHERE "expires_at" > (statement_timestamp()) AND "shard_set" = $1"#
+        );
+        assert_eq!(values.0.len(), 1);
+        let (sql, values) = leave(&MySql, &table(), "orders", "node-a").build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            "DELETE FROM `orionbeacon_members` WHERE `shard_set` = ? AND `member` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
+        );
+        assert_eq!(values.0.len(), 2);
+        let (sql, _) = prune(&Sqlite, &table(), "orders").build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"DELETE FROM "orionbeacon_members" WHERE "shard_set" = ? AND "expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
+        );
+        let resources = vec!["a".to_owned(), "b".to_owned()];
+        let (sql, values) = leases_of(&Postgres, &Alias::new("orionbeacon_leases"), &resources)
+            .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource" FROM "orionbeacon_leases" WHERE "resource" IN ($1, $2)"#
+        );
+        assert_eq!(values.0.len(), 2);
+    }
+}

@@ -1,0 +1,156 @@
+//! Live nodes of a shard set: the membership contract and its input rules.
+//!
+//! A node that spreads resources with others ([`ShardSet`](crate::ShardSet)) heartbeats into
+//! the membership table; the nodes whose heartbeat is live by the **database clock** are the
+//! members its fair share is computed over. Membership only steers *who tries* to lead what:
+//! the leases decide who leads, so a wrong or stale view of the members can delay or unbalance
+//! an assignment, never grant a resource twice.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::store::{lease_millis, validate_candidate, MAX_NAME_LEN};
+use crate::StoreError;
+
+/// One live member of a shard set, as the store judged it by its clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Member {
+    /// The shard set.
+    pub shard_set: String,
+    /// The member id (the holder name its leases carry).
+    pub member: String,
+    /// Whether the member is draining: it hands its resources over and takes none.
+    pub draining: bool,
+    /// Membership time left without another heartbeat.
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "remaining_ms", serialize_with = "crate::lease::millis")
+    )]
+    pub remaining: Duration,
+    /// When the current membership began (database clock; `None` for the in-memory store).
+    pub joined_at: Option<DateTime<Utc>>,
+    /// The last heartbeat (database clock; `None` for the in-memory store).
+    pub heartbeat_at: Option<DateTime<Utc>>,
+}
+
+impl Member {
+    /// A live member `member` of `shard_set` with `remaining` time, not draining, no database
+    /// times: for [`MembershipStore`] implementations (set the other fields as known).
+    pub fn new(
+        shard_set: impl Into<String>,
+        member: impl Into<String>,
+        remaining: Duration,
+    ) -> Self {
+        Self {
+            shard_set: shard_set.into(),
+            member: member.into(),
+            draining: false,
+            remaining,
+            joined_at: None,
+            heartbeat_at: None,
+        }
+    }
+}
+
+/// Where the members of shard sets heartbeat: the membership table of a database store, or
+/// the in-memory store's map.
+///
+/// Liveness is judged by the store's clock (the database's), like a lease's. Bad input (an
+/// invalid shard set or member name, a time to live outside the lease bounds) is refused
+/// before any SQL runs.
+#[async_trait]
+pub trait MembershipStore: Send + Sync {
+    /// Records that `member` of `shard_set` is alive for `ttl` from now (by the store's
+    /// clock), draining or not, and returns the live members of the set ordered by id (the
+    /// caller included).
+    async fn heartbeat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+    ) -> Result<Vec<Member>, StoreError>;
+
+    /// Removes `member` from `shard_set` (and the set's lapsed rows); `true` if it was live.
+    async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError>;
+
+    /// The live members of `shard_set`, ordered by id.
+    async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError>;
+}
+
+#[async_trait]
+impl<S: MembershipStore + ?Sized> MembershipStore for std::sync::Arc<S> {
+    async fn heartbeat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+    ) -> Result<Vec<Member>, StoreError> {
+        (**self).heartbeat(shard_set, member, ttl, draining).await
+    }
+
+    async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
+        (**self).leave(shard_set, member).await
+    }
+
+    async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
+        (**self).members(shard_set).await
+    }
+}
+
+/// Checks a shard set name (the rules of resource names: 1 to 255 characters, no control
+/// characters, no leading or trailing white space).
+pub fn validate_shard_set(name: &str) -> Result<(), StoreError> {
+    crate::store::validate_resource(name).map_err(|_| StoreError::InvalidShardSet {
+        name: name.to_owned(),
+        reason: shard_set_problem(name),
+    })
+}
+
+fn shard_set_problem(name: &str) -> &'static str {
+    if name.is_empty() {
+        "must not be empty"
+    } else if name.chars().count() > MAX_NAME_LEN {
+        "must be at most 255 characters"
+    } else if name.chars().any(char::is_control) {
+        "must not contain control characters"
+    } else {
+        "must not start or end with white space"
+    }
+}
+
+/// Checks a heartbeat's input and returns its time to live in milliseconds.
+pub(crate) fn validate_heartbeat(
+    shard_set: &str,
+    member: &str,
+    ttl: Duration,
+) -> Result<i64, StoreError> {
+    validate_shard_set(shard_set)?;
+    validate_candidate(member)?;
+    lease_millis(ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_set_names() {
+        assert!(validate_shard_set("orders").is_ok());
+        for bad in ["", " a", "a\n", &"x".repeat(256)] {
+            let err = validate_shard_set(bad).unwrap_err();
+            assert!(matches!(err, StoreError::InvalidShardSet { .. }), "{err:?}");
+        }
+        assert!(validate_heartbeat("s", "m", Duration::ZERO).is_err());
+        assert!(validate_heartbeat("s", "", Duration::from_secs(1)).is_err());
+        assert_eq!(
+            validate_heartbeat("s", "m", Duration::from_secs(1)).unwrap(),
+            1000
+        );
+    }
+}
