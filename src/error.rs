@@ -136,8 +136,9 @@ impl BackendError {
             }
             #[cfg(feature = "sqlserver")]
             BackendError::SqlServer(_) => {
-                "`SqlServerLeaseStore::migrate()`, or the T-SQL in \
-                 `orion_beacon::backend::sqlserver::MIGRATION_SQL`"
+                "`SqlServerLeaseStore::migrate()` (`migrate_members()` for the membership \
+                 table), or the T-SQL in `orion_beacon::backend::sqlserver::MIGRATION_SQL` \
+                 (`MEMBER_MIGRATION_SQL`)"
             }
         }
     }

@@ -10,6 +10,7 @@ mod fencing;
 mod lease;
 pub mod membership;
 mod memory;
+pub mod shards;
 pub mod store;
 
 pub use backend::fence::FenceError;
@@ -26,6 +27,7 @@ pub use fencing::{FencingToken, Term};
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
 pub use membership::{Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
+pub use shards::{Assignment, ShardHandle, ShardSet, ShardSetBuilder, ShardStore};
 pub use store::{LeaseStore, ReleaseEvents};
 
 /// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).

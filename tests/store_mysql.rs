@@ -14,12 +14,14 @@ mod returning {
     use super::*;
     conformance_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
+    shard_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
 }
 
 mod transaction {
     use super::*;
     conformance_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
+    shard_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
 }
 
 /// COMMITs this session sent (`Com_commit`): the transaction form sends one per call, the
@@ -68,6 +70,10 @@ mod simultaneous_assignment {
     mod returning {
         use super::*;
         conformance_suite!(SqlHarness::mysql_with_session(
+            MySqlUpsert::Returning,
+            SIMULTANEOUS_ASSIGNMENT
+        ));
+        shard_suite!(SqlHarness::mysql_with_session(
             MySqlUpsert::Returning,
             SIMULTANEOUS_ASSIGNMENT
         ));

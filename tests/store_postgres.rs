@@ -11,13 +11,16 @@ conformance_suite!(SqlHarness::server(Server::Postgres));
 
 sql_store_suite!(SqlHarness::server(Server::Postgres));
 
+shard_suite!(SqlHarness::server(Server::Postgres));
+
 /// The same contract through a transaction-pooling PgBouncer (consecutive statements of one
 /// client may reach different server connections), with the store's
 /// `with_transaction_pooling` mode.
 mod through_pgbouncer {
     use crate::common::sql::SqlHarness;
-    use crate::conformance_suite;
+    use crate::{conformance_suite, shard_suite};
     conformance_suite!(SqlHarness::pgbouncer());
+    shard_suite!(SqlHarness::pgbouncer());
 }
 
 /// Release notifications: a store LISTENs unless told not to, and never behind a

@@ -341,10 +341,10 @@ mod tests {
             sql,
             concat!(
                 "INSERT INTO `orionbeacon_members` (`shard_set`, `member`, `draining`, `joined_at`, `heartbeat_at`, `expires_at`) ",
-                "VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)) ",
+                "VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND) ",
                 "ON DUPLICATE KEY UPDATE ",
                 "`joined_at` = (CASE WHEN (`orionbeacon_members`.`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `orionbeacon_members`.`joined_at` END), ",
-                "`draining` = ?, `heartbeat_at` = UTC_TIMESTAMP(6), `expires_at` = DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND)",
+                "`draining` = ?, `heartbeat_at` = UTC_TIMESTAMP(6), `expires_at` = SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND",
             )
         );
     }

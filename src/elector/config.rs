@@ -104,6 +104,32 @@ pub enum ConfigError {
     /// Jitter outside `0.0..=0.5`.
     #[error("jitter {0} must be between 0.0 and 0.5")]
     Jitter(f64),
+    /// A shard set without a name: call `.name("...")`.
+    #[error("no shard set name: call .name(\"...\")")]
+    MissingShardSet,
+    /// A shard set without resources.
+    #[error("the shard set has no resources: give at least one with .resources(...)")]
+    EmptyResourceSet,
+    /// A resource given twice to one shard set.
+    #[error("resource {name:?} appears more than once in the shard set")]
+    DuplicateResource {
+        /// The resource.
+        name: String,
+    },
+    /// More slack than the shard set has resources.
+    #[error("slack {slack} is more than the shard set's {resources} resources")]
+    SlackTooLarge {
+        /// The slack asked for.
+        slack: usize,
+        /// How many resources the set has.
+        resources: usize,
+    },
+    /// A preference for a resource that is not in the shard set.
+    #[error("a preferred member is given for {name:?}, which is not in the shard set")]
+    UnknownResource {
+        /// The resource.
+        name: String,
+    },
 }
 
 /// Validated elector settings.
@@ -144,20 +170,10 @@ impl Options {
         let renew_interval = self.renew_interval.unwrap_or(DEFAULT_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_RETRY_INTERVAL);
         let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
-        for (option, value) in [
-            ("lease_duration", lease),
-            ("renew_interval", renew_interval),
-            ("retry_interval", retry_interval),
-        ] {
+        for (option, value) in [("retry_interval", retry_interval)] {
             if value.is_zero() {
                 return Err(ConfigError::Zero { option });
             }
-        }
-        for (option, value) in [
-            ("renew_interval", renew_interval),
-            ("retry_interval", retry_interval),
-            ("grace_period", grace_period),
-        ] {
             if value > MAX_INTERVAL {
                 return Err(ConfigError::TooLong {
                     option,
@@ -166,29 +182,8 @@ impl Options {
                 });
             }
         }
-        lease_millis(lease)?;
-        let step_down_margin = self.step_down_margin.unwrap_or(lease / 10);
-        let minimum = min_step_down_margin(lease);
-        if step_down_margin < minimum {
-            return Err(ConfigError::MarginTooSmall {
-                margin: step_down_margin,
-                lease,
-                minimum,
-            });
-        }
-        if step_down_margin >= lease / 2 {
-            return Err(ConfigError::MarginTooLarge {
-                margin: step_down_margin,
-                lease,
-            });
-        }
-        if renew_interval.saturating_mul(2) > lease.saturating_sub(step_down_margin) {
-            return Err(ConfigError::RenewTooSlow {
-                renew: renew_interval,
-                lease,
-                margin: step_down_margin,
-            });
-        }
+        let step_down_margin =
+            check_timing(lease, renew_interval, self.step_down_margin, grace_period)?;
         let jitter = self.jitter.unwrap_or(DEFAULT_JITTER);
         if !(0.0..=0.5).contains(&jitter) {
             return Err(ConfigError::Jitter(jitter));
@@ -208,6 +203,61 @@ impl Options {
 }
 
 /// The host name as the system reports it (`HOSTNAME`, else the kernel's), or `host`.
+/// Checks the options every lease holder shares (an elector, a shard set): none zero or too
+/// long, the lease in the store's bounds, the step-down margin in its bounds (default a tenth
+/// of the lease), and room for one retried renew. Returns the margin.
+pub(crate) fn check_timing(
+    lease: Duration,
+    renew_interval: Duration,
+    step_down_margin: Option<Duration>,
+    grace_period: Duration,
+) -> Result<Duration, ConfigError> {
+    for (option, value) in [
+        ("lease_duration", lease),
+        ("renew_interval", renew_interval),
+    ] {
+        if value.is_zero() {
+            return Err(ConfigError::Zero { option });
+        }
+    }
+    for (option, value) in [
+        ("renew_interval", renew_interval),
+        ("grace_period", grace_period),
+    ] {
+        if value > MAX_INTERVAL {
+            return Err(ConfigError::TooLong {
+                option,
+                value,
+                max: MAX_INTERVAL,
+            });
+        }
+    }
+    lease_millis(lease)?;
+    let step_down_margin = step_down_margin.unwrap_or(lease / 10);
+    let minimum = min_step_down_margin(lease);
+    if step_down_margin < minimum {
+        return Err(ConfigError::MarginTooSmall {
+            margin: step_down_margin,
+            lease,
+            minimum,
+        });
+    }
+    if step_down_margin >= lease / 2 {
+        return Err(ConfigError::MarginTooLarge {
+            margin: step_down_margin,
+            lease,
+        });
+    }
+    if renew_interval.saturating_mul(2) > lease.saturating_sub(step_down_margin) {
+        return Err(ConfigError::RenewTooSlow {
+            renew: renew_interval,
+            lease,
+            margin: step_down_margin,
+        });
+    }
+    Ok(step_down_margin)
+}
+
 fn host_name() -> String {
     std::env::var("HOSTNAME")
         .ok()

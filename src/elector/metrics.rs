@@ -29,6 +29,12 @@ pub const STORE_ERRORS: &str = "orion_beacon_store_errors_total";
 /// An elector stopped by its configuration (`Leadership::Failed`) reports `+Inf`.
 pub const SINCE_RENEW: &str = "orion_beacon_seconds_since_renew";
 
+/// Gauge: resources a shard set node leads now, by `shard_set` and `member`.
+pub const SHARDS_LED: &str = "orion_beacon_shards_led";
+/// Gauge: a shard set node's share at its last round (0 while draining), by `shard_set` and
+/// `member`.
+pub const SHARD_SHARE: &str = "orion_beacon_shard_share";
+
 /// How often the time-since-last-round-trip gauge is refreshed.
 pub(crate) const REPORT_EVERY: Duration = Duration::from_secs(1);
 

@@ -27,6 +27,7 @@ pub use health::{Health, HEALTH_WINDOW_FACTOR};
 pub use term::{LeaderTerm, Leadership, LossReason};
 
 use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
+pub(crate) use config::{check_timing, default_candidate_id};
 use config::{Config, Options};
 use runner::{Runner, Stop};
 
@@ -149,7 +150,7 @@ impl std::fmt::Debug for Elector {
 
 /// `store` as a [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) (itself or in an `Arc`), which
 /// the elector's terms then fence with.
-fn fence_store(store: &dyn std::any::Any) -> Option<crate::SeaOrmLeaseStore> {
+pub(crate) fn fence_store(store: &dyn std::any::Any) -> Option<crate::SeaOrmLeaseStore> {
     if let Some(store) = store.downcast_ref::<crate::SeaOrmLeaseStore>() {
         return Some(store.clone());
     }

@@ -73,6 +73,9 @@ pub enum LossReason {
     /// The store refused the elector's configuration; the elector stopped (see
     /// [`Leadership::Failed`]).
     Failed,
+    /// A shard set handed the resource over to another member (rebalancing, a preference, a
+    /// drain): its work was told to stop, then the lease was released.
+    HandedOver,
 }
 
 impl fmt::Display for LossReason {
@@ -84,6 +87,7 @@ impl fmt::Display for LossReason {
             LossReason::Shutdown => "shutdown",
             LossReason::Aborted => "aborted",
             LossReason::Failed => "failed",
+            LossReason::HandedOver => "handed_over",
         })
     }
 }

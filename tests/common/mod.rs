@@ -4,6 +4,7 @@
 
 pub mod conformance;
 pub mod election;
+pub mod shards;
 pub mod sql;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -151,14 +152,27 @@ pub async fn connect_url(url: &str, max_connections: u32) -> sea_orm::DatabaseCo
         .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
 }
 
-/// Runs the lease-table migration (the real one) for `table` on `db`.
+/// The membership table a test's lease table `table` goes with.
+pub fn member_table(table: &str) -> String {
+    format!("{table}_m")
+}
+
+/// Runs the migrations (the real ones) for the lease table `table` and its membership table
+/// ([`member_table`]) on `db`.
 pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
-    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
+    };
     let migration = CreateLeaseTable::with_table(table).expect("valid table name");
     migration
         .up(&SchemaManager::new(db))
         .await
         .expect("migration up");
+    CreateMemberTable::with_table(member_table(table))
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("membership migration up");
 }
 
 /// Drops `table` with the migration's `down`, after deleting its rows (`down` refuses a table
@@ -175,6 +189,11 @@ pub async fn drop_table(db: &sea_orm::DatabaseConnection, table: &str) {
         .down(&SchemaManager::new(db))
         .await
         .expect("migration down");
+    orion_beacon_migration::CreateMemberTable::with_table(member_table(table))
+        .expect("valid table name")
+        .down(&SchemaManager::new(db))
+        .await
+        .expect("membership migration down");
 }
 
 /// Connects to a SQLite file with the options the README recommends.

@@ -192,7 +192,10 @@ impl SqlHarness {
 
     /// A store on this harness's table, with its statement form if one was chosen.
     pub fn configure(&self, store: SeaOrmLeaseStore) -> SeaOrmLeaseStore {
-        let mut store = store.with_table(&self.table).expect("valid table");
+        let mut store = store
+            .with_table(&self.table)
+            .and_then(|s| s.with_member_table(super::member_table(&self.table)))
+            .expect("valid table");
         #[cfg(feature = "postgres")]
         if let Target::Pgbouncer { .. } = self.target {
             store = store.with_transaction_pooling(true);

@@ -1,0 +1,173 @@
+//! Shard set options, their defaults and their validation.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::elector::{ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_LEASE_DURATION};
+use crate::membership::validate_shard_set;
+use crate::store::{validate_candidate, validate_resource};
+
+/// Default interval between a node's rounds (heartbeat, batched renew, rebalancing): 2 s.
+pub const DEFAULT_SHARD_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Default slack: how many resources above its share a node may lead before it hands some
+/// over (against flapping when members come and go).
+pub const DEFAULT_SLACK: usize = 1;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub name: Arc<str>,
+    pub member: Arc<str>,
+    pub resources: Vec<Arc<str>>,
+    pub lease: Duration,
+    pub interval: Duration,
+    pub step_down_margin: Duration,
+    pub grace_period: Duration,
+    pub slack: usize,
+    pub prefer: HashMap<Arc<str>, Arc<str>>,
+    pub release_on_shutdown: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    pub name: Option<String>,
+    pub member: Option<String>,
+    pub resources: Vec<String>,
+    pub lease: Option<Duration>,
+    pub interval: Option<Duration>,
+    pub step_down_margin: Option<Duration>,
+    pub grace_period: Option<Duration>,
+    pub slack: Option<usize>,
+    pub prefer: Vec<(String, String)>,
+    pub release_on_shutdown: Option<bool>,
+}
+
+impl Options {
+    pub(crate) fn validate(self) -> Result<Config, ConfigError> {
+        let name = self.name.ok_or(ConfigError::MissingShardSet)?;
+        validate_shard_set(&name)?;
+        let member = self
+            .member
+            .unwrap_or_else(crate::elector::default_candidate_id);
+        validate_candidate(&member)?;
+        if self.resources.is_empty() {
+            return Err(ConfigError::EmptyResourceSet);
+        }
+        let mut seen = HashSet::with_capacity(self.resources.len());
+        for r in &self.resources {
+            validate_resource(r)?;
+            if !seen.insert(r.as_str()) {
+                return Err(ConfigError::DuplicateResource { name: r.clone() });
+            }
+        }
+        let slack = self.slack.unwrap_or(DEFAULT_SLACK);
+        if slack > self.resources.len() {
+            return Err(ConfigError::SlackTooLarge {
+                slack,
+                resources: self.resources.len(),
+            });
+        }
+        let mut prefer = HashMap::new();
+        for (resource, preferred) in self.prefer {
+            if !seen.contains(resource.as_str()) {
+                return Err(ConfigError::UnknownResource { name: resource });
+            }
+            validate_candidate(&preferred)?;
+            prefer.insert(Arc::from(resource), Arc::from(preferred));
+        }
+        let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
+        let interval = self.interval.unwrap_or(DEFAULT_SHARD_INTERVAL);
+        let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
+        let step_down_margin =
+            crate::elector::check_timing(lease, interval, self.step_down_margin, grace_period)?;
+        Ok(Config {
+            name: Arc::from(name),
+            member: Arc::from(member),
+            resources: self.resources.into_iter().map(Arc::from).collect(),
+            lease,
+            interval,
+            step_down_margin,
+            grace_period,
+            slack,
+            prefer,
+            release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StoreError;
+
+    fn opts(resources: &[&str]) -> Options {
+        Options {
+            name: Some("orders".into()),
+            resources: resources.iter().map(|r| r.to_string()).collect(),
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn bad_sets_are_typed_errors() {
+        assert!(matches!(
+            Options::default().validate(),
+            Err(ConfigError::MissingShardSet)
+        ));
+        assert!(matches!(
+            opts(&[]).validate(),
+            Err(ConfigError::EmptyResourceSet)
+        ));
+        assert!(matches!(
+            opts(&["a", "b", "a"]).validate(),
+            Err(ConfigError::DuplicateResource { name }) if name == "a"
+        ));
+        assert!(matches!(
+            opts(&["a", " b"]).validate(),
+            Err(ConfigError::Invalid(StoreError::InvalidResource { .. }))
+        ));
+        let mut o = opts(&["a", "b"]);
+        o.slack = Some(3);
+        assert!(matches!(
+            o.validate(),
+            Err(ConfigError::SlackTooLarge {
+                slack: 3,
+                resources: 2
+            })
+        ));
+        let mut o = opts(&["a"]);
+        o.prefer = vec![("z".into(), "node".into())];
+        assert!(matches!(
+            o.validate(),
+            Err(ConfigError::UnknownResource { .. })
+        ));
+        let mut o = opts(&["a"]);
+        o.prefer = vec![("a".into(), "".into())];
+        assert!(matches!(
+            o.validate(),
+            Err(ConfigError::Invalid(StoreError::InvalidCandidate { .. }))
+        ));
+        let mut o = opts(&["a"]);
+        o.name = Some("".into());
+        assert!(matches!(
+            o.validate(),
+            Err(ConfigError::Invalid(StoreError::InvalidShardSet { .. }))
+        ));
+        let mut o = opts(&["a"]);
+        o.interval = Some(Duration::from_secs(7));
+        assert!(matches!(
+            o.validate(),
+            Err(ConfigError::RenewTooSlow { .. })
+        ));
+    }
+
+    #[test]
+    fn defaults() {
+        let c = opts(&["a", "b"]).validate().unwrap();
+        assert_eq!(c.interval, Duration::from_secs(2));
+        assert_eq!(c.lease, Duration::from_secs(15));
+        assert_eq!(c.slack, 1);
+        assert!(c.release_on_shutdown);
+    }
+}

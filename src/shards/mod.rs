@@ -1,0 +1,442 @@
+//! Shard sets: many resources spread fairly over the live nodes, one term per resource.
+//!
+//! A [`ShardSet`] is one node's part in leading a set of resources (`shard-0`..`shard-255`,
+//! tenants, queue partitions) together with the other nodes that run a shard set of the same
+//! name. Each round (every [`interval`](ShardSetBuilder::interval), 2 s by default) a node:
+//!
+//! 1. heartbeats into the membership table and reads the live members (database clock);
+//! 2. renews **every** lease it holds with one statement
+//!    ([`LeaseStore::renew_all`]); a lease that was lost ends only that resource's term;
+//! 3. reads which resources nobody leads (one statement per 1,000 resources);
+//! 4. hands over what is above its share (plus the slack), or preferred by another member,
+//!    and tries to acquire free resources up to its share.
+//!
+//! With `M` live members that are not draining, a node's share of `N` resources is `N / M`,
+//! one more for the first `N % M` members by id: the shares add up to `N`, and no node leads
+//! more than `ceil(N / M)` plus the slack. A node that joins gets its share from nodes above
+//! theirs, which hand resources over gracefully: the term ends, its work
+//! ([`run_per_shard`](ShardHandle::run_per_shard)) gets up to the grace period to return, then
+//! the lease is released, so the new node takes it at once (at its next round, or at once on
+//! PostgreSQL with release notifications) with a higher token. The resources of a node that
+//! died are free when their leases lapse, and are taken within the lease plus one round.
+//!
+//! Every resource keeps its own term and fencing token exactly as with an [`Elector`](crate::Elector):
+//! each led resource is a [`LeaderTerm`] (`token()`, `lost()`, `fence(&txn)`). Membership only
+//! steers who *tries* to lead what: the leases decide, so a stale view of the members can delay
+//! or unbalance an assignment, never grant a resource twice.
+//!
+//! ```
+//! use std::time::Duration;
+//! use orion_beacon::{InMemoryLeaseStore, ShardSet};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = InMemoryLeaseStore::new(); // or a SeaOrmLeaseStore on your connection
+//! let node = ShardSet::builder(store)
+//!     .name("orders")
+//!     .resources((0..16).map(|i| format!("shard-{i}")))
+//!     .member_id("node-a")
+//!     .build()?
+//!     .start();
+//! node.run_per_shard(|term| async move {
+//!     // One task per led resource; it is told to stop when the term ends (`term.lost()`).
+//!     term.lost().await;
+//! });
+//! let mut led = node.watch();
+//! led.wait_for(|a| a.led.len() == 16).await?; // alone, it leads all 16
+//! node.shutdown().await; // work stops, every lease is released, the node leaves
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod plan;
+mod runner;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{DEFAULT_SHARD_INTERVAL, DEFAULT_SLACK};
+
+use crate::elector::{ConfigError, LeaderTerm};
+use crate::{LeaseStore, MembershipStore};
+use config::{Config, Options};
+
+/// A store a shard set can run on: leases and membership (both database stores and the
+/// in-memory store are).
+pub trait ShardStore: LeaseStore + MembershipStore {}
+impl<S: LeaseStore + MembershipStore + ?Sized> ShardStore for S {}
+
+/// What a node of a shard set leads now, published on [`ShardHandle::watch`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Assignment {
+    /// The resources this node leads, each with its own term.
+    pub led: BTreeMap<Arc<str>, LeaderTerm>,
+    /// Resources whose handover is under way: their terms ended, their work is returning,
+    /// their leases are not released yet.
+    pub handing_over: usize,
+    /// This node's share at the last round (0 while draining or stopping).
+    pub share: usize,
+    /// The live members at the last round, this node included, by id.
+    pub members: Vec<String>,
+}
+
+impl Assignment {
+    /// The resources led whose term is still [current](LeaderTerm::is_current).
+    pub fn current(&self) -> impl Iterator<Item = &LeaderTerm> {
+        self.led.values().filter(|t| t.is_current())
+    }
+}
+
+/// Builds a [`ShardSet`]: `ShardSet::builder(store).name("orders").resources(...).build()?`.
+#[must_use]
+pub struct ShardSetBuilder {
+    store: Arc<dyn ShardStore>,
+    fence: Option<crate::SeaOrmLeaseStore>,
+    options: Options,
+}
+
+impl std::fmt::Debug for ShardSetBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardSetBuilder")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardSetBuilder {
+    /// The shard set's name (required): nodes with the same name share its resources.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.options.name = Some(name.into());
+        self
+    }
+
+    /// The resources to spread (required, at least one, each once; every node of the set
+    /// should give the same list).
+    pub fn resources<I, R>(mut self, resources: I) -> Self
+    where
+        I: IntoIterator<Item = R>,
+        R: Into<String>,
+    {
+        self.options.resources = resources.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// This node's member id, the holder of its leases. Default: host name, process id and a
+    /// random suffix. Two nodes with the same id are the *same* member to the store.
+    pub fn member_id(mut self, id: impl Into<String>) -> Self {
+        self.options.member = Some(id.into());
+        self
+    }
+
+    /// How long a lease (and a membership heartbeat) lasts without a renew. Default 15 s.
+    pub fn lease_duration(mut self, lease: Duration) -> Self {
+        self.options.lease = Some(lease);
+        self
+    }
+
+    /// How often a node runs its round (heartbeat, batched renew, rebalancing). Default 2 s;
+    /// twice it must fit in the lease minus the step-down margin.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.options.interval = Some(interval);
+        self
+    }
+
+    /// How long before a lease would run out (counted from when its renew was sent) a
+    /// resource's term ends if it could not be renewed. Default: a tenth of the lease (see
+    /// [`ElectorBuilder::step_down_margin`](crate::ElectorBuilder::step_down_margin)).
+    pub fn step_down_margin(mut self, margin: Duration) -> Self {
+        self.options.step_down_margin = Some(margin);
+        self
+    }
+
+    /// How long a resource's work may take to return once its term ended for a handover or a
+    /// shutdown (the lease is kept renewed meanwhile, then released). Default 5 s.
+    pub fn grace_period(mut self, grace: Duration) -> Self {
+        self.options.grace_period = Some(grace);
+        self
+    }
+
+    /// How many resources above its share a node may lead before it hands some over: against
+    /// flapping while members come and go. Default 1; at most the number of resources.
+    pub fn slack(mut self, slack: usize) -> Self {
+        self.options.slack = Some(slack);
+        self
+    }
+
+    /// Prefers `member` for `resource`: while that member is live and not draining, other
+    /// nodes hand the resource over to it, and it takes the resource whatever its share.
+    pub fn prefer(mut self, resource: impl Into<String>, member: impl Into<String>) -> Self {
+        self.options.prefer.push((resource.into(), member.into()));
+        self
+    }
+
+    /// Whether shutdown releases the leases (default true), so other nodes take them at once.
+    pub fn release_on_shutdown(mut self, release: bool) -> Self {
+        self.options.release_on_shutdown = Some(release);
+        self
+    }
+
+    /// Validates the options (typed errors for an empty set, a resource given twice, a bad
+    /// name, more slack than resources, a preference for a resource not in the set) and asks
+    /// the store whether it can work at all.
+    pub fn build(self) -> Result<ShardSet, ConfigError> {
+        let config = self.options.validate()?;
+        self.store.validate()?;
+        Ok(ShardSet {
+            store: self.store,
+            fence: self.fence,
+            config: Arc::new(config),
+        })
+    }
+}
+
+/// One node's part in a shard set, configured and ready to [`start`](Self::start).
+pub struct ShardSet {
+    store: Arc<dyn ShardStore>,
+    fence: Option<crate::SeaOrmLeaseStore>,
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for ShardSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardSet")
+            .field("name", &self.config.name)
+            .field("member", &self.config.member)
+            .field("resources", &self.config.resources.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-resource work in flight, so a handover releases a lease only once its work returned.
+#[derive(Debug, Default)]
+pub(crate) struct Work {
+    running: Mutex<BTreeMap<(Arc<str>, i64), usize>>,
+    changed: Notify,
+}
+
+impl Work {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Arc<str>, i64), usize>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn key(term: &LeaderTerm) -> (Arc<str>, i64) {
+        (Arc::from(term.resource()), term.token().get())
+    }
+
+    fn start(&self, term: &LeaderTerm) {
+        *self.lock().entry(Self::key(term)).or_default() += 1;
+    }
+
+    fn finish(&self, term: &LeaderTerm) {
+        let mut running = self.lock();
+        let key = Self::key(term);
+        if let Some(n) = running.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&key);
+            }
+        }
+        drop(running);
+        self.changed.notify_one();
+    }
+
+    pub(crate) fn idle(&self, term: &LeaderTerm) -> bool {
+        !self.lock().contains_key(&Self::key(term))
+    }
+}
+
+/// How the node was asked to stop, and whether it drains.
+#[derive(Debug, Clone)]
+pub(crate) struct Control {
+    pub shutdown: CancellationToken,
+    pub abort: CancellationToken,
+    pub draining: watch::Sender<bool>,
+}
+
+impl ShardSet {
+    /// A builder over `store`, shared by every node of the set.
+    pub fn builder(store: impl ShardStore + 'static) -> ShardSetBuilder {
+        let fence = crate::elector::fence_store(&store);
+        ShardSetBuilder {
+            store: Arc::new(store),
+            fence,
+            options: Options::default(),
+        }
+    }
+
+    /// This node's member id.
+    pub fn member_id(&self) -> &str {
+        &self.config.member
+    }
+
+    /// Starts taking part, on the current tokio runtime.
+    pub fn start(self) -> ShardHandle {
+        let (state, receiver) = watch::channel(Assignment::default());
+        let control = Control {
+            shutdown: CancellationToken::new(),
+            abort: CancellationToken::new(),
+            draining: watch::channel(false).0,
+        };
+        let work = Arc::new(Work::default());
+        let runner = runner::Runner {
+            store: self.store,
+            config: self.config.clone(),
+            state,
+            control: control.clone(),
+            work: work.clone(),
+            fence: self.fence,
+        };
+        let (finished, done) = watch::channel(false);
+        tokio::spawn(async move {
+            runner.run().await;
+            finished.send_replace(true);
+        });
+        ShardHandle {
+            config: self.config,
+            receiver,
+            control,
+            work,
+            done,
+        }
+    }
+}
+
+/// A running node of a shard set. Dropping it stops the node gracefully without waiting;
+/// [`shutdown`](Self::shutdown) waits.
+#[derive(Debug)]
+pub struct ShardHandle {
+    config: Arc<Config>,
+    receiver: watch::Receiver<Assignment>,
+    control: Control,
+    work: Arc<Work>,
+    done: watch::Receiver<bool>,
+}
+
+impl ShardHandle {
+    /// What this node leads, as it changes.
+    pub fn watch(&self) -> watch::Receiver<Assignment> {
+        self.receiver.clone()
+    }
+
+    /// What this node leads now.
+    pub fn assignment(&self) -> Assignment {
+        self.receiver.borrow().clone()
+    }
+
+    /// The current term of `resource`, if this node leads it right now.
+    pub fn term(&self, resource: &str) -> Option<LeaderTerm> {
+        self.receiver
+            .borrow()
+            .led
+            .get(resource)
+            .filter(|t| t.is_current())
+            .cloned()
+    }
+
+    /// This node's member id.
+    pub fn member_id(&self) -> &str {
+        &self.config.member
+    }
+
+    /// Runs `work` once per term of every resource this node leads, each in its own task; a
+    /// later term of the same resource runs it again. The returned task ends when the node
+    /// stops.
+    ///
+    /// As with [`ElectorHandle::run_as_leader`](crate::ElectorHandle::run_as_leader): work never
+    /// runs past its lease. A term that is lost (denied, deadline) drops its work at once; a
+    /// term that ends for a handover, a drain or a shutdown fires [`lost`](LeaderTerm::lost)
+    /// and its work gets up to the grace period to return while the lease is kept renewed; the
+    /// lease is released only after the work has stopped.
+    pub fn run_per_shard<F, Fut>(&self, work: F) -> JoinHandle<()>
+    where
+        F: Fn(LeaderTerm) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut receiver = self.receiver.clone();
+        let tracker = self.work.clone();
+        let work = Arc::new(work);
+        tokio::spawn(async move {
+            let mut started: BTreeMap<Arc<str>, LeaderTerm> = BTreeMap::new();
+            loop {
+                let fresh: Vec<LeaderTerm> = {
+                    let assignment = receiver.borrow_and_update();
+                    started.retain(|r, t| assignment.led.get(r) == Some(t));
+                    assignment
+                        .led
+                        .iter()
+                        .filter(|(r, t)| started.get(*r) != Some(*t) && t.is_current())
+                        .map(|(_, t)| t.clone())
+                        .collect()
+                };
+                for term in fresh {
+                    started.insert(Arc::from(term.resource()), term.clone());
+                    tracker.start(&term);
+                    let (work, tracker) = (work.clone(), tracker.clone());
+                    tokio::spawn(async move {
+                        let fut = work(term.clone());
+                        tokio::select! {
+                            biased;
+                            _ = term.cut_off_signal() => {
+                                tracing::warn!(resource = term.resource(), token = %term.token(), reason = ?term.loss_reason(), "shard work dropped: the lease no longer covers it");
+                            }
+                            _ = fut => {}
+                        }
+                        tracker.finish(&term);
+                    });
+                }
+                if receiver.changed().await.is_err() {
+                    return; // the node stopped
+                }
+            }
+        })
+    }
+
+    /// Drains this node: it tells the other members (its heartbeat says so), then hands every
+    /// resource over (the terms end, work gets the grace period, the leases are released) and
+    /// takes none, while it stays a member until shut down. The returned future (which
+    /// borrows nothing) resolves once the node leads nothing.
+    pub fn drain(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.control.draining.send_replace(true);
+        let mut receiver = self.receiver.clone();
+        async move {
+            let _ = receiver
+                .wait_for(|a| a.led.is_empty() && a.handing_over == 0 && a.share == 0)
+                .await;
+        }
+    }
+
+    /// Stops the node: every term ends (work gets the grace period, the leases are kept
+    /// renewed meanwhile), the leases are released (unless disabled), the node leaves the
+    /// membership, and its task ends. The returned future waits for all of it.
+    pub fn shutdown(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.control.shutdown.cancel();
+        self.finished()
+    }
+
+    /// Stops the node at once, as if the process had died: terms are marked lost locally,
+    /// work is dropped, nothing is released and the membership lapses in the store.
+    pub fn abort(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.control.abort.cancel();
+        self.finished()
+    }
+
+    fn finished(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut done = self.done.clone();
+        async move {
+            let _ = done.wait_for(|finished| *finished).await;
+        }
+    }
+}
+
+impl Drop for ShardHandle {
+    fn drop(&mut self) {
+        self.control.shutdown.cancel();
+    }
+}

@@ -1,0 +1,295 @@
+//! Shard sets and their membership, as tests generic over any store with leases and
+//! membership. Every such store runs them through `shard_suite!`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use orion_beacon::{
+    Assignment, LeaseOutcome, LeaseStore, MembershipStore, ShardHandle, ShardSet, StoreError,
+};
+use tokio::time::Instant;
+
+use super::conformance::{Harness, LONG, PAST_SHORT, SHORT};
+use super::unique;
+
+/// Heartbeats make members, judged by the database clock; leave removes them; draining is
+/// reported; bad input is refused before any SQL.
+pub async fn members_heartbeat_and_leave<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let store = h.store();
+    let set = unique("set");
+    let members = store.heartbeat(&set, "node-b", LONG, false).await.unwrap();
+    assert_eq!(ids(&members), ["node-b"]);
+    let members = store.heartbeat(&set, "node-a", LONG, true).await.unwrap();
+    assert_eq!(ids(&members), ["node-a", "node-b"], "ordered by id");
+    assert!(members[0].draining && !members[1].draining);
+    assert!(members[0].remaining > LONG - Duration::from_secs(5));
+    assert!(members[0].remaining <= LONG + Duration::from_secs(1));
+    // another set is another membership
+    let other = unique("set");
+    assert_eq!(
+        ids(&store.members(&other).await.unwrap()),
+        Vec::<String>::new()
+    );
+    // a heartbeat moves the flag and the expiry
+    let members = store.heartbeat(&set, "node-a", SHORT, false).await.unwrap();
+    assert!(!members[0].draining);
+    assert!(members[0].remaining <= SHORT);
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(
+        ids(&store.members(&set).await.unwrap()),
+        ["node-b"],
+        "a lapsed heartbeat is no member"
+    );
+    // and comes back as a new membership
+    let members = store.heartbeat(&set, "node-a", LONG, false).await.unwrap();
+    assert_eq!(ids(&members), ["node-a", "node-b"]);
+    assert!(store.leave(&set, "node-a").await.unwrap());
+    assert!(!store.leave(&set, "node-a").await.unwrap(), "already gone");
+    assert_eq!(ids(&store.members(&set).await.unwrap()), ["node-b"]);
+    // bad input
+    let err = store.heartbeat("", "a", LONG, false).await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidShardSet { .. }), "{err:?}");
+    let err = store.heartbeat(&set, " a", LONG, false).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::InvalidCandidate { .. }),
+        "{err:?}"
+    );
+    let err = store
+        .heartbeat(&set, "a", Duration::ZERO, false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::InvalidLeaseDuration { .. }),
+        "{err:?}"
+    );
+    let err = store.members("a\n").await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidShardSet { .. }), "{err:?}");
+    store.leave(&set, "node-b").await.unwrap();
+}
+
+fn ids(members: &[orion_beacon::Member]) -> Vec<String> {
+    members.iter().map(|m| m.member.clone()).collect()
+}
+
+/// `current_all` reads many leases at once (across its statement chunks), live or not.
+pub async fn current_all_reads_many_leases<H: Harness>(h: &H) {
+    let store = h.store();
+    let prefix = unique("ca");
+    let names: Vec<String> = (0..2100).map(|i| format!("{prefix}-{i}")).collect();
+    for (i, name) in names.iter().enumerate().filter(|(i, _)| i % 700 == 3) {
+        let outcome = store.acquire_or_renew(name, "a", LONG).await.unwrap();
+        assert!(matches!(outcome, LeaseOutcome::Acquired(_)), "{i}");
+    }
+    assert!(store.release(&names[703], "a").await.unwrap());
+    let mut records = store.current_all(&names).await.unwrap();
+    records.sort_by(|a, b| a.resource.cmp(&b.resource));
+    let seen: BTreeMap<&str, bool> = records
+        .iter()
+        .map(|r| (r.resource.as_str(), r.live))
+        .collect();
+    let expected: BTreeMap<&str, bool> = [3, 703, 1403, 2103]
+        .iter()
+        .filter_map(|i| names.get(*i))
+        .map(|n| (n.as_str(), *n != names[703]))
+        .collect();
+    assert_eq!(seen, expected);
+    let bad = vec![names[0].clone(), String::new()];
+    let err = store.current_all(&bad).await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidResource { .. }), "{err:?}");
+    assert!(store.current_all(&[]).await.unwrap().is_empty());
+}
+
+/// Who leads each resource now, by node, with tokens; panics if two nodes lead one resource
+/// with current terms.
+fn leaders(nodes: &[(&str, &ShardHandle)]) -> HashMap<String, (String, i64)> {
+    let mut led = HashMap::new();
+    for (name, node) in nodes {
+        for term in node.assignment().current() {
+            let previous = led.insert(
+                term.resource().to_owned(),
+                (name.to_string(), term.token().get()),
+            );
+            assert!(
+                previous.is_none(),
+                "{} led by {previous:?} and {name} at once",
+                term.resource()
+            );
+        }
+    }
+    led
+}
+
+/// Waits (real time, polling) until `check` holds for the nodes' assignments, or panics.
+async fn eventually(
+    what: &str,
+    within: Duration,
+    nodes: &[(&str, &ShardHandle)],
+    check: impl Fn(&HashMap<String, (String, i64)>) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let led = leaders(nodes);
+        if check(&led) {
+            return start.elapsed();
+        }
+        if start.elapsed() > within {
+            let counts = counts(&led);
+            panic!("{what}: not within {within:?}; led per node {counts:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn counts(led: &HashMap<String, (String, i64)>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (node, _) in led.values() {
+        *counts.entry(node.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Three nodes (separate connection pools, as processes have) spread 12 resources: a lone
+/// node leads all, joiners get their share by graceful handovers (the new term's token is
+/// higher), a killed node's resources are re-led within lease + two rounds, a drained node
+/// hands everything over, and shutdown releases every lease.
+pub async fn shard_set_spreads_rebalances_and_recovers<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    const N: usize = 12;
+    let lease = Duration::from_millis(1500);
+    let interval = Duration::from_millis(250);
+    let set = unique("shards");
+    let resources: Vec<String> = (0..N).map(|i| format!("{set}-{i}")).collect();
+    let node = |store: H::Store, id: &str| {
+        ShardSet::builder(store)
+            .name(set.clone())
+            .resources(resources.clone())
+            .member_id(id)
+            .lease_duration(lease)
+            .interval(interval)
+            .slack(0)
+            .grace_period(Duration::from_millis(500))
+            .build()
+            .expect("valid shard set")
+            .start()
+    };
+    let a = node(h.separate_store().await, "node-a");
+    eventually(
+        "a lone node leads everything",
+        Duration::from_secs(5),
+        &[("a", &a)],
+        |led| led.len() == N,
+    )
+    .await;
+    let before = leaders(&[("a", &a)]);
+
+    let b = node(h.separate_store().await, "node-b");
+    let c = node(h.separate_store().await, "node-c");
+    let all = [("a", &a), ("b", &b), ("c", &c)];
+    let took = eventually("balanced over three", Duration::from_secs(8), &all, |led| {
+        led.len() == N && counts(led).values().all(|n| *n == N / 3)
+    })
+    .await;
+    eprintln!("balanced over three nodes {took:?} after the joins");
+    // Handed-over resources start a new term: a higher token.
+    for (resource, (node, token)) in leaders(&all) {
+        if node != "a" {
+            assert!(
+                token > before[&resource].1,
+                "{resource}: {token} after {:?}",
+                before[&resource]
+            );
+        }
+    }
+
+    // c dies: its resources lapse and are led again by a and b.
+    let c_led: Vec<String> = c.assignment().led.keys().map(|r| r.to_string()).collect();
+    c.abort().await;
+    let survivors = [("a", &a), ("b", &b)];
+    let gap = eventually(
+        "a dead node's resources are led again",
+        lease + interval * 8,
+        &survivors,
+        |led| {
+            c_led.iter().all(|r| led.contains_key(r)) && counts(led).values().all(|n| *n == N / 2)
+        },
+    )
+    .await;
+    eprintln!("re-led {gap:?} after the kill (lease {lease:?}, interval {interval:?})");
+
+    // b drains: a leads everything, each b term ended for the handover.
+    let b_terms: Vec<_> = b.assignment().led.values().cloned().collect();
+    tokio::time::timeout(Duration::from_secs(5), b.drain())
+        .await
+        .expect("drain completes");
+    for term in &b_terms {
+        assert_eq!(
+            term.loss_reason(),
+            Some(orion_beacon::LossReason::HandedOver)
+        );
+    }
+    eventually(
+        "a leads all after the drain",
+        Duration::from_secs(5),
+        &[("a", &a)],
+        |led| led.len() == N,
+    )
+    .await;
+    b.shutdown().await;
+
+    // Shutdown releases every lease at once (no lapse needed).
+    a.shutdown().await;
+    let store = h.store();
+    for record in store.current_all(&resources).await.unwrap() {
+        assert!(
+            !record.live,
+            "{} still live after shutdown",
+            record.resource
+        );
+    }
+    assert!(
+        store.members(&set).await.unwrap().is_empty(),
+        "everyone left"
+    );
+}
+
+/// What a node published last, for debugging.
+pub fn describe(a: &Assignment) -> String {
+    format!(
+        "share {} led {} handing {}",
+        a.share,
+        a.led.len(),
+        a.handing_over
+    )
+}
+
+#[macro_export]
+macro_rules! shard_suite {
+    ($setup:expr) => {
+        $crate::shard_suite!(@cases $setup;
+            members_heartbeat_and_leave,
+            current_all_reads_many_leases,
+            shard_set_spreads_rebalances_and_recovers,
+        );
+    };
+    (@cases $setup:expr; $($case:ident),* $(,)?) => {
+        mod shards {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    #[allow(unused_imports)]
+                    use $crate::common::conformance::Harness as _;
+                    if let Some(h) = $setup.await {
+                        $crate::common::shards::$case(&h).await;
+                        h.teardown().await;
+                    }
+                }
+            )*
+        }
+    };
+}
