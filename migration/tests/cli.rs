@@ -42,7 +42,8 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         0,
         "recorded twice"
     );
-    migrate(url, schema, "down");
+    migrate(url, schema, "down"); // the membership table
+    migrate(url, schema, "down"); // the lease table
 
     // The app's Migrator first: ours is refused.
     AppMigrator::up(db, None).await.expect("app path up");
@@ -146,6 +147,11 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         "SELECT COUNT(*) FROM {prefix}{TRACKING_TABLE} WHERE version = '{}'",
         CreateLeaseTable::NAME
     );
+    let members = format!("SELECT COUNT(*) FROM {prefix}orionbeacon_members");
+    let members_tracked = format!(
+        "SELECT COUNT(*) FROM {prefix}{TRACKING_TABLE} WHERE version = '{}'",
+        orion_beacon_migration::CreateMemberTable::NAME
+    );
 
     // An application table next to the lease table, which no command here may touch.
     let app = format!("{prefix}job_runs");
@@ -155,6 +161,8 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     migrate(url, schema, "up");
     assert_eq!(count(db, &leases).await.expect("table created by `up`"), 0);
     assert_eq!(count(db, &tracked).await.expect("own tracking table"), 1);
+    assert_eq!(count(db, &members).await.expect("membership table too"), 0);
+    assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
     migrate(url, schema, "up"); // idempotent: already applied
 
     // Commands that drop or undo everything in the database are not offered.
@@ -177,6 +185,21 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
+    // One step back is the membership table only: the leases stay.
+    migrate(url, schema, "down");
+    assert!(
+        count(db, &members).await.is_err(),
+        "`down` drops the membership table"
+    );
+    assert_eq!(count(db, &members_tracked).await.unwrap(), 0);
+    assert_eq!(count(db, &leases).await.expect("the leases stay"), 1);
+    // A deployment from before the membership table upgrades with `up`: the table is added
+    // next to its leases.
+    migrate(url, schema, "up");
+    assert_eq!(count(db, &members).await.expect("added by `up`"), 0);
+    assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
+    assert_eq!(count(db, &leases).await.unwrap(), 1);
+    migrate(url, schema, "down");
     let said = refused(url, schema, "down");
     assert!(
         said.contains("refusing to drop") && said.contains("1 lease row"),
