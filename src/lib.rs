@@ -44,3 +44,6 @@ mod lease_table_docs {}
 #[cfg(doctest)]
 #[doc = include_str!("../docs/topologies.md")]
 mod topologies_docs {}
+#[cfg(all(doctest, feature = "sqlite"))]
+#[doc = include_str!("../docs/shard-sets.md")]
+mod shard_sets_docs {}
