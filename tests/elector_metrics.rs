@@ -12,7 +12,7 @@ use metrics::{
     SharedString, Unit,
 };
 use orion_beacon::elector::metrics::{
-    IS_LEADER, RENEW_DURATION, SINCE_RENEW, STORE_ERRORS, TERM_CHANGES,
+    IS_LEADER, RENEW_DURATION, SHARDS_LED, SHARD_SHARE, SINCE_RENEW, STORE_ERRORS, TERM_CHANGES,
 };
 use orion_beacon::{
     Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseRecord, LeaseStore,
@@ -324,4 +324,41 @@ async fn a_failed_elector_reads_as_stale_forever() {
         recorder.counter(&key(TERM_CHANGES, "a", &[("change", "failed")])),
         1
     );
+}
+
+/// Shard set nodes report how many resources they lead and their share.
+#[tokio::test(start_paused = true)]
+async fn shard_set_nodes_report_resources_led() {
+    let recorder = TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let store = InMemoryLeaseStore::new();
+    let node = |id: &str| {
+        orion_beacon::ShardSet::builder(store.clone())
+            .name("set")
+            .resources((0..6).map(|i| format!("s{i}")))
+            .member_id(id)
+            .slack(0)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let a = node("a");
+    sleep(Duration::from_secs(3)).await;
+    let key = |name: &str, member: &str| format!("{name}{{member={member},shard_set=set}}");
+    assert_eq!(recorder.gauge(&key(SHARDS_LED, "a")), 6.0);
+    let b = node("b");
+    sleep(Duration::from_secs(10)).await;
+    for id in ["a", "b"] {
+        assert_eq!(recorder.gauge(&key(SHARDS_LED, id)), 3.0, "{id}");
+        assert_eq!(recorder.gauge(&key(SHARD_SHARE, id)), 3.0, "{id}");
+    }
+    for name in [SHARDS_LED, SHARD_SHARE] {
+        assert!(
+            recorder.described.lock().unwrap().iter().any(|d| d == name),
+            "{name} is described"
+        );
+    }
+    a.shutdown().await;
+    assert_eq!(recorder.gauge(&key(SHARDS_LED, "a")), 0.0);
+    b.shutdown().await;
 }

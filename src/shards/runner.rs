@@ -88,6 +88,12 @@ impl Runner {
     }
 
     async fn run_inner(self) {
+        #[cfg(feature = "metrics")]
+        {
+            use crate::elector::metrics::{SHARDS_LED, SHARD_SHARE};
+            metrics::describe_gauge!(SHARDS_LED, "Resources this shard set node leads now");
+            metrics::describe_gauge!(SHARD_SHARE, "This shard set node's share at its last round");
+        }
         let mut st = State::default();
         let mut releases = self.store.release_events();
         let mut draining = self.control.draining.subscribe();
