@@ -121,12 +121,15 @@ async fn a_dead_nodes_resources_are_led_again_within_lease_plus_a_round() {
     assert_eq!(counts(&[&a, &b]), [6, 6]);
 }
 
+/// Who, which resource, which token, start or end, when.
+type Event = (String, String, i64, &'static str, Instant);
+
 /// A handover ends the term, waits for its work to return, and only then releases: the next
 /// leader's work starts after the old work ended, with a higher token.
 #[tokio::test(start_paused = true)]
 async fn a_handover_waits_for_the_work_then_the_next_term_is_higher() {
     let store = InMemoryLeaseStore::new();
-    let log: Arc<Mutex<Vec<(String, String, i64, &'static str, Instant)>>> = Arc::default();
+    let log: Arc<Mutex<Vec<Event>>> = Arc::default();
     let run = |handle: &ShardHandle| {
         let log = log.clone();
         let me = handle.member_id().to_owned();
@@ -305,14 +308,24 @@ async fn a_hung_store_ends_every_term_at_its_deadline() {
     let last_renew_sent = Instant::now();
     store.hang.store(true, std::sync::atomic::Ordering::SeqCst);
     let deadline = terms.iter().map(|t| t.deadline()).max().unwrap();
-    assert!(deadline <= last_renew_sent + LEASE, "belief never outlasts the lease");
+    assert!(
+        deadline <= last_renew_sent + LEASE,
+        "belief never outlasts the lease"
+    );
     // Just past the deadline: ended, whatever the loop waits on.
     tokio::time::sleep_until(deadline + Duration::from_millis(1)).await;
     for t in &terms {
-        assert!(t.is_lost(), "{} still believed past its deadline", t.resource());
+        assert!(
+            t.is_lost(),
+            "{} still believed past its deadline",
+            t.resource()
+        );
         assert_eq!(t.loss_reason(), Some(LossReason::Deadline));
         let record = store.inner.current(t.resource()).await.unwrap().unwrap();
-        assert!(record.live, "the store's lease outlives the local belief: {record:?}");
+        assert!(
+            record.live,
+            "the store's lease outlives the local belief: {record:?}"
+        );
     }
     assert_eq!(a.assignment().current().count(), 0);
     a.abort().await;

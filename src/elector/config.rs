@@ -170,17 +170,17 @@ impl Options {
         let renew_interval = self.renew_interval.unwrap_or(DEFAULT_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_RETRY_INTERVAL);
         let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
-        for (option, value) in [("retry_interval", retry_interval)] {
-            if value.is_zero() {
-                return Err(ConfigError::Zero { option });
-            }
-            if value > MAX_INTERVAL {
-                return Err(ConfigError::TooLong {
-                    option,
-                    value,
-                    max: MAX_INTERVAL,
-                });
-            }
+        if retry_interval.is_zero() {
+            return Err(ConfigError::Zero {
+                option: "retry_interval",
+            });
+        }
+        if retry_interval > MAX_INTERVAL {
+            return Err(ConfigError::TooLong {
+                option: "retry_interval",
+                value: retry_interval,
+                max: MAX_INTERVAL,
+            });
         }
         let step_down_margin =
             check_timing(lease, renew_interval, self.step_down_margin, grace_period)?;
