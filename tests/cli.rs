@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+use orion_beacon::{LeaseOutcome, LeaseStore, MembershipStore, SeaOrmLeaseStore};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orion-beacon");
 const LONG: Duration = Duration::from_secs(120);
@@ -87,10 +87,13 @@ fn row<'a>(stdout: &'a str, resource: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// One database with a migrated lease table, and the arguments that point the CLI at it.
+/// One database with a migrated lease table and membership table, and the arguments that point
+/// the CLI at them.
 struct Target {
     store: SeaOrmLeaseStore,
     args: Vec<String>,
+    /// A membership table other than the default (`--member-table` for `members`).
+    member_table: Option<String>,
     _dir: Option<tempfile::TempDir>,
     cleanup: Option<(sea_orm::DatabaseConnection, String)>,
 }
@@ -116,8 +119,21 @@ impl Target {
         run_with(&refs, stdin, &[]).await
     }
 
+    /// `members` with `args`, on this target's membership table.
+    async fn members(&self, args: &[&str]) -> Run {
+        let mut all = vec!["members"];
+        all.extend(args);
+        if let Some(table) = &self.member_table {
+            all.extend(["--member-table", table]);
+        }
+        self.run(&all).await
+    }
+
     async fn teardown(self) {
         if let Some((db, table)) = self.cleanup {
+            if let Some(members) = &self.member_table {
+                drop_member_table(&db, members).await;
+            }
             common::drop_table(&db, &table).await;
         }
     }
@@ -134,10 +150,32 @@ async fn sqlite() -> (Target, String) {
     let target = Target {
         store: SeaOrmLeaseStore::new(db),
         args: vec!["--database-url".into(), url.clone()],
+        member_table: None,
         _dir: Some(dir),
         cleanup: None,
     };
     (target, url)
+}
+
+/// Creates the membership table `table` with the real migration.
+#[cfg(feature = "postgres")]
+async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
+    use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
+    CreateMemberTable::with_table(table)
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("member migration up");
+}
+
+/// Drops the membership table `table` with the migration's `down`.
+async fn drop_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
+    use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
+    CreateMemberTable::with_table(table)
+        .expect("valid table name")
+        .down(&SchemaManager::new(db))
+        .await
+        .expect("member migration down");
 }
 
 #[cfg(feature = "postgres")]
@@ -149,9 +187,13 @@ async fn postgres() -> Option<Target> {
     let db = server.connect(2).await;
     let table = common::unique("obcli");
     common::migrate(&db, &table).await;
+    let members = common::unique("obclim");
+    migrate_member_table(&db, &members).await;
     Some(Target {
         store: SeaOrmLeaseStore::new(db.clone())
             .with_table(&table)
+            .unwrap()
+            .with_member_table(&members)
             .unwrap(),
         args: vec![
             "--database-url".into(),
@@ -159,6 +201,7 @@ async fn postgres() -> Option<Target> {
             "--table".into(),
             table.clone(),
         ],
+        member_table: Some(members),
         _dir: None,
         cleanup: Some((db, table)),
     })
@@ -488,6 +531,286 @@ async fn missing_table_says_how_to_migrate(t: &Target, url: &str) {
     let _ = t;
 }
 
+/// `leases --by-holder` on a fresh target: one row per holder, live and expired counts, the
+/// resources in wide and JSON, holders whose leases all lapsed with 0 live.
+async fn leases_by_holder(t: &Target) {
+    let empty = t.run(&["leases", "--by-holder"]).await;
+    assert_code(&empty, 0);
+    assert!(empty.stdout.starts_with("no leases in table"), "{empty:#?}");
+    assert_eq!(
+        t.run(&["leases", "--by-holder", "--json"])
+            .await
+            .stdout
+            .trim(),
+        "[]"
+    );
+
+    for (resource, holder) in [
+        ("res-c", "node-a"),
+        ("res-a", "node-b"),
+        ("res-b", "node-a"),
+        ("res-d", "node-c"),
+        ("res-e", "node-a"),
+    ] {
+        t.store
+            .acquire_or_renew(resource, holder, LONG)
+            .await
+            .unwrap();
+    }
+    // node-c's only lease and one of node-a's end: their rows keep the holder, expired.
+    assert!(t.store.release("res-d", "node-c").await.unwrap());
+    assert!(t.store.release("res-e", "node-a").await.unwrap());
+
+    let out = t.run(&["leases", "--by-holder"]).await;
+    assert_code(&out, 0);
+    let lines: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 5, "{out:#?}");
+    assert_eq!(lines[0], ["HOLDER", "LIVE", "EXPIRED"]);
+    // Sorted by holder; node-c holds nothing live any more but is shown, with 0.
+    assert_eq!(lines[1], ["node-a", "2", "1"]);
+    assert_eq!(lines[2], ["node-b", "1", "0"]);
+    assert_eq!(lines[3], ["node-c", "0", "1"]);
+    assert_eq!(
+        out.stdout.lines().nth(4).unwrap(),
+        "3 holders, 2 with live leases; 5 leases, 3 live (by the database clock)"
+    );
+    assert!(out.stdout.lines().all(|l| !l.ends_with(' ')), "{out:#?}");
+
+    let wide = t.run(&["ls", "--by-holder", "-o", "wide"]).await;
+    assert_code(&wide, 0);
+    let lines: Vec<Vec<&str>> = wide
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["HOLDER", "LIVE", "EXPIRED", "RESOURCES", "(LIVE)"]
+    );
+    assert_eq!(lines[1], ["node-a", "2", "1", "res-b,res-c"]);
+    assert_eq!(lines[2], ["node-b", "1", "0", "res-a"]);
+    assert_eq!(lines[3], ["node-c", "0", "1", "-"]);
+
+    let bare = t.run(&["leases", "--by-holder", "--no-headers"]).await;
+    assert_code(&bare, 0);
+    assert_eq!(bare.stdout.lines().count(), 3, "{bare:#?}");
+    assert!(bare.stdout.starts_with("node-a "), "{bare:#?}");
+
+    let json = t.run(&["leases", "--by-holder", "--json"]).await;
+    assert_code(&json, 0);
+    let all: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(
+        all,
+        serde_json::json!([
+            {"holder": "node-a", "live_leases": 2, "expired_leases": 1,
+             "resources": ["res-b", "res-c"], "expired_resources": ["res-e"]},
+            {"holder": "node-b", "live_leases": 1, "expired_leases": 0,
+             "resources": ["res-a"], "expired_resources": []},
+            {"holder": "node-c", "live_leases": 0, "expired_leases": 1,
+             "resources": [], "expired_resources": ["res-d"]},
+        ])
+    );
+    assert_eq!(
+        t.run(&["ls", "--by-holder", "-o", "json"]).await.stdout,
+        json.stdout
+    );
+}
+
+/// A member's row in `members`: its cells split on white space.
+fn member_row<'a>(stdout: &'a str, shard_set: &str, member: &str) -> Vec<&'a str> {
+    stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.len() > 2 && cells[0] == shard_set && cells[1] == member)
+        .unwrap_or_else(|| panic!("no row for {shard_set}/{member} in\n{stdout}"))
+}
+
+/// `members`: the live members of every set or of one, in every format; a lapsed member is
+/// not shown, one that left neither.
+async fn members_lists_live_members(t: &Target) {
+    let table = t.store.member_table().to_owned();
+    let empty = t.members(&[]).await;
+    assert_code(&empty, 0);
+    assert_eq!(
+        empty.stdout,
+        format!("no live members in table {table:?}\n"),
+        "{empty:#?}"
+    );
+    assert_eq!(t.members(&["--json"]).await.stdout.trim(), "[]");
+    let none = t.members(&["--shard-set", "orders"]).await;
+    assert_code(&none, 0);
+    assert_eq!(
+        none.stdout,
+        format!("no live members of shard set \"orders\" in table {table:?}\n")
+    );
+    assert_eq!(t.members(&["--no-headers"]).await.stdout, "");
+
+    let ttl = Duration::from_secs(60);
+    t.store
+        .heartbeat("orders", "node-b", ttl, false)
+        .await
+        .unwrap();
+    t.store
+        .heartbeat("orders", "node-a", ttl, true)
+        .await
+        .unwrap();
+    t.store
+        .heartbeat("billing", "node-a", ttl, false)
+        .await
+        .unwrap();
+    // Lapsed long before the command reads.
+    t.store
+        .heartbeat("orders", "gone", Duration::from_millis(1), false)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let out = t.members(&[]).await;
+    assert_code(&out, 0);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{out:#?}");
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "SHARD",
+            "SET",
+            "MEMBER",
+            "STATE",
+            "TIME",
+            "LEFT",
+            "JOINED",
+            "(UTC)",
+            "HEARTBEAT",
+            "(UTC)"
+        ]
+    );
+    // Sorted by shard set, then member; the lapsed member is not there.
+    assert!(lines[1].starts_with("billing  ") && lines[1].contains(" node-a "));
+    assert!(lines[2].starts_with("orders ") && lines[2].contains(" node-a "));
+    assert!(lines[3].starts_with("orders ") && lines[3].contains(" node-b "));
+    assert!(!out.stdout.contains("gone"), "{out:#?}");
+    assert_eq!(
+        lines[4],
+        "3 live members in 2 shard sets, 1 draining (time left by the database clock)"
+    );
+    assert!(out.stdout.lines().all(|l| !l.ends_with(' ')), "{out:#?}");
+    let a = member_row(&out.stdout, "orders", "node-a");
+    assert_eq!(a[2], "draining");
+    // Time left, then joined and heartbeat: a date and a time each.
+    assert_eq!(a.len(), 8, "{a:?}");
+    assert!(a[3].ends_with('s'), "{a:?}");
+    assert!(a[4].len() == 10 && a[6].len() == 10, "{a:?}");
+    assert_eq!(member_row(&out.stdout, "orders", "node-b")[2], "active");
+
+    // Wide has the same columns; one shard set; no headers.
+    let wide = t.members(&["-o", "wide"]).await;
+    assert_code(&wide, 0);
+    assert_eq!(
+        wide.stdout.lines().next(),
+        out.stdout.lines().next(),
+        "{wide:#?}"
+    );
+    let orders = t.members(&["--shard-set", "orders"]).await;
+    assert_code(&orders, 0);
+    let lines: Vec<&str> = orders.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{orders:#?}");
+    assert!(lines[1].starts_with("orders ") && lines[2].starts_with("orders "));
+    assert_eq!(
+        lines[3],
+        "2 live members in 1 shard set, 1 draining (time left by the database clock)"
+    );
+    let bare = t.members(&["--no-headers"]).await;
+    assert_eq!(bare.stdout.lines().count(), 3, "{bare:#?}");
+    assert!(bare.stdout.starts_with("billing "), "{bare:#?}");
+
+    let json = t.members(&["--json"]).await;
+    assert_code(&json, 0);
+    let all: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let all = all.as_array().unwrap();
+    let ids: Vec<(&str, &str)> = all
+        .iter()
+        .map(|m| {
+            (
+                m["shard_set"].as_str().unwrap(),
+                m["member"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("billing", "node-a"),
+            ("orders", "node-a"),
+            ("orders", "node-b")
+        ]
+    );
+    assert_eq!(all[1]["draining"], true);
+    assert_eq!(all[2]["draining"], false);
+    let remaining = all[2]["remaining_ms"].as_u64().unwrap();
+    assert!(remaining > 40_000 && remaining <= 60_000, "{remaining}");
+    for key in ["joined_at", "heartbeat_at"] {
+        let text = all[2][key].as_str().unwrap();
+        assert!(
+            chrono::DateTime::parse_from_rfc3339(text).is_ok(),
+            "{key}: {text}"
+        );
+    }
+    // `-o json` is `--json` (remaining_ms moves on between the two reads).
+    let again: serde_json::Value =
+        serde_json::from_str(&t.members(&["-o", "json"]).await.stdout).unwrap();
+    let again = again.as_array().unwrap();
+    assert_eq!(again.len(), all.len());
+    for (a, b) in again.iter().zip(all) {
+        for key in [
+            "shard_set",
+            "member",
+            "draining",
+            "joined_at",
+            "heartbeat_at",
+        ] {
+            assert_eq!(a[key], b[key], "{key}");
+        }
+    }
+    let one: serde_json::Value = serde_json::from_str(
+        &t.members(&["--shard-set", "billing", "--json"])
+            .await
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(one.as_array().unwrap().len(), 1);
+
+    // A member that leaves is gone at once.
+    assert!(t.store.leave("orders", "node-b").await.unwrap());
+    let after = t.members(&["--shard-set", "orders", "--no-headers"]).await;
+    assert_eq!(after.stdout.lines().count(), 1, "{after:#?}");
+    assert!(!after.stdout.contains("node-b"), "{after:#?}");
+
+    // Bad names are refused before connecting, like the other commands'.
+    let bad = t.members(&["--shard-set", " orders"]).await;
+    assert_code(&bad, BAD_INPUT);
+    assert!(bad.stderr.contains("invalid shard set name"), "{bad:#?}");
+    let bad = t.run(&["members", "--member-table", "x;y"]).await;
+    assert_code(&bad, BAD_INPUT);
+    assert!(bad.stderr.starts_with("error: table name"), "{bad:#?}");
+
+    // A membership table that is not there: the usual exit code, and how to create it.
+    let missing = common::unique("never_migrated_members");
+    let out = t.run(&["members", "--member-table", &missing]).await;
+    assert_code(&out, MISSING_TABLE);
+    assert!(
+        out.stderr
+            .contains(&format!("the membership table \"{missing}\" does not exist"))
+            && out.stderr.contains(&format!(
+                "add orion_beacon_migration::CreateMemberTable::with_table(\"{missing}\") to your app's Migrator"
+            )),
+        "{out:#?}"
+    );
+}
+
 // ---- SQLite ----
 
 #[cfg(feature = "sqlite")]
@@ -503,6 +826,14 @@ mod sqlite {
         revoke_needs_force_and_confirmation(&t).await;
         watch_prints_each_change(&t).await;
         missing_table_says_how_to_migrate(&t, &url).await;
+        t.teardown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leases_by_holder_and_members() {
+        let (t, _url) = sqlite().await;
+        leases_by_holder(&t).await;
+        members_lists_live_members(&t).await;
         t.teardown().await;
     }
 
@@ -640,6 +971,23 @@ mod sqlite {
             out.stderr.contains("\"orionbeacon_leases\" does not exist"),
             "{out:#?}"
         );
+        // The default membership table, missing too: the migration's command line creates it.
+        let out = run(&[
+            "members",
+            "--database-url",
+            &format!("sqlite://{}", empty.display()),
+        ])
+        .await;
+        assert_code(&out, MISSING_TABLE);
+        assert!(
+            out.stderr
+                .contains("the membership table \"orionbeacon_members\" does not exist")
+                && out
+                    .stderr
+                    .contains("orion-beacon-migration up -u sqlite://")
+                && out.stderr.contains("CreateMemberTable::new()"),
+            "{out:#?}"
+        );
 
         // Bad table names, checked before connecting.
         for bad in ["x; DROP TABLE y", "1x", "a\"b", ""] {
@@ -700,6 +1048,7 @@ mod sqlite {
         let help = run(&["--help"]).await;
         assert_code(&help, 0);
         assert!(help.stdout.contains("leases") && help.stdout.contains("revoke"));
+        assert!(help.stdout.contains("members"), "{help:#?}");
     }
 }
 
@@ -721,6 +1070,16 @@ mod postgres {
         revoke_needs_force_and_confirmation(&t).await;
         watch_prints_each_change(&t).await;
         missing_table_says_how_to_migrate(&t, &url).await;
+        t.teardown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leases_by_holder_and_members() {
+        let Some(t) = postgres().await else {
+            return;
+        };
+        leases_by_holder(&t).await;
+        members_lists_live_members(&t).await;
         t.teardown().await;
     }
 

@@ -15,7 +15,7 @@ mod common;
 use std::io::Write as _;
 
 use async_trait::async_trait;
-use orion_beacon::{LeaseStore, SqlServerLeaseStore, StoreError};
+use orion_beacon::{LeaseStore, MembershipStore, SqlServerLeaseStore, StoreError};
 use tiberius::SqlBrowser;
 use tokio_util::compat::TokioAsyncWriteCompatExt;
 
@@ -119,6 +119,9 @@ mssql_cases!(
     migrate_is_idempotent,
     missing_table_says_run_the_migration,
     names_compare_byte_for_byte,
+    members_heartbeat_list_and_leave,
+    members_lapse_and_rejoin,
+    missing_member_table_says_run_the_migration,
 );
 
 mod cases {
@@ -179,6 +182,151 @@ mod cases {
         let upper = r.to_uppercase();
         assert!(store.current(&upper).await.unwrap().is_none());
     }
+
+    /// The store with a membership table of its own, created (twice: `migrate_members` is
+    /// idempotent); `drop_members` removes it.
+    async fn with_members(h: &MssqlHarness) -> SqlServerLeaseStore {
+        let store = h
+            .store()
+            .with_member_table(unique("obm"))
+            .expect("valid table name");
+        store
+            .migrate_members()
+            .await
+            .expect("migrate the member table");
+        store
+            .migrate_members()
+            .await
+            .expect("migrate_members again");
+        assert!(store
+            .member_migration_sql()
+            .contains(&format!("[{}]", store.member_table())));
+        store
+    }
+
+    async fn drop_members(h: &MssqlHarness, store: &SqlServerLeaseStore) {
+        h.exec(&format!("DROP TABLE IF EXISTS [{}];", store.member_table()))
+            .await;
+    }
+
+    pub async fn members_heartbeat_list_and_leave(h: &MssqlHarness) {
+        let store = with_members(h).await;
+        let set = unique("set");
+        let ttl = std::time::Duration::from_secs(60);
+        let first = store.heartbeat(&set, "node-b", ttl, false).await.unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].member, "node-b");
+        assert!(!first[0].draining);
+        assert!(first[0].remaining > std::time::Duration::from_secs(50));
+        assert!(first[0].remaining <= ttl);
+        let joined = first[0].joined_at.expect("database times");
+        assert_eq!(first[0].heartbeat_at, Some(joined));
+
+        let both = store.heartbeat(&set, "node-a", ttl, true).await.unwrap();
+        let ids: Vec<&str> = both.iter().map(|m| m.member.as_str()).collect();
+        assert_eq!(ids, ["node-a", "node-b"], "ordered by id");
+        assert!(both[0].draining && !both[1].draining);
+        // Another set, and a name differing only in case, are other members.
+        store
+            .heartbeat(&format!("{set}-other"), "node-c", ttl, false)
+            .await
+            .unwrap();
+        store.heartbeat(&set, "NODE-A", ttl, false).await.unwrap();
+        let all = store.members(&set).await.unwrap();
+        let ids: Vec<&str> = all.iter().map(|m| m.member.as_str()).collect();
+        assert_eq!(ids, ["NODE-A", "node-a", "node-b"], "byte order");
+
+        // A renewal keeps joined_at, moves heartbeat_at, and sets draining as told.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let again = store.heartbeat(&set, "node-b", ttl, true).await.unwrap();
+        let b = again.iter().find(|m| m.member == "node-b").unwrap();
+        assert_eq!(b.joined_at, Some(joined));
+        assert!(b.heartbeat_at > Some(joined));
+        assert!(b.draining);
+
+        assert!(store.leave(&set, "node-b").await.unwrap());
+        assert!(!store.leave(&set, "node-b").await.unwrap(), "already gone");
+        let ids: Vec<String> = store
+            .members(&set)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.member)
+            .collect();
+        assert_eq!(ids, ["NODE-A", "node-a"]);
+        assert!(store.members(&unique("empty")).await.unwrap().is_empty());
+        drop_members(h, &store).await;
+    }
+
+    pub async fn members_lapse_and_rejoin(h: &MssqlHarness) {
+        let store = with_members(h).await;
+        let set = unique("set");
+        let short = std::time::Duration::from_millis(300);
+        let long = std::time::Duration::from_secs(60);
+        let first = store.heartbeat(&set, "gone", short, false).await.unwrap();
+        let joined = first[0].joined_at;
+        store.heartbeat(&set, "stays", long, false).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        let live = store.members(&set).await.unwrap();
+        assert_eq!(live.len(), 1, "{live:?}");
+        assert_eq!(live[0].member, "stays");
+        // Coming back after lapsing is a new membership.
+        let back = store.heartbeat(&set, "gone", long, false).await.unwrap();
+        let gone = back.iter().find(|m| m.member == "gone").unwrap();
+        assert!(gone.joined_at > joined, "{gone:?}");
+        // A lapsed member's leave is false, and a leave prunes the set's lapsed rows.
+        store.heartbeat(&set, "dies", short, false).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        assert!(!store.leave(&set, "dies").await.unwrap());
+        assert!(store.leave(&set, "gone").await.unwrap());
+        let config = tiberius::Config::from_ado_string(&h.url).unwrap();
+        let tcp = tokio::net::TcpStream::connect_named(&config).await.unwrap();
+        let mut client = tiberius::Client::connect(config, tcp.compat_write())
+            .await
+            .unwrap();
+        let rows = client
+            .query(
+                format!(
+                    "SELECT COUNT(*) FROM [{}] WHERE shard_set = @P1",
+                    store.member_table()
+                ),
+                &[&set.as_str()],
+            )
+            .await
+            .unwrap()
+            .into_first_result()
+            .await
+            .unwrap();
+        assert_eq!(
+            rows[0].get::<i32, _>(0),
+            Some(1),
+            "only the live member is left"
+        );
+        drop_members(h, &store).await;
+    }
+
+    pub async fn missing_member_table_says_run_the_migration(h: &MssqlHarness) {
+        let table = unique("never_migrated_members");
+        let store = h.store().with_member_table(&table).unwrap();
+        let ttl = std::time::Duration::from_secs(5);
+        for err in [
+            store.heartbeat("s", "a", ttl, false).await.unwrap_err(),
+            store.members("s").await.unwrap_err(),
+            store.leave("s", "a").await.unwrap_err(),
+        ] {
+            match &err {
+                StoreError::MissingTable { table: named, .. } => assert_eq!(named, &table),
+                other => panic!("{other:?}"),
+            }
+            assert!(err.to_string().contains("migrate_members()"), "{err}");
+        }
+        // The lease table is still there and works.
+        assert!(store
+            .acquire_or_renew("r", "a", LONG)
+            .await
+            .unwrap()
+            .is_held());
+    }
 }
 
 // No server needed from here on.
@@ -196,6 +344,13 @@ fn bad_table_names_are_refused() {
     ] {
         let err = connect("Server=localhost;Database=app;User Id=sa;Password=secret")
             .with_table(bad)
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::InvalidTableName(_)),
+            "{bad:?}: {err:?}"
+        );
+        let err = connect("Server=localhost;Database=app;User Id=sa;Password=secret")
+            .with_member_table(bad)
             .unwrap_err();
         assert!(
             matches!(err, StoreError::InvalidTableName(_)),
@@ -243,6 +398,39 @@ async fn bad_input_is_refused_before_connecting_and_unreachable_is_an_error() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Database(_)), "{err:?}");
     assert!(std::error::Error::source(&err).is_some());
+    // Membership input too: names, the UTF-16 bound, the time to live.
+    let ttl = std::time::Duration::from_secs(5);
+    assert!(matches!(
+        store.heartbeat("", "a", ttl, false).await,
+        Err(StoreError::InvalidShardSet { .. })
+    ));
+    assert!(matches!(
+        store.heartbeat(&"𝄞".repeat(200), "a", ttl, false).await,
+        Err(StoreError::InvalidShardSet { .. })
+    ));
+    assert!(matches!(
+        store.heartbeat("s", "a\n", ttl, false).await,
+        Err(StoreError::InvalidCandidate { .. })
+    ));
+    assert!(matches!(
+        store
+            .heartbeat("s", "a", std::time::Duration::ZERO, false)
+            .await,
+        Err(StoreError::InvalidLeaseDuration { .. })
+    ));
+    assert!(matches!(
+        store.leave(" s", "a").await,
+        Err(StoreError::InvalidShardSet { .. })
+    ));
+    assert!(matches!(
+        store.members("s\t").await,
+        Err(StoreError::InvalidShardSet { .. })
+    ));
+    let err = tokio::time::timeout(std::time::Duration::from_secs(30), store.members("s"))
+        .await
+        .expect("no hang")
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Database(_)), "{err:?}");
     let err = SqlServerLeaseStore::connect(
         "Server=127.0.0.1,1;Database=app;User Id=sa;Password=secret;Encrypt=false",
     )

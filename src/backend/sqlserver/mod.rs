@@ -22,6 +22,14 @@
 //! `OUTPUT` without `INTO` fails (error 334) on a table with enabled triggers: leave the lease
 //! table without triggers.
 //!
+//! The membership table of shard sets ([`MembershipStore`]) comes the same way from
+//! `sql/m20261201_000001_create_orionbeacon_members.sqlserver.sql` ([`MEMBER_MIGRATION_SQL`],
+//! version [`MEMBER_MIGRATION_NAME`], the SeaORM `CreateMemberTable`'s): `shard_set` and `member`
+//! as the lease table's names are, `draining bit`, `datetime2(7)` UTC times, primary key
+//! `(shard_set, member)`. [`SqlServerLeaseStore::migrate_members`] sends it
+//! ([`SqlServerLeaseStore::member_migration_sql`] gives it for a custom table); `migrate` creates
+//! only the lease table.
+//!
 //! # The statements
 //!
 //! - acquire-or-renew is one statement after `DECLARE @now datetime2(7) = SYSUTCDATETIME();` (one
@@ -38,6 +46,13 @@
 //!   the grant.
 //! - deadlocks (1205) and duplicate keys (2627, defensively) mean the statement had no effect:
 //!   they are retried up to 5 times, then reported as the retryable [`StoreError::Conflict`].
+//! - a membership heartbeat is one batch at one reading of the clock (`@now`): `MERGE <members>
+//!   WITH (HOLDLOCK) AS t USING (SELECT @P1 AS shard_set, @P2 AS [member]) AS s ON t.shard_set =
+//!   s.shard_set AND t.[member] = s.[member] WHEN MATCHED THEN UPDATE ... WHEN NOT MATCHED THEN
+//!   INSERT ...;` then the `SELECT` of the set's live members (the caller among them). A leave
+//!   deletes the member's live row, then the set's lapsed rows, and returns `@@ROWCOUNT` of the
+//!   first `DELETE`. Names and the time to live are checked as on the other stores (and against
+//!   `nvarchar(255)`, below) before any SQL runs.
 //!
 //! # Fenced writes
 //!
@@ -65,12 +80,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orion_beacon_entity::{validate_table_name, DEFAULT_TABLE};
+use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 use sea_orm::DbErr;
 use tiberius::error::Error as TdsError;
 use tiberius::{Config, FromSql, ToSql};
 
 use super::statements::{held_json, Row};
+use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
 use crate::store::{
     validate_batch, validate_candidate, validate_request, validate_resource, MAX_NAME_LEN,
 };
@@ -80,8 +96,8 @@ mod pool;
 mod tsql;
 
 use pool::{keeps_connection, Connection, Pool, DEFAULT_MAX_CONNECTIONS};
-use tsql::{fence_sql, migration_sql, Statements};
-pub use tsql::{MIGRATION_NAME, MIGRATION_SQL};
+use tsql::{fence_sql, member_migration_sql, migration_sql, MemberStatements, Statements};
+pub use tsql::{MEMBER_MIGRATION_NAME, MEMBER_MIGRATION_SQL, MIGRATION_NAME, MIGRATION_SQL};
 
 /// How often a statement is tried when SQL Server picks it as a deadlock victim (1205) or
 /// reports a duplicate key (2627). Either way the statement had no effect.
@@ -122,6 +138,17 @@ fn check_candidate(candidate: &str) -> Result<(), StoreError> {
     match check_utf16_len(candidate) {
         Some(reason) => Err(StoreError::InvalidCandidate {
             name: candidate.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn check_shard_set(shard_set: &str) -> Result<(), StoreError> {
+    validate_shard_set(shard_set)?;
+    match check_utf16_len(shard_set) {
+        Some(reason) => Err(StoreError::InvalidShardSet {
+            name: shard_set.to_owned(),
             reason,
         }),
         None => Ok(()),
@@ -193,6 +220,8 @@ pub struct SqlServerLeaseStore {
     pool: Arc<Pool>,
     table: Arc<str>,
     sql: Arc<Statements>,
+    member_table: Arc<str>,
+    member_sql: Arc<MemberStatements>,
 }
 
 impl SqlServerLeaseStore {
@@ -230,6 +259,8 @@ impl SqlServerLeaseStore {
             pool: Arc::new(Pool::new(config, DEFAULT_MAX_CONNECTIONS)),
             table: Arc::from(DEFAULT_TABLE),
             sql: Arc::new(Statements::new(DEFAULT_TABLE)),
+            member_table: Arc::from(DEFAULT_MEMBER_TABLE),
+            member_sql: Arc::new(MemberStatements::new(DEFAULT_MEMBER_TABLE)),
         }
     }
 
@@ -244,6 +275,17 @@ impl SqlServerLeaseStore {
         Ok(self)
     }
 
+    /// The same store with shard sets' members ([`MembershipStore`]) in another table
+    /// (validated like [`with_table`](Self::with_table)). Create it with
+    /// [`migrate_members`](Self::migrate_members).
+    pub fn with_member_table(mut self, table: impl AsRef<str>) -> Result<Self, StoreError> {
+        let table = table.as_ref();
+        validate_table_name(table)?;
+        self.member_table = Arc::from(table);
+        self.member_sql = Arc::new(MemberStatements::new(table));
+        Ok(self)
+    }
+
     /// The same store with a pool of its own of at most `max` connections (at least 1).
     pub fn with_max_connections(mut self, max: usize) -> Self {
         self.pool = Arc::new(Pool::new(self.pool.config().clone(), max));
@@ -255,11 +297,23 @@ impl SqlServerLeaseStore {
         &self.table
     }
 
+    /// The membership table's name (`orionbeacon_members` unless configured).
+    pub fn member_table(&self) -> &str {
+        &self.member_table
+    }
+
     /// The versioned T-SQL ([`MIGRATION_SQL`], migration [`MIGRATION_NAME`]) for this store's
     /// table: what [`migrate`](Self::migrate) sends, for those who apply schema changes with
     /// their own tools.
     pub fn migration_sql(&self) -> String {
         migration_sql(&self.table)
+    }
+
+    /// The versioned T-SQL of the membership table ([`MEMBER_MIGRATION_SQL`], migration
+    /// [`MEMBER_MIGRATION_NAME`]) for this store's membership table: what
+    /// [`migrate_members`](Self::migrate_members) sends.
+    pub fn member_migration_sql(&self) -> String {
+        member_migration_sql(&self.member_table)
     }
 
     /// The T-SQL of the transactional fence, to run inside your own transaction on the lease
@@ -275,14 +329,27 @@ impl SqlServerLeaseStore {
     /// ...`): idempotent, and safe to run from several processes at once. An existing table is
     /// left as it is.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        match self
-            .run(Want::RowsAffected, &self.migration_sql(), &[])
+        self.create(&self.migration_sql())
             .await
-        {
+            .map_err(|err| self.classify(err))
+    }
+
+    /// Creates the membership table of shard sets if it does not exist, as
+    /// [`migrate`](Self::migrate) does the lease table (idempotent, safe to run from several
+    /// processes at once): only needed for [`MembershipStore`].
+    pub async fn migrate_members(&self) -> Result<(), StoreError> {
+        self.create(&self.member_migration_sql())
+            .await
+            .map_err(|err| self.classify_members(err))
+    }
+
+    /// Sends an idempotent `IF OBJECT_ID(...) IS NULL CREATE TABLE` batch.
+    async fn create(&self, sql: &str) -> Result<(), TdsError> {
+        match self.run(Want::RowsAffected, sql, &[]).await {
             Ok(_) => Ok(()),
             // Another process created it between our check and our CREATE.
             Err(err) if err.code() == Some(code::OBJECT_EXISTS) => Ok(()),
-            Err(err) => Err(self.classify(err)),
+            Err(err) => Err(err),
         }
     }
 
@@ -341,14 +408,48 @@ impl SqlServerLeaseStore {
     }
 
     fn classify(&self, err: TdsError) -> StoreError {
-        match err.code() {
-            Some(code::INVALID_OBJECT) => StoreError::MissingTable {
-                table: self.table.to_string(),
-                source: err.into(),
-            },
-            code if is_conflict(code) => StoreError::Conflict { source: err.into() },
-            _ => StoreError::Database(err.into()),
-        }
+        classify_in(&self.table, err)
+    }
+
+    /// An error of a membership statement: a missing table is the membership table.
+    fn classify_members(&self, err: TdsError) -> StoreError {
+        classify_in(&self.member_table, err)
+    }
+
+    /// Runs a membership read (or the heartbeat, which ends with one) and decodes its members,
+    /// in byte order of their ids whatever the server's collation says.
+    async fn member_rows(
+        &self,
+        sql: &str,
+        params: &[&dyn ToSql],
+    ) -> Result<Vec<Member>, StoreError> {
+        let rows = match self.run(Want::Rows, sql, params).await {
+            Ok(Reply::Rows(rows)) => rows,
+            Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) => return Err(self.classify_members(err)),
+        };
+        let mut members = rows
+            .iter()
+            .map(decode_member)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| StoreError::Decode {
+                table: self.member_table.to_string(),
+                source,
+            })?;
+        members.sort_by(|a, b| (&a.shard_set, &a.member).cmp(&(&b.shard_set, &b.member)));
+        Ok(members)
+    }
+}
+
+/// A SQL Server error of a statement on `table`.
+fn classify_in(table: &str, err: TdsError) -> StoreError {
+    match err.code() {
+        Some(code::INVALID_OBJECT) => StoreError::MissingTable {
+            table: table.to_owned(),
+            source: err.into(),
+        },
+        code if is_conflict(code) => StoreError::Conflict { source: err.into() },
+        _ => StoreError::Database(err.into()),
     }
 }
 
@@ -392,6 +493,73 @@ fn decode(row: &tiberius::Row) -> Result<Row, DbErr> {
         renewed_at: time(4, "renewed_at")?,
         remaining_millis: column::<i64>(row, 5, "remaining_ms")?,
     })
+}
+
+/// Decodes `shard_set, member, draining, joined_at, heartbeat_at, remaining_ms`.
+fn decode_member(row: &tiberius::Row) -> Result<Member, DbErr> {
+    let time = |idx, name| column::<chrono::NaiveDateTime>(row, idx, name).map(|t| t.and_utc());
+    let remaining = column::<i64>(row, 5, "remaining_ms")?;
+    let mut member = Member::new(
+        column::<&str>(row, 0, "shard_set")?,
+        column::<&str>(row, 1, "member")?,
+        Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
+    );
+    member.draining = column::<bool>(row, 2, "draining")?;
+    member.joined_at = Some(time(3, "joined_at")?);
+    member.heartbeat_at = Some(time(4, "heartbeat_at")?);
+    Ok(member)
+}
+
+/// The membership of shard sets in the store's membership table
+/// ([`with_member_table`](SqlServerLeaseStore::with_member_table), created by
+/// [`migrate_members`](SqlServerLeaseStore::migrate_members)); the statements are described in
+/// the [module docs](self).
+#[async_trait]
+impl MembershipStore for SqlServerLeaseStore {
+    async fn heartbeat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        check_shard_set(shard_set)?;
+        check_candidate(member)?;
+        let (seconds, rest_ms) = split_lease(millis, ttl)?;
+        self.member_rows(
+            &self.member_sql.heartbeat,
+            &[&shard_set, &member, &seconds, &rest_ms, &draining],
+        )
+        .await
+    }
+
+    async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
+        check_shard_set(shard_set)?;
+        check_candidate(member)?;
+        let rows = match self
+            .run(Want::Rows, &self.member_sql.leave, &[&shard_set, &member])
+            .await
+        {
+            Ok(Reply::Rows(rows)) => rows,
+            Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) => return Err(self.classify_members(err)),
+        };
+        let removed = match rows.first() {
+            Some(row) => column::<i32>(row, 0, "removed").map_err(|source| StoreError::Decode {
+                table: self.member_table.to_string(),
+                source,
+            })?,
+            None => 0,
+        };
+        Ok(removed > 0)
+    }
+
+    async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
+        check_shard_set(shard_set)?;
+        self.member_rows(&self.member_sql.members, &[&shard_set])
+            .await
+    }
 }
 
 #[async_trait]
@@ -595,6 +763,57 @@ mod tests {
         assert!(custom.contains("CONSTRAINT [PK_shard_leases] PRIMARY KEY CLUSTERED (resource)"));
         assert!(!custom.contains("[orionbeacon_leases]"));
         assert!(!custom.contains("[PK_orionbeacon_leases]"));
+    }
+
+    #[test]
+    fn member_tables_are_validated_and_bracket_quoted() {
+        let store = SqlServerLeaseStore::new(SEED).unwrap();
+        assert_eq!(store.member_table(), DEFAULT_MEMBER_TABLE);
+        assert_eq!(store.member_migration_sql(), MEMBER_MIGRATION_SQL);
+        let store = store
+            .with_table("shard_leases")
+            .unwrap()
+            .with_member_table("shard_members")
+            .unwrap();
+        assert_eq!(store.member_table(), "shard_members");
+        // Each setting leaves the other table alone.
+        assert_eq!(store.table(), "shard_leases");
+        assert!(store.migration_sql().contains("[shard_leases]"));
+        let sql = &store.member_sql;
+        for sql in [&sql.heartbeat, &sql.members, &sql.leave] {
+            assert!(sql.contains("[shard_members]"), "{sql}");
+            assert!(!sql.contains("leases"), "{sql}");
+        }
+        assert!(sql
+            .heartbeat
+            .starts_with("DECLARE @now datetime2(7) = SYSUTCDATETIME(); MERGE [shard_members] WITH (HOLDLOCK) AS t "));
+        let ddl = store.member_migration_sql();
+        assert!(ddl.contains("CREATE TABLE [shard_members] ("), "{ddl}");
+        assert!(ddl.contains("CONSTRAINT [PK_shard_members] PRIMARY KEY CLUSTERED"));
+        for bad in ["", "x; DROP TABLE y", "a]b", "1x", &"t".repeat(64)] {
+            let err = SqlServerLeaseStore::new(SEED)
+                .unwrap()
+                .with_member_table(bad)
+                .unwrap_err();
+            assert!(
+                matches!(err, StoreError::InvalidTableName(_)),
+                "{bad:?}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shard_set_names_must_fit_nvarchar_255() {
+        assert!(check_shard_set(&"é".repeat(255)).is_ok());
+        assert!(matches!(
+            check_shard_set(&"𝄞".repeat(128)),
+            Err(StoreError::InvalidShardSet { .. })
+        ));
+        assert!(matches!(
+            check_shard_set(" orders"),
+            Err(StoreError::InvalidShardSet { .. })
+        ));
+        assert!(check_shard_set(&"𝄞".repeat(127)).is_ok());
     }
 
     #[test]

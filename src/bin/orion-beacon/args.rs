@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use orion_beacon::entity::DEFAULT_TABLE;
+use orion_beacon::entity::{DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 
-/// How `leases`, `show` and `watch` print.
+/// How `leases`, `members`, `show` and `watch` print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// Aligned columns for people.
@@ -40,8 +40,8 @@ impl Format {
 /// See who leads, watch it change, and recover a stuck lease by hand.
 ///
 /// Times left are judged by the database clock. Exit codes: 0 done, 1 other failure, 2 bad
-/// input, 3 database unreachable, 4 lease table missing, 5 unknown resource, 6 nothing changed
-/// (release refused, revoke not confirmed).
+/// input, 3 database unreachable, 4 lease table (or membership table) missing, 5 unknown
+/// resource, 6 nothing changed (release refused, revoke not confirmed).
 #[derive(Debug, Parser)]
 #[command(name = "orion-beacon", version, about, long_about)]
 pub struct Cli {
@@ -69,6 +69,25 @@ pub enum Command {
     /// Every resource: holder, token, live or expired, time left, when acquired and renewed.
     #[command(visible_alias = "ls")]
     Leases {
+        /// One row per holder instead: how many live (and expired) leases it has, and (wide,
+        /// JSON) which resources. Holders whose leases all lapsed are shown with 0 live.
+        #[arg(long)]
+        by_holder: bool,
+        #[command(flatten)]
+        format: Format,
+        /// Leave out the header line (and the summary line) of the table.
+        #[arg(long)]
+        no_headers: bool,
+    },
+    /// The live members of shard sets: shard set, member, active or draining, time left, when
+    /// they joined and last heartbeated.
+    Members {
+        /// Only this shard set's members.
+        #[arg(long, value_name = "NAME")]
+        shard_set: Option<String>,
+        /// The membership table (ASCII letters, digits and '_').
+        #[arg(long, default_value = DEFAULT_MEMBER_TABLE, value_name = "NAME")]
+        member_table: String,
         #[command(flatten)]
         format: Format,
         /// Leave out the header line (and the summary line) of the table.

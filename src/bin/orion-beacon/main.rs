@@ -2,14 +2,17 @@
 //!
 //! ```sh
 //! orion-beacon --database-url sqlite:///var/lib/app/app.db leases
+//! orion-beacon leases --by-holder -o wide
+//! orion-beacon members --shard-set orders
 //! DATABASE_URL=postgres://app@db/app orion-beacon show nightly-report
 //! orion-beacon watch nightly-report
 //! orion-beacon release nightly-report --holder node-a
 //! orion-beacon revoke nightly-report --force
 //! ```
 //!
-//! Exit codes: 0 done, 1 other failure, 2 bad input, 3 database unreachable, 4 lease table
-//! missing, 5 unknown resource, 6 nothing changed (release refused, revoke not confirmed).
+//! Exit codes: 0 done, 1 other failure, 2 bad input, 3 database unreachable, 4 lease table (or
+//! membership table) missing, 5 unknown resource, 6 nothing changed (release refused, revoke not
+//! confirmed).
 #![forbid(unsafe_code)]
 
 mod args;
@@ -22,6 +25,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use orion_beacon::entity::validate_table_name;
+use orion_beacon::membership::validate_shard_set;
 use orion_beacon::store::{validate_candidate, validate_resource};
 use orion_beacon::{SeaOrmLeaseStore, StoreError};
 
@@ -97,6 +101,16 @@ async fn run(cli: Cli) -> Outcome {
     validate_table_name(&cli.table).map_err(|e| CliError::BadInput(e.to_string()))?;
     match &cli.command {
         Command::Leases { .. } | Command::Completions { .. } => {}
+        Command::Members {
+            shard_set,
+            member_table,
+            ..
+        } => {
+            validate_table_name(member_table).map_err(|e| CliError::BadInput(e.to_string()))?;
+            if let Some(set) = shard_set {
+                validate_shard_set(set).map_err(|e| bad_input(&e))?;
+            }
+        }
         Command::Show { resource, .. }
         | Command::Watch { resource, .. }
         | Command::Revoke { resource, .. } => check_resource(resource)?,
@@ -125,18 +139,36 @@ async fn run(cli: Cli) -> Outcome {
         ));
     };
     let db = connect(&url, cli.connect_timeout).await?;
-    let store = SeaOrmLeaseStore::new(db)
+    let mut store = SeaOrmLeaseStore::new(db)
         .with_table(&cli.table)
         .map_err(|e| bad_input(&e))?;
+    if let Command::Members { member_table, .. } = &cli.command {
+        store = store
+            .with_member_table(member_table)
+            .map_err(|e| bad_input(&e))?;
+    }
     let ctx = Ctx {
         store,
         url: redact(&url),
         raw_url: url,
     };
     match cli.command {
-        Command::Leases { format, no_headers } => {
-            commands::leases::run(&ctx, format.get(), !no_headers).await
-        }
+        Command::Leases {
+            by_holder: false,
+            format,
+            no_headers,
+        } => commands::leases::run(&ctx, format.get(), !no_headers).await,
+        Command::Leases {
+            by_holder: true,
+            format,
+            no_headers,
+        } => commands::leases::by_holder(&ctx, format.get(), !no_headers).await,
+        Command::Members {
+            shard_set,
+            format,
+            no_headers,
+            ..
+        } => commands::members::run(&ctx, shard_set.as_deref(), format.get(), !no_headers).await,
         Command::Show { resource, format } => {
             commands::show::run(&ctx, &resource, format.get()).await
         }

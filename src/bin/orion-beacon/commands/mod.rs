@@ -3,12 +3,13 @@
 
 pub mod completions;
 pub mod leases;
+pub mod members;
 pub mod release;
 pub mod revoke;
 pub mod show;
 pub mod watch;
 
-use orion_beacon::entity::DEFAULT_TABLE;
+use orion_beacon::entity::{DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 use orion_beacon::{ErrorKind, LeaseRecord, LeaseStore, SeaOrmLeaseStore, StoreError};
 
 use crate::connect::{driver_url, scrub};
@@ -32,39 +33,83 @@ pub async fn read_lease(ctx: &Ctx, resource: &str) -> Result<LeaseRecord, CliErr
     }
 }
 
-/// How to create a missing lease table: the migration's command line makes only the default
-/// table; another name is made by the application's Migrator.
-fn migration_hint(table: &str, url: &str) -> String {
+/// Which of orion-beacon's tables a command reads: what a missing one is called and which
+/// migration creates it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// The lease table (`--table`).
+    Leases,
+    /// The membership table of shard sets (`--member-table`).
+    Members,
+}
+
+impl Table {
+    fn noun(self) -> &'static str {
+        match self {
+            Table::Leases => "lease table",
+            Table::Members => "membership table",
+        }
+    }
+
+    fn migration(self) -> &'static str {
+        match self {
+            Table::Leases => "CreateLeaseTable",
+            Table::Members => "CreateMemberTable",
+        }
+    }
+
+    fn default_name(self) -> &'static str {
+        match self {
+            Table::Leases => DEFAULT_TABLE,
+            Table::Members => DEFAULT_MEMBER_TABLE,
+        }
+    }
+}
+
+/// How to create a missing table: the migration's command line makes only the default tables
+/// (the lease table, then the membership table); another name is made by the application's
+/// Migrator.
+fn migration_hint(which: Table, table: &str, url: &str) -> String {
     let driver = match url.split(':').next().unwrap_or_default() {
         "postgres" | "postgresql" => "sqlx-postgres",
         "mysql" | "mariadb" => "sqlx-mysql",
         _ => "sqlx-sqlite",
     };
     let url = &driver_url(url);
-    if table == DEFAULT_TABLE {
+    let migration = which.migration();
+    let default = which.default_name();
+    if table == default {
         format!(
             "run the migration first:\n  \
              orion-beacon-migration up -u {url}\n\
              (install it with `cargo install orion-beacon-migration --features cli,{driver}`), \
-             or add orion_beacon_migration::CreateLeaseTable::new() to your app's Migrator"
+             or add orion_beacon_migration::{migration}::new() to your app's Migrator"
         )
     } else {
         format!(
             "run the migration first: add \
-             orion_beacon_migration::CreateLeaseTable::with_table({table:?}) to your app's \
+             orion_beacon_migration::{migration}::with_table({table:?}) to your app's \
              Migrator and run it (`sea-orm-cli migrate up -d <your migration crate>`); the \
-             orion-beacon-migration command line creates only the default table {DEFAULT_TABLE:?}"
+             orion-beacon-migration command line creates only the default table {default:?}"
         )
     }
 }
 
-/// A store error as the operator should read it; [`crate::exit::exit_code`] gives its code.
+/// A store error of a lease command as the operator should read it;
+/// [`crate::exit::exit_code`] gives its code.
 pub fn store_failure(ctx: &Ctx, err: StoreError) -> CliError {
+    store_failure_in(ctx, Table::Leases, err)
+}
+
+/// A store error of a command that reads `which` table, in the operator's words.
+pub fn store_failure_in(ctx: &Ctx, which: Table, err: StoreError) -> CliError {
     let message = match &err {
         StoreError::MissingTable { table, .. } => format!(
-            "the lease table {table:?} does not exist in {url}\n{hint}",
+            "the {noun} {table:?} does not exist in {url}\n{hint}",
+            noun = which.noun(),
             url = ctx.url,
             hint = migration_hint(
+                which,
                 table,
                 if ctx.url == ctx.raw_url {
                     &ctx.url
@@ -124,7 +169,8 @@ fn closest<'a>(typed: &str, names: &'a [String]) -> Option<&'a str> {
 mod tests {
     #[test]
     fn migration_hint_names_the_table_and_the_driver() {
-        let default = super::migration_hint("orionbeacon_leases", "postgres://app@db/app");
+        use super::{migration_hint, Table};
+        let default = migration_hint(Table::Leases, "orionbeacon_leases", "postgres://app@db/app");
         assert!(
             default.contains("orion-beacon-migration up -u postgres://app@db/app"),
             "{default}"
@@ -133,11 +179,23 @@ mod tests {
             default.contains("--features cli,sqlx-postgres"),
             "{default}"
         );
-        let custom = super::migration_hint("shard_leases", "mysql://app@db/app");
+        let custom = migration_hint(Table::Leases, "shard_leases", "mysql://app@db/app");
         assert!(
             custom.contains("CreateLeaseTable::with_table(\"shard_leases\")"),
             "{custom}"
         );
         assert!(!custom.contains("orion-beacon-migration up"), "{custom}");
+        let members = migration_hint(Table::Members, "orionbeacon_members", "sqlite:///a.db");
+        assert!(
+            members.contains("orion-beacon-migration up -u sqlite:///a.db")
+                && members.contains("CreateMemberTable::new()"),
+            "{members}"
+        );
+        let custom = migration_hint(Table::Members, "shard_members", "sqlite:///a.db");
+        assert!(
+            custom.contains("CreateMemberTable::with_table(\"shard_members\")")
+                && custom.contains("only the default table \"orionbeacon_members\""),
+            "{custom}"
+        );
     }
 }
