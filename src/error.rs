@@ -131,8 +131,9 @@ impl BackendError {
     fn migration_hint(&self) -> &'static str {
         match self {
             BackendError::SeaOrm(_) => {
-                "add `orion_beacon_migration::CreateLeaseTable` to your application's Migrator, \
-                 or run `orion-beacon-migration up -u <DATABASE_URL>` for the default table"
+                "add `orion_beacon_migration::CreateLeaseTable` (and `CreateMemberTable` for \
+                 shard sets) to your application's Migrator, or run \
+                 `orion-beacon-migration up -u <DATABASE_URL>` for the default tables"
             }
             #[cfg(feature = "sqlserver")]
             BackendError::SqlServer(_) => {
