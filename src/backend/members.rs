@@ -17,9 +17,9 @@ use sea_orm::{ConnectionTrait, DbErr, QueryResult};
 
 use super::statements::{returned_row, Row};
 use super::store::SeaOrmLeaseStore;
+use super::Dialect;
 #[cfg(feature = "postgres")]
 use super::Form;
-use super::Dialect;
 use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
 use crate::store::{validate_candidate, validate_resource};
 use crate::{LeaseRecord, StoreError};
