@@ -82,10 +82,12 @@ pub enum ConfigError {
     },
     /// The renew interval leaves no room for a retry inside the lease.
     #[error(
-        "renew_interval {renew:?} leaves no room for a retry: twice the renew interval must fit in \
-         lease_duration {lease:?} minus the step-down margin {margin:?}"
+        "{option} {renew:?} leaves no room for a retry: twice it must fit in lease_duration \
+         {lease:?} minus the step-down margin {margin:?}"
     )]
     RenewTooSlow {
+        /// The option (`renew_interval`, or a shard set's `interval`).
+        option: &'static str,
         /// The renew interval.
         renew: Duration,
         /// The lease duration.
@@ -123,6 +125,12 @@ pub enum ConfigError {
         slack: usize,
         /// How many resources the set has.
         resources: usize,
+    },
+    /// Two preferred members for one resource.
+    #[error("more than one preferred member is given for {name:?}")]
+    DuplicatePreference {
+        /// The resource.
+        name: String,
     },
     /// A preference for a resource that is not in the shard set.
     #[error("a preferred member is given for {name:?}, which is not in the shard set")]
@@ -182,8 +190,12 @@ impl Options {
                 max: MAX_INTERVAL,
             });
         }
-        let step_down_margin =
-            check_timing(lease, renew_interval, self.step_down_margin, grace_period)?;
+        let step_down_margin = check_timing(
+            lease,
+            ("renew_interval", renew_interval),
+            self.step_down_margin,
+            grace_period,
+        )?;
         let jitter = self.jitter.unwrap_or(DEFAULT_JITTER);
         if !(0.0..=0.5).contains(&jitter) {
             return Err(ConfigError::Jitter(jitter));
@@ -208,7 +220,7 @@ impl Options {
 /// of the lease), and room for one retried renew. Returns the margin.
 pub(crate) fn check_timing(
     lease: Duration,
-    renew_interval: Duration,
+    (renew_option, renew_interval): (&'static str, Duration),
     step_down_margin: Option<Duration>,
     grace_period: Duration,
 ) -> Result<Duration, ConfigError> {
@@ -221,7 +233,7 @@ pub(crate) fn check_timing(
         }
     }
     for (option, value) in [
-        ("renew_interval", renew_interval),
+        (renew_option, renew_interval),
         ("grace_period", grace_period),
     ] {
         if value > MAX_INTERVAL {
@@ -250,6 +262,7 @@ pub(crate) fn check_timing(
     }
     if renew_interval.saturating_mul(2) > lease.saturating_sub(step_down_margin) {
         return Err(ConfigError::RenewTooSlow {
+            option: renew_option,
             renew: renew_interval,
             lease,
             margin: step_down_margin,

@@ -29,6 +29,7 @@ pub use term::{LeaderTerm, Leadership, LossReason};
 use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
 pub(crate) use config::{check_timing, default_candidate_id};
 use config::{Config, Options};
+pub(crate) use random::jittered;
 use runner::{Runner, Stop};
 
 /// Builds an [`Elector`]: `Elector::builder(store).resource("nightly-report").build()?`.

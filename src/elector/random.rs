@@ -16,7 +16,7 @@ pub(super) fn random_u64() -> u64 {
 
 /// `base`, randomly spread by up to `jitter` of itself either way: candidates that failed
 /// together do not retry together.
-pub(super) fn jittered(base: Duration, jitter: f64) -> Duration {
+pub(crate) fn jittered(base: Duration, jitter: f64) -> Duration {
     if jitter == 0.0 {
         return base;
     }

@@ -74,13 +74,22 @@ impl Options {
                 return Err(ConfigError::UnknownResource { name: resource });
             }
             validate_candidate(&preferred)?;
-            prefer.insert(Arc::from(resource), Arc::from(preferred));
+            if prefer
+                .insert(Arc::<str>::from(resource.as_str()), Arc::from(preferred))
+                .is_some()
+            {
+                return Err(ConfigError::DuplicatePreference { name: resource });
+            }
         }
         let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
         let interval = self.interval.unwrap_or(DEFAULT_SHARD_INTERVAL);
         let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
-        let step_down_margin =
-            crate::elector::check_timing(lease, interval, self.step_down_margin, grace_period)?;
+        let step_down_margin = crate::elector::check_timing(
+            lease,
+            ("interval", interval),
+            self.step_down_margin,
+            grace_period,
+        )?;
         Ok(Config {
             name: Arc::from(name),
             member: Arc::from(member),

@@ -4,16 +4,17 @@
 //! tenants, queue partitions) together with the other nodes that run a shard set of the same
 //! name. Each round (every [`interval`](ShardSetBuilder::interval), 2 s by default) a node:
 //!
-//! 1. heartbeats into the membership table and reads the live members (database clock);
-//! 2. renews **every** lease it holds with one statement
+//! 1. renews **every** lease it holds with one statement
 //!    ([`LeaseStore::renew_all`]); a lease that was lost ends only that resource's term;
+//! 2. heartbeats into the membership table and reads the live members (database clock);
 //! 3. reads which resources nobody leads (one statement per 1,000 resources);
 //! 4. hands over what is above its share (plus the slack), or preferred by another member,
 //!    and tries to acquire free resources up to its share.
 //!
 //! With `M` live members that are not draining, a node's share of `N` resources is `N / M`,
 //! one more for the first `N % M` members by id: the shares add up to `N`, and no node leads
-//! more than `ceil(N / M)` plus the slack. A node that joins gets its share from nodes above
+//! more than `ceil(N / M)` plus the slack (except resources that prefer it, and resources
+//! nobody led for a whole lease, which anyone takes). A node that joins gets its share from nodes above
 //! theirs, which hand resources over gracefully: the term ends, its work
 //! ([`run_per_shard`](ShardHandle::run_per_shard)) gets up to the grace period to return, then
 //! the lease is released, so the new node takes it at once (at its next round, or at once on
@@ -23,7 +24,8 @@
 //! Every resource keeps its own term and fencing token exactly as with an [`Elector`](crate::Elector):
 //! each led resource is a [`LeaderTerm`] (`token()`, `lost()`, `fence(&txn)`). Membership only
 //! steers who *tries* to lead what: the leases decide, so a stale view of the members can delay
-//! or unbalance an assignment, never grant a resource twice.
+//! or unbalance an assignment, never grant a resource twice. Member ids must be unique per
+//! process (the default is); the rest of the rules, with figures, are in `docs/shard-sets.md`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -72,7 +74,8 @@ use config::{Config, Options};
 pub trait ShardStore: LeaseStore + MembershipStore {}
 impl<S: LeaseStore + MembershipStore + ?Sized> ShardStore for S {}
 
-/// What a node of a shard set leads now, published on [`ShardHandle::watch`].
+/// What a node of a shard set leads now, published on [`ShardHandle::watch`]. Terms leave
+/// `led` as soon as they end.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Assignment {
@@ -85,6 +88,10 @@ pub struct Assignment {
     pub share: usize,
     /// The live members at the last round, this node included, by id.
     pub members: Vec<String>,
+    /// Set when the node stopped because the store refused its configuration (a permanent
+    /// [`StoreError`](crate::StoreError), e.g. a store without batched renewal): it leads
+    /// nothing and tries nothing more.
+    pub failed: Option<Arc<crate::StoreError>>,
 }
 
 impl Assignment {
@@ -252,6 +259,31 @@ impl Work {
     }
 }
 
+/// One piece of work in flight, counted in [`Work`] until dropped.
+struct Running {
+    work: Arc<Work>,
+    term: LeaderTerm,
+}
+
+impl Running {
+    fn start(work: Arc<Work>, term: LeaderTerm) -> Self {
+        work.start(&term);
+        Self { work, term }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.work.finish(&self.term);
+    }
+}
+
+/// The round interval, spread a little below `interval` so nodes started together do not run
+/// their rounds in lockstep (never above it: the timing rules are checked for `interval`).
+pub(crate) fn jittered_interval(interval: Duration) -> Duration {
+    crate::elector::jittered(interval.mul_f64(0.95), 0.05)
+}
+
 /// How the node was asked to stop, and whether it drains.
 #[derive(Debug, Clone)]
 pub(crate) struct Control {
@@ -377,9 +409,18 @@ impl ShardHandle {
                 };
                 for term in fresh {
                     started.insert(Arc::from(term.resource()), term.clone());
-                    tracker.start(&term);
-                    let (work, tracker) = (work.clone(), tracker.clone());
+                    // Registered before the term is looked at again: a handover that found no
+                    // work running ended the term first, so this check then sees it ended.
+                    let running = Running::start(tracker.clone(), term.clone());
+                    if !term.is_current() {
+                        continue;
+                    }
+                    let work = work.clone();
                     tokio::spawn(async move {
+                        let _running = running; // finished on drop, panics included
+                        if !term.is_current() {
+                            return;
+                        }
                         let fut = work(term.clone());
                         tokio::select! {
                             biased;
@@ -388,7 +429,6 @@ impl ShardHandle {
                             }
                             _ = fut => {}
                         }
-                        tracker.finish(&term);
                     });
                 }
                 if receiver.changed().await.is_err() {

@@ -15,8 +15,10 @@ use crate::Member;
 pub(crate) struct View<'a> {
     /// This node's member id.
     pub me: &'a str,
-    /// The shard set's live members (this node among them, or added if missing).
-    pub members: &'a [Member],
+    /// The shard set's live members (this node among them, or added if missing); `None` when
+    /// the node has no recent view of them (its heartbeats fail): it then takes no share and
+    /// hands nothing over, and only takes abandoned resources.
+    pub members: Option<&'a [Member]>,
     /// Every resource of the set, in the order configured.
     pub resources: &'a [Arc<str>],
     /// The resources this node leads now.
@@ -25,6 +27,14 @@ pub(crate) struct View<'a> {
     pub free: &'a HashSet<Arc<str>>,
     /// The free resources that were free at the previous look too: orphans.
     pub orphans: &'a HashSet<Arc<str>>,
+    /// The free resources nobody has led for a whole lease: whoever sees them takes them,
+    /// whatever the shares and preferences say (a member that heartbeats but cannot lead, a
+    /// preferred member that never takes its resource).
+    pub abandoned: &'a HashSet<Arc<str>>,
+    /// Held resources this node took because nobody led them for a lease: kept (not handed
+    /// over for a share or a preference) until the members change, since the member they
+    /// would go to could not lead them.
+    pub keep: &'a HashSet<Arc<str>>,
     /// Preferred member per resource.
     pub prefer: &'a HashMap<Arc<str>, Arc<str>>,
     /// How far above its share a node may lead before it hands resources over.
@@ -47,8 +57,10 @@ pub(crate) struct Plan {
 /// The members that take resources (live and not draining), sorted by id, this node included
 /// unless it is draining.
 fn eligible<'a>(view: &View<'a>) -> Vec<&'a str> {
-    let mut ids: Vec<&str> = view
-        .members
+    let Some(members) = view.members else {
+        return Vec::new();
+    };
+    let mut ids: Vec<&str> = members
         .iter()
         .filter(|m| !m.draining)
         .map(|m| m.member.as_str())
@@ -86,7 +98,8 @@ pub(crate) fn rank(member: &str, resource: &str) -> u64 {
 /// The plan for `view`.
 pub(crate) fn plan(view: &View<'_>) -> Plan {
     let eligible = eligible(view);
-    let target = if view.draining {
+    let known = view.members.is_some();
+    let target = if view.draining || !known {
         0
     } else {
         share(view.resources.len(), &eligible, view.me)
@@ -103,8 +116,14 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
 
     let mut release: Vec<Arc<str>> = if view.draining {
         view.held.iter().cloned().collect()
+    } else if !known {
+        Vec::new() // no view: keep what is held, renewed
     } else {
-        view.held.iter().filter(|r| for_other(r)).cloned().collect()
+        view.held
+            .iter()
+            .filter(|r| for_other(r) && !view.keep.contains(*r))
+            .cloned()
+            .collect()
     };
     let mut kept: Vec<Arc<str>> = view
         .held
@@ -112,11 +131,15 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
         .filter(|r| !release.contains(r))
         .cloned()
         .collect();
-    if kept.len() > target.saturating_add(view.slack) {
+    if known && kept.len() > target.saturating_add(view.slack) {
         // Over the share and the slack: hand over down to the share, the resources this node
         // ranks lowest first, never those that prefer it.
         let excess = kept.len() - target;
-        let mut movable: Vec<Arc<str>> = kept.iter().filter(|r| !for_me(r)).cloned().collect();
+        let mut movable: Vec<Arc<str>> = kept
+            .iter()
+            .filter(|r| !for_me(r) && !view.keep.contains(*r))
+            .cloned()
+            .collect();
         by_rank_desc(&mut movable);
         movable.reverse();
         let handed: Vec<Arc<str>> = movable.into_iter().take(excess).collect();
@@ -156,6 +179,15 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
                 count += 1;
             }
         }
+        // ...and whatever nobody led for a whole lease, shares and preferences aside.
+        let mut abandoned: Vec<Arc<str>> = view
+            .abandoned
+            .iter()
+            .filter(|r| !view.held.contains(*r) && !acquire.contains(*r))
+            .cloned()
+            .collect();
+        by_rank_desc(&mut abandoned);
+        acquire.extend(abandoned);
     }
     Plan {
         target,
@@ -186,6 +218,8 @@ mod tests {
         held: BTreeSet<Arc<str>>,
         free: HashSet<Arc<str>>,
         orphans: HashSet<Arc<str>>,
+        abandoned: HashSet<Arc<str>>,
+        keep: HashSet<Arc<str>>,
         prefer: HashMap<Arc<str>, Arc<str>>,
         slack: usize,
         draining: bool,
@@ -200,6 +234,8 @@ mod tests {
                 resources,
                 held: BTreeSet::new(),
                 orphans: HashSet::new(),
+                abandoned: HashSet::new(),
+                keep: HashSet::new(),
                 prefer: HashMap::new(),
                 slack: 0,
                 draining: false,
@@ -208,11 +244,13 @@ mod tests {
         fn plan(&self, me: &str) -> Plan {
             plan(&View {
                 me,
-                members: &self.members,
+                members: Some(&self.members),
                 resources: &self.resources,
                 held: &self.held,
                 free: &self.free,
                 orphans: &self.orphans,
+                abandoned: &self.abandoned,
+                keep: &self.keep,
                 prefer: &self.prefer,
                 slack: self.slack,
                 draining: self.draining,
@@ -314,6 +352,48 @@ mod tests {
         assert_eq!(case.plan("b").target, 4);
     }
 
+    /// Without a view of the members a node takes no share and hands nothing over; resources
+    /// nobody led for a lease are taken by whoever sees them, preferences and shares aside.
+    #[test]
+    fn no_view_takes_only_abandoned_resources() {
+        let mut case = Case::new(&["a", "b"], 6);
+        case.held = case.resources.iter().take(4).cloned().collect();
+        case.free = case.resources.iter().skip(4).cloned().collect();
+        case.orphans = case.free.clone();
+        let unknown = |case: &Case| {
+            plan(&View {
+                me: "a",
+                members: None,
+                resources: &case.resources,
+                held: &case.held,
+                free: &case.free,
+                orphans: &case.orphans,
+                abandoned: &case.abandoned,
+                keep: &case.keep,
+                prefer: &case.prefer,
+                slack: 0,
+                draining: false,
+            })
+        };
+        let p = unknown(&case);
+        assert_eq!(
+            (p.target, p.release.len(), p.acquire.len()),
+            (0, 0, 0),
+            "{p:?}"
+        );
+        case.abandoned = case.free.clone();
+        assert_eq!(unknown(&case).acquire.len(), 2);
+        // with a view, at its share plus slack, abandoned resources are taken too
+        let r5 = case.resources[5].clone();
+        case.prefer.insert(r5.clone(), Arc::from("b"));
+        case.held = case.resources.iter().take(3).cloned().collect();
+        let p = case.plan("a");
+        assert!(
+            p.acquire.contains(&r5),
+            "abandoned beats a preference: {p:?}"
+        );
+    }
+
     /// Ticks every node's plan against a shared map of leases until nothing moves: every
     /// resource is led, and no node exceeds its ceiling plus the slack.
     #[test]
@@ -345,11 +425,13 @@ mod tests {
                         .collect();
                     let p = plan(&View {
                         me,
-                        members: &members(&live),
+                        members: Some(&members(&live)),
                         resources: &resources,
                         held: &held,
                         free: &free,
                         orphans: &free,
+                        abandoned: &HashSet::new(),
+                        keep: &HashSet::new(),
                         prefer: &HashMap::new(),
                         slack,
                         draining: false,

@@ -1,29 +1,36 @@
-//! A shard set node's loop: rounds of heartbeat, batched renew, look, plan, hand over, acquire.
+//! A shard set node's loop: rounds of batched renew, heartbeat, look, plan, hand over, acquire.
+//!
+//! Safety does not depend on the loop keeping time: each term has a watchdog that ends it at its
+//! local deadline (the time its last renew was sent, plus the lease the database granted, minus
+//! the step-down margin), and work is dropped when a term is lost. A handover releases its
+//! lease only once the term's work has returned; work that does not return even when cut off
+//! keeps its lease unreleased (and unrenewed) until it lapses.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::{sleep_until, Instant};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, error, info, warn, Instrument};
 
 use super::config::Config;
 use super::plan::{plan, View};
 use super::{Assignment, Control, ShardStore, Work};
 use crate::elector::{LeaderTerm, LossReason};
-use crate::{Lease, LeaseOutcome, Member};
+use crate::{Lease, LeaseOutcome, Member, StoreError};
 
 /// How long after a release notification a node waits for more before its round: one round for
 /// a burst of releases (a drain, a shutdown).
 const RELEASE_SETTLE: Duration = Duration::from_millis(20);
-/// How long cut-off work gets to be dropped before its lease is released anyway.
+/// How long cut-off work gets to be dropped; work still running then keeps its lease
+/// unreleased, to lapse.
 const UNWIND: Duration = Duration::from_millis(100);
 
 /// Why a bounded store call failed.
 #[derive(Debug)]
 enum Bounded {
-    Store(crate::StoreError),
+    Store(StoreError),
     Timeout(Duration),
 }
 
@@ -32,6 +39,17 @@ impl std::fmt::Display for Bounded {
         match self {
             Bounded::Store(err) => err.fmt(f),
             Bounded::Timeout(after) => write!(f, "no answer within {after:?}"),
+        }
+    }
+}
+
+impl Bounded {
+    /// `Ok` with an error of the node's configuration (every later call fails the same way),
+    /// else the error back.
+    fn permanent(self) -> Result<StoreError, Bounded> {
+        match self {
+            Bounded::Store(err) if err.is_permanent() => Ok(err),
+            other => Err(other),
         }
     }
 }
@@ -51,8 +69,8 @@ struct Held {
     lease: Lease,
 }
 
-/// A term that ended for a handover or a shutdown: renewed until its work returned (or the
-/// grace period passed), then released.
+/// A term that ended for a handover or a shutdown (or whose lease outlived it): renewed until
+/// its work returned (or the grace period passed), then released.
 struct Handover {
     term: LeaderTerm,
     lease: Lease,
@@ -60,21 +78,43 @@ struct Handover {
     give_up: Instant,
     /// Whether to release the lease at the end (a shutdown may be told not to).
     release: bool,
+    /// Whether to keep renewing it meanwhile (not for a term whose deadline passed: nobody
+    /// leads it any more).
+    renew: bool,
     /// Set once the work was cut off: the release waits for the drop, at most [`UNWIND`].
     cut_at: Option<Instant>,
+}
+
+impl Handover {
+    /// When this handover must be looked at again without a round.
+    fn next_check(&self) -> Instant {
+        match self.cut_at {
+            Some(cut) => cut + UNWIND,
+            None => self.give_up,
+        }
+    }
 }
 
 #[derive(Default)]
 struct State {
     held: BTreeMap<Arc<str>, Held>,
     handing: Vec<Handover>,
+    /// The live members at the last heartbeat that succeeded, and when it was sent.
     members: Vec<Member>,
+    members_at: Option<Instant>,
+    /// Since when each free resource has been seen free.
+    free_since: HashMap<Arc<str>, Instant>,
     /// Free at the previous look.
     last_free: HashSet<Arc<str>>,
+    /// Resources taken because nobody led them for a lease, kept until the members change
+    /// (see `plan::View::keep`), and the members they were taken under.
+    keep: HashSet<Arc<str>>,
+    keep_members: Vec<(String, bool)>,
     share: usize,
     /// Whether the members have been told this node drains (a heartbeat said so).
     drain_announced: bool,
     stopping: bool,
+    failed: Option<Arc<StoreError>>,
 }
 
 impl Runner {
@@ -97,8 +137,10 @@ impl Runner {
         let mut st = State::default();
         let mut releases = self.store.release_events();
         let mut draining = self.control.draining.subscribe();
+        let lost = Arc::new(Notify::new());
         let mut next_round = Instant::now();
         loop {
+            let next_handover = st.handing.iter().map(Handover::next_check).min();
             tokio::select! {
                 biased;
                 _ = self.control.abort.cancelled() => {
@@ -110,8 +152,14 @@ impl Runner {
                     next_round = Instant::now();
                     continue;
                 }
+                _ = lost.notified() => {
+                    self.expire(&mut st);
+                }
                 _ = self.work.changed.notified(), if !st.handing.is_empty() => {
-                    self.finish_handovers(&mut st).await;
+                    self.finish_handovers(&mut st, None).await;
+                }
+                _ = sleep_until(next_handover.unwrap_or(next_round)), if next_handover.is_some() => {
+                    self.finish_handovers(&mut st, None).await;
                 }
                 _ = draining.changed() => {
                     next_round = Instant::now();
@@ -130,12 +178,24 @@ impl Runner {
                     continue;
                 }
                 _ = sleep_until(next_round) => {
-                    next_round = Instant::now() + self.config.interval;
+                    let started = Instant::now();
+                    next_round = started + super::jittered_interval(self.config.interval);
                     let draining = *draining.borrow();
-                    self.round(&mut st, draining).await;
+                    // An abort stops a round at once (as if the process died).
+                    tokio::select! {
+                        biased;
+                        _ = self.control.abort.cancelled() => {
+                            self.abort(&mut st);
+                            return;
+                        }
+                        _ = self.round(&mut st, draining, started, &lost) => {}
+                    }
                 }
             }
             self.publish(&st);
+            if st.failed.is_some() {
+                return;
+            }
             if st.stopping && st.handing.is_empty() {
                 self.leave().await;
                 self.publish(&st);
@@ -144,9 +204,13 @@ impl Runner {
         }
     }
 
-    /// One round.
-    async fn round(&self, st: &mut State, draining: bool) {
+    /// One round: renew first (nothing else may delay it), then membership, then the rest.
+    async fn round(&self, st: &mut State, draining: bool, started: Instant, lost: &Arc<Notify>) {
         self.expire(st);
+        self.renew(st).await;
+        if st.failed.is_some() {
+            return;
+        }
         let draining = draining || st.stopping;
         let heartbeat = self.store.heartbeat(
             &self.config.name,
@@ -154,63 +218,77 @@ impl Runner {
             self.config.lease,
             draining,
         );
+        let sent = Instant::now();
         match self.bounded(heartbeat).await {
             Ok(members) => {
                 st.members = members;
-                // Told now: the members hand-over starts at the next round, once they had
-                // a round to see it.
+                st.members_at = Some(sent);
+                // Told now: the members hand over starting next round, once they had a round
+                // to see it.
                 if draining && !st.drain_announced {
                     st.drain_announced = true;
-                    self.renew(st).await;
-                    self.finish_handovers(st).await;
+                    self.finish_handovers(st, Some(started)).await;
                     return;
                 }
             }
             Err(err) => {
-                warn!(error = %err, "shard set heartbeat failed; keeping the last view of the members")
+                let err = match err.permanent() {
+                    Ok(fatal) => {
+                        self.fail(st, fatal);
+                        return;
+                    }
+                    Err(err) => err,
+                };
+                error!(error = %err, "shard set heartbeat failed; keeping the last view of the members");
             }
         }
-        self.renew(st).await;
         if !st.stopping {
-            self.rebalance(st, draining && st.drain_announced).await;
+            self.rebalance(st, draining && st.drain_announced, started, lost)
+                .await;
         }
-        self.finish_handovers(st).await;
+        self.finish_handovers(st, Some(started)).await;
     }
 
-    /// Ends the terms whose local deadline passed (their renews failed): their work stops at
-    /// once, and they are no longer renewed (a later acquire may lead them again).
+    /// Removes the terms whose local deadline passed or that the watchdog ended: they are not
+    /// renewed any more. Their leases may still be live in the store (a renew that was in
+    /// flight when the deadline passed): released like a handover's, once their work is gone.
     fn expire(&self, st: &mut State) {
         let now = Instant::now();
-        let expired: Vec<Arc<str>> = st
+        let ended: Vec<Arc<str>> = st
             .held
             .iter()
             .filter(|(_, h)| h.term.deadline() <= now || h.term.is_lost())
             .map(|(r, _)| r.clone())
             .collect();
-        for r in expired {
+        for r in ended {
             if let Some(h) = st.held.remove(&r) {
-                warn!(resource = %r, token = %h.term.token(), "no renew in time: the term ends");
                 h.term.end(LossReason::Deadline);
                 h.term.cut_off();
+                st.handing.push(Handover {
+                    give_up: now,
+                    cut_at: Some(now),
+                    term: h.term,
+                    lease: h.lease,
+                    release: true,
+                    renew: false,
+                });
             }
         }
-        st.handing.retain(|h| {
-            if h.term.deadline() <= now {
-                h.term.cut_off();
-                false
-            } else {
-                true
-            }
-        });
+        self.publish(st);
     }
 
-    /// Renews every held lease (and those being handed over) with one batch.
+    /// Renews every held lease, and those being handed over, with one batch.
     async fn renew(&self, st: &mut State) {
         let leases: Vec<Lease> = st
             .held
             .values()
             .map(|h| h.lease.clone())
-            .chain(st.handing.iter().map(|h| h.lease.clone()))
+            .chain(
+                st.handing
+                    .iter()
+                    .filter(|h| h.renew)
+                    .map(|h| h.lease.clone()),
+            )
             .collect();
         if leases.is_empty() {
             return;
@@ -222,45 +300,83 @@ impl Runner {
         {
             Ok(renewals) => renewals,
             Err(err) => {
+                let err = match err.permanent() {
+                    Ok(fatal) => {
+                        self.fail(st, fatal);
+                        return;
+                    }
+                    Err(err) => err,
+                };
                 warn!(error = %err, leases = leases.len(), "batched renew failed; terms hold to their deadlines");
                 return;
             }
         };
+        let now = Instant::now();
         for lease in renewals.renewed {
             let deadline = self.deadline(&lease, sent);
-            if let Some(h) = st.held.get_mut(&*lease.resource) {
-                h.term.extend(deadline);
+            let same = |term: &LeaderTerm| term.token() == lease.token;
+            if let Some(h) = st.held.get_mut(&*lease.resource).filter(|h| same(&h.term)) {
+                // A term whose deadline passed stays ended, even though its lease was renewed:
+                // expire() releases that lease.
+                if h.term.is_current() {
+                    h.term.extend(deadline);
+                }
                 h.lease = lease;
             } else if let Some(h) = st
                 .handing
                 .iter_mut()
-                .find(|h| h.lease.resource == lease.resource)
+                .find(|h| h.lease.resource == lease.resource && same(&h.term))
             {
-                h.term.extend(deadline);
+                if h.term.deadline() > now {
+                    h.term.extend(deadline);
+                }
                 h.lease = lease;
             }
         }
         for lost in renewals.lost {
-            if let Some(h) = st.held.remove(&*lost.resource) {
+            let same = |term: &LeaderTerm| term.token() == lost.token;
+            if let Some(h) = st.held.get(&*lost.resource).filter(|h| same(&h.term)) {
                 warn!(resource = %lost.resource, token = %lost.token, "lease lost (lapsed, revoked or taken): the term ends");
                 h.term.end(LossReason::Denied);
                 h.term.cut_off();
+                st.held.remove(&*lost.resource);
             }
-            st.handing.retain(|h| h.lease.resource != lost.resource);
+            // A handover's lease is gone too: its work must stop now, not at the grace period.
+            st.handing.retain(|h| {
+                let gone = h.lease.resource == lost.resource && same(&h.term);
+                if gone {
+                    h.term.cut_off();
+                }
+                !gone
+            });
         }
     }
 
     /// Looks at which resources are free, plans, hands over, acquires.
-    async fn rebalance(&self, st: &mut State, draining: bool) {
+    async fn rebalance(
+        &self,
+        st: &mut State,
+        draining: bool,
+        started: Instant,
+        lost: &Arc<Notify>,
+    ) {
         let resources: Vec<String> = self
             .config
             .resources
             .iter()
             .map(|r| r.to_string())
             .collect();
+        let looked = Instant::now();
         let records = match self.bounded(self.store.current_all(&resources)).await {
             Ok(records) => records,
             Err(err) => {
+                let err = match err.permanent() {
+                    Ok(fatal) => {
+                        self.fail(st, fatal);
+                        return;
+                    }
+                    Err(err) => err,
+                };
                 warn!(error = %err, "could not read the shard set's leases; no rebalancing this round");
                 return;
             }
@@ -277,15 +393,41 @@ impl Runner {
             .filter(|r| !live.contains(&***r))
             .cloned()
             .collect();
+        st.free_since.retain(|r, _| free.contains(r));
+        for r in &free {
+            st.free_since.entry(r.clone()).or_insert(looked);
+        }
+        let abandoned: HashSet<Arc<str>> = st
+            .free_since
+            .iter()
+            .filter(|(_, since)| looked.saturating_duration_since(**since) >= self.config.lease)
+            .map(|(r, _)| r.clone())
+            .collect();
         let orphans: HashSet<Arc<str>> = free.intersection(&st.last_free).cloned().collect();
         let held: BTreeSet<Arc<str>> = st.held.keys().cloned().collect();
+        let members: Vec<(String, bool)> = st
+            .members
+            .iter()
+            .map(|m| (m.member.clone(), m.draining))
+            .collect();
+        if members != st.keep_members {
+            st.keep.clear(); // the members changed: every share may be led now
+            st.keep_members = members;
+        }
+        st.keep.retain(|r| held.contains(r));
+        // A view of the members older than a lease is no view: they may all have changed.
+        let fresh = st
+            .members_at
+            .is_some_and(|at| looked.saturating_duration_since(at) < self.config.lease);
         let p = plan(&View {
             me: &self.config.member,
-            members: &st.members,
+            members: fresh.then_some(st.members.as_slice()),
             resources: &self.config.resources,
             held: &held,
             free: &free,
             orphans: &orphans,
+            abandoned: &abandoned,
+            keep: &st.keep,
             prefer: &self.config.prefer,
             slack: self.config.slack,
             draining,
@@ -298,8 +440,10 @@ impl Runner {
                 self.hand_over(st, h, LossReason::HandedOver, true);
             }
         }
+        self.publish(st);
         for r in p.acquire {
-            if self.control.shutdown.is_cancelled() || self.control.abort.is_cancelled() {
+            if self.over_budget(st, started) {
+                debug!("round budget spent; acquiring the rest next round");
                 return;
             }
             let sent = Instant::now();
@@ -307,10 +451,10 @@ impl Runner {
                 .store
                 .acquire_or_renew(&r, &self.config.member, self.config.lease);
             match self.bounded(acquire).await {
-                Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease)) => {
+                Ok(LeaseOutcome::Acquired(lease)) => {
                     let deadline = self.deadline(&lease, sent);
                     if deadline <= Instant::now() {
-                        continue; // too little of it left to lead on
+                        continue; // too little of it left to lead on; it lapses
                     }
                     info!(resource = %r, token = %lease.token, "leading");
                     let term = LeaderTerm::new(
@@ -320,18 +464,46 @@ impl Runner {
                         deadline,
                         self.fence.clone(),
                     );
-                    tokio::spawn(watchdog(term.clone()));
+                    tokio::spawn(watchdog(term.clone(), lost.clone()));
+                    if abandoned.contains(&r) {
+                        st.keep.insert(r.clone());
+                    }
                     st.held.insert(r, Held { term, lease });
+                    self.publish(st);
+                }
+                Ok(LeaseOutcome::Renewed(lease)) => {
+                    // A live lease of this member id that this node does not hold: another
+                    // process with the same id (or this node's own term that outlived its
+                    // deadline). Never lead it twice: leave it to lapse.
+                    error!(resource = %r, token = %lease.token, member = %self.config.member,
+                        "this member id already holds a live lease this node does not lead: \
+                         is another process running with the same member id? Not leading it");
                 }
                 Ok(LeaseOutcome::Denied(d)) => {
                     debug!(resource = %r, holder = ?d.holder, "taken by another member first");
                 }
                 Err(err) => {
+                    let err = match err.permanent() {
+                        Ok(fatal) => {
+                            self.fail(st, fatal);
+                            return;
+                        }
+                        Err(err) => err,
+                    };
                     warn!(resource = %r, error = %err, "acquire failed; trying again next round");
                     return;
                 }
             }
         }
+    }
+
+    /// Whether the round has used its time: it must not delay the next renew (one interval
+    /// after the round began) nor come close to a held term's deadline.
+    fn over_budget(&self, st: &State, started: Instant) -> bool {
+        let now = Instant::now();
+        let earliest = st.held.values().map(|h| h.term.deadline()).min();
+        now >= started + self.config.interval
+            || earliest.is_some_and(|d| d.saturating_duration_since(now) < self.config.interval)
     }
 
     fn hand_over(&self, st: &mut State, h: Held, reason: LossReason, release: bool) {
@@ -341,21 +513,25 @@ impl Runner {
             term: h.term,
             lease: h.lease,
             release,
+            renew: true,
             cut_at: None,
         });
     }
 
-    /// Releases the leases whose work has returned (or was cut off after the grace period).
-    async fn finish_handovers(&self, st: &mut State) {
+    /// Releases the leases whose work has returned; cuts off work past the grace period; gives
+    /// up (unreleased, to lapse) on work that did not stop when cut off. Within a round, stops
+    /// when the round's budget is spent (the rest stay renewed until the next pass).
+    async fn finish_handovers(&self, st: &mut State, round: Option<Instant>) {
         let now = Instant::now();
-        let mut done = Vec::new();
+        let mut ready = Vec::new();
         let mut i = 0;
         while i < st.handing.len() {
             let h = &mut st.handing[i];
-            let ready = if self.work.idle(&h.term) {
-                true
+            let idle = self.work.idle(&h.term);
+            let next = if idle {
+                Some(true)
             } else if let Some(cut) = h.cut_at {
-                now >= cut + UNWIND
+                (now >= cut + UNWIND).then_some(false)
             } else if now >= h.give_up {
                 warn!(
                     resource = h.term.resource(),
@@ -363,19 +539,26 @@ impl Runner {
                 );
                 h.term.cut_off();
                 h.cut_at = Some(now);
-                false
+                None
             } else {
-                false
+                None
             };
-            if ready {
-                done.push(st.handing.swap_remove(i));
-            } else {
-                i += 1;
+            match next {
+                Some(release) => {
+                    let h = st.handing.swap_remove(i);
+                    if !release {
+                        error!(resource = h.term.resource(), token = %h.term.token(),
+                            "work did not stop when cut off: its lease is left to lapse, not released");
+                    }
+                    ready.push((h, release));
+                }
+                None => i += 1,
             }
         }
-        for h in done {
+        let mut ready = ready.into_iter();
+        for (h, release) in ready.by_ref() {
             h.term.cut_off();
-            if !h.release {
+            if !(release && h.release) {
                 continue;
             }
             match self.bounded(self.store.release_lease(&h.lease)).await {
@@ -384,6 +567,17 @@ impl Runner {
                     warn!(resource = %h.lease.resource, error = %err, "release failed; the lease lapses instead")
                 }
             }
+            if round.is_some_and(|started| self.over_budget(st, started)) {
+                break;
+            }
+        }
+        // Not released yet for lack of time: back in the list, ready at the next pass.
+        for (h, release) in ready {
+            st.handing.push(Handover {
+                give_up: now,
+                cut_at: (!release).then_some(now),
+                ..h
+            });
         }
     }
 
@@ -394,6 +588,21 @@ impl Runner {
         for (_, h) in held {
             self.hand_over(st, h, LossReason::Shutdown, self.config.release_on_shutdown);
         }
+    }
+
+    /// A permanent store error (the node's configuration): every term ends, nothing more is
+    /// tried.
+    fn fail(&self, st: &mut State, err: StoreError) {
+        error!(error = %err, "the store refused this shard set node's configuration; it stops");
+        for (_, h) in std::mem::take(&mut st.held) {
+            h.term.end(LossReason::Failed);
+            h.term.cut_off();
+        }
+        for h in std::mem::take(&mut st.handing) {
+            h.term.cut_off();
+        }
+        st.share = 0;
+        st.failed = Some(Arc::new(err));
     }
 
     fn abort(&self, st: &mut State) {
@@ -419,7 +628,7 @@ impl Runner {
     /// end at their deadlines meanwhile, see [`watchdog`]).
     async fn bounded<T>(
         &self,
-        call: impl std::future::Future<Output = Result<T, crate::StoreError>>,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, Bounded> {
         match tokio::time::timeout(self.config.interval, call).await {
             Ok(result) => result.map_err(Bounded::Store),
@@ -435,30 +644,34 @@ impl Runner {
     }
 
     fn publish(&self, st: &State) {
+        let led: BTreeMap<Arc<str>, LeaderTerm> = st
+            .held
+            .iter()
+            .filter(|(_, h)| !h.term.is_lost())
+            .map(|(r, h)| (r.clone(), h.term.clone()))
+            .collect();
         #[cfg(feature = "metrics")]
         {
             let labels = [
                 ("shard_set", self.config.name.to_string()),
                 ("member", self.config.member.to_string()),
             ];
-            metrics::gauge!(crate::elector::metrics::SHARDS_LED, &labels).set(st.held.len() as f64);
+            metrics::gauge!(crate::elector::metrics::SHARDS_LED, &labels).set(led.len() as f64);
             metrics::gauge!(crate::elector::metrics::SHARD_SHARE, &labels).set(st.share as f64);
         }
         let assignment = Assignment {
-            led: st
-                .held
-                .iter()
-                .map(|(r, h)| (r.clone(), h.term.clone()))
-                .collect(),
+            led,
             handing_over: st.handing.len(),
             share: st.share,
             members: st.members.iter().map(|m| m.member.clone()).collect(),
+            failed: st.failed.clone(),
         };
         self.state.send_if_modified(|old| {
             let changed = old.led != assignment.led
                 || old.handing_over != assignment.handing_over
                 || old.share != assignment.share
-                || old.members != assignment.members;
+                || old.members != assignment.members
+                || old.failed.is_some() != assignment.failed.is_some();
             *old = assignment;
             changed
         });
@@ -466,8 +679,9 @@ impl Runner {
 }
 
 /// Ends `term` when its local deadline passes without a renew moving it, whatever the loop is
-/// doing (a round can wait on a slow database): work never runs past the lease.
-async fn watchdog(term: LeaderTerm) {
+/// doing (a round can wait on a slow database): work never runs past the lease. Tells the loop,
+/// so the ended term leaves the published assignment at once.
+async fn watchdog(term: LeaderTerm, lost: Arc<Notify>) {
     loop {
         let deadline = term.deadline();
         tokio::select! {
@@ -478,6 +692,7 @@ async fn watchdog(term: LeaderTerm) {
             warn!(resource = term.resource(), token = %term.token(), "no renew in time: the term ends");
             term.end(LossReason::Deadline);
             term.cut_off();
+            lost.notify_one();
             return;
         }
     }
