@@ -1,17 +1,23 @@
 //! orion-beacon's benchmarks: store throughput next to pgbench running the very same statement,
-//! handover and failover times, and one process holding 10,000 leases.
+//! handover and failover times, one process holding 10,000 leases, batched renewal, and shard
+//! sets over several node processes.
 //!
 //! ```sh
 //! cargo bench --all-features --bench orion                    # everything (a few minutes)
-//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
+//!
+//! Release builds only (`cargo bench` builds them): the figures in docs/performance.md are from
+//! such a build. The shard-set part starts this binary again as node processes
+//! (`benches/orion/shards.rs`); CPU accounting is in `benches/orion/cpu.rs`.
 //!
 //! Runs against private PostgreSQL and MariaDB instances of its own (`orion-beacon-testkit`,
 //! started from the installed server binaries), or the servers `ORION_BEACON_PG_URL` /
 //! `ORION_BEACON_MYSQL_URL` name; the round-trip count always uses a private PostgreSQL started
 //! with `log_statement = 'all'`. Needs `pgbench` on the PATH. Results are printed as tables;
-//! the handover/failover timeline is written to `target/orion-bench/transitions.svg`.
+//! the handover/failover timeline is written to `target/orion-bench/transitions.svg`, the shard
+//! ownership timeline to `target/orion-bench/shards.svg`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +33,17 @@ use plotters::prelude::*;
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::time::Instant;
 
+#[path = "orion/cpu.rs"]
+mod cpu;
+#[path = "orion/shards.rs"]
+mod shards;
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Whether `var` names a server of your own (then no private server is started for it).
+fn external(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|url| !url.trim().is_empty())
+}
 
 /// The variable's URL when set, else this process's private instance.
 fn server_url(var: &str, private: impl FnOnce() -> String) -> String {
@@ -46,13 +62,32 @@ fn mysql_url() -> String {
         orion_beacon_testkit::MariaDb::shared().url()
     })
 }
+fn pool_mult() -> usize {
+    std::env::var("BENCH_POOL_MULT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+fn client_counts() -> Vec<usize> {
+    std::env::var("BENCH_CLIENTS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 4, 16])
+}
 fn secs() -> Duration {
     Duration::from_secs(
         std::env::var("BENCH_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(10),
+            .unwrap_or(5),
     )
+}
+fn repeats() -> usize {
+    std::env::var("BENCH_REPEATS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1)
 }
 
 async fn connect(
@@ -99,34 +134,167 @@ async fn drop(db: &DatabaseConnection, table: &str) {
 // ------------------------------------------------------------------------------------------
 // Throughput
 
-/// `clients` tasks, each acquiring-or-renewing its own resource in a loop for `d`.
-async fn store_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result<f64, Error> {
+/// One throughput cell: calls per second, and CPU per call on each side.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    per_s: f64,
+    /// Client CPU per call (µs): this process's, or pgbench's.
+    client_us: f64,
+    /// The private server's CPU per call (µs); `None` on a server you named.
+    db_us: Option<f64>,
+}
+
+impl Rate {
+    fn new(calls: u64, wall: Duration, client: Duration, db: Option<Duration>) -> Self {
+        let calls = calls.max(1) as f64;
+        Self {
+            per_s: calls / wall.as_secs_f64(),
+            client_us: client.as_secs_f64() * 1e6 / calls,
+            db_us: db.map(|d| d.as_secs_f64() * 1e6 / calls),
+        }
+    }
+}
+
+fn us(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} µs"))
+}
+
+/// `clients` tasks on this (2-worker) runtime, each acquiring-or-renewing its own resource in
+/// a loop for `d`, on one shared pool.
+async fn store_rate(
+    store: &SeaOrmLeaseStore,
+    clients: usize,
+    d: Duration,
+    server: Option<cpu::Server>,
+) -> Result<Rate, Error> {
     let done = Arc::new(AtomicU64::new(0));
-    let stop = Instant::now() + d;
+    let (cpu0, db0) = (cpu::process(), server.map(|s| s.cpu()));
+    let start = Instant::now();
+    let stop = start + d;
     let mut tasks = Vec::new();
     for c in 0..clients {
         let (store, done) = (store.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let resource = format!("bench-{c}");
+            let mut n = 0;
             while Instant::now() < stop {
                 store
                     .acquire_or_renew(&resource, "bench", Duration::from_secs(60))
                     .await?;
-                done.fetch_add(1, Ordering::Relaxed);
+                n += 1;
             }
+            done.fetch_add(n, Ordering::Relaxed);
             Ok::<_, StoreError>(())
         }));
     }
-    let start = Instant::now();
     for t in tasks {
         t.await??;
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+    let wall = start.elapsed();
+    Ok(Rate::new(
+        done.load(Ordering::Relaxed),
+        wall,
+        cpu::process() - cpu0,
+        cpu::delta(server, db0),
+    ))
+}
+
+/// What each client of [`store_rate_threaded`] runs in its loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// `acquire_or_renew`, the store's call.
+    Store,
+    /// The store's acquire-or-renew statement (`acquire_statement`, the very text pgbench
+    /// runs) sent through SeaORM (`query_all_raw`), without the store's check: what the
+    /// client stack costs for one statement.
+    Statement,
+}
+
+/// The loop with pgbench's threading (`-j min(clients, 2)`): each of `threads` OS threads runs
+/// a current-thread runtime with its own pool of `clients / threads` connections (times
+/// `BENCH_POOL_MULT`) and its own clients, so no call wakes a task on another thread.
+fn store_rate_threaded(
+    url: &str,
+    table: &str,
+    clients: usize,
+    d: Duration,
+    op: Op,
+    server: Option<cpu::Server>,
+) -> Result<Rate, Error> {
+    let threads = clients.min(2);
+    let go = Arc::new(std::sync::Barrier::new(threads + 1));
+    let mut joins = Vec::new();
+    for t in 0..threads {
+        let (url, table, go) = (url.to_owned(), table.to_owned(), go.clone());
+        let mine: Vec<usize> = (0..clients).filter(|c| c % threads == t).collect();
+        joins.push(std::thread::spawn(move || -> Result<u64, Error> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let db = connect(&url, (mine.len() * pool_mult()) as u32, false).await;
+                go.wait(); // even on error, so the others are not left waiting
+                let store = SeaOrmLeaseStore::new(db?).with_table(&table)?;
+                let stop = Instant::now() + d;
+                let lease = Duration::from_secs(60);
+                let tasks: Vec<_> = mine
+                    .into_iter()
+                    .map(|c| {
+                        let store = store.clone();
+                        tokio::spawn(async move {
+                            let resource = format!("bench-{c}");
+                            let stmt = store.acquire_statement(&resource, "bench", lease)?;
+                            let mut n = 0u64;
+                            while Instant::now() < stop {
+                                match op {
+                                    Op::Store => {
+                                        store.acquire_or_renew(&resource, "bench", lease).await?;
+                                    }
+                                    Op::Statement => {
+                                        store.connection().query_all_raw(stmt.clone()).await?;
+                                    }
+                                }
+                                n += 1;
+                            }
+                            Ok::<_, Error>(n)
+                        })
+                    })
+                    .collect();
+                let mut n = 0;
+                for t in tasks {
+                    n += t.await??;
+                }
+                Ok(n)
+            })
+        }));
+    }
+    go.wait();
+    let (cpu0, db0, start) = (cpu::process(), server.map(|s| s.cpu()), Instant::now());
+    let mut calls = 0;
+    for j in joins {
+        calls += j.join().map_err(|_| "a benchmark thread panicked")??;
+    }
+    let wall = start.elapsed();
+    Ok(Rate::new(
+        calls,
+        wall,
+        cpu::process() - cpu0,
+        cpu::delta(server, db0),
+    ))
 }
 
 /// pgbench running the store's exact acquire-or-renew statement, prepared, one resource per
-/// client.
-fn pgbench_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result<f64, Error> {
+/// client; with `check`, followed by the store's second statement on PostgreSQL (`SELECT
+/// transaction_timestamp()`, the autocommit check), i.e. the two statements one call sends.
+/// A call is one run of the script. Client CPU is pgbench's own (its rusage as our child).
+fn pgbench_rate(
+    url: &str,
+    store: &SeaOrmLeaseStore,
+    clients: usize,
+    d: Duration,
+    check: bool,
+    server: Option<cpu::Server>,
+) -> Result<Rate, Error> {
     let stmt = store.acquire_statement("RESOURCE", "bench", Duration::from_secs(60))?;
     let values = stmt.values.map(|v| v.0).unwrap_or_default();
     let mut sql = stmt.sql.clone();
@@ -145,8 +313,17 @@ fn pgbench_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result
     }
     let dir = PathBuf::from("target/orion-bench");
     std::fs::create_dir_all(&dir)?;
-    let script = dir.join("acquire.sql");
-    std::fs::write(&script, format!("{sql};\n"))?;
+    let script = dir.join(if check {
+        "acquire-checked.sql"
+    } else {
+        "acquire.sql"
+    });
+    let mut text = format!("{sql};\n");
+    if check {
+        text.push_str("SELECT transaction_timestamp();\n");
+    }
+    std::fs::write(&script, text)?;
+    let (cpu0, db0, start) = (cpu::children(), server.map(|s| s.cpu()), Instant::now());
     let out = std::process::Command::new("pgbench")
         .args([
             "-n",
@@ -159,21 +336,29 @@ fn pgbench_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result
         ])
         .args(["-T", &d.as_secs().to_string(), "-f"])
         .arg(&script)
-        .arg(pg_url())
+        .arg(url)
         .output()?;
+    let (client, db) = (cpu::children() - cpu0, cpu::delta(server, db0));
+    let wall = start.elapsed();
     let text = String::from_utf8_lossy(&out.stdout);
-    let tps = text
-        .lines()
-        .find(|l| l.starts_with("tps = "))
-        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| {
-            format!(
-                "no tps in pgbench output: {text}{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })?;
-    Ok(tps)
+    let field = |prefix: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    };
+    let tps = field("tps = ").ok_or_else(|| {
+        format!(
+            "no tps in pgbench output: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let calls = field("number of transactions actually processed: ")
+        .unwrap_or(tps * d.as_secs_f64()) as u64;
+    // pgbench's own rate excludes its connection set-up; CPU per call is over all of it.
+    let mut rate = Rate::new(calls, wall, client, db);
+    rate.per_s = tps;
+    Ok(rate)
 }
 
 /// Statements the server logged for `n` calls of `op` on `db` (a pool of one connection to a
@@ -217,53 +402,178 @@ where
 
 async fn throughput() -> Result<(), Error> {
     let d = secs();
-    println!(
-        "\n## Store throughput (acquire-or-renew, one resource per client, {}s per cell)\n",
-        d.as_secs()
-    );
-    println!("| backend | clients | orion-beacon (stmt/s) | pgbench, same statement (stmt/s) | ratio | with test_before_acquire (stmt/s) |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    // BENCH_PG_DURABLE=1: a private PostgreSQL with Debian's durability defaults (fsync and
+    // full_page_writes on) instead of the test kit's; put it on a disk with
+    // ORION_TESTKIT_TMPDIR (in /dev/shm an fsync costs nothing).
+    let durable =
+        if std::env::var_os("BENCH_PG_DURABLE").is_some() && !external("ORION_BEACON_PG_URL") {
+            Some(
+                tokio::task::spawn_blocking(|| {
+                    orion_beacon_testkit::Postgres::builder()
+                        .setting("fsync", "on")
+                        .setting("full_page_writes", "on")
+                        .start()
+                })
+                .await??,
+            )
+        } else {
+            None
+        };
+    let (url, server) = match &durable {
+        Some(pg) => (pg.url(), cpu::Server::new(pg.pid())),
+        None => (pg_url(), cpu::postgres()),
+    };
+    if durable.is_some() {
+        println!("\n(throughput: a private PostgreSQL with fsync = on, full_page_writes = on)");
+    }
     let table = unique("obbench");
-    for clients in [1usize, 4, 16] {
-        let db = connect(&pg_url(), clients as u32, false).await?;
+    let mut pg_rows = Vec::new();
+    for clients in client_counts() {
+        let db = connect(&url, (clients * pool_mult()) as u32, false).await?;
         migrate(&db, &table).await?;
         let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
-        let ours = store_rate(&store, clients, d).await?;
-        let pgbench = pgbench_rate(&store, clients, d)?;
-        let pinged_db = connect(&pg_url(), clients as u32, true).await?;
-        let pinged = store_rate(
-            &SeaOrmLeaseStore::new(pinged_db).with_table(&table)?,
-            clients,
-            d,
-        )
-        .await?;
-        println!(
-            "| PostgreSQL 15 | {clients} | {ours:.0} | {pgbench:.0} | {:.2} | {pinged:.0} |",
-            ours / pgbench
-        );
+        let threaded = |op: Op| {
+            let (url, table) = (url.clone(), table.clone());
+            tokio::task::spawn_blocking(move || {
+                store_rate_threaded(&url, &table, clients, d, op, server)
+            })
+        };
+        // The cells one after the other, `BENCH_REPEATS` times: a slow moment of the machine
+        // then hits one repeat of every cell rather than all repeats of one.
+        let mut reps = Vec::new();
+        for _ in 0..repeats() {
+            let pgbench = pgbench_rate(&url, &store, clients, d, false, server)?;
+            let ours = store_rate(&store, clients, d, server).await?;
+            let per_thread = threaded(Op::Store).await??;
+            let statement = threaded(Op::Statement).await??;
+            let pgbench2 = pgbench_rate(&url, &store, clients, d, true, server)?;
+            let pinged_db = connect(&url, clients as u32, true).await?;
+            let pinged = store_rate(
+                &SeaOrmLeaseStore::new(pinged_db.clone()).with_table(&table)?,
+                clients,
+                d,
+                server,
+            )
+            .await?;
+            pinged_db.close().await?;
+            reps.push([pgbench, ours, per_thread, statement, pgbench2, pinged]);
+        }
         drop(&db, &table).await;
+        db.close().await?;
+        pg_rows.push((clients, reps));
     }
-    for (name, url) in [
-        ("MariaDB 10.11", mysql_url()),
-        (
-            "SQLite (file, WAL)",
-            format!(
-                "sqlite://{}/target/orion-bench/bench.db",
-                std::env::current_dir()?.display()
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    // Per cell: the median rate and CPU over the repeats; ratios: the median of each repeat's
+    // own ratio (the cells of one repeat ran within a minute of each other).
+    let cell = |reps: &[[Rate; 6]], k: usize| -> Rate {
+        let db: Vec<f64> = reps.iter().filter_map(|r| r[k].db_us).collect();
+        Rate {
+            per_s: median(reps.iter().map(|r| r[k].per_s).collect()),
+            client_us: median(reps.iter().map(|r| r[k].client_us).collect()),
+            db_us: (!db.is_empty()).then(|| median(db)),
+        }
+    };
+    let ratio = |reps: &[[Rate; 6]], k: usize, of: usize| -> f64 {
+        median(reps.iter().map(|r| r[k].per_s / r[of].per_s).collect())
+    };
+    println!(
+        "\n## Store throughput (acquire-or-renew, one resource per client, {}s per cell, medians of {} repeats)\n",
+        d.as_secs(),
+        repeats()
+    );
+    println!(
+        "Calls per second. pgbench: the store's acquire-or-renew statement, prepared (\"1 \
+         statement\"), or that statement and the store's autocommit check `SELECT \
+         transaction_timestamp()` (\"2 statements\": what one call sends on PostgreSQL). \
+         orion-beacon: `acquire_or_renew` in tasks on one 2-worker runtime sharing one pool (the \
+         harness before), or with pgbench's threading (a current-thread runtime and a pool per \
+         thread, `-j min(clients, 2)`). SeaORM, 1 statement: the store's statement sent through \
+         SeaORM without the check, pgbench's threading. Ratios are to pgbench, 1 statement, \
+         unless named.\n"
+    );
+    println!("| backend | clients | pgbench, 1 statement | orion-beacon, one runtime | ratio | orion-beacon, a runtime per thread | ratio | SeaORM, 1 statement | ratio | pgbench, 2 statements | ratio of a runtime per thread to it | with test_before_acquire |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (clients, reps) in &pg_rows {
+        println!(
+            "| PostgreSQL 15 | {clients} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} |",
+            cell(reps, 0).per_s,
+            cell(reps, 1).per_s,
+            ratio(reps, 1, 0),
+            cell(reps, 2).per_s,
+            ratio(reps, 2, 0),
+            cell(reps, 3).per_s,
+            ratio(reps, 3, 0),
+            cell(reps, 4).per_s,
+            ratio(reps, 2, 4),
+            cell(reps, 5).per_s,
+        );
+    }
+    let mut other_rows = Vec::new();
+    let others = if std::env::var_os("BENCH_PG_ONLY").is_some() {
+        Vec::new()
+    } else {
+        vec![
+            ("MariaDB 10.11", mysql_url()),
+            (
+                "SQLite (file, WAL)",
+                format!(
+                    "sqlite://{}/target/orion-bench/bench.db",
+                    std::env::current_dir()?.display()
+                ),
             ),
-        ),
-    ] {
+        ]
+    };
+    for (name, url) in others {
         std::fs::create_dir_all("target/orion-bench")?;
-        for clients in [1usize, 4, 16] {
+        for clients in client_counts() {
             let db = connect(&url, clients as u32, false).await?;
             migrate(&db, &table).await?;
             let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
-            let ours = store_rate(&store, clients, d).await?;
-            println!("| {name} | {clients} | {ours:.0} | - | - | - |");
+            let ours = store_rate(&store, clients, d, None).await?;
+            other_rows.push(format!(
+                "| {name} | {clients} | - | {:.0} | - | - | - | - | - | - | - | - |",
+                ours.per_s
+            ));
             drop(&db, &table).await;
         }
     }
+    for row in other_rows {
+        println!("{row}");
+    }
+    println!(
+        "\n### CPU per call, PostgreSQL (client: this process's rusage, or pgbench's as our \
+         child; database: the private server's processes, from /proc)\n"
+    );
+    println!("| clients | pgbench, 1 statement: client | database | orion-beacon, one runtime: client | database | orion-beacon, a runtime per thread: client | database | SeaORM, 1 statement: client | database | pgbench, 2 statements: client | database |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (clients, reps) in &pg_rows {
+        let cells: Vec<String> = (0..5)
+            .map(|k| {
+                let x = cell(reps, k);
+                format!("{:.1} µs | {}", x.client_us, us(x.db_us))
+            })
+            .collect();
+        println!("| {clients} | {} |", cells.join(" | "));
+    }
+    println!("\nEach repeat's ratio, a runtime per thread / pgbench, 1 statement:");
+    for (clients, reps) in &pg_rows {
+        let each: Vec<String> = reps
+            .iter()
+            .map(|r| format!("{:.2}", r[2].per_s / r[0].per_s))
+            .collect();
+        println!("- {clients} clients: {}", each.join(", "));
+    }
 
+    if let Some(pg) = durable {
+        tokio::task::spawn_blocking(move || std::mem::drop(pg)).await?;
+    }
     roundtrips().await
 }
 
@@ -558,19 +868,6 @@ impl LeaseStore for Counting {
     }
 }
 
-fn cpu_time() -> Duration {
-    use nix::sys::resource::{getrusage, UsageWho};
-    match getrusage(UsageWho::RUSAGE_SELF) {
-        Ok(u) => {
-            let t = |tv: nix::sys::time::TimeVal| {
-                Duration::new(tv.tv_sec() as u64, tv.tv_usec() as u32 * 1000)
-            };
-            t(u.user_time()) + t(u.system_time())
-        }
-        Err(_) => Duration::ZERO,
-    }
-}
-
 async fn scale() -> Result<(), Error> {
     let leases: usize = std::env::var("BENCH_LEASES")
         .ok()
@@ -612,13 +909,13 @@ async fn scale() -> Result<(), Error> {
     }
     let elected_in = t0.elapsed();
     let (cpu0, renews0, t1) = (
-        cpu_time(),
+        cpu::process(),
         counting.renews.load(Ordering::Relaxed),
         Instant::now(),
     );
     tokio::time::sleep(d).await;
     let (cpu1, renews1, secs) = (
-        cpu_time(),
+        cpu::process(),
         counting.renews.load(Ordering::Relaxed),
         t1.elapsed().as_secs_f64(),
     );
@@ -657,8 +954,10 @@ async fn scale() -> Result<(), Error> {
 
 /// One process holding `BENCH_LEASES` leases (default 10,000) in one table renews them all,
 /// `BENCH_ROUNDS` times (default 5): lease by lease (16 at a time, as electors sharing a pool
-/// of 16 would) and with one `renew_all` per round, side by side on the same leases.
-async fn batch_backend(name: &str, url: &str) -> Result<(), Error> {
+/// of 16 would) and with one `renew_all` per round, side by side on the same leases. Client
+/// CPU is this process's; database CPU is the private server's processes' (`/proc`), not
+/// measured on a server you name.
+async fn batch_backend(name: &str, url: &str, server: Option<cpu::Server>) -> Result<(), Error> {
     let leases: usize = std::env::var("BENCH_LEASES")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -691,8 +990,9 @@ async fn batch_backend(name: &str, url: &str) -> Result<(), Error> {
             }
         }
     }
+    let server_cpu = || server.map(|s| s.cpu());
     // Lease by lease.
-    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let (cpu0, db0, t0) = (cpu::process(), server_cpu(), Instant::now());
     for _ in 0..rounds {
         for chunk in held.chunks(16) {
             for r in futures::future::join_all(chunk.iter().map(|l| {
@@ -707,42 +1007,65 @@ async fn batch_backend(name: &str, url: &str) -> Result<(), Error> {
             }
         }
     }
-    let (single_cpu, single_wall) = (cpu_time() - cpu0, t0.elapsed());
+    let (single_cpu, single_wall) = (cpu::process() - cpu0, t0.elapsed());
+    let single_db = cpu::delta(server, db0);
     // One statement per round.
-    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let (cpu0, db0, t0) = (cpu::process(), server_cpu(), Instant::now());
     for _ in 0..rounds {
         let out = store.renew_all(&held, lease).await?;
         if out.renewed.len() != leases {
             return Err(format!("the batch renewed {} of {leases}", out.renewed.len()).into());
         }
     }
-    let (batch_cpu, batch_wall) = (cpu_time() - cpu0, t0.elapsed());
+    let (batch_cpu, batch_wall) = (cpu::process() - cpu0, t0.elapsed());
+    let batch_db = cpu::delta(server, db0);
     let renewals = (leases * rounds) as f64;
     let per = |d: Duration| d.as_secs_f64() * 1e6 / renewals;
+    let per_round = |d: Option<Duration>| match d {
+        Some(d) => format!("{:.0} ms", d.as_secs_f64() * 1e3 / rounds as f64),
+        None => "-".to_owned(),
+    };
+    let per_lease = |d: Option<Duration>| match d {
+        Some(d) => format!("{:.1} µs", per(d)),
+        None => "-".to_owned(),
+    };
+    let ratio = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.1}", a.as_secs_f64() / b.as_secs_f64().max(1e-9)),
+        _ => "-".to_owned(),
+    };
     println!(
         "\n## Batched renewal: {leases} leases, {rounds} rounds, {name}\n\n\
-         | path | statements per round | wall time per round | client CPU per lease renewal |\n\
-         | --- | --- | --- | --- |\n\
-         | lease by lease (16 at a time) | {leases} | {:.0} ms | {:.1} µs |\n\
-         | `renew_all` | 1 | {:.0} ms | {:.1} µs |\n\
-         | ratio (lease by lease / batch) | {leases} | {:.1} | {:.1} |",
+         | path | statements per round | wall time per round | client CPU per lease renewal | database CPU per round | database CPU per lease renewal |\n\
+         | --- | --- | --- | --- | --- | --- |\n\
+         | lease by lease (16 at a time) | {leases} | {:.0} ms | {:.1} µs | {} | {} |\n\
+         | `renew_all` | 1 | {:.0} ms | {:.1} µs | {} | {} |\n\
+         | ratio (lease by lease / batch) | {leases} | {:.1} | {:.1} | {} | |",
         single_wall.as_secs_f64() * 1e3 / rounds as f64,
         per(single_cpu),
+        per_round(single_db),
+        per_lease(single_db),
         batch_wall.as_secs_f64() * 1e3 / rounds as f64,
         per(batch_cpu),
+        per_round(batch_db),
+        per_lease(batch_db),
         single_wall.as_secs_f64() / batch_wall.as_secs_f64().max(1e-9),
         single_cpu.as_secs_f64() / batch_cpu.as_secs_f64().max(1e-9),
+        ratio(single_db, batch_db),
     );
     drop(&db, &table).await;
     Ok(())
 }
 
 async fn batch() -> Result<(), Error> {
-    batch_backend("PostgreSQL", &pg_url()).await?;
-    batch_backend("MariaDB", &mysql_url()).await
+    let (pg, my) = (pg_url(), mysql_url());
+    batch_backend("PostgreSQL", &pg, cpu::postgres()).await?;
+    batch_backend("MariaDB", &my, cpu::mariadb()).await
 }
 
 fn main() -> Result<(), Error> {
+    if shards::is_node() {
+        return shards::node();
+    }
     let what: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -767,6 +1090,9 @@ fn main() -> Result<(), Error> {
         }
         if all || what.iter().any(|w| w == "batch") {
             batch().await?;
+        }
+        if all || what.iter().any(|w| w == "shards") {
+            shards::shards().await?;
         }
         Ok(())
     })
