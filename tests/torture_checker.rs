@@ -1,9 +1,14 @@
 //! The torture checker must be able to fail: synthetic histories with an overlap, a reused
 //! token, a stale ledger write, a missed recovery, a paused leader nobody replaced and an
-//! unexplained leaderless stretch are each caught; a clean one passes.
+//! unexplained leaderless stretch are each caught; a clean one passes. The same per resource
+//! for shard sets: tokens and ledger order are judged per resource, an overlap of one shard's
+//! work with its next holder and a stale row of one shard are caught and named, a node over
+//! `ceil(N / M) + slack` at a steady point fails, and the recovery figure is measured.
 
 #[path = "torture/checker.rs"]
 mod checker;
+#[path = "torture/shard_checker.rs"]
+mod shard_checker;
 
 use checker::{check, Fault, LedgerRow, Record};
 
@@ -314,4 +319,170 @@ fn an_unexplained_leaderless_stretch_is_caught() {
         )
         .unwrap();
     assert!(check(&stopped, BOUND).violations.is_empty());
+}
+
+mod shards {
+    use super::checker::LedgerRow;
+    use super::shard_checker::{check, ShardRecord};
+    use super::MS;
+
+    const BOUND: u64 = 1_000 * MS;
+    const SETTLE: u64 = 500 * MS;
+
+    /// Node a leads shard-0 (token 1) and then shard-1 (token 6); node b leads shard-1 (token 5)
+    /// and then shard-0 (token 2): each handover's work returns before the next holder's term.
+    const A: &str = "start a 0 0
+assign 100000000 1 2 1 0
+lead shard-0 1 100000000 1
+work shard-0 1 110000000 1
+write shard-0 1 1 150000000
+lost shard-0 1 900000000 2000000000 handed_over 1
+done shard-0 1 950000000 2000000000 1
+lead shard-1 6 1000000000 2
+work shard-1 6 1000000000 2
+write shard-1 6 1 1100000000
+lost shard-1 6 5000000000 5400000000 shutdown 2
+done shard-1 6 5000000000 5400000000 2
+stop 5100000000
+";
+    const B: &str = "start b 0 0
+assign 100000000 1 2 1 0
+lead shard-1 5 100000000 1
+work shard-1 5 100000000 1
+write shard-1 5 1 200000000
+lost shard-1 5 900000000 950000000 handed_over 1
+done shard-1 5 920000000 950000000 1
+lead shard-0 2 1000000000 2
+work shard-0 2 1000000000 2
+write shard-0 2 1 1200000000
+lost shard-0 2 5000000000 5400000000 shutdown 2
+done shard-0 2 5000000000 5400000000 2
+stop 5100000000
+";
+
+    fn row(id: i64, token: i64, candidate: &str, seq: i64) -> LedgerRow {
+        LedgerRow {
+            id,
+            token,
+            candidate: candidate.into(),
+            seq,
+        }
+    }
+
+    fn record(a: &str, b: &str) -> ShardRecord {
+        let mut r = ShardRecord::new(&["shard-0".to_owned(), "shard-1".to_owned()]);
+        r.end = 5_500 * MS;
+        r.quiesce = 5_000 * MS;
+        r.add_history(a, None).unwrap();
+        r.add_history(b, None).unwrap();
+        // In commit order the tokens go 1, 5, 6, 2: backwards across resources, in order per
+        // resource.
+        for (resource, row) in [
+            ("shard-0", row(1, 1, "a", 1)),
+            ("shard-1", row(2, 5, "b", 1)),
+            ("shard-1", row(3, 6, "a", 1)),
+            ("shard-0", row(4, 2, "b", 1)),
+        ] {
+            r.add_ledger_row(resource, row).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn a_clean_shard_history_passes() {
+        let mut r = record(A, B);
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!((v.terms, v.led_resources), (4, 2));
+        // Steady every 100 ms from 0.6 s (500 ms after the last view change) to the quiesce at
+        // 5 s, one shard per node at each (the handovers' gaps fall between the points).
+        assert_eq!((v.fairness.samples, v.fairness.all_led), (44, 44));
+        assert_eq!(
+            (v.fairness.min, v.fairness.max, v.fairness.bound),
+            (1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn work_running_on_past_the_next_holders_grant_is_an_overlap() {
+        // b's term of shard-0 starts at 0.93 s, while a's handed-over work returns at 0.95 s.
+        let b = B.replace("lead shard-0 2 1000000000 2", "lead shard-0 2 930000000 2");
+        let mut r = record(A, &b);
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert_eq!(v.failed_resources, 1);
+        assert!(
+            v.violations.iter().any(|m| m.starts_with(
+                "shard-0: overlap: a (token 1) believed it led until 950000000 but b (token 2) led from 930000000"
+            )),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    #[test]
+    fn a_stale_row_of_one_shard_is_caught_and_named() {
+        let mut r = record(A, B);
+        r.add_ledger_row("shard-1", row(5, 5, "b", 2)).unwrap();
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert_eq!(v.failed_resources, 1);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.starts_with("shard-1: stale write committed: row 5 with token 5")),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    #[test]
+    fn more_than_ceiling_plus_slack_at_a_steady_point_fails() {
+        // a leads both shards from 0.1 s to the end; b is live and sees two members.
+        let a = "start a 0 0
+assign 100000000 2 2 2 0
+lead shard-0 1 100000000 1
+lead shard-1 1 100000000 2
+stop 5100000000
+";
+        let b = "start b 0 0\nassign 100000000 1 2 0 0\nstop 5100000000\n";
+        let mut r = ShardRecord::new(&["shard-0".to_owned(), "shard-1".to_owned()]);
+        r.end = 5_500 * MS;
+        r.quiesce = 5_000 * MS;
+        r.add_history(a, None).unwrap();
+        r.add_history(b, None).unwrap();
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert!(
+            v.violations.iter().any(|m| m.starts_with(
+                "fairness: a led 2 resources at 600000000, a steady point with 2 live nodes (bound ceil(2/2) + 0 = 1)"
+            )),
+            "{:?}",
+            v.violations
+        );
+        // With a slack of one, the same is fair.
+        let v = check(&mut r, BOUND, SETTLE, 1);
+        assert!(v.fairness.over.is_empty(), "{:?}", v.fairness.over);
+        assert_eq!((v.fairness.min, v.fairness.max), (0, 2));
+    }
+
+    #[test]
+    fn a_killed_nodes_shards_are_measured_until_another_node_leads_them() {
+        // a leads shard-0 and is killed at 2 s; b leads it from 2.6 s.
+        let a = "start a 0 0\nlead shard-0 1 100000000 1\nwork shard-0 1 100000000 1\n";
+        let b = "start b 0 0\nlead shard-0 2 2600000000 1\nstop 5100000000\n";
+        let mut r = ShardRecord::new(&["shard-0".to_owned()]);
+        r.end = 5_500 * MS;
+        r.quiesce = 5_000 * MS;
+        r.add_history(a, Some(2_000 * MS)).unwrap();
+        r.add_history(b, None).unwrap();
+        r.faults.push(super::Fault {
+            kind: "kill".into(),
+            candidate: Some("a".into()),
+            start: 2_000 * MS,
+            end: 2_000 * MS,
+        });
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!((v.kills.faults, v.kills.resources), (1, 1));
+        assert_eq!(v.kills.worst_ns, 600 * MS);
+        assert_eq!(v.worst_recovery_ns, 600 * MS);
+    }
 }

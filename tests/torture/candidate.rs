@@ -14,10 +14,10 @@ use crate::db::{connect, connect_rollback_journal};
 use crate::{Args, Error, LEASE, RENEW, RETRY, ROLLBACK_BUSY_TIMEOUT};
 
 /// The history file the checker reads: one line per event, appended.
-struct HistoryFile(std::fs::File);
+pub struct HistoryFile(pub std::fs::File);
 
 impl HistoryFile {
-    fn line(&mut self, line: &str) {
+    pub fn line(&mut self, line: &str) {
         use std::io::Write;
         // One write per line; a SIGKILL loses at most the line being written.
         let _ = self.0.write_all(format!("{line}\n").as_bytes());

@@ -198,11 +198,29 @@ pub async fn apply(
     Ok(run)
 }
 
-/// The candidate the lease table names as the live holder, if it is one of `procs`.
-async fn leader_process<'a>(s: &Setup, procs: &'a [Proc]) -> Option<&'a Proc> {
+/// The candidate the lease table names as the live holder, if it is one of `procs`; in the
+/// shard-set configurations, the holder of a live lease of a resource drawn at random.
+async fn leader_process<'a>(s: &Setup, procs: &'a [Proc], rng: &mut Rng) -> Option<&'a Proc> {
     let store = SeaOrmLeaseStore::new(s.admin.clone())
         .with_table(&s.table)
         .ok()?;
+    if !s.shards.is_empty() {
+        let records = store.current_all(&s.shards).await.ok()?;
+        let held: Vec<&Proc> = records
+            .iter()
+            .filter(|r| r.live)
+            // A process killed earlier keeps its name in `procs` (its history is read later).
+            .filter_map(|r| {
+                procs
+                    .iter()
+                    .find(|p| p.name == r.holder && p.child.id().is_some())
+            })
+            .collect();
+        if held.is_empty() {
+            return None;
+        }
+        return Some(held[rng.below(held.len() as u64) as usize]);
+    }
     let rec = store.current(&s.resource).await.ok()??;
     if !rec.live {
         return None;
@@ -218,7 +236,7 @@ async fn kill_leader(
     run: &mut Faults,
     rng: &mut Rng,
 ) -> Result<bool, Error> {
-    let Some(p) = leader_process(s, procs).await else {
+    let Some(p) = leader_process(s, procs, rng).await else {
         return Ok(false);
     };
     let name = p.name.clone();
@@ -244,7 +262,7 @@ async fn kill_leader(
 /// SIGSTOPs the leader for two leases and a little more, then lets it go on (it wakes up
 /// believing in its term: the fence must refuse its writes). `false` if no leader was found.
 async fn pause_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut Rng) -> bool {
-    let Some(p) = leader_process(s, procs).await else {
+    let Some(p) = leader_process(s, procs, rng).await else {
         return false;
     };
     let name = p.name.clone();

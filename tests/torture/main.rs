@@ -16,12 +16,16 @@
 //! `pg-async-failover` (a primary and a standby behind one address, with the `failover`
 //! fault; the asynchronous one holds its standby 2 s behind and kills the leader inside that
 //! window before each failover, and its violations are measured, not failed on), `galera` (three
-//! nodes, candidates spread over them, node faults, one node's clock 20 ms ahead); by name
-//! only: `galera-skew` (300 ms ahead, measured)), `--duration SECS` (default 30),
+//! nodes, candidates spread over them, node faults, one node's clock 20 ms ahead),
+//! `shards-postgres` and `shards-mysql` (shard sets: every candidate is a node of one
+//! `ShardSet` over `--shards` resources, each led resource writing fenced ledger rows, checked
+//! per resource, see `shard_node.rs` and `shard_checker.rs`); by name only: `galera-skew` (300 ms
+//! ahead, measured) and `shards-sqlite`), `--duration SECS` (default 30, the shard sets 20),
 //! `--candidates N` (default 5), `--seed N` (default: random, printed), `--faults
 //! kill,pause,connkill,restart,failover,nodekill,nodestop` (default all that apply), `--pool N`
 //! (connections per candidate pool; default per configuration), `--no-skew` (do not run
-//! candidates under `faketime`). The candidate processes are this same binary, started with
+//! candidates under `faketime`), `--shards N` (resources of the shard-set configurations,
+//! default 64). The candidate processes are this same binary, started with
 //! `--candidate`.
 //!
 //! The servers are this binary's own private PostgreSQL and MariaDB instances
@@ -39,6 +43,8 @@ mod faults;
 mod report;
 mod run;
 mod servers;
+mod shard_checker;
+mod shard_node;
 mod skew;
 mod timeline;
 
@@ -58,6 +64,21 @@ const RETRY: Duration = Duration::from_millis(150);
 /// The stated margin on top of lease + retry for recovery after a fault (pool reconnects,
 /// back-off after store errors, a loaded 2-core machine).
 const RECOVERY_MARGIN: Duration = Duration::from_millis(1500);
+
+/// The shard-set configurations' nodes: the same lease (and step-down margin, a tenth of it) as
+/// the electors, one round (heartbeat, batched renew, look, rebalance) every 150 ms, one
+/// resource of slack, 200 ms for handed-over work to return.
+const SHARD_INTERVAL: Duration = Duration::from_millis(150);
+const SHARD_SLACK: usize = 1;
+const SHARD_GRACE: Duration = Duration::from_millis(200);
+/// A point of a shard-set run is steady this long after the last node start, kill, stop,
+/// pause, server fault or change of a node's view of the members: the fairness figure is taken
+/// at steady points.
+const SHARD_SETTLE: Duration = Duration::from_millis(1500);
+/// A shard-set configuration's run, unless `--duration` says otherwise: with 64 resources each
+/// term writes every 250-400 ms, and 20 s hold about 4,000 fenced writes and seven or eight
+/// faults (every kind at least once).
+const SHARD_DURATION: Duration = Duration::from_secs(20);
 
 /// One configuration of the run: a backend and the settings around it that change semantics.
 #[derive(Debug, Clone, Copy)]
@@ -87,6 +108,9 @@ struct Configuration {
     /// MariaDB: a three-node Galera cluster, candidates spread over the nodes, with node
     /// faults; node 2's clock ahead by this much (libfaketime `FAKETIME`), if set.
     galera: Option<GaleraTopology>,
+    /// Shard sets: each candidate is a node of one `ShardSet` over `--shards` resources instead
+    /// of an elector of one resource, and the checker works per resource.
+    shards: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -106,10 +130,11 @@ const PLAIN: Configuration = Configuration {
     measured: false,
     standby_lag: None,
     galera: None,
+    shards: false,
 };
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 10] = [
+const CONFIGURATIONS: [Configuration; 13] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -192,7 +217,33 @@ const CONFIGURATIONS: [Configuration; 10] = [
         }),
         ..PLAIN
     },
+    // Shard sets: five nodes of one shard set over 64 resources, with the same faults; every
+    // check per resource, plus fairness and recovery figures.
+    Configuration {
+        name: "shards-postgres",
+        backend: Backend::Postgres,
+        shards: true,
+        ..PLAIN
+    },
+    Configuration {
+        name: "shards-mysql",
+        backend: Backend::MySql,
+        shards: true,
+        ..PLAIN
+    },
+    // By name only: one SQLite file for five processes, every fenced write taking the file's
+    // write lock (a paused node inside one stalls every node).
+    Configuration {
+        name: "shards-sqlite",
+        backend: Backend::Sqlite,
+        shards: true,
+        ..PLAIN
+    },
 ];
+
+/// Configurations a run without `--backend` leaves out: measurements and slow variants that
+/// need no repeating in CI.
+const BY_NAME_ONLY: [&str; 2] = ["galera-skew", "shards-sqlite"];
 
 /// SQLite rollback-journal mode: the candidates' busy timeout.
 const ROLLBACK_BUSY_TIMEOUT: Duration = Duration::from_millis(300);
@@ -215,12 +266,13 @@ enum Backend {
 // A repeated option keeps its last value, as the hand-written parser did.
 #[command(args_override_self = true)]
 struct Args {
-    /// A configuration to run (repeatable; default: every one but `galera-skew`).
+    /// A configuration to run (repeatable; default: every one but `galera-skew` and
+    /// `shards-sqlite`).
     #[arg(long = "backend", value_name = "NAME")]
     backends: Vec<String>,
-    /// Seconds per configuration (`30` or `30s`).
-    #[arg(long, value_name = "SECS", default_value = "30", value_parser = seconds)]
-    duration: Duration,
+    /// Seconds per configuration (`30` or `30s`; default 30, the shard sets 20).
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    duration: Option<Duration>,
     /// Candidate processes per configuration.
     #[arg(long, value_name = "N", default_value_t = 5)]
     candidates: usize,
@@ -237,6 +289,10 @@ struct Args {
     /// Do not run candidates under libfaketime.
     #[arg(long = "no-skew", action = ArgAction::SetFalse)]
     skew: bool,
+    /// Resources of the shard-set configurations (`shard-0`..); a node process is told the
+    /// same.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    shards: usize,
     /// `cargo test FILTER` passes its filter to every test binary: this one runs only if a
     /// filter is part of "torture".
     #[arg(value_name = "FILTER")]
@@ -269,6 +325,13 @@ struct Args {
     /// The file this candidate appends its history to.
     #[arg(long, help_heading = "Candidate process")]
     history: Option<PathBuf>,
+    /// Run as a node of the shard set `--resource` (with `--shards` resources) instead of an
+    /// elector of the resource.
+    #[arg(long, help_heading = "Candidate process")]
+    shard_node: bool,
+    /// The shard set's membership table.
+    #[arg(long, default_value = "", help_heading = "Candidate process")]
+    members: String,
 
     #[command(flatten)]
     _libtest: LibtestFlags,
@@ -301,6 +364,17 @@ struct LibtestFlags {
     color: Option<String>,
 }
 
+impl Args {
+    /// How long `config` runs: `--duration`, or its default.
+    fn duration(&self, config: &Configuration) -> Duration {
+        self.duration.unwrap_or(if config.shards {
+            SHARD_DURATION
+        } else {
+            Duration::from_secs(30)
+        })
+    }
+}
+
 /// `--duration`: seconds, with or without a trailing `s`.
 fn seconds(text: &str) -> Result<Duration, String> {
     let secs = text
@@ -318,10 +392,10 @@ fn parse_args() -> Option<Args> {
         return None;
     }
     if args.backends.is_empty() {
-        // Everything but the skewed Galera run, a measurement that needs no repeating in CI.
+        // Everything but the measurements and slow variants named in `BY_NAME_ONLY`.
         args.backends = CONFIGURATIONS
             .iter()
-            .filter(|c| c.name != "galera-skew")
+            .filter(|c| !BY_NAME_ONLY.contains(&c.name))
             .map(|c| c.name.to_owned())
             .collect();
     }
@@ -346,6 +420,15 @@ fn main() {
             None => {
                 println!("torture: filtered out");
                 0
+            }
+            Some(args) if args.candidate.is_some() && args.shard_node => {
+                match shard_node::run(args).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("shard node failed: {e}");
+                        3
+                    }
+                }
             }
             Some(args) if args.candidate.is_some() => match candidate::run(args).await {
                 Ok(()) => 0,
@@ -372,7 +455,11 @@ async fn run_configurations(args: Args) -> i32 {
         return 0;
     }
     for (i, name) in args.backends.iter().enumerate() {
-        let lookup = if name == "mariadb" { "mysql" } else { name };
+        let lookup = match name.as_str() {
+            "mariadb" => "mysql",
+            "shards-mariadb" => "shards-mysql",
+            name => name,
+        };
         let Some(mut config) = CONFIGURATIONS.iter().copied().find(|c| c.name == lookup) else {
             eprintln!(
                 "torture: unknown backend {name} (one of: {})",

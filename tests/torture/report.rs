@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::checker::{Record, Verdict};
 use crate::faults::Faults;
-use crate::LEASE;
+use crate::shard_checker::{ShardRecord, ShardVerdict};
+use crate::{LEASE, SHARD_INTERVAL};
 
 /// The figures of one configuration's run, as checked.
 pub struct Summary<'a> {
@@ -116,4 +117,116 @@ fn by_kind(violations: &[String]) -> std::collections::BTreeMap<String, usize> {
         *by_kind.entry(kind.join(" ")).or_default() += 1;
     }
     by_kind
+}
+
+/// The figures of one shard-set configuration's run, as checked per resource.
+pub struct ShardSummary<'a> {
+    pub label: &'a str,
+    pub seed: u64,
+    pub nodes: usize,
+    /// Nodes started under libfaketime.
+    pub skewed: usize,
+    pub run_start_ns: u64,
+    pub record: &'a ShardRecord,
+    pub verdict: &'a ShardVerdict,
+    pub faults: &'a Faults,
+    /// Committed ledger rows.
+    pub ledger_rows: usize,
+    /// The highest token in the lease table at the end.
+    pub max_token: i64,
+    /// The recovery bound the checker held every resource to.
+    pub bound: Duration,
+}
+
+impl ShardSummary<'_> {
+    pub fn print(&self) {
+        let (record, verdict) = (self.record, self.verdict);
+        let mut kinds: Vec<String> = self
+            .faults
+            .counts
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        kinds.sort();
+        let n = record.resources.len();
+        println!(
+            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} shards={} operations={} (fenced {}, aborted {}, failed {}) ledger_rows={} terms={} max_token={} faults: {} violations={} (shards with a violation: {} of {}) worst_recovery={}ms (bound {}ms; by fault: {})",
+            self.label,
+            self.seed,
+            (record.end - self.run_start_ns) as f64 / 1e9,
+            self.nodes,
+            self.skewed,
+            n,
+            record.writes_committed
+                + record.writes_refused
+                + record.writes_aborted
+                + record.writes_failed,
+            record.writes_refused,
+            record.writes_aborted,
+            record.writes_failed,
+            self.ledger_rows,
+            verdict.terms,
+            self.max_token,
+            kinds.join(" "),
+            verdict.violations.len(),
+            verdict.failed_resources,
+            n,
+            verdict.worst_recovery_ns / 1_000_000,
+            self.bound.as_millis(),
+            verdict
+                .recovery_by_kind
+                .iter()
+                .map(|(kind, ns)| format!("{kind} {}ms", ns / 1_000_000))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        let ms = |ns: u64| {
+            if ns == u64::MAX {
+                "never".to_owned()
+            } else {
+                format!("{} ms", ns / 1_000_000)
+            }
+        };
+        let lease_round = (LEASE + SHARD_INTERVAL).as_millis();
+        let k = &verdict.kills;
+        println!(
+            "  recovery after kills: {} kills of a node leading shards, {} shards orphaned, leaderless for at most {} (median {}); lease + interval = {lease_round} ms",
+            k.faults,
+            k.resources,
+            ms(k.worst_ns),
+            ms(k.median_ns),
+        );
+        let p = &verdict.pauses;
+        println!(
+            "  takeover after pauses: {} pauses of a node leading shards, {} shards, led again (by another node, or by the woken one in a new term) after at most {} (median {}) from the SIGSTOP",
+            p.faults,
+            p.resources,
+            ms(p.worst_ns),
+            ms(p.median_ns),
+        );
+        let f = &verdict.fairness;
+        let nodes = if f.nodes_min == f.nodes_max {
+            f.nodes_min.to_string()
+        } else {
+            format!("{}..{}", f.nodes_min, f.nodes_max)
+        };
+        println!(
+            "  fairness: {} steady points ({} live nodes): shards per live node {}..{} (ceil({n}/M) + slack = {}), every shard led at {} of them",
+            f.samples, nodes, f.min, f.max, f.bound, f.all_led,
+        );
+        for v in &verdict.violations {
+            println!("  VIOLATION: {v}");
+        }
+        if !verdict.violations.is_empty() {
+            for f in &record.faults {
+                println!(
+                    "  fault {} {} at {}..{}",
+                    f.kind,
+                    f.candidate.as_deref().unwrap_or("-"),
+                    f.start,
+                    f.end
+                );
+            }
+        }
+    }
 }

@@ -16,8 +16,11 @@ use crate::common::{unique, Rng};
 use crate::db::{connect, connect_rollback_journal};
 use crate::servers::{private_mariadb, private_pgbouncer, private_postgres, start_galera, Cluster};
 use crate::skew::{faketime_lib, skew_problem};
-use crate::{checker, faults, report, timeline};
-use crate::{Args, Backend, Configuration, Error, LEASE, RECOVERY_MARGIN, RETRY};
+use crate::{checker, faults, report, shard_checker, timeline};
+use crate::{
+    Args, Backend, Configuration, Error, LEASE, RECOVERY_MARGIN, RETRY, SHARD_INTERVAL,
+    SHARD_SETTLE, SHARD_SLACK,
+};
 
 /// One configuration's servers, tables and working directory, as the run set them up.
 pub struct Setup {
@@ -40,7 +43,12 @@ pub struct Setup {
     pub admin_url: String,
     pub table: String,
     ledger: String,
+    /// The resource the candidates elect a leader for; in the shard-set configurations, the
+    /// shard set's name.
     pub resource: String,
+    /// The shard-set configurations: the membership table and the shard set's resources.
+    members: String,
+    pub shards: Vec<String>,
     pub admin: DatabaseConnection,
     _dir: tempfile::TempDir,
     dir: PathBuf,
@@ -68,8 +76,9 @@ impl Proc {
     }
 }
 
-/// The configuration's servers (started on first use), lease table and ledger table.
-async fn setup(config: Configuration) -> Result<Setup, Error> {
+/// The configuration's servers (started on first use), lease table and ledger table (and
+/// membership table for shard sets of `shards` resources).
+async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
     let backend = config.backend;
     let mut mariadb = None;
     let dir = tempfile::tempdir()?;
@@ -156,11 +165,19 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
     };
     let table = unique("tt");
     let ledger = unique("ledger");
-    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    let members = format!("{table}_m");
+    use orion_beacon_migration::{
+        CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
+    };
     CreateLeaseTable::with_table(&table)?
         .up(&SchemaManager::new(&admin))
         .await?;
-    let create = Table::create()
+    if config.shards {
+        CreateMemberTable::with_table(&members)?
+            .up(&SchemaManager::new(&admin))
+            .await?;
+    }
+    let mut create = Table::create()
         .table(Alias::new(&ledger))
         .col(
             ColumnDef::new(Alias::new("id"))
@@ -169,6 +186,16 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
                 .auto_increment()
                 .primary_key(),
         )
+        .to_owned();
+    if config.shards {
+        // The shard sets' ledger is keyed by resource.
+        create.col(
+            ColumnDef::new(Alias::new("resource"))
+                .string_len(64)
+                .not_null(),
+        );
+    }
+    let create = create
         .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
         .col(
             ColumnDef::new(Alias::new("candidate"))
@@ -191,7 +218,13 @@ async fn setup(config: Configuration) -> Result<Setup, Error> {
         admin_url,
         table,
         ledger,
-        resource: unique("job"),
+        resource: unique(if config.shards { "set" } else { "job" }),
+        members,
+        shards: if config.shards {
+            crate::shard_node::resources(shards)
+        } else {
+            Vec::new()
+        },
         admin,
         _dir: dir,
         dir: path,
@@ -237,6 +270,17 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     ])
     .arg("--history")
     .arg(&history)
+    .args(if s.config.shards {
+        vec![
+            "--shard-node".to_owned(),
+            "--shards".to_owned(),
+            s.shards.len().to_string(),
+            "--members".to_owned(),
+            s.members.clone(),
+        ]
+    } else {
+        Vec::new()
+    })
     .args(["--pool", &s.config.pool.to_string()])
     .args(s.config.rollback_journal.then_some("--rollback-journal"))
     .args(s.config.pgbouncer.then_some("--transaction-pooling"))
@@ -268,7 +312,8 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
     let backend = config.backend;
     let label = config.name.to_owned();
     let mut rng = Rng::new(seed);
-    let s = setup(config).await?;
+    let s = setup(config, args.shards).await?;
+    let duration = args.duration(&config);
     let _reader = faults::start_long_reader(&s).await?;
     let kinds = faults::applicable(&s, args.faults.as_deref());
     // SQLite's clock is each process's own wall clock (the library runs in the candidate), so
@@ -296,8 +341,7 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
     }
     let started = tokio::time::Instant::now();
     let run_start_ns = mono_ns();
-    let mut applied =
-        faults::apply(&s, &mut procs, &kinds, args.duration, started, &mut rng).await?;
+    let mut applied = faults::apply(&s, &mut procs, &kinds, duration, started, &mut rng).await?;
     // Faults of the run itself that did nothing (a connkill that killed nothing, a requested
     // kind never applied, a clock that was not skewed): the run proves less than it says.
     let mut run_violations = std::mem::take(&mut applied.problems);
@@ -322,6 +366,17 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         p.remove_faketime_leftovers();
     }
     let run_end_ns = mono_ns();
+    if config.shards {
+        let times = ShardTimes {
+            seed,
+            candidates: args.candidates,
+            skewed,
+            run_start_ns,
+            quiesce_ns,
+            run_end_ns,
+        };
+        return finish_shards(s, &procs, applied, run_violations, &kinds, times).await;
+    }
     let mut record = checker::Record {
         end: run_end_ns,
         quiesce: quiesce_ns,
@@ -429,4 +484,144 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         .execute(&Table::drop().table(Alias::new(&s.table)).to_owned())
         .await;
     Ok(verdict.violations.is_empty() && verdict.terms > 0)
+}
+
+/// A shard-set run's figures from the harness, for its summary.
+struct ShardTimes {
+    seed: u64,
+    candidates: usize,
+    skewed: usize,
+    run_start_ns: u64,
+    quiesce_ns: u64,
+    run_end_ns: u64,
+}
+
+/// A shard-set configuration's verdict, once its nodes have stopped: the histories and the
+/// ledger split by resource and checked per resource (`shard_checker.rs`), the fault problems
+/// of the run itself, the summary. `true` if it passed.
+async fn finish_shards(
+    s: Setup,
+    procs: &[Proc],
+    mut applied: faults::Faults,
+    mut run_violations: Vec<String>,
+    kinds: &[String],
+    times: ShardTimes,
+) -> Result<bool, Error> {
+    let label = s.config.name;
+    let mut record = shard_checker::ShardRecord::new(&s.shards);
+    record.end = times.run_end_ns;
+    record.quiesce = times.quiesce_ns;
+    // A node stopped inside a fenced transaction holds that resource's lease row (SQLite: the
+    // whole file) until it runs again: recovery from a pause counts from the wake-up.
+    record.pause_blocks_store = true;
+    record.faults = std::mem::take(&mut applied.log);
+    for p in procs {
+        let text = std::fs::read_to_string(&p.history).unwrap_or_default();
+        record.add_history(&text, applied.kills.get(&p.name).copied())?;
+        if let Some(offset) = &p.offset {
+            if let Some(problem) = skew_problem(&text, offset) {
+                run_violations.push(format!("{}: {problem}", p.name));
+            }
+        }
+    }
+    for kind in kinds {
+        if !applied.counts.contains_key(kind) {
+            run_violations.push(format!("fault {kind} was requested but never applied"));
+        }
+    }
+    if applied.counts.contains_key("pause")
+        && record.writes_refused + record.writes_aborted == 0
+        && record.writes_failed == 0
+    {
+        run_violations.push(
+            "nodes were paused past their leases, yet no stale write was refused by the fence \
+             or aborted at commit (the woken node's writes never reached the database)"
+                .to_owned(),
+        );
+    }
+    let admin = &s.admin;
+    let rows = admin
+        .query_all(
+            &Query::select()
+                .columns([
+                    Alias::new("id"),
+                    Alias::new("resource"),
+                    Alias::new("token"),
+                    Alias::new("candidate"),
+                    Alias::new("seq"),
+                ])
+                .from(Alias::new(&s.ledger))
+                .order_by(Alias::new("id"), sea_orm::sea_query::Order::Asc)
+                .to_owned(),
+        )
+        .await?;
+    let ledger_rows = rows.len();
+    for row in rows {
+        let resource: String = row.try_get_by_index(1)?;
+        record.add_ledger_row(
+            &resource,
+            checker::LedgerRow {
+                id: row.try_get_by_index(0)?,
+                token: row.try_get_by_index(2)?,
+                candidate: row.try_get_by_index(3)?,
+                seq: row.try_get_by_index(4)?,
+            },
+        )?;
+    }
+    let bound = LEASE + SHARD_INTERVAL + RECOVERY_MARGIN;
+    let mut verdict = shard_checker::check(
+        &mut record,
+        bound.as_nanos() as u64,
+        SHARD_SETTLE.as_nanos() as u64,
+        SHARD_SLACK,
+    );
+    verdict.violations.extend(run_violations);
+    let last_tokens = SeaOrmLeaseStore::new(admin.clone())
+        .with_table(&s.table)?
+        .current_all(&s.shards)
+        .await?
+        .iter()
+        .map(|r| r.token.get())
+        .collect::<Vec<_>>();
+    report::ShardSummary {
+        label,
+        seed: times.seed,
+        nodes: times.candidates,
+        skewed: times.skewed,
+        run_start_ns: times.run_start_ns,
+        record: &record,
+        verdict: &verdict,
+        faults: &applied,
+        ledger_rows,
+        max_token: last_tokens.iter().copied().max().unwrap_or(0),
+        bound,
+    }
+    .print();
+    let passed = verdict.violations.is_empty() && verdict.led_resources == s.shards.len();
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some() || !passed {
+        // The fault log next to the histories, in their monotonic nanoseconds.
+        let log: String = record
+            .faults
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} {} {} {}\n",
+                    f.kind,
+                    f.candidate.as_deref().unwrap_or("-"),
+                    f.start,
+                    f.end
+                )
+            })
+            .collect();
+        std::fs::write(s.dir.join("faults"), log)?;
+        println!("  histories: {}", s.dir.display());
+        std::mem::forget(s._dir);
+        return Ok(passed);
+    }
+    for table in [&s.ledger, &s.table, &s.members] {
+        let _ = admin
+            .execute(&Table::drop().table(Alias::new(table)).to_owned())
+            .await;
+    }
+    Ok(passed)
 }

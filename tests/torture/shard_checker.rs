@@ -1,0 +1,481 @@
+//! The torture checker per resource, for the shard-set configurations: the nodes' histories
+//! (`shard_node.rs`) and the ledger are split by resource, and each resource's record goes
+//! through the single-resource checker (`checker.rs`): no two nodes' believed leadership of a
+//! resource overlaps, its tokens strictly increase, its ledger rows are in token order and
+//! belong to terms their writers held, it has a leader again within the bound after every fault
+//! and is never leaderless longer than that unless a server fault explains it.
+//!
+//! A node believes in a term from the moment it published it (its watcher or the term's work
+//! saw it, whichever first) until it saw the term end, or its local deadline if that came first,
+//! or the SIGKILL; and the term's work counts too: a term is held until its work returned (or
+//! was dropped), capped by the deadline the term had then. Work of a handed-over resource that
+//! runs on while another node already leads it is an overlap.
+//!
+//! Then two figures: **recovery**, how long each resource a killed node led went without a
+//! leader (from the SIGKILL to another node's term), and **fairness**, the most and fewest
+//! resources a live node led at steady points (no membership change or fault for a while),
+//! against `ceil(N / M) + slack` for `M` live nodes.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::checker::{self, Fault, Interval, LedgerRow, Record};
+
+/// One node process, from its history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub name: String,
+    /// Its `start` line.
+    pub start: u64,
+    /// Its `stop` line or its SIGKILL (`u64::MAX`: neither).
+    pub end: u64,
+    /// Its view of the membership as it changed: (when, how many live members it saw).
+    pub views: Vec<(u64, usize)>,
+}
+
+/// What the nodes and the ledger recorded, split by resource.
+#[derive(Debug, Default)]
+pub struct ShardRecord {
+    /// Per resource, the record the single-resource checker judges.
+    pub resources: BTreeMap<String, Record>,
+    pub nodes: Vec<Node>,
+    pub faults: Vec<Fault>,
+    pub writes_committed: u64,
+    pub writes_refused: u64,
+    pub writes_aborted: u64,
+    pub writes_failed: u64,
+    /// As in [`Record`].
+    pub end: u64,
+    pub quiesce: u64,
+    pub pause_blocks_store: bool,
+}
+
+/// A term while its node's history is read.
+#[derive(Debug)]
+struct Open {
+    resource: String,
+    token: i64,
+    start: u64,
+    lost: Option<u64>,
+    work: bool,
+    done: Option<u64>,
+}
+
+fn num(parts: &[&str], i: usize, line: &str) -> Result<u64, String> {
+    parts
+        .get(i)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("bad history line: {line:?}"))
+}
+
+fn word<'a>(parts: &[&'a str], i: usize, line: &str) -> Result<&'a str, String> {
+    parts
+        .get(i)
+        .copied()
+        .ok_or_else(|| format!("bad history line: {line:?}"))
+}
+
+impl ShardRecord {
+    /// An empty record over `resources` (each gets its record even if nobody ever led it).
+    pub fn new(resources: &[String]) -> Self {
+        Self {
+            resources: resources
+                .iter()
+                .map(|r| (r.clone(), Record::default()))
+                .collect(),
+            ..Self::default()
+        }
+    }
+
+    fn resource(&mut self, name: &str) -> Result<&mut Record, String> {
+        self.resources
+            .get_mut(name)
+            .ok_or_else(|| format!("unknown resource {name:?}"))
+    }
+
+    /// Adds one node's history. `killed_at` ends whatever the process never saw end.
+    pub fn add_history(&mut self, text: &str, killed_at: Option<u64>) -> Result<(), String> {
+        let mut node = Node {
+            name: String::new(),
+            start: 0,
+            end: killed_at.unwrap_or(u64::MAX),
+            views: Vec::new(),
+        };
+        let mut terms: BTreeMap<u64, Open> = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            match parts[0] {
+                "start" => {
+                    node.name = word(&parts, 1, line)?.to_owned();
+                    node.start = num(&parts, 2, line)?;
+                }
+                "lead" => {
+                    let id = num(&parts, 4, line)?;
+                    terms.insert(
+                        id,
+                        Open {
+                            resource: word(&parts, 1, line)?.to_owned(),
+                            token: num(&parts, 2, line)? as i64,
+                            start: num(&parts, 3, line)?,
+                            lost: None,
+                            work: false,
+                            done: None,
+                        },
+                    );
+                }
+                "work" | "lost" | "done" => {
+                    let id = num(&parts, parts.len() - 1, line)?;
+                    let term = terms
+                        .get_mut(&id)
+                        .ok_or_else(|| format!("{}: {line:?} before its lead", node.name))?;
+                    if term.resource != word(&parts, 1, line)?
+                        || term.token != num(&parts, 2, line)? as i64
+                    {
+                        return Err(format!("{}: {line:?} names another term", node.name));
+                    }
+                    match parts[0] {
+                        "work" => term.work = true,
+                        kind => {
+                            // Believed until seen ending, or its deadline if that came first.
+                            let at = num(&parts, 3, line)?;
+                            let deadline = num(&parts, 4, line)?;
+                            let end = at.min(deadline).max(term.start);
+                            if kind == "lost" {
+                                term.lost = Some(end);
+                            } else {
+                                term.done = Some(end);
+                            }
+                        }
+                    }
+                }
+                "write" => self.writes_committed += 1,
+                "refused" => self.writes_refused += 1,
+                "aborted" => self.writes_aborted += 1,
+                "failed" => self.writes_failed += 1,
+                "stop" => node.end = node.end.min(num(&parts, 1, line)?),
+                "assign" => {
+                    let members = num(&parts, 3, line)? as usize;
+                    if node.views.last().is_none_or(|(_, m)| *m != members) {
+                        node.views.push((num(&parts, 1, line)?, members));
+                    }
+                }
+                other => return Err(format!("unknown history line kind {other:?}")),
+            }
+        }
+        for term in terms.into_values() {
+            // Held while believed or while its work ran; what never ended ends at the kill, or
+            // stays open to the end of the run.
+            let believed = term.lost.or(killed_at).unwrap_or(u64::MAX);
+            let worked = match (term.work, term.done) {
+                (false, _) => 0,
+                (true, Some(done)) => done,
+                (true, None) => killed_at.unwrap_or(u64::MAX),
+            };
+            let end = believed.max(worked).max(term.start);
+            self.resource(&term.resource)?.intervals.push(Interval {
+                candidate: node.name.clone(),
+                token: term.token,
+                start: term.start,
+                end,
+            });
+        }
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    /// Adds a committed ledger row of `resource` (rows in commit order).
+    pub fn add_ledger_row(&mut self, resource: &str, row: LedgerRow) -> Result<(), String> {
+        self.resource(resource)?.ledger.push(row);
+        Ok(())
+    }
+
+    /// Gives every resource's record the run's faults and times.
+    fn finish(&mut self) {
+        for record in self.resources.values_mut() {
+            record.faults = self.faults.clone();
+            record.end = self.end;
+            record.quiesce = self.quiesce;
+            record.pause_blocks_store = self.pause_blocks_store;
+        }
+    }
+}
+
+/// What the checker found, over every resource.
+#[derive(Debug, Default)]
+pub struct ShardVerdict {
+    /// Each prefixed with its resource.
+    pub violations: Vec<String>,
+    /// Resources with at least one violation.
+    pub failed_resources: usize,
+    /// Believed terms, all resources.
+    pub terms: usize,
+    /// Resources that were led at all.
+    pub led_resources: usize,
+    /// The slowest recovery after any fault, over all resources (as in the single check).
+    pub worst_recovery_ns: u64,
+    pub recoveries: usize,
+    /// The same per fault kind: the slowest recovery after a fault of that kind.
+    pub recovery_by_kind: BTreeMap<String, u64>,
+    pub kills: KillRecovery,
+    pub pauses: KillRecovery,
+    pub fairness: Fairness,
+}
+
+/// How long the resources a node held when it was killed (or paused) went without another
+/// node leading them.
+#[derive(Debug, Default, Clone)]
+pub struct KillRecovery {
+    /// Faults of the kind that hit a node holding resources.
+    pub faults: usize,
+    /// Resources the node held at the fault, summed over the faults.
+    pub resources: usize,
+    /// The longest such wait (ns); `u64::MAX` if one was never led again.
+    pub worst_ns: u64,
+    /// Its median.
+    pub median_ns: u64,
+}
+
+/// Resources per live node at steady points.
+#[derive(Debug, Default, Clone)]
+pub struct Fairness {
+    /// Steady points sampled (every 100 ms of steady time).
+    pub samples: usize,
+    /// Live nodes at those points (the fewest and most seen).
+    pub nodes_min: usize,
+    pub nodes_max: usize,
+    /// The fewest and most resources one live node led at a steady point.
+    pub min: usize,
+    pub max: usize,
+    /// `ceil(N / M) + slack` at the point where `max` was seen.
+    pub bound: usize,
+    /// Steady points at which every resource was led.
+    pub all_led: usize,
+    /// Steady points at which a live node led more than its bound.
+    pub over: Vec<String>,
+}
+
+/// Checks every resource, then measures recovery and fairness. `settle_ns`: how long after a
+/// membership change or a fault a point counts as steady; `slack` the shard set's.
+pub fn check(
+    record: &mut ShardRecord,
+    recovery_bound_ns: u64,
+    settle_ns: u64,
+    slack: usize,
+) -> ShardVerdict {
+    record.finish();
+    let mut v = ShardVerdict::default();
+    for (resource, r) in &record.resources {
+        let verdict = checker::check(r, recovery_bound_ns);
+        v.terms += verdict.terms;
+        v.led_resources += usize::from(verdict.terms > 0);
+        v.recoveries += verdict.recoveries;
+        v.worst_recovery_ns = v.worst_recovery_ns.max(verdict.worst_recovery_ns);
+        if !verdict.violations.is_empty() {
+            v.failed_resources += 1;
+        }
+        v.violations.extend(
+            verdict
+                .violations
+                .into_iter()
+                .map(|m| format!("{resource}: {m}")),
+        );
+    }
+    // The recovery figure per fault kind: each resource checked against that kind's faults
+    // alone (only the figure is read; the violations are the full check's above).
+    let mut kinds: Vec<String> = record.faults.iter().map(|f| f.kind.clone()).collect();
+    kinds.sort();
+    kinds.dedup();
+    for kind in kinds {
+        let mut worst = 0;
+        for r in record.resources.values() {
+            let alone = Record {
+                intervals: r.intervals.clone(),
+                faults: r
+                    .faults
+                    .iter()
+                    .filter(|f| f.kind == kind)
+                    .cloned()
+                    .collect(),
+                end: r.end,
+                quiesce: r.quiesce,
+                pause_blocks_store: r.pause_blocks_store,
+                ..Record::default()
+            };
+            worst = worst.max(checker::check(&alone, recovery_bound_ns).worst_recovery_ns);
+        }
+        v.recovery_by_kind.insert(kind, worst);
+    }
+    v.kills = takeovers(record, "kill", recovery_bound_ns);
+    v.pauses = takeovers(record, "pause", recovery_bound_ns);
+    v.fairness = fairness(record, settle_ns, slack);
+    for over in &v.fairness.over {
+        v.violations.push(format!("fairness: {over}"));
+    }
+    v
+}
+
+/// The intervals of every resource, closed at the end of the run.
+fn closed(record: &ShardRecord, r: &Record) -> Vec<Interval> {
+    r.intervals
+        .iter()
+        .cloned()
+        .map(|mut i| {
+            if i.end == u64::MAX {
+                i.end = record.end.max(i.start);
+            }
+            i
+        })
+        .collect()
+}
+
+/// After each fault of `kind` (a kill or a pause of one node): for every resource that node
+/// held at that instant, the time until another node led it (or, after a pause, a new term of
+/// the woken node itself).
+fn takeovers(record: &ShardRecord, kind: &str, bound_ns: u64) -> KillRecovery {
+    let mut waits = Vec::new();
+    let mut faults = 0;
+    for fault in record.faults.iter().filter(|f| f.kind == kind) {
+        let Some(node) = fault.candidate.as_deref() else {
+            continue;
+        };
+        let at = fault.start;
+        let mut hit = false;
+        for r in record.resources.values() {
+            let intervals = closed(record, r);
+            let held = intervals
+                .iter()
+                .any(|i| i.candidate == node && i.start <= at && i.end >= at);
+            if !held {
+                continue;
+            }
+            hit = true;
+            let next = intervals
+                .iter()
+                .filter(|i| (i.candidate != node || i.start >= fault.end) && i.end > at)
+                .map(|i| i.start.saturating_sub(at))
+                .min();
+            match next {
+                Some(wait) => waits.push(wait),
+                // The run ended before anyone took it: no figure.
+                None if record.quiesce.saturating_sub(at) < bound_ns => {}
+                None => waits.push(u64::MAX),
+            }
+        }
+        faults += usize::from(hit);
+    }
+    waits.sort_unstable();
+    KillRecovery {
+        faults,
+        resources: waits.len(),
+        worst_ns: waits.last().copied().unwrap_or(0),
+        median_ns: waits.get(waits.len() / 2).copied().unwrap_or(0),
+    }
+}
+
+/// Resources per live node at steady points: every 100 ms from the first node's start to the
+/// quiesce, the points at least `settle_ns` after the last node start, kill, stop, pause (its
+/// start and its end), server fault and change of a node's view of the members, at which every
+/// live node sees as many members as there are live nodes. (A node whose round came too late,
+/// on a loaded machine, drops out of the others' view for a moment: not a steady point.)
+fn fairness(record: &ShardRecord, settle_ns: u64, slack: usize) -> Fairness {
+    let n = record.resources.len();
+    let mut events: Vec<u64> = Vec::new();
+    for node in &record.nodes {
+        events.push(node.start);
+        if node.end != u64::MAX {
+            events.push(node.end);
+        }
+        events.extend(node.views.iter().map(|(at, _)| *at));
+    }
+    for f in &record.faults {
+        events.push(f.start);
+        events.push(f.end);
+    }
+    events.sort_unstable();
+    let paused = |name: &str, t: u64| {
+        record.faults.iter().any(|f| {
+            f.kind == "pause" && f.candidate.as_deref() == Some(name) && f.start <= t && t < f.end
+        })
+    };
+    // Per node, its intervals of every resource.
+    let mut held: HashMap<String, Vec<(u64, u64, &str)>> = HashMap::new();
+    for (resource, r) in &record.resources {
+        for i in closed(record, r) {
+            held.entry(i.candidate)
+                .or_default()
+                .push((i.start, i.end, resource.as_str()));
+        }
+    }
+    let mut out = Fairness {
+        min: usize::MAX,
+        nodes_min: usize::MAX,
+        ..Fairness::default()
+    };
+    let Some(first) = record.nodes.iter().map(|n| n.start).min() else {
+        return Fairness::default();
+    };
+    let step = 100_000_000;
+    let mut t = first + settle_ns;
+    while t < record.quiesce {
+        let last_event = events.iter().rev().find(|e| **e <= t).copied().unwrap_or(0);
+        if t - last_event < settle_ns {
+            t += step;
+            continue;
+        }
+        let live: Vec<&Node> = record
+            .nodes
+            .iter()
+            .filter(|node| node.start <= t && t < node.end && !paused(&node.name, t))
+            .collect();
+        if live.is_empty() {
+            t += step;
+            continue;
+        }
+        let m = live.len();
+        let agreed = live.iter().all(|node| {
+            node.views
+                .iter()
+                .rev()
+                .find(|(at, _)| *at <= t)
+                .is_some_and(|(_, seen)| *seen == m)
+        });
+        if !agreed {
+            t += step;
+            continue;
+        }
+        let bound = n.div_ceil(m) + slack;
+        let mut led_by_any = std::collections::HashSet::new();
+        for node in &live {
+            let mine: std::collections::HashSet<&str> = held
+                .get(node.name.as_str())
+                .into_iter()
+                .flatten()
+                .filter(|(s, e, _)| *s <= t && t < *e)
+                .map(|(_, _, r)| *r)
+                .collect();
+            let count = mine.len();
+            led_by_any.extend(mine);
+            out.min = out.min.min(count);
+            if count > out.max {
+                out.max = count;
+                out.bound = bound;
+            }
+            if count > bound {
+                out.over.push(format!(
+                    "{} led {count} resources at {t}, a steady point with {m} live nodes (bound ceil({n}/{m}) + {slack} = {bound})",
+                    node.name
+                ));
+            }
+        }
+        out.samples += 1;
+        out.nodes_min = out.nodes_min.min(m);
+        out.nodes_max = out.nodes_max.max(m);
+        out.all_led += usize::from(led_by_any.len() == n);
+        t += step;
+    }
+    if out.samples == 0 {
+        out.min = 0;
+        out.nodes_min = 0;
+    }
+    out
+}
