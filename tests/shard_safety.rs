@@ -96,6 +96,9 @@ async fn a_revoked_handover_drops_its_work_before_the_next_leader_starts() {
     );
 }
 
+/// Why each term ended, and how long it ran.
+type Reasons = Arc<Mutex<Vec<(String, Option<LossReason>, Duration)>>>;
+
 /// A store whose acquires take 15 ms each.
 #[derive(Clone)]
 struct SlowAcquire {
@@ -161,17 +164,13 @@ async fn a_long_cold_start_never_starves_the_renew_of_terms_already_held() {
         .unwrap()
         .start();
     let t0 = Instant::now();
-    let reasons: Arc<Mutex<Vec<(String, Option<LossReason>, Duration)>>> = Arc::default();
+    let reasons: Reasons = Arc::default();
     let r2 = reasons.clone();
     a.run_per_shard(move |term| {
         let r2 = r2.clone();
         async move {
             let lost = term.cancellation_token();
-            struct G(
-                Arc<Mutex<Vec<(String, Option<LossReason>, Duration)>>>,
-                orion_beacon::LeaderTerm,
-                Instant,
-            );
+            struct G(Reasons, orion_beacon::LeaderTerm, Instant);
             impl Drop for G {
                 fn drop(&mut self) {
                     self.0.lock().unwrap().push((
@@ -384,5 +383,96 @@ async fn two_processes_with_one_member_id_never_both_lead() {
     assert!(
         both.is_empty(),
         "led by both processes, same token: {both:?}"
+    );
+}
+
+/// A store whose first acquire of each resource gets no answer, but commits later (it waited
+/// for a row lock, say): the node never leads on it, and releases that lease when it sees it.
+#[derive(Clone)]
+struct LateAcquire {
+    inner: InMemoryLeaseStore,
+    first: Arc<Mutex<std::collections::HashSet<String>>>,
+}
+
+#[async_trait]
+impl LeaseStore for LateAcquire {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        l: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        if self.first.lock().unwrap().insert(r.to_owned()) {
+            let (inner, r, c) = (self.inner.clone(), r.to_owned(), c.to_owned());
+            // Granted while the caller still waits; the answer never reaches it.
+            tokio::spawn(async move {
+                sleep(Duration::from_millis(500)).await;
+                inner.acquire_or_renew(&r, &c, l).await
+            });
+            std::future::pending::<()>().await;
+        }
+        self.inner.acquire_or_renew(r, c, l).await
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        self.inner.release(r, c).await
+    }
+    async fn release_lease(&self, l: &Lease) -> Result<bool, StoreError> {
+        self.inner.release_lease(l).await
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+    async fn renew_all(&self, h: &[Lease], l: Duration) -> Result<Renewals, StoreError> {
+        self.inner.renew_all(h, l).await
+    }
+}
+
+#[async_trait]
+impl MembershipStore for LateAcquire {
+    async fn heartbeat(
+        &self,
+        s: &str,
+        m: &str,
+        t: Duration,
+        d: bool,
+    ) -> Result<Vec<Member>, StoreError> {
+        self.inner.heartbeat(s, m, t, d).await
+    }
+    async fn leave(&self, s: &str, m: &str) -> Result<bool, StoreError> {
+        self.inner.leave(s, m).await
+    }
+    async fn members(&self, s: &str) -> Result<Vec<Member>, StoreError> {
+        self.inner.members(s).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_granted_after_its_timeout_is_released_not_left_to_lapse() {
+    let store = LateAcquire {
+        inner: InMemoryLeaseStore::new(),
+        first: Arc::default(),
+    };
+    let a = ShardSet::builder(store.clone())
+        .name("set")
+        .resources(names(1))
+        .member_id("a")
+        .lease_duration(Duration::from_secs(10))
+        .interval(Duration::from_secs(1))
+        .build()
+        .unwrap()
+        .start();
+    let started = Instant::now();
+    let mut watch = a.watch();
+    watch.wait_for(|x| x.led.len() == 1).await.unwrap();
+    let term = a.term("shard-0").expect("led");
+    assert_eq!(
+        term.token().get(),
+        2,
+        "the late grant (token 1) was released, not led"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "led {:?} after the start: the late grant was left to lapse",
+        started.elapsed()
     );
 }

@@ -52,6 +52,9 @@ pub(crate) struct Plan {
     pub release: Vec<Arc<str>>,
     /// Free resources to try to acquire, in order.
     pub acquire: Vec<Arc<str>>,
+    /// Further free resources, in order, to try instead of one another node took first while
+    /// this node is still below its share.
+    pub spare: Vec<Arc<str>>,
 }
 
 /// The members that take resources (live and not draining), sorted by id, this node included
@@ -148,6 +151,7 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
     }
 
     let mut acquire = Vec::new();
+    let mut spare = Vec::new();
     if !view.draining {
         let mut candidates: Vec<Arc<str>> = view
             .resources
@@ -177,6 +181,8 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
             if count < target.saturating_add(view.slack) && view.orphans.contains(&r) {
                 acquire.push(r);
                 count += 1;
+            } else {
+                spare.push(r);
             }
         }
         // ...and whatever nobody led for a whole lease, shares and preferences aside.
@@ -187,12 +193,14 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
             .cloned()
             .collect();
         by_rank_desc(&mut abandoned);
+        spare.retain(|r| !abandoned.contains(r));
         acquire.extend(abandoned);
     }
     Plan {
         target,
         release,
         acquire,
+        spare,
     }
 }
 
@@ -279,6 +287,11 @@ mod tests {
         assert_eq!((p.target, p.acquire.len(), p.release.len()), (8, 8, 0));
         let case = Case::new(&["a", "b"], 9);
         assert_eq!(case.plan("a").acquire.len(), 5);
+        assert_eq!(
+            case.plan("a").spare.len(),
+            4,
+            "the rest, should some be taken first"
+        );
         assert_eq!(case.plan("b").acquire.len(), 4);
         // different nodes try different resources first
         assert_ne!(case.plan("a").acquire[0], case.plan("b").acquire[0]);

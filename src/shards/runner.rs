@@ -104,8 +104,10 @@ struct State {
     members_at: Option<Instant>,
     /// Since when each free resource has been seen free.
     free_since: HashMap<Arc<str>, Instant>,
-    /// Free at the previous look.
-    last_free: HashSet<Arc<str>>,
+    /// Resources whose acquire got no answer in time, and when it was sent: the statement may
+    /// still commit (say after waiting for a row lock) and grant this node a lease it does not
+    /// lead; such a lease is released (that exact write) when a later look finds it.
+    uncertain: HashMap<Arc<str>, Instant>,
     /// Resources taken because nobody led them for a lease, kept until the members change
     /// (see `plan::View::keep`), and the members they were taken under.
     keep: HashSet<Arc<str>>,
@@ -149,6 +151,7 @@ impl Runner {
                 }
                 _ = self.control.shutdown.cancelled(), if !st.stopping => {
                     self.begin_stop(&mut st);
+                    self.publish(&st); // the ended terms leave the assignment at once
                     next_round = Instant::now();
                     continue;
                 }
@@ -403,7 +406,16 @@ impl Runner {
             .filter(|(_, since)| looked.saturating_duration_since(**since) >= self.config.lease)
             .map(|(r, _)| r.clone())
             .collect();
-        let orphans: HashSet<Arc<str>> = free.intersection(&st.last_free).cloned().collect();
+        // Orphans: free for a whole round, not merely at two looks (a release notification
+        // makes rounds come quickly, and a resource just handed over to a joining node is not
+        // an orphan).
+        let orphans: HashSet<Arc<str>> = st
+            .free_since
+            .iter()
+            .filter(|(_, since)| looked.saturating_duration_since(**since) >= self.config.interval)
+            .map(|(r, _)| r.clone())
+            .collect();
+        self.release_strays(st, &records, looked).await;
         let held: BTreeSet<Arc<str>> = st.held.keys().cloned().collect();
         let members: Vec<(String, bool)> = st
             .members
@@ -432,7 +444,6 @@ impl Runner {
             slack: self.config.slack,
             draining,
         });
-        st.last_free = free;
         st.share = p.target;
         for r in &p.release {
             if let Some(h) = st.held.remove(r) {
@@ -441,7 +452,9 @@ impl Runner {
             }
         }
         self.publish(st);
-        for r in p.acquire {
+        let mut spare = p.spare.into_iter();
+        let mut queue: std::collections::VecDeque<Arc<str>> = p.acquire.into();
+        while let Some(r) = queue.pop_front() {
             if self.over_budget(st, started) {
                 debug!("round budget spent; acquiring the rest next round");
                 return;
@@ -471,6 +484,14 @@ impl Runner {
                     st.held.insert(r, Held { term, lease });
                     self.publish(st);
                 }
+                Ok(LeaseOutcome::Renewed(lease)) if st.uncertain.remove(&r).is_some() => {
+                    // This node's own earlier acquire, granted after it stopped waiting.
+                    warn!(resource = %r, token = %lease.token,
+                        "an acquire that got no answer in time was granted after all; releasing that lease");
+                    if let Err(err) = self.bounded(self.store.release_lease(&lease)).await {
+                        warn!(resource = %r, error = %err, "release failed; the lease lapses instead");
+                    }
+                }
                 Ok(LeaseOutcome::Renewed(lease)) => {
                     // A live lease of this member id that this node does not hold: another
                     // process with the same id (or this node's own term that outlived its
@@ -481,6 +502,10 @@ impl Runner {
                 }
                 Ok(LeaseOutcome::Denied(d)) => {
                     debug!(resource = %r, holder = ?d.holder, "taken by another member first");
+                    // Below the share still: try another free resource in its place.
+                    if st.held.len() < st.share {
+                        queue.extend(spare.next());
+                    }
                 }
                 Err(err) => {
                     let err = match err.permanent() {
@@ -490,9 +515,52 @@ impl Runner {
                         }
                         Err(err) => err,
                     };
+                    if matches!(err, Bounded::Timeout(_)) {
+                        st.uncertain.insert(r.clone(), sent);
+                    }
                     warn!(resource = %r, error = %err, "acquire failed; trying again next round");
                     return;
                 }
+            }
+        }
+    }
+
+    /// Releases the leases that acquires which got no answer in time were granted after all:
+    /// live, held by this member id, not led by this node. Each release names the exact write
+    /// it saw, so it can never end a term that began after the look.
+    async fn release_strays(
+        &self,
+        st: &mut State,
+        records: &[crate::LeaseRecord],
+        looked: Instant,
+    ) {
+        if st.uncertain.is_empty() {
+            return;
+        }
+        // An unanswered acquire that waited this long for a lock is given up on.
+        let horizon = self.config.lease.saturating_mul(2);
+        st.uncertain
+            .retain(|_, sent| looked.saturating_duration_since(*sent) < horizon);
+        for record in records {
+            let stray = record.live
+                && record.holder == *self.config.member
+                && !st.held.contains_key(record.resource.as_str())
+                && st.uncertain.contains_key(record.resource.as_str());
+            if !stray {
+                continue;
+            }
+            st.uncertain.remove(record.resource.as_str());
+            let mut lease = Lease::new(
+                record.resource.clone(),
+                record.holder.clone(),
+                record.token,
+                record.remaining,
+            );
+            lease.expires_at = record.expires_at;
+            warn!(resource = %record.resource, token = %record.token,
+                "an acquire that got no answer in time was granted after all; releasing that lease");
+            if let Err(err) = self.bounded(self.store.release_lease(&lease)).await {
+                warn!(resource = %record.resource, error = %err, "release failed; the lease lapses instead");
             }
         }
     }
