@@ -134,10 +134,13 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
         .filter(|r| !release.contains(r))
         .cloned()
         .collect();
-    if known && kept.len() > target.saturating_add(view.slack) {
+    // Resources kept because nobody else could lead them do not count against the share:
+    // otherwise taking them would hand healthy ones over to the member that cannot lead.
+    let counted = |kept: &[Arc<str>]| kept.iter().filter(|r| !view.keep.contains(*r)).count();
+    if known && counted(&kept) > target.saturating_add(view.slack) {
         // Over the share and the slack: hand over down to the share, the resources this node
         // ranks lowest first, never those that prefer it.
-        let excess = kept.len() - target;
+        let excess = counted(&kept) - target;
         let mut movable: Vec<Arc<str>> = kept
             .iter()
             .filter(|r| !for_me(r) && !view.keep.contains(*r))
@@ -152,7 +155,7 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
 
     let mut acquire = Vec::new();
     let mut spare = Vec::new();
-    if !view.draining {
+    if !view.draining && known {
         let mut candidates: Vec<Arc<str>> = view
             .resources
             .iter()
@@ -162,7 +165,7 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
         by_rank_desc(&mut candidates);
         // Resources that prefer this node: always.
         let (mine, rest): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|r| for_me(r));
-        let mut count = kept.len() + mine.len();
+        let mut count = counted(&kept) + mine.len();
         acquire.extend(mine);
         // Then free resources up to the share...
         let mut later = Vec::new();
@@ -174,7 +177,7 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
                 later.push(r);
             }
         }
-        // ...and orphans (free at two looks in a row) up to the share plus the slack: a node
+        // ...and orphans (free for a whole interval) up to the share plus the slack: a node
         // that died leaves its resources to whoever sees them first, before the members'
         // shares catch up.
         for r in later {
@@ -185,7 +188,10 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
                 spare.push(r);
             }
         }
-        // ...and whatever nobody led for a whole lease, shares and preferences aside.
+    }
+    if !view.draining {
+        // Whatever nobody led for a whole lease, shares and preferences aside (also without a
+        // view of the members).
         let mut abandoned: Vec<Arc<str>> = view
             .abandoned
             .iter()

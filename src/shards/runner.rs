@@ -155,14 +155,43 @@ impl Runner {
                     next_round = Instant::now();
                     continue;
                 }
+                // A round that is due goes before handover passes: nothing delays a renew.
+                _ = sleep_until(next_round) => {
+                    let started = Instant::now();
+                    next_round = started + super::jittered_interval(self.config.interval);
+                    let draining = *draining.borrow();
+                    // An abort stops a round at once (as if the process died).
+                    tokio::select! {
+                        biased;
+                        _ = self.control.abort.cancelled() => {
+                            self.abort(&mut st);
+                            return;
+                        }
+                        _ = self.round(&mut st, draining, started, &lost) => {}
+                    }
+                }
                 _ = lost.notified() => {
                     self.expire(&mut st);
                 }
                 _ = self.work.changed.notified(), if !st.handing.is_empty() => {
-                    self.finish_handovers(&mut st, None).await;
+                    tokio::select! {
+                        biased;
+                        _ = self.control.abort.cancelled() => {
+                            self.abort(&mut st);
+                            return;
+                        }
+                        _ = self.finish_handovers(&mut st, next_round) => {}
+                    }
                 }
                 _ = sleep_until(next_handover.unwrap_or(next_round)), if next_handover.is_some() => {
-                    self.finish_handovers(&mut st, None).await;
+                    tokio::select! {
+                        biased;
+                        _ = self.control.abort.cancelled() => {
+                            self.abort(&mut st);
+                            return;
+                        }
+                        _ = self.finish_handovers(&mut st, next_round) => {}
+                    }
                 }
                 _ = draining.changed() => {
                     next_round = Instant::now();
@@ -179,20 +208,6 @@ impl Runner {
                         releases = None; // closed: poll only
                     }
                     continue;
-                }
-                _ = sleep_until(next_round) => {
-                    let started = Instant::now();
-                    next_round = started + super::jittered_interval(self.config.interval);
-                    let draining = *draining.borrow();
-                    // An abort stops a round at once (as if the process died).
-                    tokio::select! {
-                        biased;
-                        _ = self.control.abort.cancelled() => {
-                            self.abort(&mut st);
-                            return;
-                        }
-                        _ = self.round(&mut st, draining, started, &lost) => {}
-                    }
                 }
             }
             self.publish(&st);
@@ -230,7 +245,8 @@ impl Runner {
                 // to see it.
                 if draining && !st.drain_announced {
                     st.drain_announced = true;
-                    self.finish_handovers(st, Some(started)).await;
+                    self.finish_handovers(st, started + self.config.interval)
+                        .await;
                     return;
                 }
             }
@@ -249,7 +265,8 @@ impl Runner {
             self.rebalance(st, draining && st.drain_announced, started, lost)
                 .await;
         }
-        self.finish_handovers(st, Some(started)).await;
+        self.finish_handovers(st, started + self.config.interval)
+            .await;
     }
 
     /// Removes the terms whose local deadline passed or that the watchdog ended: they are not
@@ -289,7 +306,7 @@ impl Runner {
             .chain(
                 st.handing
                     .iter()
-                    .filter(|h| h.renew)
+                    .filter(|h| h.renew && !st.held.contains_key(&*h.lease.resource))
                     .map(|h| h.lease.clone()),
             )
             .collect();
@@ -369,6 +386,9 @@ impl Runner {
             .iter()
             .map(|r| r.to_string())
             .collect();
+        if self.over_budget(st, started) {
+            return; // the renew and the heartbeat took the round's time
+        }
         let looked = Instant::now();
         let records = match self.bounded(self.store.current_all(&resources)).await {
             Ok(records) => records,
@@ -381,6 +401,8 @@ impl Runner {
                     Err(err) => err,
                 };
                 warn!(error = %err, "could not read the shard set's leases; no rebalancing this round");
+                // Not seen free without a look in between: nothing becomes "abandoned" by a gap.
+                st.free_since.clear();
                 return;
             }
         };
@@ -478,6 +500,16 @@ impl Runner {
                         self.fence.clone(),
                     );
                     tokio::spawn(watchdog(term.clone(), lost.clone()));
+                    st.uncertain.remove(&r);
+                    // An older handover of this resource: the store granted a newer term, so
+                    // that lease is gone; its work stops now, and it leaves the renew batch.
+                    st.handing.retain(|h| {
+                        let old = *h.lease.resource == *r;
+                        if old {
+                            h.term.cut_off();
+                        }
+                        !old
+                    });
                     if abandoned.contains(&r) {
                         st.keep.insert(r.clone());
                     }
@@ -545,6 +577,10 @@ impl Runner {
             let stray = record.live
                 && record.holder == *self.config.member
                 && !st.held.contains_key(record.resource.as_str())
+                && !st
+                    .handing
+                    .iter()
+                    .any(|h| h.lease.resource == record.resource)
                 && st.uncertain.contains_key(record.resource.as_str());
             if !stray {
                 continue;
@@ -568,10 +604,16 @@ impl Runner {
     /// Whether the round has used its time: it must not delay the next renew (one interval
     /// after the round began) nor come close to a held term's deadline.
     fn over_budget(&self, st: &State, started: Instant) -> bool {
+        !self.budget_left(st, started + self.config.interval)
+    }
+
+    /// Whether there is time before `until` for one more statement that is not a renew, with
+    /// an interval left before every held term's deadline.
+    fn budget_left(&self, st: &State, until: Instant) -> bool {
         let now = Instant::now();
         let earliest = st.held.values().map(|h| h.term.deadline()).min();
-        now >= started + self.config.interval
-            || earliest.is_some_and(|d| d.saturating_duration_since(now) < self.config.interval)
+        now < until
+            && earliest.is_none_or(|d| d.saturating_duration_since(now) >= self.config.interval)
     }
 
     fn hand_over(&self, st: &mut State, h: Held, reason: LossReason, release: bool) {
@@ -587,9 +629,10 @@ impl Runner {
     }
 
     /// Releases the leases whose work has returned; cuts off work past the grace period; gives
-    /// up (unreleased, to lapse) on work that did not stop when cut off. Within a round, stops
-    /// when the round's budget is spent (the rest stay renewed until the next pass).
-    async fn finish_handovers(&self, st: &mut State, round: Option<Instant>) {
+    /// up (unreleased, to lapse) on work that did not stop when cut off. Releases stop at
+    /// `until` (the round's end, or the next round) or near a held term's deadline; the rest
+    /// stay renewed until a later pass.
+    async fn finish_handovers(&self, st: &mut State, until: Instant) {
         let now = Instant::now();
         let mut ready = Vec::new();
         let mut i = 0;
@@ -623,11 +666,23 @@ impl Runner {
                 None => i += 1,
             }
         }
-        let mut ready = ready.into_iter();
-        for (h, release) in ready.by_ref() {
+        let mut releases = Vec::new();
+        for (h, release) in ready {
             h.term.cut_off();
-            if !(release && h.release) {
-                continue;
+            if release && h.release {
+                releases.push(h);
+            }
+        }
+        let mut releases = releases.into_iter();
+        for h in releases.by_ref() {
+            if !self.budget_left(st, until) {
+                // Back in the list (still renewed), released at the next pass.
+                st.handing.push(Handover {
+                    give_up: until,
+                    cut_at: None,
+                    ..h
+                });
+                break;
             }
             match self.bounded(self.store.release_lease(&h.lease)).await {
                 Ok(released) => debug!(resource = %h.lease.resource, released, "released"),
@@ -635,15 +690,11 @@ impl Runner {
                     warn!(resource = %h.lease.resource, error = %err, "release failed; the lease lapses instead")
                 }
             }
-            if round.is_some_and(|started| self.over_budget(st, started)) {
-                break;
-            }
         }
-        // Not released yet for lack of time: back in the list, ready at the next pass.
-        for (h, release) in ready {
+        for h in releases {
             st.handing.push(Handover {
-                give_up: now,
-                cut_at: (!release).then_some(now),
+                give_up: until,
+                cut_at: None,
                 ..h
             });
         }
