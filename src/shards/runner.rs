@@ -299,16 +299,15 @@ impl Runner {
 
     /// Renews every held lease, and those being handed over, with one batch.
     async fn renew(&self, st: &mut State) {
+        // One lease per resource (a batch naming one twice is refused): the held term first.
+        let mut named: HashSet<&str> = HashSet::with_capacity(st.held.len() + st.handing.len());
         let leases: Vec<Lease> = st
             .held
             .values()
-            .map(|h| h.lease.clone())
-            .chain(
-                st.handing
-                    .iter()
-                    .filter(|h| h.renew && !st.held.contains_key(&*h.lease.resource))
-                    .map(|h| h.lease.clone()),
-            )
+            .map(|h| &h.lease)
+            .chain(st.handing.iter().filter(|h| h.renew).map(|h| &h.lease))
+            .filter(|lease| named.insert(lease.resource.as_str()))
+            .cloned()
             .collect();
         if leases.is_empty() {
             return;
