@@ -43,17 +43,6 @@ impl std::fmt::Display for Bounded {
     }
 }
 
-impl Bounded {
-    /// `Ok` with an error of the node's configuration (every later call fails the same way),
-    /// else the error back.
-    fn permanent(self) -> Result<StoreError, Bounded> {
-        match self {
-            Bounded::Store(err) if err.is_permanent() => Ok(err),
-            other => Err(other),
-        }
-    }
-}
-
 pub(crate) struct Runner {
     pub store: Arc<dyn ShardStore>,
     pub config: Arc<Config>,
@@ -251,12 +240,8 @@ impl Runner {
                 }
             }
             Err(err) => {
-                let err = match err.permanent() {
-                    Ok(fatal) => {
-                        self.fail(st, fatal);
-                        return;
-                    }
-                    Err(err) => err,
+                let Some(err) = self.transient(st, err) else {
+                    return;
                 };
                 error!(error = %err, "shard set heartbeat failed; keeping the last view of the members");
             }
@@ -319,12 +304,8 @@ impl Runner {
         {
             Ok(renewals) => renewals,
             Err(err) => {
-                let err = match err.permanent() {
-                    Ok(fatal) => {
-                        self.fail(st, fatal);
-                        return;
-                    }
-                    Err(err) => err,
+                let Some(err) = self.transient(st, err) else {
+                    return;
                 };
                 warn!(error = %err, leases = leases.len(), "batched renew failed; terms hold to their deadlines");
                 return;
@@ -392,12 +373,8 @@ impl Runner {
         let records = match self.bounded(self.store.current_all(&resources)).await {
             Ok(records) => records,
             Err(err) => {
-                let err = match err.permanent() {
-                    Ok(fatal) => {
-                        self.fail(st, fatal);
-                        return;
-                    }
-                    Err(err) => err,
+                let Some(err) = self.transient(st, err) else {
+                    return;
                 };
                 warn!(error = %err, "could not read the shard set's leases; no rebalancing this round");
                 // Not seen free without a look in between: nothing becomes "abandoned" by a gap.
@@ -539,12 +516,8 @@ impl Runner {
                     }
                 }
                 Err(err) => {
-                    let err = match err.permanent() {
-                        Ok(fatal) => {
-                            self.fail(st, fatal);
-                            return;
-                        }
-                        Err(err) => err,
+                    let Some(err) = self.transient(st, err) else {
+                        return;
                     };
                     if matches!(err, Bounded::Timeout(_)) {
                         st.uncertain.insert(r.clone(), sent);
@@ -705,6 +678,18 @@ impl Runner {
         let held = std::mem::take(&mut st.held);
         for (_, h) in held {
             self.hand_over(st, h, LossReason::Shutdown, self.config.release_on_shutdown);
+        }
+    }
+
+    /// `err` back if a later call may succeed; `None` after stopping the node for an error of
+    /// its configuration (every later call would fail the same way).
+    fn transient(&self, st: &mut State, err: Bounded) -> Option<Bounded> {
+        match err {
+            Bounded::Store(err) if err.is_permanent() => {
+                self.fail(st, err);
+                None
+            }
+            other => Some(other),
         }
     }
 
