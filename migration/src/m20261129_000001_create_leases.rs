@@ -47,33 +47,11 @@ impl CreateLeaseTable {
     }
 
     fn create_statement(&self, backend: DbBackend) -> TableCreateStatement {
-        let name = |col: Column| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                // Binary collation: resource and holder names compare byte for byte, as on the
-                // other backends (the default collation is case-insensitive).
-                DbBackend::MySql => def.custom(Alias::new(
-                    "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-                )),
-                _ => def.string_len(255),
-            };
-            def.not_null();
-            def
-        };
+        let name = |col: Column| name_column(backend, col);
         let mut resource = name(Column::Resource);
         resource.primary_key();
         let holder = name(Column::Holder);
-        let ts = |col: Column| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                // DATETIME(6) filled from UTC_TIMESTAMP(6): TIMESTAMP would follow the session
-                // time zone and drop the fraction.
-                DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
-                _ => def.timestamp_with_time_zone(),
-            };
-            def.not_null();
-            def
-        };
+        let ts = |col: Column| time_column(backend, col);
         Table::create()
             .table(Alias::new(&self.table))
             .if_not_exists()
@@ -188,6 +166,34 @@ impl CreateLeaseTable {
             .await
             .map(|_| ())
     }
+}
+
+/// A name column (up to 255 characters, not null), for the lease and membership tables.
+pub(crate) fn name_column(backend: DbBackend, col: impl IntoIden) -> ColumnDef {
+    let mut def = ColumnDef::new(col);
+    match backend {
+        // Binary collation: names compare byte for byte, as on the other backends (the default
+        // collation is case-insensitive).
+        DbBackend::MySql => def.custom(Alias::new(
+            "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+        )),
+        _ => def.string_len(255),
+    };
+    def.not_null();
+    def
+}
+
+/// A timestamp column written only by the database clock (not null).
+pub(crate) fn time_column(backend: DbBackend, col: impl IntoIden) -> ColumnDef {
+    let mut def = ColumnDef::new(col);
+    match backend {
+        // DATETIME(6) filled from UTC_TIMESTAMP(6): TIMESTAMP would follow the session time
+        // zone and drop the fraction.
+        DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
+        _ => def.timestamp_with_time_zone(),
+    };
+    def.not_null();
+    def
 }
 
 /// The rows of `table`.

@@ -3,7 +3,9 @@ use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_MEMBER_TA
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::DbBackend;
 
-use crate::m20261129_000001_create_leases::{applied_through, table_exists};
+use crate::m20261129_000001_create_leases::{
+    applied_through, name_column, table_exists, time_column,
+};
 
 /// Creates the membership table of shard sets (`orionbeacon_members` by default): one row per
 /// live node of a shard set, written by its heartbeats.
@@ -51,27 +53,8 @@ impl CreateMemberTable {
     }
 
     fn create_statement(&self, backend: DbBackend) -> TableCreateStatement {
-        let name = |col: Column| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                // Byte-for-byte names, as in the lease table.
-                DbBackend::MySql => def.custom(Alias::new(
-                    "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-                )),
-                _ => def.string_len(255),
-            };
-            def.not_null();
-            def
-        };
-        let ts = |col: Column| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
-                _ => def.timestamp_with_time_zone(),
-            };
-            def.not_null();
-            def
-        };
+        let name = |col: Column| name_column(backend, col);
+        let ts = |col: Column| time_column(backend, col);
         Table::create()
             .table(Alias::new(&self.table))
             .col(name(Column::ShardSet))
