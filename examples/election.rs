@@ -95,7 +95,7 @@ async fn candidate(name: &str, args: &Args) -> Result<(), Error> {
     let mut rx = handle.watch();
     let reporter = tokio::spawn(async move {
         loop {
-            let line = match &*rx.borrow_and_update() {
+            let line = match &rx.borrow_and_update() {
                 Leadership::Starting => None,
                 Leadership::Leader(term) => Some(format!("LEADER {}", term.token())),
                 Leadership::Follower { leader } => {

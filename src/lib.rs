@@ -12,6 +12,7 @@ pub mod membership;
 mod memory;
 pub mod shards;
 pub mod store;
+mod watch;
 
 pub use backend::fence::FenceError;
 pub use backend::mysql::MySqlUpsert;
@@ -29,6 +30,7 @@ pub use membership::{Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
 pub use shards::{Assignment, ShardHandle, ShardSet, ShardSetBuilder, ShardStore};
 pub use store::{LeaseStore, ReleaseEvents};
+pub use watch::{Watch, WatchClosed};
 
 /// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).
 pub use orion_beacon_entity as entity;

@@ -224,3 +224,54 @@ async fn a_fence_on_one_node_holds_against_a_takeover_on_another() {
         "both the stale write and the takeover committed"
     );
 }
+
+/// The statement-level fence only reads the lease row, which Galera neither replicates as a
+/// lock nor certifies: it is refused there, with the error naming the transactional fence,
+/// both by `fenced_by` once the store knows the topology and by `execute_fenced` on a store
+/// that never asked before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_statement_fence_is_refused_on_galera() {
+    use orion_beacon::{FenceError, Term};
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    if Server::MySql.skipped() {
+        return;
+    }
+    let g = tokio::task::spawn_blocking(cluster).await.unwrap();
+    let n0 = connect_url(&g.node(0).url(), 4).await;
+    let table = unique("galera_stmt_fence");
+    migrate(&n0, &table).await;
+    let r = unique("stmt");
+    let a = SeaOrmLeaseStore::new(n0.clone())
+        .with_table(&table)
+        .unwrap();
+    let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(&r, "a", LONG).await.unwrap() else {
+        panic!("a fresh resource is granted");
+    };
+    let term = Term {
+        resource: &r,
+        holder: "a",
+        token: lease.token,
+    };
+    let refused = a.fenced_by(term);
+    assert!(
+        matches!(refused, Err(FenceError::StatementFenceOnGalera)),
+        "{refused:?}"
+    );
+    let message = FenceError::StatementFenceOnGalera.to_string();
+    assert!(message.contains("fence(&txn"), "{message}");
+
+    // A second store on the same node that has granted nothing yet: `execute_fenced` asks.
+    let fresh = SeaOrmLeaseStore::new(n0.clone())
+        .with_table(&table)
+        .unwrap();
+    let write = Query::update()
+        .table(Alias::new(&table))
+        .value(Alias::new("holder"), "a")
+        .and_where(Expr::col(Alias::new("resource")).eq(r.as_str()))
+        .to_owned();
+    let refused = fresh.execute_fenced(&n0, &write, term).await;
+    assert!(
+        matches!(refused, Err(FenceError::StatementFenceOnGalera)),
+        "{refused:?}"
+    );
+}

@@ -54,6 +54,13 @@ pub enum FenceError {
     /// The check itself failed (database error, missing table, bad input).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The statement-level fence ([`SeaOrmLeaseStore::fenced_by`],
+    /// [`SeaOrmLeaseStore::execute_fenced`]) on a Galera cluster: its check only reads the lease
+    /// row, and neither a shared lock nor a read is replicated or certified, so a stale write
+    /// could commit on another node after a takeover. Use the transactional fence
+    /// ([`SeaOrmLeaseStore::fence`]), which writes the lease row there.
+    #[error("the statement-level fence cannot fence on a Galera cluster (a shared lock does not replicate): write inside a transaction fenced with fence(&txn, term) instead")]
+    StatementFenceOnGalera,
     /// [`LeaderTerm::fence`](crate::LeaderTerm::fence) on a term whose elector's store cannot
     /// fence SeaORM transactions (it is not a [`SeaOrmLeaseStore`]).
     #[error("this term's elector does not run on a SeaOrmLeaseStore, so it cannot fence a SeaORM transaction")]
@@ -183,10 +190,17 @@ impl SeaOrmLeaseStore {
     /// <term is current> FOR SHARE)`. Add it to an `UPDATE ... WHERE` or an `INSERT ... SELECT
     /// ... WHERE`; the statement then affects no rows for a stale term. Run it with
     /// [`execute_fenced`](Self::execute_fenced) to be told which.
+    ///
+    /// On a Galera cluster it is refused with [`FenceError::StatementFenceOnGalera`] once the
+    /// store knows it is on one (from its first grant, fence or `execute_fenced` on); a
+    /// statement built before that is refused by [`execute_fenced`](Self::execute_fenced).
     pub fn fenced_by<'a>(&self, term: impl Into<Term<'a>>) -> Result<Expr, FenceError> {
         let term = term.into();
         term.validate()?;
         let d = self.dialect()?;
+        if self.galera.get() == Some(&true) {
+            return Err(FenceError::StatementFenceOnGalera);
+        }
         Ok(Expr::exists(statement_check(d, &self.table_iden(), &term)))
     }
 
@@ -202,6 +216,10 @@ impl SeaOrmLeaseStore {
     ) -> Result<u64, FenceError> {
         let term = term.into();
         term.validate()?;
+        #[cfg(feature = "mysql")]
+        if matches!(self.form()?, Form::MySql) && mysql::store::is_galera(self, conn).await? {
+            return Err(FenceError::StatementFenceOnGalera);
+        }
         let rows = conn
             .execute(stmt)
             .await

@@ -243,9 +243,10 @@ pub struct ElectorHandle {
 }
 
 impl ElectorHandle {
-    /// The leadership state as it changes.
-    pub fn watch(&self) -> watch::Receiver<Leadership> {
-        self.receiver.clone()
+    /// The leadership state as it changes. Reads return copies, so a reader never holds up
+    /// the elector (see [`Watch`](crate::Watch)).
+    pub fn watch(&self) -> crate::Watch<Leadership> {
+        crate::Watch::new(self.receiver.clone())
     }
 
     /// The state now.

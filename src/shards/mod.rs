@@ -352,9 +352,10 @@ pub struct ShardHandle {
 }
 
 impl ShardHandle {
-    /// What this node leads, as it changes.
-    pub fn watch(&self) -> watch::Receiver<Assignment> {
-        self.receiver.clone()
+    /// What this node leads, as it changes. Reads return copies, so a reader never holds up
+    /// the node's rounds (see [`Watch`](crate::Watch)).
+    pub fn watch(&self) -> crate::Watch<Assignment> {
+        crate::Watch::new(self.receiver.clone())
     }
 
     /// What this node leads now.

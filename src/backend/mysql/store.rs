@@ -126,6 +126,12 @@ async fn form(store: &SeaOrmLeaseStore) -> Result<MySqlUpsert, StoreError> {
                 .unwrap_or_default();
             let form = MySqlUpsert::for_version(&version);
             tracing::debug!(%version, ?form, "MySQL upsert form chosen");
+            // Galera is known from the first grant on: the statement-level fence refuses to
+            // run there (`fenced_by` cannot ask the server). A failed look is not cached and
+            // does not fail the grant; the fence asks again.
+            if let Err(error) = is_galera(store, &store.db).await {
+                tracing::debug!(%error, "Galera detection deferred");
+            }
             Ok::<_, StoreError>(form)
         })
         .await?;
