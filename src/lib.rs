@@ -4,6 +4,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod clock;
 pub mod elector;
 mod error;
 mod fencing;

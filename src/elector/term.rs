@@ -182,11 +182,12 @@ impl LeaderTerm {
     }
 
     /// Whether the term is still trustworthy right now: not lost, and its local step-down
-    /// deadline has not passed. This is checked against the monotonic clock on every call, so
-    /// a process that was paused past its deadline sees `false` at once, before the elector's
-    /// loop has even run again.
+    /// deadline has not passed. This is checked against the monotonic clock (counting time the
+    /// host spent suspended, where the OS can: `CLOCK_BOOTTIME` on Linux) on every call, so a
+    /// process that was paused or suspended past its deadline sees `false` at once, before the
+    /// elector's loop has even run again.
     pub fn is_current(&self) -> bool {
-        !self.is_lost() && Instant::now() < self.deadline()
+        !self.is_lost() && crate::clock::now() < *lock(&self.inner.deadline)
     }
 
     /// Why the term ended, once it has.
@@ -200,8 +201,16 @@ impl LeaderTerm {
         self.inner.cancel.child_token()
     }
 
-    /// The local monotonic instant until which the term is trusted (moves with each renew).
+    /// The local monotonic instant until which the term is trusted (moves with each renew),
+    /// as a tokio instant: moved earlier by any time the host has spent suspended since the
+    /// term was granted (where the OS counts it: `CLOCK_BOOTTIME` on Linux), so
+    /// `tokio::time::sleep_until(term.deadline())` ends no later than the term.
     pub fn deadline(&self) -> Instant {
+        crate::clock::timer(self.local_deadline())
+    }
+
+    /// The deadline as the crate judges it (see `clock`): tokio's time plus time suspended.
+    pub(crate) fn local_deadline(&self) -> Instant {
         *lock(&self.inner.deadline)
     }
 

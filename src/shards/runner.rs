@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
+
+use crate::clock::sleep_until;
 use tracing::{debug, error, info, warn, Instrument};
 
 use super::config::Config;
@@ -129,7 +131,7 @@ impl Runner {
         let mut releases = self.store.release_events();
         let mut draining = self.control.draining.subscribe();
         let lost = Arc::new(Notify::new());
-        let mut next_round = Instant::now();
+        let mut next_round = crate::clock::now();
         loop {
             let next_handover = st.handing.iter().map(Handover::next_check).min();
             tokio::select! {
@@ -141,12 +143,12 @@ impl Runner {
                 _ = self.control.shutdown.cancelled(), if !st.stopping => {
                     self.begin_stop(&mut st);
                     self.publish(&st); // the ended terms leave the assignment at once
-                    next_round = Instant::now();
+                    next_round = crate::clock::now();
                     continue;
                 }
                 // A round that is due goes before handover passes: nothing delays a renew.
                 _ = sleep_until(next_round) => {
-                    let started = Instant::now();
+                    let started = crate::clock::now();
                     next_round = started + super::jittered_interval(self.config.interval);
                     let draining = *draining.borrow();
                     // An abort stops a round at once (as if the process died).
@@ -183,7 +185,7 @@ impl Runner {
                     }
                 }
                 _ = draining.changed() => {
-                    next_round = Instant::now();
+                    next_round = crate::clock::now();
                     continue;
                 }
                 event = recv(&mut releases) => {
@@ -191,7 +193,7 @@ impl Runner {
                         let ours = self.config.resources.iter().any(|r| **r == *resource);
                         let room = st.held.len() < st.share.saturating_add(self.config.slack);
                         if ours && room && !st.stopping {
-                            next_round = next_round.min(Instant::now() + RELEASE_SETTLE);
+                            next_round = next_round.min(crate::clock::now() + RELEASE_SETTLE);
                         }
                     } else {
                         releases = None; // closed: poll only
@@ -225,7 +227,7 @@ impl Runner {
             self.config.lease,
             draining,
         );
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         match self.bounded(heartbeat).await {
             Ok(members) => {
                 st.members = members;
@@ -258,11 +260,11 @@ impl Runner {
     /// renewed any more. Their leases may still be live in the store (a renew that was in
     /// flight when the deadline passed): released like a handover's, once their work is gone.
     fn expire(&self, st: &mut State) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let ended: Vec<Arc<str>> = st
             .held
             .iter()
-            .filter(|(_, h)| h.term.deadline() <= now || h.term.is_lost())
+            .filter(|(_, h)| h.term.local_deadline() <= now || h.term.is_lost())
             .map(|(r, _)| r.clone())
             .collect();
         for r in ended {
@@ -297,7 +299,7 @@ impl Runner {
         if leases.is_empty() {
             return;
         }
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         let renewals = match self
             .bounded(self.store.renew_all(&leases, self.config.lease))
             .await
@@ -311,7 +313,7 @@ impl Runner {
                 return;
             }
         };
-        let now = Instant::now();
+        let now = crate::clock::now();
         for lease in renewals.renewed {
             let deadline = self.deadline(&lease, sent);
             let same = |term: &LeaderTerm| term.token() == lease.token;
@@ -327,7 +329,7 @@ impl Runner {
                 .iter_mut()
                 .find(|h| h.lease.resource == lease.resource && same(&h.term))
             {
-                if h.term.deadline() > now {
+                if h.term.local_deadline() > now {
                     h.term.extend(deadline);
                 }
                 h.lease = lease;
@@ -369,7 +371,7 @@ impl Runner {
         if self.over_budget(st, started) {
             return; // the renew and the heartbeat took the round's time
         }
-        let looked = Instant::now();
+        let looked = crate::clock::now();
         let records = match self.bounded(self.store.current_all(&resources)).await {
             Ok(records) => records,
             Err(err) => {
@@ -457,14 +459,14 @@ impl Runner {
                 debug!("round budget spent; acquiring the rest next round");
                 return;
             }
-            let sent = Instant::now();
+            let sent = crate::clock::now();
             let acquire = self
                 .store
                 .acquire_or_renew(&r, &self.config.member, self.config.lease);
             match self.bounded(acquire).await {
                 Ok(LeaseOutcome::Acquired(lease)) => {
                     let deadline = self.deadline(&lease, sent);
-                    if deadline <= Instant::now() {
+                    if deadline <= crate::clock::now() {
                         continue; // too little of it left to lead on; it lapses
                     }
                     info!(resource = %r, token = %lease.token, "leading");
@@ -582,8 +584,8 @@ impl Runner {
     /// Whether there is time before `until` for one more statement that is not a renew, with
     /// an interval left before every held term's deadline.
     fn budget_left(&self, st: &State, until: Instant) -> bool {
-        let now = Instant::now();
-        let earliest = st.held.values().map(|h| h.term.deadline()).min();
+        let now = crate::clock::now();
+        let earliest = st.held.values().map(|h| h.term.local_deadline()).min();
         now < until
             && earliest.is_none_or(|d| d.saturating_duration_since(now) >= self.config.interval)
     }
@@ -591,7 +593,7 @@ impl Runner {
     fn hand_over(&self, st: &mut State, h: Held, reason: LossReason, release: bool) {
         h.term.end(reason);
         st.handing.push(Handover {
-            give_up: Instant::now() + self.config.grace_period,
+            give_up: crate::clock::now() + self.config.grace_period,
             term: h.term,
             lease: h.lease,
             release,
@@ -605,7 +607,7 @@ impl Runner {
     /// `until` (the round's end, or the next round) or near a held term's deadline; the rest
     /// stay renewed until a later pass.
     async fn finish_handovers(&self, st: &mut State, until: Instant) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut ready = Vec::new();
         let mut i = 0;
         while i < st.handing.len() {
@@ -781,17 +783,24 @@ impl Runner {
     }
 }
 
+/// The longest a watchdog sleeps before it looks at its term's deadline again.
+const WATCHDOG_SLICE: Duration = Duration::from_secs(1);
+
 /// Ends `term` when its local deadline passes without a renew moving it, whatever the loop is
 /// doing (a round can wait on a slow database): work never runs past the lease. Tells the loop,
 /// so the ended term leaves the published assignment at once.
 async fn watchdog(term: LeaderTerm, lost: Arc<Notify>) {
     loop {
-        let deadline = term.deadline();
+        // In slices: a host suspend stops tokio's timers, and the look after each slice sees
+        // the deadline passed within a slice of the resume.
+        let deadline = term
+            .local_deadline()
+            .min(crate::clock::now() + WATCHDOG_SLICE);
         tokio::select! {
             _ = term.cut_off_signal() => return,
             _ = sleep_until(deadline) => {}
         }
-        if term.deadline() <= Instant::now() {
+        if term.local_deadline() <= crate::clock::now() {
             warn!(resource = term.resource(), token = %term.token(), "no renew in time: the term ends");
             term.end(LossReason::Deadline);
             term.cut_off();

@@ -1,0 +1,190 @@
+//! The local clock that terms' deadlines are judged by.
+//!
+//! A leader trusts its term until a deadline on its own clock (see `elector/decision.rs`).
+//! tokio's [`Instant`] reads `CLOCK_MONOTONIC` on Linux, which stops while the host or VM is
+//! suspended, while the database clock runs on: after a resume, a leader judged by it alone
+//! would believe in a lease that lapsed during the suspend. So every instant the elector and
+//! the shard sets judge by is tokio's instant plus the time the host has spent suspended since
+//! the process started, measured as the growth of `CLOCK_BOOTTIME` (which counts suspend) over
+//! `CLOCK_MONOTONIC` (which does not). Both are slewed by NTP alike, so the difference moves
+//! only across a suspend. Timers are set in tokio's time by taking the suspended time back out
+//! ([`sleep_until`], [`timeout_at`]); a suspend during a wait only makes the wait end late,
+//! and the check after it then sees the deadline passed.
+//!
+//! Where the OS has no such clock (anything but Linux and Android) the suspended time is zero:
+//! deadlines follow the monotonic clock alone, which may stop during a suspend there. Fenced
+//! writes stay safe either way: they are judged by the database clock.
+//!
+//! Under tokio's paused test time the suspended time is zero too (it is measured on the real
+//! clocks, which run together), so paused-time tests see exactly tokio's instants.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Suspends shorter than this are not counted: the two clocks are read one after the other,
+/// and this keeps the reading's own jitter out of every instant.
+const RESOLUTION_NANOS: u64 = 1_000_000;
+
+/// The most suspended time seen so far, in nanoseconds (it never goes back).
+static SUSPENDED: AtomicU64 = AtomicU64::new(0);
+
+/// Now, for judging deadlines: tokio's instant plus the time spent suspended.
+pub(crate) fn now() -> Instant {
+    let now = Instant::now();
+    now.checked_add(suspended()).unwrap_or(now)
+}
+
+/// The time the host has spent suspended since the process first asked.
+pub(crate) fn suspended() -> Duration {
+    let seen = os::suspended_nanos()
+        .map(|n| n - n % RESOLUTION_NANOS)
+        .unwrap_or(0);
+    let max = SUSPENDED.fetch_max(seen, Ordering::Relaxed).max(seen);
+    Duration::from_nanos(max).saturating_add(test::extra())
+}
+
+/// `instant` (judged by [`now`]) as a tokio instant, for a timer.
+pub(crate) fn timer(instant: Instant) -> Instant {
+    instant.checked_sub(suspended()).unwrap_or(instant)
+}
+
+/// Sleeps until [`now`] reaches `instant` (or later, if the host suspends meanwhile).
+pub(crate) fn sleep_until(instant: Instant) -> tokio::time::Sleep {
+    tokio::time::sleep_until(timer(instant))
+}
+
+/// `future`, given up when [`now`] reaches `instant`.
+pub(crate) fn timeout_at<F: Future>(instant: Instant, future: F) -> tokio::time::Timeout<F> {
+    tokio::time::timeout_at(timer(instant), future)
+}
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+mod os {
+    use std::sync::OnceLock;
+
+    use rustix::time::{clock_gettime, ClockId, Timespec};
+
+    fn nanos(t: Timespec) -> Option<u64> {
+        let secs = u64::try_from(t.tv_sec).ok()?;
+        let nanos = u64::try_from(t.tv_nsec).ok()?;
+        secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+    }
+
+    /// `CLOCK_BOOTTIME - CLOCK_MONOTONIC`, in nanoseconds.
+    fn gap() -> Option<u64> {
+        let mono = nanos(clock_gettime(ClockId::Monotonic))?;
+        let boot = nanos(clock_gettime(ClockId::Boottime))?;
+        boot.checked_sub(mono)
+    }
+
+    /// The gap's growth since the first call.
+    pub(super) fn suspended_nanos() -> Option<u64> {
+        static START: OnceLock<Option<u64>> = OnceLock::new();
+        let start = (*START.get_or_init(gap))?;
+        gap()?.checked_sub(start)
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+mod os {
+    pub(super) fn suspended_nanos() -> Option<u64> {
+        None
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test {
+    //! A suspend the test makes: it adds to the measured one, on this thread only (a
+    //! current-thread runtime runs the elector on the test's thread).
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    thread_local! {
+        static EXTRA: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    }
+
+    /// As if the host had been suspended for `d` just now.
+    pub(crate) fn suspend(d: Duration) {
+        EXTRA.with(|e| e.set(e.get().saturating_add(d)));
+    }
+
+    pub(super) fn extra() -> Duration {
+        EXTRA.with(Cell::get)
+    }
+}
+
+#[cfg(not(test))]
+mod test {
+    use std::time::Duration;
+
+    pub(super) fn extra() -> Duration {
+        Duration::ZERO
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_suspend_moves_now_and_timers_alike() {
+        let before = now();
+        let timer_before = timer(before);
+        test::suspend(Duration::from_secs(5));
+        let after = now();
+        assert!(after - before >= Duration::from_secs(5));
+        // The same instant is five seconds nearer in tokio's time: a timer fires at once.
+        assert!(timer(before) + Duration::from_secs(5) <= timer_before + Duration::from_millis(1));
+        let start = Instant::now();
+        sleep_until(before + Duration::from_secs(3)).await;
+        assert_eq!(
+            Instant::now(),
+            start,
+            "a deadline passed during the suspend is due now"
+        );
+    }
+
+    /// A host suspend longer than the lease: the leader's term is not current the moment it
+    /// resumes (before the loop runs again), `deadline()` has moved earlier by the suspend, and
+    /// the elector ends the term within a renew interval. Seen failing with `now()` judging by
+    /// tokio's instant alone.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_resumed_from_a_suspend_past_its_lease_no_longer_leads() {
+        use crate::{Elector, Leadership};
+        let lease = Duration::from_secs(3);
+        let renew = Duration::from_secs(1);
+        let handle = Elector::builder_in_memory()
+            .resource("suspended")
+            .lease_duration(lease)
+            .renew_interval(renew)
+            .build()
+            .unwrap()
+            .start();
+        let mut rx = handle.watch();
+        let leading = rx
+            .wait_for(|s| matches!(s, Leadership::Leader(_)))
+            .await
+            .unwrap();
+        let term = leading.term().cloned().unwrap();
+        assert!(term.is_current());
+        let before = term.deadline();
+        test::suspend(lease * 2);
+        assert!(!term.is_current(), "trusted past its lease after a resume");
+        assert!(!handle.is_leader());
+        assert!(term.deadline() + lease * 2 <= before + Duration::from_millis(1));
+        tokio::time::timeout(renew + Duration::from_millis(100), term.lost())
+            .await
+            .expect("the elector ended the term within a renew interval of the resume");
+        handle.abort().await;
+    }
+
+    #[test]
+    fn the_suspended_time_never_goes_back() {
+        let a = suspended();
+        let b = suspended();
+        assert!(b >= a);
+    }
+}
