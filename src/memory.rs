@@ -27,13 +27,28 @@ struct Slot {
     expires: Instant,
 }
 
+/// The least a renew moves a term's expiry on, as the database stores do by one step of their
+/// column (1 µs on PostgreSQL and MariaDB).
+const TICK: Duration = Duration::from_micros(1);
+
+impl Slot {
+    /// Renews the term: a whole `lease` from `now`, and at least [`TICK`] after the expiry it
+    /// replaces (two renews at one instant, or one asking for a shorter lease, would otherwise
+    /// write an expiry that names an earlier write). Returns the remaining time.
+    fn renew(&mut self, now: Instant, lease: Duration) -> Duration {
+        self.expires = (now + lease).max(self.expires + TICK);
+        self.expires - now
+    }
+}
+
 /// A [`LeaseStore`] in this process's memory: one leader per resource among the electors that
 /// share it (clones share the same leases), not across processes.
 ///
 /// Its clock is [`tokio::time::Instant`], so tests can pause and advance time. Expiries are
 /// reported on that clock too, mapped onto the wall time at which the store was created (so
-/// they identify a write exactly, as [`LeaseStore::release_lease`] needs); `acquired_at` and
-/// `renewed_at` are `None`.
+/// they identify a write exactly, as [`LeaseStore::release_lease`] needs: a renew ends at
+/// least 1 µs after the write it replaces, so no two writes of a term share an expiry,
+/// not even two at one instant of paused time); `acquired_at` and `renewed_at` are `None`.
 #[derive(Debug, Clone)]
 pub struct InMemoryLeaseStore {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
@@ -144,12 +159,12 @@ impl LeaseStore for InMemoryLeaseStore {
         let lease = Duration::from_millis(millis.unsigned_abs());
         let now = Instant::now();
         let mut slots = self.slots();
-        let granted = |token: i64| Lease {
+        let granted = |token: i64, remaining: Duration| Lease {
             resource: resource.to_owned(),
             holder: candidate.to_owned(),
             token: FencingToken::new(token),
-            remaining: lease,
-            expires_at: self.wall(now + lease),
+            remaining,
+            expires_at: self.wall(now + remaining),
             acquired_at: None,
         };
         match slots.get_mut(resource) {
@@ -162,17 +177,17 @@ impl LeaseStore for InMemoryLeaseStore {
                         expires: now + lease,
                     },
                 );
-                Ok(LeaseOutcome::Acquired(granted(1)))
+                Ok(LeaseOutcome::Acquired(granted(1, lease)))
             }
             Some(slot) if slot.expires <= now => {
                 slot.holder = candidate.to_owned();
                 slot.token += 1;
                 slot.expires = now + lease;
-                Ok(LeaseOutcome::Acquired(granted(slot.token)))
+                Ok(LeaseOutcome::Acquired(granted(slot.token, lease)))
             }
             Some(slot) if slot.holder == candidate => {
-                slot.expires = now + lease;
-                Ok(LeaseOutcome::Renewed(granted(slot.token)))
+                let remaining = slot.renew(now, lease);
+                Ok(LeaseOutcome::Renewed(granted(slot.token, remaining)))
             }
             Some(slot) => Ok(LeaseOutcome::Denied(Denial {
                 resource: resource.to_owned(),
@@ -247,9 +262,9 @@ impl LeaseStore for InMemoryLeaseStore {
                         && slot.token == h.token.get()
                         && slot.expires > now =>
                 {
-                    slot.expires = now + lease;
+                    let remaining = slot.renew(now, lease);
                     fresh.push(Lease {
-                        remaining: lease,
+                        remaining,
                         expires_at: self.wall(slot.expires),
                         ..h.clone()
                     });

@@ -101,6 +101,12 @@ pub trait LeaseStore: Send + Sync {
     /// + 1), extends it if `candidate` already holds it live ([`LeaseOutcome::Renewed`], same
     /// token), or reports who holds it ([`LeaseOutcome::Denied`], nothing changed). A candidate
     /// whose own lease already expired gets a new term, not a renew.
+    ///
+    /// A renew never moves the expiry back: it runs a whole `lease` from the write, or ends
+    /// just past the expiry it replaces (one step of the store's clock) when that is later, so
+    /// every write of a term has an expiry of its own (see
+    /// [`release_lease`](Self::release_lease)) and a shorter `lease` does not shorten a live
+    /// one. The same holds for [`renew_all`](Self::renew_all).
     async fn acquire_or_renew(
         &self,
         resource: &str,
@@ -123,7 +129,9 @@ pub trait LeaseStore: Send + Sync {
 
     /// Ends the term `lease` belongs to, but only if the store still holds the very write
     /// that `lease` reports: same holder, same token and the same expiry (to the store clock's
-    /// resolution). Otherwise nothing changes and the answer is `false`.
+    /// resolution; no two writes of a term share an expiry, see
+    /// [`acquire_or_renew`](Self::acquire_or_renew)). Otherwise nothing changes and the answer
+    /// is `false`.
     ///
     /// This is the release an elector sends on shutdown. Unlike [`release`](Self::release),
     /// which ends whatever live lease the holder has, a release that arrives late (it waited

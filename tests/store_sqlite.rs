@@ -94,3 +94,95 @@ async fn accessors_report_the_table_and_connection() {
     assert_eq!(store.connection().get_database_backend(), DbBackend::Sqlite);
     assert!(store.connection().ping().await.is_ok());
 }
+
+/// Two processes of one app (two pools on one WAL file) with one candidate id: p1 renews, p2
+/// renews straight after, and p1's late `release_lease` of its own earlier write arrives. It
+/// must not end p2's renew, and a third candidate must stay denied.
+///
+/// SQLite stores milliseconds, and `now` and the returned remaining time are exact there, so
+/// the test knows each statement's `now` (expiry minus remaining) and whether p2's renew would
+/// have ended exactly where p1's did (`now + lease` equal to p1's expiry). Every other
+/// iteration p2 asks for the same lease (a collision needs both renews in one millisecond);
+/// the others shorten p2's lease by the milliseconds the last pair took, which forces one far
+/// more often. The loop runs until it checked 5 collisions of each kind (at most 2,000
+/// iterations; under load renews rarely share a millisecond).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_never_ends_a_renew_made_in_the_same_millisecond() {
+    use std::time::Duration;
+
+    use chrono::{DateTime, TimeDelta, Utc};
+    use orion_beacon::{Lease, LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let (db1, db2) = (
+        common::connect_sqlite(&path, 2).await,
+        common::connect_sqlite(&path, 2).await,
+    );
+    common::migrate(&db1, orion_beacon::entity::DEFAULT_TABLE).await;
+    let (p1, p2) = (SeaOrmLeaseStore::new(db1), SeaOrmLeaseStore::new(db2));
+    let lease = Duration::from_secs(10);
+    let grant = |out: LeaseOutcome| match out {
+        LeaseOutcome::Acquired(l) | LeaseOutcome::Renewed(l) => l,
+        LeaseOutcome::Denied(d) => panic!("the holder was denied: {d:?}"),
+    };
+    let expiry = |l: &Lease| l.expires_at.expect("SQLite reports the expiry");
+    // The statement's `now`: exact on SQLite (milliseconds, remaining from the same `now`).
+    let now_of = |l: &Lease| -> DateTime<Utc> {
+        expiry(l) - TimeDelta::from_std(l.remaining).expect("a lease fits a TimeDelta")
+    };
+    let (mut same_lease, mut shorter, mut took) = (0, 0, 0i64);
+    for i in 0..2_000 {
+        let w1 = grant(p1.acquire_or_renew("job", "app", lease).await.unwrap());
+        let cut = if i % 2 == 0 { 0 } else { took.clamp(0, 50) };
+        let asked = lease - Duration::from_millis(cut.unsigned_abs());
+        let w2 = if i % 4 < 2 {
+            grant(p2.acquire_or_renew("job", "app", asked).await.unwrap())
+        } else {
+            let out = p2
+                .renew_all(std::slice::from_ref(&w1), asked)
+                .await
+                .unwrap();
+            assert_eq!(out.renewed.len(), 1, "{out:?}");
+            out.renewed[0].clone()
+        };
+        assert_eq!(w2.token, w1.token, "one term");
+        took = (now_of(&w2) - now_of(&w1)).num_milliseconds();
+        // Would `now + lease` of p2's renew have been p1's expiry, which names p1's write?
+        if now_of(&w2) + TimeDelta::from_std(asked).unwrap() != expiry(&w1) {
+            continue;
+        }
+        if cut == 0 {
+            same_lease += 1;
+        } else {
+            shorter += 1;
+        }
+        assert!(
+            !p1.release_lease(&w1).await.unwrap(),
+            "iteration {i}: p1's late release of its own earlier write ended p2's renew \
+             ({cut} ms shorter lease, expiries {:?} and {:?})",
+            w1.expires_at,
+            w2.expires_at
+        );
+        assert!(expiry(&w2) > expiry(&w1), "{w1:?} then {w2:?}");
+        assert!(
+            w2.remaining > asked,
+            "the new expiry's remaining time: {w2:?}"
+        );
+        let row = p2.current("job").await.unwrap().unwrap();
+        assert!(row.live && row.expires_at == w2.expires_at, "{row:?}");
+        let third = p1.acquire_or_renew("job", "third", lease).await.unwrap();
+        assert!(
+            matches!(third, LeaseOutcome::Denied(_)),
+            "iteration {i}: a third candidate was granted while p2 held the lease: {third:?}"
+        );
+        if same_lease >= 5 && shorter >= 5 {
+            break;
+        }
+    }
+    eprintln!("collisions checked: {same_lease} in one millisecond, {shorter} by a shorter lease");
+    assert!(
+        same_lease + shorter > 0,
+        "no renew of p2 would have ended at p1's expiry in 2,000 tries: the test proved nothing"
+    );
+}

@@ -33,7 +33,8 @@ const ROW: [Column; 5] = [
 ///   exactly for new terms and tells `Acquired` from `Renewed` without a second read;
 /// - row live and held by another: the `WHERE` is false, nothing changes, no row returns.
 ///
-/// All `SET` expressions read the row as it was before the statement.
+/// The expiry is [`next_expiry`] in every case: a renew never ends at or before the write it
+/// replaces. All `SET` expressions read the row as it was before the statement.
 pub(crate) fn upsert(
     d: &dyn Dialect,
     table: &Alias,
@@ -65,7 +66,10 @@ pub(crate) fn upsert(
                     .into(),
             ),
             (Column::Holder, Expr::val(candidate)),
-            (Column::ExpiresAt, d.lease_end(millis)),
+            (
+                Column::ExpiresAt,
+                next_expiry(d, old(Column::ExpiresAt), millis),
+            ),
         ])
         .action_and_where(mine.or(expired))
         .to_owned();
@@ -73,6 +77,21 @@ pub(crate) fn upsert(
     stmt.on_conflict(on_conflict)
         .returning(Query::returning().exprs(returned_row(d)));
     Ok(stmt)
+}
+
+/// The expiry of a write to a lease row whose expiry was `old`: a whole lease from the write,
+/// and at least one tick (the column's resolution, see [`Dialect::one_tick_after`]) after
+/// `old`.
+///
+/// A write is named by its holder, token and expiry (`release_write`). Within a term the
+/// expiry only grows, one tick at least per write, so no two writes of a term share a name:
+/// not two renews in the same tick of the clock (SQLite stores milliseconds), not a renew
+/// asking for a shorter lease, not a renew by another process on a clock behind (another
+/// Galera node). A release or revoke moves the expiry back, but ends the term: a row is
+/// renewed only while live, and a new term has a higher token. For a new term the old expiry
+/// has passed, so the lease from the write is the later one and this is plain `lease_end`.
+pub(crate) fn next_expiry(d: &dyn Dialect, old: Expr, millis: i64) -> Expr {
+    d.greatest(d.lease_end(millis), d.one_tick_after(old))
 }
 
 /// `INSERT` of a fresh lease row (token 1, times from the database clock), the part every
@@ -148,8 +167,9 @@ pub(crate) fn release(
 }
 
 /// The release of one exact write: [`release`] of `lease`'s holder, only while the row still
-/// carries `lease`'s token and expiry (no renew or new term since). A lease without a stored
-/// expiry names no write: `None`.
+/// carries `lease`'s token and expiry (no renew or new term since: every write of a term has
+/// an expiry of its own, see [`next_expiry`]). A lease without a stored expiry names no write:
+/// `None`.
 pub(crate) fn release_write(
     d: &dyn Dialect,
     table: &Alias,
@@ -176,8 +196,8 @@ pub(crate) fn current(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectS
 /// The batch renew: every lease in `held` (rows of resource, holder and token, in each
 /// backend's form of a table from one bound JSON document, see [`held_json`]) whose row still
 /// has that holder and token and is live by the database clock gets a whole lease from the
-/// write, and `renewed_at` as a renew sets it. Nothing else changes: no term starts, and a row
-/// whose term ended is left alone.
+/// write (at least one tick past its expiry, see [`next_expiry`]), and `renewed_at` as a renew
+/// sets it. Nothing else changes: no term starts, and a row whose term ended is left alone.
 pub(crate) fn renew_held(
     d: &dyn Dialect,
     table: &Alias,
@@ -189,12 +209,16 @@ pub(crate) fn renew_held(
         .to_owned()
 }
 
-/// The assignments of a renew, without a condition: a whole lease from the write, and
-/// `renewed_at` as a renew sets it.
+/// The assignments of a renew, without a condition: a whole lease from the write, at least
+/// one tick after the expiry it replaces ([`next_expiry`]), and `renewed_at` as a renew sets
+/// it.
 pub(crate) fn renew_set(d: &dyn Dialect, table: &Alias, millis: i64) -> UpdateStatement {
     Query::update()
         .table(table.clone())
-        .value(Column::ExpiresAt, d.lease_end(millis))
+        .value(
+            Column::ExpiresAt,
+            next_expiry(d, Expr::col(Column::ExpiresAt), millis),
+        )
         .value(
             Column::RenewedAt,
             d.greatest(d.now(), d.one_tick_after(Expr::col(Column::AcquiredAt))),
@@ -379,7 +403,7 @@ mod tests {
                 r#""fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN "orionbeacon_leases"."fencing_token" + $5 ELSE "orionbeacon_leases"."fencing_token" END), "#,
                 r#""acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_leases"."acquired_at" END), "#,
                 r#""renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE GREATEST(statement_timestamp(), "orionbeacon_leases"."acquired_at" + INTERVAL '1 microsecond') END), "#,
-                r#""holder" = $6, "expires_at" = clock_timestamp() + $7 * INTERVAL '1 millisecond' "#,
+                r#""holder" = $6, "expires_at" = GREATEST(clock_timestamp() + $7 * INTERVAL '1 millisecond', "orionbeacon_leases"."expires_at" + INTERVAL '1 microsecond') "#,
                 r#"WHERE "orionbeacon_leases"."holder" = $8 OR "orionbeacon_leases"."expires_at" <= (statement_timestamp()) "#,
                 r#"RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "#,
                 r#"CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT)"#,
@@ -406,7 +430,7 @@ mod tests {
                 r#""fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN "orionbeacon_leases"."fencing_token" + ? ELSE "orionbeacon_leases"."fencing_token" END), "#,
                 r#""acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE "orionbeacon_leases"."acquired_at" END), "#,
                 r#""renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', "orionbeacon_leases"."acquired_at", '+0.001 seconds')) END), "#,
-                r#""holder" = ?, "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) "#,
+                r#""holder" = ?, "expires_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', "orionbeacon_leases"."expires_at", '+0.001 seconds')) "#,
                 r#"WHERE "orionbeacon_leases"."holder" = ? OR "orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now')) "#,
                 r#"RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "#,
                 r#"CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER)"#,

@@ -263,6 +263,113 @@ pub async fn release_lease_ends_only_the_write_it_names<H: Harness>(h: &H) {
     ));
 }
 
+/// A late `release_lease` of one write never ends a later renew of the same term, even one
+/// made within the same tick of the store's clock (SQLite stores milliseconds): two processes
+/// with one candidate id renew back to back, then the first sends the release of its own
+/// earlier write. Every write of a term must have an expiry of its own.
+pub async fn a_late_release_never_ends_a_renew_in_the_same_clock_step<H: Harness>(h: &H) {
+    let p1 = h.store();
+    let p2 = h.separate_store().await;
+    let r = unique("same_step");
+    for i in 0..100 {
+        let w1 = granted(p1.acquire_or_renew(&r, "a", LONG).await.unwrap());
+        // Straight after, from the other process: the acquire-or-renew and the batch renew.
+        let w2 = if i % 2 == 0 {
+            granted(p2.acquire_or_renew(&r, "a", LONG).await.unwrap())
+        } else {
+            let out = p2.renew_all(std::slice::from_ref(&w1), LONG).await.unwrap();
+            assert_eq!(out.renewed.len(), 1, "iteration {i}: {out:?}");
+            out.renewed[0].clone()
+        };
+        assert_eq!(w2.token, w1.token, "iteration {i}: one term");
+        assert!(
+            !p1.release_lease(&w1).await.unwrap(),
+            "iteration {i}: a late release of an earlier write ended a later renew of the term \
+             (expiries {:?} and {:?})",
+            w1.expires_at,
+            w2.expires_at
+        );
+        assert!(
+            w2.expires_at > w1.expires_at,
+            "iteration {i}: a renew wrote no expiry of its own: {:?} then {:?}",
+            w1.expires_at,
+            w2.expires_at
+        );
+        let row = p1.current(&r).await.unwrap().unwrap();
+        assert!(row.live, "iteration {i}: {row:?}");
+        assert_eq!(
+            row.expires_at, w2.expires_at,
+            "iteration {i}: the renew's write"
+        );
+        let out = p1.acquire_or_renew(&r, "c", LONG).await.unwrap();
+        assert!(
+            matches!(out, LeaseOutcome::Denied(_)),
+            "iteration {i}: a third candidate was granted while the term was live: {out:?}"
+        );
+    }
+}
+
+/// A renew never moves a term's expiry back, not even one asking for a shorter lease: a
+/// write that ended at or before an earlier one could carry that earlier write's name (holder,
+/// token, expiry), and a late release of it would end the term. The remaining time reported is
+/// the new expiry's.
+pub async fn a_renew_never_moves_the_expiry_back<H: Harness>(h: &H) {
+    let p1 = h.store();
+    let p2 = h.separate_store().await;
+    let r = unique("no_step_back");
+    let started = std::time::Instant::now();
+    let first = granted(p1.acquire_or_renew(&r, "a", LONG).await.unwrap());
+    // Shorter leases, which would end before the earlier writes' expiries.
+    let shorter = granted(p2.acquire_or_renew(&r, "a", SHORT).await.unwrap());
+    let out = p2
+        .renew_all(std::slice::from_ref(&shorter), Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert_eq!(out.renewed.len(), 1, "{out:?}");
+    let batch = out.renewed[0].clone();
+    let shortest = granted(
+        p1.acquire_or_renew(&r, "a", Duration::from_millis(1))
+            .await
+            .unwrap(),
+    );
+    let writes = [first, shorter, batch, shortest];
+    for pair in writes.windows(2) {
+        assert_eq!(pair[1].token, pair[0].token, "one term: {pair:?}");
+        assert!(
+            pair[1].expires_at > pair[0].expires_at,
+            "a renew moved the expiry back: {:?} then {:?}",
+            pair[0].expires_at,
+            pair[1].expires_at
+        );
+    }
+    for w in &writes[1..] {
+        let least = LONG.saturating_sub(started.elapsed() + Duration::from_secs(1));
+        assert!(
+            w.remaining >= least,
+            "the remaining time is the new expiry's: {w:?}"
+        );
+    }
+    let last = &writes[3];
+    for earlier in &writes[..3] {
+        assert!(
+            !p1.release_lease(earlier).await.unwrap(),
+            "a late release of {earlier:?} ended the later write {last:?}"
+        );
+    }
+    let row = p2.current(&r).await.unwrap().unwrap();
+    assert!(row.live && row.expires_at == last.expires_at, "{row:?}");
+    assert!(matches!(
+        p2.acquire_or_renew(&r, "c", LONG).await.unwrap(),
+        LeaseOutcome::Denied(_)
+    ));
+    assert!(
+        p2.release_lease(last).await.unwrap(),
+        "the last write is released"
+    );
+    let next = granted(p1.acquire_or_renew(&r, "c", LONG).await.unwrap());
+    assert_eq!(next.token.get(), last.token.get() + 1);
+}
+
 pub async fn release_by_non_holder_or_of_expired_changes_nothing<H: Harness>(h: &H) {
     let store = h.store();
     let r = unique("release_guard");
@@ -616,6 +723,8 @@ macro_rules! conformance_suite {
             release_tombstones_and_keeps_the_token,
             release_by_non_holder_or_of_expired_changes_nothing,
             release_lease_ends_only_the_write_it_names,
+            a_late_release_never_ends_a_renew_in_the_same_clock_step,
+            a_renew_never_moves_the_expiry_back,
             current_reports_rows,
             first_insert_race_has_one_winner,
             randomized_run_tokens_strictly_increase,

@@ -11,7 +11,9 @@ use sea_orm::{DbBackend, DbErr, Statement};
 
 use super::MySql;
 use crate::backend::fence::Term;
-use crate::backend::statements::{held_rows, insert_new_row, renew_set, renewed_row, returned_row};
+use crate::backend::statements::{
+    held_rows, insert_new_row, next_expiry, renew_set, renewed_row, returned_row,
+};
 use crate::backend::Dialect;
 
 /// The conditional upsert (without `RETURNING`).
@@ -56,11 +58,12 @@ pub(crate) fn upsert(
                     .into(),
             ),
             // Granted (a new term or a renew), read with `holder` new or old: see the module.
+            // `expires_at` is the old one here in either mode (it is assigned last).
             (
                 Column::ExpiresAt,
                 Expr::case(
                     col(Column::Holder).eq(candidate).or(expired()),
-                    d.lease_end(millis),
+                    next_expiry(&d, col(Column::ExpiresAt), millis),
                 )
                 .finally(col(Column::ExpiresAt))
                 .into(),
@@ -204,7 +207,7 @@ mod tests {
         "`acquired_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `acquired_at` END), ",
         "`fencing_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? ELSE `fencing_token` END), ",
         "`holder` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `holder` END), ",
-        "`expires_at` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND ELSE `expires_at` END)",
+        "`expires_at` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND) ELSE `expires_at` END)",
     );
 
     // sea-query's MySQL builder drops clauses it lacks without a word: pin the exact SQL.
@@ -282,7 +285,7 @@ mod tests {
                 "`t` BIGINT PATH '$.t')) AS `held` ",
                 "ON `orionbeacon_leases`.`resource` = `held`.`r` AND `orionbeacon_leases`.`holder` = `held`.`h` ",
                 "AND `orionbeacon_leases`.`fencing_token` = `held`.`t` ",
-                "SET `expires_at` = SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, ",
+                "SET `expires_at` = GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND), ",
                 "`renewed_at` = GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) ",
                 "WHERE `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))",
             )

@@ -178,7 +178,7 @@ mod tests {
             renew_all(&Postgres, &table(), "[]".to_owned(), 1500).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "orionbeacon_leases" SET "expires_at" = clock_timestamp() + $1 * INTERVAL '1 millisecond', "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#
         );
         assert_eq!(values.0.len(), 2, "{values:?}");
     }

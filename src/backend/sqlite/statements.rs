@@ -56,7 +56,7 @@ mod tests {
         .build(SqliteQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "orionbeacon_leases" SET "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?), "renewed_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', "acquired_at", '+0.001 seconds')) WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT json_extract("value", '$.r'), json_extract("value", '$.h'), json_extract("value", '$.t') FROM json_each(?)) AND "orionbeacon_leases"."expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), "resource""#
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', "expires_at", '+0.001 seconds')), "renewed_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', "acquired_at", '+0.001 seconds')) WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT json_extract("value", '$.r'), json_extract("value", '$.h'), json_extract("value", '$.t') FROM json_each(?)) AND "orionbeacon_leases"."expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), "resource""#
         );
         assert_eq!(values.0.len(), 2, "{values:?}");
     }

@@ -43,6 +43,7 @@ pub(super) fn quoted(table: &str) -> String {
 ///   for new terms;
 /// - row live and held by another: no branch applies, nothing changes, no row is output.
 ///
+/// An updated row's expiry is at least one tick after the old one ([`next_expiry`]).
 /// `SET` expressions read the row as it was before the statement. The remaining time is
 /// counted in nanoseconds (exact for `datetime2(7)`) and divided down to whole milliseconds;
 /// `DATEDIFF_BIG(MILLISECOND, ...)` would count millisecond boundaries crossed, which rounds
@@ -67,21 +68,34 @@ pub(super) fn upsert_sql(table: &str) -> String {
          t.renewed_at = CASE WHEN t.expires_at <= @now THEN @now \
          WHEN @now > {tick_after_acquired} THEN @now ELSE {tick_after_acquired} END, \
          t.holder = s.holder, \
-         t.expires_at = {expiry} \
+         t.expires_at = {next} \
          WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) \
          VALUES (s.resource, s.holder, 1, {expiry}, @now, @now) \
          OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, \
          inserted.renewed_at, {remaining} AS remaining_ms; \
          COMMIT TRANSACTION;",
+        next = next_expiry(expiry),
         remaining = remaining_ms("inserted.expires_at"),
     )
+}
+
+/// The expiry of a write to a lease row (`t`) that replaces `t.expires_at`: `expiry` (a whole
+/// lease from the write), but at least one tick (100 ns) after the old expiry. A write is
+/// named by its holder, token and expiry ([`release_write_sql`]), and within a term the
+/// expiry only grows, so no two writes of a term share a name (not two renews in one tick,
+/// not a renew asking for a shorter lease). For a new term the old expiry has passed and this
+/// is `expiry`.
+fn next_expiry(expiry: &str) -> String {
+    let tick_after_expiry = "DATEADD(NANOSECOND, 100, t.expires_at)";
+    format!("CASE WHEN {expiry} > {tick_after_expiry} THEN {expiry} ELSE {tick_after_expiry} END")
 }
 
 /// The batch renew (after the `@now` declaration). Parameters: `@P1` whole seconds and `@P2`
 /// the remaining milliseconds of the lease, `@P3` the leases as one JSON document
 /// (`[{"r": resource, "h": holder, "t": token}, ...]`). Each lease whose row still has that
 /// holder and token and is live at `@now` gets a whole lease from the write (after the rows'
-/// locks are taken, as in [`upsert_sql`]), and `renewed_at` as a renew sets it; nothing else
+/// locks are taken, as in [`upsert_sql`]; at least one tick past its expiry, see
+/// [`next_expiry`]), and `renewed_at` as a renew sets it; nothing else
 /// changes, no term starts. `OUTPUT` lists the renewed rows, the resource last. The JSON
 /// columns take the table's binary collation, so names compare byte for byte.
 pub(super) fn renew_all_sql(table: &str) -> String {
@@ -98,13 +112,14 @@ pub(super) fn renew_all_sql(table: &str) -> String {
          SELECT @locked = COUNT(*) FROM {t} AS t WITH (UPDLOCK, HOLDLOCK) JOIN {held}; \
          DECLARE @written datetime2(7) = SYSUTCDATETIME(); \
          UPDATE t SET \
-         t.expires_at = DATEADD(MILLISECOND, @P2, DATEADD(SECOND, @P1, @written)), \
+         t.expires_at = {next}, \
          t.renewed_at = CASE WHEN @now > {tick_after_acquired} THEN @now ELSE {tick_after_acquired} END \
          OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, \
          inserted.renewed_at, {remaining} AS remaining_ms, inserted.resource \
          FROM {t} AS t JOIN {held} \
          WHERE t.expires_at > @now; \
          COMMIT TRANSACTION;",
+        next = next_expiry("DATEADD(MILLISECOND, @P2, DATEADD(SECOND, @P1, @written))"),
         remaining = remaining_ms("inserted.expires_at"),
     )
 }
@@ -308,7 +323,8 @@ mod tests {
                 "t.renewed_at = CASE WHEN t.expires_at <= @now THEN @now ",
                 "WHEN @now > DATEADD(NANOSECOND, 100, t.acquired_at) THEN @now ELSE DATEADD(NANOSECOND, 100, t.acquired_at) END, ",
                 "t.holder = s.holder, ",
-                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)) ",
+                "t.expires_at = CASE WHEN DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)) > DATEADD(NANOSECOND, 100, t.expires_at) ",
+                "THEN DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)) ELSE DATEADD(NANOSECOND, 100, t.expires_at) END ",
                 "WHEN NOT MATCHED THEN INSERT (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) ",
                 "VALUES (s.resource, s.holder, 1, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @written)), @now, @now) ",
                 "OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, ",
@@ -429,7 +445,8 @@ mod tests {
                 "AND t.holder = held.h COLLATE Latin1_General_100_BIN2 AND t.fencing_token = held.tk; ",
                 "DECLARE @written datetime2(7) = SYSUTCDATETIME(); ",
                 "UPDATE t SET ",
-                "t.expires_at = DATEADD(MILLISECOND, @P2, DATEADD(SECOND, @P1, @written)), ",
+                "t.expires_at = CASE WHEN DATEADD(MILLISECOND, @P2, DATEADD(SECOND, @P1, @written)) > DATEADD(NANOSECOND, 100, t.expires_at) ",
+                "THEN DATEADD(MILLISECOND, @P2, DATEADD(SECOND, @P1, @written)) ELSE DATEADD(NANOSECOND, 100, t.expires_at) END, ",
                 "t.renewed_at = CASE WHEN @now > DATEADD(NANOSECOND, 100, t.acquired_at) THEN @now ELSE DATEADD(NANOSECOND, 100, t.acquired_at) END ",
                 "OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, ",
                 "inserted.renewed_at, DATEDIFF_BIG(NANOSECOND, @now, inserted.expires_at) / 1000000 AS remaining_ms, inserted.resource ",
