@@ -19,7 +19,7 @@ pub use backend::fence::FenceError;
 pub use backend::mysql::MySqlUpsert;
 #[cfg(feature = "sqlserver")]
 pub use backend::sqlserver::SqlServerLeaseStore;
-pub use backend::SeaOrmLeaseStore;
+pub use backend::{Durability, SeaOrmLeaseStore};
 pub use elector::Health;
 pub use elector::{
     ConfigError, Elector, ElectorBuilder, ElectorHandle, LeaderTerm, Leadership, LossReason,

@@ -40,6 +40,7 @@
 mod admin;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod autocommit;
+mod durability;
 mod errors;
 pub mod fence;
 mod members;
@@ -52,6 +53,7 @@ pub mod sqlserver;
 mod statements;
 mod store;
 
+pub use durability::Durability;
 pub use store::SeaOrmLeaseStore;
 
 use sea_orm::sea_query::{Expr, Func};

@@ -44,6 +44,8 @@ pub struct SeaOrmLeaseStore {
     pub(super) galera: Arc<tokio::sync::OnceCell<bool>>,
     /// SQLite only: whether the journal mode was looked at (once per store).
     pub(super) sqlite_checked: Arc<tokio::sync::OnceCell<()>>,
+    /// Whether the server's durability settings were looked at (once per store).
+    pub(super) durability_checked: Arc<tokio::sync::OnceCell<()>>,
     /// The statements, rendered once for this backend and table.
     prepared: Arc<PreparedCache>,
     /// PostgreSQL only: the release listener, started on first subscription.
@@ -66,6 +68,7 @@ impl SeaOrmLeaseStore {
             mysql_upsert: Arc::default(),
             galera: Arc::default(),
             sqlite_checked: Arc::default(),
+            durability_checked: Arc::default(),
             prepared: Arc::default(),
             #[cfg(feature = "postgres")]
             releases: Arc::default(),
@@ -392,7 +395,9 @@ impl LeaseStore for SeaOrmLeaseStore {
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
-        match self.form()? {
+        let form = self.form()?;
+        self.warn_once_if_not_durable().await;
+        match form {
             #[cfg(feature = "postgres")]
             Form::Postgres => {
                 super::postgres::store::acquire_or_renew(self, resource, candidate, millis).await

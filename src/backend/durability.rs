@@ -1,0 +1,138 @@
+//! Whether the server makes a commit durable before it answers.
+//!
+//! A grant is a commit: a server that acknowledges commits before they are on disk
+//! (PostgreSQL `fsync = off` or `synchronous_commit = off`/`local` without synchronous
+//! replication, MariaDB/MySQL `innodb_flush_log_at_trx_commit` other than 1, SQLite
+//! `PRAGMA synchronous = OFF`) can lose a reported grant in a crash, and then issue its token
+//! again to another term. The store looks once, at its first grant, and warns; a
+//! program can also ask with [`SeaOrmLeaseStore::durability`]. See docs/topologies.md, next to
+//! the asynchronous-replica caveat.
+
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+use super::errors::classify;
+use super::store::SeaOrmLeaseStore;
+use super::Form;
+use crate::StoreError;
+
+/// What the server's settings say about the durability of a commit, as this session sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// A commit is on disk when the server acknowledges it.
+    Durable,
+    /// A server setting lets an acknowledged commit vanish in a crash: a reported grant can be
+    /// lost and its fencing token issued again.
+    NotDurable {
+        /// The setting.
+        setting: &'static str,
+        /// Its value.
+        value: String,
+    },
+}
+
+impl SeaOrmLeaseStore {
+    /// Reads the server settings that decide whether a commit is durable (one read, on a
+    /// pooled connection; PostgreSQL `fsync` and `synchronous_commit`, MySQL/MariaDB
+    /// `innodb_flush_log_at_trx_commit`, SQLite `PRAGMA synchronous`). The store does this
+    /// once by itself, at its first grant, and logs a warning if a commit is not durable.
+    pub async fn durability(&self) -> Result<Durability, StoreError> {
+        let form = self.form()?;
+        let (backend, sql, settings): (DbBackend, &str, &[&'static str]) = match form {
+            #[cfg(feature = "postgres")]
+            Form::Postgres => (
+                DbBackend::Postgres,
+                "SELECT current_setting('fsync') AS a, current_setting('synchronous_commit') AS b",
+                &["fsync", "synchronous_commit"],
+            ),
+            #[cfg(feature = "mysql")]
+            Form::MySql => (
+                DbBackend::MySql,
+                "SELECT CAST(@@GLOBAL.innodb_flush_log_at_trx_commit AS CHAR) AS a",
+                &["innodb_flush_log_at_trx_commit"],
+            ),
+            Form::Sqlite => (
+                DbBackend::Sqlite,
+                "SELECT CAST(synchronous AS TEXT) AS a FROM pragma_synchronous",
+                &["synchronous"],
+            ),
+        };
+        let row = self
+            .db
+            .query_one_raw(Statement::from_string(backend, sql))
+            .await
+            .map_err(|e| classify(e, self.table()))?;
+        let Some(row) = row else {
+            return Ok(Durability::Durable);
+        };
+        for (i, setting) in settings.iter().enumerate() {
+            let value: String = row
+                .try_get_by_index(i)
+                .map_err(|e| self.decode_error(e.into()))?;
+            if !durable(setting, &value) {
+                return Ok(Durability::NotDurable { setting, value });
+            }
+        }
+        Ok(Durability::Durable)
+    }
+
+    /// The look [`durability`](Self::durability) makes, once per store, as a warning.
+    pub(crate) async fn warn_once_if_not_durable(&self) {
+        self.durability_checked
+            .get_or_init(|| async {
+                match self.durability().await {
+                    Ok(Durability::Durable) => {}
+                    Ok(Durability::NotDurable { setting, value }) => tracing::warn!(
+                        setting,
+                        %value,
+                        table = self.table(),
+                        "the lease database does not make commits durable: a grant reported \
+                         before a crash can be lost and its fencing token issued again"
+                    ),
+                    Err(error) => {
+                        tracing::debug!(%error, "could not read the server's durability settings")
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+/// Whether `value` of `setting` makes an acknowledged commit durable.
+fn durable(setting: &str, value: &str) -> bool {
+    let value = value.trim().to_ascii_lowercase();
+    match setting {
+        "fsync" => value == "on",
+        // `local` and `off` acknowledge before the WAL is flushed (with or without standbys);
+        // `on`, `remote_write`, `remote_apply` wait for the local flush.
+        "synchronous_commit" => !matches!(value.as_str(), "off" | "local"),
+        "innodb_flush_log_at_trx_commit" => value == "1",
+        // 0 = OFF; NORMAL (1) in WAL mode can lose the last commits on power loss, not on a
+        // process crash: only OFF is reported.
+        "synchronous" => value != "0",
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::durable;
+
+    #[test]
+    fn settings_that_lose_acknowledged_commits() {
+        assert!(durable("fsync", "on"));
+        assert!(!durable("fsync", "off"));
+        for v in ["on", "remote_write", "remote_apply"] {
+            assert!(durable("synchronous_commit", v), "{v}");
+        }
+        for v in ["off", "local", "OFF"] {
+            assert!(!durable("synchronous_commit", v), "{v}");
+        }
+        assert!(durable("innodb_flush_log_at_trx_commit", "1"));
+        assert!(!durable("innodb_flush_log_at_trx_commit", "0"));
+        assert!(!durable("innodb_flush_log_at_trx_commit", "2"));
+        assert!(!durable("synchronous", "0"));
+        assert!(durable("synchronous", "1"));
+        assert!(durable("synchronous", "2"));
+    }
+}
