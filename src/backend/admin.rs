@@ -88,20 +88,17 @@ impl SeaOrmLeaseStore {
         let lock = sqlite::statements::write_lock(&table, Expr::col(Column::Resource).eq(resource));
         let read = revoke_read(d, &table, resource);
         let update = revoke(d, &table, resource);
-        let row = self
-            .with_retry(|| async {
-                let txn = self.connection().begin().await?;
-                if sqlite {
-                    txn.execute(&lock).await?;
-                }
-                let row = txn.query_one(&read).await?;
-                if row.is_some() {
-                    txn.execute(&update).await?;
-                }
-                txn.commit().await?;
-                Ok(row)
-            })
-            .await?;
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        let checked = match super::autocommit::Pool::of(self) {
+            Some(pool) => Some(self.revoke_checked(pool, &read, &update).await?),
+            None => None,
+        };
+        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
+        let checked = None;
+        let row = match checked {
+            Some(row) => row,
+            None => self.revoke_in(&lock, &read, &update, sqlite).await?,
+        };
         let Some(row) = row else {
             tracing::info!(resource, table = %self.table(), "revoke: no lease row; nothing changed");
             return Ok(None);
@@ -129,6 +126,60 @@ impl SeaOrmLeaseStore {
             );
         }
         Ok(Some(record))
+    }
+}
+
+impl SeaOrmLeaseStore {
+    /// The revoke's transaction through SeaORM (SQLite, and connections that are no sqlx pool):
+    /// the row before the revoke.
+    async fn revoke_in(
+        &self,
+        lock: &UpdateStatement,
+        read: &SelectStatement,
+        update: &UpdateStatement,
+        sqlite: bool,
+    ) -> Result<Option<sea_orm::QueryResult>, StoreError> {
+        self.with_retry(|| async {
+            let txn = self.connection().begin().await?;
+            if sqlite {
+                txn.execute(lock).await?;
+            }
+            let row = txn.query_one(read).await?;
+            if row.is_some() {
+                txn.execute(update).await?;
+            }
+            txn.commit().await?;
+            Ok(row)
+        })
+        .await
+    }
+
+    /// The revoke's transaction on a pooled connection checked to be outside any transaction
+    /// (see `autocommit`): a connection inside an abandoned one is closed rather than have its
+    /// `BEGIN` join (PostgreSQL) or commit (MySQL) that transaction, and a call dropped before
+    /// `COMMIT` closes the connection rather than hand it back mid-transaction.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    async fn revoke_checked(
+        &self,
+        pool: super::autocommit::Pool<'_>,
+        read: &SelectStatement,
+        update: &UpdateStatement,
+    ) -> Result<Option<sea_orm::QueryResult>, StoreError> {
+        use super::autocommit::{Begin, Checked, Transaction};
+        let backend = self.form()?.backend();
+        let (read, update) = (backend.build(read), backend.build(update));
+        self.autocommitted(|| async {
+            let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
+                return Ok(Checked::InAbandonedTransaction);
+            };
+            let row = txn.rows(&read).await?.into_iter().next();
+            if row.is_some() {
+                txn.execute(&update).await?;
+            }
+            txn.commit().await?;
+            Ok(Checked::Committed(row))
+        })
+        .await
     }
 }
 

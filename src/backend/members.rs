@@ -3,9 +3,11 @@
 //!
 //! A heartbeat is one upsert (`INSERT ... ON CONFLICT (shard_set, member) DO UPDATE`, MySQL's
 //! `ON DUPLICATE KEY UPDATE`), its times from the database clock, then one read of the set's
-//! live members. Membership decides no grant (the leases do), so these statements need none of
-//! the lease statements' commit checks; they still run through the store's retry and, on
-//! PostgreSQL behind a transaction-pooling proxy, its unnamed-statement path.
+//! live members. Membership decides no grant (the leases do), but a heartbeat, a leave and the
+//! read of the members decide a shard set's share, so they run like every statement of the
+//! store: on PostgreSQL and MariaDB on a pooled connection checked to be outside any abandoned
+//! transaction (`autocommit`; behind a transaction-pooling proxy, unnamed in a transaction of
+//! their own), with the store's retry.
 
 use async_trait::async_trait;
 use orion_beacon_entity::member::Column;
@@ -13,13 +15,11 @@ use orion_beacon_entity::{lease, validate_table_name};
 use sea_orm::sea_query::{
     Alias, DeleteStatement, Expr, ExprTrait, InsertStatement, OnConflict, Query, SelectStatement,
 };
-use sea_orm::{ConnectionTrait, DbErr, QueryResult};
+use sea_orm::{DbErr, QueryResult};
 
 use super::statements::{returned_row, Row};
 use super::store::SeaOrmLeaseStore;
 use super::Dialect;
-#[cfg(feature = "postgres")]
-use super::Form;
 use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
 use crate::store::{validate_candidate, validate_resource};
 use crate::{LeaseRecord, StoreError};
@@ -207,24 +207,9 @@ impl SeaOrmLeaseStore {
 
     /// A membership statement that changes rows: how many it changed.
     async fn members_execute(&self, stmt: sea_orm::Statement) -> Result<u64, StoreError> {
-        match self.form()? {
-            // PostgreSQL runs it through the store's plain path (unnamed behind a
-            // transaction-pooling proxy) and counts the rows it returns.
-            #[cfg(feature = "postgres")]
-            Form::Postgres => {
-                let stmt = sea_orm::Statement::from_sql_and_values(
-                    stmt.db_backend,
-                    format!("{} RETURNING 1", stmt.sql),
-                    stmt.values.map(|v| v.0).unwrap_or_default(),
-                );
-                Ok(self.members_plain(stmt).await?.len() as u64)
-            }
-            _ => self
-                .with_retry(|| self.db.execute_raw(stmt.clone()))
-                .await
-                .map(|r| r.rows_affected())
-                .map_err(|e| self.member_table_error(e)),
-        }
+        self.counted(stmt)
+            .await
+            .map_err(|e| self.member_table_error(e))
     }
 
     /// The lease rows of `resources`, one statement per [`READ_CHUNK`] resources.

@@ -24,8 +24,13 @@ pub(super) const ATTEMPTS: u32 = 3;
 /// A [`LeaseStore`] in a table of the application's database, through SeaORM.
 ///
 /// It shares the application's [`DatabaseConnection`] (and so its pool): every operation takes
-/// one pooled connection for one statement and gives it back. Acquire-or-renew is one atomic
-/// statement per backend; liveness is judged by the database clock.
+/// one pooled connection for one statement (or one transaction of its own) and gives it back.
+/// On PostgreSQL and MySQL/MariaDB that connection is first checked to be outside any
+/// transaction somebody abandoned on it (sqlx 0.9 leaves one behind when a future is dropped
+/// during `begin()`); one found inside is closed, which rolls that transaction back, and the
+/// statement runs on another. It goes back to the pool only after a complete answer, and is
+/// closed on every other path (an error, or the call dropped by a timeout). Acquire-or-renew is
+/// one atomic statement per backend; liveness is judged by the database clock.
 ///
 /// The table must exist: create it with the migration (see the `orion-beacon-migration`
 /// crate). A missing table is reported as [`StoreError::MissingTable`].
@@ -195,17 +200,31 @@ impl SeaOrmLeaseStore {
             .await
     }
 
-    /// Runs a statement that reads or releases (not one that grants): through the pooled path
-    /// behind a transaction-pooling proxy, else as SeaORM runs any statement.
+    /// Runs a statement that reads or releases (not one that grants), read to the end: on
+    /// PostgreSQL and MariaDB on a connection of the pool checked to be outside any transaction
+    /// (behind a transaction-pooling proxy, in a transaction of its own; see `autocommit`), else
+    /// as SeaORM runs any statement.
     pub(crate) async fn plain(
         &self,
         stmt: sea_orm::Statement,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        #[cfg(feature = "postgres")]
-        if let Some(pooled) = super::postgres::store::pooled(self, &stmt).await {
-            return pooled;
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        if let Some(checked) = self.checked_rows(&stmt).await {
+            return checked;
         }
         self.read_to_end(stmt).await
+    }
+
+    /// Runs a statement that changes rows (not one that grants): how many it changed, checked
+    /// as in [`plain`](Self::plain).
+    pub(crate) async fn counted(&self, stmt: sea_orm::Statement) -> Result<u64, StoreError> {
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        if let Some(checked) = self.checked_count(&stmt).await {
+            return checked;
+        }
+        self.with_retry(|| self.db.execute_raw(stmt.clone()))
+            .await
+            .map(|r| r.rows_affected())
     }
 
     /// A row of the lease table that could not be read back.
@@ -320,12 +339,7 @@ impl SeaOrmLeaseStore {
             // The notifying form returns one row per released lease.
             #[cfg(feature = "postgres")]
             Form::Postgres => Ok(!self.plain(stmt).await?.is_empty()),
-            _ => {
-                let result = self
-                    .with_retry(|| self.db.execute_raw(stmt.clone()))
-                    .await?;
-                Ok(result.rows_affected() > 0)
-            }
+            _ => Ok(self.counted(stmt).await? > 0),
         }
     }
 

@@ -1,10 +1,10 @@
 //! How the store runs its statements on MySQL and MariaDB: the upsert form detected once per
-//! store (`RETURNING` on MariaDB 10.5+, a transaction on MySQL), every MariaDB grant checked
-//! to have committed on its own (`autocommit`), and Galera detected for the fence.
+//! store (`RETURNING` on MariaDB 10.5+, a transaction on MySQL), every statement checked to run
+//! outside any abandoned transaction (`autocommit`), and Galera detected for the fence.
 
 use sea_orm::{ConnectionTrait, DatabaseConnectionType, DbBackend, DbErr, QueryResult, Statement};
 
-use crate::backend::autocommit;
+use crate::backend::autocommit::{self, Begin, Checked};
 use crate::backend::errors::classify;
 use crate::backend::statements::{self, Row};
 use crate::{LeaseOutcome, SeaOrmLeaseStore, StoreError};
@@ -40,6 +40,13 @@ pub(crate) async fn renew_all(
     let update = super::statements::renew_all(&table, json.clone(), millis)
         .map_err(|e| StoreError::Database(e.into()))?;
     let read = super::statements::renewed(&table, json);
+    // REPEATABLE READ whatever the session's level: the update then keeps the locks of the rows
+    // it found lapsed, so no other renew can write one of them before the read, which would
+    // report it as renewed by this call.
+    if let Some(pool) = autocommit::Pool::of(store) {
+        let read = DbBackend::MySql.build(&read);
+        return in_transaction(store, pool, Begin::RepeatableRead, &update, &read).await;
+    }
     store
         .with_retry(|| async {
             // REPEATABLE READ whatever the session's level: the update then keeps the locks of
@@ -76,6 +83,13 @@ async fn upsert(
             let upsert = super::statements::upsert(&table, resource, candidate, millis)
                 .map_err(|e| StoreError::Database(e.into()))?;
             let read = statements::current(&MySql, &table, resource);
+            if let Some(pool) = autocommit::Pool::of(store) {
+                let (upsert, read) = (
+                    DbBackend::MySql.build(&upsert),
+                    DbBackend::MySql.build(&read),
+                );
+                return in_transaction(store, pool, Begin::ReadWrite, &upsert, &read).await;
+            }
             store
                 .with_retry(|| async {
                     let txn = store.db.begin().await?;
@@ -89,6 +103,32 @@ async fn upsert(
                 .await
         }
     }
+}
+
+/// `write` then `read` in a transaction of the store's own, on a pooled connection checked to
+/// be outside any transaction (see `autocommit`): the rows of `read` once `COMMIT` succeeded. A
+/// call dropped anywhere before closes the connection (the server rolls back) instead of
+/// handing it back to the pool mid-transaction, which SeaORM's `begin()` cannot promise.
+async fn in_transaction(
+    store: &SeaOrmLeaseStore,
+    pool: autocommit::Pool<'_>,
+    begin: Begin,
+    write: &Statement,
+    read: &Statement,
+) -> Result<Vec<QueryResult>, StoreError> {
+    store
+        .autocommitted(|| async {
+            let Some(mut txn) = autocommit::Transaction::begin(pool, begin).await? else {
+                return Ok(Checked::InAbandonedTransaction);
+            };
+            txn.execute(write).await?;
+            // The write holds the rows' locks until commit: this reads what it left.
+            let rows = txn.rows(read).await?;
+            // Nothing is reported before the commit is known.
+            txn.commit().await?;
+            Ok(Checked::Committed(rows))
+        })
+        .await
 }
 
 /// Runs the MariaDB form, read to the end, known to have committed on its own.
@@ -114,12 +154,10 @@ async fn form(store: &SeaOrmLeaseStore) -> Result<MySqlUpsert, StoreError> {
         .mysql_upsert
         .get_or_try_init(|| async {
             let version = store
-                .with_retry(|| {
-                    store
-                        .db
-                        .query_one_raw(Statement::from_string(DbBackend::MySql, "SELECT VERSION()"))
-                })
+                .plain(Statement::from_string(DbBackend::MySql, "SELECT VERSION()"))
                 .await?
+                .into_iter()
+                .next()
                 .map(|row| row.try_get_by_index::<String>(0))
                 .transpose()
                 .map_err(|e| StoreError::Database(e.into()))?

@@ -70,8 +70,8 @@ async fn deciding(
 }
 
 /// Behind a transaction-pooling proxy: `stmt` as an unnamed statement in a transaction of its
-/// own, read to the end; its rows once `COMMIT` succeeded. `None` when the store is not
-/// configured for such a proxy.
+/// own, begun on a client connection checked to be outside any transaction, read to the end;
+/// its rows once `COMMIT` succeeded. `None` when the store is not configured for such a proxy.
 pub(crate) async fn pooled(
     store: &SeaOrmLeaseStore,
     stmt: &Statement,
@@ -85,7 +85,7 @@ pub(crate) async fn pooled(
     let pool = store.db.get_postgres_connection_pool();
     Some(
         store
-            .with_retry(|| autocommit::postgres_in_transaction(pool, stmt))
+            .autocommitted(|| autocommit::postgres_in_transaction(pool, stmt))
             .await,
     )
 }
