@@ -8,9 +8,8 @@
 //! program can also ask with [`SeaOrmLeaseStore::durability`]. See docs/topologies.md, next to
 //! the asynchronous-replica caveat.
 
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::{DbBackend, Statement};
 
-use super::errors::classify;
 use super::store::SeaOrmLeaseStore;
 use super::Form;
 use crate::StoreError;
@@ -57,12 +56,10 @@ impl SeaOrmLeaseStore {
                 &["synchronous"],
             ),
         };
-        let row = self
-            .db
-            .query_one_raw(Statement::from_string(backend, sql))
-            .await
-            .map_err(|e| classify(e, self.table()))?;
-        let Some(row) = row else {
+        // On a checked connection, like every statement of ours: a session left inside an
+        // abandoned transaction is closed, not read from.
+        let rows = self.plain(Statement::from_string(backend, sql)).await?;
+        let Some(row) = rows.first() else {
             return Ok(Durability::Durable);
         };
         for (i, setting) in settings.iter().enumerate() {

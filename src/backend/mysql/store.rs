@@ -167,7 +167,7 @@ async fn form(store: &SeaOrmLeaseStore) -> Result<MySqlUpsert, StoreError> {
             // Galera is known from the first grant on: the statement-level fence refuses to
             // run there (`fenced_by` cannot ask the server). A failed look is not cached and
             // does not fail the grant; the fence asks again.
-            if let Err(error) = is_galera(store, &store.db).await {
+            if let Err(error) = galera_on_pool(store).await {
                 tracing::debug!(%error, "Galera detection deferred");
             }
             Ok::<_, StoreError>(form)
@@ -175,6 +175,38 @@ async fn form(store: &SeaOrmLeaseStore) -> Result<MySqlUpsert, StoreError> {
         .await?;
     Ok(*form)
 }
+
+/// [`is_galera`], asked on a checked pooled connection (the store's own look, at its first
+/// grant).
+async fn galera_on_pool(store: &SeaOrmLeaseStore) -> Result<bool, StoreError> {
+    let galera = store
+        .galera
+        .get_or_try_init(|| async {
+            let stmt = Statement::from_string(DbBackend::MySql, GALERA_QUESTION);
+            let on = match store.plain(stmt).await {
+                Ok(rows) => {
+                    rows.first()
+                        .map(|r| r.try_get_by_index::<i64>(0))
+                        .transpose()
+                        .map_err(|e| StoreError::Database(e.into()))?
+                        .unwrap_or(0)
+                        != 0
+                }
+                Err(StoreError::Database(crate::BackendError::SeaOrm(e)))
+                    if error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) =>
+                {
+                    false
+                }
+                Err(e) => return Err(e),
+            };
+            tracing::debug!(galera = on, "MySQL replication detected");
+            Ok::<_, StoreError>(on)
+        })
+        .await?;
+    Ok(*galera)
+}
+
+const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
 
 /// Whether the server replicates with Galera (`@@GLOBAL.wsrep_on`), where row locks stay on
 /// their node and the fence must write instead. Servers without the variable (MySQL) are not.
@@ -187,10 +219,7 @@ pub(crate) async fn is_galera<C: ConnectionTrait>(
     let galera = store
         .galera
         .get_or_try_init(|| async {
-            let stmt = Statement::from_string(
-                DbBackend::MySql,
-                "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)",
-            );
+            let stmt = Statement::from_string(DbBackend::MySql, GALERA_QUESTION);
             let on = match conn.query_one_raw(stmt).await {
                 Ok(row) => {
                     row.map(|r| r.try_get_by_index::<i64>(0))
