@@ -27,8 +27,12 @@
 //!   second statement on the same connection compares `transaction_timestamp()`); such a
 //!   connection is closed (the server rolls the transaction back) and the statement tried again on
 //!   another, and so is a connection whose check did not finish (an error, or the call dropped by a
-//!   timeout). The MySQL transaction form commits explicitly and sqlx's SQLite driver does not leak
-//!   the transaction. Your own statements on such a connection are affected too: prefer fenced
+//!   timeout). Every other statement of ours on the pool is checked the same way: releases,
+//!   batched renews, membership writes, reads, the CLI's revoke (a check statement first on the
+//!   same connection, or, for the store's own transactions, the `BEGIN` and the check in one
+//!   message, so a `BEGIN` never joins or commits somebody else's transaction), and a connection
+//!   goes back to the pool only after a complete answer. sqlx's SQLite driver does not leak the
+//!   transaction. Your own statements on such a connection are affected too: prefer fenced
 //!   transactions (`fence` inside `begin()`/`commit()`), whose commit you see.
 //! - **Conflicts are retried.** Serialization failures and deadlocks (PostgreSQL `40001`, `40P01`;
 //!   SQLite `BUSY`) mean the statement had no effect; the store tries it again, up to 3 times, then
