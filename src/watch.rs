@@ -71,11 +71,15 @@ impl<T: Clone> Watch<T> {
     }
 
     /// Waits until `f` holds for the latest value and returns a copy of it, marked seen. `f`
-    /// runs under the channel's read lock: keep it a quick look at the value.
-    pub async fn wait_for(&mut self, f: impl FnMut(&T) -> bool) -> Result<T, WatchClosed> {
-        match self.inner.wait_for(f).await {
-            Ok(value) => Ok(value.clone()),
-            Err(_) => Err(WatchClosed),
+    /// looks at a copy, never under the channel's lock, so it may do anything (read another
+    /// `Watch` of the same elector, call the handle).
+    pub async fn wait_for(&mut self, mut f: impl FnMut(&T) -> bool) -> Result<T, WatchClosed> {
+        loop {
+            let value = self.borrow_and_update();
+            if f(&value) {
+                return Ok(value);
+            }
+            self.changed().await?;
         }
     }
 }

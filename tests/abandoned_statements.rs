@@ -486,6 +486,81 @@ mod abandoned {
         s.finish().await;
     }
 
+    /// PostgreSQL: a grant (acquire, and the batched renew) on a connection inside a failed
+    /// abandoned transaction is tried on another connection, not reported as an error.
+    #[cfg(feature = "postgres")]
+    pub async fn grant_in_failed_transaction(target: Target) {
+        let Some(s) = Setup::new(target, "ab_failed_grant").await else {
+            return;
+        };
+        let a = s.acquire_a().await;
+        s.abandon(false).await;
+        assert!(s.db.execute_unprepared("SELECT 1/0").await.is_err());
+        let renewed = s.store.acquire_or_renew(R, "a", LEASE).await;
+        assert!(
+            matches!(&renewed, Ok(LeaseOutcome::Renewed(l)) if l.token == a.token),
+            "{renewed:?}"
+        );
+        s.assert_clean("acquire").await;
+        s.abandon(false).await;
+        assert!(s.db.execute_unprepared("SELECT 1/0").await.is_err());
+        let all = s.store.renew_all(std::slice::from_ref(&a), LEASE).await;
+        assert!(matches!(&all, Ok(r) if r.renewed.len() == 1), "{all:?}");
+        s.assert_clean("renew_all").await;
+        s.finish().await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn grant_in_failed_transaction_postgres() {
+        grant_in_failed_transaction(Target::Postgres).await;
+    }
+
+    /// MariaDB with `completion_type = CHAIN`: the store's own transactions (the batched renew,
+    /// the transaction form's upsert, revoke) end with a COMMIT that opens no next
+    /// transaction, so the pooled connection goes back in autocommit and the application's next
+    /// write commits.
+    #[cfg(feature = "mysql")]
+    pub async fn chained_commit(form: MySqlUpsert) {
+        let Some(s) = Setup::new(Target::MariaDb(form), "ab_chain").await else {
+            return;
+        };
+        let a = s.acquire_a().await;
+        s.db.execute_unprepared("SET SESSION completion_type = 'CHAIN'")
+            .await
+            .unwrap();
+        let all = s.store.renew_all(std::slice::from_ref(&a), LEASE).await;
+        assert!(matches!(&all, Ok(r) if r.renewed.len() == 1), "{all:?}");
+        assert_eq!(
+            in_transaction(&s.db, ANSWER).await,
+            Some(false),
+            "renew_all handed the connection back inside a chained transaction"
+        );
+        let again = s.store.acquire_or_renew(R, "a", LEASE).await;
+        assert!(matches!(&again, Ok(LeaseOutcome::Renewed(_))), "{again:?}");
+        assert_eq!(
+            in_transaction(&s.db, ANSWER).await,
+            Some(false),
+            "the upsert handed the connection back inside a chained transaction"
+        );
+        s.db.execute_unprepared("SET SESSION completion_type = 'NO_CHAIN'")
+            .await
+            .unwrap();
+        s.finish().await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chained_commit_mariadb_returning() {
+        chained_commit(MySqlUpsert::Returning).await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chained_commit_mariadb_transaction() {
+        chained_commit(MySqlUpsert::Transaction).await;
+    }
+
     #[cfg(feature = "postgres")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn release_in_failed_transaction_postgres() {

@@ -257,6 +257,34 @@ async fn the_statement_fence_is_refused_on_galera() {
         matches!(refused, Err(FenceError::StatementFenceOnGalera)),
         "{refused:?}"
     );
+    // The same with the upsert form set by the program (as behind a proxy): the store still
+    // looks at its first grant.
+    let preset = SeaOrmLeaseStore::new(n0.clone())
+        .with_table(&table)
+        .unwrap()
+        .with_mysql_upsert(MySqlUpsert::Returning);
+    let r2 = unique("stmt_preset");
+    let before = preset.fenced_by(Term {
+        resource: &r2,
+        holder: "a",
+        token: lease.token,
+    });
+    assert!(
+        matches!(before, Err(FenceError::TopologyUnknown)),
+        "{before:?}"
+    );
+    let LeaseOutcome::Acquired(l2) = preset.acquire_or_renew(&r2, "a", LONG).await.unwrap() else {
+        panic!("a fresh resource is granted");
+    };
+    let refused = preset.fenced_by(Term {
+        resource: &r2,
+        holder: "a",
+        token: l2.token,
+    });
+    assert!(
+        matches!(refused, Err(FenceError::StatementFenceOnGalera)),
+        "{refused:?}"
+    );
     let message = FenceError::StatementFenceOnGalera.to_string();
     assert!(message.contains("fence(&txn"), "{message}");
 

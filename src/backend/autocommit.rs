@@ -142,10 +142,15 @@ pub(crate) async fn postgres(
     use sqlx::Row;
     const START: &str = "SELECT transaction_timestamp()";
     let mut checkout = Checkout::from(pool).await?;
-    let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
+    let rows = match sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
         .fetch_all(checkout.conn()?)
         .await
-        .map_err(query_err)?;
+    {
+        Ok(rows) => rows,
+        // Inside an abandoned transaction that already failed: closed, tried on another.
+        Err(err) if pg_in_failed_transaction(&err) => return Ok(Checked::InAbandonedTransaction),
+        Err(err) => return Err(query_err(err)),
+    };
     let ours: DateTime<Utc> = match rows.first() {
         Some(first) => first.try_get(transaction_start_column).map_err(query_err)?,
         None => sqlx::query_scalar(START)
@@ -374,11 +379,34 @@ impl<'a> Pool<'a> {
 #[cfg(feature = "mysql")]
 async fn mysql_outside(pool: &sqlx::MySqlPool) -> Result<Option<Checkout<sqlx::MySql>>, DbErr> {
     let mut checkout = Checkout::from(pool).await?;
-    let (inside, autocommit): (i64, i64) = sqlx::query_as(MYSQL_OUTSIDE)
+    match sqlx::query_as::<_, (i64, i64)>(MYSQL_OUTSIDE)
         .fetch_one(checkout.conn()?)
         .await
-        .map_err(query_err)?;
-    Ok((inside == 0 && autocommit != 0).then_some(checkout))
+    {
+        Ok((inside, autocommit)) => Ok((inside == 0 && autocommit != 0).then_some(checkout)),
+        // MySQL has no `@@in_transaction`: there `SET TRANSACTION` (for the next transaction
+        // only; READ WRITE is the default) is the check, refused inside a transaction.
+        Err(err)
+            if mysql_error_number(&err) == Some(super::mysql::errors::UNKNOWN_SYSTEM_VARIABLE) =>
+        {
+            match sqlx::raw_sql("SET TRANSACTION READ WRITE")
+                .execute(checkout.conn()?)
+                .await
+            {
+                Ok(_) => {}
+                Err(err) if mysql_error_number(&err) == Some(CANT_CHANGE_TX_CHARACTERISTICS) => {
+                    return Ok(None)
+                }
+                Err(err) => return Err(query_err(err)),
+            }
+            let autocommit: i64 = sqlx::query_scalar("SELECT CAST(@@autocommit AS SIGNED)")
+                .fetch_one(checkout.conn()?)
+                .await
+                .map_err(query_err)?;
+            Ok((autocommit != 0).then_some(checkout))
+        }
+        Err(err) => Err(query_err(err)),
+    }
 }
 
 /// A transaction of the store's own on one connection of the pool, begun on a connection
@@ -500,7 +528,9 @@ impl Transaction {
             }
             #[cfg(feature = "mysql")]
             Transaction::MySql(mut checkout) => {
-                sqlx::raw_sql("COMMIT")
+                // Whatever `completion_type` says: a chained COMMIT would hand the connection
+                // back inside the next transaction, a releasing one disconnected.
+                sqlx::raw_sql("COMMIT AND NO CHAIN NO RELEASE")
                     .execute(checkout.conn()?)
                     .await
                     .map_err(query_err)?;

@@ -1,8 +1,7 @@
 //! Whether the server makes a commit durable before it answers.
 //!
 //! A grant is a commit: a server that acknowledges commits before they are on disk
-//! (PostgreSQL `fsync = off` or `synchronous_commit = off`/`local` without synchronous
-//! replication, MariaDB/MySQL `innodb_flush_log_at_trx_commit` other than 1, SQLite
+//! (PostgreSQL `fsync = off` or `synchronous_commit = off`, MariaDB/MySQL `innodb_flush_log_at_trx_commit` other than 1, SQLite
 //! `PRAGMA synchronous = OFF`) can lose a reported grant in a crash, and then issue its token
 //! again to another term. The store looks once, at its first grant, and warns; a
 //! program can also ask with [`SeaOrmLeaseStore::durability`]. See docs/topologies.md, next to
@@ -63,9 +62,7 @@ impl SeaOrmLeaseStore {
             return Ok(Durability::Durable);
         };
         for (i, setting) in settings.iter().enumerate() {
-            let value: String = row
-                .try_get_by_index(i)
-                .map_err(|e| self.decode_error(e.into()))?;
+            let value: String = row.try_get_by_index(i).map_err(|e| self.decode_error(e))?;
             if !durable(setting, &value) {
                 return Ok(Durability::NotDurable { setting, value });
             }
@@ -100,9 +97,9 @@ fn durable(setting: &str, value: &str) -> bool {
     let value = value.trim().to_ascii_lowercase();
     match setting {
         "fsync" => value == "on",
-        // `local` and `off` acknowledge before the WAL is flushed (with or without standbys);
-        // `on`, `remote_write`, `remote_apply` wait for the local flush.
-        "synchronous_commit" => !matches!(value.as_str(), "off" | "local"),
+        // Only `off` acknowledges before the local WAL flush; `local`, `on`, `remote_write`
+        // and `remote_apply` wait for it (standbys are the replication caveat's matter).
+        "synchronous_commit" => value != "off",
         "innodb_flush_log_at_trx_commit" => value == "1",
         // 0 = OFF; NORMAL (1) in WAL mode can lose the last commits on power loss, not on a
         // process crash: only OFF is reported.
@@ -119,10 +116,10 @@ mod tests {
     fn settings_that_lose_acknowledged_commits() {
         assert!(durable("fsync", "on"));
         assert!(!durable("fsync", "off"));
-        for v in ["on", "remote_write", "remote_apply"] {
+        for v in ["on", "remote_write", "remote_apply", "local"] {
             assert!(durable("synchronous_commit", v), "{v}");
         }
-        for v in ["off", "local", "OFF"] {
+        for v in ["off", "OFF"] {
             assert!(!durable("synchronous_commit", v), "{v}");
         }
         assert!(durable("innodb_flush_log_at_trx_commit", "1"));

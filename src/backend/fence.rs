@@ -61,6 +61,11 @@ pub enum FenceError {
     /// ([`SeaOrmLeaseStore::fence`]), which writes the lease row there.
     #[error("the statement-level fence cannot fence on a Galera cluster (a shared lock does not replicate): write inside a transaction fenced with fence(&txn, term) instead")]
     StatementFenceOnGalera,
+    /// [`SeaOrmLeaseStore::fenced_by`] on MySQL/MariaDB by a store that has not yet learnt
+    /// whether the server is a Galera node (it does at its first grant, fence or
+    /// `execute_fenced`), where the statement-level fence must not be used.
+    #[error("the statement-level fence needs to know whether this MySQL/MariaDB server is a Galera node: call it after the store's first grant (or use execute_fenced, or fence(&txn, term))")]
+    TopologyUnknown,
     /// [`LeaderTerm::fence`](crate::LeaderTerm::fence) on a term whose elector's store cannot
     /// fence SeaORM transactions (it is not a [`SeaOrmLeaseStore`]).
     #[error("this term's elector does not run on a SeaOrmLeaseStore, so it cannot fence a SeaORM transaction")]
@@ -191,15 +196,20 @@ impl SeaOrmLeaseStore {
     /// ... WHERE`; the statement then affects no rows for a stale term. Run it with
     /// [`execute_fenced`](Self::execute_fenced) to be told which.
     ///
-    /// On a Galera cluster it is refused with [`FenceError::StatementFenceOnGalera`] once the
-    /// store knows it is on one (from its first grant, fence or `execute_fenced` on); a
-    /// statement built before that is refused by [`execute_fenced`](Self::execute_fenced).
+    /// On MySQL/MariaDB the store must know whether the server is a Galera node first, which it
+    /// learns at its first grant (or fence, or `execute_fenced`): before that this is
+    /// [`FenceError::TopologyUnknown`], and on a Galera node
+    /// [`FenceError::StatementFenceOnGalera`]. [`execute_fenced`](Self::execute_fenced) asks the
+    /// server itself; a statement you run with your own `execute` is not checked again.
     pub fn fenced_by<'a>(&self, term: impl Into<Term<'a>>) -> Result<Expr, FenceError> {
         let term = term.into();
         term.validate()?;
         let d = self.dialect()?;
-        if self.galera.get() == Some(&true) {
-            return Err(FenceError::StatementFenceOnGalera);
+        match (self.form()?, self.galera.get()) {
+            (_, Some(true)) => return Err(FenceError::StatementFenceOnGalera),
+            #[cfg(feature = "mysql")]
+            (Form::MySql, None) => return Err(FenceError::TopologyUnknown),
+            _ => {}
         }
         Ok(Expr::exists(statement_check(d, &self.table_iden(), &term)))
     }

@@ -203,8 +203,11 @@ impl LeaderTerm {
 
     /// The local monotonic instant until which the term is trusted (moves with each renew),
     /// as a tokio instant: moved earlier by any time the host has spent suspended since the
-    /// term was granted (where the OS counts it: `CLOCK_BOOTTIME` on Linux), so
-    /// `tokio::time::sleep_until(term.deadline())` ends no later than the term.
+    /// term was granted (where the OS counts it: `CLOCK_BOOTTIME` on Linux). A host suspend
+    /// *during* a `tokio::time::sleep_until(term.deadline())` stops tokio's timers, so such a
+    /// sleep can end after the term: bound work by [`lost`](Self::lost) or
+    /// [`is_current`](Self::is_current), which see a resume at once (or within a renew
+    /// interval, for `lost`).
     pub fn deadline(&self) -> Instant {
         crate::clock::timer(self.local_deadline())
     }

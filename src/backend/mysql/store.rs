@@ -21,6 +21,15 @@ pub(crate) async fn acquire_or_renew(
     millis: i64,
 ) -> Result<LeaseOutcome, StoreError> {
     let rows = upsert(store, resource, candidate, millis).await?;
+    // Galera is known from the first grant on, whatever the upsert form (also one set with
+    // `with_mysql_upsert`): the statement-level fence refuses to run there, and `fenced_by`
+    // cannot ask the server. A failed look is not cached and does not fail the grant; the
+    // next grant looks again.
+    if store.galera.get().is_none() {
+        if let Err(error) = galera_on_pool(store).await {
+            tracing::debug!(%error, "Galera detection deferred to the next grant");
+        }
+    }
     let Some(row) = store.single_row(&rows)? else {
         return Err(store.decode_error(DbErr::RecordNotFound("the upserted lease row".to_owned())));
     };
@@ -164,12 +173,6 @@ async fn form(store: &SeaOrmLeaseStore) -> Result<MySqlUpsert, StoreError> {
                 .unwrap_or_default();
             let form = MySqlUpsert::for_version(&version);
             tracing::debug!(%version, ?form, "MySQL upsert form chosen");
-            // Galera is known from the first grant on: the statement-level fence refuses to
-            // run there (`fenced_by` cannot ask the server). A failed look is not cached and
-            // does not fail the grant; the fence asks again.
-            if let Err(error) = galera_on_pool(store).await {
-                tracing::debug!(%error, "Galera detection deferred");
-            }
             Ok::<_, StoreError>(form)
         })
         .await?;
