@@ -273,7 +273,8 @@ async fn a_renew_answered_with_a_new_term_supersedes_the_old_one() {
 }
 
 /// A grant with less lease left than the step-down margin is not trusted: no leader state is
-/// published for it, and the candidate asks again at once (and is then granted in full).
+/// published for it, the candidate releases that write and asks again at once (and is then
+/// granted a new term in full: a renew of the short grant would begin no term).
 #[tokio::test(start_paused = true)]
 async fn a_grant_with_too_little_lease_left_is_not_a_term() {
     let store = Scripted::new();
@@ -290,10 +291,11 @@ async fn a_grant_with_too_little_lease_left_is_not_a_term() {
         }
     };
     assert_eq!(store.count("acquire a"), 2, "{:?}", store.events());
+    assert_eq!(store.count("release a true"), 1, "{:?}", store.events());
     assert_eq!(
         term.token().get(),
-        1,
-        "the second call renews the same lease"
+        2,
+        "the short grant is released, the second call begins a new term"
     );
     assert_eq!(
         seen.iter().filter(|s| s.starts_with("Leader")).count(),
@@ -804,12 +806,27 @@ async fn release_wakes_followers_at_once() {
     b.shutdown().await;
 }
 
-/// A store whose releases reach the database only `delay` after they were sent (the statement
-/// waited in the network or for a row lock; its sender may be long gone).
+/// A store whose first release reaches the database only `delay` after it was sent (the
+/// statement waited in the network or for a row lock; its sender may be long gone); later
+/// ones at once.
 #[derive(Clone)]
 struct LateRelease {
     inner: InMemoryLeaseStore,
     delay: Duration,
+    released: Arc<Mutex<u32>>,
+}
+
+impl LateRelease {
+    async fn wait(&self) {
+        let first = {
+            let mut released = self.released.lock().unwrap();
+            *released += 1;
+            *released == 1
+        };
+        if first {
+            tokio::time::sleep(self.delay).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -823,11 +840,11 @@ impl LeaseStore for LateRelease {
         self.inner.acquire_or_renew(r, c, lease).await
     }
     async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        tokio::time::sleep(self.delay).await;
+        self.wait().await;
         self.inner.release(r, c).await
     }
     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
-        tokio::time::sleep(self.delay).await;
+        self.wait().await;
         self.inner.release_lease(lease).await
     }
     async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
@@ -838,12 +855,14 @@ impl LeaseStore for LateRelease {
 /// A stopped elector's release that arrives after a new elector with the same candidate id
 /// (a pod name, a fixed node id) took the lease up again must not end the new elector's lease:
 /// another candidate would take over while the new one believes it leads. The release names
-/// the exact write it ends, so it does nothing once that write was renewed.
+/// the exact write it ends, so it does nothing once that write was renewed. (The new elector
+/// finds its predecessor's lease live, releases that write itself and leads with a new token.)
 #[tokio::test(start_paused = true)]
 async fn a_late_release_never_ends_the_lease_of_a_new_elector_with_the_same_id() {
     let store = LateRelease {
         inner: InMemoryLeaseStore::new(),
         delay: Duration::from_secs(3),
+        released: Arc::default(),
     };
     let start = |id: &str| {
         Elector::builder(store.clone())
@@ -863,10 +882,9 @@ async fn a_late_release_never_ends_the_lease_of_a_new_elector_with_the_same_id()
 
     let new = start("node-a");
     let term = wait_leader(&mut new.watch()).await;
-    assert_eq!(
-        term.token(),
-        first.token(),
-        "the same id takes up the same term"
+    assert!(
+        term.token() > first.token(),
+        "the same id leads with a new token"
     );
     stopping.await.unwrap();
 
@@ -1240,4 +1258,296 @@ async fn a_term_describes_itself() {
         ["denied", "superseded", "shutdown", "aborted"]
     );
     a.abort().await;
+}
+
+/// The in-memory store behind the lease row's lock, as a fenced transaction holds it: every
+/// statement waits for the lock, and runs in the "database" (a task of its own), so one whose
+/// caller gave up still commits once the lock is free.
+#[derive(Clone)]
+struct RowLocked {
+    inner: InMemoryLeaseStore,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl RowLocked {
+    fn new() -> Self {
+        Self {
+            inner: InMemoryLeaseStore::new(),
+            lock: Arc::default(),
+            log: Arc::default(),
+        }
+    }
+    fn note(&self, what: String) {
+        self.log.lock().unwrap().push(what);
+    }
+}
+
+#[async_trait]
+impl LeaseStore for RowLocked {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (store, r, c) = (self.clone(), r.to_owned(), c.to_owned());
+        tokio::spawn(async move {
+            let _row = store.lock.lock().await;
+            let out = store.inner.acquire_or_renew(&r, &c, lease).await;
+            store.note(match &out {
+                Ok(LeaseOutcome::Acquired(l)) => format!("acquired {}", l.token),
+                Ok(LeaseOutcome::Renewed(l)) => format!("renewed {}", l.token),
+                Ok(LeaseOutcome::Denied(_)) => "denied".into(),
+                Err(e) => format!("error {e}"),
+            });
+            let _ = tx.send(out);
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Database(
+                sea_orm::DbErr::Custom("gone".into()).into(),
+            ))
+        })
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        let _row = self.lock.lock().await;
+        self.inner.release(r, c).await
+    }
+    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+        let _row = self.lock.lock().await;
+        let released = self.inner.release_lease(lease).await?;
+        self.note(format!("release {} {released}", lease.token));
+        Ok(released)
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+}
+
+/// Every term an elector publishes, in order (a term counts once, however often it is seen).
+fn record_terms(handle: &orion_beacon::ElectorHandle) -> Arc<Mutex<Vec<orion_beacon::LeaderTerm>>> {
+    let terms: Arc<Mutex<Vec<orion_beacon::LeaderTerm>>> = Arc::default();
+    let seen = terms.clone();
+    let mut rx = handle.watch();
+    tokio::spawn(async move {
+        loop {
+            if let Some(term) = rx.borrow_and_update().term() {
+                let mut seen = seen.lock().unwrap();
+                if seen.last() != Some(term) {
+                    seen.push(term.clone());
+                }
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    terms
+}
+
+/// (token, loss reason) of each term, and whether every term's token exceeds every earlier
+/// term's.
+fn tokens_strictly_increase(terms: &[orion_beacon::LeaderTerm]) -> (Vec<String>, bool) {
+    let listed = terms
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            format!(
+                "term #{} token {} ({:?})",
+                i + 1,
+                t.token(),
+                t.loss_reason()
+            )
+        })
+        .collect();
+    let increasing = terms.windows(2).all(|w| w[1].token() > w[0].token());
+    (listed, increasing)
+}
+
+/// A leader whose renew is held up by its own work's fenced transaction (which holds the lease
+/// row's lock) loses its term at its local deadline, and its work is dropped, which frees the
+/// lock; the held-up renew and the next acquire then commit while the store's lease is still
+/// live and come back `Renewed` with the old token. No new term may begin on that token: a
+/// term's token must exceed every earlier term's, or fencing (`last <= token`) would admit the
+/// dropped term's late writes after the new term's. The elector releases that exact write and
+/// leads again at once with the next token.
+#[tokio::test(start_paused = true)]
+async fn a_renew_held_up_past_the_deadline_never_restarts_the_old_token() {
+    let store = RowLocked::new();
+    let handle = elector_on(store.clone(), "a");
+    let terms = record_terms(&handle);
+    let lock = store.lock.clone();
+    let first_term = Arc::new(Mutex::new(true));
+    let _work = handle.run_as_leader(move |term| {
+        let lock = lock.clone();
+        let first = std::mem::replace(&mut *first_term.lock().unwrap(), false);
+        async move {
+            // The first term's work opens a fenced transaction and never finishes it: the
+            // row stays locked until the work is dropped.
+            let _txn = if first {
+                Some(lock.lock_owned().await)
+            } else {
+                None
+            };
+            term.lost().await;
+        }
+    });
+    let first = wait_leader(&mut handle.watch()).await;
+    let t0 = Instant::now();
+    first.lost().await;
+    assert_eq!(first.loss_reason(), Some(LossReason::Deadline));
+    assert_eq!(
+        Instant::now(),
+        t0 + LEASE - LEASE / 10,
+        "lost at its deadline"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (listed, increasing) = tokens_strictly_increase(&terms.lock().unwrap());
+    let log = store.log.lock().unwrap().clone();
+    assert!(
+        increasing,
+        "a term began with a token not above an earlier term's: {listed:?}; store: {log:?}"
+    );
+    assert!(
+        handle.is_leader(),
+        "leads again at once: {listed:?}; store: {log:?}"
+    );
+    assert!(
+        log.iter().any(|e| e == "release 1 true"),
+        "the old token's write was released: {log:?}"
+    );
+    handle.abort().await;
+}
+
+/// A new elector that reuses the candidate id of one that died (aborted: no release) finds the
+/// old lease live and `Renewed`. It must not lead on its predecessor's token: a late fenced
+/// write of the dead process would pass the fence (same holder, same token). It releases that
+/// write and leads with a new token.
+#[tokio::test(start_paused = true)]
+async fn a_restart_with_the_same_id_leads_with_a_new_token() {
+    let store = RowLocked::new();
+    let old = elector_on(store.clone(), "a");
+    let first = wait_leader(&mut old.watch()).await;
+    old.abort().await;
+    let new = elector_on(store.clone(), "a");
+    let terms = record_terms(&new);
+    let second = wait_leader(&mut new.watch()).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let log = store.log.lock().unwrap().clone();
+    assert!(
+        second.token() > first.token(),
+        "the restarted elector led with its predecessor's token {}: {:?}; store: {log:?}",
+        first.token(),
+        tokens_strictly_increase(&terms.lock().unwrap()).0
+    );
+    assert!(second.is_current());
+    new.abort().await;
+}
+
+fn elector_on(store: impl LeaseStore + 'static, id: &str) -> orion_beacon::ElectorHandle {
+    Elector::builder(store)
+        .resource("job")
+        .candidate_id(id)
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(Duration::from_secs(2))
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start()
+}
+
+/// A store whose `release_lease` fails (`fail`) or never finds the write it names (as a store
+/// whose expiries do not round-trip would), counting acquire-or-renew calls.
+#[derive(Clone)]
+struct Unreleasable {
+    inner: InMemoryLeaseStore,
+    fail: bool,
+    calls: Arc<Mutex<Vec<Instant>>>,
+}
+
+#[async_trait]
+impl LeaseStore for Unreleasable {
+    async fn acquire_or_renew(
+        &self,
+        r: &str,
+        c: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        self.calls.lock().unwrap().push(Instant::now());
+        self.inner.acquire_or_renew(r, c, lease).await
+    }
+    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+        self.inner.release(r, c).await
+    }
+    async fn release_lease(&self, _lease: &Lease) -> Result<bool, StoreError> {
+        if self.fail {
+            Err(StoreError::Database(
+                sea_orm::DbErr::Custom("injected".into()).into(),
+            ))
+        } else {
+            Ok(false)
+        }
+    }
+    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.current(r).await
+    }
+}
+
+/// A live lease of the elector's own id that it cannot release never makes a hot loop, and is
+/// never led: a failed release waits for the lease to lapse (the next attempt then begins a new
+/// term, token 2); a release that keeps finding its write gone is tried again at once only
+/// once, then after a retry interval each time.
+#[tokio::test(start_paused = true)]
+async fn a_lease_that_cannot_be_released_is_never_led_nor_hammered() {
+    for fail in [true, false] {
+        let store = Unreleasable {
+            inner: InMemoryLeaseStore::new(),
+            fail,
+            calls: Arc::default(),
+        };
+        // A predecessor with the same id left its lease live.
+        let held = store
+            .inner
+            .acquire_or_renew("job", "a", LEASE)
+            .await
+            .unwrap();
+        assert_eq!(held.token().map(|t| t.get()), Some(1));
+        let t0 = Instant::now();
+        let a = elector_on(store.clone(), "a");
+        let terms = record_terms(&a);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        let calls: Vec<u128> = store
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| (*t - t0).as_millis())
+            .collect();
+        let led: Vec<i64> = terms
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t.token().get())
+            .collect();
+        if fail {
+            // Renewed at 0 (the lease now ends at 15 s); nothing more until it has lapsed.
+            assert_eq!(calls, vec![0], "fail: {calls:?}");
+            assert!(led.is_empty(), "{led:?}");
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            let term = wait_leader(&mut a.watch()).await;
+            assert_eq!(term.token().get(), 2);
+            assert_eq!(
+                store.calls.lock().unwrap().len(),
+                2,
+                "asked again once the lease lapsed"
+            );
+        } else {
+            // Every acquire renews it, so it never lapses: once at once, then every 2 s.
+            assert_eq!(calls, vec![0, 0, 2_000, 4_000, 6_000, 8_000], "{calls:?}");
+            assert!(led.is_empty(), "led a lease it could not release: {led:?}");
+        }
+        a.abort().await;
+    }
 }

@@ -35,14 +35,20 @@
 //!
 //! # The candidates
 //!
-//! Each follows `src/elector/runner.rs`:
-//! - a follower sends acquire-or-renew; a grant begins a term with the local deadline `sent +
-//!   min(remaining, lease) - margin`, `sent` read before the call, unless that deadline has
-//!   already passed;
+//! Each follows `src/elector/runner.rs` and `src/elector/decision.rs`:
+//! - a follower sends acquire-or-renew; a new term in the store (`Acquired`) begins a term with
+//!   the local deadline `sent + min(remaining, lease) - margin`, `sent` read before the call,
+//!   unless that deadline has already passed; any other grant (a `Renewed`: a live lease of its
+//!   own id, say an earlier term's renew that committed after that term ended, or a grant whose
+//!   deadline has passed) begins no term: the candidate releases exactly that write
+//!   (`release_lease`, a statement it does not wait for here) and contends again;
+//!   `renewed_begins_terms` switches back to the earlier rule, under which a `Renewed` began a
+//!   term, for the negative check;
 //! - a leader renews only before its deadline (the check and the send are one step here: a
 //!   pause between them only makes the statement later, which the store's delays cover); a
-//!   renew with its token moves the deadline, a new token replaces the term, a denial or no
-//!   answer by the deadline ends it, a store error keeps it;
+//!   renew with its token moves the deadline, a new term in the store replaces the term, any
+//!   other grant ends it and is released as above, a denial or no answer by the deadline ends
+//!   it, a store error keeps it;
 //! - `is_leader()` is "a leader term whose deadline has not passed", evaluated in every state,
 //!   i.e. at every instant, whatever the loop is doing;
 //! - shutdown (between calls, as in the code): the term ends and the work keeps running while
@@ -65,9 +71,10 @@
 //!
 //! Bounded: the number of candidates, and the statements in flight whose sender no longer waits
 //! for them (`max_orphans`; past that, such a statement never runs). Nothing else: times are
-//! kept relative to now (past instants by their order only), tokens, incarnations and writes by
-//! rank, renamings of the candidates as one state, so the state space is finite and each check
-//! explores all of it: runs of any length.
+//! kept relative to now (past instants by their order only), tokens and incarnations by rank,
+//! writes as the row's current one or stale (a release naming a stale write does nothing ever
+//! after, and is dropped), renamings of the candidates as one state, so the state space is
+//! finite and each check explores all of it: runs of any length.
 //!
 //! # Properties (invariants of every reachable state)
 //!
@@ -75,8 +82,10 @@
 //!   deadline that has not passed: the row is that candidate's term, live;
 //! - at most one candidate believes it leads; at most one runs leader work under its deadline;
 //! - terms begin in token order: every term begins with the store's current token for that
-//!   candidate; the store's token only grows, so a term's token is greater than every term's
-//!   begun before it (equal only when a candidate takes up its own term again);
+//!   candidate, and the store's token only grows;
+//! - a new term's token exceeds every earlier term's (no term begins on a token a term already
+//!   began on: the row's ghost flag `led`), so fencing by token (`last <= token`) can tell
+//!   every term from the ones before it;
 //! - a fenced write commits only for the term of every candidate that believes it leads; it
 //!   commits with the store's current token, so committed tokens never go down.
 //!
@@ -133,6 +142,9 @@ struct Params {
     /// Tokens and incarnations by rank, candidates in a canonical order (a finite, smaller
     /// state space). Off for readable traces, where the search is bounded by depth anyway.
     canonical_ids: bool,
+    /// The earlier rule: any grant begins a term, a follower's `Renewed` too (an earlier
+    /// term's token again). Only for the negative check.
+    renewed_begins_terms: bool,
 }
 
 /// Ticks of a clock that loses (`sign = -1`) or gains (`+1`) one tick per `k` database ticks,
@@ -167,6 +179,7 @@ impl Params {
             max_orphans: 1,
             release_guard: true,
             canonical_ids: true,
+            renewed_begins_terms: false,
         }
     }
 
@@ -218,8 +231,10 @@ struct Row {
     acquired: i8,
     renewed: i8,
     /// Which write of the row this is: every grant (new term or renew) makes a new one. Only
-    /// kept with `release_guard` (0 otherwise).
+    /// kept where a release names its write (0 otherwise).
     version: u8,
+    /// Ghost (not a column): a term has begun on this token.
+    led: bool,
 }
 
 /// A candidate's elector. A `deadline` is the database instant, relative to now, at which the
@@ -241,8 +256,9 @@ enum Phase {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Outcome {
-    /// The token, and the identity of the write (see `Row::version`).
-    Granted(u8, u8),
+    /// The token, the identity of the write (see `Row::version`), and whether the statement
+    /// began a new term (`Acquired`; otherwise `Renewed`).
+    Granted(u8, u8, bool),
     Denied,
 }
 
@@ -262,8 +278,10 @@ struct Cand {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Kind {
     Upsert,
-    /// With `release_guard`, the write it ends.
+    /// The release on shutdown; with `release_guard`, the write it ends.
     Release(u8),
+    /// The release of a write no term may begin on: it always names the write (`release_lease`).
+    ReleaseWrite(u8),
     Fence(u8),
 }
 
@@ -320,6 +338,7 @@ const AGREES: &str = "the store agrees with every candidate that believes it lea
 const ONE_LEADER: &str = "at most one candidate believes it leads";
 const ONE_WORKER: &str = "leader work runs within the lease, one candidate at a time";
 const TOKEN_ORDER: &str = "terms begin in token order";
+const NEW_TOKEN: &str = "a new term's token exceeds every earlier term's";
 const FENCE_ORDER: &str = "a fenced write commits only for the current term";
 
 #[derive(Clone)]
@@ -407,19 +426,37 @@ impl Election {
         }
     }
 
-    /// `begin_term`: a term begins unless its deadline has already passed. The store's token
-    /// only grows, so terms begin in token order (equal only for one candidate taking up its own
-    /// term again) if every term begins with the token the store holds for that candidate.
-    fn begin_term(&self, s: &mut State, c: usize, token: u8, deadline: i8) {
+    /// `begin_term`: a term begins unless its deadline has already passed (then the write is
+    /// released, as `decide` says). The store's token only grows, so terms begin in token order
+    /// if every term begins with the token the store holds for that candidate, and each term's
+    /// token exceeds every earlier term's if no term began on that token before.
+    fn begin_term(&self, s: &mut State, c: usize, token: u8, deadline: i8, version: u8) {
         if deadline <= 0 {
             s.cands[c].phase = Phase::Follower;
+            if !self.p.renewed_begins_terms {
+                self.release_write(s, c, version);
+            }
             return;
         }
         let id = s.id(c);
-        if !matches!(s.row, Some(r) if r.token == token && r.holder == id) {
-            s.bad = Some(TOKEN_ORDER);
+        match s.row.as_mut() {
+            Some(r) if r.token == token && r.holder == id => {
+                if r.led {
+                    s.bad = Some(NEW_TOKEN);
+                }
+                r.led = true;
+            }
+            _ => s.bad = Some(TOKEN_ORDER),
         }
         s.cands[c].phase = Phase::Leader { token, deadline };
+    }
+
+    /// A grant no term may begin on: the candidate is a follower and releases exactly that
+    /// write (`Next::Release`). It waits for the answer, but a release that fails or times out
+    /// may still run, so here nobody waits for it.
+    fn release_write(&self, s: &mut State, c: usize, version: u8) {
+        s.cands[c].phase = Phase::Follower;
+        self.send_orphan(s, c, Kind::ReleaseWrite(version));
     }
 
     fn apply(&self, s: &mut State, m: Msg) {
@@ -436,8 +473,9 @@ impl Election {
                             acquired: start,
                             renewed: start,
                             version: 1,
+                            led: false,
                         });
-                        Outcome::Granted(1, 1)
+                        Outcome::Granted(1, 1, true)
                     }
                     Some(r) if r.expires <= start => {
                         // Expired when the statement started: a new term, token + 1.
@@ -448,8 +486,9 @@ impl Election {
                             acquired: start,
                             renewed: start,
                             version: r.version + 1,
+                            led: false,
                         });
-                        Outcome::Granted(r.token + 1, r.version + 1)
+                        Outcome::Granted(r.token + 1, r.version + 1, true)
                     }
                     Some(r) if r.holder == m.origin => {
                         s.row = Some(Row {
@@ -458,7 +497,7 @@ impl Election {
                             version: r.version + 1,
                             ..r
                         });
-                        Outcome::Granted(r.token, r.version + 1)
+                        Outcome::Granted(r.token, r.version + 1, false)
                     }
                     Some(_) => Outcome::Denied,
                 };
@@ -466,9 +505,10 @@ impl Election {
                     s.cands[m.origin.slot as usize].answer = Some(outcome);
                 }
             }
-            Kind::Release(version) => {
+            Kind::Release(version) | Kind::ReleaseWrite(version) => {
+                let guarded = self.p.release_guard || matches!(m.kind, Kind::ReleaseWrite(_));
                 if let Some(r) = s.row.as_mut() {
-                    let named = !self.p.release_guard || r.version == version;
+                    let named = !guarded || r.version == version;
                     if r.holder == m.origin && named && r.expires > start {
                         r.expires = r.renewed.min(start);
                     }
@@ -516,6 +556,40 @@ impl Election {
                 r.renewed = 0;
             }
         }
+        // Write identities only matter to a release that names one: the shutdown release
+        // (with `release_guard`) names the term's last seen write, the release of a write no
+        // term may begin on the write of the answer.
+        if !(self.p.release && self.p.release_guard) {
+            for cand in s.cands.iter_mut() {
+                cand.seen = 0;
+            }
+            for m in s.msgs.iter_mut() {
+                if let Kind::Release(v) = &mut m.kind {
+                    *v = 0;
+                }
+            }
+        }
+        if (self.p.release && self.p.release_guard) || !self.p.renewed_begins_terms {
+            self.rank_versions(s);
+            // A release naming a write the row no longer holds never does anything (the row's
+            // write only changes forward): drop it, which only frees its place among the
+            // statements nobody waits for.
+            let named = self.p.release && self.p.release_guard;
+            s.msgs.retain(|m| match m.kind {
+                Kind::ReleaseWrite(v) => v != 0,
+                Kind::Release(v) => !named || v != 0,
+                _ => true,
+            });
+        } else {
+            if let Some(r) = s.row.as_mut() {
+                r.version = 0;
+            }
+            for cand in s.cands.iter_mut() {
+                if let Some(Outcome::Granted(_, v, _)) = cand.answer.as_mut() {
+                    *v = 0;
+                }
+            }
+        }
         // Past instants of the row are only ever compared with the starts of statements in
         // flight (every later statement starts now or later): keep them by their place among
         // those starts. A start gets an even place; an instant between two starts (or below or
@@ -548,25 +622,6 @@ impl Election {
                 m.start = Some(place(t));
             }
         }
-        // Write identities only matter to a release that names one.
-        if self.p.release && self.p.release_guard {
-            self.rank_versions(s);
-        } else {
-            if let Some(r) = s.row.as_mut() {
-                r.version = 0;
-            }
-            for cand in s.cands.iter_mut() {
-                cand.seen = 0;
-                if let Some(Outcome::Granted(_, v)) = cand.answer.as_mut() {
-                    *v = 0;
-                }
-            }
-            for m in s.msgs.iter_mut() {
-                if let Kind::Release(v) = &mut m.kind {
-                    *v = 0;
-                }
-            }
-        }
         if self.p.canonical_ids {
             self.rank_tokens(s);
             self.rank_incarnations(s);
@@ -585,7 +640,7 @@ impl Election {
             if let Some((t, _)) = cand.phase.term() {
                 seen.push(t);
             }
-            if let Some(Outcome::Granted(t, _)) = cand.answer {
+            if let Some(Outcome::Granted(t, _, _)) = cand.answer {
                 seen.push(t);
             }
         }
@@ -604,7 +659,7 @@ impl Election {
             if let Phase::Leader { token, .. } | Phase::Draining { token, .. } = &mut cand.phase {
                 *token = rank(*token);
             }
-            if let Some(Outcome::Granted(t, _)) = cand.answer.as_mut() {
+            if let Some(Outcome::Granted(t, _, _)) = cand.answer.as_mut() {
                 *t = rank(*t);
             }
         }
@@ -615,45 +670,30 @@ impl Election {
         }
     }
 
-    /// Write identities are only compared for equality: keep those still referred to, by rank.
+    /// Write identities are only ever compared with the row's current one, and the row's only
+    /// grows, so a write that is no longer the row's never is again: the row's write is 1, a
+    /// reference to it 1, any other reference 0 (stale).
     fn rank_versions(&self, s: &mut State) {
-        let mut seen: Vec<u8> = Vec::new();
-        if let Some(r) = s.row {
-            seen.push(r.version);
-        }
-        for cand in &s.cands {
-            if cand.phase.term().is_some() {
-                seen.push(cand.seen);
-            }
-            if let Some(Outcome::Granted(_, v)) = cand.answer {
-                seen.push(v);
-            }
-        }
-        for m in &s.msgs {
-            if let Kind::Release(v) = m.kind {
-                seen.push(v);
-            }
-        }
-        seen.sort_unstable();
-        seen.dedup();
-        // Rank 0 is "none of these": a seen write no longer referred to by anything else.
-        let rank = |v: u8| seen.binary_search(&v).map_or(0, |i| i as u8 + 1);
-        if let Some(r) = s.row.as_mut() {
-            r.version = rank(r.version);
-        }
+        let Some(current) = s.row.as_mut().map(|r| std::mem::replace(&mut r.version, 1)) else {
+            return;
+        };
+        let rank = |v: u8| u8::from(v == current);
+        let named = self.p.release && self.p.release_guard;
         for cand in s.cands.iter_mut() {
-            cand.seen = if cand.phase.term().is_some() {
+            cand.seen = if named && cand.phase.term().is_some() {
                 rank(cand.seen)
             } else {
                 0
             };
-            if let Some(Outcome::Granted(_, v)) = cand.answer.as_mut() {
+            if let Some(Outcome::Granted(_, v, _)) = cand.answer.as_mut() {
                 *v = rank(*v);
             }
         }
         for m in s.msgs.iter_mut() {
-            if let Kind::Release(v) = &mut m.kind {
-                *v = rank(*v);
+            match &mut m.kind {
+                Kind::Release(v) if named => *v = rank(*v),
+                Kind::ReleaseWrite(v) => *v = rank(*v),
+                _ => {}
             }
         }
     }
@@ -870,26 +910,36 @@ impl Model for Election {
                 s.cands[c].call = None;
                 s.cands[c].answer = None;
                 let outcome = cand.answer.expect("an answer");
-                if let Outcome::Granted(_, version) = outcome {
+                if let Outcome::Granted(_, version, _) = outcome {
                     s.cands[c].seen = version;
                 }
+                let old_rule = self.p.renewed_begins_terms;
                 match (cand.phase, outcome) {
-                    (Phase::Follower, Outcome::Granted(t, _)) => {
-                        self.begin_term(&mut s, c, t, deadline)
+                    (Phase::Follower, Outcome::Granted(t, v, new)) if new || old_rule => {
+                        self.begin_term(&mut s, c, t, deadline, v)
+                    }
+                    // A live lease of its own id it does not lead: never a term.
+                    (Phase::Follower, Outcome::Granted(_, v, _)) => {
+                        self.release_write(&mut s, c, v)
                     }
                     (Phase::Follower, Outcome::Denied) => {}
-                    (Phase::Leader { token, .. }, Outcome::Granted(t, _)) if t == token => {
+                    (Phase::Leader { token, .. }, Outcome::Granted(t, _, false)) if t == token => {
                         s.cands[c].phase = Phase::Leader { token, deadline };
                     }
-                    (Phase::Leader { .. }, Outcome::Granted(t, _)) => {
+                    (Phase::Leader { .. }, Outcome::Granted(t, v, new)) if new || old_rule => {
                         // A new term in the store: the old one ends, the new one begins.
                         s.cands[c].phase = Phase::Follower;
-                        self.begin_term(&mut s, c, t, deadline);
+                        self.begin_term(&mut s, c, t, deadline, v);
+                    }
+                    (Phase::Leader { .. }, Outcome::Granted(_, v, _)) => {
+                        self.release_write(&mut s, c, v)
                     }
                     (Phase::Leader { .. }, Outcome::Denied) => {
                         s.cands[c].phase = Phase::Follower;
                     }
-                    (Phase::Draining { token, .. }, Outcome::Granted(t, _)) if t == token => {
+                    (Phase::Draining { token, .. }, Outcome::Granted(t, _, false))
+                        if t == token =>
+                    {
                         s.cands[c].phase = Phase::Draining { token, deadline };
                     }
                     (Phase::Draining { .. }, _) => {
@@ -965,6 +1015,7 @@ impl Model for Election {
                 s.cands.iter().filter(|c| c.phase.covered()).count() <= 1
             }),
             Property::always(TOKEN_ORDER, |_, s: &State| s.bad != Some(TOKEN_ORDER)),
+            Property::always(NEW_TOKEN, |_, s: &State| s.bad != Some(NEW_TOKEN)),
             Property::always(FENCE_ORDER, |_, s: &State| s.bad != Some(FENCE_ORDER)),
             // Sanity: the model reaches the situations the properties are about.
             Property::sometimes("a candidate leads", |_, s: &State| {
@@ -977,6 +1028,15 @@ impl Model for Election {
                         && s.cands
                             .iter()
                             .any(|c| matches!(c.phase, Phase::Leader { deadline: 0, .. }))
+                },
+            ),
+            Property::sometimes(
+                "a candidate releases a live lease of its own that no term may begin on",
+                |m, s: &State| {
+                    m.p.renewed_begins_terms
+                        || s.msgs
+                            .iter()
+                            .any(|msg| matches!(msg.kind, Kind::ReleaseWrite(_)))
                 },
             ),
             Property::sometimes(
@@ -1018,6 +1078,7 @@ fn statement(m: &Msg) -> String {
     match m.kind {
         Kind::Upsert => format!("{}'s acquire-or-renew", who(m.origin)),
         Kind::Release(_) => format!("{}'s release", who(m.origin)),
+        Kind::ReleaseWrite(_) => format!("{}'s release of that write", who(m.origin)),
         Kind::Fence(t) => format!("{}'s fenced write (token {t})", who(m.origin)),
     }
 }
@@ -1057,8 +1118,15 @@ fn trace(model: &Election, path: stateright::Path<State, Action>) -> String {
             Action::Answer(c, span) => {
                 let sent = db + before.cands[c].call.unwrap_or(0) as i32;
                 let outcome = match before.cands[c].answer {
-                    Some(Outcome::Granted(t, _)) => format!("granted, token {t}"),
+                    Some(Outcome::Granted(t, _, true)) => format!("acquired, token {t}"),
+                    Some(Outcome::Granted(t, _, false)) => format!("renewed, token {t}"),
                     _ => "denied".into(),
+                };
+                let releases = |st: &State| {
+                    st.msgs
+                        .iter()
+                        .filter(|m| matches!(m.kind, Kind::ReleaseWrite(_)))
+                        .count()
                 };
                 let clock = match span.cmp(&d) {
                     std::cmp::Ordering::Greater => "its clock runs slow: ",
@@ -1075,6 +1143,11 @@ fn trace(model: &Election, path: stateright::Path<State, Action>) -> String {
                         "keeps the lease while its work winds down; deadline at db={}",
                         db + deadline as i32
                     ),
+                    Phase::Leader { .. } | Phase::Follower
+                        if releases(after) > releases(before) =>
+                    {
+                        "releases that write (no term may begin on it) and is a follower".into()
+                    }
                     Phase::Leader { .. } | Phase::Follower => {
                         "is a follower (deadline passed)".into()
                     }
@@ -1458,6 +1531,29 @@ fn same_id_restart_with_a_holder_only_release_fails() {
         ONE_LEADER,
     );
     assert!(trace.contains("release"), "{trace}");
+}
+
+/// The negative check for "only a new term in the store begins a term": under the earlier rule
+/// (any grant begins a term, a follower's `Renewed` too), a leader that steps down at its
+/// deadline while its lease is still live in the store, and then contends, is answered
+/// `Renewed` and begins a new term with the old term's token. Fencing (`last <= token`) cannot
+/// tell the two terms apart: a late write of the first is admitted after the second's.
+#[test]
+fn a_renewed_lease_taken_up_as_a_new_term_reuses_its_token() {
+    let margin = at_rule(3, 3);
+    let (failed, trace) = assert_unsafe(
+        Params {
+            renewed_begins_terms: true,
+            canonical_ids: false,
+            ..Params::timing(2, 3, margin, 3)
+        },
+        NEW_TOKEN,
+    );
+    assert_eq!(failed, [NEW_TOKEN], "only the token rule breaks:\n{trace}");
+    assert!(
+        trace.contains("(renewed, token 1) and leads with token 1"),
+        "{trace}"
+    );
 }
 
 /// The derived rule (margin >= rho * lease) is what the code enforces for rho =

@@ -1,7 +1,8 @@
 //! The torture checker must be able to fail: synthetic histories with an overlap, a reused
-//! token, a stale ledger write, a missed recovery, a paused leader nobody replaced and an
+//! token, a term begun again on its candidate's earlier token, a stale ledger write, a missed recovery, a paused leader nobody replaced and an
 //! unexplained leaderless stretch are each caught; a clean one passes. The same per resource
-//! for shard sets: tokens and ledger order are judged per resource, an overlap of one shard's
+//! for shard sets: tokens and ledger order are judged per resource (a node's term of a shard
+//! begun again on its earlier token is caught), an overlap of one shard's
 //! work with its next holder and a stale row of one shard are caught and named, a node over
 //! `ceil(N / M) + slack` at a steady point fails, and the recovery figure is measured.
 
@@ -158,6 +159,38 @@ fn reused_and_backward_tokens_are_caught() {
         "{:?}",
         v.violations
     );
+}
+
+/// The elector's old rule: a term lost at its deadline while the lease was still live, then a
+/// new term on the `Renewed` lease, with the same token (`term #1 token 1 lost (Deadline) ...
+/// elected: term #2 token 1`). Each term of a candidate must have a token above all its earlier
+/// terms': fencing by token (`last <= token`) would admit the first term's late writes after
+/// the second's. Nothing else is wrong with this history.
+#[test]
+fn a_term_begun_again_on_an_earlier_token_is_caught() {
+    let history = |second: i64| {
+        format!(
+            "start a 0 0\nlead 1 100000000\nlost 1 900000000 900000000 deadline\n\
+             lead {second} 950000000\nlost {second} 1500000000 1600000000 shutdown\nstop 1600000000\n"
+        )
+    };
+    let record = |second: i64| {
+        let mut r = Record {
+            end: 2_000 * MS,
+            quiesce: 1_500 * MS,
+            ..Record::default()
+        };
+        r.add_history(&history(second), None).unwrap();
+        r
+    };
+    let v = check(&record(1), BOUND);
+    assert_eq!(
+        v.violations,
+        ["token not above an earlier term's: a began a term with token 1 at 950000000, after its term with token 1 from 100000000"],
+    );
+    // With the next token it is fine.
+    let v = check(&record(2), BOUND);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
 }
 
 #[test]
@@ -432,6 +465,41 @@ stop 5100000000
             "{:?}",
             v.violations
         );
+    }
+
+    /// A node's term of a shard that ended at its deadline, then a new term of that shard on
+    /// the same token: caught per shard (the shard set refuses such a `Renewed`; this checks
+    /// that the run would notice if it did not).
+    #[test]
+    fn a_shard_term_begun_again_on_an_earlier_token_is_caught() {
+        let a = "start a 0 0
+lead shard-0 1 100000000 1
+lost shard-0 1 900000000 900000000 deadline 1
+lead shard-0 1 950000000 2
+lost shard-0 1 1500000000 1600000000 shutdown 2
+stop 1600000000
+";
+        let mut r = ShardRecord::new(&["shard-0".to_owned()]);
+        r.end = 2_000 * MS;
+        r.quiesce = 1_500 * MS;
+        r.add_history(a, None).unwrap();
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert_eq!(v.failed_resources, 1);
+        assert_eq!(
+            v.violations,
+            ["shard-0: token not above an earlier term's: a began a term with token 1 at 950000000, after its term with token 1 from 100000000"],
+        );
+        let mut r = ShardRecord::new(&["shard-0".to_owned()]);
+        r.end = 2_000 * MS;
+        r.quiesce = 1_500 * MS;
+        r.add_history(
+            &a.replace("shard-0 1 950000000 2", "shard-0 2 950000000 2")
+                .replace("lost shard-0 1 1500000000", "lost shard-0 2 1500000000"),
+            None,
+        )
+        .unwrap();
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
     }
 
     #[test]

@@ -26,10 +26,33 @@ pub(super) type Answer = Result<Result<LeaseOutcome, StoreError>, NoAnswer>;
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Role {
     /// Contending. `retry` is this attempt's regular retry interval with its jitter applied,
-    /// drawn by the caller so that the decision stays deterministic.
-    Follower { retry: Duration },
-    /// Renewing the term of `token`.
+    /// drawn by the caller so that the decision stays deterministic; `led` is the token of the
+    /// last term this elector began, which the next term's must exceed.
+    Follower {
+        retry: Duration,
+        led: Option<FencingToken>,
+    },
+    /// Renewing the term of `token` (the last term this elector began).
     Leader { token: FencingToken },
+}
+
+impl Role {
+    /// The token of the last term this elector began, if any.
+    fn led(self) -> Option<FencingToken> {
+        match self {
+            Role::Follower { led, .. } => led,
+            Role::Leader { token } => Some(token),
+        }
+    }
+
+    /// The failure count after an answer that grants a lease: a follower's starts over, a
+    /// leader's goes on into the new term (or into contending again).
+    fn carried(self, failures: u32) -> u32 {
+        match self {
+            Role::Follower { .. } => 0,
+            Role::Leader { .. } => failures,
+        }
+    }
 }
 
 /// The next step, with the count of store calls failed in a row that goes with it.
@@ -42,8 +65,9 @@ pub(super) struct Decision {
 /// What the loop does next.
 #[derive(Debug)]
 pub(super) enum Next {
-    /// Begin a term on this grant. A term still running was superseded by it (the store began
-    /// a new term: ours had lapsed there) and ends first.
+    /// Begin a term on this grant: a new term in the store (`Acquired`) whose token exceeds
+    /// every term this elector began before. A term still running was superseded by it (ours
+    /// had lapsed there) and ends first.
     Elect(Grant),
     /// The current term goes on, renewed by this grant.
     Extend(Grant),
@@ -55,6 +79,15 @@ pub(super) enum Next {
     Lose(LossReason, Option<String>),
     /// Try again at `at` (a follower's next attempt, a leader's next renew) after `setback`.
     Retry { at: Instant, setback: Setback },
+    /// A live lease of this candidate that no term may begin on: a `Renewed` that is not the
+    /// current term's renew (the write of an earlier term of this elector, say a renew held up
+    /// past its deadline, or of a predecessor with the same id), an `Acquired` whose token does
+    /// not exceed the last term's, or a grant with too little left to trust. Leading it would
+    /// start a term with an old token, which fencing cannot tell from the earlier term's. A
+    /// term still running ends first (superseded); then exactly this write is released and the
+    /// elector contends again at once for the next token, or, if the release fails, at
+    /// `lapsed`, when the lease has run out on its own.
+    Release { lease: Lease, lapsed: Instant },
     /// The store refused the elector's configuration (`StoreError::is_permanent`): stop.
     Fail(StoreError),
 }
@@ -72,8 +105,6 @@ pub(super) struct Grant {
 /// Why a store call led to nothing but a later try.
 #[derive(Debug)]
 pub(super) enum Setback {
-    /// A grant with too little of the lease left to trust: the next attempt renews it in full.
-    ShortGrant,
     /// The store failed (not permanently); `wait` is the back-off before the next try.
     Error { error: StoreError, wait: Duration },
     /// The store did not answer in time.
@@ -94,27 +125,23 @@ pub(super) fn decide(
         (Role::Leader { token }, Ok(Ok(LeaseOutcome::Renewed(lease)))) if lease.token == token => {
             (Next::Extend(grant(lease, sent, config)), 0)
         }
-        (role, Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease)))) => {
+        // Only a new term in the store has a new token; and it must be new to this elector.
+        (role, Ok(Ok(LeaseOutcome::Acquired(lease))))
+            if role.led().is_none_or(|led| lease.token > led) =>
+        {
             let grant = grant(lease, sent, config);
-            let too_short = grant.deadline <= now;
-            match role {
-                // A follower's count starts over with any answer; a leader's goes on into the
-                // new term.
-                Role::Follower { .. } if too_short => (
-                    Next::Retry {
-                        at: now,
-                        setback: Setback::ShortGrant,
-                    },
-                    0,
-                ),
-                Role::Follower { .. } => (Next::Elect(grant), 0),
-                Role::Leader { .. } if too_short => {
-                    (Next::Lose(LossReason::Superseded, None), failures)
-                }
-                Role::Leader { .. } => (Next::Elect(grant), failures),
-            }
+            let next = if grant.deadline <= now {
+                // Too little left to trust: not a term.
+                release(grant.lease, now)
+            } else {
+                Next::Elect(grant)
+            };
+            (next, role.carried(failures))
         }
-        (Role::Follower { retry }, Ok(Ok(LeaseOutcome::Denied(denial)))) => {
+        (role, Ok(Ok(LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease)))) => {
+            (release(lease, now), role.carried(failures))
+        }
+        (Role::Follower { retry, .. }, Ok(Ok(LeaseOutcome::Denied(denial)))) => {
             let at = later(now, follower_wait(&denial, retry));
             (Next::Follow { denial, at }, 0)
         }
@@ -143,6 +170,13 @@ pub(super) fn decide(
         (Role::Leader { .. }, Err(NoAnswer)) => (Next::Lose(LossReason::Deadline, None), failures),
     };
     Decision { next, failures }
+}
+
+/// Release `lease`, or wait until it has lapsed: it ends at most `remaining` after the
+/// statement began, which was before `now`.
+fn release(lease: Lease, now: Instant) -> Next {
+    let lapsed = later(now, lease.remaining.saturating_add(AFTER_EXPIRY));
+    Next::Release { lease, lapsed }
 }
 
 fn grant(lease: Lease, sent: Instant, config: &Config) -> Grant {
@@ -216,7 +250,16 @@ mod tests {
 
     const FOLLOWER: Role = Role::Follower {
         retry: Duration::from_millis(2_100),
+        led: None,
     };
+
+    /// A follower whose last term had token `led`.
+    fn led(led: i64) -> Role {
+        Role::Follower {
+            retry: ms(2_100),
+            led: Some(FencingToken::new(led)),
+        }
+    }
     const LEADER: Role = Role::Leader { token: ME };
 
     fn lease(token: FencingToken, remaining: Duration) -> Lease {
@@ -252,23 +295,65 @@ mod tests {
     #[test]
     fn a_follower_granted_the_lease_is_elected_with_a_deadline_from_the_send() {
         let sent = Instant::now();
-        for outcome in [LeaseOutcome::Acquired, LeaseOutcome::Renewed] {
-            // More than the lease asked for counts as the lease: the deadline never trusts more.
-            for remaining in [ms(10_000), ms(60_000)] {
-                let granted = lease(ME, remaining);
-                let decision = decide_at(sent, Ok(Ok(outcome(granted.clone()))), FOLLOWER, 3);
-                assert_eq!(decision.failures, 0);
-                assert!(
-                    matches!(&decision.next, Next::Elect(grant) if *grant == whole(granted, sent)),
-                    "{:?}",
-                    decision.next
-                );
-            }
+        // More than the lease asked for counts as the lease: the deadline never trusts more.
+        for remaining in [ms(10_000), ms(60_000)] {
+            let granted = lease(ME, remaining);
+            let acquired = LeaseOutcome::Acquired(granted.clone());
+            let decision = decide_at(sent, Ok(Ok(acquired)), FOLLOWER, 3);
+            assert_eq!(decision.failures, 0);
+            assert!(
+                matches!(&decision.next, Next::Elect(grant) if *grant == whole(granted, sent)),
+                "{:?}",
+                decision.next
+            );
         }
     }
 
+    /// A follower's `Renewed` is a live lease of its own id that it does not lead: an earlier
+    /// term of this elector (a renew that committed after the term ended at its deadline) or
+    /// of a predecessor with the same id. Never a term (its token is an earlier term's): the
+    /// write is released, and if that fails, left to lapse.
     #[test]
-    fn a_follower_granted_too_little_of_the_lease_tries_again_at_once() {
+    fn a_follower_renewed_releases_that_write_instead_of_leading_it() {
+        let sent = Instant::now();
+        let now = sent + ms(20);
+        for role in [FOLLOWER, led(7), led(3)] {
+            let renewed = lease(ME, ms(10_000));
+            let outcome = LeaseOutcome::Renewed(renewed.clone());
+            let decision = decide_at(sent, Ok(Ok(outcome)), role, 3);
+            assert_eq!(decision.failures, 0);
+            assert!(
+                matches!(&decision.next, Next::Release { lease, lapsed }
+                    if *lease == renewed && *lapsed == now + ms(10_000) + AFTER_EXPIRY),
+                "{role:?}: {:?}",
+                decision.next
+            );
+        }
+    }
+
+    /// A new term in the store begins a term only if its token exceeds the last term this
+    /// elector began (a store that hands out a token again, say after its row was deleted,
+    /// gets that write released).
+    #[test]
+    fn a_follower_leads_only_a_token_above_its_last_terms() {
+        let sent = Instant::now();
+        for (last, elected) in [(6, true), (7, false), (9, false)] {
+            let acquired = LeaseOutcome::Acquired(lease(ME, ms(10_000)));
+            let decision = decide_at(sent, Ok(Ok(acquired)), led(last), 3);
+            assert_eq!(decision.failures, 0);
+            let as_expected = if elected {
+                matches!(&decision.next, Next::Elect(grant) if grant.lease.token == ME)
+            } else {
+                matches!(&decision.next, Next::Release { lease, .. } if lease.token == ME)
+            };
+            assert!(as_expected, "after {last}: {:?}", decision.next);
+        }
+    }
+
+    /// Too little left to trust is no term either: that write is released (a renew of it
+    /// would be a `Renewed`, which begins no term) and the follower contends again at once.
+    #[test]
+    fn a_follower_granted_too_little_of_the_lease_releases_it() {
         let sent = Instant::now();
         let now = sent + ms(20);
         // (time left, too little?): the deadline is the send plus what is left minus the 1 s
@@ -279,8 +364,8 @@ mod tests {
             assert_eq!(decision.failures, 0);
             let as_expected = if short {
                 matches!(
-                    decision.next,
-                    Next::Retry { at, setback: Setback::ShortGrant } if at == now
+                    &decision.next,
+                    Next::Release { lease, lapsed } if lease.token == ME && *lapsed == now + remaining + AFTER_EXPIRY
                 )
             } else {
                 matches!(decision.next, Next::Elect(_))
@@ -307,36 +392,42 @@ mod tests {
         );
     }
 
-    /// A new token (or any `Acquired`) means the store began a new term: ours lapsed there.
+    /// An `Acquired` with a new token means the store began a new term: ours lapsed there.
     #[test]
     fn a_leader_granted_a_new_term_begins_it_and_keeps_its_failure_count() {
         let sent = Instant::now();
+        let acquired = LeaseOutcome::Acquired(lease(FencingToken::new(8), ms(10_000)));
+        let decision = decide_at(sent, Ok(Ok(acquired)), LEADER, 2);
+        assert_eq!(decision.failures, 2);
+        assert!(
+            matches!(&decision.next, Next::Elect(grant) if grant.deadline == sent + ms(9_000)),
+            "{:?}",
+            decision.next
+        );
+    }
+
+    /// Whatever else a leader is granted ends its term and is released, never led: a
+    /// `Renewed` with another token (not this term's renew), an `Acquired` whose token does not
+    /// exceed this term's, and a new term with too little left to trust.
+    #[test]
+    fn a_leader_granted_what_it_must_not_lead_releases_it() {
+        let sent = Instant::now();
         for outcome in [
             LeaseOutcome::Renewed(lease(FencingToken::new(8), ms(10_000))),
-            LeaseOutcome::Acquired(lease(FencingToken::new(8), ms(10_000))),
+            LeaseOutcome::Renewed(lease(FencingToken::new(6), ms(10_000))),
             LeaseOutcome::Acquired(lease(ME, ms(10_000))),
+            LeaseOutcome::Acquired(lease(FencingToken::new(6), ms(10_000))),
+            LeaseOutcome::Acquired(lease(FencingToken::new(8), ms(1_000))),
         ] {
+            let granted = outcome.lease().cloned();
             let decision = decide_at(sent, Ok(Ok(outcome)), LEADER, 2);
             assert_eq!(decision.failures, 2);
             assert!(
-                matches!(&decision.next, Next::Elect(grant) if grant.deadline == sent + ms(9_000)),
+                matches!(&decision.next, Next::Release { lease, .. } if Some(lease) == granted.as_ref()),
                 "{:?}",
                 decision.next
             );
         }
-    }
-
-    #[test]
-    fn a_leader_granted_too_little_of_a_new_term_is_superseded() {
-        let sent = Instant::now();
-        let short = lease(FencingToken::new(8), ms(1_000));
-        let decision = decide_at(sent, Ok(Ok(LeaseOutcome::Renewed(short))), LEADER, 2);
-        assert_eq!(decision.failures, 2);
-        assert!(
-            matches!(decision.next, Next::Lose(LossReason::Superseded, None)),
-            "{:?}",
-            decision.next
-        );
     }
 
     #[test]

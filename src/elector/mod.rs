@@ -317,8 +317,9 @@ impl ElectorHandle {
         let mut receiver = self.receiver.clone();
         let gate = self.work_gate.clone();
         tokio::spawn(async move {
-            // Terms are told apart by identity, not token: after a local step-down the store may
-            // still renew the same token into a new local term, and its work must run again.
+            // Terms are told apart by identity. Each also has a token above every earlier term's:
+            // a lease the store renews after a local step-down (a renew held up past the
+            // deadline, say) is released, never taken up as a new term on the old token.
             let mut last: Option<LeaderTerm> = None;
             loop {
                 let term = {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch, RwLock};
-use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+use tokio::time::{timeout, Instant};
+
+use crate::clock::{sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument};
 
@@ -19,7 +21,7 @@ use super::health::Probe;
 use super::random::jittered;
 use super::term::{LeaderTerm, Leadership, LossReason};
 use crate::store::ReleaseEvents;
-use crate::{Denial, Lease, LeaseOutcome, LeaseStore};
+use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseStore};
 
 /// How long dropped leader work gets to let go of the work gate before shutdown gives up on it.
 const UNWIND: Duration = Duration::from_millis(100);
@@ -75,13 +77,17 @@ impl Runner {
 
     async fn run_inner(self) {
         let mut active: Option<Active> = None;
-        let mut next_attempt = Instant::now();
+        let mut next_attempt = crate::clock::now();
         let mut failures: u32 = 0;
+        // The token of the last term begun: every later term's must exceed it.
+        let mut led: Option<FencingToken> = None;
+        // Whether the last step was a release that found its write gone (see `release_unled`).
+        let mut gone_before = false;
         let mut releases = self.store.release_events();
         let (stopped_by, failure) = loop {
             let step = match active.as_ref() {
                 None => {
-                    self.follower_step(next_attempt, failures, &mut releases)
+                    self.follower_step(next_attempt, failures, led, &mut releases)
                         .await
                 }
                 Some(a) => self.leader_step(a, failures).await,
@@ -92,11 +98,13 @@ impl Runner {
                 Err(Stopped::Abort) => break (LossReason::Aborted, None),
             };
             failures = decision.failures;
+            let gone = std::mem::take(&mut gone_before);
             match decision.next {
                 Next::Elect(grant) => {
                     if let Some(a) = active.take() {
                         self.end_term(&a.term, LossReason::Superseded, None);
                     }
+                    led = Some(grant.lease.token);
                     active = Some(self.begin_term(grant));
                 }
                 Next::Extend(grant) => {
@@ -115,7 +123,7 @@ impl Runner {
                     if let Some(a) = active.take() {
                         self.end_term(&a.term, reason, leader);
                     }
-                    next_attempt = Instant::now();
+                    next_attempt = crate::clock::now();
                 }
                 Next::Retry { at, setback } => match active.as_mut() {
                     Some(a) => {
@@ -129,6 +137,17 @@ impl Runner {
                         next_attempt = at;
                     }
                 },
+                Next::Release { lease, lapsed } => {
+                    match active.take() {
+                        Some(a) => self.end_term(&a.term, LossReason::Superseded, None),
+                        None => self.note_follower_without_answer(),
+                    }
+                    (next_attempt, gone_before) =
+                        match self.release_unled(&lease, lapsed, gone).await {
+                            Ok(next) => next,
+                            Err(_) => break (LossReason::Aborted, None),
+                        };
+                }
                 Next::Fail(err) => break (LossReason::Failed, Some(err)),
             }
         };
@@ -165,14 +184,16 @@ impl Runner {
         &self,
         next_attempt: Instant,
         failures: u32,
+        led: Option<FencingToken>,
         releases: &mut Option<ReleaseEvents>,
     ) -> Result<Decision, Stopped> {
         self.stoppable(self.wait_turn(next_attempt, releases))
             .await?;
         let role = Role::Follower {
             retry: jittered(self.config.retry_interval, self.config.jitter),
+            led,
         };
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         self.ask_and_decide(role, sent, later(sent, self.config.lease), failures)
             .await
     }
@@ -180,17 +201,17 @@ impl Runner {
     /// One leader round: waits for the renew time (or the deadline), then renews, bounded by
     /// the deadline.
     async fn leader_step(&self, active: &Active, failures: u32) -> Result<Decision, Stopped> {
-        let deadline = active.term.deadline();
+        let deadline = active.term.local_deadline();
         self.stoppable(sleep_until(active.next_renew.min(deadline)))
             .await?;
-        if Instant::now() >= deadline {
+        if crate::clock::now() >= deadline {
             let next = Next::Lose(LossReason::Deadline, None);
             return Ok(Decision { next, failures });
         }
         let role = Role::Leader {
             token: active.term.token(),
         };
-        self.ask_and_decide(role, Instant::now(), deadline, failures)
+        self.ask_and_decide(role, crate::clock::now(), deadline, failures)
             .await
     }
 
@@ -206,7 +227,7 @@ impl Runner {
         let answer = self.ask_store(until).await?;
         let leading = matches!(role, Role::Leader { .. });
         self.probe.store_call(leading, sent, &answer);
-        let now = Instant::now();
+        let now = crate::clock::now();
         Ok(decide(answer, sent, now, &self.config, role, failures))
     }
 
@@ -330,11 +351,9 @@ impl Runner {
     }
 
     /// A follower's attempt that led only to a later one: says why, and leaves `Starting` (the
-    /// store was asked) unless the attempt was granted too little of the lease.
+    /// store was asked).
     fn follower_setback(&self, setback: &Setback, failures: u32) {
         match setback {
-            // Not a failure: the next attempt, at once, renews the lease in full.
-            Setback::ShortGrant => return,
             Setback::Error { error, wait } => {
                 log_store_error(error, failures, *wait, "store error while contending")
             }
@@ -353,10 +372,10 @@ impl Runner {
     /// the work is cut off at once; if the work does not stop when cut off, the lease is left
     /// to lapse on its own rather than released under it.
     async fn drain(&self, active: &mut Active, failures: &mut u32) -> bool {
-        let grace_end = later(Instant::now(), self.config.grace_period);
+        let grace_end = later(crate::clock::now(), self.config.grace_period);
         loop {
-            let deadline = active.term.deadline();
-            if Instant::now() >= deadline {
+            let deadline = active.term.local_deadline();
+            if crate::clock::now() >= deadline {
                 active.term.cut_off();
                 warn!("the lease ran out while leader work was winding down; work dropped");
                 return false;
@@ -380,10 +399,10 @@ impl Runner {
                 }
                 _ = sleep_until(active.next_renew.min(deadline)) => {}
             }
-            if Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 continue;
             }
-            let sent = Instant::now();
+            let sent = crate::clock::now();
             let result = match self.ask_store(deadline).await {
                 Ok(result) => result,
                 Err(_) => {
@@ -406,7 +425,7 @@ impl Runner {
                     *failures += 1;
                     let wait = backoff(*failures, self.config.renew_interval);
                     log_store_error(&err, *failures, wait, "store error while renewing");
-                    active.next_renew = later(Instant::now(), wait);
+                    active.next_renew = later(crate::clock::now(), wait);
                 }
                 // Denied, a new term, or no answer before the deadline: the lease is gone.
                 _ => {
@@ -416,6 +435,53 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// Releases a live lease of ours that no term may begin on (see [`Next::Release`]): exactly
+    /// that write, so it can never end a later one; bounded by `lapsed`, when the lease runs out
+    /// anyway. Returns when to contend again, and whether the store no longer held that write:
+    ///
+    /// - released: at once;
+    /// - no longer held (renewed since, say by a renew still in flight): at once the first
+    ///   time, after a retry interval (or at `lapsed`, if sooner) when the last release found
+    ///   its write gone too (`gone_before`), so a store that never matches makes no hot loop;
+    /// - the release failed: at `lapsed`, since asking earlier would only renew the lease again.
+    async fn release_unled(
+        &self,
+        lease: &Lease,
+        lapsed: Instant,
+        gone_before: bool,
+    ) -> Result<(Instant, bool), Stopped> {
+        info!(
+            token = %lease.token,
+            "the store granted a lease no new term may begin on (an earlier term's token, or \
+             too little left); releasing that write to contend for a new token"
+        );
+        let call = self.store.release_lease(lease);
+        let now = Instant::now;
+        Ok(match self.abortable(timeout_at(lapsed, call)).await? {
+            Ok(Ok(true)) => {
+                debug!("released");
+                (now(), false)
+            }
+            Ok(Ok(false)) if !gone_before => {
+                debug!("not released: the store no longer holds that write");
+                (now(), true)
+            }
+            Ok(Ok(false)) => {
+                debug!("not released again: the store no longer holds that write");
+                let retry = jittered(self.config.retry_interval, self.config.jitter);
+                (later(now(), retry).min(lapsed.max(now())), true)
+            }
+            Ok(Err(err)) => {
+                warn!(error = %err, "release failed; contending again once the lease has lapsed");
+                (lapsed.max(now()), false)
+            }
+            Err(_) => {
+                warn!("release timed out; contending again once the lease has lapsed");
+                (lapsed.max(now()), false)
+            }
+        })
     }
 
     /// Releases the write `granted` came from, and nothing later: a release that is delayed

@@ -64,7 +64,9 @@ pub enum LossReason {
     Denied,
     /// No renew succeeded before the local step-down deadline.
     Deadline,
-    /// The store granted a *new* term instead of renewing this one (the lease had lapsed).
+    /// The store granted a *new* term instead of renewing this one (the lease had lapsed), or
+    /// answered the renew with a lease no term may begin on (another token); that write is
+    /// released, and the elector contends for a new token.
     Superseded,
     /// The elector was shut down (or its handle dropped).
     Shutdown,

@@ -112,6 +112,9 @@ impl LeaseStore for Logged {
 struct Terms {
     asked: Asked,
     current: std::sync::Mutex<Option<orion_beacon::LeaderTerm>>,
+    /// The last term given a `lead` line: its work may report it after the watcher saw it end,
+    /// and a second line would read as a new term on the same token.
+    recorded: std::sync::Mutex<Option<orion_beacon::LeaderTerm>>,
     history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
     clock: MonoClock,
 }
@@ -122,7 +125,8 @@ impl Terms {
     /// be written (a watcher can look late).
     fn lead(&self, term: &orion_beacon::LeaderTerm) {
         let mut current = self.current.lock().unwrap();
-        if current.as_ref() == Some(term) {
+        let mut recorded = self.recorded.lock().unwrap();
+        if current.as_ref() == Some(term) || recorded.as_ref() == Some(term) {
             return;
         }
         if let Some(old) = current.take() {
@@ -139,6 +143,7 @@ impl Terms {
             .unwrap()
             .line(&format!("lead {} {start}", term.token()));
         *current = Some(term.clone());
+        *recorded = Some(term.clone());
     }
 
     /// No term now.
@@ -218,6 +223,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     // Either way the line is written once per term.
     let terms = std::sync::Arc::new(Terms {
         current: std::sync::Mutex::new(None),
+        recorded: std::sync::Mutex::new(None),
         history: history.clone(),
         clock,
         asked: asked.clone(),
@@ -308,8 +314,8 @@ struct LedgerWriter {
     history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
     ledger: String,
     me: String,
-    /// Sequence numbers per token: after a local step-down the store may renew the same token
-    /// into a new local term, and that is still one term in the ledger.
+    /// Sequence numbers per token: one term per token (the elector never begins a term on an
+    /// earlier term's token; the checker fails a run where it did).
     sequences: std::sync::Arc<std::sync::Mutex<HashMap<i64, i64>>>,
 }
 

@@ -204,7 +204,22 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
         }
     }
 
-    // 2. Tokens strictly increase from term to term and are never reused.
+    // 2. Tokens strictly increase from term to term and are never reused: each candidate's
+    // term has a token above every earlier term's of that candidate (a term begun again on an
+    // earlier term's token is one fencing cannot tell from it), no term's is below the term
+    // before it, and no two candidates share one.
+    let mut highest: HashMap<&str, &Interval> = HashMap::new();
+    for i in &intervals {
+        match highest.get(i.candidate.as_str()) {
+            Some(prev) if i.token <= prev.token => v.violations.push(format!(
+                "token not above an earlier term's: {} began a term with token {} at {}, after its term with token {} from {}",
+                i.candidate, i.token, i.start, prev.token, prev.start
+            )),
+            _ => {
+                highest.insert(&i.candidate, i);
+            }
+        }
+    }
     let mut seen: HashMap<i64, &Interval> = HashMap::new();
     for pair in intervals.windows(2) {
         if pair[1].token < pair[0].token {

@@ -4,7 +4,7 @@
 //! go to its history file, line by line, for the per-resource checker (`shard_checker.rs`).
 //!
 //! History lines (times are `CLOCK_MONOTONIC` nanoseconds; `<id>` numbers the node's terms, so a
-//! resource led again with the same token after a local step-down is another term):
+//! resource led again with the same token would be another term, which the checker fails):
 //!
 //! ```text
 //! start <node> <ns> <wall-unix-ms>
