@@ -130,9 +130,7 @@ fn elector(store: &Scripted, id: &str) -> Elector {
         .unwrap()
 }
 
-async fn wait_leader(
-    rx: &mut tokio::sync::watch::Receiver<Leadership>,
-) -> orion_beacon::LeaderTerm {
+async fn wait_leader(rx: &mut orion_beacon::Watch<Leadership>) -> orion_beacon::LeaderTerm {
     let state = rx
         .wait_for(|s| matches!(s, Leadership::Leader(_)))
         .await
@@ -140,7 +138,7 @@ async fn wait_leader(
     state.term().unwrap().clone()
 }
 
-async fn wait_not_leader(rx: &mut tokio::sync::watch::Receiver<Leadership>) {
+async fn wait_not_leader(rx: &mut orion_beacon::Watch<Leadership>) {
     rx.wait_for(|s| !matches!(s, Leadership::Leader(_)))
         .await
         .unwrap();
