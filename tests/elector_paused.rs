@@ -999,8 +999,8 @@ impl LeaseStore for RenewsIntoNewToken {
     }
 }
 
-/// A "renew" that comes back with another token is a new term, whatever the store calls it:
-/// the old term ends `Superseded`.
+/// A "renew" that comes back with another token is no renew, whatever the store calls it: the
+/// old term ends `Superseded`, that write is released, and the next term has the next token.
 #[tokio::test(start_paused = true)]
 async fn a_renew_with_another_token_is_a_new_term() {
     let store = RenewsIntoNewToken {
