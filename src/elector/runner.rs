@@ -458,7 +458,7 @@ impl Runner {
              too little left); releasing that write to contend for a new token"
         );
         let call = self.store.release_lease(lease);
-        let now = Instant::now;
+        let now = crate::clock::now;
         Ok(match self.abortable(timeout_at(lapsed, call)).await? {
             Ok(Ok(true)) => {
                 debug!("released");
