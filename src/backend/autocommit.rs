@@ -298,11 +298,9 @@ impl<'a> Pool<'a> {
             } => postgres_in_transaction(pool, stmt).await,
             #[cfg(feature = "postgres")]
             Pool::Postgres { pool, .. } => {
-                let mut checkout = Checkout::from(pool).await?;
-                let check = sqlx::raw_sql(PG_OUTSIDE).fetch_all(checkout.conn()?).await;
-                if !pg_outside(check)? {
+                let Some(mut checkout) = postgres_outside(pool).await? else {
                     return Ok(Checked::InAbandonedTransaction);
-                }
+                };
                 let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
                     .fetch_all(checkout.conn()?)
                     .await
@@ -346,11 +344,9 @@ impl<'a> Pool<'a> {
             }
             #[cfg(feature = "postgres")]
             Pool::Postgres { pool, .. } => {
-                let mut checkout = Checkout::from(pool).await?;
-                let check = sqlx::raw_sql(PG_OUTSIDE).fetch_all(checkout.conn()?).await;
-                if !pg_outside(check)? {
+                let Some(mut checkout) = postgres_outside(pool).await? else {
                     return Ok(Checked::InAbandonedTransaction);
-                }
+                };
                 let done = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
                     .execute(checkout.conn()?)
                     .await
@@ -372,6 +368,15 @@ impl<'a> Pool<'a> {
             }
         }
     }
+}
+
+/// PostgreSQL: one connection of `pool`, checked to be outside any transaction; `None` if it
+/// was not (it is closed).
+#[cfg(feature = "postgres")]
+async fn postgres_outside(pool: &sqlx::PgPool) -> Result<Option<Checkout<sqlx::Postgres>>, DbErr> {
+    let mut checkout = Checkout::from(pool).await?;
+    let check = sqlx::raw_sql(PG_OUTSIDE).fetch_all(checkout.conn()?).await;
+    Ok(pg_outside(check)?.then_some(checkout))
 }
 
 /// MariaDB: one connection of `pool`, checked to be outside any transaction and in autocommit
