@@ -673,8 +673,8 @@ impl Shards {
         }
         match m.kind {
             Kind::Renew(entries) => {
-                for r in 0..R {
-                    let Some(t) = entries[r] else { continue };
+                for (r, entry) in entries.iter().enumerate() {
+                    let Some(t) = *entry else { continue };
                     let renewed = if renews(s.rows[r], m.member, t, start) {
                         let row = s.rows[r].expect("a row");
                         let expires = self.kept_expiry(row.expires).expect("applicable");
@@ -1729,15 +1729,15 @@ fn trace(model: &Shards, path: stateright::Path<State, Action>) -> String {
             }
         };
         // Number the terms that began.
-        for r in 0..R {
+        for (r, term) in terms.iter_mut().enumerate() {
             for q in 0..after.procs.len() {
                 let now = after.procs[q].res[r];
                 if matches!(now, Res::Lead { .. })
                     && before.procs[q].res[r] != now
                     && !matches!(before.procs[q].res[r], Res::Lead { token, .. } if Some(token) == now.token())
                 {
-                    terms[r] += 1;
-                    line.push_str(&format!(" (term #{} of {})", terms[r], res_name(r)));
+                    *term += 1;
+                    line.push_str(&format!(" (term #{} of {})", *term, res_name(r)));
                 }
             }
         }

@@ -28,6 +28,7 @@ use super::errors::classify;
 use super::mysql;
 use super::sqlite;
 use super::store::SeaOrmLeaseStore;
+use super::takeover;
 use super::{Dialect, Form};
 use crate::store::{validate_candidate, validate_resource};
 use crate::{FencingToken, StoreError};
@@ -118,6 +119,59 @@ pub(crate) fn share_locked_check(
         .to_owned()
 }
 
+/// The subquery of [`SeaOrmLeaseStore::fenced_by`]: [`statement_check`], on PostgreSQL with the
+/// marker a takeover past a stalled holder finds its session by (see `takeover`).
+pub(crate) fn statement_fence(
+    form: Form,
+    table: &Alias,
+    table_name: &str,
+    term: &Term<'_>,
+) -> SelectStatement {
+    #[allow(unused_mut)] // a build without PostgreSQL
+    let mut check = statement_check(form.dialect(), table, term);
+    #[cfg(feature = "postgres")]
+    if form == Form::Postgres {
+        check.and_where(takeover::postgres_marker(
+            table_name,
+            term.resource,
+            term.token.get(),
+        ));
+    }
+    #[cfg(not(feature = "postgres"))]
+    let _ = table_name;
+    check
+}
+
+/// The transactional fence's check on a backend with row locks, which a takeover past a
+/// stalled holder can find (see `takeover`): PostgreSQL, [`share_locked_check`] with the
+/// session's marker; MySQL/MariaDB, the row locked `FOR UPDATE`, so that the transaction has
+/// an id (a read-only one shows none).
+pub(crate) fn locking_check(
+    form: Form,
+    table: &Alias,
+    table_name: &str,
+    term: &Term<'_>,
+) -> SelectStatement {
+    let d = form.dialect();
+    let mut check = share_locked_check(d, table, term);
+    match form {
+        #[cfg(feature = "postgres")]
+        Form::Postgres => {
+            check.expr(takeover::postgres_marker(
+                table_name,
+                term.resource,
+                term.token.get(),
+            ));
+        }
+        #[cfg(feature = "mysql")]
+        Form::MySql => {
+            check.lock_exclusive();
+        }
+        _ => {}
+    }
+    check
+}
+
 /// The subquery of the statement-level fence: [`share_locked_check`], except where the
 /// backend has no row locks (SQLite: one statement runs under the write lock already).
 pub(crate) fn statement_check(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> SelectStatement {
@@ -176,7 +230,7 @@ impl SeaOrmLeaseStore {
             }
             #[allow(unreachable_patterns)] // a build with SQLite alone
             _ => {
-                let stmt = share_locked_check(d, &table, &term);
+                let stmt = locking_check(form, &table, self.table(), &term);
                 // Read to the end, like every statement that decides something.
                 !txn.query_all(&stmt)
                     .await
@@ -211,7 +265,13 @@ impl SeaOrmLeaseStore {
             (Form::MySql, None) => return Err(FenceError::TopologyUnknown),
             _ => {}
         }
-        Ok(Expr::exists(statement_check(d, &self.table_iden(), &term)))
+        let _ = d;
+        Ok(Expr::exists(statement_fence(
+            self.form()?,
+            &self.table_iden(),
+            self.table(),
+            &term,
+        )))
     }
 
     /// Runs a statement that carries [`fenced_by`](Self::fenced_by) and returns the rows it
@@ -259,7 +319,7 @@ impl SeaOrmLeaseStore {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::backend::{mysql::MySql, postgres::Postgres, sqlite::Sqlite};
+    use crate::backend::sqlite::Sqlite;
     use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
 
     /// The term the statement tests of every backend fence with.
@@ -275,26 +335,31 @@ pub(crate) mod tests {
     #[test]
     fn fenced_by_sql_per_backend() {
         let t = Alias::new("orionbeacon_leases");
-        let update = |d: &dyn Dialect| {
+        let update = |form: Form| {
             Query::update()
                 .table(Alias::new("jobs"))
                 .value(Alias::new("owner_token"), 7i64)
                 .and_where(Expr::col(Alias::new("id")).eq(1))
-                .and_where(Expr::exists(statement_check(d, &t, &term())))
+                .and_where(Expr::exists(statement_fence(
+                    form,
+                    &t,
+                    "orionbeacon_leases",
+                    &term(),
+                )))
                 .to_owned()
         };
-        let (sql, values) = update(&Postgres).build(PostgresQueryBuilder);
+        let (sql, values) = update(Form::Postgres).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) FOR SHARE)"#
+            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) AND pg_try_advisory_xact_lock_shared($7, $8) FOR SHARE)"#
         );
-        assert_eq!(values.0.len(), 6);
-        let (sql, _) = update(&MySql).build(MysqlQueryBuilder);
+        assert_eq!(values.0.len(), 8);
+        let (sql, _) = update(Form::MySql).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
             "UPDATE `jobs` SET `owner_token` = ? WHERE `id` = ? AND EXISTS(SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) LOCK IN SHARE MODE)"
         );
-        let (sql, _) = update(&Sqlite).build(SqliteQueryBuilder);
+        let (sql, _) = update(Form::Sqlite).build(SqliteQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "jobs" SET "owner_token" = ? WHERE "id" = ? AND EXISTS(SELECT ? FROM "orionbeacon_leases" WHERE "resource" = ? AND "holder" = ? AND "fencing_token" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')))"#
@@ -317,16 +382,18 @@ pub(crate) mod tests {
     #[test]
     fn fence_sql_per_backend() {
         let t = Alias::new("orionbeacon_leases");
-        let (sql, values) = share_locked_check(&Postgres, &t, &term()).build(PostgresQueryBuilder);
+        let (sql, values) = locking_check(Form::Postgres, &t, "orionbeacon_leases", &term())
+            .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT $1 FROM "orionbeacon_leases" WHERE "resource" = $2 AND "holder" = $3 AND "fencing_token" = $4 AND "expires_at" > (statement_timestamp()) FOR SHARE"#
+            r#"SELECT $1, pg_try_advisory_xact_lock_shared($2, $3) FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) FOR SHARE"#
         );
-        assert_eq!(values.0.len(), 4);
-        let (sql, _) = share_locked_check(&MySql, &t, &term()).build(MysqlQueryBuilder);
+        assert_eq!(values.0.len(), 6);
+        let (sql, _) =
+            locking_check(Form::MySql, &t, "orionbeacon_leases", &term()).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) LOCK IN SHARE MODE"
+            "SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) FOR UPDATE"
         );
         let (sql, _) =
             sqlite::statements::write_lock(&t, term().current(&Sqlite)).build(SqliteQueryBuilder);

@@ -56,6 +56,7 @@ pub mod sqlite;
 pub mod sqlserver;
 mod statements;
 mod store;
+mod takeover;
 
 pub use durability::Durability;
 pub use store::SeaOrmLeaseStore;

@@ -414,11 +414,15 @@ impl LeaseStore for SeaOrmLeaseStore {
         match form {
             #[cfg(feature = "postgres")]
             Form::Postgres => {
-                super::postgres::store::acquire_or_renew(self, resource, candidate, millis).await
+                let acquire =
+                    super::postgres::store::acquire_or_renew(self, resource, candidate, millis);
+                self.taking_over(resource, acquire).await
             }
             #[cfg(feature = "mysql")]
             Form::MySql => {
-                super::mysql::store::acquire_or_renew(self, resource, candidate, millis).await
+                let acquire =
+                    super::mysql::store::acquire_or_renew(self, resource, candidate, millis);
+                self.taking_over(resource, acquire).await
             }
             Form::Sqlite => {
                 super::sqlite::store::acquire_or_renew(self, resource, candidate, millis).await

@@ -40,6 +40,23 @@ pub fn pgbouncer() -> &'static orion_beacon_testkit::Pgbouncer {
     })
 }
 
+/// A pool through this binary's PgBouncer as an application behind a transaction-pooling
+/// proxy configures it: sqlx's statement cache off (PgBouncer before 1.21 keeps no named
+/// statements across transactions), so the application's own statements work there too.
+#[cfg(feature = "postgres")]
+pub async fn connect_pgbouncer(max_connections: u32) -> DatabaseConnection {
+    let mut options = sea_orm::ConnectOptions::new(pgbouncer().url());
+    options
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .sqlx_logging(false)
+        .map_sqlx_postgres_opts(|o| o.statement_cache_capacity(0));
+    sea_orm::Database::connect(options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach this test binary's PgBouncer: {e}"))
+}
+
 /// One migrated table of its own on a real database.
 pub struct SqlHarness {
     target: Target,
@@ -163,7 +180,7 @@ impl SqlHarness {
         let direct = super::connect_url(&Server::Postgres.private_url(), 2).await;
         let table = unique("obt");
         migrate(&direct, &table).await;
-        let db = super::connect_url(&pgbouncer().url(), 8).await;
+        let db = connect_pgbouncer(8).await;
         Some(Self {
             target: Target::Pgbouncer { direct },
             db,
@@ -210,6 +227,16 @@ impl SqlHarness {
         &self.db
     }
 
+    /// A connection to the database itself, not through a proxy: for a test's own tables.
+    #[allow(dead_code)]
+    pub fn direct(&self) -> &DatabaseConnection {
+        match &self.target {
+            #[cfg(feature = "postgres")]
+            Target::Pgbouncer { direct } => direct,
+            _ => &self.db,
+        }
+    }
+
     pub fn table(&self) -> &str {
         &self.table
     }
@@ -240,9 +267,7 @@ impl SqlHarness {
             #[cfg(feature = "mysql")]
             Target::MySqlSession(init) => connect_mysql_with_session(max_connections, init).await,
             #[cfg(feature = "postgres")]
-            Target::Pgbouncer { .. } => {
-                super::connect_url(&pgbouncer().url(), max_connections).await
-            }
+            Target::Pgbouncer { .. } => connect_pgbouncer(max_connections).await,
         }
     }
 }
