@@ -1951,7 +1951,7 @@ fn every_interleaving_of_rounds_on_one_resource_is_safe() {
 }
 
 /// Two nodes, two resources: one batched renew carries both leases with one start. Every state
-/// within 12 steps (about 400,000); the exhaustive check is in `the_longer_runs`.
+/// within 12 steps (about 400,000; the exhaustive check did not finish in 35 minutes).
 #[test]
 fn two_nodes_and_two_resources_are_safe_within_12_steps() {
     assert_safe_within(Params::rounds(2, 2), Some(12));
@@ -2025,7 +2025,7 @@ fn two_running_processes_with_one_member_id_are_two_holders() {
 
 /// The exhaustive checks of every feature, and the earlier shard-set rule.
 #[test]
-#[ignore = "about 4 minutes in a debug build; cargo test --all-features --test model_shards -- --ignored --nocapture the_longer_runs"]
+#[ignore = "about 14 minutes in a debug build; cargo test --all-features --test model_shards -- --ignored --nocapture the_longer_runs"]
 fn the_longer_runs() {
     let checks = [
         Params {
@@ -2043,7 +2043,6 @@ fn the_longer_runs() {
             ..Params::rounds(2, 2).one()
         },
         Params::fixed(2, 2).one(),
-        Params::rounds(2, 2),
     ];
     for p in checks {
         assert_safe(p);

@@ -75,7 +75,8 @@ async fn a_stalled_holder_never_holds_up_the_next_term(h: SqlHarness, stall: Sta
     let a = h.configure(SeaOrmLeaseStore::new(a_db.clone()));
     let b = h.separate_store().await;
     let app = app_table(h.direct()).await;
-    let resource = unique("stalled");
+    // A quote and capitals: the takeover must find the row by its exact key.
+    let resource = unique("Stalled'Q");
 
     let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(&resource, "a", LEASE).await.unwrap()
     else {

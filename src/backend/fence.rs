@@ -6,9 +6,12 @@
 //! - **Transactional fence** ([`SeaOrmLeaseStore::fence`]): inside the application's
 //!   transaction, check that the lease row still has this holder, this token and an expiry after
 //!   the database's now, and lock it so that no rival can take the lease over until the
-//!   transaction ends. PostgreSQL: `SELECT ... FOR SHARE`; MySQL/MariaDB: `SELECT ... LOCK IN
-//!   SHARE MODE`; SQLite: a no-op `UPDATE` of the lease row, which takes SQLite's write lock (all
-//!   writers, rivals included, wait for the transaction). On a **Galera** cluster row locks do not
+//!   transaction ends, or until the term lapses (then a rival that waits ends the transaction's
+//!   session: see `takeover`). PostgreSQL: `SELECT ... FOR SHARE`, with a shared advisory lock
+//!   as the marker a takeover finds the session by; MySQL/MariaDB: `SELECT ... FOR UPDATE` (so
+//!   the transaction has an id a takeover can find); SQLite: a no-op `UPDATE` of the lease row,
+//!   which takes SQLite's write lock (all writers, rivals included, wait for the transaction,
+//!   however long it stalls). On a **Galera** cluster row locks do not
 //!   reach the other nodes and reads are not certified, so the fence *writes* the lease row
 //!   instead (its expiry one microsecond later, then back: no net change): the transaction's
 //!   write set then carries the row, and if a rival took the lease over on another node first,
@@ -131,11 +134,10 @@ pub(crate) fn statement_fence(
     let mut check = statement_check(form.dialect(), table, term);
     #[cfg(feature = "postgres")]
     if form == Form::Postgres {
-        check.and_where(takeover::postgres_marker(
-            table_name,
-            term.resource,
-            term.token.get(),
-        ));
+        // Never gating the fence: the marker is taken, whatever it answers.
+        check.and_where(
+            takeover::postgres_marker(table_name, term.resource, term.token.get()).is_not_null(),
+        );
     }
     #[cfg(not(feature = "postgres"))]
     let _ = table_name;
@@ -194,6 +196,9 @@ impl SeaOrmLeaseStore {
     /// Call it first in the transaction (on SQLite it takes the write lock; a transaction that
     /// read before may then fail with a busy error instead). Keep fenced transactions short:
     /// while one is open, the lease cannot change hands, and the holder's own renews wait too.
+    /// End it before the term's lease lapses: on PostgreSQL and MariaDB a rival that asks for
+    /// the lapsed lease ends a transaction still open then, which then never commits (see
+    /// docs/elector.md, "A holder stalled inside a fenced transaction").
     pub async fn fence<'a, C: ConnectionTrait>(
         &self,
         txn: &C,
@@ -351,9 +356,9 @@ pub(crate) mod tests {
         let (sql, values) = update(Form::Postgres).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) AND pg_try_advisory_xact_lock_shared($7, $8) FOR SHARE)"#
+            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) AND pg_try_advisory_xact_lock_shared($7) IS NOT NULL FOR SHARE)"#
         );
-        assert_eq!(values.0.len(), 8);
+        assert_eq!(values.0.len(), 7);
         let (sql, _) = update(Form::MySql).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
@@ -386,9 +391,9 @@ pub(crate) mod tests {
             .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT $1, pg_try_advisory_xact_lock_shared($2, $3) FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) FOR SHARE"#
+            r#"SELECT $1, pg_try_advisory_xact_lock_shared($2) FROM "orionbeacon_leases" WHERE "resource" = $3 AND "holder" = $4 AND "fencing_token" = $5 AND "expires_at" > (statement_timestamp()) FOR SHARE"#
         );
-        assert_eq!(values.0.len(), 6);
+        assert_eq!(values.0.len(), 5);
         let (sql, _) =
             locking_check(Form::MySql, &t, "orionbeacon_leases", &term()).build(MysqlQueryBuilder);
         assert_eq!(

@@ -42,67 +42,65 @@ pub(crate) const WAIT_BEFORE_TAKEOVER: Duration = Duration::from_millis(200);
 /// How often it looks again while it still waits.
 pub(crate) const TAKEOVER_EVERY: Duration = Duration::from_millis(250);
 
-/// The first advisory-lock key of a fence on PostgreSQL: FNV-1a over the table and resource
-/// names (a collision only lets a takeover end a session of another lapsed term).
-pub(crate) fn marker_key(table: &str, resource: &str) -> u32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in table.bytes().chain([0]).chain(resource.bytes()) {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
+/// The advisory-lock key a fence on PostgreSQL marks its session with: FNV-1a (64 bits) over
+/// the table, the resource and the token, so one key names one term of one resource.
+pub(crate) fn marker_key(table: &str, resource: &str, token: i64) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = table
+        .bytes()
+        .chain([0])
+        .chain(resource.bytes())
+        .chain([0])
+        .chain(token.to_le_bytes());
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    hash
+    hash as i64
 }
 
-/// The second key: the token's low 32 bits.
-fn token_key(token: i64) -> u32 {
-    (token as u64 & 0xffff_ffff) as u32
-}
-
-/// PostgreSQL: `pg_try_advisory_xact_lock_shared(key, token key)`, always true (nobody takes
-/// the key exclusively): the marker a fence leaves on its session until its transaction ends.
+/// PostgreSQL: `pg_try_advisory_xact_lock_shared(key)`: the marker a fence leaves on its
+/// session until its transaction ends (true unless someone holds the key exclusively, which
+/// nothing does; the fence never depends on the answer).
 pub(crate) fn postgres_marker(table: &str, resource: &str, token: i64) -> Expr {
-    // Bound as int4: the keys' bits, as pg_locks shows them (as oid) again.
-    let key = marker_key(table, resource) as i32;
-    let token = token_key(token) as i32;
     Func::cust(Alias::new("pg_try_advisory_xact_lock_shared"))
-        .arg(key)
-        .arg(token)
+        .arg(marker_key(table, resource, token))
         .into()
 }
 
-/// PostgreSQL: ends the sessions that hold the marker of `resource`'s term, if that term has
-/// lapsed by the database clock; one row per session signalled.
+/// PostgreSQL: the token of `resource`'s row if its lease has lapsed by the database clock.
+pub(crate) fn postgres_lapsed(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectStatement {
+    Query::select()
+        .column(Column::FencingToken)
+        .from(table.clone())
+        .and_where(Expr::col(Column::Resource).eq(resource))
+        .and_where(Expr::col(Column::ExpiresAt).lte(d.now()))
+        .to_owned()
+}
+
+/// PostgreSQL: ends the sessions that hold the marker of `resource`'s term `token`, if the row
+/// is still that term, lapsed by the database clock; one row per session signalled.
 pub(crate) fn postgres_takeover(
     d: &dyn Dialect,
     table: &Alias,
     table_name: &str,
     resource: &str,
+    token: i64,
 ) -> SelectStatement {
     let l = Alias::new("l");
-    let r = Alias::new("r");
     let col = |c: &str| Expr::col((l.clone(), Alias::new(c)));
-    let key = i64::from(marker_key(table_name, resource));
+    // pg_locks shows a bigint key as its high (classid) and low (objid) 32 bits, objsubid 1.
+    let key = marker_key(table_name, resource, token) as u64;
+    let (high, low) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
     Query::select()
         .expr(Func::cust(Alias::new("pg_terminate_backend")).arg(col("pid")))
         .from_as(Alias::new("pg_locks"), l.clone())
-        .join_as(
-            JoinType::InnerJoin,
-            table.clone(),
-            r.clone(),
-            Expr::col((r.clone(), Column::Resource)).eq(resource),
-        )
-        .and_where(Expr::col((r.clone(), Column::ExpiresAt)).lte(d.now()))
         .and_where(col("locktype").eq("advisory"))
+        .and_where(col("mode").eq("ShareLock"))
         .and_where(col("granted").eq(true))
-        .and_where(col("objsubid").eq(2))
-        .and_where(col("classid").cast_as(Alias::new("bigint")).eq(key))
-        .and_where(
-            col("objid").cast_as(Alias::new("bigint")).eq(Expr::col((
-                r.clone(),
-                Column::FencingToken,
-            ))
-            .bit_and(0xffff_ffff_i64)),
-        )
+        .and_where(col("objsubid").eq(1))
+        .and_where(col("classid").cast_as(Alias::new("bigint")).eq(high))
+        .and_where(col("objid").cast_as(Alias::new("bigint")).eq(low))
         .and_where(
             col("database").eq(Query::select()
                 .column(Alias::new("oid"))
@@ -113,6 +111,11 @@ pub(crate) fn postgres_takeover(
                 .take()),
         )
         .and_where(col("pid").ne(Func::cust(Alias::new("pg_backend_pid"))))
+        .and_where(Expr::exists(
+            postgres_lapsed(d, table, resource)
+                .and_where(Expr::col(Column::FencingToken).eq(token))
+                .take(),
+        ))
         .to_owned()
 }
 
@@ -133,7 +136,9 @@ pub(crate) fn mysql_blockers(
         Alias::new("w2"),
     );
     let c = |a: &Alias, c: &str| Expr::col((a.clone(), Alias::new(c)));
+    let lease_statement = format!("%`{table_name}`%");
     Query::select()
+        .distinct()
         .expr(c(&t, "trx_mysql_thread_id"))
         .from_as(is("INNODB_LOCK_WAITS"), w.clone())
         .join_as(
@@ -165,10 +170,23 @@ pub(crate) fn mysql_blockers(
             ])),
         )
         .and_where(c(&l, "lock_index").eq("PRIMARY"))
-        .and_where(c(&l, "lock_data").eq(Func::cust(Alias::new("QUOTE")).arg(resource)))
+        // As InnoDB prints the key (quotes doubled), compared byte for byte (information_schema
+        // compares case-insensitively).
+        .and_where(c(&l, "lock_data").cast_as(Alias::new("BINARY")).eq(
+            Expr::val(format!("'{}'", resource.replace('\'', "''"))).cast_as(Alias::new("BINARY")),
+        ))
         // A read-only transaction shows id 0, and so does every other: never a target.
         .and_where(c(&w, "blocking_trx_id").ne(0))
         .and_where(c(&t, "trx_mysql_thread_id").ne(Func::cust(Alias::new("CONNECTION_ID"))))
+        .and_where(c(&t, "trx_mysql_thread_id").ne(0))
+        // Never a lease statement in progress (a grant, renew or release holding the row for
+        // a moment) nor a commit: only a transaction that waits for its client, or runs the
+        // application's own statement.
+        .and_where(
+            c(&t, "trx_query").is_null().or(c(&t, "trx_query")
+                .not_like(lease_statement)
+                .and(c(&t, "trx_query").not_like("COMMIT%"))),
+        )
         // A transaction queued before ours is reported as blocking it too: only the holder.
         .and_where(
             Expr::exists(
@@ -202,12 +220,14 @@ impl SeaOrmLeaseStore {
     {
         tokio::pin!(acquire);
         let mut wait = WAIT_BEFORE_TAKEOVER;
+        let mut given_up = false;
         loop {
             tokio::select! {
                 biased;
                 out = &mut acquire => return out,
                 () = tokio::time::sleep(wait) => {}
             }
+
             let takeover = self.end_lapsed_holders(resource);
             tokio::pin!(takeover);
             tokio::select! {
@@ -224,6 +244,8 @@ impl SeaOrmLeaseStore {
                          its transaction rolls back"
                     ),
                     Err(error) => {
+                        // Not again in this call: a refusal would only repeat.
+                        given_up = true;
                         if !REFUSED.swap(true, Ordering::Relaxed) {
                             tracing::warn!(
                                 table = %self.table(),
@@ -241,6 +263,9 @@ impl SeaOrmLeaseStore {
                     }
                 },
             }
+            if given_up {
+                return acquire.await;
+            }
             wait = TAKEOVER_EVERY;
         }
     }
@@ -253,9 +278,20 @@ impl SeaOrmLeaseStore {
         match form {
             #[cfg(feature = "postgres")]
             super::Form::Postgres => {
-                let stmt =
-                    form.backend()
-                        .build(&postgres_takeover(d, &table, self.table(), resource));
+                let lapsed = form.backend().build(&postgres_lapsed(d, &table, resource));
+                let Some(row) = self.plain(lapsed).await?.into_iter().next() else {
+                    return Ok(0); // live, or gone: nobody to end
+                };
+                let token: i64 = row
+                    .try_get_by_index(0)
+                    .map_err(|source| self.decode_error(source))?;
+                let stmt = form.backend().build(&postgres_takeover(
+                    d,
+                    &table,
+                    self.table(),
+                    resource,
+                    token,
+                ));
                 Ok(self.plain(stmt).await?.len() as u64)
             }
             #[cfg(feature = "mysql")]
@@ -273,11 +309,13 @@ impl SeaOrmLeaseStore {
                         form.backend(),
                         format!("KILL CONNECTION {id}"),
                     );
+                    // Gone already (unknown thread id) is what we wanted; any other refusal
+                    // is reported once the others were tried.
                     match self.counted(kill).await {
                         Ok(_) => ended += 1,
-                        // Gone already (1094: unknown thread id): what we wanted.
-                        Err(e) if e.to_string().contains("1094") => {}
-                        Err(e) => return Err(e),
+                        Err(e) => {
+                            tracing::debug!(table = %self.table(), id, error = %e, "KILL CONNECTION failed")
+                        }
                     }
                 }
                 Ok(ended)
@@ -295,37 +333,36 @@ mod tests {
     use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder};
 
     #[test]
-    fn the_marker_key_is_stable_and_tells_tables_and_resources_apart() {
-        assert_eq!(
-            marker_key("orionbeacon_leases", "r"),
-            marker_key("orionbeacon_leases", "r")
-        );
-        assert_ne!(
-            marker_key("orionbeacon_leases", "r"),
-            marker_key("orionbeacon_leases", "s")
-        );
-        assert_ne!(marker_key("a", "bc"), marker_key("ab", "c"));
-        assert_eq!(token_key(7), 7);
-        assert_eq!(token_key((1 << 32) + 7), 7);
-        assert_eq!(token_key(i64::MAX), u32::MAX);
+    fn the_marker_key_names_one_term_of_one_resource() {
+        let t = "orionbeacon_leases";
+        assert_eq!(marker_key(t, "r", 7), marker_key(t, "r", 7));
+        assert_ne!(marker_key(t, "r", 7), marker_key(t, "s", 7));
+        assert_ne!(marker_key(t, "r", 7), marker_key(t, "r", 8));
+        assert_ne!(marker_key(t, "r", 7), marker_key("other", "r", 7));
+        assert_ne!(marker_key("a", "bc", 1), marker_key("ab", "c", 1));
     }
 
     #[test]
     fn takeover_sql_per_backend() {
         let t = Alias::new("orionbeacon_leases");
-        let (sql, values) =
-            postgres_takeover(&Postgres, &t, "orionbeacon_leases", "r").build(PostgresQueryBuilder);
+        let (sql, values) = postgres_takeover(&Postgres, &t, "orionbeacon_leases", "r", 7)
+            .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT pg_terminate_backend("l"."pid") FROM "pg_locks" AS "l" INNER JOIN "orionbeacon_leases" AS "r" ON "r"."resource" = $1 WHERE "r"."expires_at" <= (statement_timestamp()) AND "l"."locktype" = $2 AND "l"."granted" = $3 AND "l"."objsubid" = $4 AND CAST("l"."classid" AS bigint) = $5 AND CAST("l"."objid" AS bigint) = ("r"."fencing_token" & $6) AND "l"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "l"."pid" <> pg_backend_pid()"#
+            r#"SELECT pg_terminate_backend("l"."pid") FROM "pg_locks" AS "l" WHERE "l"."locktype" = $1 AND "l"."mode" = $2 AND "l"."granted" = $3 AND "l"."objsubid" = $4 AND CAST("l"."classid" AS bigint) = $5 AND CAST("l"."objid" AS bigint) = $6 AND "l"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "l"."pid" <> pg_backend_pid() AND EXISTS(SELECT "fencing_token" FROM "orionbeacon_leases" WHERE "resource" = $7 AND "expires_at" <= (statement_timestamp()) AND "fencing_token" = $8)"#
         );
-        assert_eq!(values.0.len(), 6);
+        assert_eq!(values.0.len(), 8);
+        let (sql, _) = postgres_lapsed(&Postgres, &t, "r").build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT "fencing_token" FROM "orionbeacon_leases" WHERE "resource" = $1 AND "expires_at" <= (statement_timestamp())"#
+        );
         let (sql, values) =
             mysql_blockers(&MySql, &t, "orionbeacon_leases", "r").build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "SELECT `t`.`trx_mysql_thread_id` FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w` INNER JOIN `information_schema`.`INNODB_LOCKS` AS `l` ON `l`.`lock_id` = `w`.`requested_lock_id` INNER JOIN `information_schema`.`INNODB_TRX` AS `t` ON `t`.`trx_id` = `w`.`blocking_trx_id` INNER JOIN `orionbeacon_leases` AS `r` ON `r`.`resource` = ? WHERE `r`.`expires_at` <= (UTC_TIMESTAMP(6)) AND `l`.`lock_table` = CONCAT(?, DATABASE(), ?, ?, ?) AND `l`.`lock_index` = ? AND `l`.`lock_data` = QUOTE(?) AND `w`.`blocking_trx_id` <> ? AND `t`.`trx_mysql_thread_id` <> CONNECTION_ID() AND (NOT EXISTS(SELECT ? FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w2` WHERE `w2`.`requested_lock_id` = `w`.`blocking_lock_id`))"
+            "SELECT DISTINCT `t`.`trx_mysql_thread_id` FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w` INNER JOIN `information_schema`.`INNODB_LOCKS` AS `l` ON `l`.`lock_id` = `w`.`requested_lock_id` INNER JOIN `information_schema`.`INNODB_TRX` AS `t` ON `t`.`trx_id` = `w`.`blocking_trx_id` INNER JOIN `orionbeacon_leases` AS `r` ON `r`.`resource` = ? WHERE `r`.`expires_at` <= (UTC_TIMESTAMP(6)) AND `l`.`lock_table` = CONCAT(?, DATABASE(), ?, ?, ?) AND `l`.`lock_index` = ? AND CAST(`l`.`lock_data` AS BINARY) = CAST(? AS BINARY) AND `w`.`blocking_trx_id` <> ? AND `t`.`trx_mysql_thread_id` <> CONNECTION_ID() AND `t`.`trx_mysql_thread_id` <> ? AND (`t`.`trx_query` IS NULL OR (`t`.`trx_query` NOT LIKE ? AND `t`.`trx_query` NOT LIKE ?)) AND (NOT EXISTS(SELECT ? FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w2` WHERE `w2`.`requested_lock_id` = `w`.`blocking_lock_id`))"
         );
-        assert_eq!(values.0.len(), 9);
+        assert_eq!(values.0.len(), 12);
     }
 }

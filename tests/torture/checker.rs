@@ -279,8 +279,8 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
         let (from, other) = match fault.kind.as_str() {
             // Nobody could write while it was stopped: from the wake-up, anyone (the woken
             // one too, with a new term: its old one ended at its deadline).
-            "pause" if record.pause_blocks_store => (fault.end, None),
-            "kill" | "pause" => (fault.start, fault.candidate.as_deref()),
+            "pause" | "partition" if record.pause_blocks_store => (fault.end, None),
+            "kill" | "pause" | "partition" => (fault.start, fault.candidate.as_deref()),
             _ => (fault.end, None),
         };
         let counts = |i: &&Interval| other.is_none_or(|c| i.candidate != c);
@@ -353,7 +353,7 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
             }
             let explained = record.faults.iter().any(|f| {
                 (SERVER_DOWN.contains(&f.kind.as_str())
-                    || (record.pause_blocks_store && f.kind == "pause"))
+                    || (record.pause_blocks_store && (f.kind == "pause" || f.kind == "partition")))
                     && f.start <= to
                     && from <= f.end.saturating_add(recovery_bound_ns)
             });

@@ -24,13 +24,26 @@ use crate::{Backend, Error, LEASE, ROLLBACK_BUSY_TIMEOUT};
 pub fn applicable(s: &Setup, requested: Option<&[String]>) -> Vec<String> {
     let all: Vec<&str> = match s.backend {
         Backend::Sqlite => vec!["kill", "pause"],
-        _ if s.cluster.is_some() => vec!["kill", "pause", "connkill", "restart", "failover"],
+        _ if s.cluster.is_some() => vec![
+            "kill",
+            "pause",
+            "partition",
+            "connkill",
+            "restart",
+            "failover",
+        ],
         _ if s.galera.is_some() => {
             vec![
-                "kill", "pause", "connkill", "restart", "nodekill", "nodestop",
+                "kill",
+                "pause",
+                "partition",
+                "connkill",
+                "restart",
+                "nodekill",
+                "nodestop",
             ]
         }
-        _ => vec!["kill", "pause", "connkill", "restart"],
+        _ => vec!["kill", "pause", "partition", "connkill", "restart"],
     };
     all.into_iter()
         .filter(|f| requested.is_none_or(|list| list.iter().any(|l| l == f)))
@@ -135,6 +148,11 @@ pub async fn apply(
             "pause" => {
                 let found_leader = pause_leader(s, procs, &mut run, rng).await;
                 if !found_leader {
+                    skipped.push(kind.clone());
+                }
+            }
+            "partition" => {
+                if !partition_leader(s, procs, &mut run, rng).await {
                     skipped.push(kind.clone());
                 }
             }
@@ -275,6 +293,23 @@ async fn pause_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut Rng
     let to = mono_ns();
     // Liveness: another candidate takes over, measured from `from`.
     run.applied("pause", Some(name), from, to);
+    true
+}
+
+/// Cuts the leader off from the database (both directions, no connection closed; see
+/// `partition`) for two leases or more, then heals it. Whatever it was doing (idle, renewing,
+/// inside a fenced transaction), the others must take over as after a kill.
+async fn partition_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut Rng) -> bool {
+    let Some(p) = leader_process(s, procs, rng).await else {
+        return false;
+    };
+    let name = p.name.clone();
+    let from = mono_ns();
+    s.partitions.set(&name, true);
+    tokio::time::sleep(LEASE * 2 + Duration::from_millis(rng.below(1_500))).await;
+    s.partitions.set(&name, false);
+    let to = mono_ns();
+    run.applied("partition", Some(name), from, to);
     true
 }
 

@@ -39,6 +39,8 @@ pub struct Setup {
     pub url: String,
     /// The URL candidates send fenced writes to, when not `url`.
     fence_url: Option<String>,
+    /// The proxies that cut candidates off from the servers (the `partition` fault).
+    pub partitions: crate::partition::Partitions,
     /// The URL the harness itself uses (probes, the ledger).
     pub admin_url: String,
     pub table: String,
@@ -215,6 +217,7 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         node_admins,
         url,
         fence_url,
+        partitions: crate::partition::Partitions::default(),
         admin_url,
         table,
         ledger,
@@ -247,6 +250,13 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
             &s.node_urls[index % nodes]
         }
     };
+    // Every connection of the candidate goes through its proxy, so a partition cuts them all.
+    let url = s.partitions.route(name, url)?;
+    let fence_url = s
+        .fence_url
+        .as_deref()
+        .map(|u| s.partitions.route(name, u))
+        .transpose()?;
     let history = s.dir.join(format!("{name}.history"));
     let mut cmd = Command::new(&exe);
     if let Some(offset) = skew {
@@ -260,7 +270,7 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
         "--candidate",
         name,
         "--url",
-        url,
+        &url,
         "--table",
         &s.table,
         "--ledger",
@@ -285,7 +295,7 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     .args(s.config.rollback_journal.then_some("--rollback-journal"))
     .args(s.config.pgbouncer.then_some("--transaction-pooling"))
     .args(
-        s.fence_url
+        fence_url
             .as_deref()
             .map(|url| ["--fence-url", url])
             .into_iter()
@@ -380,10 +390,11 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
     let mut record = checker::Record {
         end: run_end_ns,
         quiesce: quiesce_ns,
-        // A SIGSTOPped candidate may be inside a fenced transaction, which holds the lease
-        // row's lock (SQLite: the file's) until it ends: no takeover until it wakes, on any
-        // backend. That is the fence working, so recovery counts from the wake-up.
-        pause_blocks_store: true,
+        // A SIGSTOPped or cut-off candidate may be inside a fenced transaction. On SQLite it
+        // holds the file's write lock until it wakes (recovery counts from the wake-up); on
+        // PostgreSQL and MariaDB the next candidate ends its session once its lease lapsed, so
+        // recovery counts from the fault's start, as for a kill.
+        pause_blocks_store: s.backend == Backend::Sqlite,
         faults: std::mem::take(&mut applied.log),
         ..checker::Record::default()
     };
@@ -511,9 +522,10 @@ async fn finish_shards(
     let mut record = shard_checker::ShardRecord::new(&s.shards);
     record.end = times.run_end_ns;
     record.quiesce = times.quiesce_ns;
-    // A node stopped inside a fenced transaction holds that resource's lease row (SQLite: the
-    // whole file) until it runs again: recovery from a pause counts from the wake-up.
-    record.pause_blocks_store = true;
+    // A node stopped inside a fenced transaction on SQLite holds the whole file until it runs
+    // again (recovery from a pause counts from the wake-up); elsewhere its lapsed sessions are
+    // ended by the next holder.
+    record.pause_blocks_store = s.backend == Backend::Sqlite;
     record.faults = std::mem::take(&mut applied.log);
     for p in procs {
         let text = std::fs::read_to_string(&p.history).unwrap_or_default();

@@ -394,7 +394,10 @@ fn fairness(record: &ShardRecord, settle_ns: u64, slack: usize) -> Fairness {
     events.sort_unstable();
     let paused = |name: &str, t: u64| {
         record.faults.iter().any(|f| {
-            f.kind == "pause" && f.candidate.as_deref() == Some(name) && f.start <= t && t < f.end
+            (f.kind == "pause" || f.kind == "partition")
+                && f.candidate.as_deref() == Some(name)
+                && f.start <= t
+                && t < f.end
         })
     };
     // Per node, its intervals of every resource.

@@ -139,6 +139,7 @@ fn fault_band(
     let color = match fault.kind.as_str() {
         "kill" => "#555",
         "pause" => "#e0a000",
+        "partition" => "#b03060",
         "connkill" => "#7a5cff",
         _ => "#1f77b4",
     };

@@ -37,8 +37,12 @@
 //!
 //! # Fenced writes
 //!
-//! The fence takes an InnoDB shared lock on the lease row (`SELECT ... LOCK IN SHARE MODE`, see
-//! [`fence`](super::fence)): a rival's upsert waits for your commit, as on PostgreSQL.
+//! The fence takes an InnoDB exclusive lock on the lease row (`SELECT ... FOR UPDATE`, see
+//! [`fence`](super::fence)): a rival's upsert waits for your commit, as on PostgreSQL, until the
+//! term lapses; then the rival ends your session (`INNODB_LOCK_WAITS`, `KILL CONNECTION`: the
+//! `PROCESS` privilege). Exclusive, because a read-only transaction has no id the server shows.
+//! The statement-level fence keeps a shared lock: the statement it guards writes, so its
+//! transaction has an id.
 //!
 //! # Galera
 //!
