@@ -151,11 +151,10 @@ pub async fn apply(
                     skipped.push(kind.clone());
                 }
             }
-            "partition" => {
-                if !partition_leader(s, procs, &mut run, rng).await {
-                    skipped.push(kind.clone());
-                }
+            "partition" if !partition_leader(s, procs, &mut run, rng).await => {
+                skipped.push(kind.clone());
             }
+            "partition" => {}
             "connkill" => {
                 let at = mono_ns();
                 let n = kill_connections(s).await?;
