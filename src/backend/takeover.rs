@@ -10,11 +10,13 @@
 //! another connection of the pool, to end every session that holds the row for a term whose
 //! lease has lapsed, and asks again every [`TAKEOVER_EVERY`] while it waits. Ending such a
 //! session is always safe: its term is over by the database clock, its transaction rolls back
-//! (its commit fails), and nothing it would have written may commit any more. A live term's
-//! session is never a target: the statement names only the term of the row as it is, lapsed.
+//! (its commit fails), and nothing it would have written may commit any more. PostgreSQL
+//! targets only sessions marked by a fence of exactly the lapsed term; MariaDB, the
+//! transaction that holds the lapsed row against a waiting statement, unless it is running a
+//! lease statement or a commit.
 //!
-//! - **PostgreSQL**: the fence also takes a shared transaction-level advisory lock keyed by
-//!   (table and resource, low 32 bits of the token), which `pg_locks` shows with its session;
+//! - **PostgreSQL**: the fence also takes a shared transaction-level advisory lock keyed by a
+//!   64-bit hash of (table, resource, token), which `pg_locks` shows with its session;
 //!   `pg_terminate_backend` ends the sessions that hold the key of the lapsed row's term. That
 //!   needs the same role as the holder, or membership of `pg_signal_backend`.
 //! - **MySQL/MariaDB**: the fence locks the row `FOR UPDATE`, so its transaction has an id;
