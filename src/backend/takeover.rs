@@ -41,6 +41,9 @@ use crate::{SeaOrmLeaseStore, StoreError};
 /// How long an acquire waits before it looks for a lapsed holder's session.
 pub(crate) const WAIT_BEFORE_TAKEOVER: Duration = Duration::from_millis(200);
 
+/// MySQL/MariaDB: how long a blocking transaction's client must have been silent to be ended.
+const SILENT_MS: i64 = 200;
+
 /// How often it looks again while it still waits.
 pub(crate) const TAKEOVER_EVERY: Duration = Duration::from_millis(250);
 
@@ -121,6 +124,11 @@ pub(crate) fn postgres_takeover(
         .to_owned()
 }
 
+/// A string key as InnoDB prints it in `lock_data`: quoted, with `'` and `\` doubled.
+fn innodb_key(resource: &str) -> String {
+    format!("'{}'", resource.replace('\\', "\\\\").replace('\'', "''"))
+}
+
 /// MySQL/MariaDB: the connections whose transactions hold `resource`'s row locked while
 /// another waits for it, if its term has lapsed by the database clock.
 pub(crate) fn mysql_blockers(
@@ -130,12 +138,13 @@ pub(crate) fn mysql_blockers(
     resource: &str,
 ) -> SelectStatement {
     let is = |t: &str| (Alias::new("information_schema"), Alias::new(t));
-    let (w, l, t, r, w2) = (
+    let (w, l, t, r, w2, p) = (
         Alias::new("w"),
         Alias::new("l"),
         Alias::new("t"),
         Alias::new("r"),
         Alias::new("w2"),
+        Alias::new("p"),
     );
     let c = |a: &Alias, c: &str| Expr::col((a.clone(), Alias::new(c)));
     let lease_statement = format!("%`{table_name}`%");
@@ -154,6 +163,13 @@ pub(crate) fn mysql_blockers(
             is("INNODB_TRX"),
             t.clone(),
             c(&t, "trx_id").equals((w.clone(), Alias::new("blocking_trx_id"))),
+        )
+        // The thread's state now (the INNODB_* tables are a snapshot up to 0.1 s old).
+        .join_as(
+            JoinType::InnerJoin,
+            is("PROCESSLIST"),
+            p.clone(),
+            c(&p, "ID").equals((t.clone(), Alias::new("trx_mysql_thread_id"))),
         )
         .join_as(
             JoinType::InnerJoin,
@@ -174,20 +190,27 @@ pub(crate) fn mysql_blockers(
         .and_where(c(&l, "lock_index").eq("PRIMARY"))
         // As InnoDB prints the key (quotes doubled), compared byte for byte (information_schema
         // compares case-insensitively).
-        .and_where(c(&l, "lock_data").cast_as(Alias::new("BINARY")).eq(
-            Expr::val(format!("'{}'", resource.replace('\'', "''"))).cast_as(Alias::new("BINARY")),
-        ))
+        .and_where(
+            c(&l, "lock_data")
+                .cast_as(Alias::new("BINARY"))
+                .eq(Expr::val(innodb_key(resource)).cast_as(Alias::new("BINARY"))),
+        )
         // A read-only transaction shows id 0, and so does every other: never a target.
         .and_where(c(&w, "blocking_trx_id").ne(0))
         .and_where(c(&t, "trx_mysql_thread_id").ne(Func::cust(Alias::new("CONNECTION_ID"))))
         .and_where(c(&t, "trx_mysql_thread_id").ne(0))
-        // Never a lease statement in progress (a grant, renew or release holding the row for
-        // a moment) nor a commit: only a transaction that waits for its client, or runs the
-        // application's own statement.
+        // A transaction whose client has sent nothing for 200 ms (stopped, cut off), or that
+        // runs a statement of the application's: never a statement naming the lease table (a
+        // grant, renew or release holding the row for a moment), a commit, or a transaction
+        // of the store's between its statements.
         .and_where(
-            c(&t, "trx_query").is_null().or(c(&t, "trx_query")
-                .not_like(lease_statement)
-                .and(c(&t, "trx_query").not_like("COMMIT%"))),
+            c(&p, "COMMAND")
+                .eq("Sleep")
+                .and(c(&p, "TIME_MS").gte(SILENT_MS))
+                .or(c(&p, "COMMAND")
+                    .ne("Sleep")
+                    .and(c(&p, "INFO").not_like(lease_statement))
+                    .and(c(&p, "INFO").not_like("COMMIT%"))),
         )
         // A transaction queued before ours is reported as blocking it too: only the holder.
         .and_where(
@@ -311,12 +334,19 @@ impl SeaOrmLeaseStore {
                         form.backend(),
                         format!("KILL CONNECTION {id}"),
                     );
-                    // Gone already (unknown thread id) is what we wanted; any other refusal
-                    // is reported once the others were tried.
+                    // Gone already (unknown thread id) is what we wanted; a refusal of a
+                    // thread that is still there is reported.
                     match self.counted(kill).await {
                         Ok(_) => ended += 1,
                         Err(e) => {
-                            tracing::debug!(table = %self.table(), id, error = %e, "KILL CONNECTION failed")
+                            let still = sea_orm::Statement::from_sql_and_values(
+                                form.backend(),
+                                "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?",
+                                [id.into()],
+                            );
+                            if !self.plain(still).await?.is_empty() {
+                                return Err(e);
+                            }
                         }
                     }
                 }
@@ -345,6 +375,13 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_quoted_as_innodb_prints_them() {
+        assert_eq!(innodb_key("r"), "'r'");
+        assert_eq!(innodb_key("it's"), "'it''s'");
+        assert_eq!(innodb_key(r"a\b"), r"'a\\b'");
+    }
+
+    #[test]
     fn takeover_sql_per_backend() {
         let t = Alias::new("orionbeacon_leases");
         let (sql, values) = postgres_takeover(&Postgres, &t, "orionbeacon_leases", "r", 7)
@@ -363,8 +400,8 @@ mod tests {
             mysql_blockers(&MySql, &t, "orionbeacon_leases", "r").build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "SELECT DISTINCT `t`.`trx_mysql_thread_id` FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w` INNER JOIN `information_schema`.`INNODB_LOCKS` AS `l` ON `l`.`lock_id` = `w`.`requested_lock_id` INNER JOIN `information_schema`.`INNODB_TRX` AS `t` ON `t`.`trx_id` = `w`.`blocking_trx_id` INNER JOIN `orionbeacon_leases` AS `r` ON `r`.`resource` = ? WHERE `r`.`expires_at` <= (UTC_TIMESTAMP(6)) AND `l`.`lock_table` = CONCAT(?, DATABASE(), ?, ?, ?) AND `l`.`lock_index` = ? AND CAST(`l`.`lock_data` AS BINARY) = CAST(? AS BINARY) AND `w`.`blocking_trx_id` <> ? AND `t`.`trx_mysql_thread_id` <> CONNECTION_ID() AND `t`.`trx_mysql_thread_id` <> ? AND (`t`.`trx_query` IS NULL OR (`t`.`trx_query` NOT LIKE ? AND `t`.`trx_query` NOT LIKE ?)) AND (NOT EXISTS(SELECT ? FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w2` WHERE `w2`.`requested_lock_id` = `w`.`blocking_lock_id`))"
+            "SELECT DISTINCT `t`.`trx_mysql_thread_id` FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w` INNER JOIN `information_schema`.`INNODB_LOCKS` AS `l` ON `l`.`lock_id` = `w`.`requested_lock_id` INNER JOIN `information_schema`.`INNODB_TRX` AS `t` ON `t`.`trx_id` = `w`.`blocking_trx_id` INNER JOIN `information_schema`.`PROCESSLIST` AS `p` ON `p`.`ID` = `t`.`trx_mysql_thread_id` INNER JOIN `orionbeacon_leases` AS `r` ON `r`.`resource` = ? WHERE `r`.`expires_at` <= (UTC_TIMESTAMP(6)) AND `l`.`lock_table` = CONCAT(?, DATABASE(), ?, ?, ?) AND `l`.`lock_index` = ? AND CAST(`l`.`lock_data` AS BINARY) = CAST(? AS BINARY) AND `w`.`blocking_trx_id` <> ? AND `t`.`trx_mysql_thread_id` <> CONNECTION_ID() AND `t`.`trx_mysql_thread_id` <> ? AND ((`p`.`COMMAND` = ? AND `p`.`TIME_MS` >= ?) OR (`p`.`COMMAND` <> ? AND `p`.`INFO` NOT LIKE ? AND `p`.`INFO` NOT LIKE ?)) AND (NOT EXISTS(SELECT ? FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w2` WHERE `w2`.`requested_lock_id` = `w`.`blocking_lock_id`))"
         );
-        assert_eq!(values.0.len(), 12);
+        assert_eq!(values.0.len(), 15);
     }
 }

@@ -90,6 +90,7 @@ fn host_port(url: &str) -> Option<(String, usize, usize)> {
 async fn serve(listener: TcpListener, target: SocketAddr, cut: watch::Receiver<bool>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
         let cut = cut.clone();
@@ -129,8 +130,11 @@ async fn pipe(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             },
-            // Cut while waiting to read: stop reading.
-            _ = cut.wait_for(|c| *c) => continue,
+            // Cut while waiting to read: stop reading (or the harness is gone).
+            cutting = cut.wait_for(|c| *c) => match cutting {
+                Ok(_) => continue,
+                Err(_) => return,
+            },
         };
         // Data read just before a cut is held until the heal.
         if cut.wait_for(|c| !*c).await.is_err() {
