@@ -585,6 +585,19 @@ impl Shards {
     }
 
     /// Every write to row `r` makes every named write of it a past one.
+    /// A write that keeps the term's token (a renew, a `Renewed`) to resource `r`'s row, under
+    /// the write rule, by a statement that started at `start`: the new expiry.
+    fn renew_row(&self, s: &mut State, r: usize, start: i8) -> i8 {
+        let row = s.rows[r].expect("a row");
+        let expires = self.kept_expiry(row.expires).expect("applicable");
+        s.rows[r] = Some(Row {
+            expires,
+            renewed: start.max(row.acquired),
+            ..row
+        });
+        expires
+    }
+
     fn wrote(&self, s: &mut State, r: usize) {
         for proc in s.procs.iter_mut() {
             if let Some(lease) = proc.res[r].lease_mut() {
@@ -676,13 +689,7 @@ impl Shards {
                 for (r, entry) in entries.iter().enumerate() {
                     let Some(t) = *entry else { continue };
                     let renewed = if renews(s.rows[r], m.member, t, start) {
-                        let row = s.rows[r].expect("a row");
-                        let expires = self.kept_expiry(row.expires).expect("applicable");
-                        s.rows[r] = Some(Row {
-                            expires,
-                            renewed: start.max(row.acquired),
-                            ..row
-                        });
+                        let expires = self.renew_row(s, r, start);
                         self.wrote(s, r);
                         Some(Named {
                             expires,
@@ -743,18 +750,13 @@ impl Shards {
                         (Grant::Acquired, token, fresh)
                     }
                     Grant::Renewed => {
-                        let row = s.rows[r].expect("a row");
-                        let expires = self.kept_expiry(row.expires).expect("applicable");
-                        s.rows[r] = Some(Row {
-                            expires,
-                            renewed: start.max(row.acquired),
-                            ..row
-                        });
+                        let token = s.rows[r].expect("a row").token;
+                        let expires = self.renew_row(s, r, start);
                         let named = Named {
                             expires,
                             current: true,
                         };
-                        (Grant::Renewed, row.token, named)
+                        (Grant::Renewed, token, named)
                     }
                     Grant::Denied => (Grant::Denied, 0, DEAD),
                 };

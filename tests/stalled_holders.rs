@@ -8,8 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
-use sea_orm::sea_query::{Alias, ColumnDef, Query, Table};
+use orion_beacon::{FencingToken, LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
+use sea_orm::sea_query::{Alias, ColumnDef, InsertStatement, Query, Table};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
 use tokio::time::Instant;
 
@@ -57,6 +57,15 @@ async fn rows(db: &DatabaseConnection, table: &str) -> usize {
     .len()
 }
 
+/// The row a holder writes into the application's table inside its fenced transaction.
+fn app_row(table: &str, token: FencingToken) -> InsertStatement {
+    Query::insert()
+        .into_table(Alias::new(table))
+        .columns([Alias::new("token")])
+        .values_panic([token.get().into()])
+        .to_owned()
+}
+
 fn sleep_statement(backend: DbBackend) -> Statement {
     let secs = STALL.as_secs();
     let sql = match backend {
@@ -90,15 +99,7 @@ async fn a_stalled_holder_never_holds_up_the_next_term(h: SqlHarness, stall: Sta
         token: lease.token,
     };
     a.fence(&txn, term).await.expect("a live term fences");
-    txn.execute(
-        &Query::insert()
-            .into_table(Alias::new(&app))
-            .columns([Alias::new("token")])
-            .values_panic([lease.token.get().into()])
-            .to_owned(),
-    )
-    .await
-    .unwrap();
+    txn.execute(&app_row(&app, lease.token)).await.unwrap();
 
     let holder = tokio::spawn(async move {
         match stall {
@@ -190,15 +191,9 @@ async fn a_live_holders_fenced_transaction_is_never_ended(h: SqlHarness) {
         asked
     });
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    txn.execute(
-        &Query::insert()
-            .into_table(Alias::new(&app))
-            .columns([Alias::new("token")])
-            .values_panic([lease.token.get().into()])
-            .to_owned(),
-    )
-    .await
-    .expect("a live term's transaction runs on");
+    txn.execute(&app_row(&app, lease.token))
+        .await
+        .expect("a live term's transaction runs on");
     txn.commit()
         .await
         .expect("a live term's transaction commits");

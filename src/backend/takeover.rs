@@ -339,10 +339,15 @@ impl SeaOrmLeaseStore {
                     match self.counted(kill).await {
                         Ok(_) => ended += 1,
                         Err(e) => {
-                            let still = sea_orm::Statement::from_sql_and_values(
-                                form.backend(),
-                                "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?",
-                                [id.into()],
+                            let still = form.backend().build(
+                                &Query::select()
+                                    .expr(Expr::val(1))
+                                    .from((
+                                        Alias::new("information_schema"),
+                                        Alias::new("PROCESSLIST"),
+                                    ))
+                                    .and_where(Expr::col(Alias::new("ID")).eq(id))
+                                    .to_owned(),
                             );
                             if !self.plain(still).await?.is_empty() {
                                 return Err(e);
