@@ -1,5 +1,6 @@
 //! PostgreSQL release notifications on a real server: a release wakes a follower long before
-//! its next poll, and a listener whose connection was killed listens again.
+//! its next poll, a listener whose connection was killed listens again, and so does one a
+//! partition left half-open.
 #![cfg(feature = "postgres")]
 
 mod common;
@@ -10,6 +11,7 @@ use orion_beacon::{Elector, ElectorHandle, Leadership, SeaOrmLeaseStore};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::time::Instant;
 
+use common::partition::Partitions;
 use common::{drop_table, migrate, unique, Server};
 
 /// A follower polls every 10 s; a handover by release must take well under that.
@@ -18,7 +20,11 @@ const WELL_UNDER: Duration = Duration::from_secs(2);
 
 /// A pool whose connections (the listener's own included) carry `app` as application name.
 async fn connect_as(app: &str) -> DatabaseConnection {
-    let mut options = sea_orm::ConnectOptions::new(Server::Postgres.url());
+    connect_to(&Server::Postgres.url(), app).await
+}
+
+async fn connect_to(url: &str, app: &str) -> DatabaseConnection {
+    let mut options = sea_orm::ConnectOptions::new(url);
     let app = app.to_owned();
     options
         .max_connections(4)
@@ -139,5 +145,91 @@ async fn release_wakes_the_follower_and_a_killed_listener_listens_again() {
 
     b.shutdown().await;
     c.shutdown().await;
+    drop_table(&admin, &table).await;
+}
+
+/// The listener's session ends at the server during a partition whose FIN never reaches the
+/// client (the connection is left half-open: the client reads on, nothing ever arrives). After
+/// the heal the listener finds out by its own probe and listens again: releases reach the
+/// store's followers within the probe's idle time, not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_a_partition_left_half_open_listens_again() {
+    if Server::Postgres.skipped() {
+        return;
+    }
+    let admin = Server::Postgres.connect(2).await;
+    let table = unique("notify_half_open");
+    migrate(&admin, &table).await;
+    let app = unique("ob-half-open");
+    let partitions = Partitions::default();
+    let url = partitions.route("b", &Server::Postgres.url()).unwrap();
+    let store_a = SeaOrmLeaseStore::new(connect_as(&format!("{app}-a")).await)
+        .with_table(&table)
+        .unwrap();
+    let store_b = SeaOrmLeaseStore::new(connect_to(&url, &app).await)
+        .with_table(&table)
+        .unwrap();
+    let mut events = orion_beacon::LeaseStore::release_events(&store_b).unwrap();
+    let listener = wait_for_listener(&admin, &app, &[]).await;
+
+    // A release from `a` reaches `b`'s followers: released and heard within `WELL_UNDER`.
+    async fn heard(
+        store_a: &SeaOrmLeaseStore,
+        events: &mut orion_beacon::ReleaseEvents,
+        within: Duration,
+    ) -> bool {
+        use orion_beacon::LeaseStore;
+        let resource = unique("job");
+        store_a
+            .acquire_or_renew(&resource, "a", Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(store_a.release(&resource, "a").await.unwrap());
+        let until = Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(until, events.recv()).await {
+                Ok(Ok(r)) if *r == *resource => return true,
+                Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+                Ok(Err(_)) | Err(_) => return false,
+            }
+        }
+    }
+    assert!(
+        heard(&store_a, &mut events, WELL_UNDER).await,
+        "no notification before the cut"
+    );
+
+    // Cut `b` off, end its listener's session at the server, heal with the FIN lost.
+    partitions.set_with("b", true, true);
+    admin
+        .execute_raw(sea_orm::Statement::from_sql_and_values(
+            sea_orm::DbBackend::Postgres,
+            "SELECT pg_terminate_backend($1)",
+            [listener.into()],
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    partitions.set("b", false);
+    let healed = Instant::now();
+
+    // Within the probe's idle time (10 s) and its timeout (5 s), plus a margin, a release is
+    // heard again.
+    let until = healed + Duration::from_secs(20);
+    loop {
+        if heard(&store_a, &mut events, Duration::from_millis(500)).await {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the half-open listener never listened again ({:?} after the heal)",
+            healed.elapsed()
+        );
+    }
+    eprintln!("listening again {:?} after the heal", healed.elapsed());
+    assert!(
+        healed.elapsed() >= Duration::from_secs(5),
+        "heard before the probe could have run: the partition did not leave the listener half-open"
+    );
     drop_table(&admin, &table).await;
 }

@@ -1,6 +1,8 @@
 //! The torture checker must be able to fail: synthetic histories with an overlap, a reused
 //! token, a term begun again on its candidate's earlier token, a stale ledger write, a missed recovery, a paused leader nobody replaced and an
-//! unexplained leaderless stretch are each caught; a clean one passes. The same per resource
+//! unexplained leaderless stretch are each caught, as are a takeover too late after a stopped
+//! term's lapse and a candidate that never answers again after its partition heals; a clean
+//! one passes. The same per resource
 //! for shard sets: tokens and ledger order are judged per resource (a node's term of a shard
 //! begun again on its earlier token is caught), an overlap of one shard's
 //! work with its next holder and a stale row of one shard are caught and named, a node over
@@ -553,4 +555,93 @@ stop 5100000000
         assert_eq!(v.kills.worst_ns, 600 * MS);
         assert_eq!(v.worst_recovery_ns, 600 * MS);
     }
+}
+
+/// After a pause or a partition, recovery is also judged from the stopped term's end (its
+/// lapse): a takeover later than the lapse bound is caught even when the bound from the fault's
+/// start would let it pass.
+#[test]
+fn a_late_takeover_after_the_lapse_is_caught() {
+    let run = |b_leads_at_ms: u64| {
+        let mut r = Record {
+            end: 6_000 * MS,
+            lapse_bound_ns: 500 * MS,
+            ..Record::default()
+        };
+        // a leads from 0.1 s, is cut off at 1 s (deadline 1.2 s), healed at 3 s.
+        r.add_history(
+            "start a 0 0\nlead 1 100000000\nlost 1 3000000000 1200000000 deadline\n",
+            None,
+        )
+        .unwrap();
+        let b_leads = b_leads_at_ms * MS;
+        r.add_history(
+            &format!("start b 0 0\nlead 3 {b_leads}\nlost 3 5000000000 5000000000 shutdown\n"),
+            None,
+        )
+        .unwrap();
+        r.faults.push(Fault {
+            kind: "partition".into(),
+            candidate: Some("a".into()),
+            start: 1_000 * MS,
+            end: 3_000 * MS,
+        });
+        check(&r, 3_000 * MS)
+    };
+    let v = run(1_500);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    assert_eq!(v.worst_after_lapse_ns, 300 * MS);
+    let v = run(1_900);
+    assert!(
+        v.violations
+            .iter()
+            .any(|m| m.starts_with("no other leader within 500 ms of the end of a's term 1")),
+        "{:?}",
+        v.violations
+    );
+}
+
+/// A candidate whose partition healed must answer again: one whose store only fails (or never
+/// returns) after the heal is caught; one that is denied soon after passes, and its wait is the
+/// heal figure.
+#[test]
+fn a_healed_candidate_that_never_answers_again_is_caught() {
+    let run = |a_calls: &str| {
+        let mut r = Record {
+            end: 8_000 * MS,
+            ..Record::default()
+        };
+        r.add_history(
+            &format!(
+                "start a 0 0\nlead 1 100000000\nlost 1 3000000000 1200000000 deadline\n{a_calls}"
+            ),
+            None,
+        )
+        .unwrap();
+        r.add_history(
+            "start b 0 0\nlead 3 1500000000\nlost 3 7000000000 7000000000 shutdown\n",
+            None,
+        )
+        .unwrap();
+        r.faults.push(Fault {
+            kind: "partition".into(),
+            candidate: Some("a".into()),
+            start: 1_000 * MS,
+            end: 3_000 * MS,
+        });
+        check(&r, BOUND)
+    };
+    let stuck = run("call 1000000000 1500000000 error pool timed out\ncall 3100000000 5000000000 error pool timed out\n");
+    assert!(
+        stuck
+            .violations
+            .iter()
+            .any(|m| m
+                .starts_with("a's store did not answer within 1000 ms after its partition healed")),
+        "{:?}",
+        stuck.violations
+    );
+    let healthy = run("call 1000000000 1500000000 error pool timed out\ncall 3100000000 3200000000 denied Some(\"b\") Some(3) rem=Some(400ms)\n");
+    assert!(healthy.violations.is_empty(), "{:?}", healthy.violations);
+    assert_eq!((healthy.heals, healthy.worst_heal_ns), (1, 200 * MS));
 }

@@ -4,6 +4,7 @@
 
 pub mod conformance;
 pub mod election;
+pub mod partition;
 pub mod shards;
 pub mod sql;
 

@@ -42,6 +42,16 @@ pub struct Fault {
     pub end: u64,
 }
 
+/// One store call of a candidate (its `call` line): when it was sent and answered, and
+/// whether the store answered (granted, renewed or denied) rather than failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub candidate: String,
+    pub start: u64,
+    pub end: u64,
+    pub answered: bool,
+}
+
 /// A committed ledger row, in id order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LedgerRow {
@@ -72,6 +82,12 @@ pub struct Record {
     /// transaction it holds the lease row's lock; SQLite: the file's): recovery from a pause
     /// is then measured from the wake-up, by anyone.
     pub pause_blocks_store: bool,
+    /// The candidates' store calls (electors only; empty for shard sets).
+    pub calls: Vec<Call>,
+    /// After a pause or a partition, another candidate must lead within this of the stopped
+    /// term's end (its believed end, which comes no later than its lease's lapse by the
+    /// database clock); 0: not checked.
+    pub lapse_bound_ns: u64,
 }
 
 /// Fault kinds whose window (start to end, then the bound) may leave the run leaderless: the
@@ -147,8 +163,22 @@ impl Record {
                     last_seen = num(&parts, 2, line)?;
                 }
                 "stop" => last_seen = num(&parts, 1, line)?,
-                // Raw store calls, for reading a violation by hand; the checker needs none.
-                "call" => {}
+                // Raw store calls: whether a candidate answers again after a partition heals.
+                "call" => {
+                    let start = num(&parts, 1, line)?;
+                    let end = num(&parts, 2, line)?;
+                    let answered = matches!(
+                        parts.get(3),
+                        Some(&"acquired") | Some(&"renewed") | Some(&"denied")
+                    );
+                    self.calls.push(Call {
+                        candidate: name.clone(),
+                        start,
+                        end,
+                        answered,
+                    });
+                    last_seen = end;
+                }
                 other => return Err(format!("unknown history line kind {other:?}")),
             }
         }
@@ -174,6 +204,13 @@ pub struct Verdict {
     pub terms: usize,
     pub worst_recovery_ns: u64,
     pub recoveries: usize,
+    /// After a pause or a partition: the longest wait from the stopped term's end to another
+    /// candidate's term.
+    pub worst_after_lapse_ns: u64,
+    /// After a partition healed: the longest wait until the cut-off candidate's store answered
+    /// again (a healthy follower), and how many heals were measured.
+    pub worst_heal_ns: u64,
+    pub heals: usize,
 }
 
 /// Checks the four properties. `recovery_bound_ns` is lease + retry + the stated margin.
@@ -324,6 +361,97 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
                     format!(" (took {} ms)", recovery / 1_000_000)
                 }
             ));
+        }
+    }
+
+    // 4b. From the lapse: after a pause or a partition of a leader, another candidate leads
+    // within the lapse bound of the stopped term's end.
+    if record.lapse_bound_ns > 0 && !record.pause_blocks_store {
+        for fault in &record.faults {
+            if fault.kind != "pause" && fault.kind != "partition" {
+                continue;
+            }
+            let Some(c) = fault.candidate.as_deref() else {
+                continue;
+            };
+            let Some(term) = intervals
+                .iter()
+                .find(|i| i.candidate == c && i.start <= fault.start && i.end > fault.start)
+            else {
+                continue;
+            };
+            let lapse = term.end;
+            let next = intervals
+                .iter()
+                .filter(|i| i.candidate != c && i.start >= term.start)
+                .map(|i| i.start.saturating_sub(lapse))
+                .min();
+            let wait = match next {
+                Some(wait) => wait,
+                None if record.end.saturating_sub(lapse) < record.lapse_bound_ns => continue,
+                None => u64::MAX,
+            };
+            v.worst_after_lapse_ns = v.worst_after_lapse_ns.max(wait);
+            if wait > record.lapse_bound_ns {
+                v.violations.push(format!(
+                    "no other leader within {} ms of the end of {c}'s term {} (its {} began at {}){}",
+                    record.lapse_bound_ns / 1_000_000,
+                    term.token,
+                    fault.kind,
+                    fault.start,
+                    if wait == u64::MAX {
+                        " (never)".to_owned()
+                    } else {
+                        format!(" (took {} ms)", wait / 1_000_000)
+                    }
+                ));
+            }
+        }
+    }
+
+    // 4c. A healed candidate is a healthy follower again: after a partition ends, the cut-off
+    // candidate's store answers again within the recovery bound (no connection of its pool is
+    // stuck on a socket the partition left half-open).
+    if !record.calls.is_empty() {
+        for fault in record.faults.iter().filter(|f| f.kind == "partition") {
+            let Some(c) = fault.candidate.as_deref() else {
+                continue;
+            };
+            let healed = fault.end;
+            // Killed before it could answer again: nothing to measure.
+            let killed = record.faults.iter().any(|f| {
+                f.kind == "kill"
+                    && f.candidate.as_deref() == Some(c)
+                    && f.start >= healed
+                    && f.start - healed < recovery_bound_ns
+            });
+            if killed {
+                continue;
+            }
+            let answered = record
+                .calls
+                .iter()
+                .filter(|call| call.candidate == c && call.answered && call.end >= healed)
+                .map(|call| call.end - healed)
+                .min();
+            let wait = match answered {
+                Some(wait) => wait,
+                None if record.end.saturating_sub(healed) < recovery_bound_ns => continue,
+                None => u64::MAX,
+            };
+            v.heals += 1;
+            v.worst_heal_ns = v.worst_heal_ns.max(wait);
+            if wait > recovery_bound_ns {
+                v.violations.push(format!(
+                    "{c}'s store did not answer within {} ms after its partition healed at {healed}{}",
+                    recovery_bound_ns / 1_000_000,
+                    if wait == u64::MAX {
+                        " (never)".to_owned()
+                    } else {
+                        format!(" (took {} ms)", wait / 1_000_000)
+                    }
+                ));
+            }
         }
     }
 

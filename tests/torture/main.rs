@@ -40,7 +40,6 @@ mod clock;
 mod common;
 mod db;
 mod faults;
-mod partition;
 mod report;
 mod run;
 mod servers;
@@ -65,6 +64,10 @@ const RETRY: Duration = Duration::from_millis(150);
 /// The stated margin on top of lease + retry for recovery after a fault (pool reconnects,
 /// back-off after store errors, a loaded 2-core machine).
 const RECOVERY_MARGIN: Duration = Duration::from_millis(1500);
+/// The documented bound from a stalled holder's lapse to the next grant (the takeover); the
+/// checker adds a lease (a renew the holder sent before it stalled, queued behind its own
+/// fenced transaction, renews it once more) and a follower's retry.
+const TAKEOVER_BOUND: Duration = Duration::from_secs(1);
 
 /// The shard-set configurations' nodes: the same lease (and step-down margin, a tenth of it) as
 /// the electors, one round (heartbeat, batched renew, look, rebalance) every 150 ms, one

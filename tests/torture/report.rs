@@ -58,6 +58,23 @@ impl Summary<'_> {
             verdict.worst_recovery_ns / 1_000_000,
             self.bound.as_millis(),
         );
+        if record.lapse_bound_ns > 0 && !record.pause_blocks_store {
+            let ms = |ns: u64| {
+                if ns == u64::MAX {
+                    "never".to_owned()
+                } else {
+                    format!("{} ms", ns / 1_000_000)
+                }
+            };
+            println!(
+                "  after a pause or a partition: another leader at most {} after the stopped term's end (bound {} ms); {} heals, the healed candidate's store answered again after at most {} (bound {} ms)",
+                ms(verdict.worst_after_lapse_ns),
+                record.lapse_bound_ns / 1_000_000,
+                verdict.heals,
+                ms(verdict.worst_heal_ns),
+                self.bound.as_millis(),
+            );
+        }
         let failovers: Vec<u64> = record
             .faults
             .iter()
@@ -203,6 +220,16 @@ impl ShardSummary<'_> {
             p.resources,
             ms(p.worst_ns),
             ms(p.median_ns),
+        );
+        let p = &verdict.partitions;
+        println!(
+            "  takeover after partitions: {} partitions of a node leading shards, {} shards, led again after at most {} (median {}) from the cut; {} heals, the healed node led a shard again after at most {}",
+            p.faults,
+            p.resources,
+            ms(p.worst_ns),
+            ms(p.median_ns),
+            verdict.rejoins.heals,
+            ms(verdict.rejoins.worst_ns),
         );
         let f = &verdict.fairness;
         let nodes = if f.nodes_min == f.nodes_max {

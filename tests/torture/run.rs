@@ -19,7 +19,7 @@ use crate::skew::{faketime_lib, skew_problem};
 use crate::{checker, faults, report, shard_checker, timeline};
 use crate::{
     Args, Backend, Configuration, Error, LEASE, RECOVERY_MARGIN, RETRY, SHARD_INTERVAL,
-    SHARD_SETTLE, SHARD_SLACK,
+    SHARD_SETTLE, SHARD_SLACK, TAKEOVER_BOUND,
 };
 
 /// One configuration's servers, tables and working directory, as the run set them up.
@@ -40,7 +40,7 @@ pub struct Setup {
     /// The URL candidates send fenced writes to, when not `url`.
     fence_url: Option<String>,
     /// The proxies that cut candidates off from the servers (the `partition` fault).
-    pub partitions: crate::partition::Partitions,
+    pub partitions: crate::common::partition::Partitions,
     /// The URL the harness itself uses (probes, the ledger).
     pub admin_url: String,
     pub table: String,
@@ -217,7 +217,7 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         node_admins,
         url,
         fence_url,
-        partitions: crate::partition::Partitions::default(),
+        partitions: crate::common::partition::Partitions::default(),
         admin_url,
         table,
         ledger,
@@ -395,6 +395,7 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         // PostgreSQL and MariaDB the next candidate ends its session once its lease lapsed, so
         // recovery counts from the fault's start, as for a kill.
         pause_blocks_store: s.backend == Backend::Sqlite,
+        lapse_bound_ns: (TAKEOVER_BOUND + LEASE + RETRY).as_nanos() as u64,
         faults: std::mem::take(&mut applied.log),
         ..checker::Record::default()
     };

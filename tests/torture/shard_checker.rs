@@ -218,7 +218,19 @@ pub struct ShardVerdict {
     pub recovery_by_kind: BTreeMap<String, u64>,
     pub kills: KillRecovery,
     pub pauses: KillRecovery,
+    pub partitions: KillRecovery,
+    /// After each partition of a node: how long from the heal until the node led a resource
+    /// again (a member in good standing, its store answering).
+    pub rejoins: Rejoins,
     pub fairness: Fairness,
+}
+
+/// Heal-to-leading-again figures of partitioned nodes.
+#[derive(Debug, Default, Clone)]
+pub struct Rejoins {
+    pub heals: usize,
+    /// The longest (ns); `u64::MAX` if a node never led again.
+    pub worst_ns: u64,
 }
 
 /// How long the resources a node held when it was killed (or paused) went without another
@@ -307,11 +319,61 @@ pub fn check(
     }
     v.kills = takeovers(record, "kill", recovery_bound_ns);
     v.pauses = takeovers(record, "pause", recovery_bound_ns);
+    v.partitions = takeovers(record, "partition", recovery_bound_ns);
+    v.rejoins = rejoins(record, REJOIN_BOUND_NS);
+    if v.rejoins.worst_ns > REJOIN_BOUND_NS {
+        v.violations.push(format!(
+            "a partitioned node did not lead a shard within {} ms of the heal (took {})",
+            REJOIN_BOUND_NS / 1_000_000,
+            if v.rejoins.worst_ns == u64::MAX {
+                "never".to_owned()
+            } else {
+                format!("{} ms", v.rejoins.worst_ns / 1_000_000)
+            }
+        ));
+    }
     v.fairness = fairness(record, settle_ns, slack);
     for over in &v.fairness.over {
         v.violations.push(format!("fairness: {over}"));
     }
     v
+}
+
+/// A healed node leads again this soon: its heartbeat and its store answer again, the others
+/// see it and hand it its share (a round, their grace period, its acquire), on a loaded
+/// 2-core machine. What it must never be is stuck out for good.
+pub const REJOIN_BOUND_NS: u64 = 5_000_000_000;
+
+/// After each partition of a node that lives on: heal to its first term on any resource.
+fn rejoins(record: &ShardRecord, bound_ns: u64) -> Rejoins {
+    let mut out = Rejoins::default();
+    for fault in record.faults.iter().filter(|f| f.kind == "partition") {
+        let Some(node) = fault.candidate.as_deref() else {
+            continue;
+        };
+        let healed = fault.end;
+        let died = record
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .map_or(u64::MAX, |n| n.end);
+        let next = record
+            .resources
+            .values()
+            .flat_map(|r| closed(record, r))
+            .filter(|i| i.candidate == node && i.start >= healed)
+            .map(|i| i.start - healed)
+            .min();
+        let wait = match next {
+            Some(wait) => wait,
+            // Killed, stopped, or the run ended before it could: no figure.
+            None if died.min(record.quiesce).saturating_sub(healed) < bound_ns => continue,
+            None => u64::MAX,
+        };
+        out.heals += 1;
+        out.worst_ns = out.worst_ns.max(wait);
+    }
+    out
 }
 
 /// The intervals of every resource, closed at the end of the run.

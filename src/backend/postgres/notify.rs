@@ -12,11 +12,19 @@
 //! statement; it is delivered on commit. If the listening connection drops, the listener
 //! reconnects with back-off; meanwhile followers simply poll, so a lost notification costs
 //! one poll interval, never correctness.
+//!
+//! A listening connection only reads, so one the network left half-open (a partition that
+//! outlasted the server's retransmissions, the server's session ended meanwhile) would never
+//! hear of it: no FIN arrives, nothing is sent that could be answered with a reset, and the
+//! driver sets no TCP keepalive. After [`PROBE_IDLE`] without a notification the listener
+//! sends `SELECT 1` and gives it [`PROBE_TIMEOUT`]; a connection that fails it is dropped and a
+//! new one listens, from a fresh pool, so the old connection's return (which waits on the dead
+//! socket) cannot hold the new one up.
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use sea_orm::sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sea_orm::sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sea_orm::{DatabaseConnection, DatabaseConnectionType};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -59,14 +67,9 @@ pub(crate) fn subscribe(
             tx: broadcast::channel(256).0,
             stop: CancellationToken::new(),
         });
-        // A pool of its own with at most one connection, made like the application's.
         let options = (*db.get_postgres_connection_pool().connect_options()).clone();
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .connect_lazy_with(options);
         runtime.spawn(listen(
-            pool,
+            options,
             format!("{table}/"),
             Arc::downgrade(&hub),
             hub.stop.clone(),
@@ -76,16 +79,61 @@ pub(crate) fn subscribe(
     Some(hub.tx.subscribe())
 }
 
-async fn listen(pool: PgPool, prefix: String, hub: Weak<ReleaseHub>, stop: CancellationToken) {
-    listen_on(&pool, prefix, hub, stop).await;
+/// How long the listener waits for a notification before it checks its connection.
+pub(crate) const PROBE_IDLE: Duration = Duration::from_secs(10);
+/// How long that check may take before the connection counts as dead.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the listener waits for a connection (a partition makes the connect hang).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The listener's own pool: at most one connection, made like the application's.
+fn listener_pool(options: &PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_lazy_with(options.clone())
+}
+
+async fn listen(
+    options: PgConnectOptions,
+    prefix: String,
+    hub: Weak<ReleaseHub>,
+    stop: CancellationToken,
+) {
+    let mut pool = listener_pool(&options);
+    loop {
+        match listen_on(&pool, &prefix, &hub, &stop).await {
+            Ended::Stopped => break,
+            Ended::Dead => {
+                // The old pool closes in the background: its connection's return waits on
+                // the dead socket until the OS gives up on it.
+                let old = std::mem::replace(&mut pool, listener_pool(&options));
+                tokio::spawn(async move { old.close().await });
+            }
+        }
+    }
     pool.close().await;
 }
 
-async fn listen_on(pool: &PgPool, prefix: String, hub: Weak<ReleaseHub>, stop: CancellationToken) {
+/// Why [`listen_on`] returned.
+enum Ended {
+    /// The hub is gone or the store was dropped.
+    Stopped,
+    /// The connection failed its probe, or failed.
+    Dead,
+}
+
+async fn listen_on(
+    pool: &PgPool,
+    prefix: &str,
+    hub: &Weak<ReleaseHub>,
+    stop: &CancellationToken,
+) -> Ended {
     let mut backoff = Duration::from_millis(100);
     loop {
         let connected = tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return Ended::Stopped,
             listener = connect(pool) => listener,
         };
         let mut listener = match connected {
@@ -93,38 +141,52 @@ async fn listen_on(pool: &PgPool, prefix: String, hub: Weak<ReleaseHub>, stop: C
             Err(err) => {
                 tracing::warn!(error = %err, retry_in = ?backoff, "release listener could not LISTEN; followers poll meanwhile");
                 tokio::select! {
-                    _ = stop.cancelled() => return,
+                    _ = stop.cancelled() => return Ended::Stopped,
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
-        backoff = Duration::from_millis(100);
         tracing::debug!(channel = RELEASE_CHANNEL, "listening for lease releases");
         loop {
+            // `try_recv` is cancel-safe: a message is consumed only once read whole.
             let received = tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => return Ended::Stopped,
                 received = listener.try_recv() => received,
+                _ = tokio::time::sleep(PROBE_IDLE) => {
+                    if probe(&mut listener).await {
+                        continue;
+                    }
+                    tracing::warn!(timeout = ?PROBE_TIMEOUT, "release listener's connection did not answer; listening on a new one, followers poll meanwhile");
+                    return Ended::Dead;
+                }
             };
             match received {
                 Ok(Some(notification)) => {
-                    let Some(resource) = notification.payload().strip_prefix(prefix.as_str())
-                    else {
+                    let Some(resource) = notification.payload().strip_prefix(prefix) else {
                         continue; // another lease table
                     };
-                    let Some(hub) = hub.upgrade() else { return };
+                    let Some(hub) = hub.upgrade() else {
+                        return Ended::Stopped;
+                    };
                     let _ = hub.tx.send(Arc::from(resource));
                 }
                 // The connection was lost; the next call reconnects (and re-LISTENs).
                 Ok(None) => tracing::debug!("release listener lost its connection; reconnecting"),
                 Err(err) => {
                     tracing::warn!(error = %err, "release listener failed; starting over");
-                    break;
+                    return Ended::Dead;
                 }
             }
         }
     }
+}
+
+/// Whether the listening connection still answers a statement within [`PROBE_TIMEOUT`].
+async fn probe(listener: &mut PgListener) -> bool {
+    let select = sea_orm::sqlx::query("SELECT 1").execute(&mut *listener);
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, select).await, Ok(Ok(_)))
 }
 
 async fn connect(pool: &PgPool) -> Result<PgListener, sea_orm::sqlx::Error> {
