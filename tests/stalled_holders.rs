@@ -1,7 +1,9 @@
-//! A holder stalled inside a fenced transaction (its process stopped, or stuck in a long
-//! statement) never holds up the next term past the bound: once its lease has lapsed by the
-//! database clock, the next candidate is granted within `BOUND`, and the stalled transaction
-//! never commits. PostgreSQL (direct and through a transaction-pooling PgBouncer) and MariaDB.
+//! A holder stalled inside a fenced transaction (its process stopped, cut off from the database
+//! by a partition, or stuck in a long statement) never holds up the next term past the bound:
+//! once its lease has lapsed by the database clock, the next candidate is granted within
+//! `BOUND`, the stalled transaction never commits, and the holder's pool answers again after.
+//! PostgreSQL (direct and through a transaction-pooling PgBouncer), MariaDB, and a MariaDB
+//! Galera cluster (the next candidate on the holder's node, and on another node).
 //! (SQLite cannot: a stopped writer holds the file's write lock whatever we do; see the docs.)
 
 mod common;
@@ -14,6 +16,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Transac
 use tokio::time::Instant;
 
 use common::conformance::Harness;
+use common::partition::Partitions;
 use common::sql::SqlHarness;
 use common::{unique, Server};
 
@@ -26,10 +29,36 @@ const BOUND: Duration = Duration::from_secs(1);
 /// How the holder stalls inside its fenced transaction.
 #[derive(Clone, Copy, Debug)]
 enum Stall {
-    /// Sends nothing (a stopped process, a pause, a partition, as the server sees it).
+    /// Sends nothing (a stopped process, a pause, as the server sees it).
     Idle,
+    /// Cut off by a partition that loses the server's FIN: its connections stay open and
+    /// silent at both ends until the heal, and the one the takeover ended stays half-open.
+    CutOff,
     /// Runs one statement that takes `STALL`.
     LongStatement,
+}
+
+/// The two candidates of a scenario: A (its pool, and its proxy if it is to be cut off) and B
+/// (a pool of its own), and a direct connection for the application's table.
+struct Sides {
+    a_db: DatabaseConnection,
+    a: SeaOrmLeaseStore,
+    b: SeaOrmLeaseStore,
+    direct: DatabaseConnection,
+    /// A's proxy, named "a".
+    partitions: Partitions,
+}
+
+async fn sides(h: &SqlHarness) -> Sides {
+    let partitions = Partitions::default();
+    let a_db = h.connect_through(&partitions, "a", 2).await;
+    Sides {
+        a: h.configure(SeaOrmLeaseStore::new(a_db.clone())),
+        a_db,
+        b: h.separate_store().await,
+        direct: h.direct().clone(),
+        partitions,
+    }
 }
 
 async fn app_table(db: &DatabaseConnection) -> String {
@@ -79,11 +108,15 @@ fn sleep_statement(backend: DbBackend) -> Statement {
 /// there for eight leases; B, on a pool of its own, asks for the lease every 50 ms from just
 /// after A's lease ends. B must be granted within `BOUND` of the lapse, and A's transaction must
 /// not commit.
-async fn a_stalled_holder_never_holds_up_the_next_term(h: SqlHarness, stall: Stall) {
-    let a_db = h.connect_again(2).await;
-    let a = h.configure(SeaOrmLeaseStore::new(a_db.clone()));
-    let b = h.separate_store().await;
-    let app = app_table(h.direct()).await;
+async fn a_stalled_holder_never_holds_up_the_next_term(s: Sides, stall: Stall) {
+    let Sides {
+        a_db,
+        a,
+        b,
+        direct,
+        partitions,
+    } = s;
+    let app = app_table(&direct).await;
     // A quote and capitals: the takeover must find the row by its exact key.
     let resource = unique("Stalled'Q");
 
@@ -101,13 +134,21 @@ async fn a_stalled_holder_never_holds_up_the_next_term(h: SqlHarness, stall: Sta
     a.fence(&txn, term).await.expect("a live term fences");
     txn.execute(&app_row(&app, lease.token)).await.unwrap();
 
+    let cut = partitions.clone();
     let holder = tokio::spawn(async move {
         match stall {
             Stall::Idle => tokio::time::sleep(STALL).await,
+            Stall::CutOff => {
+                cut.set_with("a", true, true);
+                tokio::time::sleep(STALL).await;
+                cut.set("a", false);
+            }
             Stall::LongStatement => {
                 let backend = txn.get_database_backend();
-                // Ended with the session, or cancelled: either way an error.
-                let _ = txn.execute_raw(sleep_statement(backend)).await;
+                // Ended with the session, or aborted (Galera): either way an error.
+                if let Err(e) = txn.execute_raw(sleep_statement(backend)).await {
+                    return Err(e);
+                }
             }
         }
         txn.commit().await
@@ -132,29 +173,41 @@ async fn a_stalled_holder_never_holds_up_the_next_term(h: SqlHarness, stall: Sta
         "{stall:?}: b was granted {after_lapse:?} after a's lease lapsed (bound {BOUND:?})"
     );
 
+    // Its next statement or its commit fails (the work learns the term ended), and nothing it
+    // wrote is in the table.
     let committed = holder.await.unwrap();
+    let written = rows(&direct, &app).await;
+    assert_eq!(
+        written, 0,
+        "{stall:?}: the stalled holder's write is in the table (its commit: {committed:?})"
+    );
     assert!(
         committed.is_err(),
-        "{stall:?}: the stalled holder's fenced transaction committed after its term ended"
+        "{stall:?}: the stalled holder's fenced transaction reported a commit after its term ended (nothing was written)"
     );
-    assert_eq!(
-        rows(h.direct(), &app).await,
-        0,
-        "{stall:?}: the stalled holder's write is in the table"
-    );
-    // The holder's pool recovers: its next call is answered (B's lease may have lapsed by now).
-    a.acquire_or_renew(&resource, "a", LEASE)
+    eprintln!("{stall:?}: a's transaction ended with {committed:?}");
+    // The holder's pool recovers: its next call is answered (B's lease may have lapsed by now),
+    // and soon (no connection stuck on a socket the partition left half-open).
+    let asked = Instant::now();
+    tokio::time::timeout(LEASE, a.acquire_or_renew(&resource, "a", LEASE))
         .await
+        .unwrap_or_else(|_| {
+            panic!("{stall:?}: the stalled holder's pool did not answer within {LEASE:?}")
+        })
         .expect("the stalled holder's pool answers again");
+    eprintln!(
+        "{stall:?}: a's pool answered {:?} after the stall",
+        asked.elapsed()
+    );
 }
 
 /// A live term's fenced transaction is never ended: A's lease (5 s) outlives its 2.5 s fenced
 /// transaction, and B asks for the lease throughout (so keeps looking for a lapsed holder).
-async fn a_live_holders_fenced_transaction_is_never_ended(h: SqlHarness) {
-    let a_db = h.connect_again(2).await;
-    let a = h.configure(SeaOrmLeaseStore::new(a_db.clone()));
-    let b = h.separate_store().await;
-    let app = app_table(h.direct()).await;
+async fn a_live_holders_fenced_transaction_is_never_ended(s: Sides) {
+    let Sides {
+        a_db, a, b, direct, ..
+    } = s;
+    let app = app_table(&direct).await;
     let resource = unique("live");
     let LeaseOutcome::Acquired(lease) = a
         .acquire_or_renew(&resource, "a", Duration::from_secs(5))
@@ -198,45 +251,112 @@ async fn a_live_holders_fenced_transaction_is_never_ended(h: SqlHarness) {
         .await
         .expect("a live term's transaction commits");
     assert!(b_asks.await.unwrap() > 0);
-    assert_eq!(rows(h.direct(), &app).await, 1);
+    assert_eq!(rows(&direct, &app).await, 1);
 }
 
+/// The suite over `$sides`, an expression giving `Option<Sides>` (`None`: skipped).
 macro_rules! stalled_suite {
-    ($make:expr) => {
+    ($sides:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_holder_stopped_inside_a_fenced_transaction_is_taken_over_within_the_bound() {
-            let Some(h) = $make.await else { return };
-            a_stalled_holder_never_holds_up_the_next_term(h, Stall::Idle).await;
+            let Some(s) = $sides.await else { return };
+            a_stalled_holder_never_holds_up_the_next_term(s, Stall::Idle).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_holder_cut_off_inside_a_fenced_transaction_is_taken_over_within_the_bound() {
+            let Some(s) = $sides.await else { return };
+            a_stalled_holder_never_holds_up_the_next_term(s, Stall::CutOff).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_holder_stuck_in_a_long_statement_is_taken_over_within_the_bound() {
-            let Some(h) = $make.await else { return };
-            a_stalled_holder_never_holds_up_the_next_term(h, Stall::LongStatement).await;
+            let Some(s) = $sides.await else { return };
+            a_stalled_holder_never_holds_up_the_next_term(s, Stall::LongStatement).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_live_holders_fenced_transaction_runs_on() {
-            let Some(h) = $make.await else { return };
-            a_live_holders_fenced_transaction_is_never_ended(h).await;
+            let Some(s) = $sides.await else { return };
+            a_live_holders_fenced_transaction_is_never_ended(s).await;
         }
     };
+}
+
+async fn on(h: Option<SqlHarness>) -> Option<Sides> {
+    Some(sides(&h?).await)
 }
 
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    stalled_suite!(SqlHarness::server(Server::Postgres));
+    stalled_suite!(on(SqlHarness::server(Server::Postgres).await));
 }
 
 #[cfg(feature = "postgres")]
 mod pgbouncer {
     use super::*;
-    stalled_suite!(SqlHarness::pgbouncer());
+    stalled_suite!(on(SqlHarness::pgbouncer().await));
 }
 
 #[cfg(feature = "mysql")]
 mod mariadb {
     use super::*;
-    stalled_suite!(SqlHarness::server(Server::MySql));
+    stalled_suite!(on(SqlHarness::server(Server::MySql).await));
+}
+
+/// A three-node Galera cluster of this binary's own. The fence writes the lease row there
+/// (row locks stay on their node): a next candidate on the holder's node waits for the stalled
+/// transaction's lock and ends it like on one server; one on another node is not blocked at
+/// all, and its committed grant aborts the stalled transaction when it replicates.
+#[cfg(feature = "mysql")]
+mod galera {
+    use super::*;
+    use common::{connect_url, migrate};
+
+    fn cluster() -> &'static orion_beacon_testkit::Galera {
+        static CLUSTER: std::sync::OnceLock<orion_beacon_testkit::Galera> =
+            std::sync::OnceLock::new();
+        CLUSTER.get_or_init(|| {
+            orion_beacon_testkit::Galera::builder(3)
+                .start()
+                .unwrap_or_else(|e| panic!("cannot start this test binary's Galera cluster: {e}"))
+        })
+    }
+
+    /// A on node 0 (through its proxy), B on node `b_node`.
+    async fn sides(b_node: usize) -> Option<Sides> {
+        if Server::MySql.skipped() {
+            return None;
+        }
+        let g = tokio::task::spawn_blocking(cluster).await.unwrap();
+        let direct = connect_url(&g.node(0).url(), 2).await;
+        let table = unique("obt");
+        migrate(&direct, &table).await;
+        let store = |db: DatabaseConnection| {
+            SeaOrmLeaseStore::new(db)
+                .with_table(&table)
+                .expect("valid table")
+        };
+        let partitions = Partitions::default();
+        let a_url = partitions.route("a", &g.node(0).url()).unwrap();
+        let a_db = connect_url(&a_url, 2).await;
+        Some(Sides {
+            a: store(a_db.clone()),
+            a_db,
+            b: store(connect_url(&g.node(b_node).url(), 2).await),
+            direct,
+            partitions,
+        })
+    }
+
+    mod same_node {
+        use super::*;
+        stalled_suite!(sides(0));
+    }
+
+    mod other_node {
+        use super::*;
+        stalled_suite!(sides(1));
+    }
 }

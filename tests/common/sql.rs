@@ -45,7 +45,13 @@ pub fn pgbouncer() -> &'static orion_beacon_testkit::Pgbouncer {
 /// statements across transactions), so the application's own statements work there too.
 #[cfg(feature = "postgres")]
 pub async fn connect_pgbouncer(max_connections: u32) -> DatabaseConnection {
-    let mut options = sea_orm::ConnectOptions::new(pgbouncer().url());
+    connect_pgbouncer_at(&pgbouncer().url(), max_connections).await
+}
+
+/// [`connect_pgbouncer`] at `url` (the bouncer's, or a proxy's in front of it).
+#[cfg(feature = "postgres")]
+pub async fn connect_pgbouncer_at(url: &str, max_connections: u32) -> DatabaseConnection {
+    let mut options = sea_orm::ConnectOptions::new(url);
     options
         .max_connections(max_connections)
         .min_connections(0)
@@ -268,6 +274,28 @@ impl SqlHarness {
             Target::MySqlSession(init) => connect_mysql_with_session(max_connections, init).await,
             #[cfg(feature = "postgres")]
             Target::Pgbouncer { .. } => connect_pgbouncer(max_connections).await,
+        }
+    }
+
+    /// As [`connect_again`](Self::connect_again), through a proxy of `partitions` named
+    /// `name` (so the test can cut it off). Server and PgBouncer targets only.
+    pub async fn connect_through(
+        &self,
+        partitions: &super::partition::Partitions,
+        name: &str,
+        max_connections: u32,
+    ) -> DatabaseConnection {
+        let route = |url: &str| partitions.route(name, url).expect("a proxy");
+        match &self.target {
+            Target::Server(server) => {
+                super::connect_url(&route(&server.url()), max_connections).await
+            }
+            #[cfg(feature = "postgres")]
+            Target::Pgbouncer { .. } => {
+                connect_pgbouncer_at(&route(&pgbouncer().url()), max_connections).await
+            }
+            #[allow(unreachable_patterns)]
+            _ => panic!("no proxy for this harness"),
         }
     }
 }
