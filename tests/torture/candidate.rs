@@ -304,6 +304,45 @@ pub async fn run(args: Args) -> Result<(), Error> {
     Ok(())
 }
 
+/// A ledger write in progress: dropped before it finished (its term's work was dropped), it
+/// writes `<what> <now> <started>`, so the checker knows the transaction was open until then.
+pub struct Unfinished<H: std::ops::Deref<Target = std::sync::Mutex<HistoryFile>>> {
+    history: H,
+    what: String,
+    started: u64,
+    done: bool,
+}
+
+impl<H: std::ops::Deref<Target = std::sync::Mutex<HistoryFile>>> Unfinished<H> {
+    pub fn new(history: H, what: String, started: u64) -> Self {
+        Self {
+            history,
+            what,
+            started,
+            done: false,
+        }
+    }
+
+    pub fn finished(&mut self) {
+        self.done = true;
+    }
+}
+
+impl<H: std::ops::Deref<Target = std::sync::Mutex<HistoryFile>>> Drop for Unfinished<H> {
+    fn drop(&mut self) {
+        if !self.done {
+            let line = format!("{} {} {}", self.what, mono_ns(), self.started);
+            self.history
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .line(&line);
+        }
+    }
+}
+
+/// How long a ledger transaction that "does work" stays open between its insert and its commit.
+pub const IN_TRANSACTION: Duration = Duration::from_millis(60);
+
 /// Fenced writes to the ledger table, each recorded in the history: `write` (committed),
 /// `refused` (the fence said the term is stale), `aborted` (the commit lost to a concurrent
 /// transaction: a Galera certification failure, a deadlock) or `failed` (any other error).
@@ -328,6 +367,9 @@ impl LedgerWriter {
             *next += 1;
             *next
         };
+        let started = mono_ns();
+        // A write its term's end drops (a paused leader's, when it wakes) says so too.
+        let mut open = Unfinished::new(self.history.clone(), format!("dropped {token}"), started);
         let result: Result<Option<bool>, Error> = async {
             let txn = self.db.begin().await?;
             match self.store.fence(&txn, term).await {
@@ -348,6 +390,11 @@ impl LedgerWriter {
                 .values([token.get().into(), self.me.clone().into(), seq.into()])?
                 .to_owned();
             txn.execute(&insert).await?;
+            // One in three does some work of the application's before committing, so pauses
+            // and partitions land inside fenced transactions often.
+            if fastrand::u8(..3) == 0 {
+                tokio::time::sleep(IN_TRANSACTION).await;
+            }
             if let Err(e) = txn.commit().await {
                 let text = e.to_string();
                 if text.contains("Deadlock") || text.contains("40001") {
@@ -359,12 +406,14 @@ impl LedgerWriter {
         }
         .await;
         let now = mono_ns();
+        // The transaction's start last: the checker counts the faults that hit inside one.
         let line = match result {
-            Ok(Some(true)) => format!("write {token} {seq} {now}"),
-            Ok(Some(false)) => format!("refused {token} {now}"),
-            Ok(None) => format!("aborted {token} {now}"),
-            Err(_) => format!("failed {token} {now}"),
+            Ok(Some(true)) => format!("write {token} {seq} {now} {started}"),
+            Ok(Some(false)) => format!("refused {token} {now} {started}"),
+            Ok(None) => format!("aborted {token} {now} {started}"),
+            Err(_) => format!("failed {token} {now} {started}"),
         };
+        open.finished();
         self.history.lock().unwrap().line(&line);
     }
 }

@@ -8,10 +8,12 @@
 //! start <candidate> <ns> <wall-unix-ms>
 //! lead <token> <ns>                       the candidate saw itself elected
 //! lost <token> <ns> <deadline-ns> <why>   the term ended (as observed; believed until min(ns, deadline))
-//! write <token> <seq> <ns>                a fenced ledger write committed
-//! refused <token> <ns>                    the fence refused a ledger write (its term was stale)
-//! aborted <token> <ns>                    its commit lost to a concurrent transaction
-//! failed <token> <ns>                     a ledger write failed (another database error)
+//! write <token> <seq> <ns> [<begun>]     a fenced ledger write committed
+//! refused <token> <ns> [<begun>]         the fence refused a ledger write (its term was stale)
+//! aborted <token> <ns> [<begun>]         its commit lost to a concurrent transaction
+//! failed <token> <ns> [<begun>]          a ledger write failed (another database error)
+//! dropped <token> <ns> <begun>          a ledger write dropped unfinished (its term's work was)
+//! call <sent> <answered> <outcome...>    a store call and its raw outcome
 //! stop <ns>
 //! ```
 //!
@@ -84,10 +86,16 @@ pub struct Record {
     pub pause_blocks_store: bool,
     /// The candidates' store calls (electors only; empty for shard sets).
     pub calls: Vec<Call>,
+    /// The candidates' fenced ledger transactions: (candidate, begun, ended).
+    pub transactions: Vec<(String, u64, u64)>,
     /// After a pause or a partition, another candidate must lead within this of the stopped
     /// term's end (its believed end, which comes no later than its lease's lapse by the
     /// database clock); 0: not checked.
     pub lapse_bound_ns: u64,
+    /// After a pause or a partition, a new term of the stalled candidate itself, begun after
+    /// it woke or healed, counts as the recovery too (shard sets: a node back before the
+    /// others dropped it from their view keeps its share).
+    pub stalled_may_resume: bool,
 }
 
 /// Fault kinds whose window (start to end, then the bound) may leave the run leaderless: the
@@ -146,21 +154,24 @@ impl Record {
                     }
                     last_seen = at;
                 }
-                "write" => {
-                    self.writes_committed += 1;
-                    last_seen = num(&parts, 3, line)?;
+                "write" | "refused" | "failed" | "aborted" => {
+                    let at = if parts[0] == "write" { 3 } else { 2 };
+                    match parts[0] {
+                        "write" => self.writes_committed += 1,
+                        "refused" => self.writes_refused += 1,
+                        "failed" => self.writes_failed += 1,
+                        _ => self.writes_aborted += 1,
+                    }
+                    last_seen = num(&parts, at, line)?;
+                    if parts.len() > at + 1 {
+                        let begun = num(&parts, at + 1, line)?;
+                        self.transactions.push((name.clone(), begun, last_seen));
+                    }
                 }
-                "refused" => {
-                    self.writes_refused += 1;
+                "dropped" => {
                     last_seen = num(&parts, 2, line)?;
-                }
-                "failed" => {
-                    self.writes_failed += 1;
-                    last_seen = num(&parts, 2, line)?;
-                }
-                "aborted" => {
-                    self.writes_aborted += 1;
-                    last_seen = num(&parts, 2, line)?;
+                    let begun = num(&parts, 3, line)?;
+                    self.transactions.push((name.clone(), begun, last_seen));
                 }
                 "stop" => last_seen = num(&parts, 1, line)?,
                 // Raw store calls: whether a candidate answers again after a partition heals.
@@ -195,6 +206,25 @@ impl Record {
         }
         Ok(())
     }
+}
+
+/// How many faults of `kind` hit a candidate inside one of its fenced transactions (the fault
+/// began after the transaction did and before it ended), of how many there were.
+pub fn inside_transactions(
+    faults: &[Fault],
+    transactions: &[(String, u64, u64)],
+    kind: &str,
+) -> (usize, usize) {
+    let of_kind: Vec<&Fault> = faults.iter().filter(|f| f.kind == kind).collect();
+    let inside = of_kind
+        .iter()
+        .filter(|f| {
+            transactions.iter().any(|(c, begun, ended)| {
+                f.candidate.as_ref() == Some(c) && *begun < f.start && f.start < *ended
+            })
+        })
+        .count();
+    (inside, of_kind.len())
 }
 
 /// What the checker found.
@@ -320,7 +350,12 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
             "kill" | "pause" | "partition" => (fault.start, fault.candidate.as_deref()),
             _ => (fault.end, None),
         };
-        let counts = |i: &&Interval| other.is_none_or(|c| i.candidate != c);
+        let resumed = |i: &Interval| {
+            record.stalled_may_resume
+                && (fault.kind == "pause" || fault.kind == "partition")
+                && i.start >= fault.end
+        };
+        let counts = |i: &&Interval| other.is_none_or(|c| i.candidate != c || resumed(i));
         let covering = intervals
             .iter()
             .filter(counts)

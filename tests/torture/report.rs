@@ -66,8 +66,15 @@ impl Summary<'_> {
                     format!("{} ms", ns / 1_000_000)
                 }
             };
+            let (pauses_in, pauses) =
+                crate::checker::inside_transactions(&record.faults, &record.transactions, "pause");
+            let (cuts_in, cuts) = crate::checker::inside_transactions(
+                &record.faults,
+                &record.transactions,
+                "partition",
+            );
             println!(
-                "  after a pause or a partition: another leader at most {} after the stopped term's end (bound {} ms); {} heals, the healed candidate's store answered again after at most {} (bound {} ms)",
+                "  after a pause or a partition: another leader at most {} after the stopped term's end (bound {} ms); {} heals, the healed candidate's store answered again after at most {} (bound {} ms); inside a fenced transaction: {pauses_in} of {pauses} pauses, {cuts_in} of {cuts} partitions",
                 ms(verdict.worst_after_lapse_ns),
                 record.lapse_bound_ns / 1_000_000,
                 verdict.heals,
@@ -222,8 +229,12 @@ impl ShardSummary<'_> {
             ms(p.median_ns),
         );
         let p = &verdict.partitions;
+        let (pauses_in, pauses) =
+            crate::checker::inside_transactions(&record.faults, &record.transactions, "pause");
+        let (cuts_in, cuts) =
+            crate::checker::inside_transactions(&record.faults, &record.transactions, "partition");
         println!(
-            "  takeover after partitions: {} partitions of a node leading shards, {} shards, led again after at most {} (median {}) from the cut; {} heals, the healed node led a shard again after at most {}",
+            "  takeover after partitions: {} partitions of a node leading shards, {} shards, led again after at most {} (median {}) from the cut; {} heals, the healed node led a shard again after at most {}; inside a fenced transaction: {pauses_in} of {pauses} pauses, {cuts_in} of {cuts} partitions",
             p.faults,
             p.resources,
             ms(p.worst_ns),

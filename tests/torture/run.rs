@@ -413,6 +413,7 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
             run_violations.push(format!("fault {kind} was requested but never applied"));
         }
     }
+    stalls_inside_transactions(&record.faults, &record.transactions, &mut run_violations);
     // A woken leader's write that failed on a database error (its Galera node down, the server
     // restarting) never reached the fence: the pause then proves nothing either way, and the
     // committed-stale-write check still guards the run.
@@ -542,6 +543,7 @@ async fn finish_shards(
             run_violations.push(format!("fault {kind} was requested but never applied"));
         }
     }
+    stalls_inside_transactions(&record.faults, &record.transactions, &mut run_violations);
     if applied.counts.contains_key("pause")
         && record.writes_refused + record.writes_aborted == 0
         && record.writes_failed == 0
@@ -637,4 +639,21 @@ async fn finish_shards(
             .await;
     }
     Ok(passed)
+}
+
+/// Pauses and partitions must hit leaders inside fenced transactions too (what the takeover
+/// is for): a run with ten or more of a kind and none inside one proves nothing about that.
+fn stalls_inside_transactions(
+    faults: &[checker::Fault],
+    transactions: &[(String, u64, u64)],
+    run_violations: &mut Vec<String>,
+) {
+    for kind in ["pause", "partition"] {
+        let (inside, of) = checker::inside_transactions(faults, transactions, kind);
+        if of >= 10 && inside == 0 {
+            run_violations.push(format!(
+                "none of {of} {kind} faults hit a leader inside a fenced transaction"
+            ));
+        }
+    }
 }

@@ -48,6 +48,8 @@ pub struct ShardRecord {
     pub end: u64,
     pub quiesce: u64,
     pub pause_blocks_store: bool,
+    /// The nodes' fenced ledger transactions: (node, begun, ended).
+    pub transactions: Vec<(String, u64, u64)>,
 }
 
 /// A term while its node's history is read.
@@ -148,10 +150,25 @@ impl ShardRecord {
                         }
                     }
                 }
-                "write" => self.writes_committed += 1,
-                "refused" => self.writes_refused += 1,
-                "aborted" => self.writes_aborted += 1,
-                "failed" => self.writes_failed += 1,
+                "dropped" => {
+                    let ended = num(&parts, 3, line)?;
+                    let begun = num(&parts, 4, line)?;
+                    self.transactions.push((node.name.clone(), begun, ended));
+                }
+                "write" | "refused" | "aborted" | "failed" => {
+                    let at = if parts[0] == "write" { 4 } else { 3 };
+                    match parts[0] {
+                        "write" => self.writes_committed += 1,
+                        "refused" => self.writes_refused += 1,
+                        "aborted" => self.writes_aborted += 1,
+                        _ => self.writes_failed += 1,
+                    }
+                    if parts.len() > at + 1 {
+                        let ended = num(&parts, at, line)?;
+                        let begun = num(&parts, at + 1, line)?;
+                        self.transactions.push((node.name.clone(), begun, ended));
+                    }
+                }
                 "stop" => node.end = node.end.min(num(&parts, 1, line)?),
                 "assign" => {
                     let members = num(&parts, 3, line)? as usize;
@@ -196,6 +213,7 @@ impl ShardRecord {
             record.end = self.end;
             record.quiesce = self.quiesce;
             record.pause_blocks_store = self.pause_blocks_store;
+            record.stalled_may_resume = true;
         }
     }
 }
@@ -311,6 +329,7 @@ pub fn check(
                 end: r.end,
                 quiesce: r.quiesce,
                 pause_blocks_store: r.pause_blocks_store,
+                stalled_may_resume: r.stalled_may_resume,
                 ..Record::default()
             };
             worst = worst.max(checker::check(&alone, recovery_bound_ns).worst_recovery_ns);

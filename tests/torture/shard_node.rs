@@ -374,6 +374,13 @@ impl Ledger {
             *next += 1;
             *next
         };
+        let started = mono_ns();
+        // A write its term's end drops (a paused node's, when it wakes) says so too.
+        let mut open = crate::candidate::Unfinished::new(
+            self.history.clone(),
+            format!("dropped {resource} {token}"),
+            started,
+        );
         let result: Result<Option<bool>, Error> = async {
             let txn = self.db.begin().await?;
             match term.fence(&txn).await {
@@ -412,11 +419,12 @@ impl Ledger {
         .await;
         let now = mono_ns();
         let text = match result {
-            Ok(Some(true)) => format!("write {resource} {token} {seq} {now}"),
-            Ok(Some(false)) => format!("refused {resource} {token} {now}"),
-            Ok(None) => format!("aborted {resource} {token} {now}"),
-            Err(_) => format!("failed {resource} {token} {now}"),
+            Ok(Some(true)) => format!("write {resource} {token} {seq} {now} {started}"),
+            Ok(Some(false)) => format!("refused {resource} {token} {now} {started}"),
+            Ok(None) => format!("aborted {resource} {token} {now} {started}"),
+            Err(_) => format!("failed {resource} {token} {now} {started}"),
         };
+        open.finished();
         line(&self.history, &text);
     }
 }
