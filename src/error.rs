@@ -9,7 +9,7 @@ use sea_orm::DbErr;
 ///
 /// Input errors (`Invalid*`) are returned before any SQL runs. Database errors keep the
 /// [`DbErr`] as their source.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The resource name was refused (empty, too long, control characters, or leading or
@@ -113,7 +113,7 @@ pub enum StoreError {
 
 /// The database error under a [`StoreError`]: SeaORM's for [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore),
 /// tiberius' for the SQL Server store.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
     /// An error of SeaORM (and the sqlx driver under it).
@@ -225,5 +225,34 @@ impl StoreError {
             self.kind(),
             ErrorKind::InvalidInput | ErrorKind::Unsupported
         )
+    }
+}
+
+/// The `Debug` of this crate's errors: what `main` returning `Err` and `unwrap()` print. It
+/// reads like `Display`, names the crate and the type, and lists the sources, the way `anyhow`
+/// shows an error chain; match on the value (or [`StoreError::kind`]) rather than on this text.
+pub(crate) fn debug_chain(
+    f: &mut std::fmt::Formatter<'_>,
+    type_name: &str,
+    error: &dyn std::error::Error,
+) -> std::fmt::Result {
+    write!(f, "orion-beacon {type_name}: {error}")?;
+    let mut source = error.source();
+    while let Some(cause) = source {
+        write!(f, "\n  caused by: {cause}")?;
+        source = cause.source();
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        debug_chain(f, "StoreError", self)
+    }
+}
+
+impl std::fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        debug_chain(f, "BackendError", self)
     }
 }

@@ -41,7 +41,7 @@ use crate::{FencingToken, StoreError};
 pub use crate::fencing::Term;
 
 /// Why a fenced write was refused.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum FenceError {
     /// The term is no longer current in the lease table (another holder, a newer token, or the
@@ -74,6 +74,12 @@ pub enum FenceError {
     /// fence SeaORM transactions (it is not a [`SeaOrmLeaseStore`]).
     #[error("this term's elector does not run on a SeaOrmLeaseStore, so it cannot fence a SeaORM transaction")]
     Unsupported,
+}
+
+impl std::fmt::Debug for FenceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::error::debug_chain(f, "FenceError", self)
+    }
 }
 
 impl FenceError {

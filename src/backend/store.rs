@@ -34,7 +34,7 @@ pub(super) const ATTEMPTS: u32 = 3;
 ///
 /// The table must exist: create it with the migration (see the `orion-beacon-migration`
 /// crate). A missing table is reported as [`StoreError::MissingTable`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SeaOrmLeaseStore {
     pub(super) db: DatabaseConnection,
     /// The backend, chosen once from the connection (or why there is none).
@@ -62,7 +62,34 @@ pub struct SeaOrmLeaseStore {
     pub(super) transaction_pooling: bool,
 }
 
+/// The backend and the tables; never the connection pool (its options can hold a password) or
+/// the prepared statements.
+impl std::fmt::Debug for SeaOrmLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeaOrmLeaseStore")
+            .field("backend", &self.backend_name())
+            .field("table", &&*self.table)
+            .field("member_table", &&*self.member_table)
+            .field("transaction_pooling", &self.transaction_pooling)
+            .field("release_notifications", &self.notifications)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SeaOrmLeaseStore {
+    /// The backend's name (`"PostgreSQL"`, `"MySQL"`, `"SQLite"`), or why there is none.
+    pub(crate) fn backend_name(&self) -> &'static str {
+        match self.form {
+            #[cfg(feature = "postgres")]
+            Ok(Form::Postgres) => "PostgreSQL",
+            #[cfg(feature = "mysql")]
+            Ok(Form::MySql) => "MySQL",
+            Ok(Form::Sqlite) => "SQLite",
+            Err(super::Refused::Unsupported { backend, .. }) => backend,
+            Err(super::Refused::Disconnected) => "disconnected",
+        }
+    }
+
     /// A store on the default table, `orionbeacon_leases`.
     pub fn new(db: DatabaseConnection) -> Self {
         Self {

@@ -7,7 +7,7 @@ use super::random::random_u64;
 use crate::store::{lease_millis, validate_candidate, validate_resource};
 use crate::StoreError;
 
-/// Default lease duration (as in the seed: 15 s).
+/// Default lease duration (15 s).
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// Default renew interval (5 s).
 pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(5);
@@ -40,7 +40,7 @@ pub fn min_step_down_margin(lease: Duration) -> Duration {
 }
 
 /// A bad elector option, reported by [`ElectorBuilder::build`](crate::ElectorBuilder::build).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// No resource name was given.
@@ -57,7 +57,7 @@ pub enum ConfigError {
         option: &'static str,
     },
     /// A duration option was longer than [`MAX_INTERVAL`].
-    #[error("{option} {value:?} is too long: at most {max:?}")]
+    #[error("{option} {value:?} is too long: at most {max:?} would do")]
     TooLong {
         /// The option.
         option: &'static str,
@@ -83,7 +83,9 @@ pub enum ConfigError {
     /// The renew interval leaves no room for a retry inside the lease.
     #[error(
         "{option} {renew:?} leaves no room for a retry: twice it must fit in lease_duration \
-         {lease:?} minus the step-down margin {margin:?}"
+         {lease:?} minus the step-down margin {margin:?}; {option} {fits:?} or less would do \
+         (or a longer lease_duration)",
+        fits = renew_that_fits(*lease, *margin)
     )]
     RenewTooSlow {
         /// The option (`renew_interval`, or a shard set's `interval`).
@@ -96,7 +98,11 @@ pub enum ConfigError {
         margin: Duration,
     },
     /// The step-down margin is half the lease or more.
-    #[error("step_down_margin {margin:?} must be less than half of lease_duration {lease:?}")]
+    #[error(
+        "step_down_margin {margin:?} must be less than half of lease_duration {lease:?}; the \
+         default is a tenth of it ({default:?})",
+        default = *lease / 10
+    )]
     MarginTooLarge {
         /// The margin.
         margin: Duration,
@@ -104,7 +110,7 @@ pub enum ConfigError {
         lease: Duration,
     },
     /// Jitter outside `0.0..=0.5`.
-    #[error("jitter {0} must be between 0.0 and 0.5")]
+    #[error("jitter {0} must be between 0.0 and 0.5 (the default is 0.1)")]
     Jitter(f64),
     /// A shard set without a name: call `.name("...")`.
     #[error("no shard set name: call .name(\"...\")")]
@@ -271,6 +277,19 @@ pub(crate) fn check_timing(
     Ok(step_down_margin)
 }
 
+impl std::fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::error::debug_chain(f, "ConfigError", self)
+    }
+}
+
+/// The longest renew interval that [`check_timing`] accepts for `lease` and `margin`, to the
+/// millisecond: what `RenewTooSlow` suggests.
+fn renew_that_fits(lease: Duration, margin: Duration) -> Duration {
+    let half = lease.saturating_sub(margin) / 2;
+    Duration::from_millis(u64::try_from(half.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn host_name() -> String {
     std::env::var("HOSTNAME")
         .ok()
@@ -365,6 +384,44 @@ mod tests {
         );
         assert_eq!(id.len(), expected.len() + 8, "{id}");
         assert!(!id.chars().any(char::is_control));
+    }
+
+    /// The values the errors suggest are accepted.
+    #[test]
+    fn suggested_values_work() {
+        let with = |lease: u64, renew: u64| Options {
+            resource: Some("r".into()),
+            lease: Some(Duration::from_millis(lease)),
+            renew_interval: Some(Duration::from_millis(renew)),
+            ..Options::default()
+        };
+        for (lease, renew) in [(15_000, 10_000), (10_000, 5_000), (1_001, 999), (333, 200)] {
+            let err = with(lease, renew).validate().unwrap_err();
+            let ConfigError::RenewTooSlow {
+                lease: l, margin, ..
+            } = err
+            else {
+                panic!("{err:?}");
+            };
+            let fits = renew_that_fits(l, margin);
+            assert!(
+                err.to_string()
+                    .contains(&format!("renew_interval {fits:?} or less would do")),
+                "{err}"
+            );
+            let fits = u64::try_from(fits.as_millis()).unwrap();
+            with(lease, fits)
+                .validate()
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let mut o = opts();
+        o.step_down_margin = Some(Duration::from_secs(10));
+        let err = o.validate().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the default is a tenth of it (1.5s)"),
+            "{err}"
+        );
     }
 
     #[test]

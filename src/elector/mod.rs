@@ -41,14 +41,6 @@ pub struct ElectorBuilder {
     health_window: Option<Duration>,
 }
 
-impl std::fmt::Debug for ElectorBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ElectorBuilder")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
 impl ElectorBuilder {
     /// The resource to elect a leader for (required).
     pub fn resource(mut self, resource: impl Into<String>) -> Self {
@@ -141,14 +133,6 @@ pub struct Elector {
     health_window: Duration,
 }
 
-impl std::fmt::Debug for Elector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Elector")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
 /// `store` as a [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) (itself or in an `Arc`), which
 /// the elector's terms then fence with.
 pub(crate) fn fence_store(store: &dyn std::any::Any) -> Option<crate::SeaOrmLeaseStore> {
@@ -231,7 +215,6 @@ impl Elector {
 
 /// A running elector. Dropping it stops the elector (gracefully: work ends, the lease is
 /// released) without waiting; [`shutdown`](Self::shutdown) waits.
-#[derive(Debug)]
 pub struct ElectorHandle {
     config: Arc<Config>,
     receiver: watch::Receiver<Leadership>,
@@ -412,5 +395,37 @@ impl ElectorHandle {
 impl Drop for ElectorHandle {
     fn drop(&mut self) {
         self.stop.shutdown.cancel();
+    }
+}
+
+/// The options and the store's backend; never the store's connection.
+impl std::fmt::Debug for ElectorBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElectorBuilder")
+            .field("options", &self.options)
+            .field("backend", &self.fence.as_ref().map(|s| s.backend_name()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The settings and the store's backend; never the store's connection.
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("config", &self.config)
+            .field("backend", &self.fence.as_ref().map(|s| s.backend_name()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resource, candidate and the leadership now.
+impl std::fmt::Debug for ElectorHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElectorHandle")
+            .field("resource", &&*self.config.resource)
+            .field("candidate", &&*self.config.candidate)
+            .field("leadership", &*self.receiver.borrow())
+            .field("stopped", &*self.done.borrow())
+            .finish_non_exhaustive()
     }
 }

@@ -94,7 +94,6 @@ impl fmt::Display for LossReason {
     }
 }
 
-#[derive(Debug)]
 struct TermState {
     token: FencingToken,
     resource: Arc<str>,
@@ -114,9 +113,33 @@ struct TermState {
 ///
 /// Cheap to clone; all clones see the same term. Pass [`token`](Self::token) with every write
 /// the leader makes, and stop when [`lost`](Self::lost) completes.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LeaderTerm {
     inner: Arc<TermState>,
+}
+
+/// What a log line needs: resource, candidate, token, the time left (or why it ended) and the
+/// backend; never the store's connection or statements.
+impl fmt::Debug for LeaderTerm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("LeaderTerm");
+        d.field("resource", &&*self.inner.resource)
+            .field("candidate", &&*self.inner.candidate)
+            .field("token", &self.inner.token.get());
+        match self.loss_reason() {
+            Some(reason) => d.field("ended", &reason),
+            None => d.field(
+                "remaining",
+                &self
+                    .local_deadline()
+                    .saturating_duration_since(crate::clock::now()),
+            ),
+        };
+        if let Some(store) = &self.inner.fence {
+            d.field("backend", &store.backend_name());
+        }
+        d.finish()
+    }
 }
 
 impl LeaderTerm {

@@ -109,14 +109,6 @@ pub struct ShardSetBuilder {
     options: Options,
 }
 
-impl std::fmt::Debug for ShardSetBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardSetBuilder")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
 impl ShardSetBuilder {
     /// The shard set's name (required): nodes with the same name share its resources.
     pub fn name(mut self, name: impl Into<String>) -> Self {
@@ -209,16 +201,6 @@ pub struct ShardSet {
     store: Arc<dyn ShardStore>,
     fence: Option<crate::SeaOrmLeaseStore>,
     config: Arc<Config>,
-}
-
-impl std::fmt::Debug for ShardSet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardSet")
-            .field("name", &self.config.name)
-            .field("member", &self.config.member)
-            .field("resources", &self.config.resources.len())
-            .finish_non_exhaustive()
-    }
 }
 
 /// Per-resource work in flight, so a handover releases a lease only once its work returned.
@@ -342,7 +324,6 @@ impl ShardSet {
 
 /// A running node of a shard set. Dropping it stops the node gracefully without waiting;
 /// [`shutdown`](Self::shutdown) waits.
-#[derive(Debug)]
 pub struct ShardHandle {
     config: Arc<Config>,
     receiver: watch::Receiver<Assignment>,
@@ -479,5 +460,41 @@ impl ShardHandle {
 impl Drop for ShardHandle {
     fn drop(&mut self) {
         self.control.shutdown.cancel();
+    }
+}
+
+/// The options and the store's backend; never the store's connection.
+impl std::fmt::Debug for ShardSetBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardSetBuilder")
+            .field("options", &self.options)
+            .field("backend", &self.fence.as_ref().map(|s| s.backend_name()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The settings and the store's backend; never the store's connection.
+impl std::fmt::Debug for ShardSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardSet")
+            .field("name", &&*self.config.name)
+            .field("member", &&*self.config.member)
+            .field("resources", &self.config.resources.len())
+            .field("lease", &self.config.lease)
+            .field("interval", &self.config.interval)
+            .field("backend", &self.fence.as_ref().map(|s| s.backend_name()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Name, member and what the node leads now.
+impl std::fmt::Debug for ShardHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardHandle")
+            .field("name", &&*self.config.name)
+            .field("member", &&*self.config.member)
+            .field("assignment", &*self.receiver.borrow())
+            .field("stopped", &*self.done.borrow())
+            .finish_non_exhaustive()
     }
 }

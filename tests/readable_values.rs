@@ -1,0 +1,181 @@
+//! What a user's logs show: the `Debug` of every public type a user holds names the resource,
+//! the candidate, the token, the time left and the backend, and never SQL, a pool or a
+//! password; a term's is short enough to log on every change, and a 16-shard assignment's too.
+
+mod common;
+
+use std::time::Duration;
+
+use orion_beacon::{Elector, LeaseStore, SeaOrmLeaseStore, ShardSet};
+use sea_orm::DatabaseConnection;
+
+use common::{member_table, migrate, unique, Server};
+
+/// Words that only appear in SQL or in a pool's options.
+const NEVER: [&str; 8] = [
+    "INSERT",
+    "SELECT",
+    "UPDATE",
+    "ON CONFLICT",
+    "password",
+    "max_connections",
+    "Pool",
+    "prepared",
+];
+
+fn assert_readable(what: &str, debug: &str, max_len: usize, secret: Option<&str>) {
+    for word in NEVER {
+        assert!(
+            !debug.contains(word),
+            "{what}'s Debug shows {word:?}: {debug}"
+        );
+    }
+    if let Some(secret) = secret {
+        assert!(
+            !debug.contains(secret),
+            "{what}'s Debug shows the password: {debug}"
+        );
+    }
+    assert!(
+        debug.len() <= max_len,
+        "{what}'s Debug is {} bytes (at most {max_len}): {debug}",
+        debug.len()
+    );
+}
+
+/// An elector and a 16-shard set on `db`, and every value a user holds of them.
+async fn values_read_well(db: DatabaseConnection, backend: &str, secret: Option<&str>) {
+    let table = unique("readable");
+    migrate(&db, &table).await;
+    let store = SeaOrmLeaseStore::new(db)
+        .with_table(&table)
+        .unwrap()
+        .with_member_table(member_table(&table))
+        .unwrap();
+    let debug = format!("{store:?}");
+    assert_readable("SeaOrmLeaseStore", &debug, 300, secret);
+    assert!(debug.contains(backend) && debug.contains(&table), "{debug}");
+
+    let resource = unique("nightly");
+    let builder = Elector::builder(store.clone())
+        .resource(&resource)
+        .candidate_id("node-a");
+    assert_readable("ElectorBuilder", &format!("{builder:?}"), 600, secret);
+    let elector = builder.build().unwrap();
+    assert_readable("Elector", &format!("{elector:?}"), 600, secret);
+    let handle = elector.start();
+    let mut watch = handle.watch();
+    let leadership = watch.wait_for(|l| l.is_leader()).await.unwrap();
+    let term = leadership.term().unwrap().clone();
+    let debug = format!("{term:?}");
+    assert_readable("LeaderTerm", &debug, 200, secret);
+    for part in [
+        resource.as_str(),
+        "node-a",
+        &format!("token: {}", term.token().get()),
+        "remaining",
+        backend,
+    ] {
+        assert!(
+            debug.contains(part),
+            "LeaderTerm's Debug lacks {part:?}: {debug}"
+        );
+    }
+    assert_readable("Leadership", &format!("{leadership:?}"), 250, secret);
+    assert_readable("ElectorHandle", &format!("{handle:?}"), 400, secret);
+    handle.shutdown().await;
+    let debug = format!("{term:?}");
+    assert!(debug.contains("ended"), "an ended term says so: {debug}");
+
+    let shards: Vec<String> = (0..16).map(|i| format!("{resource}-{i}")).collect();
+    let set = ShardSet::builder(store.clone())
+        .name(unique("set"))
+        .resources(shards)
+        .member_id("node-a")
+        .lease_duration(Duration::from_secs(10))
+        .interval(Duration::from_millis(200));
+    assert_readable("ShardSetBuilder", &format!("{set:?}"), 3_000, secret);
+    let set = set.build().unwrap();
+    assert_readable("ShardSet", &format!("{set:?}"), 400, secret);
+    let node = set.start();
+    let mut watch = node.watch();
+    let assignment = watch.wait_for(|a| a.current().count() == 16).await.unwrap();
+    // 16 terms of about 150 bytes each, not 16 stores.
+    assert_readable("Assignment", &format!("{assignment:?}"), 16 * 200, secret);
+    assert_readable("ShardHandle", &format!("{node:?}"), 16 * 200 + 300, secret);
+    node.shutdown().await;
+    let lease = store
+        .acquire_or_renew(&unique("lease"), "node-a", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_readable("LeaseOutcome", &format!("{lease:?}"), 400, secret);
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn values_read_well_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::connect_sqlite(&dir.path().join("leases.db"), 4).await;
+    values_read_well(db, "SQLite", None).await;
+}
+
+/// The URL carries a password (the private server trusts every local connection, so any
+/// password connects): no `Debug` shows it.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_read_well_on_postgres_and_hide_the_password() {
+    if Server::Postgres.skipped() {
+        return;
+    }
+    let secret = "hunter2-s3cret";
+    let url = Server::Postgres.private_url();
+    let with_password = url.replacen("://postgres@", &format!("://postgres:{secret}@"), 1);
+    assert_ne!(
+        url, with_password,
+        "the private server's URL names user postgres: {url}"
+    );
+    let db = common::connect_url(&with_password, 4).await;
+    values_read_well(db, "PostgreSQL", Some(secret)).await;
+}
+
+/// What `fn main() -> Result<(), Box<dyn Error>>` and `unwrap()` print of our errors: the
+/// message, which crate and type speak, and the causes, not a tree of variant names.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn errors_read_like_their_message_and_name_the_crate() {
+    let err = Elector::builder_in_memory()
+        .resource("nightly")
+        .lease_duration(Duration::from_secs(10))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        format!("{err:?}"),
+        format!("orion-beacon ConfigError: {err}"),
+    );
+    assert!(
+        err.to_string()
+            .ends_with("renew_interval 4.5s or less would do (or a longer lease_duration)"),
+        "{err}"
+    );
+
+    // A database error: the causes follow, one per line.
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::connect_sqlite(&dir.path().join("leases.db"), 2).await;
+    let store = SeaOrmLeaseStore::new(db)
+        .with_table("never_migrated")
+        .unwrap();
+    let err = store
+        .acquire_or_renew("r", "me", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    let debug = format!("{err:?}");
+    assert!(
+        debug.starts_with(&format!("orion-beacon StoreError: {err}")),
+        "{debug}"
+    );
+    assert!(debug.contains("\n  caused by: "), "{debug}");
+    assert!(
+        !debug.contains("Query(") && !debug.contains("SqlxError"),
+        "{debug}"
+    );
+}
