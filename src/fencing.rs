@@ -8,6 +8,27 @@ use std::fmt;
 /// renew keeps it. Hand it to downstream systems with each write and have them reject a token
 /// smaller than the largest they have seen: that fences out a leader whose lease lapsed while it
 /// was paused.
+///
+/// It is a column type of your own SeaORM entities (a `BIGINT`), and binds in queries:
+///
+/// ```
+/// use orion_beacon::FencingToken;
+/// use sea_orm::entity::prelude::*;
+///
+/// #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+/// #[sea_orm(table_name = "reports")]
+/// pub struct Model {
+///     #[sea_orm(primary_key)]
+///     pub id: i64,
+///     /// The term that wrote the row.
+///     pub written_by: FencingToken,
+/// }
+/// # #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+/// # pub enum Relation {}
+/// # impl ActiveModelBehavior for ActiveModel {}
+///
+/// let newer = Entity::find().filter(Column::WrittenBy.gt(FencingToken::new(41)));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(transparent))]
@@ -22,6 +43,54 @@ impl FencingToken {
     /// The raw value (a `bigint` in the lease table).
     pub const fn get(self) -> i64 {
         self.0
+    }
+}
+
+// A token is a column type of the application's own entities (a `BIGINT`, like the lease
+// table's `fencing_token`): a model field can be a `FencingToken`, and a query binds one.
+
+impl From<FencingToken> for sea_orm::Value {
+    fn from(token: FencingToken) -> Self {
+        token.0.into()
+    }
+}
+
+impl sea_orm::TryGetable for FencingToken {
+    fn try_get_by<I: sea_orm::ColIdx>(
+        res: &sea_orm::QueryResult,
+        index: I,
+    ) -> Result<Self, sea_orm::TryGetError> {
+        i64::try_get_by(res, index).map(FencingToken)
+    }
+}
+
+impl sea_orm::sea_query::ValueType for FencingToken {
+    fn try_from(v: sea_orm::Value) -> Result<Self, sea_orm::sea_query::ValueTypeErr> {
+        <i64 as sea_orm::sea_query::ValueType>::try_from(v).map(FencingToken)
+    }
+
+    fn type_name() -> String {
+        "FencingToken".to_owned()
+    }
+
+    fn array_type() -> sea_orm::sea_query::ArrayType {
+        sea_orm::sea_query::ArrayType::BigInt
+    }
+
+    fn column_type() -> sea_orm::sea_query::ColumnType {
+        sea_orm::sea_query::ColumnType::BigInteger
+    }
+}
+
+impl sea_orm::sea_query::Nullable for FencingToken {
+    fn null() -> sea_orm::Value {
+        <i64 as sea_orm::sea_query::Nullable>::null()
+    }
+}
+
+impl sea_orm::IntoActiveValue<FencingToken> for FencingToken {
+    fn into_active_value(self) -> sea_orm::ActiveValue<FencingToken> {
+        sea_orm::ActiveValue::Set(self)
     }
 }
 

@@ -1,13 +1,15 @@
-//! What a user's logs show: the `Debug` of every public type a user holds names the resource,
-//! the candidate, the token, the time left and the backend, and never SQL, a pool or a
-//! password; a term's is short enough to log on every change, and a 16-shard assignment's too.
+//! Values as a user meets them. What logs show: the `Debug` of every public type a user holds
+//! names the resource, the candidate, the token, the time left and the backend, and never SQL,
+//! a pool or a password; a term's is short enough to log on every change, and a 16-shard
+//! assignment's too; errors read like their message. And a `FencingToken` is a column type of
+//! the application's own SeaORM entities.
 
 mod common;
 
 use std::time::Duration;
 
 use orion_beacon::{Elector, LeaseStore, SeaOrmLeaseStore, ShardSet};
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 use common::{member_table, migrate, unique, Server};
 
@@ -178,4 +180,106 @@ async fn errors_read_like_their_message_and_name_the_crate() {
         !debug.contains("Query(") && !debug.contains("SqlxError"),
         "{debug}"
     );
+}
+
+/// An application's entity with a `FencingToken` column (and an optional one), written through
+/// its `ActiveModel` inside a fenced transaction and read back and filtered on by token.
+mod report {
+    use orion_beacon::FencingToken;
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "reports")]
+    pub struct Model {
+        #[sea_orm(primary_key)]
+        pub id: i64,
+        pub body: String,
+        pub written_by: FencingToken,
+        pub superseded_by: Option<FencingToken>,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+async fn a_token_is_an_entity_column(db: DatabaseConnection) {
+    use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
+    let table = unique("tokens");
+    migrate(&db, &table).await;
+    let backend = db.get_database_backend();
+    db.execute_raw(
+        backend.build(
+            sea_orm::Schema::new(backend)
+                .create_table_from_entity(report::Entity)
+                .if_not_exists(),
+        ),
+    )
+    .await
+    .unwrap();
+    let store = SeaOrmLeaseStore::new(db.clone())
+        .with_table(&table)
+        .unwrap();
+    let elector = Elector::builder(store)
+        .resource(unique("nightly"))
+        .build()
+        .unwrap()
+        .start();
+    let leadership = elector.watch().wait_for(|l| l.is_leader()).await.unwrap();
+    let term = leadership.term().unwrap().clone();
+
+    let txn = db.begin().await.unwrap();
+    term.fence(&txn).await.unwrap();
+    let written = report::ActiveModel {
+        body: Set("tonight".into()),
+        written_by: Set(term.token()),
+        superseded_by: Set(None),
+        ..Default::default()
+    }
+    .insert(&txn)
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(written.written_by, term.token());
+
+    let found = report::Entity::find()
+        .filter(report::Column::WrittenBy.eq(term.token()))
+        .filter(report::Column::SupersededBy.is_null())
+        .all(&db)
+        .await
+        .unwrap();
+    assert_eq!(found, vec![written.clone()]);
+    let later = orion_beacon::FencingToken::new(term.token().get() + 1);
+    let mut update: report::ActiveModel = written.into();
+    update.superseded_by = Set(Some(later));
+    let updated = update.update(&db).await.unwrap();
+    assert_eq!(updated.superseded_by, Some(later));
+    assert!(report::Entity::find()
+        .filter(report::Column::WrittenBy.gt(later))
+        .all(&db)
+        .await
+        .unwrap()
+        .is_empty());
+    elector.shutdown().await;
+    db.execute_unprepared("DROP TABLE reports").await.unwrap();
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_token_is_an_entity_column_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = common::connect_sqlite(&dir.path().join("leases.db"), 4).await;
+    a_token_is_an_entity_column(db).await;
+}
+
+/// (The entity's table, `reports`, is this test's alone.)
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_an_entity_column_on_postgres() {
+    if Server::Postgres.skipped() {
+        return;
+    }
+    let db = Server::Postgres.connect(4).await;
+    a_token_is_an_entity_column(db).await;
 }
