@@ -1549,3 +1549,131 @@ async fn a_lease_that_cannot_be_released_is_never_led_nor_hammered() {
         a.abort().await;
     }
 }
+
+/// How a term ended, for the cleanup test below.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    /// The work returned on its own.
+    Returned,
+    /// `shutdown()`; the work returns when `lost()` fires.
+    Shutdown,
+    /// `shutdown()`; the work ignores `lost()` and is dropped after the grace period.
+    ShutdownStubborn,
+    /// The handle is dropped.
+    HandleDropped,
+    /// Another candidate took the lease: the renew is denied.
+    Denied,
+    /// Every renew fails until the deadline.
+    Deadline,
+    /// Every renew hangs until the deadline.
+    Hung,
+    /// `abort()`.
+    Aborted,
+}
+
+/// The cleanup pattern the docs show: a value whose `Drop` does the cleanup, made first thing in
+/// the work. It runs however the term ends (the work returns, or is dropped when the term is
+/// lost), where a `select!` branch on `lost()` runs only when the work is let finish.
+struct Cleanup {
+    term: orion_beacon::LeaderTerm,
+    done: Arc<Mutex<Vec<(End, Option<LossReason>)>>>,
+    end: End,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.done
+            .lock()
+            .unwrap()
+            .push((self.end, self.term.loss_reason()));
+    }
+}
+
+/// And code after `term.lost().await` runs only where the work is let finish (a shutdown, the
+/// handle dropped): on a denial, a deadline or an abort the work is dropped at once.
+#[tokio::test(start_paused = true)]
+async fn a_cleanup_in_a_drop_guard_runs_on_every_kind_of_term_end() {
+    let done: Arc<Mutex<Vec<(End, Option<LossReason>)>>> = Arc::default();
+    let after_lost: Arc<Mutex<Vec<String>>> = Arc::default();
+    for end in [
+        End::Returned,
+        End::Shutdown,
+        End::ShutdownStubborn,
+        End::HandleDropped,
+        End::Denied,
+        End::Deadline,
+        End::Hung,
+        End::Aborted,
+    ] {
+        let before = done.lock().unwrap().len();
+        let store = Scripted::new();
+        let handle = Elector::builder(store.clone())
+            .resource("job")
+            .candidate_id("a")
+            .grace_period(Duration::from_secs(2))
+            .build()
+            .unwrap()
+            .start();
+        let cleanups = done.clone();
+        let after = after_lost.clone();
+        let _work = handle.run_as_leader(move |term| {
+            let after = after.clone();
+            let cleanup = Cleanup {
+                term: term.clone(),
+                done: cleanups.clone(),
+                end,
+            };
+            async move {
+                let _cleanup = cleanup;
+                match end {
+                    End::Returned => {}
+                    End::ShutdownStubborn => std::future::pending().await,
+                    _ => {
+                        term.lost().await;
+                        after.lock().unwrap().push(format!("{end:?}"));
+                    }
+                }
+            }
+        });
+        let term = wait_leader(&mut handle.watch()).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match end {
+            End::Returned => {}
+            End::Shutdown | End::ShutdownStubborn => handle.shutdown().await,
+            End::HandleDropped => drop(handle),
+            End::Denied => {
+                store.inner.release("job", "a").await.unwrap();
+                store
+                    .inner
+                    .acquire_or_renew("job", "intruder", LEASE)
+                    .await
+                    .unwrap();
+                term.lost().await;
+            }
+            End::Deadline => {
+                store.set(Mode::Fail);
+                term.lost().await;
+            }
+            End::Hung => {
+                store.set(Mode::Hang);
+                term.lost().await;
+            }
+            End::Aborted => handle.abort().await,
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let ran: Vec<_> = done.lock().unwrap()[before..].to_vec();
+        assert!(
+            ran.iter().any(|(e, _)| matches!((e, end), (a, b) if std::mem::discriminant(a) == std::mem::discriminant(&b))),
+            "{end:?}: the cleanup did not run ({ran:?})"
+        );
+        eprintln!(
+            "{end:?}: cleanup ran, the term's loss reason then: {:?}",
+            ran[0].1
+        );
+    }
+    assert_eq!(
+        *after_lost.lock().unwrap(),
+        vec!["Shutdown", "HandleDropped"],
+        "code after lost() ran only where the work was let finish"
+    );
+}

@@ -297,6 +297,87 @@ mod postgres {
 mod pgbouncer {
     use super::*;
     stalled_suite!(on(SqlHarness::pgbouncer().await));
+
+    /// Behind a transaction-pooling proxy every lease statement runs in a transaction of the
+    /// store's own (`BEGIN`, the statement, `COMMIT`). A holder's renew sent just before it was
+    /// cut off waits behind its own fenced transaction; once the takeover ends that one, the
+    /// renew runs, and its transaction then waits for a `COMMIT` that cannot come. The server
+    /// ends it after 250 ms idle, so it neither renews the term nor holds the row past the
+    /// bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renew_queued_behind_a_cut_off_holders_fence_does_not_hold_the_row() {
+        let Some(s) = on(SqlHarness::pgbouncer().await).await else {
+            return;
+        };
+        let Sides {
+            a_db,
+            a,
+            b,
+            direct,
+            partitions,
+        } = s;
+        let app = app_table(&direct).await;
+        let resource = unique("queued");
+        let LeaseOutcome::Acquired(lease) =
+            a.acquire_or_renew(&resource, "a", LEASE).await.unwrap()
+        else {
+            panic!("a first acquire is a grant");
+        };
+        let lapse = Instant::now() + lease.remaining;
+        let txn = a_db.begin().await.unwrap();
+        let term = Term {
+            resource: &resource,
+            holder: "a",
+            token: lease.token,
+        };
+        a.fence(&txn, term).await.unwrap();
+        txn.execute(&app_row(&app, lease.token)).await.unwrap();
+        // The renew, queued behind the fence; then the partition.
+        let renewing = a.clone();
+        let queued = resource.clone();
+        let renew =
+            tokio::spawn(async move { renewing.acquire_or_renew(&queued, "a", LEASE).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        partitions.set_with("a", true, true);
+
+        tokio::time::sleep_until(lapse + Duration::from_millis(50)).await;
+        // (a is healed only after this: without the idle limit b would wait forever)
+        let asking = async {
+            loop {
+                match b.acquire_or_renew(&resource, "b", LEASE).await.unwrap() {
+                    LeaseOutcome::Acquired(l) => break l,
+                    LeaseOutcome::Renewed(l) => panic!("b never held the lease: {l:?}"),
+                    LeaseOutcome::Denied(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        };
+        let granted = tokio::time::timeout(STALL, asking)
+            .await
+            .unwrap_or_else(|_| panic!("b was not granted within {STALL:?} of a's lapse"));
+        let after_lapse = Instant::now().saturating_duration_since(lapse);
+        eprintln!("b granted {after_lapse:?} after a's lease lapsed");
+        assert!(granted.token > lease.token);
+        assert!(
+            after_lapse < BOUND,
+            "b was granted {after_lapse:?} after a's lease lapsed (bound {BOUND:?})"
+        );
+        partitions.set("a", false);
+        // Its answer was lost with the partition (the connection is left half-open): a caller
+        // bounds the wait, as the elector does; what it gets, if anything, is no renew.
+        let renewed = tokio::time::timeout(LEASE, renew).await;
+        assert!(
+            !matches!(
+                renewed,
+                Ok(Ok(Ok(LeaseOutcome::Renewed(_) | LeaseOutcome::Acquired(_))))
+            ),
+            "the queued renew counted: {renewed:?}"
+        );
+        assert!(
+            txn.commit().await.is_err(),
+            "the stale fenced transaction committed"
+        );
+        assert_eq!(rows(&direct, &app).await, 0);
+    }
 }
 
 #[cfg(feature = "mysql")]

@@ -179,12 +179,22 @@ const PG_OUTSIDE: &str = "SELECT transaction_timestamp() = statement_timestamp()
 
 /// PostgreSQL: `BEGIN` and the same check in one simple-protocol message. `BEGIN` inside a
 /// transaction only warns; the check then sees the older start.
+///
+/// The transaction also gets an idle limit of 250 ms: the store sends its
+/// statements back to back, so a client silent that long inside one of its own transactions
+/// has stalled (a pause, a partition), and the server ends its session rather than let the
+/// rows it locked (a renew queued behind a stalled fence, say) hold up the next term: the
+/// takeover only ends fenced transactions.
 #[cfg(feature = "postgres")]
 fn pg_begin(begin: Begin) -> &'static str {
     match begin {
-        Begin::ReadWrite => "BEGIN; SELECT transaction_timestamp() = statement_timestamp()",
+        Begin::ReadWrite => {
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 250; \
+             SELECT transaction_timestamp() = statement_timestamp()"
+        }
         Begin::RepeatableRead => {
             "BEGIN ISOLATION LEVEL REPEATABLE READ; \
+             SET LOCAL idle_in_transaction_session_timeout = 250; \
              SELECT transaction_timestamp() = statement_timestamp()"
         }
     }

@@ -292,6 +292,10 @@ impl ElectorHandle {
     /// gets up to the grace period to return while the elector keeps renewing the lease; it is
     /// released only after the work has stopped. Work is only started on a term that is
     /// [current](LeaderTerm::is_current).
+    ///
+    /// Code after `term.lost().await` therefore runs only on a shutdown: cleanup that must run
+    /// however the term ends belongs in a value's `Drop`, made first thing in the work (see
+    /// "Cleanup when a term ends" in the elector guide).
     pub fn run_as_leader<F, Fut>(&self, work: F) -> JoinHandle<()>
     where
         F: Fn(LeaderTerm) -> Fut + Send + Sync + 'static,

@@ -197,6 +197,11 @@ impl LeaderTerm {
     }
 
     /// Completes when the term ends (denied, deadline, superseded, shutdown).
+    ///
+    /// Only on a shutdown does the elector let the work go on after this: on every other end
+    /// the work's future is dropped in the same moment, so cleanup that must always run goes
+    /// in a `Drop` guard, not after this future (see
+    /// [`run_as_leader`](crate::ElectorHandle::run_as_leader)).
     pub fn lost(&self) -> WaitForCancellationFutureOwned {
         self.inner.cancel.clone().cancelled_owned()
     }
