@@ -1576,9 +1576,12 @@ enum End {
 /// lost), where a `select!` branch on `lost()` runs only when the work is let finish.
 struct Cleanup {
     term: orion_beacon::LeaderTerm,
-    done: Arc<Mutex<Vec<(End, Option<LossReason>)>>>,
+    done: Cleaned,
     end: End,
 }
+
+/// Each cleanup that ran: for which kind of end, and the term's loss reason then.
+type Cleaned = Arc<Mutex<Vec<(End, Option<LossReason>)>>>;
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
@@ -1593,7 +1596,7 @@ impl Drop for Cleanup {
 /// handle dropped): on a denial, a deadline or an abort the work is dropped at once.
 #[tokio::test(start_paused = true)]
 async fn a_cleanup_in_a_drop_guard_runs_on_every_kind_of_term_end() {
-    let done: Arc<Mutex<Vec<(End, Option<LossReason>)>>> = Arc::default();
+    let done: Cleaned = Arc::default();
     let after_lost: Arc<Mutex<Vec<String>>> = Arc::default();
     for end in [
         End::Returned,

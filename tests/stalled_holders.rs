@@ -146,9 +146,7 @@ async fn a_stalled_holder_never_holds_up_the_next_term(s: Sides, stall: Stall) {
             Stall::LongStatement => {
                 let backend = txn.get_database_backend();
                 // Ended with the session, or aborted (Galera): either way an error.
-                if let Err(e) = txn.execute_raw(sleep_statement(backend)).await {
-                    return Err(e);
-                }
+                txn.execute_raw(sleep_statement(backend)).await?;
             }
         }
         txn.commit().await

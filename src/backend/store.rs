@@ -443,13 +443,13 @@ impl LeaseStore for SeaOrmLeaseStore {
             Form::Postgres => {
                 let acquire =
                     super::postgres::store::acquire_or_renew(self, resource, candidate, millis);
-                self.taking_over(resource, acquire).await
+                self.taking_over(resource, lease, acquire).await
             }
             #[cfg(feature = "mysql")]
             Form::MySql => {
                 let acquire =
                     super::mysql::store::acquire_or_renew(self, resource, candidate, millis);
-                self.taking_over(resource, acquire).await
+                self.taking_over(resource, lease, acquire).await
             }
             Form::Sqlite => {
                 super::sqlite::store::acquire_or_renew(self, resource, candidate, millis).await

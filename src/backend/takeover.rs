@@ -38,14 +38,21 @@ use sea_orm::sea_query::{Alias, Expr, ExprTrait, Func, JoinType, Query, SelectSt
 use super::Dialect;
 use crate::{SeaOrmLeaseStore, StoreError};
 
-/// How long an acquire waits before it looks for a lapsed holder's session.
+/// How long an acquire waits before it looks for a lapsed holder's session (a fifth of the
+/// lease when that is shorter, so a short lease's grant is not spent waiting).
 pub(crate) const WAIT_BEFORE_TAKEOVER: Duration = Duration::from_millis(200);
 
 /// MySQL/MariaDB: how long a blocking transaction's client must have been silent to be ended.
 const SILENT_MS: i64 = 200;
 
-/// How often it looks again while it still waits.
+/// How often it looks again while it still waits (a fifth of the lease when that is shorter).
 pub(crate) const TAKEOVER_EVERY: Duration = Duration::from_millis(250);
+
+/// The two waits for a lease of `lease`: each at most a fifth of it, and at least 10 ms.
+fn takeover_waits(lease: Duration) -> (Duration, Duration) {
+    let fifth = (lease / 5).max(Duration::from_millis(10));
+    (WAIT_BEFORE_TAKEOVER.min(fifth), TAKEOVER_EVERY.min(fifth))
+}
 
 /// The advisory-lock key a fence on PostgreSQL marks its session with: FNV-1a (64 bits) over
 /// the table, the resource and the token, so one key names one term of one resource.
@@ -238,13 +245,15 @@ impl SeaOrmLeaseStore {
     pub(crate) async fn taking_over<T, F>(
         &self,
         resource: &str,
+        lease: Duration,
         acquire: F,
     ) -> Result<T, StoreError>
     where
         F: std::future::Future<Output = Result<T, StoreError>>,
     {
         tokio::pin!(acquire);
-        let mut wait = WAIT_BEFORE_TAKEOVER;
+        let (first, every) = takeover_waits(lease);
+        let mut wait = first;
         let mut given_up = false;
         loop {
             tokio::select! {
@@ -291,7 +300,7 @@ impl SeaOrmLeaseStore {
             if given_up {
                 return acquire.await;
             }
-            wait = TAKEOVER_EVERY;
+            wait = every;
         }
     }
 
@@ -365,6 +374,17 @@ impl SeaOrmLeaseStore {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn short_leases_wait_a_fifth_of_the_lease() {
+        use super::takeover_waits;
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        assert_eq!(takeover_waits(Duration::from_secs(15)), (ms(200), ms(250)));
+        assert_eq!(takeover_waits(ms(1_000)), (ms(200), ms(200)));
+        assert_eq!(takeover_waits(ms(500)), (ms(100), ms(100)));
+        assert_eq!(takeover_waits(ms(20)), (ms(10), ms(10)));
+    }
+
     use super::*;
     use crate::backend::{mysql::MySql, postgres::Postgres};
     use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder};
