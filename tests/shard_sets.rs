@@ -331,6 +331,41 @@ async fn a_hung_store_ends_every_term_at_its_deadline() {
     a.abort().await;
 }
 
+/// `health()` for probes: healthy while the store answers, unhealthy one window (three rounds
+/// by default) after it stopped, healthy again once it answers; `leader` follows what it leads.
+#[tokio::test(start_paused = true)]
+async fn health_follows_the_store_answers() {
+    let store = Hanging {
+        inner: InMemoryLeaseStore::new(),
+        hang: Arc::default(),
+    };
+    let a = node(store.clone(), "a", 3, 0).build().unwrap().start();
+    settle(2, &[&a]).await;
+    let h = a.health();
+    assert!(h.healthy && h.leader, "{h}");
+    assert_eq!(
+        h.window,
+        INTERVAL * orion_beacon::elector::HEALTH_WINDOW_FACTOR
+    );
+    store.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    let hung = Instant::now();
+    let unhealthy = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if !a.health().healthy {
+            break Instant::now();
+        }
+    };
+    // One window after the last answer, which came at most a round before the hang.
+    assert!(unhealthy - hung <= INTERVAL * 3 + Duration::from_millis(100));
+    assert!(unhealthy - hung >= INTERVAL * 2);
+    tokio::time::sleep(LEASE).await;
+    assert!(!a.health().leader, "its terms ended at their deadlines");
+    store.hang.store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(INTERVAL * 3).await;
+    assert!(a.health().healthy, "{}", a.health());
+    a.abort().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn preferences_move_resources_to_their_member_and_a_drain_moves_them_back() {
     let store = InMemoryLeaseStore::new();

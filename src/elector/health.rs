@@ -131,6 +131,35 @@ pub(crate) struct HealthState {
 }
 
 impl HealthState {
+    /// A state whose window counts from now.
+    pub(crate) fn new(window: Duration) -> Self {
+        Self {
+            started: Instant::now(),
+            window,
+            last_round_trip: Mutex::new(None),
+        }
+    }
+
+    /// The store answered now.
+    pub(crate) fn answered_now(&self) {
+        self.answered(Instant::now());
+    }
+
+    /// The health as of now.
+    pub(crate) fn health(&self, failure: Option<&StoreError>, leader: bool) -> Health {
+        let now = Instant::now();
+        let last = self.last();
+        let age = now.saturating_duration_since(last.unwrap_or(self.started));
+        let failure = failure.map(|err| error_chain(err));
+        Health {
+            healthy: age <= self.window && failure.is_none(),
+            failure,
+            leader,
+            last_round_trip: last.map(|at| now.saturating_duration_since(at)),
+            window: self.window,
+        }
+    }
+
     fn last(&self) -> Option<Instant> {
         *self
             .last_round_trip
@@ -164,11 +193,7 @@ impl Probe {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn new(config: &Config, window: Duration) -> Self {
         Self {
-            state: Arc::new(HealthState {
-                started: Instant::now(),
-                window,
-                last_round_trip: Mutex::new(None),
-            }),
+            state: Arc::new(HealthState::new(window)),
             #[cfg(feature = "metrics")]
             metrics: Arc::new(super::metrics::Metrics::new(
                 &config.resource,
@@ -205,18 +230,7 @@ impl Probe {
     /// Health as of now (see [`ElectorHandle::health`](super::ElectorHandle::health)):
     /// `failure` is why the elector stopped for good, if it did; `leader` whether it leads.
     pub(crate) fn health(&self, failure: Option<&StoreError>, leader: bool) -> Health {
-        let state = &self.state;
-        let now = Instant::now();
-        let last = state.last();
-        let age = now.saturating_duration_since(last.unwrap_or(state.started));
-        let failure = failure.map(|err| error_chain(err));
-        Health {
-            healthy: age <= state.window && failure.is_none(),
-            failure,
-            leader,
-            last_round_trip: last.map(|at| now.saturating_duration_since(at)),
-            window: state.window,
-        }
+        self.state.health(failure, leader)
     }
 
     /// A term began.

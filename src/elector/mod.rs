@@ -23,6 +23,7 @@ pub use config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
     MAX_CLOCK_RATE_DIFFERENCE, MAX_INTERVAL, MIN_STEP_DOWN_MARGIN,
 };
+pub(crate) use health::HealthState;
 pub use health::{Health, HEALTH_WINDOW_FACTOR};
 pub use term::{LeaderTerm, Leadership, LossReason};
 

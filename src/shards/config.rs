@@ -27,6 +27,8 @@ pub(crate) struct Config {
     pub slack: usize,
     pub prefer: HashMap<Arc<str>, Arc<str>>,
     pub release_on_shutdown: bool,
+    /// How long the node may go without a store answer before it reports itself unhealthy.
+    pub health_window: Duration,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -41,6 +43,7 @@ pub(crate) struct Options {
     pub slack: Option<usize>,
     pub prefer: Vec<(String, String)>,
     pub release_on_shutdown: Option<bool>,
+    pub health_window: Option<Duration>,
 }
 
 impl Options {
@@ -90,7 +93,24 @@ impl Options {
             self.step_down_margin,
             grace_period,
         )?;
+        let health_window = match self.health_window {
+            Some(window) if window.is_zero() => {
+                return Err(ConfigError::Zero {
+                    option: "health_window",
+                })
+            }
+            Some(window) if window > crate::elector::MAX_INTERVAL => {
+                return Err(ConfigError::TooLong {
+                    option: "health_window",
+                    value: window,
+                    max: crate::elector::MAX_INTERVAL,
+                })
+            }
+            Some(window) => window,
+            None => interval.saturating_mul(crate::elector::HEALTH_WINDOW_FACTOR),
+        };
         Ok(Config {
+            health_window,
             name: Arc::from(name),
             member: Arc::from(member),
             resources: self.resources.into_iter().map(Arc::from).collect(),

@@ -182,6 +182,14 @@ impl ShardSetBuilder {
         self
     }
 
+    /// How long the node may go without a store answer (its heartbeat or its batched renew)
+    /// before [`ShardHandle::health`] reports it unhealthy. Default: three rounds
+    /// ([`interval`](Self::interval) × [`HEALTH_WINDOW_FACTOR`](crate::elector::HEALTH_WINDOW_FACTOR)).
+    pub fn health_window(mut self, window: Duration) -> Self {
+        self.options.health_window = Some(window);
+        self
+    }
+
     /// Validates the options (typed errors for an empty set, a resource given twice, a bad
     /// name, more slack than resources, a preference for a resource not in the set) and asks
     /// the store whether it can work at all.
@@ -299,7 +307,9 @@ impl ShardSet {
             draining: watch::channel(false).0,
         };
         let work = Arc::new(Work::default());
+        let health = Arc::new(crate::elector::HealthState::new(self.config.health_window));
         let runner = runner::Runner {
+            health: health.clone(),
             store: self.store,
             config: self.config.clone(),
             state,
@@ -318,6 +328,7 @@ impl ShardSet {
             control,
             work,
             done,
+            health,
         }
     }
 }
@@ -330,6 +341,7 @@ pub struct ShardHandle {
     control: Control,
     work: Arc<Work>,
     done: watch::Receiver<bool>,
+    health: Arc<crate::elector::HealthState>,
 }
 
 impl ShardHandle {
@@ -418,6 +430,64 @@ impl ShardHandle {
                 }
             }
         })
+    }
+
+    /// For a readiness or liveness probe: whether the node heard from its store (a heartbeat
+    /// or a batched renew answered) within its [health
+    /// window](ShardSetBuilder::health_window), as [`ElectorHandle::health`](crate::ElectorHandle::health)
+    /// says it for an elector; `leader` is whether the node leads any resource now. A node
+    /// stopped because the store refused its configuration is never healthy.
+    ///
+    /// ```
+    /// # use orion_beacon::{InMemoryLeaseStore, ShardSet};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = ShardSet::builder(InMemoryLeaseStore::new())
+    ///     .name("orders")
+    ///     .resources(["a", "b"])
+    ///     .build()?
+    ///     .start();
+    /// assert!(node.health().healthy); // within the window of the start
+    /// # node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn health(&self) -> crate::Health {
+        let (failed, leads) = {
+            let assignment = self.receiver.borrow();
+            let leads = assignment.current().next().is_some();
+            (assignment.failed.clone(), leads)
+        };
+        self.health.health(failed.as_deref(), leads)
+    }
+
+    /// [`run_per_shard`](Self::run_per_shard) with a context that each term's work gets its
+    /// own clone of, so a `move` closure needs no clone-inside-a-clone:
+    ///
+    /// ```
+    /// # use orion_beacon::{InMemoryLeaseStore, ShardSet};
+    /// # #[derive(Clone)] struct Db;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let db = Db;
+    /// let node = ShardSet::builder(InMemoryLeaseStore::new())
+    ///     .name("orders")
+    ///     .resources((0..4).map(|i| format!("shard-{i}")))
+    ///     .build()?
+    ///     .start();
+    /// node.run_per_shard_with(db.clone(), |term, db| async move {
+    ///     // `db` is this term's own clone; `term.fence(&txn)` guards its writes.
+    ///     let _ = (term.resource(), db);
+    /// });
+    /// # node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn run_per_shard_with<C, F, Fut>(&self, context: C, work: F) -> JoinHandle<()>
+    where
+        C: Clone + Send + Sync + 'static,
+        F: Fn(LeaderTerm, C) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.run_per_shard(move |term| work(term, context.clone()))
     }
 
     /// Drains this node: it tells the other members (its heartbeat says so), then hands every

@@ -52,6 +52,8 @@ pub(crate) struct Runner {
     pub control: Control,
     pub work: Arc<Work>,
     pub fence: Option<crate::SeaOrmLeaseStore>,
+    /// When the store last answered a heartbeat or a batched renew, for `health()`.
+    pub health: Arc<crate::elector::HealthState>,
 }
 
 /// A resource this node leads: its term and the store's last answer for it.
@@ -230,6 +232,7 @@ impl Runner {
         let sent = crate::clock::now();
         match self.bounded(heartbeat).await {
             Ok(members) => {
+                self.health.answered_now();
                 st.members = members;
                 st.members_at = Some(sent);
                 // Told now: the members hand over starting next round, once they had a round
@@ -304,7 +307,10 @@ impl Runner {
             .bounded(self.store.renew_all(&leases, self.config.lease))
             .await
         {
-            Ok(renewals) => renewals,
+            Ok(renewals) => {
+                self.health.answered_now();
+                renewals
+            }
             Err(err) => {
                 let Some(err) = self.transient(st, err) else {
                     return;
