@@ -15,21 +15,31 @@ pub mod shards;
 pub mod store;
 mod watch;
 
+// The main types, on the crate root (inlined: their pages live here, not only in the modules).
+#[doc(inline)]
 pub use backend::fence::FenceError;
+#[doc(inline)]
 pub use backend::mysql::MySqlUpsert;
 #[cfg(feature = "sqlserver")]
+#[doc(inline)]
 pub use backend::sqlserver::SqlServerLeaseStore;
+#[doc(inline)]
 pub use backend::{Durability, SeaOrmLeaseStore};
+#[doc(inline)]
 pub use elector::Health;
+#[doc(inline)]
 pub use elector::{
     ConfigError, Elector, ElectorBuilder, ElectorHandle, LeaderTerm, Leadership, LossReason,
 };
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
+#[doc(inline)]
 pub use membership::{Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
+#[doc(inline)]
 pub use shards::{Assignment, ShardHandle, ShardSet, ShardSetBuilder, ShardStore};
+#[doc(inline)]
 pub use store::{LeaseStore, ReleaseEvents};
 pub use watch::{Watch, WatchClosed};
 

@@ -126,7 +126,30 @@ impl ElectorBuilder {
     }
 }
 
-/// A configured elector, ready to [`start`](Self::start).
+/// A configured elector, ready to [`start`](Self::start): keeps one candidate of all the
+/// processes that elect for a resource its leader, with a fencing token per term.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use orion_beacon::Elector;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // `Elector::builder(SeaOrmLeaseStore::new(db))` on a database; in memory for one process.
+/// let elector = Elector::builder_in_memory()
+///     .resource("nightly-report")
+///     .lease_duration(Duration::from_secs(15))
+///     .build()?;
+/// let handle = elector.start();
+/// handle.run_as_leader(|term| async move {
+///     // The leader's work; pass term.token() downstream, fence writes with term.fence(&txn).
+///     term.lost().await;
+/// });
+/// handle.watch().wait_for(|state| state.is_leader()).await?;
+/// handle.shutdown().await;
+/// # Ok(()) }
+/// ```
 pub struct Elector {
     store: Arc<dyn LeaseStore>,
     fence: Option<crate::SeaOrmLeaseStore>,
@@ -216,6 +239,10 @@ impl Elector {
 
 /// A running elector. Dropping it stops the elector (gracefully: work ends, the lease is
 /// released) without waiting; [`shutdown`](Self::shutdown) waits.
+///
+/// What a service asks it: [`is_leader`](Self::is_leader) and [`token`](Self::token) now,
+/// [`watch`](Self::watch) for changes, [`health`](Self::health) for probes, and
+/// [`run_as_leader`](Self::run_as_leader) for the work (see [`Elector`] for an example).
 pub struct ElectorHandle {
     config: Arc<Config>,
     receiver: watch::Receiver<Leadership>,

@@ -204,7 +204,29 @@ impl ShardSetBuilder {
     }
 }
 
-/// One node's part in a shard set, configured and ready to [`start`](Self::start).
+/// One node's part in a shard set, configured and ready to [`start`](Self::start): the
+/// resources of the set spread fairly over the live nodes, each with its own term and token,
+/// renewed with one statement per round.
+///
+/// ```
+/// use orion_beacon::{InMemoryLeaseStore, ShardSet};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // `ShardSet::builder(SeaOrmLeaseStore::new(db))` on a database, shared by every node.
+/// let node = ShardSet::builder(InMemoryLeaseStore::new())
+///     .name("orders")
+///     .resources((0..16).map(|i| format!("shard-{i}")))
+///     .build()?
+///     .start();
+/// node.run_per_shard(|term| async move {
+///     // Work for term.resource(), fenced with term.fence(&txn), until the term ends.
+///     term.lost().await;
+/// });
+/// node.watch().wait_for(|a| a.current().count() == 16).await?; // the only node leads all
+/// node.shutdown().await;
+/// # Ok(()) }
+/// ```
 pub struct ShardSet {
     store: Arc<dyn ShardStore>,
     fence: Option<crate::SeaOrmLeaseStore>,
@@ -335,6 +357,11 @@ impl ShardSet {
 
 /// A running node of a shard set. Dropping it stops the node gracefully without waiting;
 /// [`shutdown`](Self::shutdown) waits.
+///
+/// What a service asks it: [`assignment`](Self::assignment) and [`term`](Self::term) now,
+/// [`watch`](Self::watch) for changes, [`health`](Self::health) for probes,
+/// [`run_per_shard`](Self::run_per_shard) for the work, [`drain`](Self::drain) before a deploy
+/// (see [`ShardSet`] for an example).
 pub struct ShardHandle {
     config: Arc<Config>,
     receiver: watch::Receiver<Assignment>,

@@ -385,8 +385,8 @@ impl Postgres {
         self.inst.start()
     }
 
-    /// SIGKILL to the postmaster: a crash (its backends exit on their own). [`start`]
-    /// (Self::start) runs crash recovery.
+    /// SIGKILL to the postmaster: a crash (its backends exit on their own).
+    /// [`start`](Self::start) runs crash recovery.
     pub fn kill(&self) -> Result<(), Error> {
         self.inst.kill()
     }
