@@ -168,6 +168,14 @@ async fn upstream(
     mut cut: watch::Receiver<bool>,
     gone: Arc<Gone>,
 ) {
+    // However this ends, the other direction stops waiting for the candidate.
+    struct Done(Arc<Gone>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.client_sent.notify_one();
+        }
+    }
+    let _done = Done(gone.clone());
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if cut.wait_for(|c| !*c).await.is_err() {

@@ -453,23 +453,24 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
                 continue;
             };
             let healed = fault.end;
-            // Killed before it could answer again: nothing to measure.
-            let killed = record.faults.iter().any(|f| {
-                f.kind == "kill"
-                    && f.candidate.as_deref() == Some(c)
-                    && f.start >= healed
-                    && f.start - healed < recovery_bound_ns
-            });
-            if killed {
-                continue;
-            }
             let answered = record
                 .calls
                 .iter()
                 .filter(|call| call.candidate == c && call.answered && call.end >= healed)
                 .map(|call| call.end - healed)
                 .min();
+            // Killed before it answered again: nothing to measure (an answer before the kill
+            // is measured as any other).
+            let killed_at = record
+                .faults
+                .iter()
+                .filter(|f| f.kind == "kill" && f.candidate.as_deref() == Some(c))
+                .map(|f| f.start)
+                .filter(|at| *at >= healed)
+                .min();
             let wait = match answered {
+                Some(wait) if killed_at.is_none_or(|k| healed + wait <= k) => wait,
+                _ if killed_at.is_some_and(|k| k - healed < recovery_bound_ns) => continue,
                 Some(wait) => wait,
                 None if record.end.saturating_sub(healed) < recovery_bound_ns => continue,
                 None => u64::MAX,

@@ -276,8 +276,23 @@ async fn kill_leader(
     Ok(true)
 }
 
-/// SIGSTOPs the leader for two leases and a little more, then lets it go on (it wakes up
-/// believing in its term: the fence must refuse its writes). `false` if no leader was found.
+/// How long a pause or a partition lasts: two leases and up to `extra_ms` more; for electors
+/// one in three lasts 3-4 s instead, longer than the recovery bound, so that only a takeover
+/// (the next candidate ending the stalled holder's session) recovers in time: a stall shorter
+/// than the bound ends by itself when the holder wakes, and would let a broken takeover pass.
+/// (Shard nodes get the short ones only: after a long stall the others keep the shards they
+/// took as abandoned, above the fairness bound the shard checker holds them to.)
+fn stall_length(s: &Setup, rng: &mut Rng, extra_ms: u64) -> Duration {
+    if !s.config.shards && rng.below(3) == 0 {
+        Duration::from_millis(3_000 + rng.below(1_000))
+    } else {
+        LEASE * 2 + Duration::from_millis(rng.below(extra_ms))
+    }
+}
+
+/// SIGSTOPs the leader for two leases or more (see [`stall_length`]), then lets it go on (it
+/// wakes up believing in its term: the fence must refuse its writes). `false` if no leader was
+/// found.
 async fn pause_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut Rng) -> bool {
     let Some(p) = leader_process(s, procs, rng).await else {
         return false;
@@ -285,7 +300,7 @@ async fn pause_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut Rng
     let name = p.name.clone();
     let from = mono_ns();
     signal(p, Signal::SIGSTOP);
-    tokio::time::sleep(LEASE * 2 + Duration::from_millis(rng.below(500))).await;
+    tokio::time::sleep(stall_length(s, rng, 500)).await;
     if let Some(p) = procs.iter().find(|p| p.name == name) {
         signal(p, Signal::SIGCONT);
     }
@@ -307,7 +322,7 @@ async fn partition_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut
     // Half the time, a connection the server ends meanwhile (the takeover's) is left half-open
     // at the candidate: what a partition that outlasts the server's FIN retransmissions leaves.
     s.partitions.set_with(&name, true, rng.below(2) == 0);
-    tokio::time::sleep(LEASE * 2 + Duration::from_millis(rng.below(1_500))).await;
+    tokio::time::sleep(stall_length(s, rng, 1_500)).await;
     s.partitions.set(&name, false);
     let to = mono_ns();
     run.applied("partition", Some(name), from, to);
