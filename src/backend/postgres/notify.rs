@@ -155,7 +155,11 @@ async fn listen_on(
                 _ = stop.cancelled() => return Ended::Stopped,
                 received = listener.try_recv() => received,
                 _ = tokio::time::sleep(PROBE_IDLE) => {
-                    if probe(&mut listener).await {
+                    let answered = tokio::select! {
+                        _ = stop.cancelled() => return Ended::Stopped,
+                        answered = probe(&mut listener) => answered,
+                    };
+                    if answered {
                         continue;
                     }
                     tracing::warn!(timeout = ?PROBE_TIMEOUT, "release listener's connection did not answer; listening on a new one, followers poll meanwhile");
