@@ -283,9 +283,11 @@ async fn kill_leader(
 /// (Shard nodes get the short ones only: after a long stall the others keep the shards they
 /// took as abandoned, above the fairness bound the shard checker holds them to. So do
 /// candidates on pools of one connection: the takeover needs a second one, a documented limit.)
-fn stall_length(s: &Setup, rng: &mut Rng, extra_ms: u64) -> Duration {
+/// The first stall of each kind is a short one, so a short run still gets every kind of fault.
+fn stall_length(s: &Setup, run: &Faults, kind: &str, rng: &mut Rng, extra_ms: u64) -> Duration {
     let takeover_possible = s.config.pool >= 2 && s.backend != Backend::Sqlite;
-    if !s.config.shards && takeover_possible && rng.below(3) == 0 {
+    let again = run.counts.contains_key(kind);
+    if !s.config.shards && takeover_possible && again && rng.below(3) == 0 {
         Duration::from_millis(3_000 + rng.below(1_000))
     } else {
         LEASE * 2 + Duration::from_millis(rng.below(extra_ms))
@@ -302,7 +304,7 @@ async fn pause_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut Rng
     let name = p.name.clone();
     let from = mono_ns();
     signal(p, Signal::SIGSTOP);
-    tokio::time::sleep(stall_length(s, rng, 500)).await;
+    tokio::time::sleep(stall_length(s, run, "pause", rng, 500)).await;
     if let Some(p) = procs.iter().find(|p| p.name == name) {
         signal(p, Signal::SIGCONT);
     }
@@ -324,7 +326,7 @@ async fn partition_leader(s: &Setup, procs: &[Proc], run: &mut Faults, rng: &mut
     // Half the time, a connection the server ends meanwhile (the takeover's) is left half-open
     // at the candidate: what a partition that outlasts the server's FIN retransmissions leaves.
     s.partitions.set_with(&name, true, rng.below(2) == 0);
-    tokio::time::sleep(stall_length(s, rng, 1_500)).await;
+    tokio::time::sleep(stall_length(s, run, "partition", rng, 1_500)).await;
     s.partitions.set(&name, false);
     let to = mono_ns();
     run.applied("partition", Some(name), from, to);
