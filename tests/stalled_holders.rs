@@ -104,6 +104,53 @@ fn sleep_statement(backend: DbBackend) -> Statement {
     Statement::from_string(backend, sql)
 }
 
+/// A acquires `resource` with a one-second lease, begins a transaction on its pool, fences it
+/// with the term and inserts its row into `app`: the lease, when it lapses, and the transaction.
+async fn fenced_holder(
+    a: &SeaOrmLeaseStore,
+    a_db: &DatabaseConnection,
+    app: &str,
+    resource: &str,
+) -> (orion_beacon::Lease, Instant, sea_orm::DatabaseTransaction) {
+    let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(resource, "a", LEASE).await.unwrap()
+    else {
+        panic!("a first acquire is a grant");
+    };
+    let lapse = Instant::now() + lease.remaining;
+    let txn = a_db.begin().await.unwrap();
+    let term = Term {
+        resource,
+        holder: "a",
+        token: lease.token,
+    };
+    a.fence(&txn, term).await.expect("a live term fences");
+    txn.execute(&app_row(app, lease.token)).await.unwrap();
+    (lease, lapse, txn)
+}
+
+/// B asks for `resource` every 50 ms from just after `lapse` until it is granted (within
+/// `STALL`, or the test fails): the grant, and how long after the lapse it came.
+async fn b_granted(
+    b: &SeaOrmLeaseStore,
+    resource: &str,
+    lapse: Instant,
+) -> (orion_beacon::Lease, Duration) {
+    tokio::time::sleep_until(lapse + Duration::from_millis(50)).await;
+    let asking = async {
+        loop {
+            match b.acquire_or_renew(resource, "b", LEASE).await.unwrap() {
+                LeaseOutcome::Acquired(l) => break l,
+                LeaseOutcome::Renewed(l) => panic!("b never held the lease: {l:?}"),
+                LeaseOutcome::Denied(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    };
+    let granted = tokio::time::timeout(STALL, asking)
+        .await
+        .unwrap_or_else(|_| panic!("b was not granted within {STALL:?} of a's lapse"));
+    (granted, Instant::now().saturating_duration_since(lapse))
+}
+
 /// A acquires with a one-second lease, fences a transaction and inserts a row, then stalls
 /// there for eight leases; B, on a pool of its own, asks for the lease every 50 ms from just
 /// after A's lease ends. B must be granted within `BOUND` of the lapse, and A's transaction must
@@ -120,19 +167,7 @@ async fn a_stalled_holder_never_holds_up_the_next_term(s: Sides, stall: Stall) {
     // A quote and capitals: the takeover must find the row by its exact key.
     let resource = unique("Stalled'Q");
 
-    let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(&resource, "a", LEASE).await.unwrap()
-    else {
-        panic!("a first acquire is a grant");
-    };
-    let lapse = Instant::now() + lease.remaining;
-    let txn = a_db.begin().await.unwrap();
-    let term = Term {
-        resource: &resource,
-        holder: "a",
-        token: lease.token,
-    };
-    a.fence(&txn, term).await.expect("a live term fences");
-    txn.execute(&app_row(&app, lease.token)).await.unwrap();
+    let (lease, lapse, txn) = fenced_holder(&a, &a_db, &app, &resource).await;
 
     let cut = partitions.clone();
     let holder = tokio::spawn(async move {
@@ -152,15 +187,7 @@ async fn a_stalled_holder_never_holds_up_the_next_term(s: Sides, stall: Stall) {
         txn.commit().await
     });
 
-    tokio::time::sleep_until(lapse + Duration::from_millis(50)).await;
-    let granted = loop {
-        match b.acquire_or_renew(&resource, "b", LEASE).await.unwrap() {
-            LeaseOutcome::Acquired(l) => break l,
-            LeaseOutcome::Renewed(l) => panic!("b never held the lease: {l:?}"),
-            LeaseOutcome::Denied(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    let after_lapse = Instant::now().saturating_duration_since(lapse);
+    let (granted, after_lapse) = b_granted(&b, &resource, lapse).await;
     eprintln!("{stall:?}: b granted {after_lapse:?} after a's lease lapsed");
     assert!(
         granted.token > lease.token,
@@ -316,20 +343,7 @@ mod pgbouncer {
         } = s;
         let app = app_table(&direct).await;
         let resource = unique("queued");
-        let LeaseOutcome::Acquired(lease) =
-            a.acquire_or_renew(&resource, "a", LEASE).await.unwrap()
-        else {
-            panic!("a first acquire is a grant");
-        };
-        let lapse = Instant::now() + lease.remaining;
-        let txn = a_db.begin().await.unwrap();
-        let term = Term {
-            resource: &resource,
-            holder: "a",
-            token: lease.token,
-        };
-        a.fence(&txn, term).await.unwrap();
-        txn.execute(&app_row(&app, lease.token)).await.unwrap();
+        let (lease, lapse, txn) = fenced_holder(&a, &a_db, &app, &resource).await;
         // The renew, queued behind the fence; then the partition.
         let renewing = a.clone();
         let queued = resource.clone();
@@ -338,21 +352,8 @@ mod pgbouncer {
         tokio::time::sleep(Duration::from_millis(200)).await;
         partitions.set_with("a", true, true);
 
-        tokio::time::sleep_until(lapse + Duration::from_millis(50)).await;
         // (a is healed only after this: without the idle limit b would wait forever)
-        let asking = async {
-            loop {
-                match b.acquire_or_renew(&resource, "b", LEASE).await.unwrap() {
-                    LeaseOutcome::Acquired(l) => break l,
-                    LeaseOutcome::Renewed(l) => panic!("b never held the lease: {l:?}"),
-                    LeaseOutcome::Denied(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-            }
-        };
-        let granted = tokio::time::timeout(STALL, asking)
-            .await
-            .unwrap_or_else(|_| panic!("b was not granted within {STALL:?} of a's lapse"));
-        let after_lapse = Instant::now().saturating_duration_since(lapse);
+        let (granted, after_lapse) = b_granted(&b, &resource, lapse).await;
         eprintln!("b granted {after_lapse:?} after a's lease lapsed");
         assert!(granted.token > lease.token);
         assert!(
