@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use orion_beacon::{
-    Elector, ElectorHandle, Leadership, LeaseOutcome, LeaseRecord, LeaseStore, SeaOrmLeaseStore,
+    Elector, ElectorHandle, Leadership, LeaseOutcome, LeaseStore, ReleaseEvents, SeaOrmLeaseStore,
     StoreError,
 };
 use plotters::prelude::*;
@@ -35,8 +35,14 @@ use tokio::time::Instant;
 
 #[path = "orion/cpu.rs"]
 mod cpu;
+// The tests' store double (a file of its own, nothing else of `tests/common`).
+#[path = "../tests/common/double.rs"]
+#[allow(dead_code)]
+mod double;
 #[path = "orion/shards.rs"]
 mod shards;
+
+use double::{Double, Intercept};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -837,34 +843,29 @@ async fn handover() -> Result<(), Error> {
 
 #[derive(Clone)]
 struct Counting {
-    inner: SeaOrmLeaseStore,
     renews: Arc<AtomicU64>,
     calls: Arc<AtomicU64>,
 }
 
 #[async_trait]
-impl LeaseStore for Counting {
+impl Intercept<SeaOrmLeaseStore> for Counting {
     async fn acquire_or_renew(
         &self,
+        inner: &SeaOrmLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let out = self.inner.acquire_or_renew(r, c, lease).await?;
+        let out = inner.acquire_or_renew(r, c, lease).await?;
         if matches!(out, LeaseOutcome::Renewed(_)) {
             self.renews.fetch_add(1, Ordering::Relaxed);
         }
         Ok(out)
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, lease: &orion_beacon::Lease) -> Result<bool, StoreError> {
-        self.inner.release_lease(lease).await
-    }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
+    /// No release notifications (no listener per elector): followers poll.
+    fn release_events(&self, _inner: &SeaOrmLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
@@ -882,11 +883,13 @@ async fn scale() -> Result<(), Error> {
     let table = unique("obscale");
     let db = connect(&pg_url(), 16, false).await?;
     migrate(&db, &table).await?;
-    let counting = Counting {
-        inner: SeaOrmLeaseStore::new(db.clone()).with_table(&table)?,
-        renews: Arc::default(),
-        calls: Arc::default(),
-    };
+    let counting = Double::over(
+        SeaOrmLeaseStore::new(db.clone()).with_table(&table)?,
+        Counting {
+            renews: Arc::default(),
+            calls: Arc::default(),
+        },
+    );
     let mut handles = Vec::with_capacity(leases);
     for i in 0..leases {
         handles.push(

@@ -132,8 +132,9 @@ impl BackendError {
         match self {
             BackendError::SeaOrm(_) => {
                 "add `orion_beacon_migration::CreateLeaseTable` (and `CreateMemberTable` for \
-                 shard sets) to your application's Migrator, or run \
-                 `orion-beacon-migration up -u <DATABASE_URL>` for the default tables"
+                 shard sets) to your application's Migrator and run it; without a Migrator of \
+                 your own, `orion-beacon-migration up -u <DATABASE_URL>` makes the default \
+                 tables"
             }
             #[cfg(feature = "sqlserver")]
             BackendError::SqlServer(_) => {

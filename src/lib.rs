@@ -1,3 +1,6 @@
+// The README's links to the guides resolve to their rustdoc pages here (the first definition of
+// a reference label wins; the README's own point at docs.rs, for crates.io and GitHub).
+#![doc = include_str!("guide/links.md")]
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -8,6 +11,7 @@ mod clock;
 pub mod elector;
 mod error;
 mod fencing;
+pub mod guide;
 mod lease;
 pub mod membership;
 mod memory;
@@ -16,6 +20,9 @@ pub mod store;
 mod watch;
 
 // The main types, on the crate root (inlined: their pages live here, not only in the modules).
+/// The attribute [`LeaseStore`] and [`MembershipStore`] are written with, for implementations
+/// (the same version as ours).
+pub use async_trait::async_trait;
 #[doc(inline)]
 pub use backend::fence::FenceError;
 #[doc(inline)]
@@ -45,18 +52,3 @@ pub use watch::{Watch, WatchClosed};
 
 /// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).
 pub use orion_beacon_entity as entity;
-
-// The Rust examples of the guides in docs/ are doctests too.
-// (its health endpoint serializes `Health`, which needs the `serde` feature)
-#[cfg(all(doctest, feature = "serde"))]
-#[doc = include_str!("../docs/elector.md")]
-mod elector_docs {}
-#[cfg(doctest)]
-#[doc = include_str!("../docs/lease-table.md")]
-mod lease_table_docs {}
-#[cfg(doctest)]
-#[doc = include_str!("../docs/topologies.md")]
-mod topologies_docs {}
-#[cfg(all(doctest, feature = "sqlite"))]
-#[doc = include_str!("../docs/shard-sets.md")]
-mod shard_sets_docs {}

@@ -62,6 +62,9 @@ impl Member {
 /// Liveness is judged by the store's clock (the database's), like a lease's. Bad input (an
 /// invalid shard set or member name, a time to live outside the lease bounds) is refused
 /// before any SQL runs.
+///
+/// Implemented like [`LeaseStore`](crate::LeaseStore): plain `async fn`s under
+/// [`async_trait`](crate::async_trait) (rustdoc shows the desugared signatures).
 #[async_trait]
 pub trait MembershipStore: Send + Sync {
     /// Records that `member` of `shard_set` is alive for `ttl` from now (by the store's

@@ -95,6 +95,59 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// [`MAX_NAME_LEN`], 255 characters) resource and candidate names, names with control characters
 /// or leading/trailing white space, leases under [`MIN_LEASE`] (1 ms) or over [`MAX_LEASE`] (366
 /// days), bad table names.
+///
+/// # Implementing it
+///
+/// The methods are `async fn`s through [`async_trait`](crate::async_trait) (re-exported here,
+/// so the versions match): rustdoc shows their desugared signatures, with boxed futures and
+/// lifetimes, but an implementation writes plain `async fn`s under the same attribute. Four
+/// methods are required; the batch ones ([`renew_all`](Self::renew_all),
+/// [`current_all`](Self::current_all)) have defaults. A wrapper that counts acquires:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::time::Duration;
+///
+/// use orion_beacon::{async_trait, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+///
+/// struct Counted<S> {
+///     inner: S,
+///     asked: AtomicU64,
+/// }
+///
+/// #[async_trait]
+/// impl<S: LeaseStore> LeaseStore for Counted<S> {
+///     async fn acquire_or_renew(
+///         &self,
+///         resource: &str,
+///         candidate: &str,
+///         lease: Duration,
+///     ) -> Result<LeaseOutcome, StoreError> {
+///         self.asked.fetch_add(1, Ordering::Relaxed);
+///         self.inner.acquire_or_renew(resource, candidate, lease).await
+///     }
+///     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+///         self.inner.release(resource, candidate).await
+///     }
+///     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+///         self.inner.release_lease(lease).await
+///     }
+///     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
+///         self.inner.current(resource).await
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), StoreError> {
+/// let store = Counted { inner: orion_beacon::InMemoryLeaseStore::new(), asked: AtomicU64::new(0) };
+/// store.acquire_or_renew("nightly-report", "node-a", Duration::from_secs(15)).await?;
+/// assert_eq!(store.asked.load(Ordering::Relaxed), 1);
+/// # Ok(()) }
+/// ```
+///
+/// A wrapper must pass [`release_events`](Self::release_events) and
+/// [`validate`](Self::validate) on too if the store it wraps has them (here the defaults: no
+/// release notifications, nothing to validate).
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
     /// Takes the lease if nobody holds a live one (a new term: [`LeaseOutcome::Acquired`], token

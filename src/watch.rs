@@ -33,10 +33,16 @@ pub struct Watch<T> {
 }
 
 /// The loop that published the watched state has ended, and every change has been seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("orion-beacon: the watched elector or shard-set node has stopped")]
+#[derive(Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the watched elector or shard-set node has stopped")]
 #[non_exhaustive]
 pub struct WatchClosed;
+
+impl fmt::Debug for WatchClosed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        crate::error::debug_chain(f, "WatchClosed", self)
+    }
+}
 
 impl<T: Clone> Watch<T> {
     pub(crate) fn new(inner: watch::Receiver<T>) -> Self {

@@ -168,9 +168,14 @@ async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
         .expect("member migration up");
 }
 
-/// Drops the membership table `table` with the migration's `down`.
+/// Drops the membership table `table` with the migration's `down`, once its (test) members
+/// are gone: `down` refuses a table in which a node is live.
 async fn drop_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
+    use sea_orm::ConnectionTrait;
+    db.execute_unprepared(&format!("DELETE FROM \"{table}\""))
+        .await
+        .expect("delete the test members");
     CreateMemberTable::with_table(table)
         .expect("valid table name")
         .down(&SchemaManager::new(db))

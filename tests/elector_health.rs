@@ -1,21 +1,23 @@
 //! `ElectorHandle::health()`: unhealthy when no store round trip completed within the window,
 //! leader or not; healthy again once the store answers. Paused tokio time (deterministic).
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::double::{Double, Intercept};
 use orion_beacon::{
-    ConfigError, Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseRecord,
-    LeaseStore, StoreError,
+    ConfigError, Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseStore,
+    ReleaseEvents, StoreError,
 };
 use tokio::time::{sleep, sleep_until, Instant};
 
 /// The in-memory store, with candidates whose calls fail at once or never return.
 #[derive(Clone, Default)]
 struct Wedgeable {
-    inner: InMemoryLeaseStore,
     hanging: Arc<Mutex<HashSet<String>>>,
     failing: Arc<Mutex<HashSet<String>>>,
     /// Candidates whose calls fail with an error of the program's configuration.
@@ -85,26 +87,37 @@ impl Wedgeable {
 }
 
 #[async_trait]
-impl LeaseStore for Wedgeable {
+impl Intercept for Wedgeable {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         self.gate(c).await?;
-        self.inner.acquire_or_renew(r, c, lease).await
+        inner.acquire_or_renew(r, c, lease).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        inner: &InMemoryLeaseStore,
+        r: &str,
+        c: &str,
+    ) -> Result<bool, StoreError> {
         self.gate(c).await?;
-        self.inner.release(r, c).await
+        inner.release(r, c).await
     }
-    async fn release_lease(&self, lease: &orion_beacon::Lease) -> Result<bool, StoreError> {
+    async fn release_lease(
+        &self,
+        inner: &InMemoryLeaseStore,
+        lease: &orion_beacon::Lease,
+    ) -> Result<bool, StoreError> {
         self.gate(&lease.holder).await?;
-        self.inner.release_lease(lease).await
+        inner.release_lease(lease).await
     }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
+    /// No release notifications: followers poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
@@ -114,7 +127,7 @@ const RETRY: Duration = Duration::from_secs(2);
 /// The default window: 3 × max(renew, retry).
 const WINDOW: Duration = Duration::from_secs(15);
 
-fn start(store: &Wedgeable, id: &str) -> ElectorHandle {
+fn start(store: &Double<Wedgeable>, id: &str) -> ElectorHandle {
     Elector::builder(store.clone())
         .resource("job")
         .candidate_id(id)
@@ -153,7 +166,7 @@ async fn wait_health(handle: &ElectorHandle, want: bool, limit: Duration) -> Ins
 
 #[tokio::test(start_paused = true)]
 async fn leader_turns_unhealthy_when_the_store_hangs_and_healthy_when_it_answers() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     let handle = start(&store, "a");
     wait_leader(&handle).await;
     let t0 = Instant::now();
@@ -205,7 +218,7 @@ async fn leader_turns_unhealthy_when_the_store_hangs_and_healthy_when_it_answers
 
 #[tokio::test(start_paused = true)]
 async fn a_wedged_follower_is_unhealthy_while_the_leader_is_fine() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     let a = start(&store, "a");
     wait_leader(&a).await;
     let b = start(&store, "b");
@@ -235,7 +248,7 @@ async fn a_wedged_follower_is_unhealthy_while_the_leader_is_fine() {
 
 #[tokio::test(start_paused = true)]
 async fn errors_do_not_count_as_round_trips() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     store.fail("a", true);
     let handle = start(&store, "a");
     // Calls fail fast (and are retried with back-off): no answer, so healthy only within the
@@ -259,7 +272,7 @@ async fn errors_do_not_count_as_round_trips() {
 
 #[tokio::test(start_paused = true)]
 async fn a_store_hanging_from_the_start_turns_unhealthy_after_one_window() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     store.hang("a", true);
     let started = Instant::now();
     let handle = start(&store, "a");
@@ -274,7 +287,7 @@ async fn a_store_hanging_from_the_start_turns_unhealthy_after_one_window() {
 
 #[tokio::test(start_paused = true)]
 async fn health_window_option() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     let err = Elector::builder(store.clone())
         .resource("job")
         .health_window(Duration::ZERO)
@@ -321,7 +334,7 @@ async fn health_window_option() {
 /// (no retry loop), publishes `Failed`, logs it, and health says why.
 #[tokio::test(start_paused = true)]
 async fn a_follower_stops_when_the_store_refuses_its_configuration() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     store.broken.lock().unwrap().insert("a".into());
     let handle = start(&store, "a");
     let mut rx = handle.watch();
@@ -358,7 +371,7 @@ async fn a_follower_stops_when_the_store_refuses_its_configuration() {
 /// off, the lease left to lapse) and stops; it does not hold on to its deadline.
 #[tokio::test(start_paused = true)]
 async fn a_leader_stops_when_the_store_refuses_its_configuration() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     let handle = start(&store, "a");
     wait_leader(&handle).await;
     let term = handle.leadership().term().cloned().unwrap();
@@ -391,7 +404,7 @@ async fn a_leader_stops_when_the_store_refuses_its_configuration() {
 /// never `Failed`, and the elector leads once the table is there.
 #[tokio::test(start_paused = true)]
 async fn a_missing_table_is_retried_until_it_appears() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     store.tableless.lock().unwrap().insert("a".into());
     let handle = start(&store, "a");
     sleep(10 * RETRY).await;
@@ -404,7 +417,7 @@ async fn a_missing_table_is_retried_until_it_appears() {
 /// An ordinary store error is retried as before (the rule above is only for permanent ones).
 #[tokio::test(start_paused = true)]
 async fn transient_errors_are_still_retried() {
-    let store = Wedgeable::default();
+    let store = Double::new(Wedgeable::default());
     store.fail("a", true);
     let handle = start(&store, "a");
     sleep(10 * RETRY).await;

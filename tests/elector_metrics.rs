@@ -2,11 +2,14 @@
 //! this thread (the paused-time runtime runs every task on it).
 #![cfg(feature = "metrics")]
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::double::{Double, Intercept};
 use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
@@ -15,8 +18,8 @@ use orion_beacon::elector::metrics::{
     IS_LEADER, RENEW_DURATION, SHARDS_LED, SHARD_SHARE, SINCE_RENEW, STORE_ERRORS, TERM_CHANGES,
 };
 use orion_beacon::{
-    Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseRecord, LeaseStore,
-    StoreError,
+    Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseStore,
+    ReleaseEvents, StoreError,
 };
 use tokio::time::sleep;
 
@@ -156,16 +159,16 @@ impl Recorder for TestRecorder {
 /// or hang.
 #[derive(Clone, Default)]
 struct Switched {
-    inner: InMemoryLeaseStore,
     failing: Arc<Mutex<HashSet<String>>>,
     refusing: Arc<Mutex<HashSet<String>>>,
     hanging: Arc<Mutex<HashSet<String>>>,
 }
 
 #[async_trait]
-impl LeaseStore for Switched {
+impl Intercept for Switched {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
@@ -185,20 +188,15 @@ impl LeaseStore for Switched {
         if hangs {
             std::future::pending::<()>().await;
         }
-        self.inner.acquire_or_renew(r, c, lease).await
+        inner.acquire_or_renew(r, c, lease).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, lease: &orion_beacon::Lease) -> Result<bool, StoreError> {
-        self.inner.release_lease(lease).await
-    }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
+    /// No release notifications: followers poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
-fn start(store: &Switched, id: &str) -> ElectorHandle {
+fn start(store: &Double<Switched>, id: &str) -> ElectorHandle {
     Elector::builder(store.clone())
         .resource("job")
         .candidate_id(id)
@@ -222,7 +220,7 @@ fn key(name: &str, candidate: &str, extra: &[(&str, &str)]) -> String {
 async fn leadership_renews_errors_and_staleness_are_recorded() {
     let recorder = TestRecorder::default();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let store = Switched::default();
+    let store = Double::new(Switched::default());
 
     let a = start(&store, "a");
     a.watch()
@@ -310,7 +308,7 @@ async fn leadership_renews_errors_and_staleness_are_recorded() {
 async fn a_failed_elector_reads_as_stale_forever() {
     let recorder = TestRecorder::default();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let store = Switched::default();
+    let store = Double::new(Switched::default());
     let a = start(&store, "a");
     a.watch().wait_for(|s| s.is_leader()).await.unwrap();
     store.refusing.lock().unwrap().insert("a".into());

@@ -1,12 +1,15 @@
 //! The elector's rules, on the in-memory store under paused tokio time (deterministic).
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::double::{Double, Intercept};
 use orion_beacon::{
     ConfigError, Elector, InMemoryLeaseStore, Leadership, Lease, LeaseOutcome, LeaseRecord,
-    LeaseStore, LossReason, StoreError,
+    LeaseStore, LossReason, ReleaseEvents, StoreError,
 };
 use tokio::time::Instant;
 
@@ -24,18 +27,16 @@ enum Mode {
 /// The in-memory store, with a switch to make it fail or hang, and a log of what happened.
 #[derive(Clone)]
 struct Scripted {
-    inner: InMemoryLeaseStore,
     mode: Arc<Mutex<Mode>>,
     log: Arc<Mutex<Vec<(Instant, String)>>>,
 }
 
 impl Scripted {
-    fn new() -> Self {
-        Self {
-            inner: InMemoryLeaseStore::new(),
+    fn new() -> Double<Self> {
+        Double::new(Self {
             mode: Arc::new(Mutex::new(Mode::Normal)),
             log: Arc::default(),
-        }
+        })
     }
     fn set(&self, mode: Mode) {
         *self.mode.lock().unwrap() = mode;
@@ -65,9 +66,10 @@ impl Scripted {
 }
 
 #[async_trait]
-impl LeaseStore for Scripted {
+impl Intercept for Scripted {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
@@ -75,7 +77,7 @@ impl LeaseStore for Scripted {
         self.note(format!("acquire {c}"));
         let mode = *self.mode.lock().unwrap();
         self.gate().await?;
-        let mut out = self.inner.acquire_or_renew(r, c, lease).await?;
+        let mut out = inner.acquire_or_renew(r, c, lease).await?;
         if let Mode::SlowReply(delay) = mode {
             tokio::time::sleep(delay).await;
         }
@@ -95,30 +97,33 @@ impl LeaseStore for Scripted {
         ));
         Ok(out)
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        inner: &InMemoryLeaseStore,
+        r: &str,
+        c: &str,
+    ) -> Result<bool, StoreError> {
         self.gate().await?;
-        let released = self.inner.release(r, c).await?;
+        let released = inner.release(r, c).await?;
         self.note(format!("release {c} {released}"));
         Ok(released)
     }
-    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+    async fn release_lease(
+        &self,
+        inner: &InMemoryLeaseStore,
+        lease: &Lease,
+    ) -> Result<bool, StoreError> {
         self.gate().await?;
-        let released = self.inner.release_lease(lease).await?;
+        let released = inner.release_lease(lease).await?;
         self.note(format!("release {} {released}", lease.holder));
         Ok(released)
-    }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
-    }
-    fn release_events(&self) -> Option<orion_beacon::ReleaseEvents> {
-        self.inner.release_events()
     }
 }
 
 const LEASE: Duration = Duration::from_secs(15);
 const RENEW: Duration = Duration::from_secs(5);
 
-fn elector(store: &Scripted, id: &str) -> Elector {
+fn elector(store: &Double<Scripted>, id: &str) -> Elector {
     Elector::builder(store.clone())
         .resource("job")
         .candidate_id(id)
@@ -809,7 +814,6 @@ async fn release_wakes_followers_at_once() {
 /// ones at once.
 #[derive(Clone)]
 struct LateRelease {
-    inner: InMemoryLeaseStore,
     delay: Duration,
     released: Arc<Mutex<u32>>,
 }
@@ -828,25 +832,27 @@ impl LateRelease {
 }
 
 #[async_trait]
-impl LeaseStore for LateRelease {
-    async fn acquire_or_renew(
+impl Intercept for LateRelease {
+    async fn release(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
-        lease: Duration,
-    ) -> Result<LeaseOutcome, StoreError> {
-        self.inner.acquire_or_renew(r, c, lease).await
-    }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+    ) -> Result<bool, StoreError> {
         self.wait().await;
-        self.inner.release(r, c).await
+        inner.release(r, c).await
     }
-    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+    async fn release_lease(
+        &self,
+        inner: &InMemoryLeaseStore,
+        lease: &Lease,
+    ) -> Result<bool, StoreError> {
         self.wait().await;
-        self.inner.release_lease(lease).await
+        inner.release_lease(lease).await
     }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
+    /// No release notifications: followers poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
@@ -857,11 +863,10 @@ impl LeaseStore for LateRelease {
 /// finds its predecessor's lease live, releases that write itself and leads with a new token.)
 #[tokio::test(start_paused = true)]
 async fn a_late_release_never_ends_the_lease_of_a_new_elector_with_the_same_id() {
-    let store = LateRelease {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(LateRelease {
         delay: Duration::from_secs(3),
         released: Arc::default(),
-    };
+    });
     let start = |id: &str| {
         Elector::builder(store.clone())
             .resource("job")
@@ -962,19 +967,19 @@ async fn failing_renews_back_off_until_the_deadline() {
 /// A store that answers the second renew of a term with `Renewed` under a new token.
 #[derive(Clone)]
 struct RenewsIntoNewToken {
-    inner: InMemoryLeaseStore,
     calls: Arc<Mutex<u32>>,
 }
 
 #[async_trait]
-impl LeaseStore for RenewsIntoNewToken {
+impl Intercept for RenewsIntoNewToken {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
-        let out = self.inner.acquire_or_renew(r, c, lease).await?;
+        let out = inner.acquire_or_renew(r, c, lease).await?;
         let call = {
             let mut calls = self.calls.lock().unwrap();
             *calls += 1;
@@ -988,14 +993,9 @@ impl LeaseStore for RenewsIntoNewToken {
             other => other,
         })
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
-        self.inner.release_lease(lease).await
-    }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
+    /// No release notifications: followers poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
@@ -1003,10 +1003,9 @@ impl LeaseStore for RenewsIntoNewToken {
 /// old term ends `Superseded`, that write is released, and the next term has the next token.
 #[tokio::test(start_paused = true)]
 async fn a_renew_with_another_token_is_a_new_term() {
-    let store = RenewsIntoNewToken {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(RenewsIntoNewToken {
         calls: Arc::default(),
-    };
+    });
     let a = Elector::builder(store)
         .resource("job")
         .candidate_id("a")
@@ -1088,7 +1087,7 @@ async fn a_release_of_another_resource_does_not_wake_a_follower() {
 /// Work that winds down for 3 s after `lost`, noting when it finished or was dropped.
 fn winding_down_work(
     handle: &orion_beacon::ElectorHandle,
-    store: &Scripted,
+    store: &Double<Scripted>,
 ) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Option<Instant>>>) {
     let dropped_at = Arc::new(Mutex::new(None));
     let d2 = dropped_at.clone();
@@ -1106,7 +1105,7 @@ fn winding_down_work(
     (work, dropped_at)
 }
 
-fn short_lease(store: &Scripted) -> orion_beacon::ElectorHandle {
+fn short_lease(store: &Double<Scripted>) -> orion_beacon::ElectorHandle {
     Elector::builder(store.clone())
         .resource("job")
         .candidate_id("a")
@@ -1161,10 +1160,9 @@ async fn a_store_error_while_winding_down_is_retried() {
 /// work is cut off at once and nothing is released.
 #[tokio::test(start_paused = true)]
 async fn a_new_token_while_winding_down_cuts_the_work_off() {
-    let store = RenewsIntoNewToken {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(RenewsIntoNewToken {
         calls: Arc::default(),
-    };
+    });
     let a = Elector::builder(store.clone())
         .resource("job")
         .candidate_id("a")
@@ -1263,18 +1261,16 @@ async fn a_term_describes_itself() {
 /// caller gave up still commits once the lock is free.
 #[derive(Clone)]
 struct RowLocked {
-    inner: InMemoryLeaseStore,
     lock: Arc<tokio::sync::Mutex<()>>,
     log: Arc<Mutex<Vec<String>>>,
 }
 
 impl RowLocked {
-    fn new() -> Self {
-        Self {
-            inner: InMemoryLeaseStore::new(),
+    fn new() -> Double<Self> {
+        Double::new(Self {
             lock: Arc::default(),
             log: Arc::default(),
-        }
+        })
     }
     fn note(&self, what: String) {
         self.log.lock().unwrap().push(what);
@@ -1282,18 +1278,19 @@ impl RowLocked {
 }
 
 #[async_trait]
-impl LeaseStore for RowLocked {
+impl Intercept for RowLocked {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (store, r, c) = (self.clone(), r.to_owned(), c.to_owned());
+        let (store, inner, r, c) = (self.clone(), inner.clone(), r.to_owned(), c.to_owned());
         tokio::spawn(async move {
             let _row = store.lock.lock().await;
-            let out = store.inner.acquire_or_renew(&r, &c, lease).await;
+            let out = inner.acquire_or_renew(&r, &c, lease).await;
             store.note(match &out {
                 Ok(LeaseOutcome::Acquired(l)) => format!("acquired {}", l.token),
                 Ok(LeaseOutcome::Renewed(l)) => format!("renewed {}", l.token),
@@ -1308,18 +1305,28 @@ impl LeaseStore for RowLocked {
             ))
         })
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        inner: &InMemoryLeaseStore,
+        r: &str,
+        c: &str,
+    ) -> Result<bool, StoreError> {
         let _row = self.lock.lock().await;
-        self.inner.release(r, c).await
+        inner.release(r, c).await
     }
-    async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+    async fn release_lease(
+        &self,
+        inner: &InMemoryLeaseStore,
+        lease: &Lease,
+    ) -> Result<bool, StoreError> {
         let _row = self.lock.lock().await;
-        let released = self.inner.release_lease(lease).await?;
+        let released = inner.release_lease(lease).await?;
         self.note(format!("release {} {released}", lease.token));
         Ok(released)
     }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
+    /// No release notifications: followers poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
@@ -1460,26 +1467,27 @@ fn elector_on(store: impl LeaseStore + 'static, id: &str) -> orion_beacon::Elect
 /// whose expiries do not round-trip would), counting acquire-or-renew calls.
 #[derive(Clone)]
 struct Unreleasable {
-    inner: InMemoryLeaseStore,
     fail: bool,
     calls: Arc<Mutex<Vec<Instant>>>,
 }
 
 #[async_trait]
-impl LeaseStore for Unreleasable {
+impl Intercept for Unreleasable {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         self.calls.lock().unwrap().push(Instant::now());
-        self.inner.acquire_or_renew(r, c, lease).await
+        inner.acquire_or_renew(r, c, lease).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, _lease: &Lease) -> Result<bool, StoreError> {
+    async fn release_lease(
+        &self,
+        _inner: &InMemoryLeaseStore,
+        _lease: &Lease,
+    ) -> Result<bool, StoreError> {
         if self.fail {
             Err(StoreError::Database(
                 sea_orm::DbErr::Custom("injected".into()).into(),
@@ -1488,8 +1496,9 @@ impl LeaseStore for Unreleasable {
             Ok(false)
         }
     }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
+    /// No release notifications: followers poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
@@ -1500,11 +1509,10 @@ impl LeaseStore for Unreleasable {
 #[tokio::test(start_paused = true)]
 async fn a_lease_that_cannot_be_released_is_never_led_nor_hammered() {
     for fail in [true, false] {
-        let store = Unreleasable {
-            inner: InMemoryLeaseStore::new(),
+        let store = Double::new(Unreleasable {
             fail,
             calls: Arc::default(),
-        };
+        });
         // A predecessor with the same id left its lease live.
         let held = store
             .inner

@@ -15,6 +15,10 @@ use common::unique;
 
 const LEASE: Duration = Duration::from_millis(500);
 const PAST_LEASE: Duration = Duration::from_millis(800);
+/// For tests where a holder must still be current several statements after its acquire: long
+/// enough that a loaded machine's stall between them does not end the term (500 ms did once).
+const HELD_LEASE: Duration = Duration::from_secs(2);
+const PAST_HELD_LEASE: Duration = Duration::from_millis(2_300);
 
 /// A ledger of (token, seq) rows, in commit order by id.
 struct Ledger {
@@ -85,7 +89,16 @@ impl Ledger {
 }
 
 async fn acquire(store: &SeaOrmLeaseStore, r: &str, who: &str) -> FencingToken {
-    match store.acquire_or_renew(r, who, LEASE).await.unwrap() {
+    acquire_for(store, r, who, LEASE).await
+}
+
+async fn acquire_for(
+    store: &SeaOrmLeaseStore,
+    r: &str,
+    who: &str,
+    lease: Duration,
+) -> FencingToken {
+    match store.acquire_or_renew(r, who, lease).await.unwrap() {
         LeaseOutcome::Acquired(l) => l.token,
         other => panic!("{who} expected to acquire: {other:?}"),
     }
@@ -97,7 +110,7 @@ pub async fn stale_term_is_fenced(h: &SqlHarness) {
     let store = h.store();
     let ledger = Ledger::create(h.db()).await;
     let r = unique("fence_stale");
-    let t = acquire(&store, &r, "a").await;
+    let t = acquire_for(&store, &r, "a", HELD_LEASE).await;
     let a = Term {
         resource: &r,
         holder: "a",
@@ -110,8 +123,8 @@ pub async fn stale_term_is_fenced(h: &SqlHarness) {
     ledger.insert(&txn, t, 1).await;
     txn.commit().await.unwrap();
 
-    tokio::time::sleep(PAST_LEASE).await;
-    let t2 = acquire(&store, &r, "b").await;
+    tokio::time::sleep(PAST_HELD_LEASE).await;
+    let t2 = acquire_for(&store, &r, "b", HELD_LEASE).await;
     assert_eq!(t2.get(), t.get() + 1);
 
     let txn = h.db().begin().await.unwrap();
@@ -125,7 +138,7 @@ pub async fn stale_term_is_fenced(h: &SqlHarness) {
     txn.commit().await.unwrap();
 
     // An expired lease fences its own holder too, before anyone took over.
-    tokio::time::sleep(PAST_LEASE).await;
+    tokio::time::sleep(PAST_HELD_LEASE).await;
     let txn = h.db().begin().await.unwrap();
     assert!(store
         .fence(
@@ -365,7 +378,7 @@ pub async fn statement_fence_affects_no_rows_when_stale(h: &SqlHarness) {
             .and_where(store.fenced_by(term).unwrap())
             .to_owned()
     };
-    let t = acquire(&store, &r, "a").await;
+    let t = acquire_for(&store, &r, "a", HELD_LEASE).await;
     let a = Term {
         resource: &r,
         holder: "a",
@@ -374,8 +387,8 @@ pub async fn statement_fence_affects_no_rows_when_stale(h: &SqlHarness) {
     assert_eq!(h.db().execute(&write(a)).await.unwrap().rows_affected(), 1);
     assert_eq!(store.execute_fenced(h.db(), &write(a), a).await.unwrap(), 1);
 
-    tokio::time::sleep(PAST_LEASE).await;
-    let t2 = acquire(&store, &r, "b").await;
+    tokio::time::sleep(PAST_HELD_LEASE).await;
+    let t2 = acquire_for(&store, &r, "b", HELD_LEASE).await;
     assert_eq!(
         h.db().execute(&write(a)).await.unwrap().rows_affected(),
         0,

@@ -182,6 +182,75 @@ async fn errors_read_like_their_message_and_name_the_crate() {
     );
 }
 
+/// The errors that come before any SQL (options, table names, a watch whose loop ended) read
+/// the same way, and say a value that would work.
+#[tokio::test]
+async fn option_errors_name_the_crate_and_suggest_a_value() {
+    let zero = Elector::builder_in_memory()
+        .resource("nightly")
+        .renew_interval(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        format!("{zero:?}"),
+        format!("orion-beacon ConfigError: {zero}")
+    );
+    assert!(
+        zero.to_string().contains("leave it unset for the default"),
+        "{zero}"
+    );
+    let slack = ShardSet::builder(orion_beacon::InMemoryLeaseStore::new())
+        .name("set")
+        .resources(["a", "b"])
+        .slack(3)
+        .build()
+        .unwrap_err();
+    assert!(slack.to_string().contains("2 or less would do"), "{slack}");
+
+    let name = orion_beacon::entity::validate_table_name("").unwrap_err();
+    assert_eq!(
+        format!("{name:?}"),
+        format!("orion-beacon TableNameError: {name}")
+    );
+
+    let elector = Elector::builder_in_memory()
+        .resource("r")
+        .build()
+        .unwrap()
+        .start();
+    let mut watch = elector.watch();
+    elector.shutdown().await;
+    let closed = loop {
+        if let Err(e) = watch.changed().await {
+            break e;
+        }
+    };
+    assert_eq!(
+        format!("{closed:?}"),
+        format!("orion-beacon WatchClosed: {closed}")
+    );
+}
+
+/// The SQL Server store shows its backend and tables, never the T-SQL or the connection string.
+#[cfg(feature = "sqlserver")]
+#[test]
+fn the_sql_server_store_reads_well() {
+    let secret = "hunter2-s3cret";
+    let store = orion_beacon::SqlServerLeaseStore::new(&format!(
+        "Server=localhost;Database=app;User Id=sa;Password={secret};TrustServerCertificate=True"
+    ))
+    .unwrap()
+    .with_table("my_leases")
+    .unwrap();
+    let debug = format!("{store:?}");
+    assert_readable("SqlServerLeaseStore", &debug, 200, Some(secret));
+    assert!(
+        debug.contains("SQL Server") && debug.contains("my_leases"),
+        "{debug}"
+    );
+    assert!(!debug.contains("MERGE"), "{debug}");
+}
+
 /// An application's entity with a `FencingToken` column (and an optional one), written through
 /// its `ActiveModel` inside a fenced transaction and read back and filtered on by token.
 mod report {

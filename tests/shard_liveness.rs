@@ -2,14 +2,17 @@
 //! abort during a release pass, taking abandoned resources, a resource led again during its own
 //! handover (each of these failed on the code before the fixes).
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::double::{Double, Intercept};
 use orion_beacon::{
-    InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore, LossReason, Member,
-    MembershipStore, Renewals, ShardHandle, ShardSet, StoreError,
+    InMemoryLeaseStore, Lease, LeaseOutcome, LeaseStore, LossReason, ReleaseEvents, Renewals,
+    ShardHandle, ShardSet, StoreError,
 };
 use tokio::time::{sleep, Instant};
 
@@ -21,7 +24,6 @@ fn names(n: usize) -> Vec<String> {
 /// `release_delay_ms`.
 #[derive(Clone)]
 struct Rigged {
-    inner: InMemoryLeaseStore,
     broken: &'static str,
     broken_on: Arc<AtomicBool>,
     release_delay_ms: Arc<AtomicU64>,
@@ -29,21 +31,21 @@ struct Rigged {
 }
 
 impl Rigged {
-    fn new(broken: &'static str) -> Self {
-        Self {
-            inner: InMemoryLeaseStore::new(),
+    fn new(broken: &'static str) -> Double<Self> {
+        Double::new(Self {
             broken,
             broken_on: Arc::new(AtomicBool::new(true)),
             release_delay_ms: Arc::default(),
             renew_fail: Arc::default(),
-        }
+        })
     }
 }
 
 #[async_trait]
-impl LeaseStore for Rigged {
+impl Intercept for Rigged {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         l: Duration,
@@ -51,28 +53,31 @@ impl LeaseStore for Rigged {
         if c == self.broken && self.broken_on.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.inner.acquire_or_renew(r, c, l).await
+        inner.acquire_or_renew(r, c, l).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, l: &Lease) -> Result<bool, StoreError> {
+    async fn release_lease(
+        &self,
+        inner: &InMemoryLeaseStore,
+        l: &Lease,
+    ) -> Result<bool, StoreError> {
         let d = self.release_delay_ms.load(Ordering::SeqCst);
         if d > 0 {
             sleep(Duration::from_millis(d)).await;
         }
-        self.inner.release_lease(l).await
+        inner.release_lease(l).await
     }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
-    }
-    async fn renew_all(&self, h: &[Lease], l: Duration) -> Result<Renewals, StoreError> {
+    async fn renew_all(
+        &self,
+        inner: &InMemoryLeaseStore,
+        h: &[Lease],
+        l: Duration,
+    ) -> Result<Renewals, StoreError> {
         if self.renew_fail.load(Ordering::SeqCst) {
             return Err(StoreError::Database(
                 sea_orm::DbErr::Custom("connection reset by peer".into()).into(),
             ));
         }
-        let r = self.inner.renew_all(h, l).await;
+        let r = inner.renew_all(h, l).await;
         if let Err(e) = &r {
             eprintln!(
                 "renew_all({:?}) -> {e}",
@@ -83,24 +88,9 @@ impl LeaseStore for Rigged {
         }
         r
     }
-}
-
-#[async_trait]
-impl MembershipStore for Rigged {
-    async fn heartbeat(
-        &self,
-        s: &str,
-        m: &str,
-        t: Duration,
-        d: bool,
-    ) -> Result<Vec<Member>, StoreError> {
-        self.inner.heartbeat(s, m, t, d).await
-    }
-    async fn leave(&self, s: &str, m: &str) -> Result<bool, StoreError> {
-        self.inner.leave(s, m).await
-    }
-    async fn members(&self, s: &str) -> Result<Vec<Member>, StoreError> {
-        self.inner.members(s).await
+    /// No release notifications: nodes poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
@@ -129,6 +119,31 @@ fn track(h: &ShardHandle, ends: &Ends, t0: Instant) {
             term.lost().await;
         }
     });
+}
+
+/// A node of the set "set" over `n` resources with the default options (lease 15 s, interval
+/// 2 s, slack 1).
+fn default_node(store: &Double<Rigged>, id: &str, n: usize) -> ShardHandle {
+    ShardSet::builder(store.clone())
+        .name("set")
+        .resources(names(n))
+        .member_id(id)
+        .build()
+        .unwrap()
+        .start()
+}
+
+/// The terms recorded in `ends` that were handed over (later than `after`, if given).
+fn handed_over(
+    ends: &Ends,
+    after: Option<Duration>,
+) -> Vec<(String, String, i64, Option<LossReason>, Duration)> {
+    ends.lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.3 == Some(LossReason::HandedOver) && after.is_none_or(|a| e.4 > a))
+        .cloned()
+        .collect()
 }
 
 /// Sum over resources of the seconds nobody led them (sampled every 100 ms), after `from`.
@@ -161,24 +176,30 @@ async fn leaderless_seconds(
 /// a member that heartbeats but cannot lead makes the others hand over *healthy*
 /// resources into the void: the abandoned resources they take count toward their share, so the
 /// plan hands over their non-kept resources, which sit unled for another lease, again and again.
+/// Now what goes back is what was taken as abandoned, never a healthy term, and each time it is
+/// abandoned again it is kept longer (2 leases, then 4, ...): in 120 s it goes back twice.
 #[tokio::test(start_paused = true)]
 async fn taking_abandoned_resources_never_hands_healthy_ones_to_nobody() {
     let store = Rigged::new("b");
     let t0 = Instant::now();
     let ends: Ends = Arc::default();
-    let build = |id: &str| {
-        ShardSet::builder(store.clone())
-            .name("set")
-            .resources(names(8))
-            .member_id(id)
-            .build() // defaults: lease 15 s, interval 2 s, slack 1
-            .unwrap()
-            .start()
-    };
+    let build = |id: &str| default_node(&store, id, 8);
     let b = build("b");
     sleep(Duration::from_millis(100)).await; // b's heartbeat first: a sees {a, b}
     let a = build("a");
     track(&a, &ends, t0);
+    // Before b's share has been free for a lease: what a leads is its share (and an orphan
+    // within the slack), healthy.
+    sleep(Duration::from_secs(10)).await;
+    let healthy: std::collections::HashSet<String> = a
+        .assignment()
+        .current()
+        .map(|t| t.resource().to_owned())
+        .collect();
+    assert!(
+        (4..=5).contains(&healthy.len()),
+        "a leads its share: {healthy:?}"
+    );
     let (leaderless, worst) = leaderless_seconds(
         &store.inner,
         8,
@@ -187,12 +208,9 @@ async fn taking_abandoned_resources_never_hands_healthy_ones_to_nobody() {
         t0,
     )
     .await;
-    let handed: Vec<_> = ends
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|e| e.3 == Some(LossReason::HandedOver))
-        .map(|e| (e.1.clone(), e.2, e.4))
+    let handed: Vec<_> = handed_over(&ends, None)
+        .into_iter()
+        .map(|e| (e.1, e.2, e.4))
         .collect();
     eprintln!(
         "b leads {}; a leads {}; a handed over {} terms to b (who cannot lead): {handed:?}; \
@@ -202,10 +220,70 @@ async fn taking_abandoned_resources_never_hands_healthy_ones_to_nobody() {
         handed.len()
     );
     assert!(
-        handed.is_empty(),
-        "a handed {} healthy terms over to a member that cannot lead them ({leaderless:.1} resource-seconds unled after t=20s)",
+        handed.iter().all(|(r, _, _)| !healthy.contains(r)),
+        "a handed a healthy term over to a member that cannot lead it: {handed:?} (healthy: {healthy:?})"
+    );
+    // Taken at about 16 s and given back at once; abandoned again at about 33 s, kept 2 leases;
+    // again at about 80 s, kept 4 leases (past 120 s): b's share goes back twice. (Kept for
+    // ever, it went back once, healthy terms with it; kept for nothing, five times.)
+    assert!(
+        !handed.is_empty(),
+        "b's share never went back to b: kept outside a's share for good"
+    );
+    let mut backs: Vec<&str> = handed.iter().map(|(r, _, _)| r.as_str()).collect();
+    backs.sort_unstable();
+    backs.dedup();
+    assert!(
+        handed.len() <= 2 * backs.len(),
+        "{} hand-backs of b's {} resources in 120 s: {handed:?}",
+        handed.len(),
+        backs.len()
+    );
+    assert!(
+        leaderless < 4.0 * 2.0 * 15.0,
+        "{leaderless:.1} resource-seconds unled between 20 s and 120 s"
+    );
+}
+
+/// The same with two healthy members taking b's share in turns: each sees every time b's
+/// resources are abandoned, so the keeps grow whoever takes them, and b's share goes back to b
+/// ever more rarely (with each taker counting only its own takes, they could go back every
+/// other lease for good).
+#[tokio::test(start_paused = true)]
+async fn abandoned_resources_taken_in_turns_are_kept_ever_longer() {
+    let store = Rigged::new("b");
+    let t0 = Instant::now();
+    let ends: Ends = Arc::default();
+    let build = |id: &str| default_node(&store, id, 12);
+    let b = build("b");
+    sleep(Duration::from_millis(100)).await;
+    let a = build("a");
+    let c = build("c");
+    track(&a, &ends, t0);
+    track(&c, &ends, t0);
+    sleep(Duration::from_secs(300)).await;
+    // (not the handovers of the first seconds, when c joined)
+    let handed: Vec<_> = handed_over(&ends, Some(Duration::from_secs(10)))
+        .into_iter()
+        .map(|e| (e.0, e.1, e.4))
+        .collect();
+    let mut per_resource: std::collections::HashMap<&str, usize> = Default::default();
+    for (_, r, _) in &handed {
+        *per_resource.entry(r.as_str()).or_default() += 1;
+    }
+    eprintln!(
+        "in 300 s, a and c handed over {} terms ({per_resource:?}): {handed:?}",
         handed.len()
     );
+    // Kept 0, 2, 4, 8 leases (given back at about 21, 67, 144 and 280 s): four hand-backs
+    // each at most; with each taker counting only its own takes, seven.
+    assert!(
+        !per_resource.is_empty() && per_resource.values().all(|n| *n <= 4),
+        "b's resources went back too often: {per_resource:?}"
+    );
+    for h in [a, b, c] {
+        h.abort().await;
+    }
 }
 
 /// releases between rounds have no budget (and run before an overdue round: the select is

@@ -2,13 +2,16 @@
 //! work that does not stop when cut off, a long acquire loop at a cold start, a member that
 //! heartbeats but cannot acquire, two processes with one member id.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::double::{Double, Intercept};
 use orion_beacon::{
-    InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore, LossReason, Member,
-    MembershipStore, Renewals, ShardHandle, ShardSet, StoreError,
+    InMemoryLeaseStore, LeaseOutcome, LeaseStore, LossReason, ReleaseEvents, ShardHandle, ShardSet,
+    StoreError,
 };
 use tokio::time::{sleep, Instant};
 
@@ -102,60 +105,32 @@ type Reasons = Arc<Mutex<Vec<(String, Option<LossReason>, Duration)>>>;
 /// A store whose acquires take 15 ms each.
 #[derive(Clone)]
 struct SlowAcquire {
-    inner: InMemoryLeaseStore,
     delay: Duration,
 }
 
 #[async_trait]
-impl LeaseStore for SlowAcquire {
+impl Intercept for SlowAcquire {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         l: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         sleep(self.delay).await;
-        self.inner.acquire_or_renew(r, c, l).await
+        inner.acquire_or_renew(r, c, l).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, l: &Lease) -> Result<bool, StoreError> {
-        self.inner.release_lease(l).await
-    }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
-    }
-    async fn renew_all(&self, h: &[Lease], l: Duration) -> Result<Renewals, StoreError> {
-        self.inner.renew_all(h, l).await
-    }
-}
-
-#[async_trait]
-impl MembershipStore for SlowAcquire {
-    async fn heartbeat(
-        &self,
-        s: &str,
-        m: &str,
-        t: Duration,
-        d: bool,
-    ) -> Result<Vec<Member>, StoreError> {
-        self.inner.heartbeat(s, m, t, d).await
-    }
-    async fn leave(&self, s: &str, m: &str) -> Result<bool, StoreError> {
-        self.inner.leave(s, m).await
-    }
-    async fn members(&self, s: &str) -> Result<Vec<Member>, StoreError> {
-        self.inner.members(s).await
+    /// No release notifications: nodes poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_long_cold_start_never_starves_the_renew_of_terms_already_held() {
-    let store = SlowAcquire {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(SlowAcquire {
         delay: Duration::from_millis(15), // a 15 ms round trip
-    };
+    });
     let a = ShardSet::builder(store.clone())
         .name("set")
         .resources(names(1000))
@@ -219,14 +194,14 @@ async fn a_long_cold_start_never_starves_the_renew_of_terms_already_held() {
 /// A store on which one member's acquires never answer (it heartbeats, but cannot lead).
 #[derive(Clone)]
 struct CannotAcquire {
-    inner: InMemoryLeaseStore,
     broken: &'static str,
 }
 
 #[async_trait]
-impl LeaseStore for CannotAcquire {
+impl Intercept for CannotAcquire {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         l: Duration,
@@ -234,47 +209,17 @@ impl LeaseStore for CannotAcquire {
         if c == self.broken {
             std::future::pending::<()>().await;
         }
-        self.inner.acquire_or_renew(r, c, l).await
+        inner.acquire_or_renew(r, c, l).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, l: &Lease) -> Result<bool, StoreError> {
-        self.inner.release_lease(l).await
-    }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
-    }
-    async fn renew_all(&self, h: &[Lease], l: Duration) -> Result<Renewals, StoreError> {
-        self.inner.renew_all(h, l).await
-    }
-}
-
-#[async_trait]
-impl MembershipStore for CannotAcquire {
-    async fn heartbeat(
-        &self,
-        s: &str,
-        m: &str,
-        t: Duration,
-        d: bool,
-    ) -> Result<Vec<Member>, StoreError> {
-        self.inner.heartbeat(s, m, t, d).await
-    }
-    async fn leave(&self, s: &str, m: &str) -> Result<bool, StoreError> {
-        self.inner.leave(s, m).await
-    }
-    async fn members(&self, s: &str) -> Result<Vec<Member>, StoreError> {
-        self.inner.members(s).await
+    /// No release notifications: nodes poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn resources_a_member_cannot_lead_are_taken_by_the_others() {
-    let store = CannotAcquire {
-        inner: InMemoryLeaseStore::new(),
-        broken: "b",
-    };
+    let store = Double::new(CannotAcquire { broken: "b" });
     let build = |id: &str| {
         ShardSet::builder(store.clone())
             .name("set")
@@ -357,10 +302,9 @@ async fn a_handover_never_releases_under_work_that_did_not_stop() {
 /// (the id already holds the live lease) is no grant.
 #[tokio::test(start_paused = true)]
 async fn two_processes_with_one_member_id_never_both_lead() {
-    let store = SlowAcquire {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(SlowAcquire {
         delay: Duration::from_millis(10),
-    };
+    });
     let build = || {
         ShardSet::builder(store.clone())
             .name("set")
@@ -390,20 +334,20 @@ async fn two_processes_with_one_member_id_never_both_lead() {
 /// for a row lock, say): the node never leads on it, and releases that lease when it sees it.
 #[derive(Clone)]
 struct LateAcquire {
-    inner: InMemoryLeaseStore,
     first: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 #[async_trait]
-impl LeaseStore for LateAcquire {
+impl Intercept for LateAcquire {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         l: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         if self.first.lock().unwrap().insert(r.to_owned()) {
-            let (inner, r, c) = (self.inner.clone(), r.to_owned(), c.to_owned());
+            let (inner, r, c) = (inner.clone(), r.to_owned(), c.to_owned());
             // Granted while the caller still waits; the answer never reaches it.
             tokio::spawn(async move {
                 sleep(Duration::from_millis(500)).await;
@@ -411,47 +355,19 @@ impl LeaseStore for LateAcquire {
             });
             std::future::pending::<()>().await;
         }
-        self.inner.acquire_or_renew(r, c, l).await
+        inner.acquire_or_renew(r, c, l).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(&self, l: &Lease) -> Result<bool, StoreError> {
-        self.inner.release_lease(l).await
-    }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.current(r).await
-    }
-    async fn renew_all(&self, h: &[Lease], l: Duration) -> Result<Renewals, StoreError> {
-        self.inner.renew_all(h, l).await
-    }
-}
-
-#[async_trait]
-impl MembershipStore for LateAcquire {
-    async fn heartbeat(
-        &self,
-        s: &str,
-        m: &str,
-        t: Duration,
-        d: bool,
-    ) -> Result<Vec<Member>, StoreError> {
-        self.inner.heartbeat(s, m, t, d).await
-    }
-    async fn leave(&self, s: &str, m: &str) -> Result<bool, StoreError> {
-        self.inner.leave(s, m).await
-    }
-    async fn members(&self, s: &str) -> Result<Vec<Member>, StoreError> {
-        self.inner.members(s).await
+    /// No release notifications: nodes poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_acquire_granted_after_its_timeout_is_released_not_left_to_lapse() {
-    let store = LateAcquire {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(LateAcquire {
         first: Arc::default(),
-    };
+    });
     let a = ShardSet::builder(store.clone())
         .name("set")
         .resources(names(1))

@@ -2,14 +2,17 @@
 //! not return is cut off, a hung store ends terms at their deadlines, preferences, drains,
 //! fairness, and recovery from a dead node within lease + one round.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::double::{Double, Intercept};
 use orion_beacon::{
     ConfigError, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore, LossReason,
-    Member, MembershipStore, Renewals, ShardHandle, ShardSet, StoreError,
+    Member, MembershipStore, ReleaseEvents, Renewals, ShardHandle, ShardSet, StoreError,
 };
 use tokio::time::{sleep, Instant};
 
@@ -230,7 +233,6 @@ async fn work_that_does_not_return_is_dropped_after_the_grace_period() {
 /// A store whose calls hang after `hang` is set (a database that stopped answering).
 #[derive(Clone)]
 struct Hanging {
-    inner: InMemoryLeaseStore,
     hang: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -242,54 +244,84 @@ impl Hanging {
     }
 }
 
+/// Every call goes through the gate (`current_all` too: it asks `current` per resource).
 #[async_trait]
-impl LeaseStore for Hanging {
+impl Intercept for Hanging {
     async fn acquire_or_renew(
         &self,
+        inner: &InMemoryLeaseStore,
         r: &str,
         c: &str,
         l: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
         self.gate().await;
-        self.inner.acquire_or_renew(r, c, l).await
+        inner.acquire_or_renew(r, c, l).await
     }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        inner: &InMemoryLeaseStore,
+        r: &str,
+        c: &str,
+    ) -> Result<bool, StoreError> {
         self.gate().await;
-        self.inner.release(r, c).await
+        inner.release(r, c).await
     }
-    async fn release_lease(&self, l: &Lease) -> Result<bool, StoreError> {
+    async fn release_lease(
+        &self,
+        inner: &InMemoryLeaseStore,
+        l: &Lease,
+    ) -> Result<bool, StoreError> {
         self.gate().await;
-        self.inner.release_lease(l).await
+        inner.release_lease(l).await
     }
-    async fn current(&self, r: &str) -> Result<Option<LeaseRecord>, StoreError> {
+    async fn current(
+        &self,
+        inner: &InMemoryLeaseStore,
+        r: &str,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
         self.gate().await;
-        self.inner.current(r).await
+        inner.current(r).await
     }
-    async fn renew_all(&self, h: &[Lease], l: Duration) -> Result<Renewals, StoreError> {
+    async fn renew_all(
+        &self,
+        inner: &InMemoryLeaseStore,
+        h: &[Lease],
+        l: Duration,
+    ) -> Result<Renewals, StoreError> {
         self.gate().await;
-        self.inner.renew_all(h, l).await
+        inner.renew_all(h, l).await
     }
-}
-
-#[async_trait]
-impl MembershipStore for Hanging {
+    /// No release notifications: nodes poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
+    }
     async fn heartbeat(
         &self,
+        inner: &InMemoryLeaseStore,
         s: &str,
         m: &str,
         t: Duration,
         d: bool,
     ) -> Result<Vec<Member>, StoreError> {
         self.gate().await;
-        self.inner.heartbeat(s, m, t, d).await
+        inner.heartbeat(s, m, t, d).await
     }
-    async fn leave(&self, s: &str, m: &str) -> Result<bool, StoreError> {
+    async fn leave(
+        &self,
+        inner: &InMemoryLeaseStore,
+        s: &str,
+        m: &str,
+    ) -> Result<bool, StoreError> {
         self.gate().await;
-        self.inner.leave(s, m).await
+        inner.leave(s, m).await
     }
-    async fn members(&self, s: &str) -> Result<Vec<Member>, StoreError> {
+    async fn members(
+        &self,
+        inner: &InMemoryLeaseStore,
+        s: &str,
+    ) -> Result<Vec<Member>, StoreError> {
         self.gate().await;
-        self.inner.members(s).await
+        inner.members(s).await
     }
 }
 
@@ -297,10 +329,9 @@ impl MembershipStore for Hanging {
 /// ends in the store) and its work is dropped, whatever the node's loop is waiting on.
 #[tokio::test(start_paused = true)]
 async fn a_hung_store_ends_every_term_at_its_deadline() {
-    let store = Hanging {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(Hanging {
         hang: Arc::default(),
-    };
+    });
     let a = node(store.clone(), "a", 3, 0).build().unwrap().start();
     settle(2, &[&a]).await;
     let terms: Vec<_> = a.assignment().led.values().cloned().collect();
@@ -335,10 +366,9 @@ async fn a_hung_store_ends_every_term_at_its_deadline() {
 /// by default) after it stopped, healthy again once it answers; `leader` follows what it leads.
 #[tokio::test(start_paused = true)]
 async fn health_follows_the_store_answers() {
-    let store = Hanging {
-        inner: InMemoryLeaseStore::new(),
+    let store = Double::new(Hanging {
         hang: Arc::default(),
-    };
+    });
     let a = node(store.clone(), "a", 3, 0).build().unwrap().start();
     settle(2, &[&a]).await;
     let h = a.health();
@@ -448,4 +478,231 @@ fn bad_sets_are_refused_at_build() {
         ),
         "{err}"
     );
+}
+
+/// How a shard's term ended, for the cleanup test below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShardEnd {
+    /// A second node joined: the excess is handed over.
+    HandedOver,
+    /// `drain()`.
+    Drained,
+    /// `shutdown()`.
+    Shutdown,
+    /// Another member took the lease: the batched renew reports it lost.
+    Denied,
+    /// The store stopped answering: the term ends at its deadline.
+    Deadline,
+    /// `abort()`.
+    Aborted,
+}
+
+/// Cleanup written the way the docs show (a `Drop` guard made first thing in the work, the
+/// README's loop that looks at `lost()` between units of work) runs on every kind of end of a
+/// shard's term, and a graceful end (handover, drain, shutdown) does not wait out the grace
+/// period for that loop. `run_per_shard_with` hands each term its own clone of the context.
+#[tokio::test(start_paused = true)]
+async fn a_shards_cleanup_runs_on_every_kind_of_term_end() {
+    type Cleaned = Arc<Mutex<Vec<(String, Option<LossReason>, Instant)>>>;
+    struct Cleanup(orion_beacon::LeaderTerm, Cleaned);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            self.1.lock().unwrap().push((
+                self.0.resource().to_owned(),
+                self.0.loss_reason(),
+                Instant::now(),
+            ));
+        }
+    }
+    for end in [
+        ShardEnd::HandedOver,
+        ShardEnd::Drained,
+        ShardEnd::Shutdown,
+        ShardEnd::Denied,
+        ShardEnd::Deadline,
+        ShardEnd::Aborted,
+    ] {
+        let hang = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let store = Double::new(Hanging { hang: hang.clone() });
+        let a = node(store.clone(), "a", 2, 0).build().unwrap().start();
+        let cleaned: Cleaned = Arc::default();
+        let contexts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        a.run_per_shard_with(
+            (cleaned.clone(), contexts.clone()),
+            |term, (cleaned, contexts)| async move {
+                let _cleanup = Cleanup(term.clone(), cleaned);
+                contexts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                while term.is_current() {
+                    tokio::select! {
+                        _ = term.lost() => break,
+                        _ = sleep(Duration::from_millis(300)) => {}
+                    }
+                }
+            },
+        );
+        while a.assignment().current().count() < 2 {
+            sleep(INTERVAL).await;
+        }
+        sleep(INTERVAL).await;
+        assert_eq!(contexts.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let asked = Instant::now();
+        let mut b = None;
+        match end {
+            ShardEnd::HandedOver => {
+                b = Some(node(store.clone(), "b", 2, 0).build().unwrap().start());
+            }
+            ShardEnd::Drained => a.drain().await,
+            ShardEnd::Shutdown => a.shutdown().await,
+            ShardEnd::Denied => {
+                store.inner.release("shard-0", "a").await.unwrap();
+                store
+                    .inner
+                    .acquire_or_renew("shard-0", "intruder", LEASE)
+                    .await
+                    .unwrap();
+            }
+            ShardEnd::Deadline => hang.store(true, std::sync::atomic::Ordering::SeqCst),
+            ShardEnd::Aborted => a.abort().await,
+        }
+        // Long enough for a deadline (a lease), a handover or a drain (a few rounds).
+        let until = asked + LEASE + INTERVAL * 3;
+        while cleaned.lock().unwrap().is_empty() && Instant::now() < until {
+            sleep(Duration::from_millis(50)).await;
+        }
+        let ran = cleaned.lock().unwrap().clone();
+        let expected = match end {
+            ShardEnd::HandedOver | ShardEnd::Drained => LossReason::HandedOver,
+            ShardEnd::Shutdown => LossReason::Shutdown,
+            ShardEnd::Denied => LossReason::Denied,
+            ShardEnd::Deadline => LossReason::Deadline,
+            ShardEnd::Aborted => LossReason::Aborted,
+        };
+        assert!(
+            ran.iter().any(|(_, reason, _)| *reason == Some(expected)),
+            "{end:?}: no cleanup ran for a term that ended {expected:?} ({ran:?})"
+        );
+        if matches!(
+            end,
+            ShardEnd::HandedOver | ShardEnd::Drained | ShardEnd::Shutdown
+        ) {
+            // The loop returned when lost() fired: no waiting out the grace period.
+            let took = ran[0].2 - asked;
+            assert!(
+                took < GRACE,
+                "{end:?}: the README's loop took {took:?} to return (grace {GRACE:?})"
+            );
+        }
+        eprintln!("{end:?}: cleanups {ran:?}");
+        hang.store(false, std::sync::atomic::Ordering::SeqCst);
+        if let Some(b) = b {
+            b.abort().await;
+        }
+        a.abort().await;
+    }
+}
+
+/// A store whose lease calls (acquire, release, renew) fail while `down` is set; heartbeats
+/// and looks go on (what a node sees when the lease table is locked or unreachable while the
+/// membership table answers).
+#[derive(Clone)]
+struct LeasesDown {
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LeasesDown {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Database(
+                sea_orm::DbErr::Custom("connection reset by peer".into()).into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Intercept for LeasesDown {
+    async fn acquire_or_renew(
+        &self,
+        inner: &InMemoryLeaseStore,
+        r: &str,
+        c: &str,
+        l: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        self.check()?;
+        inner.acquire_or_renew(r, c, l).await
+    }
+    async fn release_lease(
+        &self,
+        inner: &InMemoryLeaseStore,
+        l: &Lease,
+    ) -> Result<bool, StoreError> {
+        self.check()?;
+        inner.release_lease(l).await
+    }
+    async fn renew_all(
+        &self,
+        inner: &InMemoryLeaseStore,
+        h: &[Lease],
+        l: Duration,
+    ) -> Result<Renewals, StoreError> {
+        self.check()?;
+        inner.renew_all(h, l).await
+    }
+    /// No release notifications: nodes poll.
+    fn release_events(&self, _inner: &InMemoryLeaseStore) -> Option<ReleaseEvents> {
+        None
+    }
+}
+
+/// Every node loses the lease calls for longer than a lease while the members stay: every
+/// lease lapses, and after the outage the first node to look takes every resource nobody led
+/// for a lease. It must not keep them outside its share (its own calls failed too, so their
+/// staying free said nothing about the others): the shares are back within a few rounds.
+/// (Keeping them until the members change, as before, left one node leading all 12.)
+#[tokio::test(start_paused = true)]
+async fn after_an_outage_of_every_node_the_shares_come_back() {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = Double::new(LeasesDown { down: down.clone() });
+    let nodes: Vec<ShardHandle> = ["a", "b", "c"]
+        .iter()
+        .map(|id| node(store.clone(), id, 12, 1).build().unwrap().start())
+        .collect();
+    let refs: Vec<&ShardHandle> = nodes.iter().collect();
+    let balanced =
+        |counts: &[usize]| counts.iter().all(|c| *c <= 5) && counts.iter().sum::<usize>() == 12;
+    let t0 = Instant::now();
+    while !balanced(&counts(&refs)) {
+        assert!(
+            t0.elapsed() < LEASE * 3,
+            "never balanced: {:?}",
+            counts(&refs)
+        );
+        sleep(INTERVAL).await;
+    }
+    down.store(true, std::sync::atomic::Ordering::SeqCst);
+    sleep(LEASE * 5 / 2).await;
+    assert_eq!(
+        counts(&refs),
+        vec![0, 0, 0],
+        "every term ended in the outage"
+    );
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let healed = Instant::now();
+    // Led again at once, then back to the shares (at most ceil(12 / 3) + 1 each).
+    let mut seen = Vec::new();
+    while healed.elapsed() < LEASE * 2 {
+        sleep(INTERVAL).await;
+        assert_disjoint(&refs);
+        seen.push(counts(&refs));
+    }
+    let last = counts(&refs);
+    eprintln!("after the outage, per round: {seen:?}");
+    assert!(
+        balanced(&last),
+        "two leases after the outage the nodes lead {last:?} of 12 (at most 5 each)"
+    );
+    for n in nodes {
+        n.abort().await;
+    }
 }

@@ -47,6 +47,8 @@ struct Sides {
     direct: DatabaseConnection,
     /// A's proxy, named "a".
     partitions: Partitions,
+    /// The lease table.
+    table: String,
 }
 
 async fn sides(h: &SqlHarness) -> Sides {
@@ -58,6 +60,7 @@ async fn sides(h: &SqlHarness) -> Sides {
         b: h.separate_store().await,
         direct: h.direct().clone(),
         partitions,
+        table: h.table().to_owned(),
     }
 }
 
@@ -162,6 +165,7 @@ async fn a_stalled_holder_never_holds_up_the_next_term(s: Sides, stall: Stall) {
         b,
         direct,
         partitions,
+        ..
     } = s;
     let app = app_table(&direct).await;
     // A quote and capitals: the takeover must find the row by its exact key.
@@ -279,6 +283,171 @@ async fn a_live_holders_fenced_transaction_is_never_ended(s: Sides) {
     assert_eq!(rows(&direct, &app).await, 1);
 }
 
+/// A caller that bounds each acquire more tightly than the takeover's first wait (a shard set
+/// bounds every statement of its round by its interval) drops each one while it waits for the
+/// stalled holder's lock: the takeover must still happen, so B comes to hold the lease within
+/// the bound (granted by a later call, or by one it dropped whose statement ran on once the
+/// stalled session ended: then its next call renews it), and A's transaction never commits.
+async fn a_caller_that_gives_up_early_still_gets_the_stalled_holder_ended(s: Sides) {
+    let Sides {
+        a_db, a, b, direct, ..
+    } = s;
+    let app = app_table(&direct).await;
+    let resource = unique("impatient");
+    let (lease, lapse, txn) = fenced_holder(&a, &a_db, &app, &resource).await;
+    let holder = tokio::spawn(async move {
+        tokio::time::sleep(STALL).await;
+        txn.commit().await
+    });
+    tokio::time::sleep_until(lapse + Duration::from_millis(50)).await;
+    let asking = async {
+        loop {
+            let out = tokio::time::timeout(
+                Duration::from_millis(50),
+                b.acquire_or_renew(&resource, "b", LEASE),
+            )
+            .await;
+            match out {
+                Ok(Ok(LeaseOutcome::Acquired(l) | LeaseOutcome::Renewed(l))) => break l,
+                Ok(Ok(LeaseOutcome::Denied(_))) | Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Ok(Err(e)) => panic!("b's acquire failed: {e}"),
+            }
+        }
+    };
+    let held = tokio::time::timeout(STALL, asking)
+        .await
+        .unwrap_or_else(|_| panic!("b, giving up on each acquire after 50 ms, never came to hold the lease while a was stalled"));
+    let after_lapse = Instant::now().saturating_duration_since(lapse);
+    eprintln!("b, giving up on each acquire after 50 ms, held the lease {after_lapse:?} after a's lease lapsed");
+    assert!(held.token > lease.token);
+    assert!(
+        after_lapse < BOUND,
+        "b came to hold the lease {after_lapse:?} after a's lease lapsed (bound {BOUND:?})"
+    );
+    assert!(
+        holder.await.unwrap().is_err(),
+        "the stalled holder's fenced transaction committed after its term ended"
+    );
+    assert_eq!(rows(&direct, &app).await, 0);
+}
+
+/// A lock on a lapsed lease row that no takeover ends (here the application's own
+/// `SELECT … FOR UPDATE` of the row; on MariaDB followed by a long statement that names the
+/// lease table, which the takeover spares; the same as a fenced holder's when the role may not
+/// end other sessions) makes every acquire wait. An acquire whose caller gives up must leave
+/// nothing behind: B's pool (two connections) answers other calls after five acquires it gave
+/// up on, and once A's transaction ends (`server_wait` after the last: twice the statement's
+/// own lock-wait limit), no statement of those acquires runs on to grant B a lease nobody asked
+/// for any more. (Before the statement bounded its own lock wait, the five waited on the server
+/// as long as the lock was held, and the first to get the row was granted.)
+async fn an_acquire_given_up_on_leaves_nothing_behind(s: Sides, server_wait: Duration) {
+    use sea_orm::sea_query::{Expr, ExprTrait, LockType};
+    let Sides {
+        a_db,
+        a,
+        b,
+        table,
+        direct: s_direct,
+        ..
+    } = s;
+    let backend_of = |db: &DatabaseConnection| db.get_database_backend();
+    let resource = unique("given-up");
+    let LeaseOutcome::Acquired(lease) = a.acquire_or_renew(&resource, "a", LEASE).await.unwrap()
+    else {
+        panic!("a first acquire is a grant");
+    };
+    let lapse = Instant::now() + lease.remaining;
+    let txn = a_db.begin().await.unwrap();
+    let lock = Query::select()
+        .expr(Expr::val(1))
+        .from(Alias::new(&table))
+        .and_where(Expr::col(Alias::new("resource")).eq(resource.as_str()))
+        .lock(LockType::Update)
+        .to_owned();
+    assert_eq!(txn.query_all(&lock).await.unwrap().len(), 1);
+    // A lets go once B's five acquires and its other call are done, and `server_wait` more.
+    let release_at = lapse + Duration::from_millis(800) + server_wait;
+    let backend = txn.get_database_backend();
+    let (holding_table, holding_resource) = (table.clone(), resource.clone());
+    let holder = tokio::spawn(async move {
+        if backend == DbBackend::MySql {
+            let secs = release_at
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64();
+            let sleep = Statement::from_sql_and_values(
+                DbBackend::MySql,
+                format!("SELECT SLEEP(?) FROM `{holding_table}` WHERE `resource` = ?"),
+                [secs.into(), holding_resource.into()],
+            );
+            txn.query_all_raw(sleep).await.unwrap();
+        } else {
+            tokio::time::sleep_until(release_at).await;
+        }
+        txn.commit().await.unwrap();
+    });
+    tokio::time::sleep_until(lapse + Duration::from_millis(50)).await;
+    for _ in 0..5 {
+        let out = tokio::time::timeout(
+            Duration::from_millis(50),
+            b.acquire_or_renew(&resource, "b", LEASE),
+        )
+        .await;
+        assert!(
+            out.is_err(),
+            "the row is locked: no answer within 50 ms ({out:?})"
+        );
+    }
+    // The last ones still wait on the server (else the test proves nothing): statements on
+    // this test's own lease table, waiting for a lock.
+    let backend = backend_of(&s_direct);
+    let waiting = if backend == DbBackend::Postgres {
+        "SELECT CAST(count(*) AS bigint) FROM pg_stat_activity \
+         WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0"
+    } else {
+        "SELECT CAST(count(*) AS SIGNED) FROM information_schema.INNODB_TRX \
+         WHERE trx_state = 'LOCK WAIT' AND LOCATE(?, trx_query) > 0"
+    };
+    let rows = s_direct
+        .query_all_raw(Statement::from_sql_and_values(
+            backend,
+            waiting,
+            [table.clone().into()],
+        ))
+        .await
+        .unwrap();
+    let n: i64 = rows[0].try_get_by_index(0).unwrap();
+    assert!(n >= 1, "none of b's acquires was waiting on the server");
+    let other = unique("other");
+    let asked = Instant::now();
+    let answered = tokio::time::timeout(LEASE, b.acquire_or_renew(&other, "b", LEASE)).await;
+    assert!(
+        matches!(answered, Ok(Ok(LeaseOutcome::Acquired(_)))),
+        "b's pool did not answer another acquire within {LEASE:?} after five it gave up on: {answered:?}"
+    );
+    eprintln!(
+        "b's pool answered {:?} after five acquires it gave up on",
+        asked.elapsed()
+    );
+    assert!(
+        Instant::now() + server_wait <= release_at,
+        "the test's own calls took too long to leave the statements their whole wait"
+    );
+    holder.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let row = a
+        .current(&resource)
+        .await
+        .unwrap()
+        .expect("the row is there");
+    assert_eq!(
+        (row.holder.as_str(), row.token),
+        ("a", lease.token),
+        "an acquire b gave up on was granted after a's lock went: {row:?}"
+    );
+}
+
 /// The suite over `$sides`, an expression giving `Option<Sides>` (`None`: skipped).
 macro_rules! stalled_suite {
     ($sides:expr) => {
@@ -301,6 +470,12 @@ macro_rules! stalled_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_acquire_dropped_while_it_waits_still_ends_the_stalled_holder() {
+            let Some(s) = $sides.await else { return };
+            a_caller_that_gives_up_early_still_gets_the_stalled_holder_ended(s).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_live_holders_fenced_transaction_runs_on() {
             let Some(s) = $sides.await else { return };
             a_live_holders_fenced_transaction_is_never_ended(s).await;
@@ -316,6 +491,15 @@ async fn on(h: Option<SqlHarness>) -> Option<Sides> {
 mod postgres {
     use super::*;
     stalled_suite!(on(SqlHarness::server(Server::Postgres).await));
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquire_given_up_on_waits_for_nothing_on_the_server() {
+        let Some(s) = on(SqlHarness::server(Server::Postgres).await).await else {
+            return;
+        };
+        // Two lock waits of 200 ms at most.
+        an_acquire_given_up_on_leaves_nothing_behind(s, Duration::from_millis(500)).await;
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -323,12 +507,22 @@ mod pgbouncer {
     use super::*;
     stalled_suite!(on(SqlHarness::pgbouncer().await));
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquire_given_up_on_waits_for_nothing_on_the_server() {
+        let Some(s) = on(SqlHarness::pgbouncer().await).await else {
+            return;
+        };
+        // Two lock waits of 200 ms at most.
+        an_acquire_given_up_on_leaves_nothing_behind(s, Duration::from_millis(500)).await;
+    }
+
     /// Behind a transaction-pooling proxy every lease statement runs in a transaction of the
-    /// store's own (`BEGIN`, the statement, `COMMIT`). A holder's renew sent just before it was
-    /// cut off waits behind its own fenced transaction; once the takeover ends that one, the
-    /// renew runs, and its transaction then waits for a `COMMIT` that cannot come. The server
-    /// ends it after 250 ms idle, so it neither renews the term nor holds the row past the
-    /// bound.
+    /// store's own (`BEGIN`, the statement, `COMMIT`). A holder's call sent just before it was
+    /// cut off (here just after its lease lapsed, just before the next candidate's takeover)
+    /// waits behind its own fenced transaction; once the takeover ends that one, the call's
+    /// upsert runs, and its transaction then waits for a `COMMIT` that cannot come. The server
+    /// ends it after 250 ms idle, so it neither renews or regains the term nor holds the row
+    /// past the bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_renew_queued_behind_a_cut_off_holders_fence_does_not_hold_the_row() {
         let Some(s) = on(SqlHarness::pgbouncer().await).await else {
@@ -340,17 +534,28 @@ mod pgbouncer {
             b,
             direct,
             partitions,
+            ..
         } = s;
         let app = app_table(&direct).await;
         let resource = unique("queued");
         let (lease, lapse, txn) = fenced_holder(&a, &a_db, &app, &resource).await;
-        // The renew, queued behind the fence; then the partition.
+        // The renew, queued behind the fence; then the partition. Its statement waits for the
+        // row at most 200 ms, so it is sent just before b's first takeover (b asks from 50 ms
+        // after the lapse, and ends the fence once its own statement's 200 ms wait ran out).
         let renewing = a.clone();
         let queued = resource.clone();
-        let renew =
-            tokio::spawn(async move { renewing.acquire_or_renew(&queued, "a", LEASE).await });
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        partitions.set_with("a", true, true);
+        let cut = partitions.clone();
+        let renew = tokio::spawn(async move {
+            tokio::time::sleep_until(lapse + Duration::from_millis(150)).await;
+            let renewed = renewing.acquire_or_renew(&queued, "a", LEASE);
+            tokio::pin!(renewed);
+            // Sent; then the partition.
+            if let Ok(out) = tokio::time::timeout(Duration::from_millis(50), &mut renewed).await {
+                return Some(out);
+            }
+            cut.set_with("a", true, true);
+            tokio::time::timeout(STALL, renewed).await.ok()
+        });
 
         // (a is healed only after this: without the idle limit b would wait forever)
         let (granted, after_lapse) = b_granted(&b, &resource, lapse).await;
@@ -367,7 +572,9 @@ mod pgbouncer {
         assert!(
             !matches!(
                 renewed,
-                Ok(Ok(Ok(LeaseOutcome::Renewed(_) | LeaseOutcome::Acquired(_))))
+                Ok(Ok(Some(Ok(
+                    LeaseOutcome::Renewed(_) | LeaseOutcome::Acquired(_)
+                ))))
             ),
             "the queued renew counted: {renewed:?}"
         );
@@ -383,6 +590,15 @@ mod pgbouncer {
 mod mariadb {
     use super::*;
     stalled_suite!(on(SqlHarness::server(Server::MySql).await));
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquire_given_up_on_waits_for_nothing_on_the_server() {
+        let Some(s) = on(SqlHarness::server(Server::MySql).await).await else {
+            return;
+        };
+        // Two lock waits of a second at most.
+        an_acquire_given_up_on_leaves_nothing_behind(s, Duration::from_millis(2200)).await;
+    }
 }
 
 /// A three-node Galera cluster of this binary's own. The fence writes the lease row there
@@ -427,6 +643,7 @@ mod galera {
             b: store(connect_url(&g.node(b_node).url(), 2).await),
             direct,
             partitions,
+            table,
         })
     }
 

@@ -10,7 +10,7 @@ pub const DEFAULT_MEMBER_TABLE: &str = "orionbeacon_members";
 pub const MAX_TABLE_NAME_LEN: usize = 63;
 
 /// Why a table name was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TableNameError {
     /// The name was empty.
@@ -30,6 +30,13 @@ pub enum TableNameError {
         /// The refused name.
         name: String,
     },
+}
+
+/// Reads like `Display` and names the crate, as `main` returning `Err` prints it.
+impl std::fmt::Debug for TableNameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "orion-beacon TableNameError: {self}")
+    }
 }
 
 /// Checks a configured table name: 1 to 63 ASCII letters, digits or `_`, not starting with a

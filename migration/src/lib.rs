@@ -1,15 +1,11 @@
 //! The versioned migrations that create the orion-beacon tables: the lease table
-//! ([`CreateLeaseTable`]) and the membership table of shard sets ([`CreateMemberTable`]).
+//! ([`CreateLeaseTable`]) and, for shard sets, the membership table ([`CreateMemberTable`]).
 //!
-//! Two ways in:
-//!
-//! 1. Run our own [`Migrator`] (what the `orion-beacon-migration up -u URL` command line of
-//!    the `cli` feature does). It keeps its own tracking table, [`TRACKING_TABLE`], so it
-//!    never collides with the application's `seaql_migrations`.
-//! 2. Add [`CreateLeaseTable`] to the application's own `Migrator::migrations()`:
+//! Add them to your application's own `Migrator` (the usual way; `sea-orm-cli migrate up`
+//! then runs them with your own migrations):
 //!
 //! ```
-//! use orion_beacon_migration::CreateLeaseTable;
+//! use orion_beacon_migration::{CreateLeaseTable, CreateMemberTable};
 //! use sea_orm_migration::prelude::*;
 //!
 //! pub struct AppMigrator;
@@ -21,32 +17,44 @@
 //!             // ... the application's own migrations ...
 //!             Box::new(CreateLeaseTable::new()),
 //!             // only for shard sets (many resources spread over nodes):
-//!             Box::new(orion_beacon_migration::CreateMemberTable::new()),
+//!             Box::new(CreateMemberTable::new()),
 //!         ]
 //!     }
 //! }
 //! ```
 //!
-//! Choose exactly one path per database: `up` refuses a lease table that already exists
-//! (applied through the other path, made by hand, or left by an interrupted run), saying which
-//! path recorded it, if any, and
-//! `down` refuses a table that still holds leases.
+//! An application without a sea-orm-migration `Migrator` can run ours instead, with the
+//! `orion-beacon-migration` command line (feature `cli`: `up`, `down`, `status`). It keeps its
+//! own tracking table, [`TRACKING_TABLE`], apart from the application's `seaql_migrations`. A
+//! database it migrated moves to the application's `Migrator` by itself: that migrator's `up`
+//! finds the table recorded only in [`TRACKING_TABLE`], takes the record over and keeps every
+//! row and token (each migration moves on its own, so a `Migrator` that carries only
+//! `CreateLeaseTable` leaves the membership table to the command line). Any other table that
+//! already exists is refused by `up`, which says which path recorded it, if any.
 //!
-//! The default features are empty (no command line, no driver): the migration runs on the
-//! drivers of the application's own sea-orm. Features, named as sea-orm-migration's: `cli`
-//! (the `orion-beacon-migration` binary), `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite`,
-//! `runtime-tokio-rustls`.
+//! `down` refuses a lease table that still holds rows (their tokens protect fenced rows) and a
+//! membership table in which a node is live. sea-orm-migration commits each migration of a
+//! `down` on its own, so a `down -n 2` refused at the lease table has already dropped the
+//! membership table (`up` brings it back); [`check_down`] asks every step's refusal first, and
+//! the command line's `down` calls it.
 //!
-//! The migration's name is fixed forever ([`CreateLeaseTable::NAME`]), so moving files around
-//! never makes it run twice. A custom table name is supported with
-//! [`CreateLeaseTable::with_table`]; its migration name carries the table name.
+//! The default features are empty (no command line, no driver): the migrations run on the
+//! drivers of the application's own sea-orm. The command line's drivers are features named as
+//! orion-beacon's: `postgres`, `mysql`, `sqlite`, `tls-rustls`.
+//!
+//! The migrations' names are fixed forever ([`CreateLeaseTable::NAME`],
+//! [`CreateMemberTable::NAME`]), so moving files around never makes them run twice. Custom
+//! table names: [`CreateLeaseTable::with_table`]; the migration name carries the table name.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub use sea_orm_migration::prelude::*;
 
+mod check_down;
 mod m20261129_000001_create_leases;
 mod m20261201_000001_create_members;
+
+pub use check_down::check_down;
 
 pub use m20261129_000001_create_leases::CreateLeaseTable;
 pub use m20261201_000001_create_members::CreateMemberTable;

@@ -83,16 +83,33 @@ impl MigrationName for CreateLeaseTable {
 
 #[async_trait::async_trait]
 impl MigrationTrait for CreateLeaseTable {
-    /// Creates the table. A table that already exists is an error, not a silent no-op: the
-    /// other migration path may have recorded it (orion-beacon's own migrator and the
-    /// application's `Migrator` must not both carry it: their `status` and `down` would
-    /// disagree from then on), or it was made by hand or left by an interrupted run, and its
-    /// shape is unknown (a case-insensitive collation or a time zone-dependent timestamp
-    /// would break the lease rules without an error).
+    /// In a transaction on every backend (sea-orm-migration's default has one only on
+    /// PostgreSQL): a take-over's removal of the other migrator's record and this migrator's
+    /// record of it then commit together (MySQL still commits DDL on its own).
+    fn use_transaction(&self) -> Option<bool> {
+        Some(true)
+    }
+
+    /// Creates the table. A table that orion-beacon's own migrator (the command line) made is
+    /// taken over, rows kept: that migrator's record goes, and the migrator running this
+    /// records it. Any other table that already exists is an error, not a silent no-op: the
+    /// application's `Migrator` may record it (then orion-beacon's own migrator must not run
+    /// here), or it was made by hand or left by an interrupted run, and its shape is unknown
+    /// (a case-insensitive collation or a time zone-dependent timestamp would break the lease
+    /// rules without an error).
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if table_exists(manager, &self.table).await? {
             let applied = applied_through(manager, &self.name).await?;
-            return Err(DbErr::Migration(already_exists(&self.table, &applied)));
+            if take_over_from_own(manager, &applied, &self.name, &self.table).await? {
+                return Ok(());
+            }
+            let rows = row_count(manager.get_connection(), &self.table).await?;
+            return Err(DbErr::Migration(already_exists(
+                &self.table,
+                &self.name,
+                &applied,
+                rows,
+            )));
         }
         let backend = manager.get_database_backend();
         manager.create_table(self.create_statement(backend)).await
@@ -158,7 +175,9 @@ impl CreateLeaseTable {
                  the fencing-token history. Tokens of a table made again start at 1, below \
                  the tokens already in fenced rows, so those rows would accept stale writes. \
                  To drop it anyway, stop every elector, run `DELETE FROM {table}`, then run \
-                 `down` again.",
+                 `down` again. (sea-orm-migration commits each migration on its own, so the \
+                 steps of this `down` before this one stay rolled back, the membership table's \
+                 among them if it was one: `up` applies them again.)",
                 table = self.table
             )));
         }
@@ -197,11 +216,23 @@ pub(crate) fn time_column(backend: DbBackend, col: impl IntoIden) -> ColumnDef {
 }
 
 /// The rows of `table`.
-async fn row_count<C: ConnectionTrait>(conn: &C, table: &str) -> Result<i64, DbErr> {
-    let count = Query::select()
+pub(crate) async fn row_count<C: ConnectionTrait>(conn: &C, table: &str) -> Result<i64, DbErr> {
+    count_where(conn, table, None).await
+}
+
+/// `SELECT COUNT(*) FROM table [WHERE condition]`, read as a number.
+pub(crate) async fn count_where<C: ConnectionTrait>(
+    conn: &C,
+    table: &str,
+    condition: Option<SimpleExpr>,
+) -> Result<i64, DbErr> {
+    let mut count = Query::select();
+    count
         .expr(Expr::col(Asterisk).count())
-        .from(Alias::new(table))
-        .to_owned();
+        .from(Alias::new(table));
+    if let Some(condition) = condition {
+        count.and_where(condition);
+    }
     Ok(conn
         .query_one(&count)
         .await?
@@ -214,7 +245,15 @@ async fn row_count<C: ConnectionTrait>(conn: &C, table: &str) -> Result<i64, DbE
 /// database), asked in plain SQL: `SchemaManager::has_table` needs sea-orm-migration's driver
 /// features, which an application's migration crate need not enable.
 pub(crate) async fn table_exists(manager: &SchemaManager<'_>, table: &str) -> Result<bool, DbErr> {
-    let backend = manager.get_database_backend();
+    table_exists_on(manager.get_connection(), table).await
+}
+
+/// [`table_exists`] on any connection.
+pub(crate) async fn table_exists_on<C: ConnectionTrait>(
+    conn: &C,
+    table: &str,
+) -> Result<bool, DbErr> {
+    let backend = conn.get_database_backend();
     let sql = match backend {
         DbBackend::Postgres => {
             "SELECT COUNT(*) FROM information_schema.tables \
@@ -229,8 +268,7 @@ pub(crate) async fn table_exists(manager: &SchemaManager<'_>, table: &str) -> Re
         _ => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
     };
     let stmt = Statement::from_sql_and_values(backend, sql, [table.into()]);
-    let count: i64 = manager
-        .get_connection()
+    let count: i64 = conn
         .query_one_raw(stmt)
         .await?
         .map(|row| row.try_get_by_index::<i64>(0))
@@ -244,54 +282,82 @@ pub(crate) async fn applied_through(
     manager: &SchemaManager<'_>,
     name: &str,
 ) -> Result<Vec<&'static str>, DbErr> {
+    applied_through_on(manager.get_connection(), name).await
+}
+
+/// [`applied_through`] on any connection.
+pub(crate) async fn applied_through_on<C: ConnectionTrait>(
+    conn: &C,
+    name: &str,
+) -> Result<Vec<&'static str>, DbErr> {
     let mut found = Vec::new();
     for tracking in [crate::TRACKING_TABLE, APP_TRACKING_TABLE] {
-        if !table_exists(manager, tracking).await? {
+        if !table_exists_on(conn, tracking).await? {
             continue;
         }
-        let query = Query::select()
-            .expr(Expr::col(Asterisk).count())
-            .from(Alias::new(tracking))
-            .and_where(Expr::col(Alias::new("version")).eq(name))
-            .to_owned();
-        let count: i64 = manager
-            .get_connection()
-            .query_one(&query)
-            .await?
-            .map(|row| row.try_get_by_index::<i64>(0))
-            .transpose()?
-            .unwrap_or(0);
-        if count > 0 {
+        let recorded = Expr::col(Alias::new("version")).eq(name);
+        if count_where(conn, tracking, Some(recorded)).await? > 0 {
             found.push(tracking);
         }
     }
     Ok(found)
 }
 
-/// sea-orm-migration's default tracking table: the application's `Migrator` path.
-const APP_TRACKING_TABLE: &str = "seaql_migrations";
+/// Whether only orion-beacon's own migrator records `name`: then the migrator running `up` now
+/// (another one: ours would not run an applied migration) takes the table over. The table's
+/// shape is known (this migration made it), its rows stay, and our record goes, in the same
+/// transaction as the new record where the backend has one (PostgreSQL), so the two
+/// migrators never both record it.
+pub(crate) async fn take_over_from_own(
+    manager: &SchemaManager<'_>,
+    applied: &[&str],
+    name: &str,
+    table: &str,
+) -> Result<bool, DbErr> {
+    if !matches!(applied, [one] if *one == crate::TRACKING_TABLE) {
+        return Ok(false);
+    }
+    let forget = Query::delete()
+        .from_table(Alias::new(crate::TRACKING_TABLE))
+        .and_where(Expr::col(Alias::new("version")).eq(name))
+        .to_owned();
+    manager.get_connection().execute(&forget).await?;
+    tracing::info!(
+        migration = name,
+        table,
+        "taken over from orion-beacon-migration's own history ({}): the table and its rows are \
+         kept, and this migrator records it from now on",
+        crate::TRACKING_TABLE
+    );
+    Ok(true)
+}
 
-fn already_exists(table: &str, applied: &[&str]) -> String {
+/// sea-orm-migration's default tracking table: the application's `Migrator` path.
+pub(crate) const APP_TRACKING_TABLE: &str = "seaql_migrations";
+
+fn already_exists(table: &str, name: &str, applied: &[&str], rows: i64) -> String {
     let how = match applied {
-        [] => "no migrator records it (made by hand or by another tool, or left by an \
-               interrupted run of this migration: MySQL and SQLite run it outside a \
-               transaction; if so, drop it and run `up` again)"
-            .to_owned(),
-        [one] if *one == crate::TRACKING_TABLE => format!(
-            "it was created by orion-beacon's own migrator (recorded in `{one}`), so your \
-             application's Migrator must not carry CreateLeaseTable too"
+        [] if rows > 0 => format!(
+            "no migrator records it, and it holds {rows} lease row(s): do not drop it (its \
+             fencing tokens protect your fenced rows). If this migration made it and its record \
+             was lost, record it in your migrator's tracking table: INSERT INTO seaql_migrations \
+             (version, applied_at) VALUES ('{name}', 0)"
         ),
+        [] => "no migrator records it and it is empty (made by hand or by another tool, or \
+               left by an interrupted run of this migration); drop it and run `up` again"
+            .to_owned(),
         [one] => format!(
             "it was created by your application's Migrator (recorded in `{one}`), so \
-             orion-beacon's own migrator must not run on this database"
+             orion-beacon's own migrator must not run on this database: your Migrator \
+             manages it"
         ),
-        _ => format!("both migrators record it ({})", applied.join(", ")),
+        _ => format!(
+            "both migrators record it ({}); delete its record from `{}`",
+            applied.join(", "),
+            crate::TRACKING_TABLE
+        ),
     };
-    format!(
-        "the lease table {table} already exists: {how}. Apply the lease migration through \
-         exactly one path: orion-beacon's own migrator, or CreateLeaseTable in your \
-         application's Migrator."
-    )
+    format!("the lease table {table} already exists: {how}.")
 }
 
 fn quoted_postgres(name: &str) -> String {

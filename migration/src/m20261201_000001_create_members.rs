@@ -1,10 +1,10 @@
 use orion_beacon_entity::member::Column;
 use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_MEMBER_TABLE};
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
 
 use crate::m20261129_000001_create_leases::{
-    applied_through, name_column, table_exists, time_column,
+    applied_through, count_where, name_column, table_exists, take_over_from_own, time_column,
 };
 
 /// Creates the membership table of shard sets (`orionbeacon_members` by default): one row per
@@ -82,14 +82,32 @@ impl MigrationName for CreateMemberTable {
 
 #[async_trait::async_trait]
 impl MigrationTrait for CreateMemberTable {
-    /// Creates the table; one that already exists is refused, as for the lease table (its
-    /// shape is unknown).
+    /// In a transaction on every backend, as [`CreateLeaseTable`](crate::CreateLeaseTable)'s.
+    fn use_transaction(&self) -> Option<bool> {
+        Some(true)
+    }
+
+    /// Creates the table. As for the lease table, one that orion-beacon's own migrator made is
+    /// taken over, rows kept, and any other that already exists is refused (its shape is
+    /// unknown).
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if table_exists(manager, &self.table).await? {
             let applied = applied_through(manager, &self.name).await?;
-            let how = if applied.is_empty() {
-                "no migrator records it (made by hand, or left by an interrupted run: drop it \
-                 and run `up` again)"
+            if take_over_from_own(manager, &applied, &self.name, &self.table).await? {
+                return Ok(());
+            }
+            let live = live_members(manager.get_connection(), &self.table).await?;
+            let how = if applied.is_empty() && live > 0 {
+                format!(
+                    "no migrator records it, and {live} shard-set node(s) are live in it: stop \
+                     them before you drop it. If this migration made it and its record was \
+                     lost, record it instead: INSERT INTO seaql_migrations (version, \
+                     applied_at) VALUES ('{}', 0)",
+                    self.name
+                )
+            } else if applied.is_empty() {
+                "no migrator records it (made by hand, or left by an interrupted run): drop it \
+                 and run `up` again"
                     .to_owned()
             } else {
                 format!("recorded in {}", applied.join(" and "))
@@ -104,16 +122,38 @@ impl MigrationTrait for CreateMemberTable {
         manager.create_table(self.create_statement(backend)).await
     }
 
-    /// Drops the table. Its rows are heartbeats only (no token history): nodes still running a
-    /// shard set report the missing table and keep their leases until they are stopped.
+    /// Drops the table, but not while a shard-set node is live in it (a member row whose
+    /// heartbeat has not expired): such nodes would report the missing table until stopped.
+    /// Its rows are heartbeats only (no token history), so once every node has stopped (or its
+    /// heartbeat has lapsed) it drops without asking.
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if !table_exists(manager, &self.table).await? {
             return Ok(());
+        }
+        let live = live_members(manager.get_connection(), &self.table).await?;
+        if live > 0 {
+            return Err(DbErr::Migration(format!(
+                "refusing to drop {table}: {live} shard-set node(s) are live in it (their \
+                 heartbeats have not expired). Stop them first (or wait a lease), then run \
+                 `down` again. Nothing was dropped by this step.",
+                table = self.table
+            )));
         }
         manager
             .drop_table(Table::drop().table(Alias::new(&self.table)).to_owned())
             .await
     }
+}
+
+/// The member rows of `table` whose heartbeat has not expired, by the database clock.
+pub(crate) async fn live_members<C: ConnectionTrait>(conn: &C, table: &str) -> Result<i64, DbErr> {
+    let now = match conn.get_database_backend() {
+        DbBackend::MySql => "UTC_TIMESTAMP(6)",
+        DbBackend::Postgres => "CURRENT_TIMESTAMP",
+        _ => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    };
+    let live = Expr::col(Column::ExpiresAt).gt(Expr::cust(now));
+    count_where(conn, table, Some(live)).await
 }
 
 #[cfg(test)]

@@ -6,18 +6,53 @@
 
 use std::process::Command;
 
-use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, MigratorTrait, TRACKING_TABLE};
+use orion_beacon_migration::{
+    check_down, CreateLeaseTable, CreateMemberTable, MigrationTrait, MigratorTrait, TRACKING_TABLE,
+};
 use sea_orm_migration::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
-/// An application's own migrator that carries the lease migration (tracking table
+/// An application's own migrator that carries both migrations (tracking table
 /// `seaql_migrations`).
 struct AppMigrator;
 
 #[orion_beacon_migration::async_trait::async_trait]
 impl MigratorTrait for AppMigrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![
+            Box::new(CreateLeaseTable::new()),
+            Box::new(CreateMemberTable::new()),
+        ]
+    }
+}
+
+/// An application's migrator that carries only the lease migration (no shard sets).
+struct LeaseOnlyMigrator;
+
+#[orion_beacon_migration::async_trait::async_trait]
+impl MigratorTrait for LeaseOnlyMigrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         vec![Box::new(CreateLeaseTable::new())]
     }
+}
+
+/// A lease row with token 9.
+async fn lease_row(db: &DatabaseConnection, prefix: &str) {
+    db.execute_unprepared(&format!(
+        "INSERT INTO {prefix}orionbeacon_leases (resource, holder, fencing_token, expires_at, acquired_at, renewed_at) \
+         VALUES ('nightly', 'node-a', 9, '2026-01-01 00:00:00', '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+    ))
+    .await
+    .unwrap();
+}
+
+/// A shard-set member whose heartbeat lasts for centuries.
+async fn live_member(db: &DatabaseConnection, prefix: &str) {
+    db.execute_unprepared(&format!(
+        "INSERT INTO {prefix}orionbeacon_members (shard_set, member, draining, joined_at, heartbeat_at, expires_at) \
+         VALUES ('orders', 'node-a', false, '2026-01-01 00:00:00', '2026-01-01 00:00:00', '2999-01-01 00:00:00.000')"
+    ))
+    .await
+    .unwrap();
 }
 
 /// Both paths on one database: whichever comes second is refused with a message naming the
@@ -27,23 +62,94 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "SELECT COUNT(*) FROM seaql_migrations WHERE version = '{}'",
         CreateLeaseTable::NAME
     );
-    // Our migrator first: the app's Migrator must not apply it again.
+    // Our migrator first, then the app's Migrator takes the tables over: each migration
+    // moves its record, the rows and their tokens stay. A Migrator that carries only the
+    // lease migration moves only that one (the other record stays with our migrator, and the
+    // app's Migrator finds no record it lacks a file for).
     migrate(url, schema, "up");
-    let err = AppMigrator::up(db, None)
+    lease_row(db, "").await;
+    LeaseOnlyMigrator::up(db, None)
         .await
-        .expect_err("the app's Migrator must refuse a table our migrator made");
-    assert!(
-        err.to_string()
-            .contains("created by orion-beacon's own migrator"),
-        "{err}"
+        .expect("a lease-only Migrator takes the lease table over");
+    assert_eq!(count(db, &app_tracked).await.unwrap(), 1);
+    let ours =
+        |name: &str| format!("SELECT COUNT(*) FROM {TRACKING_TABLE} WHERE version = '{name}'");
+    assert_eq!(
+        count(db, &ours(CreateLeaseTable::NAME)).await.unwrap(),
+        0,
+        "moved"
     );
     assert_eq!(
-        count(db, &app_tracked).await.unwrap_or(0),
-        0,
-        "recorded twice"
+        count(db, &ours(CreateMemberTable::NAME)).await.unwrap(),
+        1,
+        "not moved"
     );
-    migrate(url, schema, "down"); // the membership table
-    migrate(url, schema, "down"); // the lease table
+    LeaseOnlyMigrator::status(db)
+        .await
+        .expect("no record without its file");
+    let token = "SELECT fencing_token FROM orionbeacon_leases WHERE resource = 'nightly'";
+    assert_eq!(
+        count(db, token).await.unwrap(),
+        9,
+        "the row and its token stay"
+    );
+    // Our migrator now refuses the lease table the app records (and keeps its members).
+    let said = refused(url, schema, "up");
+    assert!(
+        said.contains("created by your application's Migrator"),
+        "{said}"
+    );
+    // The full Migrator takes the membership table over too.
+    AppMigrator::up(db, None)
+        .await
+        .expect("the app's Migrator takes the membership table over");
+    let all_ours = format!("SELECT COUNT(*) FROM {TRACKING_TABLE}");
+    assert_eq!(count(db, &all_ours).await.unwrap(), 0, "every record moved");
+    assert_eq!(count(db, token).await.unwrap(), 9);
+
+    // A live shard-set node: the membership table's own `down` refuses.
+    let members = "SELECT COUNT(*) FROM orionbeacon_members";
+    live_member(db, "").await;
+    let err = AppMigrator::down(db, Some(1))
+        .await
+        .expect_err("a live member");
+    assert!(
+        err.to_string().contains("1 shard-set node(s) are live"),
+        "{err}"
+    );
+    assert_eq!(count(db, members).await.expect("not dropped"), 1);
+    db.execute_unprepared("DELETE FROM orionbeacon_members")
+        .await
+        .unwrap();
+
+    // `down -n 2` with lease rows: `check_down` refuses before any step runs...
+    let err = check_down::<AppMigrator, _>(db, Some(2))
+        .await
+        .expect_err("lease rows");
+    assert!(
+        err.to_string().contains("Nothing was rolled back")
+            && err.to_string().contains("1 lease row"),
+        "{err}"
+    );
+    assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
+    assert!(check_down::<AppMigrator, _>(db, Some(1)).await.is_ok());
+    // ...while sea-orm-migration alone commits the membership step first, and says so.
+    let err = AppMigrator::down(db, Some(2))
+        .await
+        .expect_err("lease rows");
+    assert!(err.to_string().contains("`up` applies them again"), "{err}");
+    assert!(
+        count(db, members).await.is_err(),
+        "the member step committed"
+    );
+    AppMigrator::up(db, None)
+        .await
+        .expect("and `up` brings it back");
+    assert_eq!(count(db, members).await.unwrap(), 0);
+    db.execute_unprepared("DELETE FROM orionbeacon_leases")
+        .await
+        .unwrap();
+    AppMigrator::down(db, None).await.expect("app path down");
 
     // The app's Migrator first: ours is refused.
     AppMigrator::up(db, None).await.expect("app path up");
@@ -94,25 +200,10 @@ fn server_url(var: &str, private: impl FnOnce() -> String) -> String {
     }
 }
 
-fn migrate(url: &str, schema: Option<&str>, command: &str) {
+/// Runs the migration binary with `args`; whether it succeeded, and what it said.
+fn run_bin(url: &str, schema: Option<&str>, args: &[&str]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_orion-beacon-migration"));
-    cmd.arg(command).arg("-u").arg(url);
-    if let Some(schema) = schema {
-        cmd.arg("-s").arg(schema);
-    }
-    let out = cmd.output().expect("run the migration binary");
-    assert!(
-        out.status.success(),
-        "`{command}` failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Runs a command that must be refused; returns what it said.
-fn refused(url: &str, schema: Option<&str>, command: &str) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orion-beacon-migration"));
-    cmd.arg(command).arg("-u").arg(url);
+    cmd.args(args).arg("-u").arg(url);
     if let Some(schema) = schema {
         cmd.arg("-s").arg(schema);
     }
@@ -122,10 +213,28 @@ fn refused(url: &str, schema: Option<&str>, command: &str) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        !out.status.success(),
-        "`{command}` should be refused:\n{said}"
-    );
+    (out.status.success(), said)
+}
+
+/// Runs a command that must succeed; returns what it said.
+fn run_ok(url: &str, schema: Option<&str>, args: &[&str]) -> String {
+    let (ok, said) = run_bin(url, schema, args);
+    assert!(ok, "`{args:?}` failed:\n{said}");
+    said
+}
+
+fn migrate(url: &str, schema: Option<&str>, command: &str) {
+    run_ok(url, schema, &[command]);
+}
+
+/// Runs a command that must be refused; returns what it said.
+fn refused(url: &str, schema: Option<&str>, command: &str) -> String {
+    refused_args(url, schema, &[command])
+}
+
+fn refused_args(url: &str, schema: Option<&str>, args: &[&str]) -> String {
+    let (ok, said) = run_bin(url, schema, args);
+    assert!(!ok, "`{args:?}` should be refused:\n{said}");
     said
 }
 
@@ -185,6 +294,20 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
+    // Two steps back would stop at the leases: refused before anything is dropped.
+    let said = refused_args(url, schema, &["down", "-n", "2"]);
+    assert!(
+        said.contains("Nothing was rolled back") && said.contains("1 lease row"),
+        "{said}"
+    );
+    assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
+    // A live shard-set node keeps the membership table too.
+    live_member(db, &prefix).await;
+    let said = refused(url, schema, "down");
+    assert!(said.contains("1 shard-set node(s) are live"), "{said}");
+    db.execute_unprepared(&format!("DELETE FROM {prefix}orionbeacon_members"))
+        .await
+        .unwrap();
     // One step back is the membership table only: the leases stay.
     migrate(url, schema, "down");
     assert!(
@@ -202,7 +325,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     migrate(url, schema, "down");
     let said = refused(url, schema, "down");
     assert!(
-        said.contains("refusing to drop") && said.contains("1 lease row"),
+        said.contains("Nothing was rolled back") && said.contains("1 lease row"),
         "{said}"
     );
     assert_eq!(count(db, &leases).await.expect("still there"), 1);
@@ -232,7 +355,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         .unwrap();
 }
 
-#[cfg(feature = "sqlx-sqlite")]
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn up_and_down_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,7 +366,7 @@ async fn up_and_down_on_sqlite() {
     one_path_per_database(&url, &db, None).await;
 }
 
-#[cfg(feature = "sqlx-postgres")]
+#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn up_and_down_on_postgres() {
     if std::env::var("ORION_BEACON_SKIP").is_ok_and(|s| s.contains("postgres")) {
@@ -271,7 +394,7 @@ async fn up_and_down_on_postgres() {
         .unwrap();
 }
 
-#[cfg(feature = "sqlx-mysql")]
+#[cfg(feature = "mysql")]
 #[tokio::test]
 async fn up_and_down_on_mariadb() {
     if std::env::var("ORION_BEACON_SKIP").is_ok_and(|s| s.contains("mysql")) {

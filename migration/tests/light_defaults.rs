@@ -47,7 +47,7 @@ fn defaults_have_no_cli_and_no_driver() {
         );
     }
     // The check itself can fail: the command line's features do pull them in.
-    let full = normal_dependencies(&["cli", "sqlx-mysql"]);
+    let full = normal_dependencies(&["cli", "mysql"]);
     let found = crates(&full);
     assert!(
         found.contains(&"sqlx-mysql") && found.contains(&"clap"),

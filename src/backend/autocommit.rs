@@ -110,10 +110,25 @@ pub(crate) async fn mysql(
 ) -> Result<Checked, DbErr> {
     use sqlx::Row;
     let mut checkout = Checkout::from(pool).await?;
-    let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
+    let rows = match sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
         .fetch_all(checkout.conn()?)
         .await
-        .map_err(query_err)?;
+    {
+        Ok(rows) => rows,
+        // The upsert's own lock wait ran out (1205; it rolled back alone, the caller asks
+        // again): the connection goes back to the pool once a check shows it outside any
+        // transaction and in autocommit.
+        Err(err) if lock_wait_ran_out(&err) => {
+            let check: Result<(i64, i64), _> = sqlx::query_as(MYSQL_OUTSIDE)
+                .fetch_one(checkout.conn()?)
+                .await;
+            if matches!(check, Ok((0, 1))) {
+                checkout.clean = true;
+            }
+            return Err(query_err(err));
+        }
+        Err(err) => return Err(query_err(err)),
+    };
     let mut inside = false;
     for row in &rows {
         let flag: i64 = row.try_get(in_transaction_column).map_err(query_err)?;
@@ -149,6 +164,18 @@ pub(crate) async fn postgres(
         Ok(rows) => rows,
         // Inside an abandoned transaction that already failed: closed, tried on another.
         Err(err) if pg_in_failed_transaction(&err) => return Ok(Checked::InAbandonedTransaction),
+        // The upsert's own lock wait ran out (the row is held by another transaction): an
+        // answer like any other, asked again by the caller. The connection goes back to the
+        // pool, not closed, once a check on it shows it outside any transaction (the statement
+        // rolled back on its own).
+        Err(err) if lock_wait_ran_out(&err) => {
+            let check = sqlx::raw_sql(PG_OUTSIDE).fetch_all(checkout.conn()?).await;
+            // A check that fails leaves the connection to be closed; the answer is the same.
+            if matches!(pg_outside(check), Ok(true)) {
+                checkout.clean = true;
+            }
+            return Err(query_err(err));
+        }
         Err(err) => return Err(query_err(err)),
     };
     let ours: DateTime<Utc> = match rows.first() {
@@ -206,6 +233,20 @@ fn pg_in_failed_transaction(err: &sqlx::Error) -> bool {
     err.as_database_error()
         .and_then(|e| e.code())
         .is_some_and(|code| code == "25P02")
+}
+
+/// Whether a statement gave up waiting for a lock: PostgreSQL's `lock_not_available` (what the
+/// bounded upsert's own `lock_timeout` raises), MariaDB's `ER_LOCK_WAIT_TIMEOUT` (1205, its
+/// `innodb_lock_wait_timeout`).
+pub(crate) fn lock_wait_ran_out(err: &sqlx::Error) -> bool {
+    let Some(db) = err.as_database_error() else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(m) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return m.number() == 1205;
+    }
+    db.code().is_some_and(|code| code == "55P03")
 }
 
 /// PostgreSQL: whether the rows of a check say "outside any transaction" (a failed transaction
@@ -530,29 +571,57 @@ impl Transaction {
         }
     }
 
+    /// Commits, then reads `stmt` on the same connection, now outside any transaction: what
+    /// the commit left, as the server answers once it has returned. The connection goes back
+    /// to the pool only after both (dropped in between, it is closed).
+    #[cfg(feature = "mysql")]
+    pub(crate) async fn commit_then_rows(
+        mut self,
+        stmt: &Statement,
+    ) -> Result<Vec<QueryResult>, DbErr> {
+        self.send_commit().await?;
+        let rows = self.rows(stmt).await?;
+        self.give_back();
+        Ok(rows)
+    }
+
     /// Commits; only then does the connection go back to the pool.
-    pub(crate) async fn commit(self) -> Result<(), DbErr> {
+    pub(crate) async fn commit(mut self) -> Result<(), DbErr> {
+        self.send_commit().await?;
+        self.give_back();
+        Ok(())
+    }
+
+    async fn send_commit(&mut self) -> Result<(), DbErr> {
         match self {
             #[cfg(feature = "postgres")]
-            Transaction::Postgres { mut checkout, .. } => {
+            Transaction::Postgres { checkout, .. } => {
                 sqlx::raw_sql("COMMIT")
                     .execute(checkout.conn()?)
                     .await
                     .map_err(query_err)?;
-                checkout.clean = true;
             }
+            // Whatever `completion_type` says: a chained COMMIT would hand the connection back
+            // inside the next transaction, a releasing one disconnected.
             #[cfg(feature = "mysql")]
-            Transaction::MySql(mut checkout) => {
-                // Whatever `completion_type` says: a chained COMMIT would hand the connection
-                // back inside the next transaction, a releasing one disconnected.
+            Transaction::MySql(checkout) => {
                 sqlx::raw_sql("COMMIT AND NO CHAIN NO RELEASE")
                     .execute(checkout.conn()?)
                     .await
                     .map_err(query_err)?;
-                checkout.clean = true;
             }
         }
         Ok(())
+    }
+
+    /// The connection is outside any transaction again: it may go back to the pool.
+    fn give_back(&mut self) {
+        match self {
+            #[cfg(feature = "postgres")]
+            Transaction::Postgres { checkout, .. } => checkout.clean = true,
+            #[cfg(feature = "mysql")]
+            Transaction::MySql(checkout) => checkout.clean = true,
+        }
     }
 }
 

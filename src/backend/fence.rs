@@ -31,6 +31,7 @@ use super::errors::classify;
 use super::mysql;
 use super::sqlite;
 use super::store::SeaOrmLeaseStore;
+#[cfg(feature = "postgres")]
 use super::takeover;
 use super::{Dialect, Form};
 use crate::store::{validate_candidate, validate_resource};
@@ -161,7 +162,10 @@ pub(crate) fn locking_check(
     term: &Term<'_>,
 ) -> SelectStatement {
     let d = form.dialect();
+    #[allow(unused_mut)] // a build without PostgreSQL and MySQL
     let mut check = share_locked_check(d, table, term);
+    #[cfg(not(feature = "postgres"))]
+    let _ = table_name;
     match form {
         #[cfg(feature = "postgres")]
         Form::Postgres => {

@@ -56,10 +56,21 @@ pub mod sqlite;
 pub mod sqlserver;
 mod statements;
 mod store;
+// Ending a stalled holder's session: only servers with sessions to end.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod takeover;
 
 pub use durability::Durability;
 pub use store::SeaOrmLeaseStore;
+
+/// How long an acquire waits for the lease row before it looks for a lapsed holder's session
+/// to end (a fifth of the lease when that is shorter, so a short lease's grant is not spent
+/// waiting); on PostgreSQL also the most its statement waits for the row lock on the server.
+pub(crate) const WAIT_BEFORE_TAKEOVER: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The shortest such wait (for leases under 50 ms).
+pub(crate) const MIN_WAIT_BEFORE_TAKEOVER: std::time::Duration =
+    std::time::Duration::from_millis(10);
 
 use sea_orm::sea_query::{Expr, Func};
 use sea_orm::{DatabaseConnection, DatabaseConnectionType, DbBackend, Value};

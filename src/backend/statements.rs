@@ -42,6 +42,19 @@ pub(crate) fn upsert(
     candidate: &str,
     millis: i64,
 ) -> Result<InsertStatement, DbErr> {
+    let stmt = insert_new_row(d, table, resource, candidate, millis)?;
+    Ok(upsert_onto(d, table, candidate, millis, stmt))
+}
+
+/// The conflict clause and `RETURNING` of [`upsert`], onto `stmt`, an insert of the fresh row
+/// (from [`insert_new_row`], or a `SELECT` of [`new_row`]).
+pub(crate) fn upsert_onto(
+    d: &dyn Dialect,
+    table: &Alias,
+    candidate: &str,
+    millis: i64,
+    mut stmt: InsertStatement,
+) -> InsertStatement {
     let old = |c: Column| Expr::col((table.clone(), c));
     let expired = old(Column::ExpiresAt).lte(d.now());
     let mine = old(Column::Holder).eq(candidate);
@@ -73,10 +86,9 @@ pub(crate) fn upsert(
         ])
         .action_and_where(mine.or(expired))
         .to_owned();
-    let mut stmt = insert_new_row(d, table, resource, candidate, millis)?;
     stmt.on_conflict(on_conflict)
         .returning(Query::returning().exprs(returned_row(d)));
-    Ok(stmt)
+    stmt
 }
 
 /// The expiry of a write to a lease row whose expiry was `old`: a whole lease from the write,
@@ -105,24 +117,32 @@ pub(crate) fn insert_new_row(
 ) -> Result<InsertStatement, DbErr> {
     let mut stmt = Query::insert();
     stmt.into_table(table.clone())
-        .columns([
-            Column::Resource,
-            Column::Holder,
-            Column::FencingToken,
-            Column::ExpiresAt,
-            Column::AcquiredAt,
-            Column::RenewedAt,
-        ])
-        .values([
-            Expr::val(resource),
-            Expr::val(candidate),
-            Expr::val(1i64),
-            d.lease_end(millis),
-            d.now(),
-            d.now(),
-        ])
+        .columns(NEW_ROW)
+        .values(new_row(d, resource, candidate, millis))
         .map_err(|e| DbErr::Custom(e.to_string()))?;
     Ok(stmt)
+}
+
+/// The columns of a fresh lease row, in the order of [`new_row`].
+pub(crate) const NEW_ROW: [Column; 6] = [
+    Column::Resource,
+    Column::Holder,
+    Column::FencingToken,
+    Column::ExpiresAt,
+    Column::AcquiredAt,
+    Column::RenewedAt,
+];
+
+/// A fresh lease row's values: token 1, times from the database clock.
+pub(crate) fn new_row(d: &dyn Dialect, resource: &str, candidate: &str, millis: i64) -> [Expr; 6] {
+    [
+        Expr::val(resource),
+        Expr::val(candidate),
+        Expr::val(1i64),
+        d.lease_end(millis),
+        d.now(),
+        d.now(),
+    ]
 }
 
 /// The row columns plus the remaining lease time, for `RETURNING` and `SELECT`.

@@ -60,6 +60,10 @@ pub struct SeaOrmLeaseStore {
     notifications: bool,
     /// PostgreSQL only: the connection goes through a transaction-pooling proxy.
     pub(super) transaction_pooling: bool,
+    /// The takeovers asked for by dropped acquires (see `takeover::TakeoverOnDrop`), shared by
+    /// clones: one at a time per store.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(super) takeovers: Arc<super::takeover::Gate>,
 }
 
 /// The backend and the tables; never the connection pool (its options can hold a password) or
@@ -106,6 +110,8 @@ impl SeaOrmLeaseStore {
             releases: Arc::default(),
             notifications: true,
             transaction_pooling: false,
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
+            takeovers: Arc::default(),
         }
     }
 
@@ -441,15 +447,17 @@ impl LeaseStore for SeaOrmLeaseStore {
         match form {
             #[cfg(feature = "postgres")]
             Form::Postgres => {
-                let acquire =
-                    super::postgres::store::acquire_or_renew(self, resource, candidate, millis);
-                self.taking_over(resource, lease, acquire).await
+                self.acquiring(resource, candidate, lease, || {
+                    super::postgres::store::acquire_or_renew(self, resource, candidate, millis)
+                })
+                .await
             }
             #[cfg(feature = "mysql")]
             Form::MySql => {
-                let acquire =
-                    super::mysql::store::acquire_or_renew(self, resource, candidate, millis);
-                self.taking_over(resource, lease, acquire).await
+                self.acquiring(resource, candidate, lease, || {
+                    super::mysql::store::acquire_or_renew(self, resource, candidate, millis)
+                })
+                .await
             }
             Form::Sqlite => {
                 super::sqlite::store::acquire_or_renew(self, resource, candidate, millis).await

@@ -38,19 +38,22 @@ use sea_orm::sea_query::{Alias, Expr, ExprTrait, Func, JoinType, Query, SelectSt
 use super::Dialect;
 use crate::{SeaOrmLeaseStore, StoreError};
 
-/// How long an acquire waits before it looks for a lapsed holder's session (a fifth of the
-/// lease when that is shorter, so a short lease's grant is not spent waiting).
-pub(crate) const WAIT_BEFORE_TAKEOVER: Duration = Duration::from_millis(200);
+pub(crate) use super::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
 /// MySQL/MariaDB: how long a blocking transaction's client must have been silent to be ended.
 const SILENT_MS: i64 = 200;
+
+/// MySQL/MariaDB: how soon after the look that found a blocking session the kill must go
+/// out (the look and the kill are two statements).
+#[cfg(feature = "mysql")]
+const KILL_WITHIN: Duration = Duration::from_millis(100);
 
 /// How often it looks again while it still waits (a fifth of the lease when that is shorter).
 pub(crate) const TAKEOVER_EVERY: Duration = Duration::from_millis(250);
 
 /// The two waits for a lease of `lease`: each at most a fifth of it, and at least 10 ms.
 fn takeover_waits(lease: Duration) -> (Duration, Duration) {
-    let fifth = (lease / 5).max(Duration::from_millis(10));
+    let fifth = (lease / 5).max(MIN_WAIT_BEFORE_TAKEOVER);
     (WAIT_BEFORE_TAKEOVER.min(fifth), TAKEOVER_EVERY.min(fifth))
 }
 
@@ -239,65 +242,364 @@ pub(crate) fn mysql_blockers(
 /// Warns once per process that takeover cannot end a stalled holder's session.
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
+/// Says what a takeover did; `true` when the server refused it (no privilege, no lock tables):
+/// not worth asking again soon. Any other failure (a timeout, a lost connection) is asked again.
+fn report(table: &str, resource: &str, ended: Result<u64, StoreError>) -> bool {
+    match ended {
+        Ok(0) => false,
+        Ok(n) => {
+            tracing::warn!(
+                table,
+                resource,
+                sessions = n,
+                "ended the database session of a lapsed term that held the lease row \
+                 locked (a holder stopped, cut off or stuck inside a fenced transaction); \
+                 its transaction rolls back"
+            );
+            false
+        }
+        Err(error) if refused(&error) => {
+            if !REFUSED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    table,
+                    resource,
+                    %error,
+                    "could not look for or end a lapsed holder's session; a holder \
+                     stalled inside a fenced transaction then holds the lease until \
+                     the server ends its session (PostgreSQL: the same role or \
+                     pg_signal_backend; MariaDB: the PROCESS privilege, and \
+                     CONNECTION ADMIN for other users' sessions)"
+                );
+            } else {
+                tracing::debug!(table, resource, %error, "takeover refused");
+            }
+            true
+        }
+        Err(error) => {
+            tracing::debug!(table, resource, %error, "takeover failed; asking again later");
+            false
+        }
+    }
+}
+
+/// Whether a takeover failed because the server will not do it for this role (PostgreSQL
+/// `42501`; MariaDB: access denied, not the thread's owner, or MySQL 8's missing lock tables),
+/// as opposed to a timeout or a lost connection.
+fn refused(err: &StoreError) -> bool {
+    database_error(err).is_some_and(refusal)
+}
+
+/// The database's own error inside `err`, if there is one.
+fn database_error(err: &StoreError) -> Option<&sea_orm::DbErr> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        // `BackendError` is transparent: its `source()` skips the `DbErr` it holds.
+        if let Some(crate::BackendError::SeaOrm(db)) = e.downcast_ref::<crate::BackendError>() {
+            return Some(db);
+        }
+        if let Some(db) = e.downcast_ref::<sea_orm::DbErr>() {
+            return Some(db);
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// Whether the statement behind `err` gave up waiting for a lock (see
+/// `autocommit::lock_wait_ran_out`).
+fn lock_wait_timed_out(err: &StoreError) -> bool {
+    use sea_orm::RuntimeErr;
+    matches!(
+        database_error(err),
+        Some(
+            sea_orm::DbErr::Exec(RuntimeErr::SqlxError(e))
+                | sea_orm::DbErr::Query(RuntimeErr::SqlxError(e))
+        ) if super::autocommit::lock_wait_ran_out(e)
+    )
+}
+
+fn refusal(err: &sea_orm::DbErr) -> bool {
+    #[cfg(feature = "mysql")]
+    if let Some(number) = super::mysql::errors::error_number(err) {
+        // access denied (1044, 1142, 1143, 1227), not the thread's owner (1095), unknown
+        // information_schema table (1109: MySQL 8 has no INNODB_LOCK_WAITS)
+        return matches!(number, 1044 | 1095 | 1109 | 1142 | 1143 | 1227);
+    }
+    use sea_orm::RuntimeErr;
+    let (sea_orm::DbErr::Exec(RuntimeErr::SqlxError(e))
+    | sea_orm::DbErr::Query(RuntimeErr::SqlxError(e))) = err
+    else {
+        return false;
+    };
+    // insufficient_privilege
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "42501")
+}
+
+/// How long after the server refused a takeover (no privileges, MySQL 8) dropped acquires do
+/// not ask again.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The takeovers dropped acquires asked for: at most one at a time per store (a shard set's
+/// round gives up on many acquires at once when the database is slow, and a takeover per
+/// resource would take the pool's connections from the batched renew), and none for a while
+/// after the server refused one.
+#[derive(Default)]
+pub(crate) struct Gate(std::sync::Mutex<GateState>);
+
+#[derive(Default)]
+struct GateState {
+    in_flight: Option<String>,
+    refused_until: Option<tokio::time::Instant>,
+}
+
+impl Gate {
+    fn state(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // Nothing in it can be left half-changed by a panic: use it as it is.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a takeover of `resource` may start now; if so, it is in flight until
+    /// [`finish`](Self::finish).
+    fn start(&self, resource: &str) -> bool {
+        let mut st = self.state();
+        if st
+            .refused_until
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+        {
+            return false;
+        }
+        if st.in_flight.is_some() {
+            return false;
+        }
+        st.in_flight = Some(resource.to_owned());
+        true
+    }
+
+    /// Whether the server refused a takeover within the backoff.
+    fn refused(&self) -> bool {
+        self.state()
+            .refused_until
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+
+    /// The server refused a takeover: none for the backoff.
+    fn refuse(&self) {
+        self.state().refused_until = Some(tokio::time::Instant::now() + REFUSED_BACKOFF);
+    }
+
+    fn finish(&self, resource: &str, failed: bool) {
+        let mut st = self.state();
+        if st.in_flight.as_deref() == Some(resource) {
+            st.in_flight = None;
+        }
+        if failed {
+            st.refused_until = Some(tokio::time::Instant::now() + REFUSED_BACKOFF);
+        }
+    }
+}
+
+/// Marks a dropped acquire's takeover finished when its task ends, however it ends (the
+/// runtime shutting down drops it unfinished).
+struct InFlight {
+    store: SeaOrmLeaseStore,
+    resource: String,
+    failed: bool,
+}
+
+impl InFlight {
+    /// Whether the server refused it (read when the marker goes).
+    fn failed(&mut self, failed: bool) {
+        self.failed = failed;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.store.takeovers.finish(&self.resource, self.failed);
+    }
+}
+
+/// An acquire dropped by its caller before it was answered (a shard set's round bounds each
+/// of its statements by its interval, which can be shorter than the takeover's first wait)
+/// leaves its statement waiting on the server for the row lock. A lapsed holder stalled inside
+/// a fenced transaction would then hold the resource for as long as it is stalled, whoever
+/// asks: so the drop asks the server once, from a task of its own, to end such a holder's
+/// session, as the acquire would have had it waited on. One such task per store at a time
+/// (see [`Gate`]), each bounded by `limit`.
+struct TakeoverOnDrop {
+    /// The store and resource, until the acquire was answered.
+    armed: Option<(SeaOrmLeaseStore, String)>,
+    /// How long the task may take.
+    limit: Duration,
+}
+
+impl Drop for TakeoverOnDrop {
+    fn drop(&mut self) {
+        let Some((store, resource)) = self.armed.take() else {
+            return;
+        };
+        // Outside a runtime there is nobody to ask with (a runtime shutting down drops the
+        // task unstarted).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !store.takeovers.start(&resource) {
+            return; // one is in flight, or they fail for now
+        }
+        let limit = self.limit;
+        // Made before the task, so that a task dropped before it first runs (a runtime
+        // shutting down) still marks the takeover finished.
+        let mut guard = InFlight {
+            store,
+            resource,
+            failed: false,
+        };
+        runtime.spawn(async move {
+            let (store, resource) = (&guard.store, guard.resource.as_str());
+            let failed = match tokio::time::timeout(limit, store.end_lapsed_holders(resource)).await
+            {
+                Ok(ended) => report(store.table(), resource, ended),
+                Err(_) => {
+                    tracing::debug!(
+                        table = %store.table(),
+                        resource,
+                        "takeover after a dropped acquire got no answer in time"
+                    );
+                    false
+                }
+            };
+            guard.failed(failed);
+        });
+    }
+}
+
 impl SeaOrmLeaseStore {
-    /// Runs `acquire` (an acquire-or-renew of `resource`); while it waits, ends the session of a
-    /// lapsed term that holds the row (see the module docs).
-    pub(crate) async fn taking_over<T, F>(
+    /// Runs `acquire` (a new acquire-or-renew of `resource` for `candidate` each call) until it
+    /// is answered. On PostgreSQL its statement (the bounded upsert, see
+    /// `postgres::statements::bounded_upsert`) waits for each lock at most the takeover's first
+    /// wait, then fails; the row was then held locked that long by another transaction: a
+    /// lapsed term's stalled one (its session is ended and the acquire asked again at once), a
+    /// live holder's fenced one (a denial that names it), or this candidate's own (asked again
+    /// at once). A statement waits on the server at most two such
+    /// waits, whatever the stall, so a caller that stops waiting leaves no statement behind for
+    /// long that could grant it a lease later; the drop still asks for one takeover
+    /// ([`TakeoverOnDrop`]).
+    ///
+    /// On MariaDB the upsert waits at most a second (its own `innodb_lock_wait_timeout`, whole
+    /// seconds; not MySQL 8's transaction form, which waits the server's), and the takeover
+    /// runs while it waits (after `first`, then every `every`); then the same.
+    pub(crate) async fn acquiring<F, Fut>(
         &self,
         resource: &str,
+        candidate: &str,
         lease: Duration,
-        acquire: F,
+        mut acquire: F,
+    ) -> Result<crate::LeaseOutcome, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<crate::LeaseOutcome, StoreError>>,
+    {
+        use crate::LeaseStore;
+        let (first, every) = takeover_waits(lease);
+        let mut on_drop = TakeoverOnDrop {
+            armed: Some((self.clone(), resource.to_owned())),
+            limit: (lease / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
+        };
+        // MariaDB finds a blocker only while a statement waits on it: the takeover runs then.
+        let concurrent = self.takes_over_while_waiting();
+        let out = loop {
+            let started = tokio::time::Instant::now();
+            let attempt = acquire();
+            let answer = if concurrent {
+                tokio::pin!(attempt);
+                self.waiting(resource, first, every, &mut attempt).await
+            } else {
+                attempt.await
+            };
+            match answer {
+                Err(err) if lock_wait_timed_out(&err) => {}
+                out => break out,
+            }
+            if !concurrent && !self.takeovers.refused() {
+                let ended = self.end_lapsed_holders(resource).await;
+                let some = matches!(ended, Ok(n) if n > 0);
+                if report(self.table(), resource, ended) {
+                    self.takeovers.refuse();
+                }
+                if some {
+                    continue; // its transaction rolled back: the row is free now
+                }
+            }
+            // Nobody lapsed to end: a live holder's transaction, or this candidate's own (a
+            // renew behind its own fenced transaction), or a lock no takeover ends. Asked again
+            // at once: the statement's own lock wait paces the loop, and a renew is queued for
+            // the row nearly all the time, as it would be if it waited on.
+            match self.current(resource).await {
+                Ok(Some(record)) if record.live && record.holder != candidate => {
+                    break Ok(crate::LeaseOutcome::Denied(crate::Denial {
+                        resource: resource.to_owned(),
+                        holder: Some(record.holder),
+                        token: Some(record.token),
+                        remaining: record.remaining,
+                        expires_at: record.expires_at,
+                    }));
+                }
+                // At least the first wait between two statements (a short lease's lock wait
+                // is short too).
+                Ok(_) => tokio::time::sleep_until(started + first).await,
+                Err(err) => break Err(err),
+            }
+        };
+        on_drop.armed = None; // answered
+        out
+    }
+
+    /// Whether this store's takeover looks for a blocker of a waiting statement (MySQL and
+    /// MariaDB), rather than after the statement gave up (PostgreSQL).
+    fn takes_over_while_waiting(&self) -> bool {
+        #[cfg(feature = "mysql")]
+        if matches!(self.form(), Ok(super::Form::MySql)) {
+            return true;
+        }
+        false
+    }
+
+    /// Awaits `acquire`; after `first` and then every `every`, ends the sessions of lapsed
+    /// terms that hold `resource`'s row.
+    async fn waiting<T, F>(
+        &self,
+        resource: &str,
+        first: Duration,
+        every: Duration,
+        acquire: &mut std::pin::Pin<&mut F>,
     ) -> Result<T, StoreError>
     where
         F: std::future::Future<Output = Result<T, StoreError>>,
     {
-        tokio::pin!(acquire);
-        let (first, every) = takeover_waits(lease);
         let mut wait = first;
-        let mut given_up = false;
         loop {
             tokio::select! {
                 biased;
-                out = &mut acquire => return out,
+                out = &mut *acquire => return out,
                 () = tokio::time::sleep(wait) => {}
             }
-
+            if self.takeovers.refused() {
+                return acquire.await; // refused a moment ago: not again in this call
+            }
             let takeover = self.end_lapsed_holders(resource);
             tokio::pin!(takeover);
-            tokio::select! {
+            let given_up = tokio::select! {
                 biased;
-                out = &mut acquire => return out,
-                ended = &mut takeover => match ended {
-                    Ok(0) => {}
-                    Ok(n) => tracing::warn!(
-                        table = %self.table(),
-                        resource,
-                        sessions = n,
-                        "ended the database session of a lapsed term that held the lease row \
-                         locked (a holder stopped, cut off or stuck inside a fenced transaction); \
-                         its transaction rolls back"
-                    ),
-                    Err(error) => {
-                        // Not again in this call: a refusal would only repeat.
-                        given_up = true;
-                        if !REFUSED.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(
-                                table = %self.table(),
-                                resource,
-                                %error,
-                                "could not look for or end a lapsed holder's session; a holder \
-                                 stalled inside a fenced transaction then holds the lease until \
-                                 the server ends its session (PostgreSQL: the same role or \
-                                 pg_signal_backend; MariaDB: the PROCESS privilege, and \
-                                 CONNECTION ADMIN for other users' sessions)"
-                            );
-                        } else {
-                            tracing::debug!(table = %self.table(), resource, %error, "takeover failed");
-                        }
-                    }
-                },
-            }
+                out = &mut *acquire => return out,
+                ended = &mut takeover => report(self.table(), resource, ended),
+            };
             if given_up {
+                self.takeovers.refuse();
+                // Not again in this call: a refusal would only repeat.
                 return acquire.await;
             }
             wait = every;
@@ -334,7 +636,18 @@ impl SeaOrmLeaseStore {
                     .backend()
                     .build(&mysql_blockers(d, &table, self.table(), resource));
                 let mut ended = 0;
-                for row in self.plain(stmt).await? {
+                let rows = self.plain(stmt).await?;
+                let looked = tokio::time::Instant::now();
+                for row in rows {
+                    // The blocker was seen stalled at the look: a kill sent much later could
+                    // find the connection back at work for a newer term. Look again instead.
+                    if looked.elapsed() > KILL_WITHIN {
+                        tracing::debug!(
+                            resource,
+                            "a lapsed holder's session was seen too long ago to end"
+                        );
+                        break;
+                    }
                     let id: u64 = row
                         .try_get_by_index(0)
                         .map_err(|source| self.decode_error(source))?;
@@ -345,7 +658,13 @@ impl SeaOrmLeaseStore {
                     );
                     // Gone already (unknown thread id) is what we wanted; a refusal of a
                     // thread that is still there is reported.
-                    match self.counted(kill).await {
+                    // Waiting for a pool connection counts too: a kill not sent within the
+                    // window is not sent.
+                    let left = KILL_WITHIN.saturating_sub(looked.elapsed());
+                    let Ok(killed) = tokio::time::timeout(left, self.counted(kill)).await else {
+                        break;
+                    };
+                    match killed {
                         Ok(_) => ended += 1,
                         Err(e) => {
                             let still = form.backend().build(
@@ -397,6 +716,24 @@ mod tests {
         assert_ne!(marker_key(t, "r", 7), marker_key(t, "r", 8));
         assert_ne!(marker_key(t, "r", 7), marker_key("other", "r", 7));
         assert_ne!(marker_key("a", "bc", 1), marker_key("ab", "c", 1));
+    }
+
+    #[test]
+    fn a_refusal_is_found_through_every_error_wrapper() {
+        // No database error code in a custom error: never a refusal, whichever wrapper.
+        let custom = || sea_orm::DbErr::Custom("permission denied".into());
+        for err in [
+            StoreError::Database(custom().into()),
+            StoreError::MissingTable {
+                table: "t".into(),
+                source: custom().into(),
+            },
+            StoreError::Conflict {
+                source: custom().into(),
+            },
+        ] {
+            assert!(!refused(&err), "{err}");
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub const MAX_CLOCK_RATE_DIFFERENCE: f64 = 1e-3;
 /// The smallest step-down margin accepted for `lease`: [`MIN_STEP_DOWN_MARGIN`], or the time
 /// the database's clock can gain on the host's over one lease at [`MAX_CLOCK_RATE_DIFFERENCE`]
 /// (the rule `margin >= rho * lease`, which the model check of the protocol derives and checks:
-/// see `tests/model_election.rs`), whichever is larger.
+/// see `model/tests/model_election.rs`), whichever is larger.
 pub fn min_step_down_margin(lease: Duration) -> Duration {
     lease
         .mul_f64(MAX_CLOCK_RATE_DIFFERENCE)
@@ -51,7 +51,9 @@ pub enum ConfigError {
     #[error(transparent)]
     Invalid(#[from] StoreError),
     /// A duration option was zero.
-    #[error("{option} must not be zero")]
+    #[error(
+        "{option} must not be zero: leave it unset for the default, or give a positive duration"
+    )]
     Zero {
         /// The option.
         option: &'static str,
@@ -125,7 +127,10 @@ pub enum ConfigError {
         name: String,
     },
     /// More slack than the shard set has resources.
-    #[error("slack {slack} is more than the shard set's {resources} resources")]
+    #[error(
+        "slack {slack} is more than the shard set's {resources} resources: {resources} or less \
+         would do (the default is 1; 0 balances exactly)"
+    )]
     SlackTooLarge {
         /// The slack asked for.
         slack: usize,

@@ -242,7 +242,20 @@ impl Elector {
 ///
 /// What a service asks it: [`is_leader`](Self::is_leader) and [`token`](Self::token) now,
 /// [`watch`](Self::watch) for changes, [`health`](Self::health) for probes, and
-/// [`run_as_leader`](Self::run_as_leader) for the work (see [`Elector`] for an example).
+/// [`run_as_leader`](Self::run_as_leader) for the work (see [`Elector`] for a whole example).
+///
+/// ```
+/// # use orion_beacon::Elector;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let handle = Elector::builder_in_memory().resource("nightly-report").build()?.start();
+/// let leading = handle.watch().wait_for(|l| l.is_leader()).await?;
+/// assert!(handle.is_leader());
+/// assert_eq!(handle.token(), leading.term().map(|t| t.token()));
+/// handle.shutdown().await; // the work ends, the lease is released
+/// assert!(!handle.is_leader());
+/// # Ok(()) }
+/// ```
 pub struct ElectorHandle {
     config: Arc<Config>,
     receiver: watch::Receiver<Leadership>,

@@ -196,11 +196,12 @@ impl LeaderTerm {
         &self.inner.candidate
     }
 
-    /// Completes when the term ends (denied, deadline, superseded, shutdown).
+    /// Completes when the term ends (denied, deadline, superseded, shutdown, handed over).
     ///
-    /// Only on a shutdown does the elector let the work go on after this: on every other end
-    /// the work's future is dropped in the same moment, so cleanup that must always run goes
-    /// in a `Drop` guard, not after this future (see
+    /// Only on a shutdown (and, in a shard set, a graceful handover) is the work let go on
+    /// after this, for the grace period, with the lease still renewed: on every other end the
+    /// work's future is dropped in the same moment, so cleanup that must always run goes in a
+    /// `Drop` guard, not after this future (see
     /// [`run_as_leader`](crate::ElectorHandle::run_as_leader)).
     pub fn lost(&self) -> WaitForCancellationFutureOwned {
         self.inner.cancel.clone().cancelled_owned()

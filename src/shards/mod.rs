@@ -51,6 +51,7 @@
 //! ```
 
 mod config;
+mod look;
 mod plan;
 mod runner;
 
@@ -361,7 +362,26 @@ impl ShardSet {
 /// What a service asks it: [`assignment`](Self::assignment) and [`term`](Self::term) now,
 /// [`watch`](Self::watch) for changes, [`health`](Self::health) for probes,
 /// [`run_per_shard`](Self::run_per_shard) for the work, [`drain`](Self::drain) before a deploy
-/// (see [`ShardSet`] for an example).
+/// (see [`ShardSet`] for a whole example).
+///
+/// ```
+/// # use orion_beacon::{InMemoryLeaseStore, ShardSet};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let node = ShardSet::builder(InMemoryLeaseStore::new())
+///     .name("orders")
+///     .resources(["shard-0", "shard-1"])
+///     .build()?
+///     .start();
+/// // Alone in the set, it comes to lead both.
+/// node.watch().wait_for(|a| a.current().count() == 2).await?;
+/// let term = node.term("shard-0").expect("led");
+/// assert!(term.is_current());
+/// node.drain().await; // hands everything over, leads nothing
+/// assert_eq!(node.assignment().current().count(), 0);
+/// node.shutdown().await;
+/// # Ok(()) }
+/// ```
 pub struct ShardHandle {
     config: Arc<Config>,
     receiver: watch::Receiver<Assignment>,
@@ -459,34 +479,6 @@ impl ShardHandle {
         })
     }
 
-    /// For a readiness or liveness probe: whether the node heard from its store (a heartbeat
-    /// or a batched renew answered) within its [health
-    /// window](ShardSetBuilder::health_window), as [`ElectorHandle::health`](crate::ElectorHandle::health)
-    /// says it for an elector; `leader` is whether the node leads any resource now. A node
-    /// stopped because the store refused its configuration is never healthy.
-    ///
-    /// ```
-    /// # use orion_beacon::{InMemoryLeaseStore, ShardSet};
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let node = ShardSet::builder(InMemoryLeaseStore::new())
-    ///     .name("orders")
-    ///     .resources(["a", "b"])
-    ///     .build()?
-    ///     .start();
-    /// assert!(node.health().healthy); // within the window of the start
-    /// # node.shutdown().await;
-    /// # Ok(()) }
-    /// ```
-    pub fn health(&self) -> crate::Health {
-        let (failed, leads) = {
-            let assignment = self.receiver.borrow();
-            let leads = assignment.current().next().is_some();
-            (assignment.failed.clone(), leads)
-        };
-        self.health.health(failed.as_deref(), leads)
-    }
-
     /// [`run_per_shard`](Self::run_per_shard) with a context that each term's work gets its
     /// own clone of, so a `move` closure needs no clone-inside-a-clone:
     ///
@@ -515,6 +507,34 @@ impl ShardHandle {
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.run_per_shard(move |term| work(term, context.clone()))
+    }
+
+    /// For a readiness or liveness probe: whether the node heard from its store (a heartbeat
+    /// or a batched renew answered) within its [health
+    /// window](ShardSetBuilder::health_window), as [`ElectorHandle::health`](crate::ElectorHandle::health)
+    /// says it for an elector; `leader` is whether the node leads any resource now. A node
+    /// stopped because the store refused its configuration is never healthy.
+    ///
+    /// ```
+    /// # use orion_beacon::{InMemoryLeaseStore, ShardSet};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = ShardSet::builder(InMemoryLeaseStore::new())
+    ///     .name("orders")
+    ///     .resources(["a", "b"])
+    ///     .build()?
+    ///     .start();
+    /// assert!(node.health().healthy); // within the window of the start
+    /// # node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn health(&self) -> crate::Health {
+        let (failed, leads) = {
+            let assignment = self.receiver.borrow();
+            let leads = assignment.current().next().is_some();
+            (assignment.failed.clone(), leads)
+        };
+        self.health.health(failed.as_deref(), leads)
     }
 
     /// Drains this node: it tells the other members (its heartbeat says so), then hands every

@@ -31,10 +31,13 @@ pub(crate) struct View<'a> {
     /// whatever the shares and preferences say (a member that heartbeats but cannot lead, a
     /// preferred member that never takes its resource).
     pub abandoned: &'a HashSet<Arc<str>>,
-    /// Held resources this node took because nobody led them for a lease: kept (not handed
-    /// over for a share or a preference) until the members change, since the member they
-    /// would go to could not lead them.
+    /// Held resources this node took because nobody led them for a lease while everyone could
+    /// have, again soon after the last time (see `look::Keeps`): kept (not handed over for a
+    /// share or a preference) for now, since the member they would go to could not lead them.
     pub keep: &'a HashSet<Arc<str>>,
+    /// Held resources this node took because nobody led them for a lease and does not keep:
+    /// the first handed over when it is above its share (they are another member's share).
+    pub returning: &'a HashSet<Arc<str>>,
     /// Preferred member per resource.
     pub prefer: &'a HashMap<Arc<str>, Arc<str>>,
     /// How far above its share a node may lead before it hands resources over.
@@ -148,7 +151,15 @@ pub(crate) fn plan(view: &View<'_>) -> Plan {
             .collect();
         by_rank_desc(&mut movable);
         movable.reverse();
-        let handed: Vec<Arc<str>> = movable.into_iter().take(excess).collect();
+        // Resources taken as abandoned first, and a healthy term moves only if the node is
+        // still above its share plus the slack without them.
+        let (returning, healthy): (Vec<_>, Vec<_>) = movable
+            .into_iter()
+            .partition(|r| view.returning.contains(r));
+        let mut handed: Vec<Arc<str>> = returning.into_iter().take(excess).collect();
+        if counted(&kept) - handed.len() > target.saturating_add(view.slack) {
+            handed.extend(healthy.into_iter().take(excess - handed.len()));
+        }
         kept.retain(|r| !handed.contains(r));
         release.extend(handed);
     }
@@ -234,6 +245,7 @@ mod tests {
         orphans: HashSet<Arc<str>>,
         abandoned: HashSet<Arc<str>>,
         keep: HashSet<Arc<str>>,
+        returning: HashSet<Arc<str>>,
         prefer: HashMap<Arc<str>, Arc<str>>,
         slack: usize,
         draining: bool,
@@ -250,6 +262,7 @@ mod tests {
                 orphans: HashSet::new(),
                 abandoned: HashSet::new(),
                 keep: HashSet::new(),
+                returning: HashSet::new(),
                 prefer: HashMap::new(),
                 slack: 0,
                 draining: false,
@@ -265,6 +278,7 @@ mod tests {
                 orphans: &self.orphans,
                 abandoned: &self.abandoned,
                 keep: &self.keep,
+                returning: &self.returning,
                 prefer: &self.prefer,
                 slack: self.slack,
                 draining: self.draining,
@@ -389,6 +403,7 @@ mod tests {
                 orphans: &case.orphans,
                 abandoned: &case.abandoned,
                 keep: &case.keep,
+                returning: &case.returning,
                 prefer: &case.prefer,
                 slack: 0,
                 draining: false,
@@ -410,6 +425,33 @@ mod tests {
         assert!(
             p.acquire.contains(&r5),
             "abandoned beats a preference: {p:?}"
+        );
+    }
+
+    /// Over its share, a node hands back what it took as abandoned before any healthy term,
+    /// whatever their ranks; what it keeps stays.
+    #[test]
+    fn resources_taken_as_abandoned_go_back_first() {
+        let mut case = Case::new(&["a", "b"], 8);
+        case.held = case.resources.iter().cloned().collect();
+        case.free.clear();
+        let lowest_first = case.plan("a").release;
+        assert_eq!(lowest_first.len(), 4);
+        // The four a ranks highest were taken as abandoned: they go, not the lowest ranked.
+        let mut by_rank = case.resources.clone();
+        by_rank.sort_by_key(|r| std::cmp::Reverse(rank("a", r)));
+        case.returning = by_rank.iter().take(4).cloned().collect();
+        let p = case.plan("a");
+        let released: HashSet<Arc<str>> = p.release.iter().cloned().collect();
+        assert_eq!(released, case.returning, "{p:?}");
+        // Kept ones are not counted, and stay.
+        case.keep = by_rank.iter().take(2).cloned().collect();
+        case.returning = by_rank.iter().skip(2).take(2).cloned().collect();
+        let p = case.plan("a");
+        assert_eq!(p.release.len(), 2, "{p:?}");
+        assert!(
+            p.release.iter().all(|r| case.returning.contains(r)),
+            "{p:?}"
         );
     }
 
@@ -451,6 +493,7 @@ mod tests {
                         orphans: &free,
                         abandoned: &HashSet::new(),
                         keep: &HashSet::new(),
+                        returning: &HashSet::new(),
                         prefer: &HashMap::new(),
                         slack,
                         draining: false,

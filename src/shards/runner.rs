@@ -17,6 +17,7 @@ use crate::clock::sleep_until;
 use tracing::{debug, error, info, warn, Instrument};
 
 use super::config::Config;
+use super::look::{keeps, Free, FreeSince, Keeps, Presence};
 use super::plan::{plan, View};
 use super::{Assignment, Control, ShardStore, Work};
 use crate::elector::{LeaderTerm, LossReason};
@@ -96,15 +97,19 @@ struct State {
     members: Vec<Member>,
     members_at: Option<Instant>,
     /// Since when each free resource has been seen free.
-    free_since: HashMap<Arc<str>, Instant>,
+    free_since: FreeSince,
+    /// Since when each member has been present.
+    presence: Presence,
     /// Resources whose acquire got no answer in time, and when it was sent: the statement may
     /// still commit (say after waiting for a row lock) and grant this node a lease it does not
     /// lead; such a lease is released (that exact write) when a later look finds it.
     uncertain: HashMap<Arc<str>, Instant>,
-    /// Resources taken because nobody led them for a lease, kept until the members change
-    /// (see `plan::View::keep`), and the members they were taken under.
-    keep: HashSet<Arc<str>>,
-    keep_members: Vec<(String, bool)>,
+    /// Resources taken because nobody led them for a lease while this node's own store calls
+    /// all succeeded and every other member was present (see `look::keeps`), kept outside the
+    /// share for a while when that happens again soon (see `look::Keeps`).
+    keeps: Keeps,
+    /// When a store call of this node last failed or got no answer in time.
+    troubled_at: Option<Instant>,
     share: usize,
     /// Whether the members have been told this node drains (a heartbeat said so).
     drain_announced: bool,
@@ -233,6 +238,7 @@ impl Runner {
         match self.bounded(heartbeat).await {
             Ok(members) => {
                 self.health.answered_now();
+                st.presence.seen(&members, sent);
                 st.members = members;
                 st.members_at = Some(sent);
                 // Told now: the members hand over starting next round, once they had a round
@@ -375,7 +381,12 @@ impl Runner {
             .map(|r| r.to_string())
             .collect();
         if self.over_budget(st, started) {
-            return; // the renew and the heartbeat took the round's time
+            // The renew and the heartbeat took the round's time: a slow database. No look,
+            // so nothing becomes "abandoned" by the gap, and nothing taken soon after says
+            // anything about the other members.
+            st.free_since.forget();
+            st.troubled_at = Some(crate::clock::now());
+            return;
         }
         let looked = crate::clock::now();
         let records = match self.bounded(self.store.current_all(&resources)).await {
@@ -385,8 +396,7 @@ impl Runner {
                     return;
                 };
                 warn!(error = %err, "could not read the shard set's leases; no rebalancing this round");
-                // Not seen free without a look in between: nothing becomes "abandoned" by a gap.
-                st.free_since.clear();
+                st.free_since.forget();
                 return;
             }
         };
@@ -402,37 +412,35 @@ impl Runner {
             .filter(|r| !live.contains(&***r))
             .cloned()
             .collect();
-        st.free_since.retain(|r, _| free.contains(r));
-        for r in &free {
-            st.free_since.entry(r.clone()).or_insert(looked);
-        }
-        let abandoned: HashSet<Arc<str>> = st
+        let Free {
+            free,
+            orphans,
+            abandoned,
+        } = st
             .free_since
-            .iter()
-            .filter(|(_, since)| looked.saturating_duration_since(**since) >= self.config.lease)
-            .map(|(r, _)| r.clone())
-            .collect();
-        // Orphans: free for a whole round, not merely at two looks (a release notification
-        // makes rounds come quickly, and a resource just handed over to a joining node is not
-        // an orphan).
-        let orphans: HashSet<Arc<str>> = st
-            .free_since
-            .iter()
-            .filter(|(_, since)| looked.saturating_duration_since(**since) >= self.config.interval)
-            .map(|(r, _)| r.clone())
-            .collect();
+            .look(free, looked, self.config.interval, self.config.lease);
         self.release_strays(st, &records, looked).await;
         let held: BTreeSet<Arc<str>> = st.held.keys().cloned().collect();
-        let members: Vec<(String, bool)> = st
-            .members
+        st.keeps.members(&st.members);
+        // A resource nobody has led for half a lease is about to be abandoned: every node
+        // sees that (the first to see it free for a whole lease takes it, and the others have
+        // looked since at most a round later), so they agree on how often it happens. Only
+        // what says something about the others counts (see `look::keeps`).
+        let long_free = self.config.lease / 2;
+        let telling: HashSet<Arc<str>> = free
             .iter()
-            .map(|m| (m.member.clone(), m.draining))
+            .filter(|r| self.telling(st, r, long_free, looked))
+            .cloned()
             .collect();
-        if members != st.keep_members {
-            st.keep.clear(); // the members changed: every share may be led now
-            st.keep_members = members;
-        }
-        st.keep.retain(|r| held.contains(r));
+        // A handed-over resource is released once its work returned: the grace period, and a
+        // round to see it.
+        let handover = self
+            .config
+            .grace_period
+            .saturating_add(self.config.interval);
+        st.keeps
+            .look(&free, &telling, looked, self.config.lease, handover);
+        let (keep, returning) = st.keeps.sorted(&held, looked);
         // A view of the members older than a lease is no view: they may all have changed.
         let fresh = st
             .members_at
@@ -445,7 +453,8 @@ impl Runner {
             free: &free,
             orphans: &orphans,
             abandoned: &abandoned,
-            keep: &st.keep,
+            keep: &keep,
+            returning: &returning,
             prefer: &self.config.prefer,
             slack: self.config.slack,
             draining,
@@ -495,7 +504,9 @@ impl Runner {
                         !old
                     });
                     if abandoned.contains(&r) {
-                        st.keep.insert(r.clone());
+                        let may_keep = self.telling(st, &r, Duration::ZERO, sent);
+                        st.keeps
+                            .taken(r.clone(), crate::clock::now(), self.config.lease, may_keep);
                     }
                     st.held.insert(r, Held { term, lease });
                     self.publish(st);
@@ -535,6 +546,22 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// Whether `resource`, free for at least `for_at_least` at `now`, says something about the
+    /// other members: every one was present the whole time and this node's own calls all
+    /// succeeded meanwhile (see `look::keeps`).
+    fn telling(&self, st: &State, resource: &str, for_at_least: Duration, now: Instant) -> bool {
+        st.free_since.since(resource).is_some_and(|since| {
+            now.saturating_duration_since(since) >= for_at_least
+                && keeps(
+                    &st.presence,
+                    &st.members,
+                    &self.config.member,
+                    since,
+                    st.troubled_at,
+                )
+        })
     }
 
     /// Releases the leases that acquires which got no answer in time were granted after all:
@@ -692,6 +719,7 @@ impl Runner {
     /// `err` back if a later call may succeed; `None` after stopping the node for an error of
     /// its configuration (every later call would fail the same way).
     fn transient(&self, st: &mut State, err: Bounded) -> Option<Bounded> {
+        st.troubled_at = Some(crate::clock::now());
         match err {
             Bounded::Store(err) if err.is_permanent() => {
                 self.fail(st, err);

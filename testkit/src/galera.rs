@@ -193,6 +193,19 @@ impl Galera {
         self.nodes
     }
 
+    /// Makes the first running node's component the primary one (`pc.bootstrap`), as an
+    /// operator does when the survivors of a node loss each ended up alone in a non-primary
+    /// component: the others then join it.
+    pub fn bootstrap_primary(&self) -> Result<(), Error> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.pid().is_some())
+            .ok_or_else(|| Error::new("no running Galera node to bootstrap"))?;
+        node.sql("SET GLOBAL wsrep_provider_options = 'pc.bootstrap=YES'")
+            .map(|_| ())
+    }
+
     /// Waits until every running node says `Synced` and counts all running nodes in its
     /// cluster.
     pub fn wait_synced(&self, timeout: Duration) -> Result<(), Error> {

@@ -376,13 +376,26 @@ impl Postgres {
 
     /// Starts the server again (same port, same data) and waits until it accepts connections.
     pub fn start(&self) -> Result<(), Error> {
-        self.inst.start()
+        // After a kill the old backends exit on their own, a moment later; until they have,
+        // the postmaster refuses to start on the shared memory they still hold.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match self.inst.start() {
+                Err(e)
+                    if e.message.contains("pre-existing shared memory block")
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// [`stop`](Self::stop) then [`start`](Self::start).
     pub fn restart(&self) -> Result<(), Error> {
         self.inst.stop()?;
-        self.inst.start()
+        self.start()
     }
 
     /// SIGKILL to the postmaster: a crash (its backends exit on their own).

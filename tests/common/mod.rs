@@ -1,8 +1,9 @@
 //! Shared test support: database connections (private server instances by default, see
-//! `Server`), isolation, the conformance suite.
+//! `Server`), isolation, the conformance suite, the store test double (`double`).
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod double;
 pub mod election;
 pub mod partition;
 pub mod shards;
@@ -176,8 +177,8 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
         .expect("membership migration up");
 }
 
-/// Drops `table` with the migration's `down`, after deleting its rows (`down` refuses a table
-/// that holds leases).
+/// Drops `table` and its membership table with the migrations' `down`, after deleting their
+/// rows (`down` refuses a table that holds leases, or a live member).
 pub async fn drop_table(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
     use sea_orm::sea_query::{Alias, Query};
@@ -190,7 +191,12 @@ pub async fn drop_table(db: &sea_orm::DatabaseConnection, table: &str) {
         .down(&SchemaManager::new(db))
         .await
         .expect("migration down");
-    orion_beacon_migration::CreateMemberTable::with_table(member_table(table))
+    // `down` refuses a membership table in which a node is live: the test's members go first.
+    let members = member_table(table);
+    db.execute(&Query::delete().from_table(Alias::new(&members)).to_owned())
+        .await
+        .expect("delete the test's members");
+    orion_beacon_migration::CreateMemberTable::with_table(members)
         .expect("valid table name")
         .down(&SchemaManager::new(db))
         .await

@@ -35,6 +35,11 @@ pub fn pgbouncer() -> &'static orion_beacon_testkit::Pgbouncer {
     BOUNCER.get_or_init(|| {
         orion_beacon_testkit::Pgbouncer::builder(orion_beacon_testkit::Postgres::shared())
             .pool_mode(orion_beacon_testkit::PoolMode::Transaction)
+            // As docs/topologies.md tells users of PgBouncer before 1.21: sqlx names its
+            // statements even with its cache off (and never closes them then), so a name left
+            // on a server connection collides with the next client's unless it is discarded.
+            .setting("server_reset_query", "DISCARD ALL")
+            .setting("server_reset_query_always", "1")
             .start()
             .unwrap_or_else(|e| panic!("cannot start this test binary's PgBouncer: {e}"))
     })

@@ -10,6 +10,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::clock::{mono_ns, MonoClock};
+use crate::common::double::{Double, Intercept};
 use crate::db::{connect, connect_rollback_journal};
 use crate::{Args, Error, LEASE, RENEW, RETRY, ROLLBACK_BUSY_TIMEOUT};
 
@@ -24,11 +25,11 @@ impl HistoryFile {
     }
 }
 
-/// The store as the candidate uses it: every call and its raw outcome go to the history as a
-/// `call` line (start, end, outcome), so a violation can be traced to the statements behind it.
+/// The store as the candidate uses it (as a `Double` over the real store): every
+/// acquire-or-renew and its raw outcome go to the history as a `call` line (start, end,
+/// outcome), so a violation can be traced to the statements behind it.
 #[derive(Clone)]
 struct Logged {
-    inner: SeaOrmLeaseStore,
     history: std::sync::Arc<std::sync::Mutex<HistoryFile>>,
     /// When the first call that answered with each token returned (the earliest moment this
     /// candidate can believe in a term of that token), for stamping term starts.
@@ -39,15 +40,16 @@ struct Logged {
 type Asked = std::sync::Arc<std::sync::Mutex<HashMap<i64, u64>>>;
 
 #[async_trait::async_trait]
-impl LeaseStore for Logged {
+impl Intercept<SeaOrmLeaseStore> for Logged {
     async fn acquire_or_renew(
         &self,
+        inner: &SeaOrmLeaseStore,
         r: &str,
         c: &str,
         lease: Duration,
     ) -> Result<orion_beacon::LeaseOutcome, orion_beacon::StoreError> {
         let t0 = mono_ns();
-        let out = self.inner.acquire_or_renew(r, c, lease).await;
+        let out = inner.acquire_or_renew(r, c, lease).await;
         let t1 = mono_ns();
         if let Ok(
             orion_beacon::LeaseOutcome::Acquired(l) | orion_beacon::LeaseOutcome::Renewed(l),
@@ -87,24 +89,6 @@ impl LeaseStore for Logged {
             .unwrap()
             .line(&format!("call {t0} {t1} {what}"));
         out
-    }
-    async fn release(&self, r: &str, c: &str) -> Result<bool, orion_beacon::StoreError> {
-        self.inner.release(r, c).await
-    }
-    async fn release_lease(
-        &self,
-        lease: &orion_beacon::Lease,
-    ) -> Result<bool, orion_beacon::StoreError> {
-        self.inner.release_lease(lease).await
-    }
-    async fn current(
-        &self,
-        r: &str,
-    ) -> Result<Option<orion_beacon::LeaseRecord>, orion_beacon::StoreError> {
-        self.inner.current(r).await
-    }
-    fn release_events(&self) -> Option<orion_beacon::ReleaseEvents> {
-        self.inner.release_events()
     }
 }
 
@@ -170,6 +154,9 @@ impl Terms {
 /// Runs one candidate until the harness writes `shutdown` to its standard input.
 pub async fn run(args: Args) -> Result<(), Error> {
     let name = args.candidate.clone().unwrap_or_default();
+    if let Some(history) = &args.history {
+        crate::node_log::install(history);
+    }
     let clock = MonoClock::new();
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -203,11 +190,13 @@ pub async fn run(args: Args) -> Result<(), Error> {
         None => (db, store.clone()),
     };
     let asked: Asked = Default::default();
-    let handle = Elector::builder(Logged {
-        inner: store.clone(),
-        history: history.clone(),
-        asked: asked.clone(),
-    })
+    let handle = Elector::builder(Double::over(
+        store.clone(),
+        Logged {
+            history: history.clone(),
+            asked: asked.clone(),
+        },
+    ))
     .resource(&args.resource)
     .candidate_id(&name)
     .lease_duration(LEASE)

@@ -84,6 +84,11 @@ pub struct Record {
     /// transaction it holds the lease row's lock; SQLite: the file's): recovery from a pause
     /// is then measured from the wake-up, by anyone.
     pub pause_blocks_store: bool,
+    /// Candidates on pools of one connection: the takeover, which needs a second connection,
+    /// cannot run, so a pause or a partition inside a fenced transaction holds the lease row
+    /// until it ends (recovery from it is measured from its end, by anyone, as for
+    /// `pause_blocks_store`).
+    pub no_takeover: bool,
     /// The candidates' store calls (electors only; empty for shard sets).
     pub calls: Vec<Call>,
     /// The candidates' fenced ledger transactions: (candidate, begun, ended).
@@ -208,6 +213,21 @@ impl Record {
     }
 }
 
+impl Record {
+    /// Whether `fault` (a pause or a partition) stopped every other candidate until it ended:
+    /// on SQLite always, on pools of one connection when it hit inside a fenced transaction.
+    fn blocks_store(&self, fault: &Fault) -> bool {
+        self.pause_blocks_store || (self.no_takeover && inside(fault, &self.transactions))
+    }
+}
+
+/// Whether `fault` began inside one of its candidate's fenced transactions.
+fn inside(fault: &Fault, transactions: &[(String, u64, u64)]) -> bool {
+    transactions.iter().any(|(c, begun, ended)| {
+        fault.candidate.as_ref() == Some(c) && *begun < fault.start && fault.start < *ended
+    })
+}
+
 /// How many faults of `kind` hit a candidate inside one of its fenced transactions (the fault
 /// began after the transaction did and before it ended), of how many there were.
 pub fn inside_transactions(
@@ -216,15 +236,8 @@ pub fn inside_transactions(
     kind: &str,
 ) -> (usize, usize) {
     let of_kind: Vec<&Fault> = faults.iter().filter(|f| f.kind == kind).collect();
-    let inside = of_kind
-        .iter()
-        .filter(|f| {
-            transactions.iter().any(|(c, begun, ended)| {
-                f.candidate.as_ref() == Some(c) && *begun < f.start && f.start < *ended
-            })
-        })
-        .count();
-    (inside, of_kind.len())
+    let hit = of_kind.iter().filter(|f| inside(f, transactions)).count();
+    (hit, of_kind.len())
 }
 
 /// What the checker found.
@@ -346,7 +359,7 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
         let (from, other) = match fault.kind.as_str() {
             // Nobody could write while it was stopped: from the wake-up, anyone (the woken
             // one too, with a new term: its old one ended at its deadline).
-            "pause" | "partition" if record.pause_blocks_store => (fault.end, None),
+            "pause" | "partition" if record.blocks_store(fault) => (fault.end, None),
             "kill" | "pause" | "partition" => (fault.start, fault.candidate.as_deref()),
             _ => (fault.end, None),
         };
@@ -409,6 +422,9 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
             let Some(c) = fault.candidate.as_deref() else {
                 continue;
             };
+            if record.blocks_store(fault) {
+                continue; // measured from its end, above
+            }
             let Some(term) = intervals
                 .iter()
                 .find(|i| i.candidate == c && i.start <= fault.start && i.end > fault.start)

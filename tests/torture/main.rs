@@ -40,6 +40,7 @@ mod clock;
 mod common;
 mod db;
 mod faults;
+mod node_log;
 mod report;
 mod run;
 mod servers;

@@ -395,6 +395,8 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         // PostgreSQL and MariaDB the next candidate ends its session once its lease lapsed, so
         // recovery counts from the fault's start, as for a kill.
         pause_blocks_store: s.backend == Backend::Sqlite,
+        // The takeover needs a second connection of the next candidate's pool.
+        no_takeover: s.config.pool < 2,
         lapse_bound_ns: (TAKEOVER_BOUND + LEASE + RETRY).as_nanos() as u64,
         faults: std::mem::take(&mut applied.log),
         ..checker::Record::default()
@@ -613,6 +615,9 @@ async fn finish_shards(
     }
     .print();
     let passed = verdict.violations.is_empty() && verdict.led_resources == s.shards.len();
+    if !passed {
+        print_logs_around_gap(procs, &verdict.violations);
+    }
     if std::env::var_os("ORION_TORTURE_KEEP").is_some() || !passed {
         // The fault log next to the histories, in their monotonic nanoseconds.
         let log: String = record
@@ -639,6 +644,34 @@ async fn finish_shards(
             .await;
     }
     Ok(passed)
+}
+
+/// The nodes' own log lines from a second before the first unexplained leaderless stretch
+/// (a violation `<resource>: no leader for <ms> ms from <ns> to <ns>, ...`) to its end.
+fn print_logs_around_gap(procs: &[Proc], violations: &[String]) {
+    let gap = violations.iter().find_map(|v| {
+        let (resource, rest) = v.split_once(": no leader for ")?;
+        let mut words = rest.split(' ');
+        let from = words
+            .find(|w| *w == "from")
+            .and(words.next())?
+            .parse::<u64>()
+            .ok()?;
+        let to = words.find(|w| *w == "to").and(words.next())?;
+        let to = to.trim_end_matches(',').parse::<u64>().ok()?;
+        Some((resource.to_owned(), from, to))
+    });
+    let Some((resource, from, to)) = gap else {
+        return;
+    };
+    let logs: Vec<(String, PathBuf)> = procs
+        .iter()
+        .map(|p| (p.name.clone(), crate::node_log::path(&p.history)))
+        .collect();
+    println!("  the nodes' log from 1 s before {resource}'s gap to its end (its lines, warnings, errors):");
+    for l in crate::node_log::around(&logs, &resource, from.saturating_sub(1_000_000_000), to, 60) {
+        println!("    {l}");
+    }
 }
 
 /// Pauses and partitions must hit leaders inside fenced transactions too (what the takeover

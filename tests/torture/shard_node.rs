@@ -210,6 +210,9 @@ impl Drop for Done {
 /// Runs one node until the harness writes `shutdown` to its standard input.
 pub async fn run(args: Args) -> Result<(), Error> {
     let name = args.candidate.clone().unwrap_or_default();
+    if let Some(history) = &args.history {
+        crate::node_log::install(history);
+    }
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

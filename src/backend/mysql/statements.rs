@@ -81,6 +81,10 @@ pub(crate) const IN_TRANSACTION: &str = "CAST(@@in_transaction AS SIGNED)";
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) const IN_TRANSACTION_COLUMN: usize = 6;
 
+/// MariaDB: how long the acquire's upsert waits for a row lock, at most (its own
+/// `innodb_lock_wait_timeout`, for that statement only).
+pub(crate) const LOCK_WAIT_SECONDS: u64 = 1;
+
 /// The MariaDB form: the upsert with a `RETURNING` clause of the lease row, which sea-query's
 /// MySQL builder would drop. The clause is rendered by sea-query as a select list (it has no
 /// parameters) and appended.
@@ -90,7 +94,12 @@ pub(crate) fn upsert_returning(
     candidate: &str,
     millis: i64,
 ) -> Result<Statement, DbErr> {
-    let (mut sql, values) = upsert(table, resource, candidate, millis)?.build(MysqlQueryBuilder);
+    let (upsert, values) = upsert(table, resource, candidate, millis)?.build(MysqlQueryBuilder);
+    // The statement waits for a row lock at most LOCK_WAIT_SECONDS (the server counts whole
+    // seconds), then fails (1205): an acquire its caller gave up on waits no longer on the
+    // server, whatever the stall of the row's holder.
+    let mut sql =
+        format!("SET STATEMENT innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS} FOR {upsert}");
     let list = Query::select()
         .exprs(returned_row(&MySql))
         .to_string(MysqlQueryBuilder);
@@ -230,7 +239,7 @@ mod tests {
         assert_eq!(
             stmt.sql,
             format!(
-                "{UPSERT} RETURNING `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, \
+                "SET STATEMENT innodb_lock_wait_timeout = 1 FOR {UPSERT} RETURNING `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, \
                  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, CAST(@@in_transaction AS SIGNED)"
             )
         );

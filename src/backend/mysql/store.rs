@@ -31,7 +31,24 @@ pub(crate) async fn acquire_or_renew(
         }
     }
     let Some(row) = store.single_row(&rows)? else {
-        return Err(store.decode_error(DbErr::RecordNotFound("the upserted lease row".to_owned())));
+        // The upsert always leaves a row, and a transaction reads its own writes: no row, the
+        // same after the COMMIT (see `committed_as_read`), means the transaction was rolled
+        // back under the statements (seen on Galera, the Transaction form). Not a grant, and
+        // retryable.
+        tracing::warn!(
+            table = store.table(),
+            resource,
+            "the upserted lease row was not there to read in its own transaction (rolled back \
+             under it); not a grant"
+        );
+        return Err(StoreError::Conflict {
+            source: DbErr::RecordNotFound(
+                "the upserted lease row, in its own transaction: the transaction was rolled \
+                 back under it (a Galera brute-force abort?)"
+                    .to_owned(),
+            )
+            .into(),
+        });
     };
     let decoded = Row::decode(row).map_err(|source| store.decode_error(source))?;
     Ok(decoded.outcome(resource, candidate))
@@ -56,7 +73,7 @@ pub(crate) async fn renew_all(
         let read = DbBackend::MySql.build(&read);
         return in_transaction(store, pool, Begin::RepeatableRead, &update, &read).await;
     }
-    store
+    let (rows, after) = store
         .with_retry(|| async {
             // REPEATABLE READ whatever the session's level: the update then keeps the locks of
             // the rows it found lapsed, so no other renew can write one of them before the
@@ -69,9 +86,11 @@ pub(crate) async fn renew_all(
             // The update holds the renewed rows' locks until commit: this reads what it left.
             let rows = txn.query_all(&read).await?;
             txn.commit().await?;
-            Ok(rows)
+            let after = store.db.query_all(&read).await?;
+            Ok((rows, after))
         })
-        .await
+        .await?;
+    committed_as_read(store, rows, &after)
 }
 
 /// The rows after the upsert, read to the end, in the server's form.
@@ -99,7 +118,7 @@ async fn upsert(
                 );
                 return in_transaction(store, pool, Begin::ReadWrite, &upsert, &read).await;
             }
-            store
+            let (rows, after) = store
                 .with_retry(|| async {
                     let txn = store.db.begin().await?;
                     txn.execute(&upsert).await?;
@@ -107,9 +126,11 @@ async fn upsert(
                     let rows = txn.query_all(&read).await?;
                     // Nothing is reported before the commit is known.
                     txn.commit().await?;
-                    Ok(rows)
+                    let after = store.db.query_all(&read).await?;
+                    Ok((rows, after))
                 })
-                .await
+                .await?;
+            committed_as_read(store, rows, &after)
         }
     }
 }
@@ -125,7 +146,7 @@ async fn in_transaction(
     write: &Statement,
     read: &Statement,
 ) -> Result<Vec<QueryResult>, StoreError> {
-    store
+    let (rows, after) = store
         .autocommitted(|| async {
             let Some(mut txn) = autocommit::Transaction::begin(pool, begin).await? else {
                 return Ok(Checked::InAbandonedTransaction);
@@ -133,12 +154,72 @@ async fn in_transaction(
             txn.execute(write).await?;
             // The write holds the rows' locks until commit: this reads what it left.
             let rows = txn.rows(read).await?;
-            // Nothing is reported before the commit is known.
-            txn.commit().await?;
-            Ok(Checked::Committed(rows))
+            // Nothing is reported before the commit is known, and what it left is read again.
+            let after = txn.commit_then_rows(read).await?;
+            Ok(Checked::Committed((rows, after)))
         })
-        .await
+        .await?;
+    committed_as_read(store, rows, &after)
 }
+
+/// `rows`, read inside the transaction, once `after` (the same read once the `COMMIT` returned)
+/// shows the same writes; otherwise a retryable conflict, neither a grant nor a renew.
+///
+/// A `COMMIT` that answers OK is not proof on Galera: a brute-force abort by a replicated
+/// write-set can roll a transaction back between its statements without the statements or
+/// the `COMMIT` after it reporting an error (seen on MariaDB 10.11: the read inside found no
+/// row after the upsert, and the `COMMIT` succeeded). The read inside would then report a
+/// write that never committed, such as a new term with the token a rival now holds. The same
+/// holder, token and expiry after the commit mean the rows reported are committed ones: either
+/// this transaction's writes, or (when it was rolled back before its read, which then ran on
+/// its own) the rows as they were, whose expiry and time left are then reported truly, so a
+/// caller's deadline still comes from the committed expiry.
+fn committed_as_read(
+    store: &SeaOrmLeaseStore,
+    rows: Vec<QueryResult>,
+    after: &[QueryResult],
+) -> Result<Vec<QueryResult>, StoreError> {
+    let inside = writes(&rows).map_err(|e| store.decode_error(e))?;
+    let committed = writes(after).map_err(|e| store.decode_error(e))?;
+    if inside == committed {
+        return Ok(rows);
+    }
+    tracing::warn!(
+        table = store.table(),
+        read_inside = inside.len(),
+        read_after = committed.len(),
+        "the rows after COMMIT differ from the rows read inside the transaction (rolled back \
+         under it, e.g. a Galera brute-force abort); not a grant"
+    );
+    Err(StoreError::Conflict {
+        source: DbErr::Custom(
+            "the lease rows after COMMIT differ from those read inside the transaction: it was \
+             rolled back under it (a Galera brute-force abort?)"
+                .to_owned(),
+        )
+        .into(),
+    })
+}
+
+/// The writes rows of `returned_row` (and `renewed_row`, with the resource last) name: holder,
+/// token, expiry and resource, sorted; the time left is left out, it moves.
+fn writes(rows: &[QueryResult]) -> Result<Vec<Write>, DbErr> {
+    let mut out = rows
+        .iter()
+        .map(|row| {
+            Ok((
+                row.try_get_by_index(0)?,
+                row.try_get_by_index(1)?,
+                row.try_get_by_index(2)?,
+                row.try_get_by_index::<String>(6).ok(),
+            ))
+        })
+        .collect::<Result<Vec<Write>, DbErr>>()?;
+    out.sort();
+    Ok(out)
+}
+
+type Write = (String, i64, chrono::DateTime<chrono::Utc>, Option<String>);
 
 /// Runs the MariaDB form, read to the end, known to have committed on its own.
 async fn deciding(

@@ -3,13 +3,15 @@
 
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
-    Alias, CommonTableExpression, Expr, ExprTrait, Query, UnionType, UpdateStatement, WithClause,
-    WithQuery,
+    Alias, CommonTableExpression, Expr, ExprTrait, InsertStatement, Query, UnionType,
+    UpdateStatement, WithClause, WithQuery,
 };
 use sea_orm::DbErr;
 
-use crate::backend::statements::{release, renew_held, renewed_row, returned_row, upsert};
-use crate::backend::Dialect;
+use crate::backend::statements::{
+    new_row, release, renew_held, renewed_row, returned_row, upsert_onto, NEW_ROW,
+};
+use crate::backend::{Dialect, MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
 /// The channel PostgreSQL release notifications go to; the payload is `<table>/<resource>`.
 pub(crate) const RELEASE_CHANNEL: &str = "orionbeacon_releases";
@@ -28,7 +30,53 @@ const ROW_NAMES: [&str; 6] = [
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const TRANSACTION_START_COLUMN: usize = 7;
 
-/// PostgreSQL: the [`upsert`] and, when it grants nothing, the lease row as it stood when the
+/// PostgreSQL: `set_config('lock_timeout', …, TRUE)`: the statement that evaluates it waits for
+/// a lock at most the takeover's first wait (a fifth of the lease `$1` in milliseconds, at most
+/// 200 ms, at least 10 ms), then fails (`55P03`), and the setting ends with its transaction.
+fn lock_wait(d: &dyn Dialect, millis: i64) -> Expr {
+    Expr::cust_with_values(
+        format!(
+            "set_config('lock_timeout', CAST(LEAST({}, GREATEST({}, $1 / 5)) AS text) || 'ms', TRUE)",
+            WAIT_BEFORE_TAKEOVER.as_millis(),
+            MIN_WAIT_BEFORE_TAKEOVER.as_millis()
+        ),
+        [d.lease_value(millis)],
+    )
+}
+
+/// PostgreSQL: the shared upsert (`statements::upsert`), its fresh row selected from a
+/// subquery that first bounds the statement's lock waits ([`lock_wait`]). A row held locked
+/// by a transaction that does not end (a holder stopped or cut off inside a fenced
+/// transaction) then costs an acquire that wait, not a pool connection and a server-side
+/// statement queued for as long as the stall: a caller that stops waiting (a shard set's round
+/// bound) leaves nothing behind that could still grant it a lease later.
+pub(crate) fn bounded_upsert(
+    d: &dyn Dialect,
+    table: &Alias,
+    resource: &str,
+    candidate: &str,
+    millis: i64,
+) -> Result<InsertStatement, DbErr> {
+    let bound = Alias::new("bound");
+    let lock_timeout = Alias::new("lock_timeout");
+    let settings = Query::select()
+        .expr_as(lock_wait(d, millis), lock_timeout.clone())
+        .to_owned();
+    // The fresh row is produced (so the setting made) before the insert looks for a conflict.
+    let source = Query::select()
+        .exprs(new_row(d, resource, candidate, millis))
+        .from_subquery(settings, bound.clone())
+        .and_where(Expr::col((bound, lock_timeout)).is_not_null())
+        .to_owned();
+    let mut stmt = Query::insert();
+    stmt.into_table(table.clone())
+        .columns(NEW_ROW)
+        .select_from(source)
+        .map_err(|e| DbErr::Custom(e.to_string()))?;
+    Ok(upsert_onto(d, table, candidate, millis, stmt))
+}
+
+/// PostgreSQL: the [`bounded_upsert`] and, when it grants nothing, the lease row as it stood when the
 /// statement began, in one statement (one round trip even when denied). The last column says
 /// which: `TRUE` for the granted row, `FALSE` for the report. The report comes from the
 /// statement's snapshot, so during a race it can be stale or missing: it is a hint about who
@@ -45,7 +93,7 @@ pub(crate) fn upsert_reporting(
     let cte = CommonTableExpression::new()
         .table_name(granted.clone())
         .columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
-        .query(upsert(d, table, resource, candidate, millis)?)
+        .query(bounded_upsert(d, table, resource, candidate, millis)?)
         .to_owned();
     let report = Query::select()
         .exprs(returned_row(d))
@@ -146,7 +194,7 @@ mod tests {
         let (sql, values) = upsert_reporting(&Postgres, &table(), "r", "me", 1500)
             .unwrap()
             .build(PostgresQueryBuilder);
-        let (insert, _) = upsert(&Postgres, &table(), "r", "me", 1500)
+        let (insert, _) = bounded_upsert(&Postgres, &table(), "r", "me", 1500)
             .unwrap()
             .build(PostgresQueryBuilder);
         assert_eq!(
@@ -156,10 +204,10 @@ mod tests {
                  SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\", TRUE, transaction_timestamp() FROM \"granted\" \
                  UNION ALL (SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \
                  CAST(FLOOR(EXTRACT(EPOCH FROM (\"expires_at\" - statement_timestamp())) * 1000) AS BIGINT), FALSE, transaction_timestamp() \
-                 FROM \"orionbeacon_leases\" WHERE \"resource\" = $9 AND (NOT EXISTS(SELECT 1 FROM \"granted\")))"
+                 FROM \"orionbeacon_leases\" WHERE \"resource\" = $10 AND (NOT EXISTS(SELECT 1 FROM \"granted\")))"
             )
         );
-        assert_eq!(values.0.len(), 9);
+        assert_eq!(values.0.len(), 10);
         let (sql, values) = release_notifying(&Postgres, &table(), "orionbeacon_leases", "r", "me")
             .build(PostgresQueryBuilder);
         assert_eq!(
@@ -169,6 +217,42 @@ mod tests {
              SELECT pg_notify($3, $4 || \"resource\") FROM \"released\""
         );
         assert_eq!(values.0.len(), 4);
+    }
+
+    // The fresh row comes from a subquery that first sets the statement's lock_timeout: the
+    // insert looks for its conflict (and waits for the row lock) only after that.
+    #[test]
+    fn postgres_upsert_bounds_its_lock_wait_first() {
+        let (sql, values) = bounded_upsert(&Postgres, &table(), "r", "me", 1500)
+            .unwrap()
+            .build(PostgresQueryBuilder);
+        assert!(
+            sql.starts_with(
+                "INSERT INTO \"orionbeacon_leases\" (\"resource\", \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\") \
+                 SELECT $1, $2, $3, clock_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp() \
+                 FROM (SELECT set_config('lock_timeout', CAST(LEAST(200, GREATEST(10, $5 / 5)) AS text) || 'ms', TRUE) AS \"lock_timeout\") AS \"bound\" \
+                 WHERE \"bound\".\"lock_timeout\" IS NOT NULL \
+                 ON CONFLICT (\"resource\") DO UPDATE SET "
+            ),
+            "{sql}"
+        );
+        // The lease length bound twice more: the fresh row's expiry and the lock wait.
+        let v = &values.0;
+        assert_eq!(
+            (v[0].clone(), v[1].clone(), v[3].clone(), v[4].clone()),
+            ("r".into(), "me".into(), 1500i64.into(), 1500i64.into())
+        );
+        // The rest is the shared upsert's conflict clause, as on SQLite.
+        let (shared, _) = crate::backend::statements::upsert(&Postgres, &table(), "r", "me", 1500)
+            .unwrap()
+            .build(PostgresQueryBuilder);
+        let tail = |s: &str| s.split_once(" ON CONFLICT ").map(|(_, t)| t.to_owned());
+        let renumbered = tail(&shared).map(|t| {
+            (1..=9).rev().fold(t, |t, i| {
+                t.replace(&format!("${i}"), &format!("${}", i + 1))
+            })
+        });
+        assert_eq!(tail(&sql), renumbered);
     }
 
     // One statement for the whole batch, its leases in one bound JSON document.

@@ -66,31 +66,30 @@ impl Table {
     }
 }
 
-/// How to create a missing table: the migration's command line makes only the default tables
-/// (the lease table, then the membership table); another name is made by the application's
-/// Migrator.
+/// How to create a missing table: first through the application's own Migrator (the path the
+/// docs lead with), else, for the default tables only, with the migration's command line.
 fn migration_hint(which: Table, table: &str, url: &str) -> String {
     let driver = match url.split(':').next().unwrap_or_default() {
-        "postgres" | "postgresql" => "sqlx-postgres",
-        "mysql" | "mariadb" => "sqlx-mysql",
-        _ => "sqlx-sqlite",
+        "postgres" | "postgresql" => "postgres",
+        "mysql" | "mariadb" => "mysql",
+        _ => "sqlite",
     };
     let url = &driver_url(url);
     let migration = which.migration();
     let default = which.default_name();
     if table == default {
         format!(
-            "run the migration first:\n  \
-             orion-beacon-migration up -u {url}\n\
-             (install it with `cargo install orion-beacon-migration --features cli,{driver}`), \
-             or add orion_beacon_migration::{migration}::new() to your app's Migrator"
+            "run the migration first: add orion_beacon_migration::{migration}::new() to your \
+             app's Migrator and run it (`sea-orm-cli migrate up`).\n\
+             Without a Migrator of your own: orion-beacon-migration up -u {url}\n\
+             (install it with `cargo install orion-beacon-migration --features cli,{driver}`)"
         )
     } else {
         format!(
             "run the migration first: add \
              orion_beacon_migration::{migration}::with_table({table:?}) to your app's \
-             Migrator and run it (`sea-orm-cli migrate up -d <your migration crate>`); the \
-             orion-beacon-migration command line creates only the default table {default:?}"
+             Migrator and run it (`sea-orm-cli migrate up`); the orion-beacon-migration \
+             command line creates only the default table {default:?}"
         )
     }
 }
@@ -171,14 +170,14 @@ mod tests {
     fn migration_hint_names_the_table_and_the_driver() {
         use super::{migration_hint, Table};
         let default = migration_hint(Table::Leases, "orionbeacon_leases", "postgres://app@db/app");
+        // The app's Migrator comes first; the command line is the fallback.
+        let migrator = default.find("CreateLeaseTable::new() to your app's Migrator");
+        let command_line = default.find("orion-beacon-migration up -u postgres://app@db/app");
         assert!(
-            default.contains("orion-beacon-migration up -u postgres://app@db/app"),
+            matches!((migrator, command_line), (Some(m), Some(c)) if m < c),
             "{default}"
         );
-        assert!(
-            default.contains("--features cli,sqlx-postgres"),
-            "{default}"
-        );
+        assert!(default.contains("--features cli,postgres`"), "{default}");
         let custom = migration_hint(Table::Leases, "shard_leases", "mysql://app@db/app");
         assert!(
             custom.contains("CreateLeaseTable::with_table(\"shard_leases\")"),

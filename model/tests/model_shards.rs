@@ -3,13 +3,13 @@
 //! release) and the store, clock drift included, against "at most one holder per resource at
 //! any database instant", "each term's token exceeds every earlier term's" and "a release ends
 //! only the write it names". docs/reliability.md ("The shard-set model") describes the checks
-//! and their results. tests/model_election.rs is the same technique for one elector per
+//! and their results. model/tests/model_election.rs is the same technique for one elector per
 //! resource; this file follows its conventions (times relative to now, tokens by rank,
 //! renamings as one state, counterexamples printed as traces).
 //!
 //! # Time and clocks
 //!
-//! As in tests/model_election.rs: one tick of the database clock is the unit, and also the
+//! As in model/tests/model_election.rs: one tick of the database clock is the unit, and also the
 //! store's clock resolution (two writes in one tick get the same `now`). A node's monotonic
 //! clock runs slow or fast by at most one tick in `K`; each local deadline (the send of the
 //! renew or acquire it follows from, plus `lease - margin` ticks of the node's clock) is placed
@@ -169,7 +169,7 @@ fn counted(w: i16, k: u8, sign: i16) -> i16 {
 }
 
 /// The smallest safe margin for `lease` and rho = 1/`k`: `ceil(lease / k)` (see
-/// tests/model_election.rs, "the margin rule").
+/// model/tests/model_election.rs, "the margin rule").
 fn rule_margin(lease: i8, k: u8) -> i8 {
     (lease as i16 - counted(lease as i16, k, -1)) as i8
 }
@@ -2027,7 +2027,7 @@ fn two_running_processes_with_one_member_id_are_two_holders() {
 
 /// The exhaustive checks of every feature, and the earlier shard-set rule.
 #[test]
-#[ignore = "about 14 minutes in a debug build; cargo test --all-features --test model_shards -- --ignored --nocapture the_longer_runs"]
+#[ignore = "minutes of exhaustive search; cargo test -p orion-beacon-model --test model_shards -- --ignored --nocapture the_longer_runs"]
 fn the_longer_runs() {
     let checks = [
         Params {
@@ -2051,10 +2051,10 @@ fn the_longer_runs() {
     }
 }
 
-/// Measures a configuration: `MODEL=<name> DEPTH=<steps> cargo test --test model_shards --
+/// Measures a configuration: `MODEL=<name> DEPTH=<steps> cargo test -p orion-beacon-model --test model_shards --
 /// --ignored --nocapture measure`.
 #[test]
-#[ignore = "a measuring aid, not a check; MODEL=2x2 DEPTH=20 cargo test --test model_shards -- --ignored --nocapture measure"]
+#[ignore = "a measuring aid, not a check; MODEL=2x2 DEPTH=20 cargo test -p orion-beacon-model --test model_shards -- --ignored --nocapture measure"]
 fn measure() {
     let name = std::env::var("MODEL").unwrap_or_default();
     let depth = std::env::var("DEPTH").ok().and_then(|d| d.parse().ok());

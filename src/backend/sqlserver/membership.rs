@@ -1,0 +1,107 @@
+//! The [`MembershipStore`] operations: a member's heartbeat, its leave and the read of a shard
+//! set's members, with the member rows they decode.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sea_orm::DbErr;
+use tiberius::ToSql;
+
+use super::exec::{column, split_lease, Reply, Want};
+use super::names::{check_candidate, check_shard_set};
+use super::SqlServerLeaseStore;
+use crate::membership::{validate_heartbeat, Member, MembershipStore};
+use crate::StoreError;
+
+impl SqlServerLeaseStore {
+    /// Runs a membership read (or the heartbeat, which ends with one) and decodes its members,
+    /// in byte order of their ids whatever the server's collation says.
+    async fn member_rows(
+        &self,
+        sql: &str,
+        params: &[&dyn ToSql],
+    ) -> Result<Vec<Member>, StoreError> {
+        let rows = match self.run(Want::Rows, sql, params).await {
+            Ok(Reply::Rows(rows)) => rows,
+            Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) => return Err(self.classify_members(err)),
+        };
+        let mut members = rows
+            .iter()
+            .map(decode_member)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| StoreError::Decode {
+                table: self.member_table.to_string(),
+                source,
+            })?;
+        members.sort_by(|a, b| (&a.shard_set, &a.member).cmp(&(&b.shard_set, &b.member)));
+        Ok(members)
+    }
+}
+
+/// Decodes `shard_set, member, draining, joined_at, heartbeat_at, remaining_ms`.
+fn decode_member(row: &tiberius::Row) -> Result<Member, DbErr> {
+    let time = |idx, name| column::<chrono::NaiveDateTime>(row, idx, name).map(|t| t.and_utc());
+    let remaining = column::<i64>(row, 5, "remaining_ms")?;
+    let mut member = Member::new(
+        column::<&str>(row, 0, "shard_set")?,
+        column::<&str>(row, 1, "member")?,
+        Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
+    );
+    member.draining = column::<bool>(row, 2, "draining")?;
+    member.joined_at = Some(time(3, "joined_at")?);
+    member.heartbeat_at = Some(time(4, "heartbeat_at")?);
+    Ok(member)
+}
+
+/// The membership of shard sets in the store's membership table
+/// ([`with_member_table`](SqlServerLeaseStore::with_member_table), created by
+/// [`migrate_members`](SqlServerLeaseStore::migrate_members)); the statements are described in
+/// the [module docs](super).
+#[async_trait]
+impl MembershipStore for SqlServerLeaseStore {
+    async fn heartbeat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        check_shard_set(shard_set)?;
+        check_candidate(member)?;
+        let (seconds, rest_ms) = split_lease(millis, ttl)?;
+        self.member_rows(
+            &self.member_sql.heartbeat,
+            &[&shard_set, &member, &seconds, &rest_ms, &draining],
+        )
+        .await
+    }
+
+    async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
+        check_shard_set(shard_set)?;
+        check_candidate(member)?;
+        let rows = match self
+            .run(Want::Rows, &self.member_sql.leave, &[&shard_set, &member])
+            .await
+        {
+            Ok(Reply::Rows(rows)) => rows,
+            Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) => return Err(self.classify_members(err)),
+        };
+        let removed = match rows.first() {
+            Some(row) => column::<i32>(row, 0, "removed").map_err(|source| StoreError::Decode {
+                table: self.member_table.to_string(),
+                source,
+            })?,
+            None => 0,
+        };
+        Ok(removed > 0)
+    }
+
+    async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
+        check_shard_set(shard_set)?;
+        self.member_rows(&self.member_sql.members, &[&shard_set])
+            .await
+    }
+}

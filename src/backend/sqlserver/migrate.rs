@@ -1,0 +1,95 @@
+//! The migrations: the versioned T-SQL of the lease and the membership tables for this store's
+//! table names, and `migrate`/`migrate_members`, which send it (a table another process created
+//! meanwhile is no error).
+
+use tiberius::error::Error as TdsError;
+
+use super::exec::{code, Want};
+use super::member_tsql::member_migration_sql;
+use super::tsql::migration_sql;
+use super::SqlServerLeaseStore;
+use crate::StoreError;
+
+impl SqlServerLeaseStore {
+    /// The versioned T-SQL ([`MIGRATION_SQL`](super::MIGRATION_SQL), migration
+    /// [`MIGRATION_NAME`](super::MIGRATION_NAME)) for this store's table: what
+    /// [`migrate`](Self::migrate) sends, for those who apply schema changes with their own tools.
+    pub fn migration_sql(&self) -> String {
+        migration_sql(&self.table)
+    }
+
+    /// The versioned T-SQL of the membership table
+    /// ([`MEMBER_MIGRATION_SQL`](super::MEMBER_MIGRATION_SQL), migration
+    /// [`MEMBER_MIGRATION_NAME`](super::MEMBER_MIGRATION_NAME)) for this store's membership
+    /// table: what [`migrate_members`](Self::migrate_members) sends.
+    pub fn member_migration_sql(&self) -> String {
+        member_migration_sql(&self.member_table)
+    }
+
+    /// Creates the lease table if it does not exist (`IF OBJECT_ID(...) IS NULL CREATE TABLE
+    /// ...`): idempotent, and safe to run from several processes at once. An existing table is
+    /// left as it is.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.create(&self.migration_sql())
+            .await
+            .map_err(|err| self.classify(err))
+    }
+
+    /// Creates the membership table of shard sets if it does not exist, as
+    /// [`migrate`](Self::migrate) does the lease table (idempotent, safe to run from several
+    /// processes at once): only needed for [`MembershipStore`](crate::MembershipStore).
+    pub async fn migrate_members(&self) -> Result<(), StoreError> {
+        self.create(&self.member_migration_sql())
+            .await
+            .map_err(|err| self.classify_members(err))
+    }
+
+    /// Sends an idempotent `IF OBJECT_ID(...) IS NULL CREATE TABLE` batch.
+    async fn create(&self, sql: &str) -> Result<(), TdsError> {
+        match self.run(Want::RowsAffected, sql, &[]).await {
+            Ok(_) => Ok(()),
+            // Another process created it between our check and our CREATE.
+            Err(err) if err.code() == Some(code::OBJECT_EXISTS) => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sqlserver::tests::SEED;
+    use crate::backend::sqlserver::{MIGRATION_NAME, MIGRATION_SQL};
+
+    #[test]
+    fn migration_is_the_shipped_file_and_idempotent() {
+        let store = SqlServerLeaseStore::new(SEED).unwrap();
+        assert_eq!(store.migration_sql(), MIGRATION_SQL);
+        assert!(MIGRATION_SQL.contains(MIGRATION_NAME));
+        assert!(MIGRATION_SQL
+            .contains("IF OBJECT_ID(N'[orionbeacon_leases]', N'U') IS NULL\nCREATE TABLE [orionbeacon_leases] ("));
+        for column in [
+            "resource nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL",
+            "holder nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL",
+            "fencing_token bigint NOT NULL",
+            "expires_at datetime2(7) NOT NULL",
+            "acquired_at datetime2(7) NOT NULL",
+            "renewed_at datetime2(7) NOT NULL",
+            "CONSTRAINT [PK_orionbeacon_leases] PRIMARY KEY CLUSTERED (resource)",
+        ] {
+            assert!(MIGRATION_SQL.contains(column), "{column}");
+        }
+        assert!(
+            !MIGRATION_SQL.contains("\nGO"),
+            "one batch, no client separators"
+        );
+
+        let custom = store.with_table("shard_leases").unwrap().migration_sql();
+        assert!(custom.contains(
+            "IF OBJECT_ID(N'[shard_leases]', N'U') IS NULL\nCREATE TABLE [shard_leases] ("
+        ));
+        assert!(custom.contains("CONSTRAINT [PK_shard_leases] PRIMARY KEY CLUSTERED (resource)"));
+        assert!(!custom.contains("[orionbeacon_leases]"));
+        assert!(!custom.contains("[PK_orionbeacon_leases]"));
+    }
+}

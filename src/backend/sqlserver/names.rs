@@ -1,0 +1,82 @@
+//! Names on SQL Server: `nvarchar(255)` counts UTF-16 code units, so a name the common checks
+//! accept can still be too long here; such a name is refused before any SQL runs.
+
+use crate::membership::validate_shard_set;
+use crate::store::{validate_candidate, validate_resource, MAX_NAME_LEN};
+use crate::StoreError;
+
+/// SQL Server counts `nvarchar(255)` in UTF-16 code units: a character outside the Basic
+/// Multilingual Plane takes two. Refuse names that would not fit before any SQL runs.
+fn check_utf16_len(name: &str) -> Option<&'static str> {
+    (name.encode_utf16().count() > MAX_NAME_LEN)
+        .then_some("must be at most 255 UTF-16 code units on SQL Server (characters outside the Basic Multilingual Plane count twice)")
+}
+
+pub(super) fn check_resource(resource: &str) -> Result<(), StoreError> {
+    validate_resource(resource)?;
+    match check_utf16_len(resource) {
+        Some(reason) => Err(StoreError::InvalidResource {
+            name: resource.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn check_candidate(candidate: &str) -> Result<(), StoreError> {
+    validate_candidate(candidate)?;
+    match check_utf16_len(candidate) {
+        Some(reason) => Err(StoreError::InvalidCandidate {
+            name: candidate.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn check_shard_set(shard_set: &str) -> Result<(), StoreError> {
+    validate_shard_set(shard_set)?;
+    match check_utf16_len(shard_set) {
+        Some(reason) => Err(StoreError::InvalidShardSet {
+            name: shard_set.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_set_names_must_fit_nvarchar_255() {
+        assert!(check_shard_set(&"é".repeat(255)).is_ok());
+        assert!(matches!(
+            check_shard_set(&"𝄞".repeat(128)),
+            Err(StoreError::InvalidShardSet { .. })
+        ));
+        assert!(matches!(
+            check_shard_set(" orders"),
+            Err(StoreError::InvalidShardSet { .. })
+        ));
+        assert!(check_shard_set(&"𝄞".repeat(127)).is_ok());
+    }
+
+    #[test]
+    fn names_must_fit_nvarchar_255() {
+        assert!(check_resource(&"é".repeat(255)).is_ok());
+        // 255 characters, 510 UTF-16 code units.
+        let wide = "𝄞".repeat(255);
+        assert!(validate_resource(&wide).is_ok());
+        assert!(matches!(
+            check_resource(&wide),
+            Err(StoreError::InvalidResource { .. })
+        ));
+        assert!(matches!(
+            check_candidate(&"𝄞".repeat(128)),
+            Err(StoreError::InvalidCandidate { .. })
+        ));
+        assert!(check_candidate(&"𝄞".repeat(127)).is_ok());
+    }
+}
