@@ -229,6 +229,55 @@ impl StoreError {
     }
 }
 
+/// Why a fenced write was refused.
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// The term is no longer current in the lease table (another holder, a newer token, or the
+    /// lease expired by the database clock): roll back, the write must not happen.
+    #[error("fenced: {holder:?} no longer holds {resource:?} with token {token}")]
+    Fenced {
+        /// The resource.
+        resource: String,
+        /// The candidate whose term was checked.
+        holder: String,
+        /// The token that was checked.
+        token: crate::FencingToken,
+    },
+    /// The check itself failed (database error, missing table, bad input).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The statement-level fence ([`SeaOrmLeaseStore::fenced_by`](crate::SeaOrmLeaseStore::fenced_by),
+    /// [`SeaOrmLeaseStore::execute_fenced`](crate::SeaOrmLeaseStore::execute_fenced)) on a Galera cluster: its check only reads the lease
+    /// row, and neither a shared lock nor a read is replicated or certified, so a stale write
+    /// could commit on another node after a takeover. Use the transactional fence
+    /// ([`SeaOrmLeaseStore::fence`](crate::SeaOrmLeaseStore::fence)), which writes the lease row there.
+    #[error("the statement-level fence cannot fence on a Galera cluster (a shared lock does not replicate): write inside a transaction fenced with fence(&txn, term) instead")]
+    StatementFenceOnGalera,
+    /// [`SeaOrmLeaseStore::fenced_by`](crate::SeaOrmLeaseStore::fenced_by) on MySQL/MariaDB by a store that has not yet learnt
+    /// whether the server is a Galera node (it does at its first grant, fence or
+    /// `execute_fenced`), where the statement-level fence must not be used.
+    #[error("the statement-level fence needs to know whether this MySQL/MariaDB server is a Galera node: call it after the store's first grant (or use execute_fenced, or fence(&txn, term))")]
+    TopologyUnknown,
+    /// [`LeaderTerm::fence`](crate::LeaderTerm::fence) on a term whose elector's store cannot
+    /// fence SeaORM transactions (it is not a [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore)).
+    #[error("this term's elector does not run on a SeaOrmLeaseStore, so it cannot fence a SeaORM transaction")]
+    Unsupported,
+}
+
+impl std::fmt::Debug for FenceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        debug_chain(f, "FenceError", self)
+    }
+}
+
+impl FenceError {
+    /// Whether this is [`FenceError::Fenced`]: the caller is not the leader (any more).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, FenceError::Fenced { .. })
+    }
+}
+
 /// The `Debug` of this crate's errors: what `main` returning `Err` and `unwrap()` print. It
 /// reads like `Display`, names the crate and the type, and lists the sources, the way `anyhow`
 /// shows an error chain; match on the value (or [`StoreError::kind`]) rather than on this text.

@@ -252,6 +252,14 @@ pub trait LeaseStore: Send + Sync {
     fn validate(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// The [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) behind this store, if it is one (or
+    /// forwards to one): the store an elector's or shard set's terms fence SeaORM transactions
+    /// with. The default is `None`; a wrapper that forwards to a SeaORM store should forward
+    /// this too.
+    fn sea_orm_store(&self) -> Option<&crate::SeaOrmLeaseStore> {
+        None
+    }
 }
 
 /// A subscription to a store's release notifications (see [`LeaseStore::release_events`]).
@@ -294,6 +302,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
 
     fn validate(&self) -> Result<(), StoreError> {
         (**self).validate()
+    }
+
+    fn sea_orm_store(&self) -> Option<&crate::SeaOrmLeaseStore> {
+        (**self).sea_orm_store()
     }
 }
 

@@ -8,12 +8,10 @@ use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
     Alias, Expr, ExprTrait, LockType, Order, Query, SelectStatement, UpdateStatement,
 };
-use sea_orm::{ConnectionTrait, TransactionTrait};
 
-use super::sqlite;
+use super::dialect::Dialect;
 use super::statements::{self, returned_row, Row};
 use super::store::SeaOrmLeaseStore;
-use super::{Dialect, Form};
 use crate::store::validate_resource;
 use crate::{LeaseRecord, StoreError};
 
@@ -53,11 +51,10 @@ impl SeaOrmLeaseStore {
     /// Every lease in the table, live or not, ordered by resource, with `live` and `remaining`
     /// judged by the database clock (as in [`current`](crate::LeaseStore::current)).
     pub async fn list(&self) -> Result<Vec<LeaseRecord>, StoreError> {
-        let form = self.form()?;
-        let stmt = form
-            .backend()
-            .build(&list(form.dialect(), &self.table_iden()));
-        let rows = self.plain(stmt).await?;
+        let engine = self.engine()?;
+        let cx = &engine.cx;
+        let stmt = cx.build(&list(cx.dialect, &cx.table_iden()));
+        let rows = engine.plain(stmt).await?;
         rows.iter()
             .map(|r| {
                 let row = Row::decode(r)?;
@@ -65,7 +62,7 @@ impl SeaOrmLeaseStore {
                 Ok(row.record(&resource))
             })
             .collect::<Result<Vec<_>, sea_orm::DbErr>>()
-            .map_err(|source| self.decode_error(source))
+            .map_err(|source| cx.decode_error(source))
     }
 
     /// An operator's revoke: ends the live lease of `resource` whoever holds it, by moving its
@@ -80,31 +77,18 @@ impl SeaOrmLeaseStore {
     /// expired and nothing changed), or `None` if the resource has no lease row.
     pub async fn revoke(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         validate_resource(resource)?;
-        let d = self.dialect()?;
-        let table = self.table_iden();
-        // SQLite has no row locks: a no-op write of the row takes the database's write lock
-        // first, so no writer can slip in between the read and the revoke.
-        let sqlite = self.form()? == Form::Sqlite;
-        let lock = sqlite::statements::write_lock(&table, Expr::col(Column::Resource).eq(resource));
-        let read = revoke_read(d, &table, resource);
-        let update = revoke(d, &table, resource);
-        #[cfg(any(feature = "postgres", feature = "mysql"))]
-        let checked = match super::autocommit::Pool::of(self) {
-            Some(pool) => Some(self.revoke_checked(pool, &read, &update).await?),
-            None => None,
-        };
-        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
-        let checked = None;
-        let row = match checked {
-            Some(row) => row,
-            None => self.revoke_in(&lock, &read, &update, sqlite).await?,
-        };
+        let engine = self.engine()?;
+        let cx = &engine.cx;
+        let table = cx.table_iden();
+        let read = cx.build(&revoke_read(cx.dialect, &table, resource));
+        let update = cx.build(&revoke(cx.dialect, &table, resource));
+        let row = engine.backend.revoke(cx, resource, read, update).await?;
         let Some(row) = row else {
             tracing::info!(resource, table = %self.table(), "revoke: no lease row; nothing changed");
             return Ok(None);
         };
         let record = Row::decode(&row)
-            .map_err(|source| self.decode_error(source))?
+            .map_err(|source| cx.decode_error(source))?
             .record(resource);
         if record.live {
             tracing::warn!(
@@ -126,60 +110,6 @@ impl SeaOrmLeaseStore {
             );
         }
         Ok(Some(record))
-    }
-}
-
-impl SeaOrmLeaseStore {
-    /// The revoke's transaction through SeaORM (SQLite, and connections that are no sqlx pool):
-    /// the row before the revoke.
-    async fn revoke_in(
-        &self,
-        lock: &UpdateStatement,
-        read: &SelectStatement,
-        update: &UpdateStatement,
-        sqlite: bool,
-    ) -> Result<Option<sea_orm::QueryResult>, StoreError> {
-        self.with_retry(|| async {
-            let txn = self.connection().begin().await?;
-            if sqlite {
-                txn.execute(lock).await?;
-            }
-            let row = txn.query_one(read).await?;
-            if row.is_some() {
-                txn.execute(update).await?;
-            }
-            txn.commit().await?;
-            Ok(row)
-        })
-        .await
-    }
-
-    /// The revoke's transaction on a pooled connection checked to be outside any transaction
-    /// (see `autocommit`): a connection inside an abandoned one is closed rather than have its
-    /// `BEGIN` join (PostgreSQL) or commit (MySQL) that transaction, and a call dropped before
-    /// `COMMIT` closes the connection rather than hand it back mid-transaction.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    async fn revoke_checked(
-        &self,
-        pool: super::autocommit::Pool<'_>,
-        read: &SelectStatement,
-        update: &UpdateStatement,
-    ) -> Result<Option<sea_orm::QueryResult>, StoreError> {
-        use super::autocommit::{Begin, Checked, Transaction};
-        let backend = self.form()?.backend();
-        let (read, update) = (backend.build(read), backend.build(update));
-        self.autocommitted(|| async {
-            let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
-                return Ok(Checked::InAbandonedTransaction);
-            };
-            let row = txn.rows(&read).await?.into_iter().next();
-            if row.is_some() {
-                txn.execute(&update).await?;
-            }
-            txn.commit().await?;
-            Ok(Checked::Committed(row))
-        })
-        .await
     }
 }
 
@@ -244,9 +174,11 @@ mod tests {
 
         // SQLite: no row locks (the builder drops FOR UPDATE); a no-op write takes the
         // database's write lock first.
-        let (sql, _) =
-            sqlite::statements::write_lock(&table(), Expr::col(Column::Resource).eq("r"))
-                .build(SqliteQueryBuilder);
+        let (sql, _) = crate::backend::sqlite::statements::write_lock(
+            &table(),
+            Expr::col(Column::Resource).eq("r"),
+        )
+        .build(SqliteQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "orionbeacon_leases" SET "fencing_token" = "fencing_token" WHERE "resource" = ?"#

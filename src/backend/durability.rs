@@ -7,10 +7,9 @@
 //! program can also ask with [`SeaOrmLeaseStore::durability`]. See docs/topologies.md, next to
 //! the asynchronous-replica caveat.
 
-use sea_orm::{DbBackend, Statement};
+use sea_orm::Statement;
 
 use super::store::SeaOrmLeaseStore;
-use super::Form;
 use crate::StoreError;
 
 /// What the server's settings say about the durability of a commit, as this session sees them.
@@ -35,34 +34,19 @@ impl SeaOrmLeaseStore {
     /// `innodb_flush_log_at_trx_commit`, SQLite `PRAGMA synchronous`). The store does this
     /// once by itself, at its first grant, and logs a warning if a commit is not durable.
     pub async fn durability(&self) -> Result<Durability, StoreError> {
-        let form = self.form()?;
-        let (backend, sql, settings): (DbBackend, &str, &[&'static str]) = match form {
-            #[cfg(feature = "postgres")]
-            Form::Postgres => (
-                DbBackend::Postgres,
-                "SELECT current_setting('fsync') AS a, current_setting('synchronous_commit') AS b",
-                &["fsync", "synchronous_commit"],
-            ),
-            #[cfg(feature = "mysql")]
-            Form::MySql => (
-                DbBackend::MySql,
-                "SELECT CAST(@@GLOBAL.innodb_flush_log_at_trx_commit AS CHAR) AS a",
-                &["innodb_flush_log_at_trx_commit"],
-            ),
-            Form::Sqlite => (
-                DbBackend::Sqlite,
-                "SELECT CAST(synchronous AS TEXT) AS a FROM pragma_synchronous",
-                &["synchronous"],
-            ),
-        };
+        let engine = self.engine()?;
+        let (sql, settings) = engine.backend.durability_question();
         // On a checked connection, like every statement of ours: a session left inside an
         // abandoned transaction is closed, not read from.
-        let rows = self.plain(Statement::from_string(backend, sql)).await?;
+        let stmt = Statement::from_string(engine.cx.db_backend, sql);
+        let rows = engine.plain(stmt).await?;
         let Some(row) = rows.first() else {
             return Ok(Durability::Durable);
         };
         for (i, setting) in settings.iter().enumerate() {
-            let value: String = row.try_get_by_index(i).map_err(|e| self.decode_error(e))?;
+            let value: String = row
+                .try_get_by_index(i)
+                .map_err(|e| engine.cx.decode_error(e))?;
             if !durable(setting, &value) {
                 return Ok(Durability::NotDurable { setting, value });
             }
@@ -72,7 +56,12 @@ impl SeaOrmLeaseStore {
 
     /// The look [`durability`](Self::durability) makes, once per store, as a warning.
     pub(crate) async fn warn_once_if_not_durable(&self) {
-        self.durability_checked
+        let Ok(engine) = self.engine() else {
+            return;
+        };
+        engine
+            .cx
+            .durability_checked
             .get_or_init(|| async {
                 match self.durability().await {
                     Ok(Durability::Durable) => {}

@@ -1,5 +1,5 @@
-//! Sorting database errors into the store's error kinds; each backend's folder knows its own
-//! codes (`errors.rs` there).
+//! The store's error kinds, and the errors it makes of them. Each backend sorts its own
+//! driver's errors into these kinds (`errors.rs` in its folder).
 
 use sea_orm::DbErr;
 
@@ -14,37 +14,12 @@ pub(crate) enum Kind {
     Other,
 }
 
-/// Without a backend feature the driver's error type is out of reach, but SQLite (which works
-/// in every build) does not translate its messages, so they are read instead.
-#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
-pub(crate) fn kind(err: &DbErr) -> Kind {
-    super::sqlite::errors::kind_by_message(&err.to_string()).unwrap_or(Kind::Other)
-}
+/// The function a backend sorts its errors with.
+pub(crate) type Classifier = fn(&DbErr) -> Kind;
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub(crate) fn kind(err: &DbErr) -> Kind {
-    use sea_orm::RuntimeErr;
-    let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err
-    else {
-        return Kind::Other;
-    };
-    let sea_orm::sqlx::Error::Database(db) = e.as_ref() else {
-        return Kind::Other;
-    };
-    // The codes of the three backends do not overlap (five-character SQLSTATEs on PostgreSQL
-    // and MySQL, numbers on SQLite), so every backend's list is asked.
-    let by_code = db.code().and_then(|code| {
-        super::postgres::errors::kind(&code)
-            .or_else(|| super::mysql::errors::kind(&code))
-            .or_else(|| super::sqlite::errors::kind(&code))
-    });
-    by_code
-        .or_else(|| super::sqlite::errors::missing_table(db.message()))
-        .unwrap_or(Kind::Other)
-}
-
-pub(crate) fn classify(err: DbErr, table: &str) -> StoreError {
-    match kind(&err) {
+/// The store's error for a database error of `kind` on `table`.
+pub(crate) fn classify(err: DbErr, kind: Kind, table: &str) -> StoreError {
+    match kind {
         Kind::MissingTable => StoreError::MissingTable {
             table: table.to_owned(),
             source: err.into(),
@@ -52,4 +27,31 @@ pub(crate) fn classify(err: DbErr, table: &str) -> StoreError {
         Kind::Conflict => StoreError::Conflict { source: err.into() },
         Kind::Other => StoreError::Database(err.into()),
     }
+}
+
+/// The driver's database error inside `err`, if the server answered with one.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) fn database_error(err: &DbErr) -> Option<&dyn sea_orm::sqlx::error::DatabaseError> {
+    use sea_orm::RuntimeErr;
+    let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err
+    else {
+        return None;
+    };
+    e.as_database_error()
+}
+
+/// The database's own error inside a store error, through every wrapper, if there is one.
+pub(crate) fn db_err_in(err: &StoreError) -> Option<&DbErr> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        // `BackendError` is transparent: its `source()` skips the `DbErr` it holds.
+        if let Some(crate::BackendError::SeaOrm(db)) = e.downcast_ref::<crate::BackendError>() {
+            return Some(db);
+        }
+        if let Some(db) = e.downcast_ref::<DbErr>() {
+            return Some(db);
+        }
+        source = e.source();
+    }
+    None
 }

@@ -10,18 +10,18 @@
 //! their own), with the store's retry.
 
 use async_trait::async_trait;
+use orion_beacon_entity::lease;
 use orion_beacon_entity::member::Column;
-use orion_beacon_entity::{lease, validate_table_name};
 use sea_orm::sea_query::{
     Alias, DeleteStatement, Expr, ExprTrait, InsertStatement, OnConflict, Query, SelectStatement,
 };
 use sea_orm::{DbErr, QueryResult};
 
+use super::dialect::Dialect;
 use super::statements::{returned_row, Row};
 use super::store::SeaOrmLeaseStore;
-use super::Dialect;
 use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
-use crate::store::{validate_candidate, validate_resource};
+use crate::store::validate_candidate;
 use crate::{LeaseRecord, StoreError};
 
 /// Resources read by one statement of [`current_all`](crate::LeaseStore::current_all): far
@@ -145,20 +145,6 @@ fn decode_member(row: &QueryResult) -> Result<Member, DbErr> {
 }
 
 impl SeaOrmLeaseStore {
-    /// The same store with shard sets' members in another table (validated like lease table
-    /// names). Create it with `CreateMemberTable::with_table` of the migration crate.
-    pub fn with_member_table(mut self, table: impl AsRef<str>) -> Result<Self, StoreError> {
-        let table = table.as_ref();
-        validate_table_name(table)?;
-        self.member_table = std::sync::Arc::from(table);
-        Ok(self)
-    }
-
-    /// The membership table's name (`orionbeacon_members` unless configured).
-    pub fn member_table(&self) -> &str {
-        &self.member_table
-    }
-
     /// Every live member of every shard set, ordered by shard set and member id: the operator's
     /// view.
     pub async fn list_members(&self) -> Result<Vec<Member>, StoreError> {
@@ -166,18 +152,16 @@ impl SeaOrmLeaseStore {
     }
 
     async fn read_members(&self, shard_set: Option<&str>) -> Result<Vec<Member>, StoreError> {
-        let form = self.form()?;
-        let table = Alias::new(&*self.member_table);
-        let stmt = form
-            .backend()
-            .build(&live(form.dialect(), &table, shard_set));
+        let cx = &self.engine()?.cx;
+        let table = Alias::new(&*cx.member_table);
+        let stmt = cx.build(&live(cx.dialect, &table, shard_set));
         let rows = self.members_plain(stmt).await?;
         let mut members = rows
             .iter()
             .map(decode_member)
             .collect::<Result<Vec<_>, DbErr>>()
             .map_err(|source| StoreError::Decode {
-                table: self.member_table.to_string(),
+                table: self.member_table().to_string(),
                 source,
             })?;
         // Byte order, whatever the database's collation: every member must see the same order.
@@ -190,7 +174,8 @@ impl SeaOrmLeaseStore {
         &self,
         stmt: sea_orm::Statement,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        self.plain(stmt)
+        self.engine()?
+            .plain(stmt)
             .await
             .map_err(|e| self.member_table_error(e))
     }
@@ -198,7 +183,7 @@ impl SeaOrmLeaseStore {
     fn member_table_error(&self, err: StoreError) -> StoreError {
         match err {
             StoreError::MissingTable { source, .. } => StoreError::MissingTable {
-                table: self.member_table.to_string(),
+                table: self.member_table().to_string(),
                 source,
             },
             other => other,
@@ -207,7 +192,8 @@ impl SeaOrmLeaseStore {
 
     /// A membership statement that changes rows: how many it changed.
     async fn members_execute(&self, stmt: sea_orm::Statement) -> Result<u64, StoreError> {
-        self.counted(stmt)
+        self.engine()?
+            .counted(stmt)
             .await
             .map_err(|e| self.member_table_error(e))
     }
@@ -217,28 +203,22 @@ impl SeaOrmLeaseStore {
         &self,
         resources: &[String],
     ) -> Result<Vec<LeaseRecord>, StoreError> {
-        let form = self.form()?;
-        let table = self.table_iden();
+        let engine = self.engine()?;
+        let cx = &engine.cx;
+        let table = cx.table_iden();
         let mut records = Vec::with_capacity(resources.len());
         for chunk in resources.chunks(READ_CHUNK) {
-            let stmt = form
-                .backend()
-                .build(&leases_of(form.dialect(), &table, chunk));
-            for r in self.plain(stmt).await? {
+            let stmt = cx.build(&leases_of(cx.dialect, &table, chunk));
+            for r in engine.plain(stmt).await? {
                 let decoded = Row::decode(&r).and_then(|row| {
                     let resource: String = r.try_get_by_index(6)?;
                     Ok(row.record(&resource))
                 });
-                records.push(decoded.map_err(|source| self.decode_error(source))?);
+                records.push(decoded.map_err(|source| cx.decode_error(source))?);
             }
         }
         Ok(records)
     }
-}
-
-/// Validates every name of a [`current_all`](crate::LeaseStore::current_all) call.
-pub(crate) fn validate_resources(resources: &[String]) -> Result<(), StoreError> {
-    resources.iter().try_for_each(|r| validate_resource(r))
 }
 
 #[async_trait]
@@ -251,24 +231,23 @@ impl MembershipStore for SeaOrmLeaseStore {
         draining: bool,
     ) -> Result<Vec<Member>, StoreError> {
         let millis = validate_heartbeat(shard_set, member, ttl)?;
-        let form = self.form()?;
-        let table = Alias::new(&*self.member_table);
-        let upsert = heartbeat(form.dialect(), &table, shard_set, member, millis, draining)
+        let cx = &self.engine()?.cx;
+        let table = Alias::new(&*cx.member_table);
+        let upsert = heartbeat(cx.dialect, &table, shard_set, member, millis, draining)
             .map_err(|e| StoreError::Database(e.into()))?;
-        self.members_plain(form.backend().build(&upsert)).await?;
+        self.members_plain(cx.build(&upsert)).await?;
         self.read_members(Some(shard_set)).await
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
         validate_shard_set(shard_set)?;
         validate_candidate(member)?;
-        let form = self.form()?;
-        let (d, backend) = (form.dialect(), form.backend());
-        let table = Alias::new(&*self.member_table);
+        let cx = &self.engine()?.cx;
+        let table = Alias::new(&*cx.member_table);
         let left = self
-            .members_execute(backend.build(&leave(d, &table, shard_set, member)))
+            .members_execute(cx.build(&leave(cx.dialect, &table, shard_set, member)))
             .await?;
-        self.members_execute(backend.build(&prune(d, &table, shard_set)))
+        self.members_execute(cx.build(&prune(cx.dialect, &table, shard_set)))
             .await?;
         Ok(left > 0)
     }

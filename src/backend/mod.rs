@@ -1,14 +1,18 @@
 //! The SeaORM lease store and the SQL it sends, one folder per backend.
 //!
-//! What every backend shares lives here: the store ([`SeaOrmLeaseStore`], `store`), the
-//! statements of the common shape (`statements`: PostgreSQL and SQLite run the same
+//! The core, which knows no backend: the backend trait each backend implements (`driver`), what
+//! its code is given (`context`: the connection, the tables, the retry, rows read to the end),
+//! the statements of the common shape (`statements`: PostgreSQL and SQLite run the same
 //! `INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING`), statements rendered once
-//! (`prepared`), fenced writes (`fence`), the operator's tools (`admin`) and the sorting of
-//! database errors (`errors`). Each backend's folder holds its clock (`Dialect`), its own
-//! statements, how the store runs them there, and its error codes:
-//! [`postgres`], [`mysql`] (MySQL and MariaDB), [`sqlite`], and `sqlserver` (its own store over
-//! TDS, since SeaORM has no SQL Server driver). A store picks its backend once, from its
-//! connection, and dispatches on that (`Form`).
+//! (`prepared`), the checked pooled connection (`checkout`), the takeover loop (`takeover`) and
+//! the error kinds (`errors`). On top of it, the public store ([`SeaOrmLeaseStore`], `store`,
+//! the one place the backend is chosen from the connection), its fenced writes (`fence`), its
+//! membership table (`members`), its operator's tools (`admin`) and its durability look.
+//!
+//! Each backend's folder owns its backend: its clock (`Dialect`), its statements, how the store
+//! runs them there (the checks of pooled connections, transaction pooling, notifications), its
+//! fence and takeover, and its error codes: [`postgres`], [`mysql`] (MySQL and MariaDB),
+//! [`sqlite`], and `sqlserver` (its own store over TDS, since SeaORM has no SQL Server driver).
 //!
 //! # What every SeaORM backend does
 //!
@@ -43,10 +47,15 @@
 
 mod admin;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-mod autocommit;
+mod checkout;
+mod context;
+mod dialect;
+mod driver;
 mod durability;
+mod engine;
 mod errors;
 pub mod fence;
+mod gate;
 mod members;
 pub mod mysql;
 pub mod postgres;
@@ -56,8 +65,6 @@ pub mod sqlite;
 pub mod sqlserver;
 mod statements;
 mod store;
-// Ending a stalled holder's session: only servers with sessions to end.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod takeover;
 
 pub use durability::Durability;
@@ -71,123 +78,3 @@ pub(crate) const WAIT_BEFORE_TAKEOVER: std::time::Duration = std::time::Duration
 /// The shortest such wait (for leases under 50 ms).
 pub(crate) const MIN_WAIT_BEFORE_TAKEOVER: std::time::Duration =
     std::time::Duration::from_millis(10);
-
-use sea_orm::sea_query::{Expr, Func};
-use sea_orm::{DatabaseConnection, DatabaseConnectionType, DbBackend, Value};
-
-use crate::StoreError;
-
-/// The per-backend pieces of the lease statements. Every time comes from the database clock.
-pub(crate) trait Dialect: Sync {
-    /// The database's "now", constant within one statement.
-    fn now(&self) -> Expr;
-    /// The end of a lease of `millis` milliseconds (bound as a parameter) granted when the row
-    /// is written. That can be later than [`now`](Self::now) when the statement waited for a
-    /// row lock (a fenced transaction holds one): a lease granted after a wait still lasts its
-    /// full duration from the grant. Liveness is still judged at [`now`](Self::now), the
-    /// statement's start, which only errs towards "still live".
-    fn lease_end(&self, millis: i64) -> Expr;
-    /// The bound value that carries a lease of `millis` milliseconds in
-    /// [`lease_end`](Self::lease_end).
-    fn lease_value(&self, millis: i64) -> Value;
-    /// The smallest timestamp step after `ts` (1 µs, or 1 ms on SQLite).
-    fn one_tick_after(&self, ts: Expr) -> Expr;
-    /// Milliseconds from now until `expires` (negative once past), as a 64-bit integer.
-    fn remaining_millis(&self, expires: Expr) -> Expr;
-    /// A timestamp read from a lease column, as a bound value that compares equal to the
-    /// stored one.
-    fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr;
-    /// Whether the backend locks rows (`FOR SHARE`, `FOR UPDATE`); SQLite locks the database
-    /// instead.
-    fn locks_rows(&self) -> bool {
-        true
-    }
-    /// The larger of two timestamps.
-    fn greatest(&self, a: Expr, b: Expr) -> Expr {
-        Func::greatest([a, b]).into()
-    }
-}
-
-/// The backend a store runs on, chosen once from its connection.
-///
-/// SQLite needs nothing of its driver beyond what SeaORM runs, so it works in every build;
-/// PostgreSQL and MySQL need their driver's own connection type for the check that a grant
-/// committed outside any transaction (see `autocommit`), which only their cargo features
-/// compile in. Without it they are refused when the store is made (reported by every call,
-/// and by [`LeaseStore::validate`](crate::LeaseStore::validate)), rather than run without
-/// that check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Form {
-    #[cfg(feature = "postgres")]
-    Postgres,
-    #[cfg(feature = "mysql")]
-    MySql,
-    Sqlite,
-}
-
-/// Why a connection has no [`Form`]: the error every call of the store reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refused {
-    Unsupported {
-        backend: &'static str,
-        feature: &'static str,
-    },
-    Disconnected,
-}
-
-impl From<Refused> for StoreError {
-    fn from(refused: Refused) -> Self {
-        match refused {
-            Refused::Unsupported { backend, feature } => {
-                StoreError::UnsupportedBackend { backend, feature }
-            }
-            Refused::Disconnected => StoreError::Disconnected,
-        }
-    }
-}
-
-impl Form {
-    /// The form of `db`'s backend in this build.
-    pub(crate) fn of(db: &DatabaseConnection) -> Result<Form, Refused> {
-        // SeaORM panics when asked the backend of a disconnected connection.
-        if matches!(db.inner, DatabaseConnectionType::Disconnected) {
-            return Err(Refused::Disconnected);
-        }
-        let unsupported = |backend, feature| Refused::Unsupported { backend, feature };
-        match db.get_database_backend() {
-            DbBackend::Sqlite => Ok(Form::Sqlite),
-            #[cfg(feature = "postgres")]
-            DbBackend::Postgres => Ok(Form::Postgres),
-            #[cfg(not(feature = "postgres"))]
-            DbBackend::Postgres => Err(unsupported("PostgreSQL", "postgres")),
-            #[cfg(feature = "mysql")]
-            DbBackend::MySql => Ok(Form::MySql),
-            #[cfg(not(feature = "mysql"))]
-            DbBackend::MySql => Err(unsupported("MySQL", "mysql")),
-            #[allow(unreachable_patterns)]
-            _ => Err(unsupported("unknown", "the matching backend")),
-        }
-    }
-
-    /// The backend's clock and value forms.
-    pub(crate) fn dialect(self) -> &'static dyn Dialect {
-        match self {
-            #[cfg(feature = "postgres")]
-            Form::Postgres => &postgres::Postgres,
-            #[cfg(feature = "mysql")]
-            Form::MySql => &mysql::MySql,
-            Form::Sqlite => &sqlite::Sqlite,
-        }
-    }
-
-    /// SeaORM's name for the backend, to render statements with.
-    pub(crate) fn backend(self) -> DbBackend {
-        match self {
-            #[cfg(feature = "postgres")]
-            Form::Postgres => DbBackend::Postgres,
-            #[cfg(feature = "mysql")]
-            Form::MySql => DbBackend::MySql,
-            Form::Sqlite => DbBackend::Sqlite,
-        }
-    }
-}

@@ -8,7 +8,7 @@
 
 use sea_orm::{DbBackend, DbErr, Statement, Value, Values};
 
-use super::Dialect;
+use super::dialect::Dialect;
 
 const RESOURCE: &str = "\u{1}orion-beacon:resource\u{1}";
 const CANDIDATE: &str = "\u{1}orion-beacon:candidate\u{1}";
@@ -152,7 +152,7 @@ mod tests {
                 &Sqlite,
                 Box::new(|r, _, _| {
                     Ok(DbBackend::Sqlite.build(&statements::current(
-                        &Sqlite as &dyn crate::backend::Dialect,
+                        &Sqlite as &dyn crate::backend::dialect::Dialect,
                         &table(),
                         r,
                     )))

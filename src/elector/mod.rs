@@ -157,17 +157,6 @@ pub struct Elector {
     health_window: Duration,
 }
 
-/// `store` as a [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) (itself or in an `Arc`), which
-/// the elector's terms then fence with.
-pub(crate) fn fence_store(store: &dyn std::any::Any) -> Option<crate::SeaOrmLeaseStore> {
-    if let Some(store) = store.downcast_ref::<crate::SeaOrmLeaseStore>() {
-        return Some(store.clone());
-    }
-    store
-        .downcast_ref::<Arc<crate::SeaOrmLeaseStore>>()
-        .map(|store| (**store).clone())
-}
-
 fn process_store() -> InMemoryLeaseStore {
     static STORE: OnceLock<InMemoryLeaseStore> = OnceLock::new();
     STORE.get_or_init(InMemoryLeaseStore::new).clone()
@@ -176,7 +165,7 @@ fn process_store() -> InMemoryLeaseStore {
 impl Elector {
     /// A builder over `store`, the place every candidate of the resource shares.
     pub fn builder(store: impl LeaseStore + 'static) -> ElectorBuilder {
-        let fence = fence_store(&store);
+        let fence = store.sea_orm_store().cloned();
         ElectorBuilder {
             store: Arc::new(store),
             fence,

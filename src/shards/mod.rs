@@ -308,7 +308,7 @@ pub(crate) struct Control {
 impl ShardSet {
     /// A builder over `store`, shared by every node of the set.
     pub fn builder(store: impl ShardStore + 'static) -> ShardSetBuilder {
-        let fence = crate::elector::fence_store(&store);
+        let fence = store.sea_orm_store().cloned();
         ShardSetBuilder {
             store: Arc::new(store),
             fence,

@@ -60,12 +60,16 @@
 use sea_orm::sea_query::Expr;
 use sea_orm::Value;
 
-use super::Dialect;
+use super::dialect::Dialect;
 
+#[cfg(feature = "mysql")]
+pub(crate) mod backend;
+#[cfg(feature = "mysql")]
+mod checked;
+#[cfg(feature = "mysql")]
 pub(crate) mod errors;
 pub(crate) mod statements;
-#[cfg(feature = "mysql")]
-pub(crate) mod store;
+pub(crate) mod takeover;
 
 pub(crate) struct MySql;
 

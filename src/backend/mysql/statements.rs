@@ -10,11 +10,12 @@ use sea_orm::sea_query::{
 use sea_orm::{DbBackend, DbErr, Statement};
 
 use super::MySql;
-use crate::backend::fence::Term;
+use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
     held_rows, insert_new_row, next_expiry, renew_set, renewed_row, returned_row,
+    share_locked_check,
 };
-use crate::backend::Dialect;
+use crate::fencing::Term;
 
 /// The conditional upsert (without `RETURNING`).
 pub(crate) fn upsert(
@@ -119,6 +120,14 @@ pub(crate) fn upsert_returning(
     ))
 }
 
+/// The transactional fence's check: the row locked `FOR UPDATE`, so that the transaction has
+/// an id a takeover can find (a read-only one shows none).
+pub(crate) fn locking_check(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> SelectStatement {
+    let mut check = share_locked_check(d, table, term);
+    check.lock_exclusive();
+    check
+}
+
 /// Galera: the check as a write of the lease row, the expiry one microsecond later (the lease
 /// only ever looks longer to a dirty reader, never shorter). [`galera_untouch`] puts it back
 /// in the same transaction; the row's key stays in the write set either way, so certification
@@ -205,7 +214,7 @@ pub(crate) fn renewed(table: &Alias, json: String) -> SelectStatement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::fence::tests::term;
+    use crate::backend::statements::tests::term;
     use crate::backend::statements::{current, release};
 
     const UPSERT: &str = concat!(

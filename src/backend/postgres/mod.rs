@@ -48,14 +48,18 @@
 use sea_orm::sea_query::Expr;
 use sea_orm::Value;
 
-use super::Dialect;
+use super::dialect::Dialect;
 
+#[cfg(feature = "postgres")]
+pub(crate) mod backend;
+#[cfg(feature = "postgres")]
+mod checked;
+#[cfg(feature = "postgres")]
 pub(crate) mod errors;
 #[cfg(feature = "postgres")]
 pub(crate) mod notify;
 pub(crate) mod statements;
-#[cfg(feature = "postgres")]
-pub(crate) mod store;
+pub(crate) mod takeover;
 
 pub(crate) struct Postgres;
 

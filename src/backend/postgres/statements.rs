@@ -8,10 +8,11 @@ use sea_orm::sea_query::{
 };
 use sea_orm::DbErr;
 
+use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
     new_row, release, renew_held, renewed_row, returned_row, upsert_onto, NEW_ROW,
 };
-use crate::backend::{Dialect, MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
+use crate::backend::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
 /// The channel PostgreSQL release notifications go to; the payload is `<table>/<resource>`.
 pub(crate) const RELEASE_CHANNEL: &str = "orionbeacon_releases";

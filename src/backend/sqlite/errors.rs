@@ -1,5 +1,7 @@
 //! SQLite's result codes the store treats specially.
 
+use sea_orm::DbErr;
+
 use crate::backend::errors::Kind;
 
 /// The kind of a SQLite result code, if the store treats it specially.
@@ -7,7 +9,7 @@ use crate::backend::errors::Kind;
     not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
     allow(dead_code)
 )]
-pub(crate) fn kind(code: &str) -> Option<Kind> {
+pub(crate) fn code_kind(code: &str) -> Option<Kind> {
     match code {
         // BUSY, LOCKED and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, ...).
         "5" | "6" | "261" | "262" | "517" => Some(Kind::Conflict),
@@ -20,10 +22,29 @@ pub(crate) fn kind(code: &str) -> Option<Kind> {
     not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
     allow(dead_code)
 )]
-pub(crate) fn missing_table(message: &str) -> Option<Kind> {
+fn missing_table(message: &str) -> Option<Kind> {
     message
         .starts_with("no such table")
         .then_some(Kind::MissingTable)
+}
+
+/// How the store treats `err`: by its result code, or its message for a missing table.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) fn kind(err: &DbErr) -> Kind {
+    let Some(db) = crate::backend::errors::database_error(err) else {
+        return Kind::Other;
+    };
+    db.code()
+        .and_then(|code| code_kind(&code))
+        .or_else(|| missing_table(db.message()))
+        .unwrap_or(Kind::Other)
+}
+
+/// Without a driver feature the driver's error type is out of reach, but SQLite does not
+/// translate its messages, so they are read instead.
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+pub(crate) fn kind(err: &DbErr) -> Kind {
+    kind_by_message(&err.to_string()).unwrap_or(Kind::Other)
 }
 
 /// The kind of an error's text, where the driver's error is out of reach (a build without a

@@ -39,11 +39,11 @@
 use sea_orm::sea_query::Expr;
 use sea_orm::Value;
 
-use super::Dialect;
+use super::dialect::Dialect;
 
+pub(crate) mod backend;
 pub(crate) mod errors;
 pub(crate) mod statements;
-pub(crate) mod store;
 
 pub(crate) struct Sqlite;
 

@@ -4,8 +4,8 @@
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{Alias, Expr, Query, UpdateStatement};
 
+use crate::backend::dialect::Dialect;
 use crate::backend::statements::{renew_held, renewed_row};
-use crate::backend::Dialect;
 
 /// A no-op write of the lease rows `condition` picks: SQLite's write lock is held from here to
 /// the end of the transaction, so every other writer (a rival's acquire included) waits. It

@@ -1,0 +1,192 @@
+//! The backend trait: what each backend's folder implements, once, for the store to call
+//! without asking which backend it is on (like sqlx's `AnyConnectionBackend`). A store picks
+//! its backend once, from its connection (`store.rs`); each implementation owns its statements,
+//! its checks of pooled connections, its fence, its takeover and its error codes.
+
+use async_trait::async_trait;
+use sea_orm::sea_query::{SelectStatement, UpdateStatement};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, ExecResult, QueryResult, Statement};
+
+use super::context::Context;
+use super::dialect::Dialect;
+use super::errors::Classifier;
+use super::statements;
+use crate::error::FenceError;
+use crate::fencing::Term;
+use crate::store::ReleaseEvents;
+use crate::{LeaseOutcome, StoreError};
+
+/// How a backend ends the session of a lapsed term that holds the lease row locked (see
+/// `takeover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // which variants a build makes depends on the backends it compiles
+pub(crate) enum Takeover {
+    /// No sessions to end (SQLite).
+    None,
+    /// After the acquire's own bounded lock wait ran out (PostgreSQL).
+    AfterLockWait,
+    /// While the acquire waits, since the server names a blocker only of a waiting statement
+    /// (MySQL, MariaDB).
+    WhileWaiting,
+}
+
+/// One backend of [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore).
+#[async_trait]
+pub(crate) trait LeaseBackend: Send + Sync + 'static {
+    /// `"PostgreSQL"`, `"MySQL"`, `"SQLite"`.
+    fn name(&self) -> &'static str;
+    /// The backend's clock and value forms.
+    fn dialect(&self) -> &'static dyn Dialect;
+    /// SeaORM's name for the backend.
+    fn db_backend(&self) -> DbBackend;
+    /// How the backend sorts its driver's errors.
+    fn classifier(&self) -> Classifier;
+
+    /// The acquire-or-renew statement (for MySQL/MariaDB, the `RETURNING` form), for
+    /// [`Prepared`](super::prepared::Prepared) to render once.
+    fn acquire_statement(
+        &self,
+        cx: &Context,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<Statement, DbErr>;
+
+    /// The release of `resource` by `candidate` (placeholders, rendered once).
+    fn release_statement(&self, cx: &Context, resource: &str, candidate: &str) -> Statement {
+        cx.build(&statements::release(
+            cx.dialect,
+            &cx.table_iden(),
+            resource,
+            candidate,
+        ))
+    }
+
+    /// The release of one exact lease, from its write.
+    fn release_lease_statement(&self, cx: &Context, update: UpdateStatement) -> Statement {
+        cx.build(&update)
+    }
+
+    /// Whether a release statement answers with a row per released lease (rather than a
+    /// count of changed rows).
+    fn release_returns_rows(&self) -> bool {
+        false
+    }
+
+    /// One acquire-or-renew, read to the end and known to have committed.
+    async fn acquire_or_renew(
+        &self,
+        cx: &Context,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<LeaseOutcome, StoreError>;
+
+    /// The batch renew of the leases in `json`: the rows it renewed, once committed.
+    async fn renew_all(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+    ) -> Result<Vec<QueryResult>, StoreError>;
+
+    /// A statement that reads or releases (not one that grants), read to the end, on a
+    /// connection checked to be outside any abandoned transaction where the backend has
+    /// sessions.
+    async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
+        cx.read_to_end(stmt).await
+    }
+
+    /// A statement that changes rows (not one that grants): how many, checked as
+    /// [`rows`](Self::rows).
+    async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {
+        cx.execute(stmt).await
+    }
+
+    /// The revoke's read and update in one transaction: the row before the revoke.
+    async fn revoke(
+        &self,
+        cx: &Context,
+        _resource: &str,
+        read: Statement,
+        update: Statement,
+    ) -> Result<Option<QueryResult>, StoreError> {
+        cx.revoke_in(None, &read, &update).await
+    }
+
+    /// Release notifications, where the backend has them.
+    fn release_events(&self, _cx: &Context) -> Option<ReleaseEvents> {
+        None
+    }
+
+    /// The transactional fence inside the caller's transaction: whether `term` is current
+    /// (and its lease row now held against a takeover until the transaction ends).
+    async fn fence(
+        &self,
+        cx: &Context,
+        conn: &dyn RawConn,
+        term: &Term<'_>,
+    ) -> Result<bool, StoreError>;
+
+    /// The subquery of the statement-level fence, or why this store cannot give one.
+    fn statement_fence(&self, cx: &Context, term: &Term<'_>)
+        -> Result<SelectStatement, FenceError>;
+
+    /// Whether the statement-level fence must not run on `conn` (a Galera node), asked on it.
+    async fn refuses_statement_fence(
+        &self,
+        _cx: &Context,
+        _conn: &dyn RawConn,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// The read of the server's durability settings, and the settings it returns in order.
+    fn durability_question(&self) -> (&'static str, &'static [&'static str]);
+
+    /// How a stalled holder's session is ended.
+    fn takeover(&self) -> Takeover {
+        Takeover::None
+    }
+
+    /// Whether the statement behind `err` gave up waiting for a lock.
+    fn lock_wait_ran_out(&self, _err: &DbErr) -> bool {
+        false
+    }
+
+    /// Whether a takeover failed because the server will not do it for this role.
+    fn takeover_refused(&self, _err: &DbErr) -> bool {
+        false
+    }
+
+    /// Ends the sessions that hold `resource`'s row for a lapsed term; how many.
+    async fn end_lapsed_holders(&self, _cx: &Context, _resource: &str) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+}
+
+/// The caller's connection or transaction, as a backend's fence uses it (SeaORM's
+/// `ConnectionTrait` has generic methods, so it cannot be called through `dyn`).
+#[async_trait]
+pub(crate) trait RawConn: Sync {
+    /// The connection's backend, to render statements for.
+    fn backend(&self) -> DbBackend;
+    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr>;
+    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr>;
+}
+
+/// Any SeaORM connection as a [`RawConn`].
+pub(crate) struct Conn<'c, C>(pub(crate) &'c C);
+
+#[async_trait]
+impl<C: ConnectionTrait> RawConn for Conn<'_, C> {
+    fn backend(&self) -> DbBackend {
+        self.0.get_database_backend()
+    }
+    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
+        self.0.execute_raw(stmt).await
+    }
+    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
+        self.0.query_all_raw(stmt).await
+    }
+}

@@ -1,0 +1,69 @@
+//! One takeover at a time per store, and none for a while after the server refused one (see
+//! `takeover`).
+
+use std::time::Duration;
+
+/// How long after the server refused a takeover (no privileges, MySQL 8) dropped acquires do
+/// not ask again.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The takeovers dropped acquires asked for: at most one at a time per store (a shard set's
+/// round gives up on many acquires at once when the database is slow, and a takeover per
+/// resource would take the pool's connections from the batched renew), and none for a while
+/// after the server refused one.
+#[derive(Default)]
+pub(crate) struct Gate(std::sync::Mutex<GateState>);
+
+#[derive(Default)]
+struct GateState {
+    in_flight: Option<String>,
+    refused_until: Option<tokio::time::Instant>,
+}
+
+impl Gate {
+    fn state(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // Nothing in it can be left half-changed by a panic: use it as it is.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a takeover of `resource` may start now; if so, it is in flight until
+    /// [`finish`](Self::finish).
+    pub(crate) fn start(&self, resource: &str) -> bool {
+        let mut st = self.state();
+        if st
+            .refused_until
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+        {
+            return false;
+        }
+        if st.in_flight.is_some() {
+            return false;
+        }
+        st.in_flight = Some(resource.to_owned());
+        true
+    }
+
+    /// Whether the server refused a takeover within the backoff.
+    pub(crate) fn refused(&self) -> bool {
+        self.state()
+            .refused_until
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+
+    /// The server refused a takeover: none for the backoff.
+    pub(crate) fn refuse(&self) {
+        self.state().refused_until = Some(tokio::time::Instant::now() + REFUSED_BACKOFF);
+    }
+
+    pub(crate) fn finish(&self, resource: &str, failed: bool) {
+        let mut st = self.state();
+        if st.in_flight.as_deref() == Some(resource) {
+            st.in_flight = None;
+        }
+        if failed {
+            st.refused_until = Some(tokio::time::Instant::now() + REFUSED_BACKOFF);
+        }
+    }
+}

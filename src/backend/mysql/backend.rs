@@ -1,0 +1,559 @@
+//! The MySQL and MariaDB backend: the upsert form detected once per store (`RETURNING` on
+//! MariaDB 10.5+, a transaction on MySQL), every statement checked to run outside any
+//! abandoned transaction (`checked`), Galera detected for the fence, and the takeover that ends
+//! a stalled holder's connection.
+
+use async_trait::async_trait;
+use sea_orm::sea_query::SelectStatement;
+use sea_orm::sqlx::MySqlPool;
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseConnectionType, DbBackend, DbErr, QueryResult,
+    Statement, TransactionTrait,
+};
+
+use super::checked::{self, Transaction};
+use super::errors::{self, error_number, UNKNOWN_SYSTEM_VARIABLE};
+use super::statements::IN_TRANSACTION_COLUMN;
+use super::takeover::{blockers, still_there, KILL_WITHIN};
+use super::{statements, MySql, MySqlUpsert};
+use crate::backend::checkout::{Begin, Checked};
+use crate::backend::context::Context;
+use crate::backend::dialect::Dialect;
+use crate::backend::driver::{LeaseBackend, RawConn, Takeover};
+use crate::backend::errors::Classifier;
+use crate::backend::statements::{self as shared, statement_check, Row};
+use crate::error::FenceError;
+use crate::fencing::Term;
+use crate::{LeaseOutcome, StoreError};
+
+/// The MySQL/MariaDB backend of one store.
+pub(crate) struct MySqlBackend {
+    /// The application's pool, where the store can take one connection and check it; `None`
+    /// for connections it cannot (SeaORM's mock and proxy connections).
+    pool: Option<MySqlPool>,
+    /// Which upsert form the server takes, detected once (or set).
+    upsert: tokio::sync::OnceCell<MySqlUpsert>,
+    /// Whether the server is a Galera cluster node, detected once.
+    galera: tokio::sync::OnceCell<bool>,
+}
+
+const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
+
+impl MySqlBackend {
+    pub(crate) fn new(db: &DatabaseConnection, upsert: Option<MySqlUpsert>) -> Self {
+        let pool = match &db.inner {
+            DatabaseConnectionType::SqlxMySqlPoolConnection(_) => {
+                Some(db.get_mysql_connection_pool().clone())
+            }
+            _ => None,
+        };
+        Self {
+            pool,
+            upsert: tokio::sync::OnceCell::new_with(upsert),
+            galera: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The rows after the upsert, read to the end, in the server's form.
+    async fn upsert(
+        &self,
+        cx: &Context,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        let table = cx.table_iden();
+        match self.form(cx).await? {
+            MySqlUpsert::Returning => {
+                let stmt = cx
+                    .cached(&cx.prepared.acquire, |r, c, m| {
+                        self.acquire_statement(cx, r, c, m)
+                    })?
+                    .bind(resource, candidate, millis);
+                self.deciding(cx, stmt).await
+            }
+            MySqlUpsert::Transaction => {
+                let upsert = statements::upsert(&table, resource, candidate, millis)
+                    .map_err(|e| StoreError::Database(e.into()))?;
+                let read = shared::current(&MySql, &table, resource);
+                if let Some(pool) = &self.pool {
+                    let (upsert, read) = (
+                        DbBackend::MySql.build(&upsert),
+                        DbBackend::MySql.build(&read),
+                    );
+                    return in_transaction(cx, pool, Begin::ReadWrite, &upsert, &read).await;
+                }
+                let (rows, after) = cx
+                    .with_retry(|| async {
+                        let txn = cx.db.begin().await?;
+                        txn.execute(&upsert).await?;
+                        // The upsert holds the row's lock until commit: this reads what it left.
+                        let rows = txn.query_all(&read).await?;
+                        // Nothing is reported before the commit is known.
+                        txn.commit().await?;
+                        let after = cx.db.query_all(&read).await?;
+                        Ok((rows, after))
+                    })
+                    .await?;
+                committed_as_read(cx, rows, &after)
+            }
+        }
+    }
+
+    /// Runs the MariaDB form, read to the end, known to have committed on its own.
+    async fn deciding(
+        &self,
+        cx: &Context,
+        stmt: Statement,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        match &self.pool {
+            Some(pool) => {
+                cx.autocommitted(|| checked::deciding(pool, &stmt, IN_TRANSACTION_COLUMN))
+                    .await
+            }
+            None => cx.read_to_end(stmt).await,
+        }
+    }
+
+    /// The upsert form of the server, from `SELECT VERSION()`, once per store (unless set with
+    /// `with_mysql_upsert`).
+    async fn form(&self, cx: &Context) -> Result<MySqlUpsert, StoreError> {
+        let form = self
+            .upsert
+            .get_or_try_init(|| async {
+                let version = self
+                    .rows(
+                        cx,
+                        Statement::from_string(DbBackend::MySql, "SELECT VERSION()"),
+                    )
+                    .await?
+                    .into_iter()
+                    .next()
+                    .map(|row| row.try_get_by_index::<String>(0))
+                    .transpose()
+                    .map_err(|e| StoreError::Database(e.into()))?
+                    .unwrap_or_default();
+                let form = MySqlUpsert::for_version(&version);
+                tracing::debug!(%version, ?form, "MySQL upsert form chosen");
+                Ok::<_, StoreError>(form)
+            })
+            .await?;
+        Ok(*form)
+    }
+
+    /// [`is_galera`](Self::is_galera), asked on a checked pooled connection (the store's own
+    /// look, at its first grant).
+    async fn galera_on_pool(&self, cx: &Context) -> Result<bool, StoreError> {
+        let galera = self
+            .galera
+            .get_or_try_init(|| async {
+                let stmt = Statement::from_string(DbBackend::MySql, GALERA_QUESTION);
+                let on = match self.rows(cx, stmt).await {
+                    Ok(rows) => {
+                        rows.first()
+                            .map(|r| r.try_get_by_index::<i64>(0))
+                            .transpose()
+                            .map_err(|e| StoreError::Database(e.into()))?
+                            .unwrap_or(0)
+                            != 0
+                    }
+                    Err(StoreError::Database(crate::BackendError::SeaOrm(e)))
+                        if error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) =>
+                    {
+                        false
+                    }
+                    Err(e) => return Err(e),
+                };
+                tracing::debug!(galera = on, "MySQL replication detected");
+                Ok::<_, StoreError>(on)
+            })
+            .await?;
+        Ok(*galera)
+    }
+
+    /// Whether the server replicates with Galera (`@@GLOBAL.wsrep_on`), where row locks stay
+    /// on their node and the fence must write instead. Servers without the variable (MySQL)
+    /// are not. Asked on `conn` (the caller's transaction: no second pooled connection is
+    /// needed, and a proxy cannot send the question elsewhere), once per store.
+    async fn is_galera(&self, cx: &Context, conn: &dyn RawConn) -> Result<bool, StoreError> {
+        let galera = self
+            .galera
+            .get_or_try_init(|| async {
+                let stmt = Statement::from_string(DbBackend::MySql, GALERA_QUESTION);
+                // Read to the end, like every statement of ours.
+                let on = match conn.query_all_raw(stmt).await {
+                    Ok(rows) => {
+                        rows.first()
+                            .map(|r| r.try_get_by_index::<i64>(0))
+                            .transpose()
+                            .map_err(|e| StoreError::Database(e.into()))?
+                            .unwrap_or(0)
+                            != 0
+                    }
+                    // MySQL, or a MariaDB built without wsrep: no such variable. Any other
+                    // error is not an answer (and is not cached): try again next time.
+                    Err(e) if error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) => false,
+                    Err(e) => return Err(cx.classify(e)),
+                };
+                tracing::debug!(galera = on, "MySQL replication detected");
+                Ok::<_, StoreError>(on)
+            })
+            .await?;
+        Ok(*galera)
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for MySqlBackend {
+    fn name(&self) -> &'static str {
+        "MySQL"
+    }
+
+    fn dialect(&self) -> &'static dyn Dialect {
+        &MySql
+    }
+
+    fn db_backend(&self) -> DbBackend {
+        DbBackend::MySql
+    }
+
+    fn classifier(&self) -> Classifier {
+        errors::kind
+    }
+
+    fn acquire_statement(
+        &self,
+        cx: &Context,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<Statement, DbErr> {
+        statements::upsert_returning(&cx.table_iden(), resource, candidate, millis)
+    }
+
+    /// The row after the upsert is the outcome, whoever holds the lease.
+    async fn acquire_or_renew(
+        &self,
+        cx: &Context,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let rows = self.upsert(cx, resource, candidate, millis).await?;
+        // Galera is known from the first grant on, whatever the upsert form (also one set with
+        // `with_mysql_upsert`): the statement-level fence refuses to run there, and `fenced_by`
+        // cannot ask the server. A failed look is not cached and does not fail the grant; the
+        // next grant looks again.
+        if self.galera.get().is_none() {
+            if let Err(error) = self.galera_on_pool(cx).await {
+                tracing::debug!(%error, "Galera detection deferred to the next grant");
+            }
+        }
+        let Some(row) = cx.single_row(&rows)? else {
+            // The upsert always leaves a row, and a transaction reads its own writes: no row,
+            // the same after the COMMIT (see `committed_as_read`), means the transaction was
+            // rolled back under the statements (seen on Galera, the Transaction form). Not a
+            // grant, and retryable.
+            tracing::warn!(
+                table = cx.table(),
+                resource,
+                "the upserted lease row was not there to read in its own transaction (rolled \
+                 back under it); not a grant"
+            );
+            return Err(StoreError::Conflict {
+                source: DbErr::RecordNotFound(
+                    "the upserted lease row, in its own transaction: the transaction was rolled \
+                     back under it (a Galera brute-force abort?)"
+                        .to_owned(),
+                )
+                .into(),
+            });
+        };
+        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
+        Ok(decoded.outcome(resource, candidate))
+    }
+
+    /// The batch renew and the read of what it renewed, in one transaction; the rows once it
+    /// has committed.
+    async fn renew_all(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        let table = cx.table_iden();
+        let update = statements::renew_all(&table, json.clone(), millis)
+            .map_err(|e| StoreError::Database(e.into()))?;
+        let read = statements::renewed(&table, json);
+        // REPEATABLE READ whatever the session's level: the update then keeps the locks of the
+        // rows it found lapsed, so no other renew can write one of them before the read, which
+        // would report it as renewed by this call.
+        if let Some(pool) = &self.pool {
+            let read = DbBackend::MySql.build(&read);
+            return in_transaction(cx, pool, Begin::RepeatableRead, &update, &read).await;
+        }
+        let (rows, after) = cx
+            .with_retry(|| async {
+                let txn = cx
+                    .db
+                    .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+                    .await?;
+                txn.execute_raw(update.clone()).await?;
+                // The update holds the renewed rows' locks until commit: this reads what it
+                // left.
+                let rows = txn.query_all(&read).await?;
+                txn.commit().await?;
+                let after = cx.db.query_all(&read).await?;
+                Ok((rows, after))
+            })
+            .await?;
+        committed_as_read(cx, rows, &after)
+    }
+
+    async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
+        match &self.pool {
+            Some(pool) => cx.autocommitted(|| checked::rows(pool, &stmt)).await,
+            None => cx.read_to_end(stmt).await,
+        }
+    }
+
+    async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {
+        match &self.pool {
+            Some(pool) => cx.autocommitted(|| checked::count(pool, &stmt)).await,
+            None => cx.execute(stmt).await,
+        }
+    }
+
+    /// On a pooled connection checked to be outside any transaction: a connection inside an
+    /// abandoned one is closed rather than have its `BEGIN` commit that transaction, and a call
+    /// dropped before `COMMIT` closes the connection rather than hand it back mid-transaction.
+    async fn revoke(
+        &self,
+        cx: &Context,
+        _resource: &str,
+        read: Statement,
+        update: Statement,
+    ) -> Result<Option<QueryResult>, StoreError> {
+        let Some(pool) = &self.pool else {
+            return cx.revoke_in(None, &read, &update).await;
+        };
+        cx.autocommitted(|| async {
+            let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
+                return Ok(Checked::InAbandonedTransaction);
+            };
+            let row = txn.rows(&read).await?.into_iter().next();
+            if row.is_some() {
+                txn.execute(&update).await?;
+            }
+            txn.commit().await?;
+            Ok(Checked::Committed(row))
+        })
+        .await
+    }
+
+    /// `SELECT ... FOR UPDATE`; on a Galera node a write of the lease row and its undoing.
+    async fn fence(
+        &self,
+        cx: &Context,
+        conn: &dyn RawConn,
+        term: &Term<'_>,
+    ) -> Result<bool, StoreError> {
+        let (d, table, backend) = (cx.dialect, cx.table_iden(), conn.backend());
+        if self.is_galera(cx, conn).await? {
+            let touched = conn
+                .execute_raw(backend.build(&statements::galera_touch(d, &table, term)))
+                .await
+                .map_err(|e| cx.classify(e))?
+                .rows_affected()
+                == 1;
+            if touched {
+                conn.execute_raw(backend.build(&statements::galera_untouch(&table, term)))
+                    .await
+                    .map_err(|e| cx.classify(e))?;
+            }
+            return Ok(touched);
+        }
+        let stmt = statements::locking_check(d, &table, term);
+        // Read to the end, like every statement that decides something.
+        let rows = conn
+            .query_all_raw(backend.build(&stmt))
+            .await
+            .map_err(|e| cx.classify(e))?;
+        Ok(!rows.is_empty())
+    }
+
+    fn statement_fence(
+        &self,
+        cx: &Context,
+        term: &Term<'_>,
+    ) -> Result<SelectStatement, FenceError> {
+        match self.galera.get() {
+            Some(true) => Err(FenceError::StatementFenceOnGalera),
+            None => Err(FenceError::TopologyUnknown),
+            Some(false) => Ok(statement_check(cx.dialect, &cx.table_iden(), term)),
+        }
+    }
+
+    async fn refuses_statement_fence(
+        &self,
+        cx: &Context,
+        conn: &dyn RawConn,
+    ) -> Result<bool, StoreError> {
+        self.is_galera(cx, conn).await
+    }
+
+    fn durability_question(&self) -> (&'static str, &'static [&'static str]) {
+        (
+            "SELECT CAST(@@GLOBAL.innodb_flush_log_at_trx_commit AS CHAR) AS a",
+            &["innodb_flush_log_at_trx_commit"],
+        )
+    }
+
+    fn takeover(&self) -> Takeover {
+        Takeover::WhileWaiting
+    }
+
+    fn lock_wait_ran_out(&self, err: &DbErr) -> bool {
+        use sea_orm::RuntimeErr;
+        matches!(
+            err,
+            DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))
+                if errors::lock_wait_ran_out(e)
+        )
+    }
+
+    fn takeover_refused(&self, err: &DbErr) -> bool {
+        errors::refusal(err)
+    }
+
+    async fn end_lapsed_holders(&self, cx: &Context, resource: &str) -> Result<u64, StoreError> {
+        let stmt = cx.build(&blockers(
+            cx.dialect,
+            &cx.table_iden(),
+            cx.table(),
+            resource,
+        ));
+        let mut ended = 0;
+        let rows = self.rows(cx, stmt).await?;
+        let looked = tokio::time::Instant::now();
+        for row in rows {
+            // The blocker was seen stalled at the look: a kill sent much later could find the
+            // connection back at work for a newer term. Look again instead.
+            if looked.elapsed() > KILL_WITHIN {
+                tracing::debug!(
+                    resource,
+                    "a lapsed holder's session was seen too long ago to end"
+                );
+                break;
+            }
+            let id: u64 = row
+                .try_get_by_index(0)
+                .map_err(|source| cx.decode_error(source))?;
+            // An id the server just gave us, as a number: no quoting to get wrong.
+            let kill = Statement::from_string(DbBackend::MySql, format!("KILL CONNECTION {id}"));
+            // Gone already (unknown thread id) is what we wanted; a refusal of a thread that
+            // is still there is reported. Waiting for a pool connection counts too: a kill not
+            // sent within the window is not sent.
+            let left = KILL_WITHIN.saturating_sub(looked.elapsed());
+            let Ok(killed) = tokio::time::timeout(left, self.count(cx, kill)).await else {
+                break;
+            };
+            match killed {
+                Ok(_) => ended += 1,
+                Err(e) => {
+                    let still = cx.build(&still_there(id));
+                    if !self.rows(cx, still).await?.is_empty() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(ended)
+    }
+}
+
+/// `write` then `read` in a transaction of the store's own, on a pooled connection checked to
+/// be outside any transaction (see `checkout`): the rows of `read` once `COMMIT` succeeded. A
+/// call dropped anywhere before closes the connection (the server rolls back) instead of
+/// handing it back to the pool mid-transaction, which SeaORM's `begin()` cannot promise.
+async fn in_transaction(
+    cx: &Context,
+    pool: &MySqlPool,
+    begin: Begin,
+    write: &Statement,
+    read: &Statement,
+) -> Result<Vec<QueryResult>, StoreError> {
+    let (rows, after) = cx
+        .autocommitted(|| async {
+            let Some(mut txn) = Transaction::begin(pool, begin).await? else {
+                return Ok(Checked::InAbandonedTransaction);
+            };
+            txn.execute(write).await?;
+            // The write holds the rows' locks until commit: this reads what it left.
+            let rows = txn.rows(read).await?;
+            // Nothing is reported before the commit is known, and what it left is read again.
+            let after = txn.commit_then_rows(read).await?;
+            Ok(Checked::Committed((rows, after)))
+        })
+        .await?;
+    committed_as_read(cx, rows, &after)
+}
+
+/// `rows`, read inside the transaction, once `after` (the same read once the `COMMIT` returned)
+/// shows the same writes; otherwise a retryable conflict, neither a grant nor a renew.
+///
+/// A `COMMIT` that answers OK is not proof on Galera: a brute-force abort by a replicated
+/// write-set can roll a transaction back between its statements without the statements or
+/// the `COMMIT` after it reporting an error (seen on MariaDB 10.11: the read inside found no
+/// row after the upsert, and the `COMMIT` succeeded). The read inside would then report a
+/// write that never committed, such as a new term with the token a rival now holds. The same
+/// holder, token and expiry after the commit mean the rows reported are committed ones: either
+/// this transaction's writes, or (when it was rolled back before its read, which then ran on
+/// its own) the rows as they were, whose expiry and time left are then reported truly, so a
+/// caller's deadline still comes from the committed expiry.
+fn committed_as_read(
+    cx: &Context,
+    rows: Vec<QueryResult>,
+    after: &[QueryResult],
+) -> Result<Vec<QueryResult>, StoreError> {
+    let inside = writes(&rows).map_err(|e| cx.decode_error(e))?;
+    let committed = writes(after).map_err(|e| cx.decode_error(e))?;
+    if inside == committed {
+        return Ok(rows);
+    }
+    tracing::warn!(
+        table = cx.table(),
+        read_inside = inside.len(),
+        read_after = committed.len(),
+        "the rows after COMMIT differ from the rows read inside the transaction (rolled back \
+         under it, e.g. a Galera brute-force abort); not a grant"
+    );
+    Err(StoreError::Conflict {
+        source: DbErr::Custom(
+            "the lease rows after COMMIT differ from those read inside the transaction: it was \
+             rolled back under it (a Galera brute-force abort?)"
+                .to_owned(),
+        )
+        .into(),
+    })
+}
+
+/// The writes rows of `returned_row` (and `renewed_row`, with the resource last) name: holder,
+/// token, expiry and resource, sorted; the time left is left out, it moves.
+fn writes(rows: &[QueryResult]) -> Result<Vec<Write>, DbErr> {
+    let mut out = rows
+        .iter()
+        .map(|row| {
+            Ok((
+                row.try_get_by_index(0)?,
+                row.try_get_by_index(1)?,
+                row.try_get_by_index(2)?,
+                row.try_get_by_index::<String>(6).ok(),
+            ))
+        })
+        .collect::<Result<Vec<Write>, DbErr>>()?;
+    out.sort();
+    Ok(out)
+}
+
+type Write = (String, i64, chrono::DateTime<chrono::Utc>, Option<String>);

@@ -1,0 +1,298 @@
+//! The PostgreSQL backend: every deciding statement checked to have committed on its own
+//! (`checked`), or, behind a transaction-pooling proxy, sent unnamed in a transaction of its
+//! own; release notifications; the fence's session marker and the takeover that finds it.
+
+use async_trait::async_trait;
+use sea_orm::sea_query::{SelectStatement, UpdateStatement};
+use sea_orm::sqlx::PgPool;
+use sea_orm::{
+    DatabaseConnection, DatabaseConnectionType, DbBackend, DbErr, QueryResult, Statement,
+};
+
+use super::checked::{self, Pool, Transaction};
+use super::notify::{self, HubCell};
+use super::statements::{RENEW_TRANSACTION_START_COLUMN, TRANSACTION_START_COLUMN};
+use super::{errors, statements, takeover, Postgres};
+use crate::backend::checkout::{Begin, Checked};
+use crate::backend::context::Context;
+use crate::backend::dialect::Dialect;
+use crate::backend::driver::{LeaseBackend, RawConn, Takeover};
+use crate::backend::errors::Classifier;
+use crate::backend::statements::Row;
+use crate::error::FenceError;
+use crate::fencing::Term;
+use crate::store::ReleaseEvents;
+use crate::{Denial, LeaseOutcome, StoreError};
+
+/// The PostgreSQL backend of one store.
+pub(crate) struct PgBackend {
+    /// The application's pool, where the store can take one connection and check it; `None`
+    /// for connections it cannot (SeaORM's mock and proxy connections).
+    pool: Option<PgPool>,
+    /// The connection goes through a transaction-pooling proxy.
+    transaction_pooling: bool,
+    /// Whether release events may listen for notifications.
+    notifications: bool,
+    /// The release listener, started on first subscription.
+    releases: HubCell,
+}
+
+impl PgBackend {
+    pub(crate) fn new(
+        db: &DatabaseConnection,
+        transaction_pooling: bool,
+        notifications: bool,
+    ) -> Self {
+        let pool = match &db.inner {
+            DatabaseConnectionType::SqlxPostgresPoolConnection(_) => {
+                Some(db.get_postgres_connection_pool().clone())
+            }
+            _ => None,
+        };
+        Self {
+            pool,
+            transaction_pooling,
+            notifications,
+            releases: HubCell::default(),
+        }
+    }
+
+    fn checked(&self) -> Option<Pool<'_>> {
+        self.pool.as_ref().map(|pool| Pool {
+            pool,
+            transaction_pooling: self.transaction_pooling,
+        })
+    }
+
+    /// Runs a deciding statement, read to the end, known to have committed on its own (its
+    /// rows carry `transaction_timestamp()` at `start_column`).
+    async fn deciding(
+        &self,
+        cx: &Context,
+        stmt: Statement,
+        start_column: usize,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        let Some(pool) = &self.pool else {
+            return cx.read_to_end(stmt).await;
+        };
+        if self.transaction_pooling {
+            return cx
+                .autocommitted(|| checked::in_transaction(pool, &stmt))
+                .await;
+        }
+        cx.autocommitted(|| checked::deciding(pool, &stmt, start_column))
+            .await
+    }
+}
+
+/// The driver error inside `err`.
+fn sqlx_error(err: &DbErr) -> Option<&sea_orm::sqlx::Error> {
+    use sea_orm::RuntimeErr;
+    match err {
+        DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)) => {
+            Some(e.as_ref())
+        }
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for PgBackend {
+    fn name(&self) -> &'static str {
+        "PostgreSQL"
+    }
+
+    fn dialect(&self) -> &'static dyn Dialect {
+        &Postgres
+    }
+
+    fn db_backend(&self) -> DbBackend {
+        DbBackend::Postgres
+    }
+
+    fn classifier(&self) -> Classifier {
+        errors::kind
+    }
+
+    fn acquire_statement(
+        &self,
+        cx: &Context,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<Statement, DbErr> {
+        statements::upsert_reporting(cx.dialect, &cx.table_iden(), resource, candidate, millis)
+            .map(|q| cx.build(&q))
+    }
+
+    // The release and the wake-up of the followers (`pg_notify`), in one statement.
+    fn release_statement(&self, cx: &Context, resource: &str, candidate: &str) -> Statement {
+        cx.build(&statements::release_notifying(
+            cx.dialect,
+            &cx.table_iden(),
+            cx.table(),
+            resource,
+            candidate,
+        ))
+    }
+
+    fn release_lease_statement(&self, cx: &Context, update: UpdateStatement) -> Statement {
+        cx.build(&statements::notifying(update, cx.table()))
+    }
+
+    // The notifying form returns one row per released lease.
+    fn release_returns_rows(&self) -> bool {
+        true
+    }
+
+    /// Acquire-or-renew in one round trip whatever the outcome: the upsert, or the row that
+    /// denied it (see `upsert_reporting`).
+    async fn acquire_or_renew(
+        &self,
+        cx: &Context,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let stmt = cx
+            .cached(&cx.prepared.acquire, |r, c, m| {
+                self.acquire_statement(cx, r, c, m)
+            })?
+            .bind(resource, candidate, millis);
+        let rows = self.deciding(cx, stmt, TRANSACTION_START_COLUMN).await?;
+        // No row: a first insert raced ours and is not in our snapshot.
+        let Some(row) = cx.single_row(&rows)? else {
+            return Ok(LeaseOutcome::Denied(Denial::new(resource)));
+        };
+        let granted: bool = row
+            .try_get_by_index(6)
+            .map_err(|source| cx.decode_error(source))?;
+        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
+        Ok(if granted {
+            decoded.outcome(resource, candidate)
+        } else {
+            // The report comes from the statement's snapshot: it can even name us.
+            LeaseOutcome::Denied(decoded.denial_for(resource, candidate))
+        })
+    }
+
+    async fn renew_all(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis);
+        self.deciding(cx, cx.build(&update), RENEW_TRANSACTION_START_COLUMN)
+            .await
+    }
+
+    async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
+        match self.checked() {
+            Some(pool) => cx.autocommitted(|| pool.rows(&stmt)).await,
+            None => cx.read_to_end(stmt).await,
+        }
+    }
+
+    async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {
+        match self.checked() {
+            Some(pool) => cx.autocommitted(|| pool.count(&stmt)).await,
+            None => cx.execute(stmt).await,
+        }
+    }
+
+    /// On a pooled connection checked to be outside any transaction: a connection inside an
+    /// abandoned one is closed rather than have its `BEGIN` join that transaction, and a call
+    /// dropped before `COMMIT` closes the connection rather than hand it back mid-transaction.
+    async fn revoke(
+        &self,
+        cx: &Context,
+        _resource: &str,
+        read: Statement,
+        update: Statement,
+    ) -> Result<Option<QueryResult>, StoreError> {
+        let Some(pool) = self.checked() else {
+            return cx.revoke_in(None, &read, &update).await;
+        };
+        cx.autocommitted(|| async {
+            let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
+                return Ok(Checked::InAbandonedTransaction);
+            };
+            let row = txn.rows(&read).await?.into_iter().next();
+            if row.is_some() {
+                txn.execute(&update).await?;
+            }
+            txn.commit().await?;
+            Ok(Checked::Committed(row))
+        })
+        .await
+    }
+
+    fn release_events(&self, cx: &Context) -> Option<ReleaseEvents> {
+        if !self.notifications || self.transaction_pooling {
+            return None;
+        }
+        notify::subscribe(&self.releases, &cx.db, &cx.table)
+    }
+
+    /// `SELECT ... FOR SHARE`, with the session's marker (see `takeover`).
+    async fn fence(
+        &self,
+        cx: &Context,
+        conn: &dyn RawConn,
+        term: &Term<'_>,
+    ) -> Result<bool, StoreError> {
+        let stmt = takeover::locking_check(cx.dialect, &cx.table_iden(), cx.table(), term);
+        // Read to the end, like every statement that decides something.
+        let rows = conn
+            .query_all_raw(conn.backend().build(&stmt))
+            .await
+            .map_err(|e| cx.classify(e))?;
+        Ok(!rows.is_empty())
+    }
+
+    fn statement_fence(
+        &self,
+        cx: &Context,
+        term: &Term<'_>,
+    ) -> Result<SelectStatement, FenceError> {
+        Ok(takeover::statement_fence(
+            cx.dialect,
+            &cx.table_iden(),
+            cx.table(),
+            term,
+        ))
+    }
+
+    fn durability_question(&self) -> (&'static str, &'static [&'static str]) {
+        (
+            "SELECT current_setting('fsync') AS a, current_setting('synchronous_commit') AS b",
+            &["fsync", "synchronous_commit"],
+        )
+    }
+
+    fn takeover(&self) -> Takeover {
+        Takeover::AfterLockWait
+    }
+
+    fn lock_wait_ran_out(&self, err: &DbErr) -> bool {
+        sqlx_error(err).is_some_and(errors::lock_wait_ran_out)
+    }
+
+    fn takeover_refused(&self, err: &DbErr) -> bool {
+        errors::refusal(err)
+    }
+
+    async fn end_lapsed_holders(&self, cx: &Context, resource: &str) -> Result<u64, StoreError> {
+        let (d, table) = (cx.dialect, cx.table_iden());
+        let lapsed = cx.build(&takeover::lapsed(d, &table, resource));
+        let Some(row) = self.rows(cx, lapsed).await?.into_iter().next() else {
+            return Ok(0); // live, or gone: nobody to end
+        };
+        let token: i64 = row
+            .try_get_by_index(0)
+            .map_err(|source| cx.decode_error(source))?;
+        let stmt = cx.build(&takeover::takeover(d, &table, cx.table(), resource, token));
+        Ok(self.rows(cx, stmt).await?.len() as u64)
+    }
+}
