@@ -10,7 +10,8 @@ use sea_orm::sea_query::{
 };
 
 use super::dialect::Dialect;
-use super::statements::{self, returned_row, Row};
+use super::row::Row;
+use super::statements::{self, returned_row};
 use super::store::SeaOrmLeaseStore;
 use crate::store::validate_resource;
 use crate::{LeaseRecord, StoreError};

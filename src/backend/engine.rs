@@ -7,7 +7,8 @@ use super::context::Context;
 use super::driver::LeaseBackend;
 use super::gate::Gate;
 use super::prepared::Prepared;
-use super::statements::{self, Row};
+use super::row::Row;
+use super::statements;
 use crate::StoreError;
 
 pub(crate) struct Engine {

@@ -26,8 +26,8 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ConnectionTrait, StatementBuilder};
 
 use super::driver::{Conn, RawConn};
-use super::statements::current_check;
 use super::store::SeaOrmLeaseStore;
+use super::term_checks::current_check;
 use crate::store::{validate_candidate, validate_resource};
 use crate::StoreError;
 

@@ -18,7 +18,8 @@ use sea_orm::sea_query::{
 use sea_orm::{DbErr, QueryResult};
 
 use super::dialect::Dialect;
-use super::statements::{returned_row, Row};
+use super::row::Row;
+use super::statements::returned_row;
 use super::store::SeaOrmLeaseStore;
 use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
 use crate::store::validate_candidate;

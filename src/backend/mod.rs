@@ -19,9 +19,9 @@
 //! - **An outcome only for a statement that committed.** Every deciding statement is read to its
 //!   end: SQLite sends `RETURNING` rows before its commit, which can still fail and roll the
 //!   statement back; PostgreSQL reports commit-time errors after the rows; a Galera node sends rows
-//!   before certification. A commit that fails is a retryable [`StoreError::Conflict`], never a
+//!   before certification. A commit that fails is a retryable [`StoreError::Conflict`](crate::StoreError::Conflict), never a
 //!   grant; a statement that returns several rows (a server-side retry) is a retryable
-//!   [`StoreError::Conflict`] too, neither a grant nor a denial.
+//!   [`StoreError::Conflict`](crate::StoreError::Conflict) too, neither a grant nor a denial.
 //! - **A grant only for a statement that ran in autocommit mode.** sqlx 0.9 returns a pooled
 //!   connection to the pool *inside* an open transaction when a future is dropped while `begin()`
 //!   waits for its `BEGIN` (a timeout, a `select!`, leader work dropped at the end of its term); a
@@ -40,7 +40,7 @@
 //!   transactions (`fence` inside `begin()`/`commit()`), whose commit you see.
 //! - **Conflicts are retried.** Serialization failures and deadlocks (PostgreSQL `40001`, `40P01`;
 //!   SQLite `BUSY`) mean the statement had no effect; the store tries it again, up to 3 times, then
-//!   reports the retryable [`StoreError::Conflict`].
+//!   reports the retryable [`StoreError::Conflict`](crate::StoreError::Conflict).
 //! - **Acquired or renewed, from one row.** `acquired_at = renewed_at` holds exactly for a new term
 //!   (a renew sets `renewed_at` to at least one tick after `acquired_at`), which is how one
 //!   statement tells `Acquired` from `Renewed`.
@@ -60,12 +60,14 @@ mod members;
 pub mod mysql;
 pub mod postgres;
 mod prepared;
+mod row;
 pub mod sqlite;
 #[cfg(feature = "sqlserver")]
 pub mod sqlserver;
 mod statements;
 mod store;
 mod takeover;
+mod term_checks;
 
 pub use durability::Durability;
 pub use store::SeaOrmLeaseStore;

@@ -1,19 +1,15 @@
-//! The lease statements every backend shares, built with sea-query, and the decoding of the
-//! rows they return. What only one backend sends lives in that backend's `statements`.
+//! The lease statements every backend shares, built with sea-query (their rows are decoded in
+//! `row`). What only one backend sends lives in that backend's `statements`.
 
-use std::time::Duration;
-
-use chrono::{DateTime, Utc};
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
     Alias, BinOper, Expr, ExprTrait, InsertStatement, OnConflict, Query, SelectStatement,
     UpdateStatement,
 };
-use sea_orm::{DbErr, QueryResult};
+use sea_orm::DbErr;
 
 use super::dialect::Dialect;
-use crate::fencing::Term;
-use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord};
+use crate::Lease;
 
 /// The columns every lease statement returns, in this order; `remaining_millis` follows.
 const ROW: [Column; 5] = [
@@ -276,176 +272,13 @@ pub(crate) fn held_json(held: &[Lease]) -> String {
     serde_json::Value::Array(rows).to_string()
 }
 
-/// The leases in rows of [`renewed_row`]; a row that is not live (a lease shorter than the
-/// database's rounding) renews nothing.
-pub(crate) fn renewed_leases(rows: &[QueryResult]) -> Result<Vec<Lease>, DbErr> {
-    let mut leases = Vec::with_capacity(rows.len());
-    for r in rows {
-        let row = Row::decode(r)?;
-        let resource: String = r.try_get_by_index(6)?;
-        leases.extend(row.live_lease(resource));
-    }
-    Ok(leases)
-}
-
-/// A decoded lease row.
-#[derive(Debug, Clone)]
-pub(crate) struct Row {
-    pub holder: String,
-    pub token: i64,
-    pub expires_at: DateTime<Utc>,
-    pub acquired_at: DateTime<Utc>,
-    pub renewed_at: DateTime<Utc>,
-    pub remaining_millis: i64,
-}
-
-impl Row {
-    pub(crate) fn decode(row: &QueryResult) -> Result<Self, DbErr> {
-        Ok(Self {
-            holder: row.try_get_by_index(0)?,
-            token: row.try_get_by_index(1)?,
-            expires_at: row.try_get_by_index(2)?,
-            acquired_at: row.try_get_by_index(3)?,
-            renewed_at: row.try_get_by_index(4)?,
-            remaining_millis: row.try_get_by_index(5)?,
-        })
-    }
-
-    /// Liveness by the database clock: the expiry is still ahead of the database's now.
-    pub(crate) fn live(&self) -> bool {
-        self.remaining_millis > 0
-    }
-
-    fn remaining(&self) -> Duration {
-        Duration::from_millis(u64::try_from(self.remaining_millis).unwrap_or(0))
-    }
-
-    /// The lease this row is for its holder, if it is live (a renewed row of a batch).
-    pub(crate) fn live_lease(self, resource: String) -> Option<Lease> {
-        self.live().then(|| Lease {
-            resource,
-            token: FencingToken::new(self.token),
-            remaining: self.remaining(),
-            expires_at: Some(self.expires_at),
-            acquired_at: Some(self.acquired_at),
-            holder: self.holder,
-        })
-    }
-
-    /// The outcome this row means for `candidate`, when it is the row after the upsert.
-    pub(crate) fn outcome(self, resource: &str, candidate: &str) -> LeaseOutcome {
-        if self.holder != candidate {
-            return LeaseOutcome::Denied(self.denial(resource));
-        }
-        if !self.live() {
-            // The row names us but is not live by the database clock: whatever wrote it, it is
-            // no lease to lead on (a correct statement never leaves this behind).
-            tracing::warn!(
-                resource,
-                token = self.token,
-                remaining_ms = self.remaining_millis,
-                "the lease row names this candidate but is not live; not a grant"
-            );
-            return LeaseOutcome::Denied(self.denial_for(resource, candidate));
-        }
-        let new_term = self.acquired_at == self.renewed_at;
-        let lease = Lease {
-            resource: resource.to_owned(),
-            token: FencingToken::new(self.token),
-            remaining: self.remaining(),
-            expires_at: Some(self.expires_at),
-            acquired_at: Some(self.acquired_at),
-            holder: self.holder,
-        };
-        if new_term {
-            LeaseOutcome::Acquired(lease)
-        } else {
-            LeaseOutcome::Renewed(lease)
-        }
-    }
-
-    pub(crate) fn denial(self, resource: &str) -> Denial {
-        Denial {
-            resource: resource.to_owned(),
-            token: Some(FencingToken::new(self.token)),
-            remaining: self.remaining(),
-            expires_at: Some(self.expires_at),
-            holder: Some(self.holder),
-        }
-    }
-
-    /// The denial report for `candidate`: never names the candidate itself as the holder (a
-    /// stale snapshot or an expired row of its own can), since it would then follow itself.
-    pub(crate) fn denial_for(self, resource: &str, candidate: &str) -> Denial {
-        let mut denial = self.denial(resource);
-        if denial.holder.as_deref() == Some(candidate) {
-            denial.holder = None;
-            denial.remaining = Duration::ZERO;
-        }
-        denial
-    }
-
-    pub(crate) fn record(self, resource: &str) -> LeaseRecord {
-        LeaseRecord {
-            resource: resource.to_owned(),
-            live: self.live(),
-            token: FencingToken::new(self.token),
-            remaining: self.remaining(),
-            expires_at: Some(self.expires_at),
-            acquired_at: Some(self.acquired_at),
-            renewed_at: Some(self.renewed_at),
-            holder: self.holder,
-        }
-    }
-}
-
-impl Term<'_> {
-    /// The lease row is this term's and live by the database clock.
-    pub(crate) fn current(&self, d: &dyn Dialect) -> Expr {
-        Expr::col(Column::Resource)
-            .eq(self.resource)
-            .and(Expr::col(Column::Holder).eq(self.holder))
-            .and(Expr::col(Column::FencingToken).eq(self.token.get()))
-            .and(Expr::col(Column::ExpiresAt).gt(d.now()))
-    }
-}
-
-/// `SELECT 1 FROM leases WHERE <term is current> FOR SHARE` (the lock phrase per backend; SQLite
-/// has none and serializes writers instead).
-pub(crate) fn share_locked_check(
-    d: &dyn Dialect,
-    table: &Alias,
-    term: &Term<'_>,
-) -> SelectStatement {
-    Query::select()
-        .expr(Expr::val(1))
-        .from(table.clone())
-        .and_where(term.current(d))
-        .lock_shared()
-        .to_owned()
-}
-
-/// The subquery of the statement-level fence: [`share_locked_check`], except where the
-/// backend has no row locks (SQLite: one statement runs under the write lock already).
-pub(crate) fn statement_check(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> SelectStatement {
-    if d.locks_rows() {
-        return share_locked_check(d, table, term);
-    }
-    current_check(d, table, term)
-}
-
-/// `SELECT 1 FROM leases WHERE <term is current>`, without a lock: whether a term is current.
-pub(crate) fn current_check(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> SelectStatement {
-    Query::select()
-        .expr(Expr::val(1))
-        .from(table.clone())
-        .and_where(term.current(d))
-        .to_owned()
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::fencing::Term;
+    use crate::FencingToken;
+    use chrono::{DateTime, Utc};
+    use std::time::Duration;
 
     /// The term the statement tests of every backend fence with.
     pub(crate) fn term() -> Term<'static> {
@@ -457,7 +290,7 @@ pub(crate) mod tests {
     }
 
     use crate::backend::{postgres::Postgres, sqlite::Sqlite};
-    use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
+    use sea_orm::sea_query::{PostgresQueryBuilder, SqliteQueryBuilder};
 
     fn table() -> Alias {
         Alias::new("orionbeacon_leases")
@@ -597,39 +430,6 @@ pub(crate) mod tests {
         assert_eq!(values.0.len(), 1);
     }
 
-    fn row(holder: &str, remaining_millis: i64) -> Row {
-        let t = DateTime::<Utc>::UNIX_EPOCH;
-        Row {
-            holder: holder.to_owned(),
-            token: 3,
-            expires_at: t,
-            acquired_at: t,
-            renewed_at: t,
-            remaining_millis,
-        }
-    }
-
-    #[test]
-    fn a_report_never_names_the_caller() {
-        let d = row("me", 500).denial_for("r", "me");
-        assert_eq!((d.holder, d.remaining), (None, Duration::ZERO));
-        let d = row("other", 500).denial_for("r", "me");
-        assert_eq!(d.holder.as_deref(), Some("other"));
-        assert_eq!(d.remaining, Duration::from_millis(500));
-    }
-
-    #[test]
-    fn a_row_that_names_the_caller_but_is_not_live_is_no_grant() {
-        assert!(matches!(
-            row("me", 0).outcome("r", "me"),
-            LeaseOutcome::Denied(Denial { holder: None, .. })
-        ));
-        assert!(matches!(
-            row("me", 1).outcome("r", "me"),
-            LeaseOutcome::Acquired(_)
-        ));
-    }
-
     #[test]
     fn sqlite_lease_modifier_is_exact() {
         let (_, values) = upsert(&Sqlite, &table(), "r", "me", 86_400_007)
@@ -642,72 +442,4 @@ pub(crate) mod tests {
     }
 
     // The statement-level fence inside a caller's UPDATE: the lock clause must survive.
-    #[test]
-    fn fenced_by_sql_per_backend() {
-        let t = Alias::new("orionbeacon_leases");
-        let update = |fence: SelectStatement| {
-            Query::update()
-                .table(Alias::new("jobs"))
-                .value(Alias::new("owner_token"), 7i64)
-                .and_where(Expr::col(Alias::new("id")).eq(1))
-                .and_where(Expr::exists(fence))
-                .to_owned()
-        };
-        let (sql, values) = update(crate::backend::postgres::takeover::statement_fence(
-            &Postgres,
-            &t,
-            "orionbeacon_leases",
-            &term(),
-        ))
-        .build(PostgresQueryBuilder);
-        assert_eq!(
-            sql,
-            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) AND pg_try_advisory_xact_lock_shared($7) IS NOT NULL FOR SHARE)"#
-        );
-        assert_eq!(values.0.len(), 7);
-        let (sql, _) = update(statement_check(&crate::backend::mysql::MySql, &t, &term()))
-            .build(MysqlQueryBuilder);
-        assert_eq!(
-            sql,
-            "UPDATE `jobs` SET `owner_token` = ? WHERE `id` = ? AND EXISTS(SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) LOCK IN SHARE MODE)"
-        );
-        let (sql, _) = update(statement_check(&Sqlite, &t, &term())).build(SqliteQueryBuilder);
-        assert_eq!(
-            sql,
-            r#"UPDATE "jobs" SET "owner_token" = ? WHERE "id" = ? AND EXISTS(SELECT ? FROM "orionbeacon_leases" WHERE "resource" = ? AND "holder" = ? AND "fencing_token" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')))"#
-        );
-    }
-
-    #[test]
-    fn fence_sql_per_backend() {
-        let t = Alias::new("orionbeacon_leases");
-        let (sql, values) = crate::backend::postgres::takeover::locking_check(
-            &Postgres,
-            &t,
-            "orionbeacon_leases",
-            &term(),
-        )
-        .build(PostgresQueryBuilder);
-        assert_eq!(
-            sql,
-            r#"SELECT $1, pg_try_advisory_xact_lock_shared($2) FROM "orionbeacon_leases" WHERE "resource" = $3 AND "holder" = $4 AND "fencing_token" = $5 AND "expires_at" > (statement_timestamp()) FOR SHARE"#
-        );
-        assert_eq!(values.0.len(), 5);
-        let (sql, _) = crate::backend::mysql::statements::locking_check(
-            &crate::backend::mysql::MySql,
-            &t,
-            &term(),
-        )
-        .build(MysqlQueryBuilder);
-        assert_eq!(
-            sql,
-            "SELECT ? FROM `orionbeacon_leases` WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) FOR UPDATE"
-        );
-        let (sql, _) = crate::backend::sqlite::statements::write_lock(&t, term().current(&Sqlite))
-            .build(SqliteQueryBuilder);
-        assert_eq!(
-            sql,
-            r#"UPDATE "orionbeacon_leases" SET "fencing_token" = "fencing_token" WHERE "resource" = ? AND "holder" = ? AND "fencing_token" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
-        );
-    }
 }

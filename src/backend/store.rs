@@ -352,7 +352,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         }
         let json = statements::held_json(held);
         let rows = engine.backend.renew_all(&engine.cx, json, millis).await?;
-        let fresh = statements::renewed_leases(&rows).map_err(|e| engine.cx.decode_error(e))?;
+        let fresh = super::row::renewed_leases(&rows).map_err(|e| engine.cx.decode_error(e))?;
         Ok(Renewals::sort(held, fresh))
     }
 

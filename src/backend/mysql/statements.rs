@@ -13,8 +13,8 @@ use super::MySql;
 use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
     held_rows, insert_new_row, next_expiry, renew_set, renewed_row, returned_row,
-    share_locked_check,
 };
+use crate::backend::term_checks::share_locked_check;
 use crate::fencing::Term;
 
 /// The conditional upsert (without `RETURNING`).

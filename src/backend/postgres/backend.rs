@@ -18,7 +18,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::statements::Row;
+use crate::backend::row::Row;
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::store::ReleaseEvents;

@@ -8,7 +8,7 @@ use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, Func, Query, SelectStatement};
 
 use crate::backend::dialect::Dialect;
-use crate::backend::statements::{share_locked_check, statement_check};
+use crate::backend::term_checks::{share_locked_check, statement_check};
 use crate::fencing::Term;
 
 /// The advisory-lock key a fence marks its session with: FNV-1a (64 bits) over

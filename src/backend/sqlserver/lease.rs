@@ -10,7 +10,8 @@ use tiberius::ToSql;
 use super::exec::{column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_resource};
 use super::SqlServerLeaseStore;
-use crate::backend::statements::{held_json, Row};
+use crate::backend::row::Row;
+use crate::backend::statements::held_json;
 use crate::store::{validate_batch, validate_request};
 use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
 
