@@ -145,9 +145,10 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// # Ok(()) }
 /// ```
 ///
-/// A wrapper must pass [`release_events`](Self::release_events) and
-/// [`validate`](Self::validate) on too if the store it wraps has them (here the defaults: no
-/// release notifications, nothing to validate).
+/// A wrapper must pass [`release_events`](Self::release_events),
+/// [`validate`](Self::validate) and [`sea_orm_store`](Self::sea_orm_store) on too if the store
+/// it wraps has them (here the defaults: no release notifications, nothing to validate, no
+/// fencing of SeaORM transactions by the terms of an elector over it).
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
     /// Takes the lease if nobody holds a live one (a new term: [`LeaseOutcome::Acquired`], token

@@ -36,7 +36,7 @@ pub(crate) struct Context {
     /// The statements, rendered once for this backend and table.
     pub(crate) prepared: PreparedCache,
     /// Whether the server's durability settings were looked at (once per store).
-    pub(crate) durability_checked: tokio::sync::OnceCell<()>,
+    pub(crate) durability_checked: Arc<tokio::sync::OnceCell<()>>,
 }
 
 /// The store's statements, each rendered on first use.
@@ -55,6 +55,7 @@ impl Context {
         dialect: &'static dyn Dialect,
         db_backend: DbBackend,
         kind: Classifier,
+        durability_checked: Arc<tokio::sync::OnceCell<()>>,
     ) -> Self {
         Self {
             db,
@@ -64,7 +65,7 @@ impl Context {
             db_backend,
             kind,
             prepared: PreparedCache::default(),
-            durability_checked: tokio::sync::OnceCell::new(),
+            durability_checked,
         }
     }
 
@@ -188,6 +189,16 @@ impl Context {
         Ok(cell.get_or_init(|| prepared))
     }
 
+    /// The read of `resource`'s row, rendered once.
+    pub(crate) fn current_statement(&self, resource: &str) -> Result<Statement, StoreError> {
+        let table = self.table_iden();
+        Ok(self
+            .cached(&self.prepared.current, |r, _, _| {
+                Ok(self.build(&super::statements::current(self.dialect, &table, r)))
+            })?
+            .bind(resource, "", 0))
+    }
+
     /// The revoke's transaction through SeaORM (SQLite, and connections that are no sqlx
     /// pool): the row before the revoke. `lock` first, where the backend has no row locks.
     pub(crate) async fn revoke_in(
@@ -304,6 +315,7 @@ mod tests {
             &crate::backend::sqlite::Sqlite,
             sea_orm::DbBackend::Sqlite,
             kind,
+            Arc::default(),
         );
         let calls = AtomicU32::new(0);
         let result = cx

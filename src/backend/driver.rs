@@ -30,6 +30,18 @@ pub(crate) enum Takeover {
     WhileWaiting,
 }
 
+/// What a builder call changed on a store whose backend exists already.
+#[derive(Debug, Clone, Copy)]
+#[allow(dead_code)] // only PostgreSQL's backend reads them
+pub(crate) struct Derived {
+    /// PostgreSQL: the connection goes through a transaction-pooling proxy.
+    pub(crate) transaction_pooling: bool,
+    /// Whether release events may listen for notifications.
+    pub(crate) notifications: bool,
+    /// The lease table changed (statements and listeners made for the old one go).
+    pub(crate) table_changed: bool,
+}
+
 /// One backend of [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore).
 #[async_trait]
 pub(crate) trait LeaseBackend: Send + Sync + 'static {
@@ -41,6 +53,10 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     fn db_backend(&self) -> DbBackend;
     /// How the backend sorts its driver's errors.
     fn classifier(&self) -> Classifier;
+
+    /// The same backend for a store a builder derived from this one: what it detected (and its
+    /// release listener, unless the table changed) shared with it, its settings `derived`.
+    fn derived(&self, derived: Derived) -> Box<dyn LeaseBackend>;
 
     /// The acquire-or-renew statement (for MySQL/MariaDB, the `RETURNING` form), for
     /// [`Prepared`](super::prepared::Prepared) to render once.
@@ -165,14 +181,18 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     }
 }
 
-/// The caller's connection or transaction, as a backend's fence uses it (SeaORM's
-/// `ConnectionTrait` has generic methods, so it cannot be called through `dyn`).
+/// The caller's connection or transaction, as a backend's fence uses it. SeaORM's
+/// `ConnectionTrait` has generic methods, so it cannot be called through `dyn`: these forward to
+/// them (not to the `_raw` forms, which a restricted connection refuses).
 #[async_trait]
 pub(crate) trait RawConn: Sync {
-    /// The connection's backend, to render statements for.
-    fn backend(&self) -> DbBackend;
-    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr>;
-    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr>;
+    /// A statement that changes rows.
+    async fn execute(&self, stmt: &UpdateStatement) -> Result<ExecResult, DbErr>;
+    /// A read, to the end.
+    async fn query_all(&self, stmt: &SelectStatement) -> Result<Vec<QueryResult>, DbErr>;
+    /// A question of the server's (MySQL's Galera look), sent as it is.
+    #[allow(dead_code)] // a build without MySQL asks none
+    async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr>;
 }
 
 /// Any SeaORM connection as a [`RawConn`].
@@ -180,13 +200,13 @@ pub(crate) struct Conn<'c, C>(pub(crate) &'c C);
 
 #[async_trait]
 impl<C: ConnectionTrait> RawConn for Conn<'_, C> {
-    fn backend(&self) -> DbBackend {
-        self.0.get_database_backend()
+    async fn execute(&self, stmt: &UpdateStatement) -> Result<ExecResult, DbErr> {
+        self.0.execute(stmt).await
     }
-    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
-        self.0.execute_raw(stmt).await
+    async fn query_all(&self, stmt: &SelectStatement) -> Result<Vec<QueryResult>, DbErr> {
+        self.0.query_all(stmt).await
     }
-    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
-        self.0.query_all_raw(stmt).await
+    async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
+        self.0.query_one_raw(stmt).await
     }
 }

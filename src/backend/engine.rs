@@ -8,14 +8,13 @@ use super::driver::LeaseBackend;
 use super::gate::Gate;
 use super::prepared::Prepared;
 use super::row::Row;
-use super::statements;
 use crate::StoreError;
 
 pub(crate) struct Engine {
     pub(crate) cx: Context,
     pub(crate) backend: Box<dyn LeaseBackend>,
     /// The takeovers asked for by dropped acquires (see `takeover`): one at a time per store.
-    pub(crate) takeovers: Gate,
+    pub(crate) takeovers: std::sync::Arc<Gate>,
 }
 
 impl Engine {
@@ -54,16 +53,10 @@ impl Engine {
 
     /// The stored row of `resource`, read with a plain statement.
     pub(crate) async fn read_row(&self, resource: &str) -> Result<Option<Row>, StoreError> {
-        let cx = &self.cx;
-        let table = cx.table_iden();
-        let stmt = cx
-            .cached(&cx.prepared.current, |r, _, _| {
-                Ok(cx.build(&statements::current(cx.dialect, &table, r)))
-            })?
-            .bind(resource, "", 0);
+        let stmt = self.cx.current_statement(resource)?;
         let row = self.plain(stmt).await?.into_iter().next();
         row.map(|r| Row::decode(&r))
             .transpose()
-            .map_err(|source| cx.decode_error(source))
+            .map_err(|source| self.cx.decode_error(source))
     }
 }

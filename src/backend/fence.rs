@@ -128,9 +128,8 @@ impl SeaOrmLeaseStore {
             return Ok(rows);
         }
         let check = current_check(cx.dialect, &cx.table_iden(), &term);
-        let conn = Conn(conn);
-        let rows = conn
-            .query_all_raw(conn.backend().build(&check))
+        let rows = Conn(conn)
+            .query_all(&check)
             .await
             .map_err(|e| cx.classify(e))?;
         if rows.is_empty() {

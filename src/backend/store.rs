@@ -10,7 +10,7 @@ use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TAB
 use sea_orm::{DatabaseConnection, DatabaseConnectionType, DbBackend};
 
 use super::context::Context;
-use super::driver::{LeaseBackend, Takeover};
+use super::driver::{Derived, LeaseBackend, Takeover};
 use super::engine::Engine;
 use super::mysql::MySqlUpsert;
 use super::statements;
@@ -108,7 +108,16 @@ fn choose(settings: &Settings) -> Result<Box<dyn LeaseBackend>, Refused> {
 }
 
 fn engine(settings: &Settings) -> Result<Arc<Engine>, Refused> {
-    let backend = choose(settings)?;
+    Ok(assemble(settings, choose(settings)?, None))
+}
+
+/// The engine of `backend` for `settings`; what the store looked at once (durability) and its
+/// takeover gate carried over from `old`, the engine a builder call derives from.
+fn assemble(
+    settings: &Settings,
+    backend: Box<dyn LeaseBackend>,
+    old: Option<&Engine>,
+) -> Arc<Engine> {
     let cx = Context::new(
         settings.db.clone(),
         Arc::clone(&settings.table),
@@ -116,12 +125,14 @@ fn engine(settings: &Settings) -> Result<Arc<Engine>, Refused> {
         backend.dialect(),
         backend.db_backend(),
         backend.classifier(),
+        old.map(|e| Arc::clone(&e.cx.durability_checked))
+            .unwrap_or_default(),
     );
-    Ok(Arc::new(Engine {
+    Arc::new(Engine {
         cx,
         backend,
-        takeovers: super::gate::Gate::default(),
-    }))
+        takeovers: old.map(|e| Arc::clone(&e.takeovers)).unwrap_or_default(),
+    })
 }
 
 /// The backend and the tables; never the connection pool (its options can hold a password) or
@@ -164,9 +175,21 @@ impl SeaOrmLeaseStore {
         }
     }
 
-    /// The same settings on a backend made afresh (nothing of the old one is shared).
-    fn rebuilt(mut self) -> Self {
-        self.engine = engine(&self.settings);
+    /// The store with its new settings: the backend derived from the old one, sharing what it
+    /// detected (and, unless `table_changed`, its release listener) with the store it came from
+    /// and that store's clones; statements rendered for the table are made again.
+    fn rebuilt(mut self, table_changed: bool) -> Self {
+        self.engine = match &self.engine {
+            Ok(old) => {
+                let backend = old.backend.derived(Derived {
+                    transaction_pooling: self.settings.transaction_pooling,
+                    notifications: self.settings.notifications,
+                    table_changed,
+                });
+                Ok(assemble(&self.settings, backend, Some(old)))
+            }
+            Err(_) => engine(&self.settings),
+        };
         self
     }
 
@@ -187,7 +210,7 @@ impl SeaOrmLeaseStore {
     /// proxy: see the topology notes in the documentation for what the proxy must support.
     pub fn with_transaction_pooling(mut self, enabled: bool) -> Self {
         self.settings.transaction_pooling = enabled;
-        self.rebuilt()
+        self.rebuilt(false)
     }
 
     /// PostgreSQL only: whether followers are woken by release notifications (on by default).
@@ -201,7 +224,7 @@ impl SeaOrmLeaseStore {
     /// they are always off (see [`with_transaction_pooling`](Self::with_transaction_pooling)).
     pub fn with_release_notifications(mut self, enabled: bool) -> Self {
         self.settings.notifications = enabled;
-        self.rebuilt()
+        self.rebuilt(false)
     }
 
     /// The same store on another table (validated: ASCII letters, digits and `_`, at most 63
@@ -211,7 +234,7 @@ impl SeaOrmLeaseStore {
         validate_table_name(table)?;
         self.settings.table = Arc::from(table);
         // Statements rendered for the old table, and a listener filtering by its name, go.
-        Ok(self.rebuilt())
+        Ok(self.rebuilt(true))
     }
 
     /// MySQL/MariaDB only: use this upsert form instead of the one detected from the server's
@@ -220,7 +243,12 @@ impl SeaOrmLeaseStore {
     /// this is for proxies that hide the version, and for tests.
     pub fn with_mysql_upsert(mut self, form: MySqlUpsert) -> Self {
         self.settings.mysql_upsert = Some(form);
-        self.rebuilt()
+        // A backend made afresh with the form set (only MySQL's has one to set).
+        self.engine = match &self.engine {
+            Ok(old) => choose(&self.settings).map(|b| assemble(&self.settings, b, Some(old))),
+            Err(_) => engine(&self.settings),
+        };
+        self
     }
 
     /// The same store with shard sets' members in another table (validated like lease table
@@ -229,7 +257,7 @@ impl SeaOrmLeaseStore {
         let table = table.as_ref();
         validate_table_name(table)?;
         self.settings.member_table = Arc::from(table);
-        Ok(self.rebuilt())
+        Ok(self.rebuilt(false))
     }
 
     /// The membership table's name (`orionbeacon_members` unless configured).
@@ -388,5 +416,40 @@ impl LeaseStore for SeaOrmLeaseStore {
             .read_row(resource)
             .await?
             .map(|row| row.record(resource)))
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_derived_by_a_builder_shares_what_the_first_one_looked_at() {
+        let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
+        let store = SeaOrmLeaseStore::new(db);
+        let derived = store
+            .clone()
+            .with_member_table("other_members")
+            .unwrap()
+            .with_release_notifications(false)
+            .with_table("other_leases")
+            .unwrap();
+        let (a, b) = (store.engine().unwrap(), derived.engine().unwrap());
+        assert!(Arc::ptr_eq(
+            &a.cx.durability_checked,
+            &b.cx.durability_checked
+        ));
+        assert!(Arc::ptr_eq(&a.takeovers, &b.takeovers));
+        // The statements are rendered for the new table.
+        assert_eq!(b.cx.table(), "other_leases");
+        assert_eq!(&*b.cx.member_table, "other_members");
+        assert!(b.cx.prepared.acquire.get().is_none());
+        // A store on another connection shares nothing.
+        let other =
+            SeaOrmLeaseStore::new(sea_orm::Database::connect("sqlite::memory:").await.unwrap());
+        assert!(!Arc::ptr_eq(
+            &a.takeovers,
+            &other.engine().unwrap().takeovers
+        ));
     }
 }

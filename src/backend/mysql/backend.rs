@@ -3,6 +3,8 @@
 //! abandoned transaction (`checked`), Galera detected for the fence, and the takeover that ends
 //! a stalled holder's connection.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use sea_orm::sea_query::SelectStatement;
 use sea_orm::sqlx::MySqlPool;
@@ -19,7 +21,7 @@ use super::{statements, MySql, MySqlUpsert};
 use crate::backend::checkout::{Begin, Checked};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
-use crate::backend::driver::{LeaseBackend, RawConn, Takeover};
+use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
 use crate::backend::row::Row;
 use crate::backend::statements as shared;
@@ -34,9 +36,9 @@ pub(crate) struct MySqlBackend {
     /// for connections it cannot (SeaORM's mock and proxy connections).
     pool: Option<MySqlPool>,
     /// Which upsert form the server takes, detected once (or set).
-    upsert: tokio::sync::OnceCell<MySqlUpsert>,
+    upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
     /// Whether the server is a Galera cluster node, detected once.
-    galera: tokio::sync::OnceCell<bool>,
+    galera: Arc<tokio::sync::OnceCell<bool>>,
 }
 
 const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
@@ -51,8 +53,8 @@ impl MySqlBackend {
         };
         Self {
             pool,
-            upsert: tokio::sync::OnceCell::new_with(upsert),
-            galera: tokio::sync::OnceCell::new(),
+            upsert: Arc::new(tokio::sync::OnceCell::new_with(upsert)),
+            galera: Arc::default(),
         }
     }
 
@@ -182,11 +184,9 @@ impl MySqlBackend {
             .galera
             .get_or_try_init(|| async {
                 let stmt = Statement::from_string(DbBackend::MySql, GALERA_QUESTION);
-                // Read to the end, like every statement of ours.
-                let on = match conn.query_all_raw(stmt).await {
-                    Ok(rows) => {
-                        rows.first()
-                            .map(|r| r.try_get_by_index::<i64>(0))
+                let on = match conn.query_one_raw(stmt).await {
+                    Ok(row) => {
+                        row.map(|r| r.try_get_by_index::<i64>(0))
                             .transpose()
                             .map_err(|e| StoreError::Database(e.into()))?
                             .unwrap_or(0)
@@ -221,6 +221,14 @@ impl LeaseBackend for MySqlBackend {
 
     fn classifier(&self) -> Classifier {
         errors::kind
+    }
+
+    fn derived(&self, _derived: Derived) -> Box<dyn LeaseBackend> {
+        Box::new(Self {
+            pool: self.pool.clone(),
+            upsert: Arc::clone(&self.upsert),
+            galera: Arc::clone(&self.galera),
+        })
     }
 
     fn acquire_statement(
@@ -360,16 +368,16 @@ impl LeaseBackend for MySqlBackend {
         conn: &dyn RawConn,
         term: &Term<'_>,
     ) -> Result<bool, StoreError> {
-        let (d, table, backend) = (cx.dialect, cx.table_iden(), conn.backend());
+        let (d, table) = (cx.dialect, cx.table_iden());
         if self.is_galera(cx, conn).await? {
             let touched = conn
-                .execute_raw(backend.build(&statements::galera_touch(d, &table, term)))
+                .execute(&statements::galera_touch(d, &table, term))
                 .await
                 .map_err(|e| cx.classify(e))?
                 .rows_affected()
                 == 1;
             if touched {
-                conn.execute_raw(backend.build(&statements::galera_untouch(&table, term)))
+                conn.execute(&statements::galera_untouch(&table, term))
                     .await
                     .map_err(|e| cx.classify(e))?;
             }
@@ -377,10 +385,7 @@ impl LeaseBackend for MySqlBackend {
         }
         let stmt = statements::locking_check(d, &table, term);
         // Read to the end, like every statement that decides something.
-        let rows = conn
-            .query_all_raw(backend.build(&stmt))
-            .await
-            .map_err(|e| cx.classify(e))?;
+        let rows = conn.query_all(&stmt).await.map_err(|e| cx.classify(e))?;
         Ok(!rows.is_empty())
     }
 

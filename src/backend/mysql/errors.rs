@@ -60,3 +60,18 @@ pub(crate) fn lock_wait_ran_out(err: &sea_orm::sqlx::Error) -> bool {
 pub(crate) fn refusal(err: &DbErr) -> bool {
     error_number(err).is_some_and(|n| matches!(n, 1044 | 1095 | 1109 | 1142 | 1143 | 1227))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_servers_own_numbers_count() {
+        let custom = DbErr::Custom("Access denied; 1227; 1205".into());
+        assert!(!refusal(&custom));
+        assert_eq!(error_number(&custom), None);
+        assert_eq!(kind(&custom), Kind::Other);
+        assert_eq!(code_kind("42S02"), Some(Kind::MissingTable));
+        assert_eq!(code_kind("40001"), Some(Kind::Conflict));
+    }
+}

@@ -16,7 +16,7 @@ use super::{errors, statements, takeover, Postgres};
 use crate::backend::checkout::{Begin, Checked};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
-use crate::backend::driver::{LeaseBackend, RawConn, Takeover};
+use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
 use crate::backend::row::Row;
 use crate::error::FenceError;
@@ -112,6 +112,20 @@ impl LeaseBackend for PgBackend {
 
     fn classifier(&self) -> Classifier {
         errors::kind
+    }
+
+    fn derived(&self, derived: Derived) -> Box<dyn LeaseBackend> {
+        Box::new(Self {
+            pool: self.pool.clone(),
+            transaction_pooling: derived.transaction_pooling,
+            notifications: derived.notifications,
+            // A listener filters by table name.
+            releases: if derived.table_changed {
+                HubCell::default()
+            } else {
+                self.releases.clone()
+            },
+        })
     }
 
     fn acquire_statement(
@@ -244,10 +258,7 @@ impl LeaseBackend for PgBackend {
     ) -> Result<bool, StoreError> {
         let stmt = takeover::locking_check(cx.dialect, &cx.table_iden(), cx.table(), term);
         // Read to the end, like every statement that decides something.
-        let rows = conn
-            .query_all_raw(conn.backend().build(&stmt))
-            .await
-            .map_err(|e| cx.classify(e))?;
+        let rows = conn.query_all(&stmt).await.map_err(|e| cx.classify(e))?;
         Ok(!rows.is_empty())
     }
 

@@ -48,3 +48,19 @@ fn sqlstate_is(err: &sea_orm::sqlx::Error, sqlstate: &str) -> bool {
         .and_then(|e| e.code())
         .is_some_and(|code| code == sqlstate)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_servers_own_codes_count() {
+        // A message that reads like one is no code: never a refusal, a lock wait or a kind.
+        let custom = DbErr::Custom("permission denied; 42501; 55P03".into());
+        assert!(!refusal(&custom));
+        assert_eq!(kind(&custom), Kind::Other);
+        assert_eq!(code_kind("42P01"), Some(Kind::MissingTable));
+        assert_eq!(code_kind("40P01"), Some(Kind::Conflict));
+        assert_eq!(code_kind("42501"), None);
+    }
+}

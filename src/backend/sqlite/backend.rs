@@ -9,7 +9,7 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult, Statement};
 use super::{errors, statements, Sqlite};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
-use crate::backend::driver::{LeaseBackend, RawConn};
+use crate::backend::driver::{Derived, LeaseBackend, RawConn};
 use crate::backend::errors::Classifier;
 use crate::backend::row::Row;
 use crate::backend::statements as shared;
@@ -22,7 +22,7 @@ use crate::{Denial, LeaseOutcome, StoreError};
 #[derive(Default)]
 pub(crate) struct SqliteBackend {
     /// Whether the journal mode was looked at (once per store).
-    journal_checked: tokio::sync::OnceCell<()>,
+    journal_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl SqliteBackend {
@@ -57,12 +57,7 @@ impl SqliteBackend {
 
     /// The stored row of `resource`, read with a plain statement.
     async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
-        let table = cx.table_iden();
-        let stmt = cx
-            .cached(&cx.prepared.current, |r, _, _| {
-                Ok(cx.build(&shared::current(cx.dialect, &table, r)))
-            })?
-            .bind(resource, "", 0);
+        let stmt = cx.current_statement(resource)?;
         let row = cx.read_to_end(stmt).await?.into_iter().next();
         row.map(|r| Row::decode(&r))
             .transpose()
@@ -86,6 +81,12 @@ impl LeaseBackend for SqliteBackend {
 
     fn classifier(&self) -> Classifier {
         errors::kind
+    }
+
+    fn derived(&self, _derived: Derived) -> Box<dyn LeaseBackend> {
+        Box::new(Self {
+            journal_checked: self.journal_checked.clone(),
+        })
     }
 
     fn acquire_statement(
@@ -163,10 +164,7 @@ impl LeaseBackend for SqliteBackend {
         term: &Term<'_>,
     ) -> Result<bool, StoreError> {
         let stmt = statements::write_lock(&cx.table_iden(), term.current(cx.dialect));
-        let done = conn
-            .execute_raw(conn.backend().build(&stmt))
-            .await
-            .map_err(|e| cx.classify(e))?;
+        let done = conn.execute(&stmt).await.map_err(|e| cx.classify(e))?;
         Ok(done.rows_affected() == 1)
     }
 
