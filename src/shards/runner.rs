@@ -6,7 +6,7 @@
 //! lease only once the term's work has returned; work that does not return even when cut off
 //! keeps its lease unreleased (and unrenewed) until it lapses.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,18 +17,16 @@ use crate::clock::sleep_until;
 use tracing::{debug, error, info, warn, Instrument};
 
 use super::config::Config;
-use super::look::{keeps, Free, FreeSince, Keeps, Presence};
-use super::plan::{plan, View};
+use super::look::Free;
+use super::state::{deadline, Handover, Held, State, UNWIND};
+use super::watchdog::{recv, watchdog};
 use super::{Assignment, Control, ShardStore, Work};
 use crate::elector::{LeaderTerm, LossReason};
-use crate::{Lease, LeaseOutcome, Member, StoreError};
+use crate::{Lease, LeaseOutcome, StoreError};
 
 /// How long after a release notification a node waits for more before its round: one round for
 /// a burst of releases (a drain, a shutdown).
 const RELEASE_SETTLE: Duration = Duration::from_millis(20);
-/// How long cut-off work gets to be dropped; work still running then keeps its lease
-/// unreleased, to lapse.
-const UNWIND: Duration = Duration::from_millis(100);
 
 /// Why a bounded store call failed.
 #[derive(Debug)]
@@ -55,66 +53,6 @@ pub(crate) struct Runner {
     pub fence: Option<crate::SeaOrmLeaseStore>,
     /// When the store last answered a heartbeat or a batched renew, for `health()`.
     pub health: Arc<crate::elector::HealthState>,
-}
-
-/// A resource this node leads: its term and the store's last answer for it.
-struct Held {
-    term: LeaderTerm,
-    lease: Lease,
-}
-
-/// A term that ended for a handover or a shutdown (or whose lease outlived it): renewed until
-/// its work returned (or the grace period passed), then released.
-struct Handover {
-    term: LeaderTerm,
-    lease: Lease,
-    /// When the work is cut off, if it has not returned.
-    give_up: Instant,
-    /// Whether to release the lease at the end (a shutdown may be told not to).
-    release: bool,
-    /// Whether to keep renewing it meanwhile (not for a term whose deadline passed: nobody
-    /// leads it any more).
-    renew: bool,
-    /// Set once the work was cut off: the release waits for the drop, at most [`UNWIND`].
-    cut_at: Option<Instant>,
-}
-
-impl Handover {
-    /// When this handover must be looked at again without a round.
-    fn next_check(&self) -> Instant {
-        match self.cut_at {
-            Some(cut) => cut + UNWIND,
-            None => self.give_up,
-        }
-    }
-}
-
-#[derive(Default)]
-struct State {
-    held: BTreeMap<Arc<str>, Held>,
-    handing: Vec<Handover>,
-    /// The live members at the last heartbeat that succeeded, and when it was sent.
-    members: Vec<Member>,
-    members_at: Option<Instant>,
-    /// Since when each free resource has been seen free.
-    free_since: FreeSince,
-    /// Since when each member has been present.
-    presence: Presence,
-    /// Resources whose acquire got no answer in time, and when it was sent: the statement may
-    /// still commit (say after waiting for a row lock) and grant this node a lease it does not
-    /// lead; such a lease is released (that exact write) when a later look finds it.
-    uncertain: HashMap<Arc<str>, Instant>,
-    /// Resources taken because nobody led them for a lease while this node's own store calls
-    /// all succeeded and every other member was present (see `look::keeps`), kept outside the
-    /// share for a while when that happens again soon (see `look::Keeps`).
-    keeps: Keeps,
-    /// When a store call of this node last failed or got no answer in time.
-    troubled_at: Option<Instant>,
-    share: usize,
-    /// Whether the members have been told this node drains (a heartbeat said so).
-    drain_announced: bool,
-    stopping: bool,
-    failed: Option<Arc<StoreError>>,
 }
 
 impl Runner {
@@ -265,46 +203,16 @@ impl Runner {
             .await;
     }
 
-    /// Removes the terms whose local deadline passed or that the watchdog ended: they are not
-    /// renewed any more. Their leases may still be live in the store (a renew that was in
-    /// flight when the deadline passed): released like a handover's, once their work is gone.
+    /// Removes the terms whose local deadline passed or that the watchdog ended (see
+    /// [`State::expire`]), and says so.
     fn expire(&self, st: &mut State) {
-        let now = crate::clock::now();
-        let ended: Vec<Arc<str>> = st
-            .held
-            .iter()
-            .filter(|(_, h)| h.term.local_deadline() <= now || h.term.is_lost())
-            .map(|(r, _)| r.clone())
-            .collect();
-        for r in ended {
-            if let Some(h) = st.held.remove(&r) {
-                h.term.end(LossReason::Deadline);
-                h.term.cut_off();
-                st.handing.push(Handover {
-                    give_up: now,
-                    cut_at: Some(now),
-                    term: h.term,
-                    lease: h.lease,
-                    release: true,
-                    renew: false,
-                });
-            }
-        }
+        st.expire(crate::clock::now());
         self.publish(st);
     }
 
     /// Renews every held lease, and those being handed over, with one batch.
     async fn renew(&self, st: &mut State) {
-        // One lease per resource (a batch naming one twice is refused): the held term first.
-        let mut named: HashSet<&str> = HashSet::with_capacity(st.held.len() + st.handing.len());
-        let leases: Vec<Lease> = st
-            .held
-            .values()
-            .map(|h| &h.lease)
-            .chain(st.handing.iter().filter(|h| h.renew).map(|h| &h.lease))
-            .filter(|lease| named.insert(lease.resource.as_str()))
-            .cloned()
-            .collect();
+        let leases = st.renew_batch();
         if leases.is_empty() {
             return;
         }
@@ -325,45 +233,8 @@ impl Runner {
                 return;
             }
         };
-        let now = crate::clock::now();
-        for lease in renewals.renewed {
-            let deadline = self.deadline(&lease, sent);
-            let same = |term: &LeaderTerm| term.token() == lease.token;
-            if let Some(h) = st.held.get_mut(&*lease.resource).filter(|h| same(&h.term)) {
-                // A term whose deadline passed stays ended, even though its lease was renewed:
-                // expire() releases that lease.
-                if h.term.is_current() {
-                    h.term.extend(deadline);
-                }
-                h.lease = lease;
-            } else if let Some(h) = st
-                .handing
-                .iter_mut()
-                .find(|h| h.lease.resource == lease.resource && same(&h.term))
-            {
-                if h.term.local_deadline() > now {
-                    h.term.extend(deadline);
-                }
-                h.lease = lease;
-            }
-        }
-        for lost in renewals.lost {
-            let same = |term: &LeaderTerm| term.token() == lost.token;
-            if let Some(h) = st.held.get(&*lost.resource).filter(|h| same(&h.term)) {
-                warn!(resource = %lost.resource, token = %lost.token, "lease lost (lapsed, revoked or taken): the term ends");
-                h.term.end(LossReason::Denied);
-                h.term.cut_off();
-                st.held.remove(&*lost.resource);
-            }
-            // A handover's lease is gone too: its work must stop now, not at the grace period.
-            st.handing.retain(|h| {
-                let gone = h.lease.resource == lost.resource && same(&h.term);
-                if gone {
-                    h.term.cut_off();
-                }
-                !gone
-            });
-        }
+        let deadline = |lease: &Lease| self.deadline(lease, sent);
+        st.apply_renewals(renewals, crate::clock::now(), deadline);
     }
 
     /// Looks at which resources are free, plans, hands over, acquires.
@@ -420,45 +291,7 @@ impl Runner {
             .free_since
             .look(free, looked, self.config.interval, self.config.lease);
         self.release_strays(st, &records, looked).await;
-        let held: BTreeSet<Arc<str>> = st.held.keys().cloned().collect();
-        st.keeps.members(&st.members);
-        // A resource nobody has led for half a lease is about to be abandoned: every node
-        // sees that (the first to see it free for a whole lease takes it, and the others have
-        // looked since at most a round later), so they agree on how often it happens. Only
-        // what says something about the others counts (see `look::keeps`).
-        let long_free = self.config.lease / 2;
-        let telling: HashSet<Arc<str>> = free
-            .iter()
-            .filter(|r| self.telling(st, r, long_free, looked))
-            .cloned()
-            .collect();
-        // A handed-over resource is released once its work returned: the grace period, and a
-        // round to see it.
-        let handover = self
-            .config
-            .grace_period
-            .saturating_add(self.config.interval);
-        st.keeps
-            .look(&free, &telling, looked, self.config.lease, handover);
-        let (keep, returning) = st.keeps.sorted(&held, looked);
-        // A view of the members older than a lease is no view: they may all have changed.
-        let fresh = st
-            .members_at
-            .is_some_and(|at| looked.saturating_duration_since(at) < self.config.lease);
-        let p = plan(&View {
-            me: &self.config.member,
-            members: fresh.then_some(st.members.as_slice()),
-            resources: &self.config.resources,
-            held: &held,
-            free: &free,
-            orphans: &orphans,
-            abandoned: &abandoned,
-            keep: &keep,
-            returning: &returning,
-            prefer: &self.config.prefer,
-            slack: self.config.slack,
-            draining,
-        });
+        let p = st.plan_round(&self.config, &free, &orphans, &abandoned, looked, draining);
         st.share = p.target;
         for r in &p.release {
             if let Some(h) = st.held.remove(r) {
@@ -504,7 +337,7 @@ impl Runner {
                         !old
                     });
                     if abandoned.contains(&r) {
-                        let may_keep = self.telling(st, &r, Duration::ZERO, sent);
+                        let may_keep = st.telling(&self.config.member, &r, Duration::ZERO, sent);
                         st.keeps
                             .taken(r.clone(), crate::clock::now(), self.config.lease, may_keep);
                     }
@@ -546,22 +379,6 @@ impl Runner {
                 }
             }
         }
-    }
-
-    /// Whether `resource`, free for at least `for_at_least` at `now`, says something about the
-    /// other members: every one was present the whole time and this node's own calls all
-    /// succeeded meanwhile (see `look::keeps`).
-    fn telling(&self, st: &State, resource: &str, for_at_least: Duration, now: Instant) -> bool {
-        st.free_since.since(resource).is_some_and(|since| {
-            now.saturating_duration_since(since) >= for_at_least
-                && keeps(
-                    &st.presence,
-                    &st.members,
-                    &self.config.member,
-                    since,
-                    st.troubled_at,
-                )
-        })
     }
 
     /// Releases the leases that acquires which got no answer in time were granted after all:
@@ -614,25 +431,18 @@ impl Runner {
         !self.budget_left(st, started + self.config.interval)
     }
 
-    /// Whether there is time before `until` for one more statement that is not a renew, with
-    /// an interval left before every held term's deadline.
+    /// Whether there is time before `until` for one more statement that is not a renew.
     fn budget_left(&self, st: &State, until: Instant) -> bool {
-        let now = crate::clock::now();
-        let earliest = st.held.values().map(|h| h.term.local_deadline()).min();
-        now < until
-            && earliest.is_none_or(|d| d.saturating_duration_since(now) >= self.config.interval)
+        st.budget_left(crate::clock::now(), until, self.config.interval)
     }
 
     fn hand_over(&self, st: &mut State, h: Held, reason: LossReason, release: bool) {
-        h.term.end(reason);
-        st.handing.push(Handover {
-            give_up: crate::clock::now() + self.config.grace_period,
-            term: h.term,
-            lease: h.lease,
+        st.hand_over(
+            h,
+            reason,
             release,
-            renew: true,
-            cut_at: None,
-        });
+            crate::clock::now() + self.config.grace_period,
+        );
     }
 
     /// Releases the leases whose work has returned; cuts off work past the grace period; gives
@@ -733,26 +543,11 @@ impl Runner {
     /// tried.
     fn fail(&self, st: &mut State, err: StoreError) {
         error!(error = %err, "the store refused this shard set node's configuration; it stops");
-        for (_, h) in std::mem::take(&mut st.held) {
-            h.term.end(LossReason::Failed);
-            h.term.cut_off();
-        }
-        for h in std::mem::take(&mut st.handing) {
-            h.term.cut_off();
-        }
-        st.share = 0;
-        st.failed = Some(Arc::new(err));
+        st.fail(err);
     }
 
     fn abort(&self, st: &mut State) {
-        for (_, h) in std::mem::take(&mut st.held) {
-            h.term.end(LossReason::Aborted);
-            h.term.cut_off();
-        }
-        for h in std::mem::take(&mut st.handing) {
-            h.term.cut_off();
-        }
-        st.share = 0;
+        st.abort();
         self.publish(st);
     }
 
@@ -777,34 +572,21 @@ impl Runner {
 
     /// The local deadline of a lease granted or renewed by a statement sent at `sent`.
     fn deadline(&self, lease: &Lease, sent: Instant) -> Instant {
-        let granted = lease.remaining.min(self.config.lease);
-        let trusted = granted.saturating_sub(self.config.step_down_margin);
-        sent.checked_add(trusted).unwrap_or(sent)
+        deadline(lease, sent, self.config.lease, self.config.step_down_margin)
     }
 
     fn publish(&self, st: &State) {
-        let led: BTreeMap<Arc<str>, LeaderTerm> = st
-            .held
-            .iter()
-            .filter(|(_, h)| !h.term.is_lost())
-            .map(|(r, h)| (r.clone(), h.term.clone()))
-            .collect();
+        let assignment = st.assignment();
         #[cfg(feature = "metrics")]
         {
             let labels = [
                 ("shard_set", self.config.name.to_string()),
                 ("member", self.config.member.to_string()),
             ];
-            metrics::gauge!(crate::elector::metrics::SHARDS_LED, &labels).set(led.len() as f64);
+            metrics::gauge!(crate::elector::metrics::SHARDS_LED, &labels)
+                .set(assignment.led.len() as f64);
             metrics::gauge!(crate::elector::metrics::SHARD_SHARE, &labels).set(st.share as f64);
         }
-        let assignment = Assignment {
-            led,
-            handing_over: st.handing.len(),
-            share: st.share,
-            members: st.members.iter().map(|m| m.member.clone()).collect(),
-            failed: st.failed.clone(),
-        };
         self.state.send_if_modified(|old| {
             let changed = old.led != assignment.led
                 || old.handing_over != assignment.handing_over
@@ -814,47 +596,5 @@ impl Runner {
             *old = assignment;
             changed
         });
-    }
-}
-
-/// The longest a watchdog sleeps before it looks at its term's deadline again.
-const WATCHDOG_SLICE: Duration = Duration::from_secs(1);
-
-/// Ends `term` when its local deadline passes without a renew moving it, whatever the loop is
-/// doing (a round can wait on a slow database): work never runs past the lease. Tells the loop,
-/// so the ended term leaves the published assignment at once.
-async fn watchdog(term: LeaderTerm, lost: Arc<Notify>) {
-    loop {
-        // In slices: a host suspend stops tokio's timers, and the look after each slice sees
-        // the deadline passed within a slice of the resume.
-        let deadline = term
-            .local_deadline()
-            .min(crate::clock::now() + WATCHDOG_SLICE);
-        tokio::select! {
-            _ = term.cut_off_signal() => return,
-            _ = sleep_until(deadline) => {}
-        }
-        if term.local_deadline() <= crate::clock::now() {
-            warn!(resource = term.resource(), token = %term.token(), "no renew in time: the term ends");
-            term.end(LossReason::Deadline);
-            term.cut_off();
-            lost.notify_one();
-            return;
-        }
-    }
-}
-
-/// The next release notification, or `None` once the channel is closed; pending forever
-/// without one.
-async fn recv(events: &mut Option<crate::ReleaseEvents>) -> Option<Arc<str>> {
-    let Some(rx) = events.as_mut() else {
-        return std::future::pending().await;
-    };
-    loop {
-        match rx.recv().await {
-            Ok(resource) => return Some(resource),
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-        }
     }
 }
