@@ -354,28 +354,65 @@ mod tests {
         term
     }
 
+    /// Whether `term`'s work was told to stop.
+    async fn cut_off(term: &LeaderTerm) -> bool {
+        tokio::time::timeout(Duration::ZERO, term.cut_off_signal())
+            .await
+            .is_ok()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_renew_extends_the_same_term_and_a_loss_ends_it() {
         let now = Instant::now();
         let mut st = State::default();
         let a = held(&mut st, "a", 1, now + Duration::from_secs(1));
         let b = held(&mut st, "b", 4, now + Duration::from_secs(1));
-        let later = now + Duration::from_secs(5);
+        // A handover of "c" (token 2), still renewed.
+        let c = LeaderTerm::new(
+            FencingToken::new(2),
+            Arc::from("c"),
+            Arc::from("me"),
+            now + Duration::from_secs(1),
+            None,
+        );
+        st.hand_over(
+            Held {
+                term: c.clone(),
+                lease: lease("c", 2, 1_000),
+            },
+            LossReason::HandedOver,
+            true,
+            now + Duration::from_secs(1),
+        );
         let renewals = Renewals {
-            // "a" renewed; a renew of "b" with another token is some other term's: not ours.
-            renewed: vec![lease("a", 1, 5_000), lease("b", 5, 5_000)],
+            // "a" renewed; renews of "b" and "c" with other tokens are other terms': not ours.
+            renewed: vec![
+                lease("a", 1, 5_000),
+                lease("b", 5, 6_000),
+                lease("c", 3, 6_000),
+            ],
             lost: vec![],
         };
-        st.apply_renewals(renewals, now, |_| later);
-        assert_eq!(a.local_deadline(), later);
+        // The deadline comes from the renewed lease itself.
+        st.apply_renewals(renewals, now, |l| now + l.remaining);
+        assert_eq!(a.local_deadline(), now + Duration::from_secs(5));
+        assert_eq!(st.held["a"].lease.remaining, Duration::from_secs(5));
         assert_eq!(b.local_deadline(), now + Duration::from_secs(1));
+        assert_eq!(st.held["b"].lease.token, FencingToken::new(4));
+        assert_eq!(c.local_deadline(), now + Duration::from_secs(1));
+        assert_eq!(st.handing[0].lease.token, FencingToken::new(2));
+        // A loss of another term of "a" ends nothing; the loss of "b"'s own term ends it, and
+        // the loss of the handover's lease stops its work now.
         let renewals = Renewals {
             renewed: vec![],
-            lost: vec![lease("b", 4, 0)],
+            lost: vec![lease("a", 9, 0), lease("b", 4, 0), lease("c", 2, 0)],
         };
-        st.apply_renewals(renewals, now, |_| later);
-        assert!(b.is_lost() && !a.is_lost());
+        st.apply_renewals(renewals, now, |l| now + l.remaining);
+        assert!(!a.is_lost() && st.held.contains_key("a"));
+        assert!(b.is_lost() && cut_off(&b).await);
         assert!(!st.held.contains_key("b"));
+        assert!(st.handing.is_empty() && cut_off(&c).await);
+        assert!(!cut_off(&a).await);
     }
 
     #[tokio::test(start_paused = true)]
@@ -383,12 +420,14 @@ mod tests {
         let now = Instant::now();
         let mut st = State::default();
         let a = held(&mut st, "a", 1, now + Duration::from_millis(10));
+        let b = held(&mut st, "b", 1, now + Duration::from_secs(10));
         st.expire(now + Duration::from_millis(10));
-        assert!(a.is_lost() && st.held.is_empty());
+        assert!(a.is_lost() && cut_off(&a).await);
+        assert!(!b.is_lost() && st.held.len() == 1);
         assert_eq!(st.handing.len(), 1);
         assert!(!st.handing[0].renew && st.handing[0].release);
-        // Not renewed by the next batch, and a late renew answer does not revive it.
-        assert!(st.renew_batch().is_empty());
+        // Not renewed by the next batch, and a late renew answer does not move its deadline.
+        assert_eq!(st.renew_batch().len(), 1);
         let renewals = Renewals {
             renewed: vec![lease("a", 1, 5_000)],
             lost: vec![],
@@ -396,8 +435,58 @@ mod tests {
         st.apply_renewals(renewals, now + Duration::from_millis(20), |_| {
             now + Duration::from_secs(5)
         });
-        assert!(a.is_lost());
         assert_eq!(a.local_deadline(), now + Duration::from_millis(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_term_that_ended_is_not_extended_by_a_renew() {
+        let now = Instant::now();
+        let mut st = State::default();
+        let a = held(&mut st, "a", 1, now + Duration::from_secs(1));
+        // The watchdog ended it; the loop has not expired it yet.
+        a.end(LossReason::Deadline);
+        let renewals = Renewals {
+            renewed: vec![lease("a", 1, 5_000)],
+            lost: vec![],
+        };
+        st.apply_renewals(renewals, now, |_| now + Duration::from_secs(5));
+        assert_eq!(a.local_deadline(), now + Duration::from_secs(1));
+        // Its lease is the renewed one, so the release names the write that is there.
+        assert_eq!(st.held["a"].lease.remaining, Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abort_or_a_failure_ends_every_term_at_once() {
+        let now = Instant::now();
+        for fail in [false, true] {
+            let mut st = State {
+                share: 3,
+                ..State::default()
+            };
+            let a = held(&mut st, "a", 1, now + Duration::from_secs(1));
+            let h = st.held.remove("a").unwrap();
+            st.hand_over(
+                h,
+                LossReason::HandedOver,
+                true,
+                now + Duration::from_secs(1),
+            );
+            let b = held(&mut st, "b", 1, now + Duration::from_secs(1));
+            if fail {
+                st.fail(StoreError::MissingTable {
+                    table: "t".into(),
+                    source: sea_orm::DbErr::Custom("gone".into()).into(),
+                });
+                assert!(st.failed.is_some());
+                assert_eq!(b.loss_reason(), Some(LossReason::Failed));
+            } else {
+                st.abort();
+                assert_eq!(b.loss_reason(), Some(LossReason::Aborted));
+            }
+            assert!(st.held.is_empty() && st.handing.is_empty() && st.share == 0);
+            assert!(cut_off(&a).await && cut_off(&b).await);
+            assert_eq!(st.assignment().led.len(), 0);
+        }
     }
 
     #[tokio::test(start_paused = true)]
