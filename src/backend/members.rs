@@ -6,7 +6,7 @@
 //! live members. Membership decides no grant (the leases do), but a heartbeat, a leave and the
 //! read of the members decide a shard set's share, so they run like every statement of the
 //! store: on PostgreSQL and MariaDB on a pooled connection checked to be outside any abandoned
-//! transaction (`autocommit`; behind a transaction-pooling proxy, unnamed in a transaction of
+//! transaction (`checkout`; behind a transaction-pooling proxy, unnamed in a transaction of
 //! their own), with the store's retry.
 
 use async_trait::async_trait;

@@ -110,7 +110,7 @@ pub(crate) fn upsert_returning(
     sql.push_str(" RETURNING ");
     sql.push_str(list);
     // Whether the statement ran inside a transaction (then it has not committed): see
-    // `autocommit`.
+    // `checkout`.
     sql.push_str(", ");
     sql.push_str(IN_TRANSACTION);
     Ok(Statement::from_sql_and_values(
