@@ -276,9 +276,12 @@ async fn abandoned_resources_taken_in_turns_are_kept_ever_longer() {
         handed.len()
     );
     // Kept 0, 2, 4, 8 leases (given back at about 21, 67, 144 and 280 s): four hand-backs
-    // each at most; with each taker counting only its own takes, seven.
+    // each, five when the first is made twice (a level rises only when every node saw the
+    // resource unled while telling; with the rounds' jitter, in about one run in 30 one node's
+    // look misses the second time, and the next taker hands it back at level 0 too); with
+    // each taker counting only its own takes, seven.
     assert!(
-        !per_resource.is_empty() && per_resource.values().all(|n| *n <= 4),
+        !per_resource.is_empty() && per_resource.values().all(|n| *n <= 5),
         "b's resources went back too often: {per_resource:?}"
     );
     for h in [a, b, c] {

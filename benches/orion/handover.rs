@@ -1,0 +1,208 @@
+//! Handover and failover times, and their timeline as an SVG.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use orion_beacon::{Elector, ElectorHandle, Leadership, SeaOrmLeaseStore};
+use plotters::prelude::*;
+use tokio::time::Instant;
+
+use super::*;
+
+/// Transition times (ms) in an HDR histogram: microsecond resolution, 3 significant digits.
+pub(crate) fn histogram(times_ms: &[f64]) -> Result<hdrhistogram::Histogram<u64>, Error> {
+    let mut h = hdrhistogram::Histogram::<u64>::new(3)?;
+    for t in times_ms {
+        h.record((t * 1000.0).round().max(1.0) as u64)?;
+    }
+    Ok(h)
+}
+
+/// The `q` quantile of `h`, in milliseconds (`NaN` for no samples).
+pub(crate) fn quantile_ms(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        return f64::NAN;
+    }
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+pub(crate) async fn start(
+    store: SeaOrmLeaseStore,
+    resource: &str,
+    name: String,
+    lease: Duration,
+    renew: Duration,
+    retry: Duration,
+) -> Result<ElectorHandle, Error> {
+    Ok(Elector::builder(store)
+        .resource(resource)
+        .candidate_id(name)
+        .lease_duration(lease)
+        .renew_interval(renew)
+        .retry_interval(retry)
+        .jitter(0.0)
+        .build()?
+        .start())
+}
+
+pub(crate) async fn wait_leader(h: &ElectorHandle, limit: Duration) -> Result<(), Error> {
+    let mut rx = h.watch();
+    tokio::time::timeout(limit, rx.wait_for(|s| matches!(s, Leadership::Leader(_)))).await??;
+    Ok(())
+}
+
+/// `n` transitions between two candidates; `graceful` releases, otherwise the leader is aborted.
+pub(crate) async fn transitions(
+    url: &str,
+    n: usize,
+    graceful: bool,
+    lease: Duration,
+    renew: Duration,
+    retry: Duration,
+) -> Result<Vec<f64>, Error> {
+    let table = unique(if graceful { "obhand" } else { "obfail" });
+    let admin = connect(url, 2, false).await?;
+    migrate(&admin, &table).await?;
+    let resource = "transitions";
+    let mk = |i: usize| {
+        let url = url.to_owned();
+        let table = table.clone();
+        async move {
+            let db = connect(&url, 2, false).await?;
+            let store = SeaOrmLeaseStore::new(db).with_table(&table)?;
+            start(store, resource, format!("n{i}"), lease, renew, retry).await
+        }
+    };
+    let mut leader = mk(0).await?;
+    wait_leader(&leader, Duration::from_secs(10)).await?;
+    let mut times = Vec::new();
+    for i in 1..=n {
+        let follower = mk(i).await?;
+        tokio::time::sleep(renew * 2).await; // the follower has been denied once and waits
+        let t0 = Instant::now();
+        if graceful {
+            leader.shutdown().await;
+        } else {
+            leader.abort().await;
+        }
+        wait_leader(&follower, lease * 4 + retry * 2).await?;
+        times.push((Instant::now() - t0).as_secs_f64() * 1e3);
+        leader = follower;
+    }
+    leader.shutdown().await;
+    drop(&admin, &table).await;
+    Ok(times)
+}
+
+/// One line per series: time to a new leader (ms) per transition.
+pub(crate) fn svg(
+    series: &[(&str, RGBColor, Vec<f64>)],
+    path: &std::path::Path,
+) -> Result<(), Error> {
+    let n = series.iter().map(|s| s.2.len()).max().unwrap_or(1).max(2);
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.2.iter().copied())
+        .fold(1.0, f64::max)
+        * 1.1;
+    let root = SVGBackend::new(path, (720, 360)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "orion-beacon: time to a new leader per transition (ms)",
+            ("sans-serif", 16),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0..n, 0.0..ymax)?;
+    chart
+        .configure_mesh()
+        .x_desc("transition #")
+        .y_desc("ms")
+        .draw()?;
+    for (label, color, values) in series {
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(
+                values.iter().copied().enumerate(),
+                color.stroke_width(2),
+            ))?
+            .label(*label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+pub(crate) async fn handover() -> Result<(), Error> {
+    let n: usize = std::env::var("BENCH_TRANSITIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let lease = Duration::from_millis(500);
+    let renew = Duration::from_millis(100);
+    let retry = Duration::from_secs(1);
+    println!("\n## Handover and failover ({n} transitions each; lease {lease:?}, renew {renew:?}, follower retry {retry:?})\n");
+    println!("| backend | transition | p50 (ms) | p99 (ms) | max (ms) | goal |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    std::fs::create_dir_all("target/orion-bench")?;
+    let sqlite = format!(
+        "sqlite://{}/target/orion-bench/handover.db",
+        std::env::current_dir()?.display()
+    );
+    let mut chart = Vec::new();
+    for (name, url) in [
+        ("PostgreSQL", pg_url()),
+        ("MariaDB", mysql_url()),
+        ("SQLite", sqlite),
+    ] {
+        for graceful in [true, false] {
+            let t = transitions(&url, n, graceful, lease, renew, retry).await?;
+            let h = histogram(&t)?;
+            let goal = match (graceful, name) {
+                (true, "PostgreSQL") => "p99 < 50 ms (LISTEN/NOTIFY)".to_owned(),
+                (true, _) => format!("next poll (<= {} ms)", retry.as_millis()),
+                (false, _) => format!("p99 <= lease + 100 = {} ms", lease.as_millis() + 100),
+            };
+            println!(
+                "| {name} | {} | {:.1} | {:.1} | {:.1} | {goal} |",
+                if graceful {
+                    "graceful release"
+                } else {
+                    "crash (no release)"
+                },
+                quantile_ms(&h, 0.5),
+                quantile_ms(&h, 0.99),
+                quantile_ms(&h, 1.0)
+            );
+            if name == "PostgreSQL" {
+                chart.push((
+                    if graceful {
+                        "PostgreSQL graceful handover"
+                    } else {
+                        "PostgreSQL failover after crash"
+                    },
+                    if graceful {
+                        RGBColor(0x1f, 0x77, 0xb4)
+                    } else {
+                        RGBColor(0xd6, 0x27, 0x28)
+                    },
+                    t,
+                ));
+            }
+        }
+    }
+    let path = PathBuf::from("target/orion-bench/transitions.svg");
+    svg(&chart, &path)?;
+    println!("\nchart: {}", path.display());
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Scale: one process, 10,000 leases
