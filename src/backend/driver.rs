@@ -10,6 +10,7 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, ExecResult, QueryResult, Statem
 use super::context::Context;
 use super::dialect::Dialect;
 use super::errors::Classifier;
+use super::prepared::Prepared;
 use super::statements;
 use crate::error::FenceError;
 use crate::fencing::Term;
@@ -67,6 +68,13 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         candidate: &str,
         millis: i64,
     ) -> Result<Statement, DbErr>;
+
+    /// [`acquire_statement`](Self::acquire_statement), rendered once per store.
+    fn acquire_prepared<'c>(&self, cx: &'c Context) -> Result<&'c Prepared, StoreError> {
+        cx.cached(&cx.prepared.acquire, |r, c, m| {
+            self.acquire_statement(cx, r, c, m)
+        })
+    }
 
     /// The release of `resource` by `candidate` (placeholders, rendered once).
     fn release_statement(&self, cx: &Context, resource: &str, candidate: &str) -> Statement {

@@ -30,9 +30,7 @@ impl Engine {
 
     /// The acquire-or-renew statement of this backend, rendered once.
     pub(crate) fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
-        self.cx.cached(&self.cx.prepared.acquire, |r, c, m| {
-            self.backend.acquire_statement(&self.cx, r, c, m)
-        })
+        self.backend.acquire_prepared(&self.cx)
     }
 
     /// The release statement of this backend, rendered once.

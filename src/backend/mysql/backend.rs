@@ -69,11 +69,7 @@ impl MySqlBackend {
         let table = cx.table_iden();
         match self.form(cx).await? {
             MySqlUpsert::Returning => {
-                let stmt = cx
-                    .cached(&cx.prepared.acquire, |r, c, m| {
-                        self.acquire_statement(cx, r, c, m)
-                    })?
-                    .bind(resource, candidate, millis);
+                let stmt = self.acquire_prepared(cx)?.bind(resource, candidate, millis);
                 self.deciding(cx, stmt).await
             }
             MySqlUpsert::Transaction => {

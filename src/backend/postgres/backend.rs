@@ -168,11 +168,7 @@ impl LeaseBackend for PgBackend {
         candidate: &str,
         millis: i64,
     ) -> Result<LeaseOutcome, StoreError> {
-        let stmt = cx
-            .cached(&cx.prepared.acquire, |r, c, m| {
-                self.acquire_statement(cx, r, c, m)
-            })?
-            .bind(resource, candidate, millis);
+        let stmt = self.acquire_prepared(cx)?.bind(resource, candidate, millis);
         let rows = self.deciding(cx, stmt, TRANSACTION_START_COLUMN).await?;
         // No row: a first insert raced ours and is not in our snapshot.
         let Some(row) = cx.single_row(&rows)? else {

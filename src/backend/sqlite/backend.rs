@@ -109,11 +109,7 @@ impl LeaseBackend for SqliteBackend {
         millis: i64,
     ) -> Result<LeaseOutcome, StoreError> {
         self.check_journal(cx).await;
-        let stmt = cx
-            .cached(&cx.prepared.acquire, |r, c, m| {
-                self.acquire_statement(cx, r, c, m)
-            })?
-            .bind(resource, candidate, millis);
+        let stmt = self.acquire_prepared(cx)?.bind(resource, candidate, millis);
         let rows = cx.read_to_end(stmt).await?;
         let Some(row) = cx.single_row(&rows)? else {
             // Denied, the statement changed nothing. Say who holds the lease with a plain
