@@ -50,7 +50,7 @@ pub enum StoreError {
     InvalidTableName(#[from] TableNameError),
     /// The lease table (or a shard set's membership table) does not exist in this database:
     /// run the migration.
-    #[error("the table {table:?} does not exist: run the migration first ({})", source.migration_hint())]
+    #[error("the table {table:?} does not exist: run the migration first ({})", source.migration_hint(table))]
     MissingTable {
         /// The table that was looked for.
         table: String,
@@ -127,26 +127,40 @@ pub enum BackendError {
 }
 
 impl BackendError {
-    /// How to create the lease table for this store.
-    fn migration_hint(&self) -> &'static str {
+    /// How to create `table` (the lease table, or a shard set's membership table) for this
+    /// store: the migration to add to the application's Migrator first, naming a custom table.
+    fn migration_hint(&self, table: &str) -> String {
         match self {
             BackendError::SeaOrm(_) => {
-                "add `orion_beacon_migration::CreateLeaseTable` (and `CreateMemberTable` for \
-                 shard sets) to your application's Migrator and run it; without a Migrator of \
-                 your own, `orion-beacon-migration up -u <DATABASE_URL>` makes the default \
-                 tables"
+                let add = if table == orion_beacon_entity::DEFAULT_TABLE {
+                    "`orion_beacon_migration::CreateLeaseTable::new()` (and `CreateMemberTable` \
+                     for shard sets)"
+                        .to_owned()
+                } else if table == orion_beacon_entity::DEFAULT_MEMBER_TABLE {
+                    "`orion_beacon_migration::CreateMemberTable::new()`".to_owned()
+                } else {
+                    format!(
+                        "`orion_beacon_migration::CreateLeaseTable::with_table(\"{table}\")?` \
+                         (`CreateMemberTable::with_table(\"{table}\")?` if it is a shard \
+                         set's membership table)"
+                    )
+                };
+                format!(
+                    "add {add} to your application's Migrator and run it, e.g. `sea-orm-cli \
+                     migrate up`; without a Migrator of your own, `orion-beacon-migration up -u \
+                     <DATABASE_URL>` makes the default tables"
+                )
             }
             #[cfg(feature = "sqlserver")]
-            BackendError::SqlServer(_) => {
-                "`SqlServerLeaseStore::migrate()` (`migrate_members()` for the membership \
-                 table), or the T-SQL in `orion_beacon::backend::sqlserver::MIGRATION_SQL` \
-                 (`MEMBER_MIGRATION_SQL`)"
-            }
+            BackendError::SqlServer(_) => "`SqlServerLeaseStore::migrate()` (`migrate_members()` \
+                 for the membership table), or the T-SQL in \
+                 `orion_beacon::backend::sqlserver::MIGRATION_SQL` (`MEMBER_MIGRATION_SQL`)"
+                .to_owned(),
         }
     }
 }
 
-/// What kind of failure a [`StoreError`] is: what retries, metrics labels and exit codes
+/// What kind of failure a [`StoreError`] (or a [`LockError`](crate::locks::LockError)) is: what retries, metrics labels and exit codes
 /// are decided on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -165,11 +179,15 @@ pub enum ErrorKind {
     Decode,
     /// Any other database error (connection, pool, timeout, server error).
     Database,
+    /// A lock or permit was not free within the time asked for.
+    TimedOut,
+    /// A lock or permit was lost before the work it guarded returned.
+    Lost,
 }
 
 impl ErrorKind {
     /// A short, stable name (`invalid_input`, `unsupported_backend`, `missing_table`, `conflict`,
-    /// `decode`, `database`), e.g. for metrics labels and logs.
+    /// `decode`, `database`, `timed_out`, `lost`), e.g. for metrics labels and logs.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::InvalidInput => "invalid_input",
@@ -178,6 +196,8 @@ impl ErrorKind {
             ErrorKind::Conflict => "conflict",
             ErrorKind::Decode => "decode",
             ErrorKind::Database => "database",
+            ErrorKind::TimedOut => "timed_out",
+            ErrorKind::Lost => "lost",
         }
     }
 }
@@ -304,5 +324,78 @@ impl std::fmt::Debug for StoreError {
 impl std::fmt::Debug for BackendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         debug_chain(f, "BackendError", self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BackendError, FenceError, StoreError};
+    use sea_orm::DbErr;
+
+    fn missing(table: &str) -> String {
+        StoreError::MissingTable {
+            table: table.to_owned(),
+            source: BackendError::SeaOrm(DbErr::Custom("no such table".to_owned())),
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn a_missing_table_names_the_migration_that_makes_it() {
+        let default = missing("orionbeacon_leases");
+        assert!(default.contains("CreateLeaseTable::new()"), "{default}");
+        let members = missing("orionbeacon_members");
+        assert!(members.contains("CreateMemberTable::new()"), "{members}");
+        let custom = missing("shard_leases");
+        assert!(
+            custom.contains("CreateLeaseTable::with_table(\"shard_leases\")?"),
+            "{custom}"
+        );
+        for text in [default, members, custom] {
+            let migrator = text.find("your application's Migrator");
+            assert!(
+                migrator.is_some() && migrator < text.find("orion-beacon-migration up"),
+                "the Migrator first: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn debug_reads_like_the_message_and_names_the_crate() {
+        // What `fn main() -> Result<(), Box<dyn Error>>` prints for a `?` on each error type.
+        let unsupported = StoreError::UnsupportedBackend {
+            backend: "PostgreSQL",
+            feature: "postgres",
+        };
+        assert_eq!(
+            format!("{unsupported:?}"),
+            "orion-beacon StoreError: database backend PostgreSQL is not supported by this \
+             build of orion-beacon: enable the `postgres` feature"
+        );
+        let backend = BackendError::SeaOrm(DbErr::Custom("connection refused".to_owned()));
+        assert_eq!(
+            format!("{backend:?}"),
+            "orion-beacon BackendError: Custom Error: connection refused"
+        );
+        let fenced = FenceError::Fenced {
+            resource: "nightly".to_owned(),
+            holder: "node-a".to_owned(),
+            token: crate::FencingToken::new(7),
+        };
+        let text = format!("{fenced:?}");
+        assert!(
+            text.starts_with("orion-beacon FenceError: fenced: "),
+            "{text}"
+        );
+        assert!(text.contains("\"nightly\"") && text.contains('7'), "{text}");
+        let wrapped = FenceError::Store(StoreError::Conflict {
+            source: BackendError::SeaOrm(DbErr::Custom("deadlock".to_owned())),
+        });
+        let text = format!("{wrapped:?}");
+        assert!(
+            text.starts_with("orion-beacon FenceError: lease statement conflicted")
+                && text.contains("caused by: Custom Error: deadlock"),
+            "{text}"
+        );
     }
 }

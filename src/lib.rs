@@ -13,6 +13,7 @@ mod error;
 mod fencing;
 pub mod guide;
 mod lease;
+pub mod locks;
 pub mod membership;
 mod memory;
 pub mod shards;
@@ -41,6 +42,8 @@ pub use elector::{
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
+#[doc(inline)]
+pub use locks::{Lock, LockError, LockGuard, Locks, Semaphore};
 #[doc(inline)]
 pub use membership::{Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;

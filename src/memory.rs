@@ -49,13 +49,38 @@ impl Slot {
 /// they identify a write exactly, as [`LeaseStore::release_lease`] needs: a renew ends at
 /// least 1 µs after the write it replaces, so no two writes of a term share an expiry,
 /// not even two at one instant of paused time); `acquired_at` and `renewed_at` are `None`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct InMemoryLeaseStore {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
     /// Shard set members by (shard set, member).
     members: Arc<Mutex<HashMap<(String, String), Membership>>>,
     released: tokio::sync::broadcast::Sender<Arc<str>>,
     origin: (Instant, DateTime<Utc>),
+}
+
+/// What a log needs: how many leases and members the store holds, never their contents (a
+/// store with thousands of shards would print every one of them with each term).
+impl std::fmt::Debug for InMemoryLeaseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = |len: Result<usize, ()>| len.map_or("?".to_owned(), |n| n.to_string());
+        f.debug_struct("InMemoryLeaseStore")
+            .field("backend", &"memory")
+            .field(
+                "resources",
+                &format_args!(
+                    "{}",
+                    count(self.slots.try_lock().map(|s| s.len()).map_err(drop))
+                ),
+            )
+            .field(
+                "members",
+                &format_args!(
+                    "{}",
+                    count(self.members.try_lock().map(|m| m.len()).map_err(drop))
+                ),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for InMemoryLeaseStore {

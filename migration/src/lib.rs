@@ -35,8 +35,10 @@
 //! `down` refuses a lease table that still holds rows (their tokens protect fenced rows) and a
 //! membership table in which a node is live. sea-orm-migration commits each migration of a
 //! `down` on its own, so a `down -n 2` refused at the lease table has already dropped the
-//! membership table (`up` brings it back); [`check_down`] asks every step's refusal first, and
-//! the command line's `down` calls it.
+//! membership table (`up` brings it back). [`CheckDown`] around your migrator (in your migration
+//! crate's `main.rs`: `cli::run_cli(CheckDown(Migrator))`) asks every step's refusal first and
+//! refuses the whole `down`, as the command line's `down` does; [`check_down`] is that check on
+//! its own.
 //!
 //! The default features are empty (no command line, no driver): the migrations run on the
 //! drivers of the application's own sea-orm. The command line's drivers are features named as
@@ -51,10 +53,13 @@
 pub use sea_orm_migration::prelude::*;
 
 mod check_down;
+mod check_first;
 mod m20261129_000001_create_leases;
 mod m20261201_000001_create_members;
 
 pub use check_down::check_down;
+pub use check_first::CheckDown;
+pub use sea_orm_migration::MigratorTraitSelf;
 
 pub use m20261129_000001_create_leases::CreateLeaseTable;
 pub use m20261201_000001_create_members::CreateMemberTable;

@@ -7,7 +7,8 @@
 use std::process::Command;
 
 use orion_beacon_migration::{
-    check_down, CreateLeaseTable, CreateMemberTable, MigrationTrait, MigratorTrait, TRACKING_TABLE,
+    check_down, CheckDown, CreateLeaseTable, CreateMemberTable, MigrationTrait, MigratorTrait,
+    TRACKING_TABLE,
 };
 use sea_orm_migration::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
@@ -133,6 +134,23 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     );
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     assert!(check_down::<AppMigrator, _>(db, Some(1)).await.is_ok());
+    // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
+    // -n 2` runs (also for `reset` and `refresh`, which undo every step)...
+    let checked = CheckDown(AppMigrator);
+    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(2))
+        .await
+        .expect_err("lease rows");
+    assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
+    assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
+    let err = orion_beacon_migration::MigratorTraitSelf::reset(&checked, db)
+        .await
+        .expect_err("lease rows");
+    assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
+    let err = orion_beacon_migration::MigratorTraitSelf::refresh(&checked, db)
+        .await
+        .expect_err("lease rows");
+    assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
+    assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     // ...while sea-orm-migration alone commits the membership step first, and says so.
     let err = AppMigrator::down(db, Some(2))
         .await
@@ -149,7 +167,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     db.execute_unprepared("DELETE FROM orionbeacon_leases")
         .await
         .unwrap();
-    AppMigrator::down(db, None).await.expect("app path down");
+    // With nothing to refuse, the wrapped migrator's `down` is the migrator's own.
+    orion_beacon_migration::MigratorTraitSelf::down(&checked, db, None)
+        .await
+        .expect("app path down");
+    assert!(count(db, members).await.is_err(), "rolled back");
 
     // The app's Migrator first: ours is refused.
     AppMigrator::up(db, None).await.expect("app path up");

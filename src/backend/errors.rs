@@ -30,7 +30,7 @@ pub(crate) fn classify(err: DbErr, kind: Kind, table: &str) -> StoreError {
 }
 
 /// The driver's database error inside `err`, if the server answered with one.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(sqlx_driver)]
 pub(crate) fn database_error(err: &DbErr) -> Option<&dyn sea_orm::sqlx::error::DatabaseError> {
     use sea_orm::RuntimeErr;
     let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err

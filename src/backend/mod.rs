@@ -46,7 +46,7 @@
 //!   statement tells `Acquired` from `Renewed`.
 
 mod admin;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(checked_pool)]
 mod checkout;
 mod context;
 mod dialect;

@@ -1,12 +1,12 @@
 //! The elector: keeps one candidate elected per resource on any [`LeaseStore`].
 
-mod config;
+pub(crate) mod config;
 mod decision;
 mod health;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-mod random;
+pub(crate) mod random;
 mod runner;
 mod term;
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// A random number from the standard library's per-process hasher keys (no extra dependency;
 /// good enough for ids and jitter, not for cryptography).
-pub(super) fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -78,6 +78,8 @@ pub enum LossReason {
     /// A shard set handed the resource over to another member (rebalancing, a preference, a
     /// drain): its work was told to stop, then the lease was released.
     HandedOver,
+    /// Its holder let it go: a lock guard or permit released or dropped.
+    Released,
 }
 
 impl fmt::Display for LossReason {
@@ -90,6 +92,7 @@ impl fmt::Display for LossReason {
             LossReason::Aborted => "aborted",
             LossReason::Failed => "failed",
             LossReason::HandedOver => "handed_over",
+            LossReason::Released => "released",
         })
     }
 }

@@ -80,13 +80,7 @@ pub(crate) struct State {
     pub(crate) failed: Option<Arc<StoreError>>,
 }
 
-/// The local deadline of a lease granted or renewed by a statement sent at `sent`: the time
-/// the database granted (at most the lease asked for), less the step-down margin.
-pub(crate) fn deadline(lease: &Lease, sent: Instant, asked: Duration, margin: Duration) -> Instant {
-    let granted = lease.remaining.min(asked);
-    let trusted = granted.saturating_sub(margin);
-    sent.checked_add(trusted).unwrap_or(sent)
-}
+pub(crate) use crate::lease::local_deadline as deadline;
 
 impl State {
     /// Removes the terms whose local deadline passed by `now` or that the watchdog ended: they

@@ -2,11 +2,15 @@
 //! `Server`), isolation, the conformance suite, the store test double (`double`).
 #![allow(dead_code)]
 
+#[macro_use]
 pub mod conformance;
 pub mod double;
+#[macro_use]
 pub mod election;
 pub mod partition;
+#[macro_use]
 pub mod shards;
+#[macro_use]
 pub mod sql;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -336,8 +336,9 @@ impl Harness for SqlHarness {
 
 pub async fn missing_table_says_run_the_migration(h: &SqlHarness) {
     use orion_beacon::{LeaseStore, StoreError};
+    let table = unique("never_migrated");
     let store = SeaOrmLeaseStore::new(h.db().clone())
-        .with_table(unique("never_migrated"))
+        .with_table(&table)
         .unwrap();
     for err in [
         store
@@ -352,6 +353,17 @@ pub async fn missing_table_says_run_the_migration(h: &SqlHarness) {
         assert!(
             text.contains("run the migration") && text.contains("never_migrated"),
             "{text}"
+        );
+        // The app's Migrator first, with the migration that makes this custom table.
+        let migrator = text.find("your application's Migrator");
+        let command_line = text.find("orion-beacon-migration up");
+        assert!(
+            migrator.is_some() && migrator < command_line,
+            "the Migrator path comes first: {text}"
+        );
+        assert!(
+            text.contains(&format!("CreateLeaseTable::with_table(\"{table}\")")),
+            "the custom table's migration: {text}"
         );
         assert!(
             std::error::Error::source(&err).is_some(),

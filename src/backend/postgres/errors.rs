@@ -60,6 +60,7 @@ mod tests {
         assert!(!refusal(&custom));
         assert_eq!(kind(&custom), Kind::Other);
         assert_eq!(code_kind("42P01"), Some(Kind::MissingTable));
+        assert_eq!(code_kind("40001"), Some(Kind::Conflict));
         assert_eq!(code_kind("40P01"), Some(Kind::Conflict));
         assert_eq!(code_kind("42501"), None);
     }

@@ -5,10 +5,7 @@ use sea_orm::DbErr;
 use crate::backend::errors::Kind;
 
 /// The kind of a SQLite result code, if the store treats it specially.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(sqlx_driver), allow(dead_code))]
 pub(crate) fn code_kind(code: &str) -> Option<Kind> {
     match code {
         // BUSY, LOCKED and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, ...).
@@ -18,10 +15,7 @@ pub(crate) fn code_kind(code: &str) -> Option<Kind> {
 }
 
 /// A missing table, from the driver's message (its code is plain `SQLITE_ERROR`).
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
-    allow(dead_code)
-)]
+#[cfg_attr(not(sqlx_driver), allow(dead_code))]
 fn missing_table(message: &str) -> Option<Kind> {
     message
         .starts_with("no such table")
@@ -29,7 +23,7 @@ fn missing_table(message: &str) -> Option<Kind> {
 }
 
 /// How the store treats `err`: by its result code, or its message for a missing table.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg(sqlx_driver)]
 pub(crate) fn kind(err: &DbErr) -> Kind {
     let Some(db) = crate::backend::errors::database_error(err) else {
         return Kind::Other;
@@ -42,17 +36,14 @@ pub(crate) fn kind(err: &DbErr) -> Kind {
 
 /// Without a driver feature the driver's error type is out of reach, but SQLite does not
 /// translate its messages, so they are read instead.
-#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+#[cfg(not(sqlx_driver))]
 pub(crate) fn kind(err: &DbErr) -> Kind {
     kind_by_message(&err.to_string()).unwrap_or(Kind::Other)
 }
 
 /// The kind of an error's text, where the driver's error is out of reach (a build without a
 /// driver feature of ours): SQLite does not translate its messages.
-#[cfg_attr(
-    any(feature = "postgres", feature = "sqlite", feature = "mysql"),
-    allow(dead_code)
-)]
+#[cfg_attr(sqlx_driver, allow(dead_code))]
 pub(crate) fn kind_by_message(text: &str) -> Option<Kind> {
     if text.contains("no such table") {
         Some(Kind::MissingTable)

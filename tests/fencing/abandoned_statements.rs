@@ -14,8 +14,6 @@
 //! after each looks at the pool's only connection: not inside a transaction, and the pool not
 //! wedged.
 
-mod common;
-
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod support {
     use std::time::Duration;

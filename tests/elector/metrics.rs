@@ -2,7 +2,7 @@
 //! this thread (the paused-time runtime runs every task on it).
 #![cfg(feature = "metrics")]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};

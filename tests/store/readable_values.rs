@@ -4,7 +4,7 @@
 //! assignment's too; errors read like their message. And a `FencingToken` is a column type of
 //! the application's own SeaORM entities.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -111,6 +111,26 @@ async fn values_read_well(db: DatabaseConnection, backend: &str, secret: Option<
         .await
         .unwrap();
     assert_readable("LeaseOutcome", &format!("{lease:?}"), 400, secret);
+}
+
+/// The in-memory store counts what it holds; it never lists it (one elector's term would
+/// otherwise print every lease and member of the store with it).
+#[tokio::test]
+async fn the_memory_store_reads_well() {
+    use orion_beacon::InMemoryLeaseStore;
+    let store = InMemoryLeaseStore::new();
+    for i in 0..100 {
+        store
+            .acquire_or_renew(&format!("shard-{i}"), "node-a", Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    let debug = format!("{store:?}");
+    assert_eq!(
+        debug,
+        "InMemoryLeaseStore { backend: \"memory\", resources: 100, members: 0, .. }"
+    );
+    assert_readable("InMemoryLeaseStore", &debug, 120, None);
 }
 
 #[cfg(feature = "sqlite")]

@@ -2,8 +2,6 @@
 //! gives the same row under any `sql_mode`: the configurations where a store once reported
 //! grants that were not there.
 
-mod common;
-
 #[cfg(feature = "sqlite")]
 mod sqlite_rollback_journal {
     use std::time::Duration;

@@ -2,7 +2,7 @@
 //! work that does not stop when cut off, a long acquire loop at a cold start, a member that
 //! heartbeats but cannot acquire, two processes with one member id.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

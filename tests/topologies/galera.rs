@@ -5,7 +5,7 @@
 //! result decides, so exactly one of the two is granted in every round.
 #![cfg(feature = "mysql")]
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The operator's store methods, `SeaOrmLeaseStore::list` and `SeaOrmLeaseStore::revoke`, on
 //! SQLite, PostgreSQL and MariaDB (both MySQL statement forms share these statements).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

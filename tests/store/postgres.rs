@@ -2,7 +2,7 @@
 //! `ORION_BEACON_PG_URL` names).
 #![cfg(feature = "postgres")]
 
-mod common;
+use crate::common;
 
 use common::sql::SqlHarness;
 use common::Server;
@@ -18,7 +18,6 @@ shard_suite!(SqlHarness::server(Server::Postgres));
 /// `with_transaction_pooling` mode.
 mod through_pgbouncer {
     use crate::common::sql::SqlHarness;
-    use crate::{conformance_suite, shard_suite};
     conformance_suite!(SqlHarness::pgbouncer());
     shard_suite!(SqlHarness::pgbouncer());
 }

@@ -2,7 +2,7 @@
 //! store never keeps a pooled connection for itself (PostgreSQL's release listener has a
 //! connection of its own).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The elector's rules, on the in-memory store under paused tokio time (deterministic).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! `UPDATE` reads the old row), as a server-wide `sql_mode=ORACLE` gives.
 #![cfg(feature = "mysql")]
 
-mod common;
+use crate::common;
 
 use common::sql::SqlHarness;
 use common::Server;

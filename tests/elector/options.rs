@@ -2,7 +2,7 @@
 //! runs work, shuts down) without panicking. Randomized over extremes and ordinary values; the
 //! seed is printed (set `ORION_BEACON_SEED` to replay one).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The store contract on `InMemoryLeaseStore`.
 
-mod common;
+use crate::common;
 
 use async_trait::async_trait;
 use common::conformance::Harness;

@@ -1,6 +1,6 @@
 //! Fenced writes on SQLite, PostgreSQL and MariaDB: a stale leader's writes cannot commit.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -492,42 +492,42 @@ macro_rules! fencing_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn stale_term_is_fenced() {
             if let Some(h) = $setup.await {
-                crate::stale_term_is_fenced(&h).await;
+                crate::fences::stale_term_is_fenced(&h).await;
                 h.teardown().await;
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn open_fence_holds_off_the_takeover() {
             if let Some(h) = $setup.await {
-                crate::open_fence_holds_off_the_takeover(&h).await;
+                crate::fences::open_fence_holds_off_the_takeover(&h).await;
                 h.teardown().await;
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fence_alone_holds_off_the_takeover() {
             if let Some(h) = $setup.await {
-                crate::fence_alone_holds_off_the_takeover(&h).await;
+                crate::fences::fence_alone_holds_off_the_takeover(&h).await;
                 h.teardown().await;
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn open_statement_fence_holds_off_the_takeover() {
             if let Some(h) = $setup.await {
-                crate::open_statement_fence_holds_off_the_takeover(&h).await;
+                crate::fences::open_statement_fence_holds_off_the_takeover(&h).await;
                 h.teardown().await;
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn statement_fence_affects_no_rows_when_stale() {
             if let Some(h) = $setup.await {
-                crate::statement_fence_affects_no_rows_when_stale(&h).await;
+                crate::fences::statement_fence_affects_no_rows_when_stale(&h).await;
                 h.teardown().await;
             }
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn downstream_row_refuses_older_tokens() {
             if let Some(h) = $setup.await {
-                crate::downstream_row_refuses_older_tokens(&h).await;
+                crate::fences::downstream_row_refuses_older_tokens(&h).await;
                 h.teardown().await;
             }
         }

@@ -1,7 +1,7 @@
 //! `ElectorHandle::health()`: unhealthy when no store round trip completed within the window,
 //! leader or not; healthy again once the store answers. Paused tokio time (deterministic).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

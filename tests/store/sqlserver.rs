@@ -4,13 +4,13 @@
 //!
 //! No SQL Server can be installed where CI runs, so the server tests are `#[ignore]`d: a plain
 //! `cargo test` reports them as ignored (never as passed). Run them against a server with
-//! `ORION_BEACON_MSSQL_URL='Server=...;...' cargo test --features sqlserver --test store_sqlserver -- --include-ignored`;
+//! `ORION_BEACON_MSSQL_URL='Server=...;...' cargo test --features sqlserver --test store sqlserver:: -- --include-ignored`;
 //! asked to run without the variable, they fail and say so.
 //!
 //! The tests below the suite need no server and always run.
 #![cfg(feature = "sqlserver")]
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 

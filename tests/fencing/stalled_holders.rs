@@ -6,7 +6,7 @@
 //! Galera cluster (the next candidate on the holder's node, and on another node).
 //! (SQLite cannot: a stopped writer holds the file's write lock whatever we do; see the docs.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! not return is cut off, a hung store ends terms at their deadlines, preferences, drains,
 //! fairness, and recovery from a dead node within lease + one round.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! abort during a release pass, taking abandoned resources, a resource led again during its own
 //! handover (each of these failed on the code before the fixes).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

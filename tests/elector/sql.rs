@@ -1,11 +1,8 @@
 //! The elector on real databases: SQLite (file), PostgreSQL and MariaDB.
 
-mod common;
-
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use crate::common::sql::SqlHarness;
-    use crate::election_suite;
     election_suite!(SqlHarness::sqlite());
 }
 
@@ -13,7 +10,6 @@ mod sqlite {
 mod postgres {
     use crate::common::sql::SqlHarness;
     use crate::common::Server;
-    use crate::election_suite;
     election_suite!(SqlHarness::server(Server::Postgres));
 }
 
@@ -21,7 +17,6 @@ mod postgres {
 #[cfg(feature = "postgres")]
 mod postgres_through_pgbouncer {
     use crate::common::sql::SqlHarness;
-    use crate::election_suite;
     election_suite!(SqlHarness::pgbouncer());
 }
 
@@ -29,6 +24,5 @@ mod postgres_through_pgbouncer {
 mod mariadb {
     use crate::common::sql::SqlHarness;
     use crate::common::Server;
-    use crate::election_suite;
     election_suite!(SqlHarness::server(Server::MySql));
 }

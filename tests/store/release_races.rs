@@ -4,7 +4,7 @@
 //! reached the row lock after it must not see the released lease as live and extend the term:
 //! at most it starts a new term, with a higher token.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The store reads the settings that decide whether a commit is durable (a grant lost in a
 //! crash can have its token issued again), per backend, and warns once at its first grant.
 
-mod common;
+use crate::common;
 
 use orion_beacon::{Durability, SeaOrmLeaseStore};
 

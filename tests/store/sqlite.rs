@@ -3,7 +3,7 @@
 //! default, where a commit waits for every reader).
 #![cfg(feature = "sqlite")]
 
-mod common;
+use crate::common;
 
 use common::sql::SqlHarness;
 

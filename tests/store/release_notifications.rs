@@ -3,7 +3,7 @@
 //! partition left half-open.
 #![cfg(feature = "postgres")]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,0 +1,143 @@
+//! A held lock or permit.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use super::holder::Holder;
+use super::LockError;
+use crate::elector::LeaderTerm;
+use crate::FencingToken;
+
+/// A lock or a semaphore permit this process holds, renewed in the background until it is
+/// released, dropped or lost.
+///
+/// It holds the lock by the same rule an elector holds a term: [`is_held`](Self::is_held) is
+/// false from the local deadline on (the lease as the database granted it, less the step-down
+/// margin, on a monotonic clock that counts suspend), whether or not a renew has answered.
+/// Fence every write the lock protects with [`fence`](Self::fence) (in a SeaORM transaction)
+/// or pass [`token`](Self::token) downstream.
+///
+/// Dropping the guard releases the lock at once in the background (never blocking the drop);
+/// without a tokio runtime to do that on, the lease lapses. [`release`](Self::release) says
+/// whether the release reached the store.
+#[must_use = "the lock is released when the guard is dropped"]
+pub struct LockGuard {
+    term: LeaderTerm,
+    name: Arc<str>,
+    permit: Option<u32>,
+    holder: Arc<Holder>,
+    released: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("LockGuard");
+        d.field("name", &&*self.name);
+        if let Some(permit) = self.permit {
+            d.field("permit", &permit);
+        }
+        d.field("term", &self.term).finish()
+    }
+}
+
+impl LockGuard {
+    pub(super) fn new(
+        term: LeaderTerm,
+        name: Arc<str>,
+        permit: Option<u32>,
+        holder: Arc<Holder>,
+    ) -> Self {
+        Self {
+            term,
+            name,
+            permit,
+            holder,
+            released: false,
+        }
+    }
+
+    /// This hold's fencing token: strictly greater than every earlier holder's of the same
+    /// lock (of the same permit, for a semaphore).
+    pub fn token(&self) -> FencingToken {
+        self.term.token()
+    }
+
+    /// The lock's (or semaphore's) name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lease row held: the lock's name, or a semaphore permit's (`name#3`).
+    pub fn resource(&self) -> &str {
+        self.term.resource()
+    }
+
+    /// Which permit of a semaphore this is (`None` for a lock).
+    pub fn permit(&self) -> Option<u32> {
+        self.permit
+    }
+
+    /// Whether the lock is still held right now: not lost, and its local deadline not passed
+    /// (checked against the monotonic clock on every call).
+    pub fn is_held(&self) -> bool {
+        self.term.is_current()
+    }
+
+    /// Completes when the lock is lost (a renew denied or missing its deadline) or released.
+    pub fn lost(&self) -> WaitForCancellationFutureOwned {
+        self.term.lost()
+    }
+
+    /// The hold as a term: what [`SeaOrmLeaseStore::fence`](crate::SeaOrmLeaseStore::fence),
+    /// [`fenced_by`](crate::SeaOrmLeaseStore::fenced_by) and
+    /// [`execute_fenced`](crate::SeaOrmLeaseStore::execute_fenced) take (`(&guard.term()).into()`
+    /// is a [`Term`](crate::Term)), and what a scoped closure gets.
+    pub fn term(&self) -> &LeaderTerm {
+        &self.term
+    }
+
+    /// Fences `txn` with this hold, through the locks' own store: call it first in the
+    /// transaction; on [`FenceError::Fenced`](crate::FenceError::Fenced), roll back.
+    /// [`FenceError::Unsupported`](crate::FenceError::Unsupported) when the store is not a
+    /// [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore).
+    pub async fn fence<C: sea_orm::ConnectionTrait>(
+        &self,
+        txn: &C,
+    ) -> Result<(), crate::FenceError> {
+        self.term.fence(txn).await
+    }
+
+    /// Releases the lock now: `true` when the store released it, `false` when it was already
+    /// gone (lost, lapsed or revoked). The lock counts as released from this call on, whatever
+    /// the store answers (an error leaves the lease to lapse).
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        self.released = true;
+        let resource: Arc<str> = Arc::from(self.term.resource());
+        Ok(self.holder.release(&resource, &self.term).await?)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let (holder, term) = (self.holder.clone(), self.term.clone());
+                // The term ends now; the release follows on the runtime.
+                term.end(crate::elector::LossReason::Released);
+                term.cut_off();
+                runtime.spawn(async move {
+                    let resource = term.resource().to_owned();
+                    if let Err(err) = holder.release(&resource, &term).await {
+                        tracing::debug!(resource, error = %err, "releasing a dropped lock failed; it lapses");
+                    }
+                });
+            }
+            Err(_) => self.holder.forget(self.term.resource(), &self.term),
+        }
+    }
+}
