@@ -15,7 +15,7 @@ use crate::check_down;
 /// ```no_run
 /// # use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, MigratorTrait};
 /// # pub struct Migrator;
-/// # #[async_trait::async_trait]
+/// # #[orion_beacon_migration::async_trait::async_trait]
 /// # impl MigratorTrait for Migrator {
 /// #     fn migrations() -> Vec<Box<dyn MigrationTrait>> { vec![Box::new(CreateLeaseTable::new())] }
 /// # }

@@ -5,6 +5,7 @@
 //!   onto them), cleanup when a term ends, a holder stalled inside a fenced transaction, logs,
 //!   metrics, health checks.
 //! - [`shard_sets`]: many resources per node: fairness, handovers, drains, membership.
+//! - [`locks`]: distributed locks and counting semaphores, a fencing token per hold.
 //! - [`lease_table`]: the lease table, its migrations (your app's `Migrator`, or the command
 //!   line; moving between them), custom table names, the entity.
 //! - [`cli`]: the `orion-beacon` command line: who leads, watch it change, revoke a lease.
@@ -32,6 +33,11 @@ pub mod elector {}
 #[doc = include_str!("../../docs/shard-sets.md")]
 pub mod shard_sets {}
 
+#[cfg(any(not(doctest), feature = "sqlite"))]
+#[doc = include_str!("links.md")]
+#[doc = include_str!("../../docs/locks.md")]
+pub mod locks {}
+
 #[doc = include_str!("links.md")]
 #[doc = include_str!("../../docs/lease-table.md")]
 pub mod lease_table {}
@@ -55,10 +61,11 @@ pub mod reliability {}
 #[cfg(test)]
 mod tests {
     /// Every page, and the README, as the crate's docs include them.
-    const PAGES: [(&str, &str); 8] = [
+    const PAGES: [(&str, &str); 9] = [
         ("README.md", include_str!("../../README.md")),
         ("elector.md", include_str!("../../docs/elector.md")),
         ("shard-sets.md", include_str!("../../docs/shard-sets.md")),
+        ("locks.md", include_str!("../../docs/locks.md")),
         ("lease-table.md", include_str!("../../docs/lease-table.md")),
         ("cli.md", include_str!("../../docs/cli.md")),
         ("topologies.md", include_str!("../../docs/topologies.md")),

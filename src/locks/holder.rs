@@ -2,15 +2,19 @@
 //! every guard and permit of a `Locks` is renewed by one `renew_all` per round, trusted until
 //! the same local deadline an elector's term is (`lease::local_deadline`), and ended when that
 //! deadline passes without a renew.
+//!
+//! Every hold has a candidate id of its own (`owner/<random>-<n>`, never used for anything
+//! else), so it is released by that id: whatever write of the hold the store has last (a renew
+//! whose answer never came included) is the one released, and no other holder's.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use crate::elector::{LeaderTerm, LossReason};
 use crate::lease::local_deadline;
@@ -34,7 +38,9 @@ struct Held {
     renew_at: Instant,
 }
 
-/// What one acquire attempt came to.
+/// What one acquire attempt came to. `Denied(None)`: not granted, and whatever the attempt
+/// may have been granted is being released under its candidate id, which the caller must not
+/// use again.
 pub(super) enum Attempt {
     Granted(LeaderTerm),
     Denied(Option<Denial>),
@@ -45,13 +51,13 @@ pub(super) struct Holder {
     pub fence: Option<crate::SeaOrmLeaseStore>,
     pub config: Config,
     held: Mutex<BTreeMap<Arc<str>, Held>>,
-    /// Held across a batched renew and its reconciliation, and across a release: a release
-    /// always names the lease's latest write (a renew in flight would otherwise move the
-    /// expiry past the one the release names, and the lease would stay until it lapsed).
-    round: tokio::sync::Mutex<()>,
     /// Wakes the renewer: a new lease, or the last handle gone.
     wake: Arc<Notify>,
-    renewer: std::sync::Once,
+    /// Whether a renewer task runs (it clears this when it ends, also when its runtime shuts
+    /// down), so the next acquire starts one again.
+    renewing: Arc<AtomicBool>,
+    /// This `Locks`'s random part of every candidate id, and the count after it.
+    instance: u32,
     next_candidate: AtomicU64,
 }
 
@@ -72,18 +78,19 @@ impl Holder {
             fence,
             config,
             held: Mutex::default(),
-            round: tokio::sync::Mutex::new(()),
             wake: Arc::new(Notify::new()),
-            renewer: std::sync::Once::new(),
+            renewing: Arc::new(AtomicBool::new(false)),
+            // Two `Locks` with one owner (or a restarted process) never share a candidate id.
+            instance: crate::elector::random::random_u64() as u32,
             next_candidate: AtomicU64::new(1),
         }
     }
 
-    /// A candidate id no other acquire of this process uses: each guard is its own holder, so
-    /// a second acquire of a lock this process holds waits like anyone else's (no re-entrancy).
+    /// A candidate id no other acquire uses: each hold is its own holder, so a second acquire
+    /// of a lock this process holds waits like anyone else's (no re-entrancy).
     pub(super) fn candidate(&self) -> Arc<str> {
         let n = self.next_candidate.fetch_add(1, Ordering::Relaxed);
-        Arc::from(format!("{}/{n}", self.config.owner))
+        Arc::from(format!("{}/{:08x}-{n}", self.config.owner, self.instance))
     }
 
     /// How many leases this process holds through these locks.
@@ -93,31 +100,71 @@ impl Holder {
 
     /// One acquire of `resource` for `candidate`. A grant is recorded (and renewed from then
     /// on) before it is returned; a grant whose answer came too late to be trusted is released
-    /// and reported as a denial.
+    /// and reported as a denial. The statement runs on a task of its own: dropped before its
+    /// answer, this future leaves the task to release whatever it was granted.
     pub(super) async fn attempt(
         self: &Arc<Self>,
         resource: &Arc<str>,
         candidate: &Arc<str>,
     ) -> Result<Attempt, StoreError> {
-        // Dropped before the answer (the caller's timeout, a `select!`), the attempt may still
-        // have been granted: that candidate id is never used again, so its lease is released.
-        let mut pending = Pending {
-            holder: Some(self),
-            resource,
-            candidate,
-        };
         let sent = crate::clock::now();
-        let answer = self
-            .store
-            .acquire_or_renew(resource, candidate, self.config.lease)
-            .await?;
-        // An error leaves `pending` armed: the attempt may have been granted unseen.
-        pending.holder = None;
+        let answer = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let (tx, rx) = oneshot::channel();
+                let (store, r, c, lease) = (
+                    self.store.clone(),
+                    resource.clone(),
+                    candidate.clone(),
+                    self.config.lease,
+                );
+                runtime.spawn(async move {
+                    let answer = store.acquire_or_renew(&r, &c, lease).await;
+                    if let Err(Ok(answer)) = tx.send(answer) {
+                        // Nobody waits for it any more: let go of what it granted.
+                        if answer.lease().is_some() {
+                            release_by_candidate(&*store, &r, &c, lease).await;
+                        }
+                    }
+                });
+                let mut waiting = Waiting {
+                    rx: Some(rx),
+                    store: &self.store,
+                    resource,
+                    candidate,
+                    lease: self.config.lease,
+                };
+                let answer = match waiting.rx.as_mut() {
+                    Some(rx) => rx.await,
+                    None => return Ok(Attempt::Denied(None)),
+                };
+                waiting.rx = None;
+                match answer {
+                    Ok(answer) => answer,
+                    // The task was dropped (its runtime shutting down).
+                    Err(_) => return Ok(Attempt::Denied(None)),
+                }
+            }
+            Err(_) => {
+                self.store
+                    .acquire_or_renew(resource, candidate, self.config.lease)
+                    .await
+            }
+        };
         let lease = match answer {
-            // `Renewed`: an earlier attempt of this same acquire was granted and its answer
-            // lost; the candidate id is this acquire's alone, so the term is new to it.
-            LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease) => lease,
-            LeaseOutcome::Denied(denial) => return Ok(Attempt::Denied(Some(denial))),
+            Ok(LeaseOutcome::Acquired(lease)) => lease,
+            // A fresh candidate id is never renewed, unless an earlier attempt of the same id
+            // was granted unseen (or another process shares the id): no hold begins on it.
+            Ok(LeaseOutcome::Renewed(_)) => {
+                warn!(resource = %resource, candidate = %candidate, "a new hold's id already held the lease; releasing it and asking under another id");
+                self.release_quietly(resource, candidate);
+                return Ok(Attempt::Denied(None));
+            }
+            Ok(LeaseOutcome::Denied(denial)) => return Ok(Attempt::Denied(Some(denial))),
+            Err(err) => {
+                // The answer may hide a grant: release under this id (never used again).
+                self.release_quietly(resource, candidate);
+                return Err(err);
+            }
         };
         let deadline = local_deadline(
             &lease,
@@ -127,7 +174,7 @@ impl Holder {
         );
         if deadline <= crate::clock::now() {
             debug!(resource = %resource, "a grant answered too late to be trusted; releasing it");
-            self.release_quietly(lease);
+            self.release_quietly(resource, candidate);
             return Ok(Attempt::Denied(None));
         }
         let term = LeaderTerm::new(
@@ -140,7 +187,7 @@ impl Holder {
         let renew_at = sent
             .checked_add(self.config.renew_interval)
             .unwrap_or(deadline);
-        lock(&self.held).insert(
+        let replaced = lock(&self.held).insert(
             resource.clone(),
             Held {
                 term: term.clone(),
@@ -148,14 +195,20 @@ impl Holder {
                 renew_at,
             },
         );
+        if let Some(old) = replaced {
+            // The store gave the lock to this new hold, so the old one is over (its lease
+            // ended there before the renewer saw its deadline).
+            old.term.end(LossReason::Superseded);
+            old.term.cut_off();
+        }
         self.start_renewer();
         self.wake.notify_one();
         Ok(Attempt::Granted(term))
     }
 
-    /// Ends the term of `token` on `resource` and releases its lease's latest write. `true`
-    /// when the store released it; `false` when the lease was already gone (lapsed, lost,
-    /// taken).
+    /// Ends `term` (a hold of `resource`) and releases it in the store: `true` when the store
+    /// released it, `false` when it was already gone (lost, lapsed, taken). The call is bounded
+    /// by the lease: after that the lease has lapsed anyway.
     pub(super) async fn release(
         &self,
         resource: &str,
@@ -163,17 +216,31 @@ impl Holder {
     ) -> Result<bool, StoreError> {
         term.end(LossReason::Released);
         term.cut_off();
-        let _round = self.round.lock().await;
-        let held = {
+        let ours = {
             let mut held = lock(&self.held);
-            match held.get(resource) {
-                Some(h) if h.term == *term => held.remove(resource),
-                _ => None,
+            let ours = held.get(resource).is_some_and(|h| h.term == *term);
+            if ours {
+                held.remove(resource);
             }
+            ours
         };
-        match held {
-            Some(h) => self.store.release_lease(&h.lease).await,
-            None => Ok(false),
+        if !ours {
+            return Ok(false);
+        }
+        match tokio::time::timeout(
+            self.config.lease,
+            self.store.release(resource, term.candidate()),
+        )
+        .await
+        {
+            Ok(answer) => answer,
+            Err(_) => {
+                warn!(
+                    resource,
+                    "the release did not answer within the lease; it lapses"
+                );
+                Ok(false)
+            }
         }
     }
 
@@ -187,44 +254,56 @@ impl Holder {
         }
     }
 
-    /// Releases `lease` in the background, where a runtime runs; otherwise it lapses.
-    fn release_quietly(&self, lease: Lease) {
-        let store = self.store.clone();
+    /// Releases `candidate`'s lease of `resource` in the background, where a runtime runs;
+    /// otherwise it lapses.
+    fn release_quietly(&self, resource: &str, candidate: &str) {
+        let (store, r, c, lease) = (
+            self.store.clone(),
+            resource.to_owned(),
+            candidate.to_owned(),
+            self.config.lease,
+        );
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(err) = store.release_lease(&lease).await {
-                    debug!(resource = %lease.resource, error = %err, "release failed; the lease lapses");
-                }
-            });
+            runtime.spawn(async move { release_by_candidate(&*store, &r, &c, lease).await });
         }
     }
 
     fn start_renewer(self: &Arc<Self>) {
-        self.renewer.call_once(|| {
-            let weak = Arc::downgrade(self);
-            let wake = self.wake.clone();
-            tokio::spawn(renew_loop(weak, wake));
-        });
+        if self.renewing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let (weak, wake, running) = (
+                    Arc::downgrade(self),
+                    self.wake.clone(),
+                    Running(self.renewing.clone()),
+                );
+                runtime.spawn(renew_loop(weak, wake, running));
+            }
+            Err(_) => {
+                self.renewing.store(false, Ordering::SeqCst);
+                warn!("no tokio runtime to renew the locks on: they end at their deadlines");
+            }
+        }
     }
 
-    /// Ends the terms whose local deadline passed by `now` (no renew came in time) and lets
+    /// Ends the holds whose local deadline passed by `now` (no renew came in time) and lets
     /// their leases go. Returns when the next renew or deadline is due, if anything is held.
     fn expire(&self, now: Instant) -> Option<Instant> {
         let mut held = lock(&self.held);
         let ended: Vec<Arc<str>> = held
             .iter()
-            .filter(|(_, h)| h.term.local_deadline() <= now || h.term.is_lost())
+            .filter(|(_, h)| h.term.local_deadline() <= now)
             .map(|(r, _)| r.clone())
             .collect();
         for resource in ended {
             if let Some(h) = held.remove(&resource) {
-                if !h.term.is_lost() {
-                    warn!(resource = %resource, token = %h.lease.token, "no renew before the lock's deadline: the lock is lost");
-                }
+                warn!(resource = %resource, token = %h.lease.token, "no renew before the lock's deadline: the lock is lost");
                 h.term.end(LossReason::Deadline);
                 h.term.cut_off();
                 // A renew that answered late may have kept it live in the store.
-                self.release_quietly(h.lease);
+                self.release_quietly(&resource, h.term.candidate());
             }
         }
         held.values()
@@ -234,7 +313,6 @@ impl Holder {
 
     /// One batched renew of everything held, when anything is due at `now`.
     async fn renew_round(&self, now: Instant) {
-        let _round = self.round.lock().await;
         let (batch, until) = {
             let held = lock(&self.held);
             if !held.values().any(|h| h.renew_at <= now) {
@@ -251,9 +329,17 @@ impl Holder {
         let mut held = lock(&self.held);
         let renewals = match answer {
             Ok(Ok(renewals)) => renewals,
+            Ok(Err(err)) if err.is_permanent() => {
+                error!(leases = batch.len(), error = %err, "the store cannot renew locks: every hold ends");
+                for (_, h) in std::mem::take(&mut *held) {
+                    h.term.end(LossReason::Failed);
+                    h.term.cut_off();
+                }
+                return;
+            }
             Ok(Err(err)) => {
                 warn!(leases = batch.len(), error = %err, "renewing the held locks failed; trying again");
-                self.retry_soon(&mut held, sent);
+                self.retry_soon(&mut held, &batch, sent);
                 return;
             }
             Err(_) => {
@@ -261,11 +347,13 @@ impl Holder {
                     leases = batch.len(),
                     "renewing the held locks did not answer before the first deadline"
                 );
-                self.retry_soon(&mut held, sent);
+                self.retry_soon(&mut held, &batch, sent);
                 return;
             }
         };
+        let mut answered = std::collections::HashSet::new();
         for lease in renewals.renewed {
+            answered.insert(lease.resource.clone());
             if let Some(h) = held
                 .get_mut(lease.resource.as_str())
                 .filter(|h| h.term.token() == lease.token)
@@ -285,6 +373,7 @@ impl Holder {
             }
         }
         for lost in renewals.lost {
+            answered.insert(lost.resource.clone());
             let same = held
                 .get(lost.resource.as_str())
                 .is_some_and(|h| h.term.token() == lost.token);
@@ -296,25 +385,67 @@ impl Holder {
                 }
             }
         }
+        // A lease the answer did not mention is tried again soon, as after a failure.
+        let unanswered: Vec<Lease> = batch
+            .into_iter()
+            .filter(|l| !answered.contains(&l.resource))
+            .collect();
+        if !unanswered.is_empty() {
+            warn!(
+                leases = unanswered.len(),
+                "the batched renew did not answer for every lease"
+            );
+            self.retry_soon(&mut held, &unanswered, sent);
+        }
     }
 
-    /// After a failed renew: ask again soon, well before the first deadline.
-    fn retry_soon(&self, held: &mut BTreeMap<Arc<str>, Held>, sent: Instant) {
+    /// After a renew that did not answer for `leases`: ask again soon, well before their
+    /// deadlines.
+    fn retry_soon(&self, held: &mut BTreeMap<Arc<str>, Held>, leases: &[Lease], sent: Instant) {
         let again = (self.config.renew_interval / 4).max(Duration::from_millis(10));
         let at = sent.checked_add(again).unwrap_or(sent);
-        for h in held.values_mut() {
-            h.renew_at = h.renew_at.min(at);
+        for lease in leases {
+            if let Some(h) = held
+                .get_mut(lease.resource.as_str())
+                .filter(|h| h.term.token() == lease.token)
+            {
+                h.renew_at = at;
+            }
         }
     }
 }
 
+/// Releases `candidate`'s lease of `resource`, bounded by the lease (after which it lapsed).
+async fn release_by_candidate(
+    store: &dyn LeaseStore,
+    resource: &str,
+    candidate: &str,
+    lease: Duration,
+) {
+    match tokio::time::timeout(lease, store.release(resource, candidate)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(err)) => debug!(resource, error = %err, "release failed; the lease lapses"),
+        Err(_) => debug!(resource, "release did not answer; the lease lapses"),
+    }
+}
+
+/// Clears the renewer flag when the renewer ends, however it ends.
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Renews every lease of one `Locks` until its last handle and guard are gone.
-async fn renew_loop(holder: Weak<Holder>, wake: Arc<Notify>) {
+async fn renew_loop(holder: Weak<Holder>, wake: Arc<Notify>, _running: Running) {
     loop {
         let next = match holder.upgrade() {
             Some(h) => {
-                let now = crate::clock::now();
-                h.renew_round(now).await;
+                // Expired holds first: one past its deadline must not cut the batch's wait.
+                h.expire(crate::clock::now());
+                h.renew_round(crate::clock::now()).await;
                 h.expire(crate::clock::now())
             }
             None => return,
@@ -332,24 +463,33 @@ async fn renew_loop(holder: Weak<Holder>, wake: Arc<Notify>) {
     }
 }
 
-/// An acquire attempt in flight: dropped before its answer (or on an error, which may hide a
-/// grant), it releases whatever the attempt may have been granted. The caller never uses that
-/// candidate id again.
-struct Pending<'a> {
-    holder: Option<&'a Arc<Holder>>,
+/// An acquire waiting for its statement's task. Dropped before the answer arrived, it lets
+/// the task release what it was granted (the task's send fails); dropped after the answer was
+/// sent but before it was read, it releases that grant itself.
+struct Waiting<'a> {
+    rx: Option<oneshot::Receiver<Result<LeaseOutcome, StoreError>>>,
+    store: &'a Arc<dyn LeaseStore>,
     resource: &'a str,
     candidate: &'a str,
+    lease: Duration,
 }
 
-impl Drop for Pending<'_> {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let Some(holder) = self.holder else { return };
-        let store = holder.store.clone();
-        let (resource, candidate) = (self.resource.to_owned(), self.candidate.to_owned());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = store.release(&resource, &candidate).await;
-            });
+        let Some(mut rx) = self.rx.take() else { return };
+        if let Ok(Ok(answer)) = rx.try_recv() {
+            if answer.lease().is_some() {
+                let (store, r, c, lease) = (
+                    self.store.clone(),
+                    self.resource.to_owned(),
+                    self.candidate.to_owned(),
+                    self.lease,
+                );
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime
+                        .spawn(async move { release_by_candidate(&*store, &r, &c, lease).await });
+                }
+            }
         }
     }
 }

@@ -32,7 +32,8 @@
 //!
 //! **Waiting.** [`Lock::acquire`] and [`Semaphore::acquire`] ask again when a release
 //! notification names the lock (PostgreSQL), otherwise at the retry interval or right after the
-//! holder's lease ends, whichever is sooner, until the timeout.
+//! holder's lease ends, whichever is sooner, until the timeout. There is no queue: when a lock
+//! comes free, whichever waiter asks first gets it.
 //!
 //! **Semaphores' permits** are the lease rows `name#0` to `name#N-1`. An acquire reads them in
 //! one statement and tries the free ones in a random order. Changing N for a running
@@ -170,7 +171,8 @@ impl std::fmt::Debug for LocksBuilder {
 }
 
 impl LocksBuilder {
-    /// This process's name in the lease rows (each hold is `owner/N`); at most 200 characters.
+    /// This process's name in the lease rows (each hold is `owner/<random>-<n>`); 1 to 200
+    /// characters.
     /// Default: host name, process id and a random part, as an elector's candidate id.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
@@ -216,7 +218,8 @@ impl LocksBuilder {
                 reason: "must be at most 200 characters for a lock owner",
             }));
         }
-        crate::store::validate_candidate(&format!("{owner}/{}", u64::MAX))?;
+        crate::store::validate_candidate(&owner)?;
+        crate::store::validate_candidate(&format!("{owner}/{:08x}-{}", u32::MAX, u64::MAX))?;
         let lease = self.lease.unwrap_or(DEFAULT_LOCK_LEASE);
         let renew_interval = self.renew_interval.unwrap_or(DEFAULT_LOCK_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_LOCK_RETRY_INTERVAL);
@@ -381,7 +384,11 @@ where
     };
     match out {
         Some(out) => {
-            guard.release().await?;
+            // The work is done: its answer stands even if the release fails (the lease then
+            // lapses).
+            if let Err(err) = guard.release().await {
+                tracing::warn!(error = %err, "releasing a lock after its work failed; it lapses");
+            }
             Ok(out)
         }
         None => Err(LockError::Lost {
@@ -401,10 +408,20 @@ async fn try_any(
         return holder.attempt(only, candidate).await;
     }
     let names: Vec<String> = resources.iter().map(|r| r.to_string()).collect();
-    let live: HashSet<String> = holder
-        .store
-        .current_all(&names)
-        .await?
+    let records = holder.store.current_all(&names).await?;
+    // The permit whose lease ends first, to wait for when none is free.
+    let mut last: Option<Denial> = records
+        .iter()
+        .filter(|r| r.live)
+        .min_by_key(|r| r.remaining)
+        .map(|r| Denial {
+            resource: r.resource.clone(),
+            holder: Some(r.holder.clone()),
+            token: Some(r.token),
+            remaining: r.remaining,
+            expires_at: r.expires_at,
+        });
+    let live: HashSet<String> = records
         .into_iter()
         .filter(|r| r.live)
         .map(|r| r.resource)
@@ -415,11 +432,12 @@ async fn try_any(
         let j = usize::try_from(crate::elector::random::random_u64() % (i as u64 + 1)).unwrap_or(0);
         free.swap(i, j);
     }
-    let mut last: Option<Denial> = None;
     for resource in free {
         match holder.attempt(resource, candidate).await? {
             Attempt::Granted(term) => return Ok(Attempt::Granted(term)),
-            Attempt::Denied(denial) => last = denial.or(last),
+            Attempt::Denied(Some(denial)) => last = Some(denial),
+            // Being released under this candidate id: the caller takes another.
+            Attempt::Denied(None) => return Ok(Attempt::Denied(None)),
         }
     }
     Ok(Attempt::Denied(last))
@@ -445,14 +463,22 @@ async fn wait_for(
     let mut candidate = holder.candidate();
     let mut last_holder: Option<String> = None;
     loop {
-        let (soonest, last_error) = match try_any(holder, resources, &candidate).await {
+        // Bounded by the timeout: a hung store must not hold the caller past it (an attempt
+        // cut off here releases whatever it is granted).
+        let attempt = crate::clock::timeout_at(give_up, try_any(holder, resources, &candidate))
+            .await
+            .unwrap_or(Ok(Attempt::Denied(None)));
+        let (soonest, last_error) = match attempt {
             Ok(Attempt::Granted(term)) => return Ok(term),
-            Ok(Attempt::Denied(denial)) => {
-                let ends_in = denial.as_ref().map(|d| d.remaining);
-                if let Some(h) = denial.and_then(|d| d.holder) {
+            Ok(Attempt::Denied(None)) => {
+                candidate = holder.candidate();
+                (None, None)
+            }
+            Ok(Attempt::Denied(Some(denial))) => {
+                if let Some(h) = denial.holder {
                     last_holder = Some(h);
                 }
-                (ends_in, None)
+                (Some(denial.remaining), None)
             }
             Err(err) if err.is_permanent() => return Err(err.into()),
             Err(err) => {

@@ -7,6 +7,8 @@ pub mod conformance;
 pub mod double;
 #[macro_use]
 pub mod election;
+#[macro_use]
+pub mod locks;
 pub mod partition;
 #[macro_use]
 pub mod shards;

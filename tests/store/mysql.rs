@@ -15,6 +15,7 @@ mod returning {
     conformance_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     shard_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
+    lock_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
 }
 
 mod transaction {
@@ -22,6 +23,7 @@ mod transaction {
     conformance_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     shard_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
+    lock_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
 }
 
 /// COMMITs this session sent (`Com_commit`): the transaction form sends one per call, the

@@ -13,6 +13,8 @@ sql_store_suite!(SqlHarness::server(Server::Postgres));
 
 shard_suite!(SqlHarness::server(Server::Postgres));
 
+lock_suite!(SqlHarness::server(Server::Postgres));
+
 /// The same contract through a transaction-pooling PgBouncer (consecutive statements of one
 /// client may reach different server connections), with the store's
 /// `with_transaction_pooling` mode.
@@ -20,6 +22,7 @@ mod through_pgbouncer {
     use crate::common::sql::SqlHarness;
     conformance_suite!(SqlHarness::pgbouncer());
     shard_suite!(SqlHarness::pgbouncer());
+    lock_suite!(SqlHarness::pgbouncer());
 }
 
 /// Release notifications: a store LISTENs unless told not to, and never behind a

@@ -1,0 +1,551 @@
+//! Locks and semaphores, as tests generic over any store: mutual exclusion, a token per hold,
+//! waiting and timeouts, release on drop, lost holds, one renew statement per round, bad input
+//! refused before any SQL. Every store runs them through `lock_suite!`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orion_beacon::locks::{LockError, Locks, MAX_PERMITS};
+use orion_beacon::{
+    async_trait, ConfigError, ErrorKind, LeaseOutcome, LeaseRecord, LeaseStore, MembershipStore,
+    Renewals, StoreError,
+};
+use tokio::time::Instant;
+
+use super::conformance::Harness;
+use super::double::{Double, Intercept};
+use super::unique;
+
+/// The lease of every hold in these tests: long enough for a loaded machine's statements,
+/// short enough that a renew that stopped shows within a test.
+const LEASE: Duration = Duration::from_millis(1_500);
+const RENEW: Duration = Duration::from_millis(300);
+
+/// Counts the statements a store is sent, and can fail every batched renew.
+#[derive(Clone, Default)]
+pub struct Counting(Arc<Counts>);
+
+#[derive(Default)]
+pub struct Counts {
+    pub acquires: AtomicUsize,
+    pub renews: AtomicUsize,
+    pub others: AtomicUsize,
+    pub fail_renews: AtomicBool,
+    /// Each acquire waits this long before it is sent.
+    pub acquire_delay_ms: std::sync::atomic::AtomicU64,
+    /// Each batched renew commits (a lease four times as long), then its answer is held back
+    /// for this long.
+    pub renew_answer_delay_ms: std::sync::atomic::AtomicU64,
+}
+
+impl std::ops::Deref for Counting {
+    type Target = Counts;
+    fn deref(&self) -> &Counts {
+        &self.0
+    }
+}
+
+impl Counts {
+    pub fn sent(&self) -> usize {
+        self.acquires.load(Ordering::SeqCst)
+            + self.renews.load(Ordering::SeqCst)
+            + self.others.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore + MembershipStore + 'static> Intercept<S> for Counting {
+    async fn acquire_or_renew(
+        &self,
+        inner: &S,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+    ) -> Result<LeaseOutcome, StoreError> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        let delay = self.acquire_delay_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        inner.acquire_or_renew(resource, candidate, lease).await
+    }
+
+    async fn renew_all(
+        &self,
+        inner: &S,
+        held: &[orion_beacon::Lease],
+        lease: Duration,
+    ) -> Result<Renewals, StoreError> {
+        self.renews.fetch_add(1, Ordering::SeqCst);
+        if self.fail_renews.load(Ordering::SeqCst) {
+            return Err(StoreError::Database(
+                sea_orm::DbErr::Custom("renews fail in this test".to_owned()).into(),
+            ));
+        }
+        let delay = self.renew_answer_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            // The lost answer's write outlasts the hold by far: only a release that ends it
+            // frees the lock before it lapses.
+            let answer = inner.renew_all(held, lease * 4).await;
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            return answer;
+        }
+        inner.renew_all(held, lease).await
+    }
+
+    async fn release(
+        &self,
+        inner: &S,
+        resource: &str,
+        candidate: &str,
+    ) -> Result<bool, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        inner.release(resource, candidate).await
+    }
+
+    async fn release_lease(
+        &self,
+        inner: &S,
+        lease: &orion_beacon::Lease,
+    ) -> Result<bool, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        inner.release_lease(lease).await
+    }
+
+    async fn current_all(
+        &self,
+        inner: &S,
+        resources: &[String],
+    ) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        inner.current_all(resources).await
+    }
+}
+
+fn locks<S: LeaseStore + 'static>(store: S, owner: &str) -> Locks {
+    Locks::builder(store)
+        .owner(owner)
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(Duration::from_millis(100))
+        .build()
+        .unwrap()
+}
+
+/// One holder at a time, also within one process (no re-entrancy), and every hold's token
+/// above every earlier hold's.
+pub async fn a_lock_has_one_holder_and_each_hold_a_higher_token<H: Harness>(h: &H) {
+    let a = locks(h.store(), "node-a");
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("lock");
+    let (lock_a, lock_b) = (a.lock(&name).unwrap(), b.lock(&name).unwrap());
+    let first = lock_a.try_acquire().await.unwrap().expect("free");
+    assert!(first.is_held());
+    assert_eq!((first.name(), first.resource()), (&*name, &*name));
+    assert!(lock_b.try_acquire().await.unwrap().is_none(), "held by a");
+    assert!(
+        lock_a.try_acquire().await.unwrap().is_none(),
+        "a second acquire in the holding process waits like anyone's"
+    );
+    let mut last = first.token();
+    assert!(first.release().await.unwrap(), "released in the store");
+    for lock in [&lock_b, &lock_a, &lock_b] {
+        let guard = lock.try_acquire().await.unwrap().expect("free again");
+        assert!(guard.token() > last, "{:?} after {last:?}", guard.token());
+        last = guard.token();
+        assert!(guard.release().await.unwrap());
+    }
+    assert_eq!(a.held() + b.held(), 0);
+}
+
+/// `acquire` waits for a release and returns soon after it; with nobody releasing, it gives
+/// up at its timeout with a typed error naming the holder.
+pub async fn acquire_waits_for_a_release_and_times_out<H: Harness>(h: &H) {
+    let a = locks(h.store(), "node-a");
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("lock");
+    let held = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    let lock_b = b.lock(&name).unwrap();
+    let asked = Instant::now();
+    let err = lock_b
+        .acquire(Duration::from_millis(400))
+        .await
+        .unwrap_err();
+    let waited = asked.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_millis(2_400),
+        "{waited:?}"
+    );
+    match &err {
+        LockError::Timeout { holder, .. } => {
+            assert!(
+                holder.as_deref().is_none_or(|h| h.starts_with("node-a/")),
+                "{err:?}"
+            )
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    // A release wakes the waiter (by notification, or its next retry 100 ms later).
+    let waiter = tokio::spawn(async move {
+        let guard = lock_b.acquire(Duration::from_secs(20)).await.unwrap();
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let token = held.token();
+    let released = Instant::now();
+    assert!(held.release().await.unwrap());
+    let (granted, guard) = waiter.await.unwrap();
+    assert!(guard.token() > token);
+    let after = granted.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_millis(1_000),
+        "{after:?} after the release"
+    );
+}
+
+/// Dropping a guard releases the lock at once, not after its lease.
+pub async fn a_dropped_guard_releases_at_once<H: Harness>(h: &H) {
+    let a = Locks::builder(h.store())
+        .owner("node-a")
+        .lease_duration(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("lock");
+    let guard = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    let term = guard.term().clone();
+    drop(guard);
+    assert!(!term.is_current(), "the hold ends with the drop");
+    let asked = Instant::now();
+    let next = b
+        .lock(&name)
+        .unwrap()
+        .acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(next.token() > term.token());
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    // Held locks of a dropped `Locks` are released the same way.
+    let c = locks(h.store(), "node-c");
+    let name = unique("lock");
+    let guard = c.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    drop(c);
+    drop(guard);
+    let asked = Instant::now();
+    let _held = b
+        .lock(&name)
+        .unwrap()
+        .acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+}
+
+/// Many holds of one process live past their lease on one batched renew per round (no
+/// per-lock statement), and the rivals are refused all along.
+pub async fn holds_are_renewed_with_one_statement_per_round<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    let store = Double::over(h.store(), counting.clone());
+    let a = locks(store, "node-a");
+    let b = locks(h.separate_store().await, "node-b");
+    let names: Vec<String> = (0..20).map(|i| unique(&format!("lock{i}"))).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(a.lock(name).unwrap().try_acquire().await.unwrap().unwrap());
+    }
+    assert_eq!(a.held(), 20);
+    let start = Instant::now();
+    tokio::time::sleep(LEASE * 2).await;
+    let slept = start.elapsed();
+    for (guard, name) in guards.iter().zip(&names) {
+        assert!(guard.is_held(), "{name} held past its lease");
+        assert!(b.lock(name).unwrap().try_acquire().await.unwrap().is_none());
+    }
+    let renews = counting.renews.load(Ordering::SeqCst);
+    let rounds = slept.as_millis() / RENEW.as_millis();
+    assert!(
+        renews >= 3 && renews as u128 <= rounds + 2,
+        "{renews} batched renews in {slept:?} ({rounds} rounds of {RENEW:?})"
+    );
+    assert_eq!(
+        counting.acquires.load(Ordering::SeqCst),
+        20,
+        "no renew one by one"
+    );
+}
+
+/// A hold whose renews stop ends at its local deadline (before the lease lapses in the
+/// store), and one taken away in the store ends at the next renew; `lost()` fires and the
+/// scoped form drops its work.
+pub async fn a_lost_hold_says_so_and_its_work_is_dropped<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    let a = locks(Double::over(h.store(), counting.clone()), "node-a");
+    let name = unique("lock");
+    let guard = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    counting.fail_renews.store(true, Ordering::SeqCst);
+    let granted = Instant::now();
+    tokio::time::timeout(LEASE, guard.lost())
+        .await
+        .expect("lost within the lease");
+    assert!(!guard.is_held());
+    assert_eq!(
+        guard.term().loss_reason(),
+        Some(orion_beacon::LossReason::Deadline)
+    );
+    // Before the store let anyone else have it: the lease was still live there.
+    let left = LEASE.saturating_sub(granted.elapsed());
+    assert!(left > Duration::ZERO, "ended only after the lease");
+    counting.fail_renews.store(false, Ordering::SeqCst);
+
+    // Taken away in the store (a release under the hold's own candidate id, as an operator's
+    // revoke would): the next batched renew reports it lost.
+    let name = unique("lock");
+    let lock = a.lock(&name).unwrap();
+    let store = h.store();
+    let work = lock.with_lock(Duration::from_secs(5), |term| async move {
+        let (resource, candidate) = (term.resource().to_owned(), term.candidate().to_owned());
+        assert!(store.release(&resource, &candidate).await.unwrap());
+        std::future::pending::<()>().await;
+    });
+    let err = tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .expect("the work is dropped when the hold is lost")
+        .unwrap_err();
+    assert!(matches!(err, LockError::Lost { .. }), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    assert_eq!(a.held(), 0);
+    // What returns in time is the closure's answer, and the lock is released after it.
+    let lock = a.lock(unique("lock")).unwrap();
+    let answer = lock
+        .with_lock(Duration::from_secs(5), |term| async move { term.token() })
+        .await
+        .unwrap();
+    let next = lock.try_acquire().await.unwrap().expect("released");
+    assert!(next.token() > answer);
+}
+
+/// An acquire given up on while its statement is on the way leaves nothing held: what it was
+/// granted is released, not left to lapse.
+pub async fn an_acquire_given_up_on_leaves_nothing_held<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    counting.acquire_delay_ms.store(300, Ordering::SeqCst);
+    let a = Locks::builder(Double::over(h.store(), counting.clone()))
+        .owner("node-a")
+        .lease_duration(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("lock");
+    let lock = a.lock(&name).unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), lock.try_acquire()).await;
+    assert!(gave_up.is_err(), "given up before the answer");
+    // A timeout on acquire itself, too.
+    let name2 = unique("lock");
+    let err = a
+        .lock(&name2)
+        .unwrap()
+        .acquire(Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    assert_eq!(a.held(), 0);
+    // Both statements still run (and are granted) after they were given up on...
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(counting.acquires.load(Ordering::SeqCst), 2);
+    // ...and both grants are released, not left to lapse (30 s).
+    for name in [&name, &name2] {
+        let got = b
+            .lock(name)
+            .unwrap()
+            .acquire(Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            got.token().get() >= 2,
+            "{name}: taken from the given-up grant"
+        );
+    }
+}
+
+/// A renew that committed but whose answer never came: the hold ends at its deadline, and its
+/// release (by the hold's own id) still ends the lease in the store, so a rival gets the lock
+/// at once instead of a lease later.
+pub async fn a_renew_answered_too_late_still_leaves_nothing_held<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    let a = locks(Double::over(h.store(), counting.clone()), "node-a");
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("lock");
+    let guard = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    counting
+        .renew_answer_delay_ms
+        .store(LEASE.as_millis() as u64 * 3, Ordering::SeqCst);
+    tokio::time::timeout(LEASE * 2, guard.lost())
+        .await
+        .expect("the hold ends at its deadline");
+    let ended = Instant::now();
+    let got = b
+        .lock(&name)
+        .unwrap()
+        .acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(got.token() > guard.token());
+    let after = ended.elapsed();
+    assert!(
+        after < Duration::from_millis(1_000),
+        "{after:?}: the renewed lease was released, not left to lapse"
+    );
+}
+
+/// A semaphore of three: three holders at once, each on its own permit with its own token, a
+/// fourth waits for a permit to come free.
+pub async fn a_semaphore_has_at_most_n_holders<H: Harness>(h: &H) {
+    let name = unique("sem");
+    let mut clients = Vec::new();
+    for i in 0..5 {
+        let store = if i % 2 == 0 {
+            h.store()
+        } else {
+            h.separate_store().await
+        };
+        clients.push(locks(store, &format!("node-{i}")));
+    }
+    let mut held = Vec::new();
+    for c in &clients {
+        let sem = c.semaphore(&name, 3).unwrap();
+        assert_eq!(sem.permits(), 3);
+        if let Some(permit) = sem.try_acquire().await.unwrap() {
+            held.push(permit);
+        }
+    }
+    assert_eq!(held.len(), 3, "three permits");
+    let mut permits: Vec<u32> = held.iter().map(|g| g.permit().unwrap()).collect();
+    permits.sort_unstable();
+    assert_eq!(permits, [0, 1, 2]);
+    for g in &held {
+        assert_eq!(g.resource(), format!("{name}#{}", g.permit().unwrap()));
+        assert_eq!(g.name(), name);
+    }
+    // A waiter gets the permit that is released, with a higher token than its last holder's.
+    let sem = clients[4].semaphore(&name, 3).unwrap();
+    let waiter = tokio::spawn(async move { sem.acquire(Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let freed = held.remove(1);
+    let (permit, token) = (freed.permit(), freed.token());
+    assert!(freed.release().await.unwrap());
+    let got = waiter.await.unwrap().unwrap();
+    assert_eq!(got.permit(), permit);
+    assert!(got.token() > token);
+    // All permits held again: a fifth times out.
+    let err = clients[3]
+        .semaphore(&name, 3)
+        .unwrap()
+        .acquire(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+}
+
+/// Bad names, permits, durations and timeouts are typed errors, and no statement is sent.
+pub async fn bad_input_is_refused_before_sql<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    let a = locks(Double::over(h.store(), counting.clone()), "node-a");
+    for bad in ["", " x", "x\n", &"x".repeat(256)] {
+        let err = a.lock(bad).unwrap_err();
+        assert!(
+            matches!(err, LockError::Store(StoreError::InvalidResource { .. })),
+            "{bad:?}: {err:?}"
+        );
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
+    for permits in [0, MAX_PERMITS + 1] {
+        let err = a.semaphore("s", permits).unwrap_err();
+        assert!(matches!(err, LockError::Permits { .. }), "{err:?}");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
+    // The permits' own names must fit too: `name#1023`.
+    let err = a.semaphore("x".repeat(251), MAX_PERMITS).unwrap_err();
+    assert!(
+        matches!(err, LockError::Store(StoreError::InvalidResource { .. })),
+        "{err:?}"
+    );
+    let lock = a.lock("fine").unwrap();
+    let err = lock
+        .acquire(Duration::from_secs(400 * 24 * 3600))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::TimeoutTooLong { .. }), "{err:?}");
+    let zero = Locks::builder(h.store())
+        .lease_duration(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(matches!(zero, ConfigError::Zero { .. }), "{zero:?}");
+    let slow = Locks::builder(h.store())
+        .lease_duration(Duration::from_secs(10))
+        .renew_interval(Duration::from_secs(5))
+        .build()
+        .unwrap_err();
+    assert!(matches!(slow, ConfigError::RenewTooSlow { .. }), "{slow:?}");
+    let owner = Locks::builder(h.store())
+        .owner("x".repeat(201))
+        .build()
+        .unwrap_err();
+    assert!(matches!(owner, ConfigError::Invalid(_)), "{owner:?}");
+    assert_eq!(counting.sent(), 0, "nothing reached the store");
+}
+
+#[macro_export]
+macro_rules! lock_suite {
+    ($setup:expr) => {
+        $crate::lock_suite!(@cases $setup;
+            a_lock_has_one_holder_and_each_hold_a_higher_token,
+            acquire_waits_for_a_release_and_times_out,
+            a_dropped_guard_releases_at_once,
+            holds_are_renewed_with_one_statement_per_round,
+            a_lost_hold_says_so_and_its_work_is_dropped,
+            an_acquire_given_up_on_leaves_nothing_held,
+            a_renew_answered_too_late_still_leaves_nothing_held,
+            a_semaphore_has_at_most_n_holders,
+            bad_input_is_refused_before_sql,
+        );
+    };
+    (@cases $setup:expr; $($case:ident),* $(,)?) => {
+        mod locks {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    #[allow(unused_imports)]
+                    use $crate::common::conformance::Harness as _;
+                    if let Some(h) = $setup.await {
+                        $crate::common::locks::$case(&h).await;
+                        h.teardown().await;
+                    }
+                }
+            )*
+        }
+    };
+}
