@@ -97,10 +97,15 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         Backend::MySql if config.galera.is_some() => {
             let topology = config.galera.ok_or("no topology")?;
             let g = tokio::task::spawn_blocking(move || start_galera(topology)).await??;
-            connect(&g.node(0).url(), 1)
-                .await?
-                .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
-                .await?;
+            // Certification is synchronous but applying is not: a node that has not
+            // applied node 0's CREATE DATABASE yet refuses a connection to it (1049).
+            // The statement on each node is ordered after the first one, so it waits.
+            for node in g.nodes() {
+                connect(&node.url(), 1)
+                    .await?
+                    .execute_unprepared("CREATE DATABASE IF NOT EXISTS orion_torture")
+                    .await?;
+            }
             for node in g.nodes() {
                 let url = node.url_for("orion_torture");
                 node_admins.push(connect(&url, 2).await?);
