@@ -6,7 +6,8 @@
 //! for shard sets: tokens and ledger order are judged per resource (a node's term of a shard
 //! begun again on its earlier token is caught), an overlap of one shard's
 //! work with its next holder and a stale row of one shard are caught and named, a node over
-//! `ceil(N / M) + slack` at a steady point fails, and the recovery figure is measured.
+//! `ceil(N / M) + slack` at a steady point fails, and the recovery figure is measured. The lock
+//! runs: safety only, an overlap on a permit still caught, the holds at once counted.
 
 #[path = "torture/checker.rs"]
 mod checker;
@@ -531,6 +532,51 @@ stop 5100000000
         let v = check(&mut r, BOUND, SETTLE, 1);
         assert!(v.fairness.over.is_empty(), "{:?}", v.fairness.over);
         assert_eq!((v.fairness.min, v.fairness.max), (0, 2));
+    }
+
+    /// The lock configurations: safety only (a free permit for a long while is no violation),
+    /// an overlap on one permit still is, and the holds believed at once are counted over all
+    /// permits (the run fails more than N).
+    #[test]
+    fn lock_runs_are_judged_on_safety_and_count_holds_at_once() {
+        let mut r = record(A, B);
+        r.safety_only = true;
+        // Nobody holds shard-1 from 5 s on (after a's shutdown): not a finding for a lock run.
+        r.end = 60_000 * MS;
+        r.quiesce = 59_000 * MS;
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.most_at_once, 2, "one hold per permit, both at once");
+        let mut r = record(A, B);
+        r.end = 60_000 * MS;
+        r.quiesce = 59_000 * MS;
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert!(
+            v.violations.iter().any(|m| m.contains("no leader for")),
+            "the same gap fails an election run: {:?}",
+            v.violations
+        );
+        let b = B.replace("lead shard-0 2 1000000000 2", "lead shard-0 2 930000000 2");
+        let mut r = record(A, &b);
+        r.safety_only = true;
+        let v = check(&mut r, BOUND, SETTLE, 0);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.starts_with("shard-0: overlap:")),
+            "{:?}",
+            v.violations
+        );
+        // Three holds of three permits at 0.5 s.
+        let c = "start c 0 0\nlead shard-2 1 400000000 1\nlost shard-2 1 600000000 900000000 released 1\nstop 5100000000\n";
+        let mut r = ShardRecord::new(&["shard-0".into(), "shard-1".into(), "shard-2".into()]);
+        r.end = 5_500 * MS;
+        r.quiesce = 5_000 * MS;
+        r.safety_only = true;
+        r.add_history(A, None).unwrap();
+        r.add_history(B, None).unwrap();
+        r.add_history(c, None).unwrap();
+        assert_eq!(check(&mut r, BOUND, SETTLE, 0).most_at_once, 3);
     }
 
     #[test]

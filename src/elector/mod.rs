@@ -31,7 +31,7 @@ use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
 pub(crate) use config::{check_timing, default_candidate_id};
 use config::{Config, Options};
 pub(crate) use random::jittered;
-use runner::{Runner, Stop};
+use runner::{Runner, StepDown, Stop};
 
 /// Builds an [`Elector`]: `Elector::builder(store).resource("nightly-report").build()?`.
 #[must_use]
@@ -197,6 +197,7 @@ impl Elector {
         let stop = Stop {
             shutdown: CancellationToken::new(),
             abort: CancellationToken::new(),
+            step_down: Arc::default(),
         };
         let work_gate = Arc::new(RwLock::new(()));
         let probe = health::Probe::new(&self.config, self.health_window);
@@ -405,6 +406,53 @@ impl ElectorHandle {
     pub fn shutdown(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.stop.shutdown.cancel();
         self.finished()
+    }
+
+    /// Steps down for a planned handover: if this candidate leads, its term ends as on a
+    /// [`shutdown`](Self::shutdown) (`is_leader()` turns false, the term's
+    /// [`lost`](LeaderTerm::lost) fires with [`LossReason::HandedOver`], its work gets up to
+    /// the grace period while the lease is kept renewed), then the lease is released, so
+    /// another candidate takes over in one handover (woken by the release notification where
+    /// the store has them, otherwise at its next retry), not after a lease. Leader or not, this
+    /// candidate then stays out of the contest for `stay_out` (no attempt, whatever it hears)
+    /// and contends again after it, for a new term with a higher token.
+    ///
+    /// The step-down is asked for at the call; the future resolves to whether it ended a term
+    /// (`false` for a follower, or once the elector has stopped). A `stay_out` longer than
+    /// [`MAX_INTERVAL`] is refused before anything happens.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use orion_beacon::Elector;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let handle = Elector::builder_in_memory().resource("planned").build()?.start();
+    /// handle.watch().wait_for(|l| l.is_leader()).await?;
+    /// // Before a deploy of this instance: let another candidate lead now.
+    /// assert!(handle.step_down(Duration::from_secs(30)).await?);
+    /// assert!(!handle.is_leader());
+    /// # handle.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn step_down(
+        &self,
+        stay_out: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, ConfigError>> + Send + 'static {
+        let asked = if stay_out > MAX_INTERVAL {
+            Err(ConfigError::TooLong {
+                option: "stay_out",
+                value: stay_out,
+                max: MAX_INTERVAL,
+            })
+        } else {
+            let (done, answer) = tokio::sync::oneshot::channel();
+            self.stop.step_down.ask(StepDown { stay_out, done });
+            Ok(answer)
+        };
+        async move {
+            // The elector gone before it answered: nothing was ended by this call.
+            Ok(asked?.await.unwrap_or(false))
+        }
     }
 
     /// Stops the elector at once, as if the process had died: the term is marked lost locally,

@@ -26,13 +26,46 @@ use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseStore};
 /// How long dropped leader work gets to let go of the work gate before shutdown gives up on it.
 const UNWIND: Duration = Duration::from_millis(100);
 
-/// How the loop was asked to stop.
+/// How the loop was asked to stop, or to step down.
 #[derive(Debug, Clone)]
 pub(crate) struct Stop {
     /// Graceful: end the work, release, stop.
     pub shutdown: CancellationToken,
     /// Abrupt: as if the process died (no waiting for work, no release).
     pub abort: CancellationToken,
+    /// A step-down asked for (see [`StepDown`]).
+    pub step_down: Arc<StepDownRequests>,
+}
+
+/// `ElectorHandle::step_down` calls waiting for the loop: the latest one counts.
+#[derive(Debug, Default)]
+pub(crate) struct StepDownRequests {
+    pending: std::sync::Mutex<Option<StepDown>>,
+    asked: tokio::sync::Notify,
+}
+
+/// One step-down: end the term as a shutdown does, release, stay out of the contest for
+/// `stay_out`, then contend again; `done` hears whether there was a term to end.
+#[derive(Debug)]
+pub(crate) struct StepDown {
+    pub stay_out: Duration,
+    pub done: tokio::sync::oneshot::Sender<bool>,
+}
+
+impl StepDownRequests {
+    pub(crate) fn ask(&self, request: StepDown) {
+        // An earlier request not yet taken up is answered by this one's outcome: dropped here,
+        // its caller hears `false` (it did not end a term itself).
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(request);
+        self.asked.notify_one();
+    }
+
+    fn take(&self) -> Option<StepDown> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
 }
 
 pub(crate) struct Runner {
@@ -63,6 +96,8 @@ enum Stopped {
     Shutdown,
     /// Abrupt: no waiting for work, no release.
     Abort,
+    /// Not a stop: end the term gracefully, release, and stay out for a while.
+    StepDown,
 }
 
 impl Runner {
@@ -84,10 +119,21 @@ impl Runner {
         // Whether the last step was a release that found its write gone (see `release_unled`).
         let mut gone_before = false;
         let mut releases = self.store.release_events();
+        // Until when a step-down keeps this candidate out of the contest.
+        let mut out_until: Option<Instant> = None;
         let (stopped_by, failure) = loop {
             let step = match active.as_ref() {
                 None => {
-                    self.follower_step(next_attempt, failures, led, &mut releases)
+                    let staying_out = out_until.is_some_and(|until| crate::clock::now() < until);
+                    // Staying out: no release notification (ours, say) brings the attempt
+                    // forward.
+                    let mut none = None;
+                    let events = if staying_out {
+                        &mut none
+                    } else {
+                        &mut releases
+                    };
+                    self.follower_step(next_attempt, failures, led, events)
                         .await
                 }
                 Some(a) => self.leader_step(a, failures).await,
@@ -96,6 +142,27 @@ impl Runner {
                 Ok(decision) => decision,
                 Err(Stopped::Shutdown) => break (LossReason::Shutdown, None),
                 Err(Stopped::Abort) => break (LossReason::Aborted, None),
+                Err(Stopped::StepDown) => {
+                    let Some(request) = self.stop.step_down.take() else {
+                        continue;
+                    };
+                    let ended = match active.take() {
+                        Some(mut a) => {
+                            match self.hand_over(&mut a, &mut failures).await {
+                                Ok(()) => {}
+                                Err(_) => break (LossReason::Aborted, None),
+                            }
+                            true
+                        }
+                        None => false,
+                    };
+                    let until = later(crate::clock::now(), request.stay_out);
+                    info!(stay_out = ?request.stay_out, ended, "stepped down");
+                    out_until = Some(until);
+                    next_attempt = until;
+                    let _ = request.done.send(ended);
+                    continue;
+                }
             };
             failures = decision.failures;
             let gone = std::mem::take(&mut gone_before);
@@ -177,6 +244,21 @@ impl Runner {
             }
             None => info!(reason = %stopped_by, "elector stopped"),
         }
+    }
+
+    /// A step-down of a leader: the term ends as on a shutdown (its work gets the grace period
+    /// while the lease is kept renewed), then the lease is released so another candidate takes
+    /// over at once. `Err` only on an abort meanwhile.
+    async fn hand_over(&self, active: &mut Active, failures: &mut u32) -> Result<(), Stopped> {
+        self.end_term(&active.term, LossReason::HandedOver, None);
+        let holds_lease = self.drain(active, failures).await;
+        if self.stop.abort.is_cancelled() {
+            return Err(Stopped::Abort);
+        }
+        if holds_lease {
+            self.release(&active.granted).await;
+        }
+        Ok(())
     }
 
     /// One follower attempt: waits for the next attempt time, then tries to acquire.
@@ -276,12 +358,13 @@ impl Runner {
         }
     }
 
-    /// Runs `fut` unless a stop is requested first.
+    /// Runs `fut` unless a stop (or a step-down) is requested first.
     async fn stoppable<F: std::future::Future>(&self, fut: F) -> Result<F::Output, Stopped> {
         tokio::select! {
             biased;
             _ = self.stop.abort.cancelled() => Err(Stopped::Abort),
             _ = self.stop.shutdown.cancelled() => Err(Stopped::Shutdown),
+            _ = self.stop.step_down.asked.notified() => Err(Stopped::StepDown),
             out = fut => Ok(out),
         }
     }
@@ -309,13 +392,13 @@ impl Runner {
         // read a leader state from the channel.
         self.state.send_replace(Leadership::Follower { leader });
         term.end(reason);
-        if reason != LossReason::Shutdown {
+        if !matches!(reason, LossReason::Shutdown | LossReason::HandedOver) {
             // The lease no longer covers the term: its work stops now, not after a grace.
             term.cut_off();
         }
         self.probe.lost(reason);
         match reason {
-            LossReason::Shutdown => {
+            LossReason::Shutdown | LossReason::HandedOver => {
                 info!(token = %term.token(), reason = %reason, "leadership ended")
             }
             _ => warn!(token = %term.token(), reason = %reason, "leadership lost"),

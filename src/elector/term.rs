@@ -75,8 +75,9 @@ pub enum LossReason {
     /// The store refused the elector's configuration; the elector stopped (see
     /// [`Leadership::Failed`]).
     Failed,
-    /// A shard set handed the resource over to another member (rebalancing, a preference, a
-    /// drain): its work was told to stop, then the lease was released.
+    /// Handed over on purpose: an elector's [`step_down`](crate::ElectorHandle::step_down), or
+    /// a shard set's handover to another member (rebalancing, a preference, a drain). Its work
+    /// was told to stop (and got the grace period), then the lease was released.
     HandedOver,
     /// Its holder let it go: a lock guard or permit released or dropped.
     Released,

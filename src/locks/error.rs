@@ -50,6 +50,12 @@ pub enum LockError {
         /// The longest accepted.
         max: Duration,
     },
+    /// An acquire called outside a tokio runtime: locks are renewed, waited for and released
+    /// on tokio tasks and timers.
+    #[error(
+        "locks need a tokio runtime (with its time driver): the acquire was called outside one"
+    )]
+    NoRuntime,
     /// The store refused the name (see [`crate::store::validate_resource`])
     /// or failed; with [`acquire`](crate::locks::Lock::acquire), the last of its errors when
     /// the timeout ran out.
@@ -59,12 +65,14 @@ pub enum LockError {
 
 impl LockError {
     /// What kind of failure this is: [`ErrorKind::TimedOut`], [`ErrorKind::Lost`],
-    /// [`ErrorKind::InvalidInput`] for bad permits or timeouts, the store error's own kind.
+    /// [`ErrorKind::InvalidInput`] for bad permits or timeouts or no runtime, the store error's own kind.
     pub fn kind(&self) -> ErrorKind {
         match self {
             LockError::Timeout { .. } => ErrorKind::TimedOut,
             LockError::Lost { .. } => ErrorKind::Lost,
-            LockError::Permits { .. } | LockError::TimeoutTooLong { .. } => ErrorKind::InvalidInput,
+            LockError::Permits { .. } | LockError::TimeoutTooLong { .. } | LockError::NoRuntime => {
+                ErrorKind::InvalidInput
+            }
             LockError::Store(err) => err.kind(),
         }
     }

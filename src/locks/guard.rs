@@ -82,11 +82,21 @@ impl LockGuard {
     /// Whether the lock is still held right now: not lost, and its local deadline not passed
     /// (checked against the monotonic clock on every call).
     pub fn is_held(&self) -> bool {
-        self.term.is_current()
+        let held = self.term.is_current();
+        if held {
+            // The renewer ends with the runtime it ran on: a hold looked at from another
+            // runtime gets one there.
+            self.holder.start_renewer();
+        }
+        held
     }
 
     /// Completes when the lock is lost (a renew denied or missing its deadline) or released.
     pub fn lost(&self) -> WaitForCancellationFutureOwned {
+        if self.term.is_current() {
+            // Something must end the hold at its deadline for this to complete.
+            self.holder.start_renewer();
+        }
         self.term.lost()
     }
 

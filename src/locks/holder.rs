@@ -57,7 +57,7 @@ pub(super) struct Holder {
     /// down), so the next acquire starts one again.
     renewing: Arc<AtomicBool>,
     /// This `Locks`'s random part of every candidate id, and the count after it.
-    instance: u32,
+    instance: u64,
     next_candidate: AtomicU64,
 }
 
@@ -81,7 +81,7 @@ impl Holder {
             wake: Arc::new(Notify::new()),
             renewing: Arc::new(AtomicBool::new(false)),
             // Two `Locks` with one owner (or a restarted process) never share a candidate id.
-            instance: crate::elector::random::random_u64() as u32,
+            instance: crate::elector::random::random_u64(),
             next_candidate: AtomicU64::new(1),
         }
     }
@@ -90,7 +90,7 @@ impl Holder {
     /// of a lock this process holds waits like anyone else's (no re-entrancy).
     pub(super) fn candidate(&self) -> Arc<str> {
         let n = self.next_candidate.fetch_add(1, Ordering::Relaxed);
-        Arc::from(format!("{}/{:08x}-{n}", self.config.owner, self.instance))
+        Arc::from(format!("{}/{:016x}-{n}", self.config.owner, self.instance))
     }
 
     /// How many leases this process holds through these locks.
@@ -119,9 +119,9 @@ impl Holder {
                 );
                 runtime.spawn(async move {
                     let answer = store.acquire_or_renew(&r, &c, lease).await;
-                    if let Err(Ok(answer)) = tx.send(answer) {
-                        // Nobody waits for it any more: let go of what it granted.
-                        if answer.lease().is_some() {
+                    if let Err(answer) = tx.send(answer) {
+                        // Nobody waits for it any more: let go of what it may have granted.
+                        if may_hold(&answer) {
                             release_by_candidate(&*store, &r, &c, lease).await;
                         }
                     }
@@ -227,20 +227,31 @@ impl Holder {
         if !ours {
             return Ok(false);
         }
-        match tokio::time::timeout(
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.store.release(resource, term.candidate()).await;
+        };
+        // On a task of its own: a caller that stops waiting (a timeout around `release()`)
+        // must not cancel the release with it, or the lock would stay held until it lapses.
+        let (store, r, c, lease) = (
+            self.store.clone(),
+            resource.to_owned(),
+            term.candidate().to_owned(),
             self.config.lease,
-            self.store.release(resource, term.candidate()),
-        )
-        .await
-        {
-            Ok(answer) => answer,
-            Err(_) => {
+        );
+        let call = runtime.spawn(async move {
+            let answer = tokio::time::timeout(lease, store.release(&r, &c)).await;
+            if answer.is_err() {
                 warn!(
-                    resource,
+                    resource = r,
                     "the release did not answer within the lease; it lapses"
                 );
-                Ok(false)
             }
+            answer
+        });
+        match call.await {
+            Ok(Ok(answer)) => answer,
+            // Not answered within the lease (it lapsed since), or the runtime shutting down.
+            Ok(Err(_)) | Err(_) => Ok(false),
         }
     }
 
@@ -268,7 +279,10 @@ impl Holder {
         }
     }
 
-    fn start_renewer(self: &Arc<Self>) {
+    /// Starts the renewer on the current runtime unless one runs: after the first grant, and
+    /// again whenever a guard is looked at, so holds outlive the runtime that took them (its
+    /// shutdown ends the renewer task).
+    pub(super) fn start_renewer(self: &Arc<Self>) {
         if self.renewing.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -283,7 +297,7 @@ impl Holder {
             }
             Err(_) => {
                 self.renewing.store(false, Ordering::SeqCst);
-                warn!("no tokio runtime to renew the locks on: they end at their deadlines");
+                debug!("no tokio runtime to renew the locks on: they end at their deadlines");
             }
         }
     }
@@ -330,10 +344,17 @@ impl Holder {
         let renewals = match answer {
             Ok(Ok(renewals)) => renewals,
             Ok(Err(err)) if err.is_permanent() => {
-                error!(leases = batch.len(), error = %err, "the store cannot renew locks: every hold ends");
-                for (_, h) in std::mem::take(&mut *held) {
-                    h.term.end(LossReason::Failed);
-                    h.term.cut_off();
+                error!(leases = batch.len(), error = %err, "the store cannot renew locks: every hold it was asked for ends");
+                // Only the holds in this batch: one granted meanwhile was not asked about.
+                for lease in &batch {
+                    let same = held
+                        .get(lease.resource.as_str())
+                        .is_some_and(|h| h.term.token() == lease.token);
+                    if let Some(h) = held.remove(lease.resource.as_str()).filter(|_| same) {
+                        h.term.end(LossReason::Failed);
+                        h.term.cut_off();
+                        self.release_quietly(&lease.resource, h.term.candidate());
+                    }
                 }
                 return;
             }
@@ -477,8 +498,11 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else { return };
-        if let Ok(Ok(answer)) = rx.try_recv() {
-            if answer.lease().is_some() {
+        // Closed first: from here on the task's send fails and it releases itself, and an
+        // answer sent before is read here. Without it, one sent between the two would be lost.
+        rx.close();
+        if let Ok(answer) = rx.try_recv() {
+            if may_hold(&answer) {
                 let (store, r, c, lease) = (
                     self.store.clone(),
                     self.resource.to_owned(),
@@ -492,6 +516,12 @@ impl Drop for Waiting<'_> {
             }
         }
     }
+}
+
+/// Whether an answer may stand for a lease the store holds for the candidate: a grant, a
+/// renew, or an error (the write may have committed before the answer was lost).
+fn may_hold(answer: &Result<LeaseOutcome, StoreError>) -> bool {
+    !matches!(answer, Ok(LeaseOutcome::Denied(_)))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -48,6 +48,8 @@
 mod error;
 mod guard;
 mod holder;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -219,7 +221,7 @@ impl LocksBuilder {
             }));
         }
         crate::store::validate_candidate(&owner)?;
-        crate::store::validate_candidate(&format!("{owner}/{:08x}-{}", u32::MAX, u64::MAX))?;
+        crate::store::validate_candidate(&format!("{owner}/{:016x}-{}", u64::MAX, u64::MAX))?;
         let lease = self.lease.unwrap_or(DEFAULT_LOCK_LEASE);
         let renew_interval = self.renew_interval.unwrap_or(DEFAULT_LOCK_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_LOCK_RETRY_INTERVAL);
@@ -275,8 +277,10 @@ impl Lock {
         &self.name
     }
 
-    /// Takes the lock if it is free now; `None` if someone holds it.
+    /// Takes the lock if it is free now; `None` if someone holds it (or, rarely, when the
+    /// grant answered too late to be trusted: it is released, and the next try may succeed).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
+        need_runtime()?;
         let candidate = self.holder.candidate();
         match self.holder.attempt(&self.name, &candidate).await? {
             Attempt::Granted(term) => Ok(Some(self.guard(term))),
@@ -336,8 +340,10 @@ impl Semaphore {
         u32::try_from(self.resources.len()).unwrap_or(MAX_PERMITS)
     }
 
-    /// Takes a free permit if there is one now; `None` if all are held.
+    /// Takes a free permit if there is one now; `None` if all are held (or, rarely, as for
+    /// [`Lock::try_acquire`]).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
+        need_runtime()?;
         let candidate = self.holder.candidate();
         match try_any(&self.holder, &self.resources, &candidate).await? {
             Attempt::Granted(term) => Ok(Some(self.guard(term))),
@@ -398,6 +404,13 @@ where
     }
 }
 
+/// Locks take, renew and wait on tokio: refused outside a runtime, before any SQL.
+fn need_runtime() -> Result<(), LockError> {
+    tokio::runtime::Handle::try_current()
+        .map(|_| ())
+        .map_err(|_| LockError::NoRuntime)
+}
+
 /// One try at each of `resources` that looks free (all of them for one), in a random order.
 async fn try_any(
     holder: &Arc<Holder>,
@@ -435,7 +448,12 @@ async fn try_any(
     for resource in free {
         match holder.attempt(resource, candidate).await? {
             Attempt::Granted(term) => return Ok(Attempt::Granted(term)),
-            Attempt::Denied(Some(denial)) => last = Some(denial),
+            // The denial whose lease ends first, to wait for.
+            Attempt::Denied(Some(denial)) => {
+                if last.as_ref().is_none_or(|l| denial.remaining < l.remaining) {
+                    last = Some(denial);
+                }
+            }
             // Being released under this candidate id: the caller takes another.
             Attempt::Denied(None) => return Ok(Attempt::Denied(None)),
         }
@@ -451,6 +469,7 @@ async fn wait_for(
     resources: &[Arc<str>],
     timeout: Duration,
 ) -> Result<LeaderTerm, LockError> {
+    need_runtime()?;
     if timeout > MAX_INTERVAL {
         return Err(LockError::TimeoutTooLong {
             timeout,

@@ -212,6 +212,98 @@ pub async fn crash_and_graceful_handover(h: &SqlHarness) {
     );
 }
 
+/// A planned handover: the leader steps down, its work gets to finish, the other candidate
+/// leads within one handover (not a lease), and the stepped-down one stays out of the contest
+/// for the time it asked, even with the resource free, then leads again with a higher token.
+pub async fn a_step_down_hands_over_and_stays_out(h: &SqlHarness) {
+    let resource = unique("step");
+    let recorder = Arc::new(Recorder::default());
+    let mut handles = Vec::new();
+    for idx in 0..2 {
+        let db = h.connect_again(2).await;
+        let store = h.configure(SeaOrmLeaseStore::new(db));
+        let handle = Elector::builder(store)
+            .resource(&resource)
+            .candidate_id(format!("node-{idx}"))
+            .lease_duration(Duration::from_secs(5))
+            .renew_interval(Duration::from_millis(500))
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+            .start();
+        recorder.watch(idx, &handle);
+        handles.push(handle);
+    }
+    wait_until("a first leader", Duration::from_secs(5), || {
+        handles.iter().any(|h| h.is_leader())
+    })
+    .await;
+    let first = handles.iter().position(|h| h.is_leader()).unwrap();
+    let (a, b) = (&handles[first], &handles[1 - first]);
+    // The leader's work winds down for 200 ms after it is told.
+    let wound_down: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let flag = wound_down.clone();
+    let _work = a.run_as_leader(move |term| {
+        let flag = flag.clone();
+        async move {
+            term.lost().await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            *flag.lock().unwrap() = Some(Instant::now());
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let old = a.token().expect("leads");
+    let asked = Instant::now();
+    let stay_out = Duration::from_secs(2);
+    assert!(a.step_down(stay_out).await.unwrap(), "it led");
+    assert!(!a.is_leader());
+    let wound = wound_down
+        .lock()
+        .unwrap()
+        .expect("the work finished before the release");
+    let took = wait_until(
+        "the other candidate",
+        RETRY.mul_f64(1.1) + SLACK + Duration::from_millis(200),
+        || b.is_leader(),
+    )
+    .await;
+    let (_, started, token) = recorder.leader_after(asked).expect("a next term");
+    assert!(
+        started >= wound,
+        "the next term began before the work had wound down"
+    );
+    assert!(token > old.get());
+    // The resource comes free again: the stepped-down candidate stays out all the same.
+    b.shutdown().await;
+    let freed = Instant::now();
+    let back = wait_until(
+        "the stepped-down candidate again",
+        stay_out + RETRY + SLACK,
+        || a.is_leader(),
+    )
+    .await;
+    let back_at = freed + back;
+    assert!(
+        back_at >= asked + stay_out,
+        "led again {:?} after the step-down, inside its stay-out of {stay_out:?}",
+        back_at - asked
+    );
+    assert!(a.token().unwrap() > old);
+    // A stay-out over the longest interval is refused before anything happens.
+    let err = a
+        .step_down(Duration::from_secs(400 * 24 * 3600))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, orion_beacon::ConfigError::TooLong { .. }),
+        "{err:?}"
+    );
+    assert!(a.is_leader());
+    a.shutdown().await;
+    recorder.check();
+    eprintln!("step-down handover took {took:?}");
+}
+
 /// Generates the election test for a harness setup expression.
 #[macro_export]
 macro_rules! election_suite {
@@ -222,6 +314,16 @@ macro_rules! election_suite {
             use $crate::common::conformance::Harness as _;
             if let Some(h) = $setup.await {
                 $crate::common::election::crash_and_graceful_handover(&h).await;
+                h.teardown().await;
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_step_down_hands_over_and_stays_out() {
+            #[allow(unused_imports)]
+            use $crate::common::conformance::Harness as _;
+            if let Some(h) = $setup.await {
+                $crate::common::election::a_step_down_hands_over_and_stays_out(&h).await;
                 h.teardown().await;
             }
         }

@@ -37,6 +37,15 @@ pub struct Counts {
     /// Each batched renew commits (a lease four times as long), then its answer is held back
     /// for this long.
     pub renew_answer_delay_ms: std::sync::atomic::AtomicU64,
+    /// The next batched renew waits 400 ms, then is refused for good (a refusal no retry
+    /// changes); the ones after it are sent as usual.
+    pub refuse_next_renew: AtomicBool,
+    /// The next answers of batched renews leave this resource out, this many times.
+    pub omit_from_renews: std::sync::Mutex<Option<(String, usize)>>,
+    /// Each release waits this long before it is sent.
+    pub release_delay_ms: std::sync::atomic::AtomicU64,
+    /// Each acquire is written, then answered with an error (a reply lost after the commit).
+    pub fail_acquires_after_write: AtomicBool,
 }
 
 impl std::ops::Deref for Counting {
@@ -66,7 +75,14 @@ impl<S: LeaseStore + MembershipStore + 'static> Intercept<S> for Counting {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         let delay = self.acquire_delay_ms.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        inner.acquire_or_renew(resource, candidate, lease).await
+        let answer = inner.acquire_or_renew(resource, candidate, lease).await;
+        if self.fail_acquires_after_write.load(Ordering::SeqCst) {
+            answer?;
+            return Err(StoreError::Database(
+                sea_orm::DbErr::Custom("the reply was lost in this test".to_owned()).into(),
+            ));
+        }
+        answer
     }
 
     async fn renew_all(
@@ -80,6 +96,30 @@ impl<S: LeaseStore + MembershipStore + 'static> Intercept<S> for Counting {
             return Err(StoreError::Database(
                 sea_orm::DbErr::Custom("renews fail in this test".to_owned()).into(),
             ));
+        }
+        if self.refuse_next_renew.swap(false, Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            return Err(StoreError::InvalidResource {
+                name: "renews".to_owned(),
+                reason: "are refused for good in this test",
+            });
+        }
+        let omit = {
+            let mut omit = self.omit_from_renews.lock().unwrap();
+            let name = omit.as_ref().map(|(name, _)| name.clone());
+            if let Some((_, left)) = omit.as_mut() {
+                *left -= 1;
+                if *left == 0 {
+                    *omit = None;
+                }
+            }
+            name
+        };
+        if let Some(name) = omit {
+            let mut answer = inner.renew_all(held, lease).await?;
+            answer.renewed.retain(|l| l.resource != name);
+            answer.lost.retain(|l| l.resource != name);
+            return Ok(answer);
         }
         let delay = self.renew_answer_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
@@ -99,6 +139,8 @@ impl<S: LeaseStore + MembershipStore + 'static> Intercept<S> for Counting {
         candidate: &str,
     ) -> Result<bool, StoreError> {
         self.others.fetch_add(1, Ordering::SeqCst);
+        let delay = self.release_delay_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
         inner.release(resource, candidate).await
     }
 
@@ -417,6 +459,180 @@ where
     );
 }
 
+/// A batched renew the store refuses for good ends the holds it was asked for, at once and
+/// with the reason `Failed` (not at their deadline, as a passing failure would); a hold
+/// granted while that renew was on the way was not asked about and lives on.
+pub async fn a_renew_refused_for_good_ends_the_holds_it_asked_for<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    let a = locks(Double::over(h.store(), counting.clone()), "node-a");
+    let guard = a
+        .lock(unique("lock"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let granted = Instant::now();
+    let renews = counting.renews.load(Ordering::SeqCst);
+    counting.refuse_next_renew.store(true, Ordering::SeqCst);
+    // The refused renew is on the way (it answers after 400 ms): a hold granted now is not in
+    // its batch.
+    while counting.renews.load(Ordering::SeqCst) == renews {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let later = a
+        .lock(unique("lock"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(LEASE, guard.lost())
+        .await
+        .expect("ended by the refusal");
+    assert_eq!(
+        guard.term().loss_reason(),
+        Some(orion_beacon::LossReason::Failed)
+    );
+    let ended = granted.elapsed();
+    assert!(
+        ended < LEASE - LEASE / 10,
+        "{ended:?}: ended by the refusal, not at the deadline"
+    );
+    tokio::time::sleep(LEASE * 2).await;
+    assert!(
+        later.is_held(),
+        "a hold the refused renew did not name lives on"
+    );
+    assert_eq!(a.held(), 1);
+}
+
+/// A batched renew whose answer leaves a hold out (neither renewed nor lost) is asked again
+/// soon for it: the hold lives on, past its lease.
+pub async fn a_renew_answer_that_leaves_a_hold_out_is_asked_again<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    let a = locks(Double::over(h.store(), counting.clone()), "node-a");
+    let (left_out, other) = (unique("lock"), unique("lock"));
+    let g1 = a
+        .lock(&left_out)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let g2 = a
+        .lock(&other)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    *counting.omit_from_renews.lock().unwrap() = Some((left_out.clone(), 3));
+    tokio::time::sleep(LEASE * 2).await;
+    assert!(
+        counting.omit_from_renews.lock().unwrap().is_none(),
+        "left out three times"
+    );
+    assert!(
+        g1.is_held(),
+        "the hold left out of three answers is renewed after them"
+    );
+    assert!(g2.is_held());
+    assert_eq!(a.held(), 2);
+}
+
+/// A release whose caller stops waiting for it (a timeout around `release()`) still reaches
+/// the store: the lock is free at once, not a lease later.
+pub async fn a_release_given_up_on_still_releases<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    counting.release_delay_ms.store(300, Ordering::SeqCst);
+    let a = Locks::builder(Double::over(h.store(), counting.clone()))
+        .owner("node-a")
+        .lease_duration(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("lock");
+    let guard = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    let token = guard.token();
+    let gave_up = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
+    assert!(gave_up.is_err(), "given up before the release answered");
+    assert_eq!(a.held(), 0);
+    let asked = Instant::now();
+    let got = b
+        .lock(&name)
+        .unwrap()
+        .acquire(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(got.token() > token);
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}: released, not left to lapse (30 s)",
+        asked.elapsed()
+    );
+}
+
+/// An acquire answered with an error after its write committed (a reply lost) may hide a
+/// grant: it is released under the attempt's own id, so the lock is free at once, whether the
+/// caller read the error or had stopped waiting for it.
+pub async fn an_error_that_may_hide_a_grant_is_released<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let counting = Counting::default();
+    counting
+        .fail_acquires_after_write
+        .store(true, Ordering::SeqCst);
+    let a = Locks::builder(Double::over(h.store(), counting.clone()))
+        .owner("node-a")
+        .lease_duration(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let b = locks(h.separate_store().await, "node-b");
+    let (read, unread) = (unique("lock"), unique("lock"));
+    let err = a.lock(&read).unwrap().try_acquire().await.unwrap_err();
+    assert!(matches!(err, LockError::Store(_)), "{err:?}");
+    counting.acquire_delay_ms.store(300, Ordering::SeqCst);
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        a.lock(&unread).unwrap().try_acquire(),
+    )
+    .await;
+    assert!(gave_up.is_err(), "given up before the answer");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        counting.acquires.load(Ordering::SeqCst),
+        2,
+        "both were written"
+    );
+    assert_eq!(a.held(), 0);
+    for name in [&read, &unread] {
+        let asked = Instant::now();
+        let got = b
+            .lock(name)
+            .unwrap()
+            .acquire(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(got.token().get() >= 2, "{name}: after the hidden grant");
+        assert!(
+            asked.elapsed() < Duration::from_secs(3),
+            "{name}: {:?}: released, not left to lapse (30 s)",
+            asked.elapsed()
+        );
+    }
+}
+
 /// A semaphore of three: three holders at once, each on its own permit with its own token, a
 /// fourth waits for a permit to come free.
 pub async fn a_semaphore_has_at_most_n_holders<H: Harness>(h: &H) {
@@ -530,6 +746,10 @@ macro_rules! lock_suite {
             a_renew_answered_too_late_still_leaves_nothing_held,
             a_semaphore_has_at_most_n_holders,
             bad_input_is_refused_before_sql,
+            a_renew_refused_for_good_ends_the_holds_it_asked_for,
+            a_renew_answer_that_leaves_a_hold_out_is_asked_again,
+            a_release_given_up_on_still_releases,
+            an_error_that_may_hide_a_grant_is_released,
         );
     };
     (@cases $setup:expr; $($case:ident),* $(,)?) => {

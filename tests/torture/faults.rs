@@ -247,9 +247,11 @@ async fn leader_process<'a>(s: &Setup, procs: &'a [Proc], rng: &mut Rng) -> Opti
             .filter(|r| r.live)
             // A process killed earlier keeps its name in `procs` (its history is read later).
             .filter_map(|r| {
+                // A lock client's holds are `<name>/<random>-<n>`.
+                let process = r.holder.split('/').next().unwrap_or_default();
                 procs
                     .iter()
-                    .find(|p| p.name == r.holder && p.child.id().is_some())
+                    .find(|p| p.name == process && p.child.id().is_some())
             })
             .collect();
         if held.is_empty() {

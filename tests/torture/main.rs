@@ -19,8 +19,11 @@
 //! nodes, candidates spread over them, node faults, one node's clock 20 ms ahead),
 //! `shards-postgres` and `shards-mysql` (shard sets: every candidate is a node of one
 //! `ShardSet` over `--shards` resources, each led resource writing fenced ledger rows, checked
-//! per resource, see `shard_node.rs` and `shard_checker.rs`); by name only: `galera-skew` (300 ms
-//! ahead, measured) and `shards-sqlite`), `--duration SECS` (default 30, the shard sets 20),
+//! per resource, see `shard_node.rs` and `shard_checker.rs`), `lock-postgres` and
+//! `semaphore-mysql` (lock clients taking one lock, or a permit of a semaphore of two, under
+//! the same faults, checked per lease row, see `lock_node.rs`); by name only: `galera-skew`
+//! (300 ms ahead, measured), `shards-sqlite` and `semaphore-sqlite`), `--duration SECS`
+//! (default 30, the shard sets and locks 20),
 //! `--candidates N` (default 5), `--seed N` (default: random, printed), `--faults
 //! kill,pause,connkill,restart,failover,nodekill,nodestop` (default all that apply), `--pool N`
 //! (connections per candidate pool; default per configuration), `--no-skew` (do not run
@@ -40,6 +43,7 @@ mod clock;
 mod common;
 mod db;
 mod faults;
+mod lock_node;
 mod node_log;
 mod report;
 mod run;
@@ -116,6 +120,9 @@ struct Configuration {
     /// Shard sets: each candidate is a node of one `ShardSet` over `--shards` resources instead
     /// of an elector of one resource, and the checker works per resource.
     shards: bool,
+    /// Locks: each candidate is a lock client taking the run's lock (`Some(0)`) or a permit of
+    /// its semaphore of N (`Some(N)`) again and again; checked per lease row, safety only.
+    locks: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -136,10 +143,11 @@ const PLAIN: Configuration = Configuration {
     standby_lag: None,
     galera: None,
     shards: false,
+    locks: None,
 };
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 13] = [
+const CONFIGURATIONS: [Configuration; 16] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -244,11 +252,34 @@ const CONFIGURATIONS: [Configuration; 13] = [
         shards: true,
         ..PLAIN
     },
+    // Locks: five clients take one lock, hold it 200-800 ms writing fenced rows, and let go
+    // (released, dropped, or held idle), under every fault.
+    Configuration {
+        name: "lock-postgres",
+        backend: Backend::Postgres,
+        locks: Some(0),
+        ..PLAIN
+    },
+    // A semaphore of two permits, five clients: at most two holders at once, fenced writes in
+    // token order per permit.
+    Configuration {
+        name: "semaphore-mysql",
+        backend: Backend::MySql,
+        locks: Some(2),
+        ..PLAIN
+    },
+    // By name only: the same on one SQLite file.
+    Configuration {
+        name: "semaphore-sqlite",
+        backend: Backend::Sqlite,
+        locks: Some(2),
+        ..PLAIN
+    },
 ];
 
 /// Configurations a run without `--backend` leaves out: measurements and slow variants that
 /// need no repeating in CI.
-const BY_NAME_ONLY: [&str; 2] = ["galera-skew", "shards-sqlite"];
+const BY_NAME_ONLY: [&str; 3] = ["galera-skew", "shards-sqlite", "semaphore-sqlite"];
 
 /// SQLite rollback-journal mode: the candidates' busy timeout.
 const ROLLBACK_BUSY_TIMEOUT: Duration = Duration::from_millis(300);
@@ -337,6 +368,17 @@ struct Args {
     /// The shard set's membership table.
     #[arg(long, default_value = "", help_heading = "Candidate process")]
     members: String,
+    /// Run as a lock client of the lock `--resource` (or its semaphore, with `--permits`).
+    #[arg(long, help_heading = "Candidate process")]
+    lock_node: bool,
+    /// The semaphore's permits (0: a lock).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Candidate process"
+    )]
+    permits: u32,
 
     #[command(flatten)]
     _libtest: LibtestFlags,
@@ -372,11 +414,12 @@ struct LibtestFlags {
 impl Args {
     /// How long `config` runs: `--duration`, or its default.
     fn duration(&self, config: &Configuration) -> Duration {
-        self.duration.unwrap_or(if config.shards {
-            SHARD_DURATION
-        } else {
-            Duration::from_secs(30)
-        })
+        self.duration
+            .unwrap_or(if config.shards || config.locks.is_some() {
+                SHARD_DURATION
+            } else {
+                Duration::from_secs(30)
+            })
     }
 }
 
@@ -431,6 +474,15 @@ fn main() {
                     Ok(()) => 0,
                     Err(e) => {
                         eprintln!("shard node failed: {e}");
+                        3
+                    }
+                }
+            }
+            Some(args) if args.candidate.is_some() && args.lock_node => {
+                match lock_node::run(args).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("lock client failed: {e}");
                         3
                     }
                 }

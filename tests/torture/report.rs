@@ -160,6 +160,8 @@ pub struct ShardSummary<'a> {
     pub max_token: i64,
     /// The recovery bound the checker held every resource to.
     pub bound: Duration,
+    /// A lock configuration: its permits (0: a lock).
+    pub permits: Option<u32>,
 }
 
 impl ShardSummary<'_> {
@@ -173,6 +175,10 @@ impl ShardSummary<'_> {
             .collect();
         kinds.sort();
         let n = record.resources.len();
+        if let Some(permits) = self.permits {
+            self.print_locks(permits, &kinds);
+            return;
+        }
         println!(
             "torture[{}] seed={} duration={:.0}s nodes={} skewed={} shards={} operations={} (fenced {}, aborted {}, failed {}) ledger_rows={} terms={} max_token={} faults: {} violations={} (shards with a violation: {} of {}) worst_recovery={}ms (bound {}ms; by fault: {})",
             self.label,
@@ -265,6 +271,63 @@ impl ShardSummary<'_> {
                     f.end
                 );
             }
+        }
+    }
+}
+
+impl ShardSummary<'_> {
+    /// A lock configuration's summary: safety counts, holds at once against the permits, and
+    /// how soon a hold cut off by a fault was taken by another client (a figure).
+    fn print_locks(&self, permits: u32, kinds: &[String]) {
+        let (record, verdict) = (self.record, self.verdict);
+        let ms = |ns: u64| {
+            if ns == u64::MAX {
+                "never".to_owned()
+            } else {
+                format!("{} ms", ns / 1_000_000)
+            }
+        };
+        println!(
+            "torture[{}] seed={} duration={:.0}s clients={} skewed={} {} operations={} (fenced {}, aborted {}, failed {}) ledger_rows={} holds={} max_token={} most_at_once={} faults: {} violations={}",
+            self.label,
+            self.seed,
+            (record.end - self.run_start_ns) as f64 / 1e9,
+            self.nodes,
+            self.skewed,
+            if permits == 0 {
+                "lock".to_owned()
+            } else {
+                format!("permits={permits}")
+            },
+            record.writes_committed
+                + record.writes_refused
+                + record.writes_aborted
+                + record.writes_failed,
+            record.writes_refused,
+            record.writes_aborted,
+            record.writes_failed,
+            self.ledger_rows,
+            verdict.terms,
+            self.max_token,
+            verdict.most_at_once,
+            kinds.join(" "),
+            verdict.violations.len(),
+        );
+        let (pauses_in, pauses) =
+            crate::checker::inside_transactions(&record.faults, &record.transactions, "pause");
+        let (cuts_in, cuts) =
+            crate::checker::inside_transactions(&record.faults, &record.transactions, "partition");
+        println!(
+            "  taken by another client (measured): after kills at most {} (median {}), after pauses {} (median {}), after partitions {} (median {}); inside a fenced transaction: {pauses_in} of {pauses} pauses, {cuts_in} of {cuts} partitions",
+            ms(verdict.kills.worst_ns),
+            ms(verdict.kills.median_ns),
+            ms(verdict.pauses.worst_ns),
+            ms(verdict.pauses.median_ns),
+            ms(verdict.partitions.worst_ns),
+            ms(verdict.partitions.median_ns),
+        );
+        for v in &verdict.violations {
+            println!("  VIOLATION: {v}");
         }
     }
 }

@@ -194,8 +194,8 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
                 .primary_key(),
         )
         .to_owned();
-    if config.shards {
-        // The shard sets' ledger is keyed by resource.
+    if config.shards || config.locks.is_some() {
+        // The shard sets' and locks' ledger is keyed by resource.
         create.col(
             ColumnDef::new(Alias::new("resource"))
                 .string_len(64)
@@ -212,6 +212,11 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         .col(ColumnDef::new(Alias::new("seq")).big_integer().not_null())
         .to_owned();
     admin.execute(&create).await?;
+    let resource = unique(match (config.shards, config.locks) {
+        (true, _) => "set",
+        (_, Some(_)) => "lock",
+        _ => "job",
+    });
     Ok(Setup {
         backend,
         config,
@@ -226,12 +231,12 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         admin_url,
         table,
         ledger,
-        resource: unique(if config.shards { "set" } else { "job" }),
+        resource: resource.clone(),
         members,
-        shards: if config.shards {
-            crate::shard_node::resources(shards)
-        } else {
-            Vec::new()
+        shards: match config.locks {
+            Some(permits) => crate::lock_node::resources(&resource, permits),
+            None if config.shards => crate::shard_node::resources(shards),
+            None => Vec::new(),
         },
         admin,
         _dir: dir,
@@ -285,16 +290,20 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     ])
     .arg("--history")
     .arg(&history)
-    .args(if s.config.shards {
-        vec![
+    .args(match s.config.locks {
+        Some(permits) => vec![
+            "--lock-node".to_owned(),
+            "--permits".to_owned(),
+            permits.to_string(),
+        ],
+        None if s.config.shards => vec![
             "--shard-node".to_owned(),
             "--shards".to_owned(),
             s.shards.len().to_string(),
             "--members".to_owned(),
             s.members.clone(),
-        ]
-    } else {
-        Vec::new()
+        ],
+        None => Vec::new(),
     })
     .args(["--pool", &s.config.pool.to_string()])
     .args(s.config.rollback_journal.then_some("--rollback-journal"))
@@ -381,7 +390,7 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         p.remove_faketime_leftovers();
     }
     let run_end_ns = mono_ns();
-    if config.shards {
+    if config.shards || config.locks.is_some() {
         let times = ShardTimes {
             seed,
             candidates: args.candidates,
@@ -535,6 +544,7 @@ async fn finish_shards(
     // again (recovery from a pause counts from the wake-up); elsewhere its lapsed sessions are
     // ended by the next holder.
     record.pause_blocks_store = s.backend == Backend::Sqlite;
+    record.safety_only = s.config.locks.is_some();
     record.faults = std::mem::take(&mut applied.log);
     for p in procs {
         let text = std::fs::read_to_string(&p.history).unwrap_or_default();
@@ -598,6 +608,15 @@ async fn finish_shards(
         SHARD_SLACK,
     );
     verdict.violations.extend(run_violations);
+    if let Some(permits) = s.config.locks {
+        let most = permits.max(1) as usize;
+        if verdict.most_at_once > most {
+            verdict.violations.push(format!(
+                "{} holds believed at one moment, of {most} permits",
+                verdict.most_at_once
+            ));
+        }
+    }
     let last_tokens = SeaOrmLeaseStore::new(admin.clone())
         .with_table(&s.table)?
         .current_all(&s.shards)
@@ -617,6 +636,7 @@ async fn finish_shards(
         ledger_rows,
         max_token: last_tokens.iter().copied().max().unwrap_or(0),
         bound,
+        permits: s.config.locks,
     }
     .print();
     let passed = verdict.violations.is_empty() && verdict.led_resources == s.shards.len();

@@ -50,6 +50,8 @@ pub struct ShardRecord {
     pub pause_blocks_store: bool,
     /// The nodes' fenced ledger transactions: (node, begun, ended).
     pub transactions: Vec<(String, u64, u64)>,
+    /// Safety only (no liveness, rejoin or fairness checks): the lock configurations.
+    pub safety_only: bool,
 }
 
 /// A term while its node's history is read.
@@ -214,6 +216,7 @@ impl ShardRecord {
             record.quiesce = self.quiesce;
             record.pause_blocks_store = self.pause_blocks_store;
             record.stalled_may_resume = true;
+            record.safety_only = self.safety_only;
         }
     }
 }
@@ -241,6 +244,9 @@ pub struct ShardVerdict {
     /// again (a member in good standing, its store answering).
     pub rejoins: Rejoins,
     pub fairness: Fairness,
+    /// The most terms believed at one moment, over all resources (a semaphore's permits:
+    /// never more than N).
+    pub most_at_once: usize,
 }
 
 /// Heal-to-leading-again figures of partitioned nodes.
@@ -336,9 +342,13 @@ pub fn check(
         }
         v.recovery_by_kind.insert(kind, worst);
     }
+    v.most_at_once = most_at_once(record);
     v.kills = takeovers(record, "kill", recovery_bound_ns);
     v.pauses = takeovers(record, "pause", recovery_bound_ns);
     v.partitions = takeovers(record, "partition", recovery_bound_ns);
+    if record.safety_only {
+        return v;
+    }
     v.rejoins = rejoins(record, REJOIN_BOUND_NS);
     if v.rejoins.worst_ns > REJOIN_BOUND_NS {
         v.violations.push(format!(
@@ -393,6 +403,24 @@ fn rejoins(record: &ShardRecord, bound_ns: u64) -> Rejoins {
         out.worst_ns = out.worst_ns.max(wait);
     }
     out
+}
+
+/// The most believed terms at one moment, over every resource (a sweep over their starts and
+/// ends; an end at the same instant as a start comes first).
+fn most_at_once(record: &ShardRecord) -> usize {
+    let mut edges: Vec<(u64, i32)> = record
+        .resources
+        .values()
+        .flat_map(|r| closed(record, r))
+        .flat_map(|i| [(i.start, 1), (i.end, -1)])
+        .collect();
+    edges.sort_unstable();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    usize::try_from(most).unwrap_or(0)
 }
 
 /// The intervals of every resource, closed at the end of the run.

@@ -37,7 +37,7 @@ use crate::{Args, Error, LEASE, ROLLBACK_BUSY_TIMEOUT, SHARD_GRACE, SHARD_INTERV
 /// Connections for the node's ledger transactions, a pool of their own: a dozen terms' fenced
 /// transactions never hold up the shard set's round (heartbeat, batched renew) waiting for a
 /// connection.
-const LEDGER_POOL: u32 = 4;
+pub(crate) const LEDGER_POOL: u32 = 4;
 
 /// Pause between one term's ledger writes (ms, drawn per write).
 const WRITE_EVERY_MS: std::ops::Range<u64> = 250..400;
@@ -47,9 +47,9 @@ pub fn resources(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("shard-{i}")).collect()
 }
 
-type History = Arc<Mutex<HistoryFile>>;
+pub(crate) type History = Arc<Mutex<HistoryFile>>;
 
-fn line(history: &History, text: &str) {
+pub(crate) fn line(history: &History, text: &str) {
     history.lock().unwrap_or_else(|p| p.into_inner()).line(text);
 }
 
@@ -63,13 +63,21 @@ struct Entry {
 
 /// The node's terms as it believes them: a `lead` line when a term is first seen (by the
 /// watcher or by the work it starts, whichever comes first) and a `lost` line when it ends.
-struct Terms {
+pub(crate) struct Terms {
     history: History,
     clock: MonoClock,
     state: Mutex<(u64, HashMap<String, Vec<Entry>>)>,
 }
 
 impl Terms {
+    pub(crate) fn new(history: History) -> Arc<Self> {
+        Arc::new(Terms {
+            history,
+            clock: MonoClock::new(),
+            state: Mutex::new((0, HashMap::new())),
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, (u64, HashMap<String, Vec<Entry>>)> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -117,7 +125,7 @@ impl Terms {
     }
 
     /// `term`'s work starts: its `work` line.
-    fn work(self: &Arc<Self>, term: &LeaderTerm) {
+    pub(crate) fn work(self: &Arc<Self>, term: &LeaderTerm) {
         let id = self.lead(term);
         line(
             &self.history,
@@ -167,7 +175,7 @@ impl Terms {
     }
 
     /// The node stopped: every term has ended, logged or not yet.
-    fn close_all(&self) {
+    pub(crate) fn close_all(&self) {
         let mut state = self.lock();
         for list in state.1.values_mut() {
             for e in list.iter_mut().filter(|e| !e.lost) {
@@ -196,9 +204,9 @@ impl Terms {
 }
 
 /// Writes the `done` line of a term's work when the work future returns or is dropped.
-struct Done {
-    terms: Arc<Terms>,
-    term: LeaderTerm,
+pub(crate) struct Done {
+    pub terms: Arc<Terms>,
+    pub term: LeaderTerm,
 }
 
 impl Drop for Done {
@@ -207,9 +215,8 @@ impl Drop for Done {
     }
 }
 
-/// Runs one node until the harness writes `shutdown` to its standard input.
-pub async fn run(args: Args) -> Result<(), Error> {
-    let name = args.candidate.clone().unwrap_or_default();
+/// The process's history file, its own log beside it, and the `start` line.
+pub(crate) fn open_history(args: &Args, name: &str) -> Result<History, Error> {
     if let Some(history) = &args.history {
         crate::node_log::install(history);
     }
@@ -223,6 +230,13 @@ pub async fn run(args: Args) -> Result<(), Error> {
         .map(|d| d.as_millis())
         .unwrap_or(0);
     line(&history, &format!("start {name} {} {wall_ms}", mono_ns()));
+    Ok(history)
+}
+
+/// Runs one node until the harness writes `shutdown` to its standard input.
+pub async fn run(args: Args) -> Result<(), Error> {
+    let name = args.candidate.clone().unwrap_or_default();
+    let history = open_history(&args, &name)?;
 
     let pool = args.pool.unwrap_or(3);
     let (db, ledger_db) = if args.rollback_journal {
@@ -250,11 +264,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         .build()?
         .start();
 
-    let terms = Arc::new(Terms {
-        history: history.clone(),
-        clock: MonoClock::new(),
-        state: Mutex::new((0, HashMap::new())),
-    });
+    let terms = Terms::new(history.clone());
     // What the node leads, as published: a line per term, and one per change of its share,
     // its view of the members or the number it leads.
     let mut rx = handle.watch();
@@ -358,18 +368,18 @@ pub async fn run(args: Args) -> Result<(), Error> {
 /// Fenced writes of `(resource, token, node, seq)` rows to the ledger table, each recorded in
 /// the history (see the module doc).
 #[derive(Clone)]
-struct Ledger {
-    db: DatabaseConnection,
-    history: History,
-    table: String,
-    me: String,
+pub(crate) struct Ledger {
+    pub db: DatabaseConnection,
+    pub history: History,
+    pub table: String,
+    pub me: String,
     /// Sequence numbers per resource and token (a term renewed into a new local term is still
     /// one term in the ledger).
-    sequences: Arc<Mutex<HashMap<(String, i64), i64>>>,
+    pub sequences: Arc<Mutex<HashMap<(String, i64), i64>>>,
 }
 
 impl Ledger {
-    async fn write(&self, term: &LeaderTerm) {
+    pub(crate) async fn write(&self, term: &LeaderTerm) {
         let (resource, token) = (term.resource(), term.token());
         let seq: i64 = {
             let mut all = self.sequences.lock().unwrap_or_else(|p| p.into_inner());

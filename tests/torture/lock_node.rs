@@ -1,0 +1,159 @@
+//! A lock client process: one `Locks` over the real store, one client loop that takes the
+//! run's lock (or a permit of its semaphore), writes fenced ledger rows with `guard.fence(&txn)`
+//! while it holds it, and lets go (a release, a dropped guard, or now and then a hold left to
+//! be lost), again and again. Its history has the shard node's lines (`shard_node.rs`), one
+//! resource per permit, so the per-resource checker judges it: one holder per permit at a time,
+//! tokens strictly increasing per permit, every committed ledger row in token order and written
+//! by a hold its writer believed in.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orion_beacon::locks::{LockError, Locks};
+use orion_beacon::{LeaderTerm, SeaOrmLeaseStore};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::db::{connect, connect_rollback_journal};
+use crate::shard_node::{open_history, Done, Ledger, Terms, LEDGER_POOL};
+use crate::{Args, Error, LEASE, RENEW, RETRY, ROLLBACK_BUSY_TIMEOUT};
+
+/// How long a client holds what it took (ms, drawn per hold), writing every 50-150 ms.
+const HOLD_MS: std::ops::Range<u64> = 200..800;
+const WRITE_EVERY_MS: std::ops::Range<u64> = 50..150;
+/// How long a client waits for the lock before it gives up and asks again.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The lease rows of the run's lock (`permits` 0) or semaphore of `permits`.
+pub fn resources(name: &str, permits: u32) -> Vec<String> {
+    if permits == 0 {
+        vec![name.to_owned()]
+    } else {
+        (0..permits).map(|i| format!("{name}#{i}")).collect()
+    }
+}
+
+/// Runs one client until the harness writes `shutdown` to its standard input.
+pub async fn run(args: Args) -> Result<(), Error> {
+    let name = args.candidate.clone().unwrap_or_default();
+    let history = open_history(&args, &name)?;
+    let pool = args.pool.unwrap_or(3);
+    let (db, ledger_db) = if args.rollback_journal {
+        (
+            connect_rollback_journal(&args.url, pool, ROLLBACK_BUSY_TIMEOUT).await?,
+            connect_rollback_journal(&args.url, LEDGER_POOL, ROLLBACK_BUSY_TIMEOUT).await?,
+        )
+    } else {
+        (
+            connect(&args.url, pool).await?,
+            connect(&args.url, LEDGER_POOL).await?,
+        )
+    };
+    let store = SeaOrmLeaseStore::new(db).with_table(&args.table)?;
+    let locks = Locks::builder(store)
+        .owner(&name)
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(RETRY)
+        .build()?;
+    let (lock, semaphore) = if args.permits == 0 {
+        (Some(locks.lock(&args.resource)?), None)
+    } else {
+        (None, Some(locks.semaphore(&args.resource, args.permits)?))
+    };
+    let terms = Terms::new(history.clone());
+    let ledger = Ledger {
+        db: ledger_db,
+        history: history.clone(),
+        table: args.ledger.clone(),
+        me: name.clone(),
+        sequences: Default::default(),
+    };
+    // The hold the client has now, for the stale writer below.
+    let current: Arc<Mutex<Option<LeaderTerm>>> = Arc::default();
+
+    let (client_terms, client_ledger, client_current) =
+        (terms.clone(), ledger.clone(), current.clone());
+    let client = tokio::spawn(async move {
+        loop {
+            let got = match (&lock, &semaphore) {
+                (Some(lock), _) => lock.acquire(ACQUIRE_TIMEOUT).await,
+                (_, Some(sem)) => sem.acquire(ACQUIRE_TIMEOUT).await,
+                _ => return,
+            };
+            let guard = match got {
+                Ok(guard) => guard,
+                Err(LockError::Timeout { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "acquire failed");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            let term = guard.term().clone();
+            client_terms.work(&term);
+            *client_current.lock().unwrap_or_else(|p| p.into_inner()) = Some(term.clone());
+            {
+                let _done = Done {
+                    terms: client_terms.clone(),
+                    term: term.clone(),
+                };
+                let until =
+                    tokio::time::Instant::now() + Duration::from_millis(fastrand::u64(HOLD_MS));
+                while term.is_current() && tokio::time::Instant::now() < until {
+                    client_ledger.write(&term).await;
+                    let pause = Duration::from_millis(fastrand::u64(WRITE_EVERY_MS));
+                    tokio::select! {
+                        _ = guard.lost() => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+            match fastrand::u8(0..10) {
+                // Released and waited for.
+                0..=6 => {
+                    let _ = guard.release().await;
+                }
+                // Dropped: released in the background.
+                7 | 8 => drop(guard),
+                // Held on idle for two leases (renewed meanwhile, or lost), then dropped.
+                _ => {
+                    let _ = tokio::time::timeout(LEASE * 2, guard.lost()).await;
+                    drop(guard);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..100))).await;
+        }
+    });
+
+    // The write fencing exists for: a client paused (GC, SIGSTOP) past its lease wakes up and
+    // writes with the hold it had. After any stall longer than the lease, this task sends one
+    // fenced write with that hold if it is no longer current; the fence must refuse it.
+    let zombie = tokio::spawn(async move {
+        loop {
+            let before = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let tick = std::time::Instant::now();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if tick.elapsed() > LEASE {
+                if let Some(term) = before.filter(|t| !t.is_current()) {
+                    ledger.write(&term).await;
+                }
+            }
+        }
+    });
+
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(text)) = stdin.next_line().await {
+        if text.trim() == "shutdown" {
+            break;
+        }
+    }
+    zombie.abort();
+    client.abort();
+    let _ = client.await;
+    // The aborted client's guard is released in the background: give it a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    terms.close_all();
+    crate::shard_node::line(&history, &format!("stop {}", crate::clock::mono_ns()));
+    drop(locks);
+    Ok(())
+}
