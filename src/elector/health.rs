@@ -128,6 +128,8 @@ pub(crate) struct HealthState {
     started: Instant,
     window: Duration,
     last_round_trip: Mutex<Option<Instant>>,
+    /// A step-down's stay-out ends then: no round trip is due before, and none is missed.
+    resting_until: Mutex<Option<Instant>>,
 }
 
 impl HealthState {
@@ -137,7 +139,17 @@ impl HealthState {
             started: Instant::now(),
             window,
             last_round_trip: Mutex::new(None),
+            resting_until: Mutex::new(None),
         }
+    }
+
+    /// No store call is due until `until` (a step-down's stay-out): the time until then counts
+    /// as heard from.
+    pub(crate) fn resting_until(&self, until: Instant) {
+        *self
+            .resting_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(until);
     }
 
     /// The store answered now.
@@ -160,11 +172,18 @@ impl HealthState {
         }
     }
 
+    /// The last round trip, or the time up to now a stay-out covered, whichever is later.
     fn last(&self) -> Option<Instant> {
-        *self
+        let last = *self
             .last_round_trip
             .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let resting = self
+            .resting_until
+            .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .map(|until| until.min(Instant::now()));
+        last.max(resting)
     }
 
     fn answered(&self, at: Instant) {
@@ -231,6 +250,12 @@ impl Probe {
     /// `failure` is why the elector stopped for good, if it did; `leader` whether it leads.
     pub(crate) fn health(&self, failure: Option<&StoreError>, leader: bool) -> Health {
         self.state.health(failure, leader)
+    }
+
+    /// A step-down keeps the elector from the store until `until` (on the clock of
+    /// `crate::clock`).
+    pub(crate) fn staying_out(&self, until: Instant) {
+        self.state.resting_until(crate::clock::timer(until));
     }
 
     /// A term began.

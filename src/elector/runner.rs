@@ -40,7 +40,8 @@ pub(crate) struct Stop {
 /// `ElectorHandle::step_down` calls waiting for the loop: the latest one counts.
 #[derive(Debug, Default)]
 pub(crate) struct StepDownRequests {
-    pending: std::sync::Mutex<Option<StepDown>>,
+    /// Whether the loop has ended (no request is taken up any more), and the request waiting.
+    pending: std::sync::Mutex<(bool, Option<StepDown>)>,
     asked: tokio::sync::Notify,
 }
 
@@ -54,9 +55,15 @@ pub(crate) struct StepDown {
 
 impl StepDownRequests {
     pub(crate) fn ask(&self, request: StepDown) {
-        // An earlier request not yet taken up is answered by this one's outcome: dropped here,
-        // its caller hears `false` (it did not end a term itself).
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(request);
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.0 {
+            // The loop has ended: dropped here, the caller hears `false` at once.
+            return;
+        }
+        // An earlier request not yet taken up is dropped: its caller hears `false` (it did
+        // not end a term itself).
+        pending.1 = Some(request);
+        drop(pending);
         self.asked.notify_one();
     }
 
@@ -64,7 +71,15 @@ impl StepDownRequests {
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .1
             .take()
+    }
+
+    /// The loop has ended: a waiting request and every later one hear `false`.
+    fn close(&self) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.0 = true;
+        pending.1 = None;
     }
 }
 
@@ -80,6 +95,13 @@ pub(crate) struct Runner {
     pub probe: Probe,
     /// The store again, where it can fence SeaORM transactions (see `LeaderTerm::fence`).
     pub fence: Option<crate::SeaOrmLeaseStore>,
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        // However the loop ended (a panic included), no step-down waits for it.
+        self.stop.step_down.close();
+    }
 }
 
 struct Active {
@@ -146,18 +168,28 @@ impl Runner {
                     let Some(request) = self.stop.step_down.take() else {
                         continue;
                     };
+                    let mut until = later(crate::clock::now(), request.stay_out);
                     let ended = match active.take() {
                         Some(mut a) => {
-                            match self.hand_over(&mut a, &mut failures).await {
-                                Ok(()) => {}
-                                Err(_) => break (LossReason::Aborted, None),
+                            let released = match self.hand_over(&mut a, &mut failures).await {
+                                Ok(released) => released,
+                                Err(_) => {
+                                    let _ = request.done.send(true);
+                                    break (LossReason::Aborted, None);
+                                }
+                            };
+                            until = later(crate::clock::now(), request.stay_out);
+                            if !released {
+                                // Left to lapse (its work may still run): coming back before
+                                // then would find it ours and release it under that work.
+                                until = until.max(later(crate::clock::now(), self.config.lease));
                             }
                             true
                         }
                         None => false,
                     };
-                    let until = later(crate::clock::now(), request.stay_out);
                     info!(stay_out = ?request.stay_out, ended, "stepped down");
+                    self.probe.staying_out(until);
                     out_until = Some(until);
                     next_attempt = until;
                     let _ = request.done.send(ended);
@@ -218,6 +250,8 @@ impl Runner {
                 Next::Fail(err) => break (LossReason::Failed, Some(err)),
             }
         };
+        // No step-down is taken up from here on (a shutdown's drain does not look for one).
+        self.stop.step_down.close();
         if let Some(mut a) = active.take() {
             self.end_term(&a.term, stopped_by, None);
             if stopped_by == LossReason::Shutdown {
@@ -248,8 +282,9 @@ impl Runner {
 
     /// A step-down of a leader: the term ends as on a shutdown (its work gets the grace period
     /// while the lease is kept renewed), then the lease is released so another candidate takes
-    /// over at once. `Err` only on an abort meanwhile.
-    async fn hand_over(&self, active: &mut Active, failures: &mut u32) -> Result<(), Stopped> {
+    /// over at once. Whether it was released (`false`: the work did not stop, or the lease was
+    /// lost meanwhile; it lapses on its own); `Err` only on an abort meanwhile.
+    async fn hand_over(&self, active: &mut Active, failures: &mut u32) -> Result<bool, Stopped> {
         self.end_term(&active.term, LossReason::HandedOver, None);
         let holds_lease = self.drain(active, failures).await;
         if self.stop.abort.is_cancelled() {
@@ -258,7 +293,7 @@ impl Runner {
         if holds_lease {
             self.release(&active.granted).await;
         }
-        Ok(())
+        Ok(holds_lease)
     }
 
     /// One follower attempt: waits for the next attempt time, then tries to acquire.

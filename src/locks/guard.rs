@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tokio_util::sync::WaitForCancellationFutureOwned;
+use std::future::Future;
 
 use super::holder::Holder;
 use super::LockError;
@@ -29,6 +29,9 @@ pub struct LockGuard {
     permit: Option<u32>,
     holder: Arc<Holder>,
     released: bool,
+    /// Its acquire had to wait: on release, this process yields to the waiters (see
+    /// `Holder::yielded`).
+    contended: bool,
 }
 
 impl fmt::Debug for LockGuard {
@@ -55,7 +58,13 @@ impl LockGuard {
             permit,
             holder,
             released: false,
+            contended: false,
         }
+    }
+
+    pub(super) fn contended(mut self, contended: bool) -> Self {
+        self.contended = contended;
+        self
     }
 
     /// This hold's fencing token: strictly greater than every earlier holder's of the same
@@ -91,13 +100,32 @@ impl LockGuard {
         held
     }
 
-    /// Completes when the lock is lost (a renew denied or missing its deadline) or released.
-    pub fn lost(&self) -> WaitForCancellationFutureOwned {
-        if self.term.is_current() {
-            // Something must end the hold at its deadline for this to complete.
+    /// Completes when the lock is lost (a renew denied, taken away, or its local deadline
+    /// passed) or released. It completes at the deadline by itself, whether or not the
+    /// renewer has seen it yet (one whose runtime shut down never would).
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        if !self.term.is_lost() {
+            // The renewer ends the hold in the store's view too (and renews it meanwhile).
             self.holder.start_renewer();
         }
-        self.term.lost()
+        let term = self.term.clone();
+        async move {
+            loop {
+                let deadline = term.local_deadline();
+                tokio::select! {
+                    biased;
+                    () = term.lost() => return,
+                    () = crate::clock::sleep_until(deadline) => {
+                        // Renewed meanwhile: the deadline moved on.
+                        if term.local_deadline() <= crate::clock::now() {
+                            term.end(crate::elector::LossReason::Deadline);
+                            term.cut_off();
+                            return;
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The hold as a term: what [`SeaOrmLeaseStore::fence`](crate::SeaOrmLeaseStore::fence),
@@ -124,6 +152,9 @@ impl LockGuard {
     /// the store answers (an error leaves the lease to lapse).
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
+        if self.contended {
+            self.holder.yielded(&self.name);
+        }
         let resource: Arc<str> = Arc::from(self.term.resource());
         Ok(self.holder.release(&resource, &self.term).await?)
     }
@@ -133,6 +164,9 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.released {
             return;
+        }
+        if self.contended {
+            self.holder.yielded(&self.name);
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {

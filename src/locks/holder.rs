@@ -56,6 +56,9 @@ pub(super) struct Holder {
     /// Whether a renewer task runs (it clears this when it ends, also when its runtime shuts
     /// down), so the next acquire starts one again.
     renewing: Arc<AtomicBool>,
+    /// Locks (and semaphores) by name that this process let go of after waiting for them, and
+    /// until when its own next acquire of them stays out of the way (see [`Self::yielded`]).
+    yields: Mutex<std::collections::HashMap<Arc<str>, Instant>>,
     /// This `Locks`'s random part of every candidate id, and the count after it.
     instance: u64,
     next_candidate: AtomicU64,
@@ -78,6 +81,7 @@ impl Holder {
             fence,
             config,
             held: Mutex::default(),
+            yields: Mutex::default(),
             wake: Arc::new(Notify::new()),
             renewing: Arc::new(AtomicBool::new(false)),
             // Two `Locks` with one owner (or a restarted process) never share a candidate id.
@@ -91,6 +95,25 @@ impl Holder {
     pub(super) fn candidate(&self) -> Arc<str> {
         let n = self.next_candidate.fetch_add(1, Ordering::Relaxed);
         Arc::from(format!("{}/{:016x}-{n}", self.config.owner, self.instance))
+    }
+
+    /// A hold of `name` that had to wait for it is let go: this process's next acquire of
+    /// `name` waits one retry interval before it asks. Without a queue, a holder that asks
+    /// again at once beats every waiter that polls at the retry interval, and under steady
+    /// contention the same few would hold it; a waiter now asks (or is woken) within that
+    /// interval and takes it first.
+    pub(super) fn yielded(&self, name: &Arc<str>) {
+        let now = crate::clock::now();
+        let until = now.checked_add(self.config.retry_interval).unwrap_or(now);
+        let mut yields = lock(&self.yields);
+        yields.retain(|_, at| *at > now);
+        yields.insert(name.clone(), until);
+    }
+
+    /// Until when an acquire of `name` stays out of the way, if it does now.
+    pub(super) fn yielding(&self, name: &str) -> Option<Instant> {
+        let now = crate::clock::now();
+        lock(&self.yields).get(name).copied().filter(|at| *at > now)
     }
 
     /// How many leases this process holds through these locks.
@@ -283,23 +306,24 @@ impl Holder {
     /// again whenever a guard is looked at, so holds outlive the runtime that took them (its
     /// shutdown ends the renewer task).
     pub(super) fn start_renewer(self: &Arc<Self>) {
+        if self.renewing.load(Ordering::SeqCst) {
+            return;
+        }
+        // The runtime first: a caller outside one must not hold the flag even for a moment
+        // (a caller on a runtime would skip starting it meanwhile).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            debug!("no tokio runtime to renew the locks on: they end at their deadlines");
+            return;
+        };
         if self.renewing.swap(true, Ordering::SeqCst) {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let (weak, wake, running) = (
-                    Arc::downgrade(self),
-                    self.wake.clone(),
-                    Running(self.renewing.clone()),
-                );
-                runtime.spawn(renew_loop(weak, wake, running));
-            }
-            Err(_) => {
-                self.renewing.store(false, Ordering::SeqCst);
-                debug!("no tokio runtime to renew the locks on: they end at their deadlines");
-            }
-        }
+        let (weak, wake, running) = (
+            Arc::downgrade(self),
+            self.wake.clone(),
+            Running(self.renewing.clone()),
+        );
+        runtime.spawn(renew_loop(weak, wake, running));
     }
 
     /// Ends the holds whose local deadline passed by `now` (no renew came in time) and lets
@@ -350,7 +374,10 @@ impl Holder {
                     let same = held
                         .get(lease.resource.as_str())
                         .is_some_and(|h| h.term.token() == lease.token);
-                    if let Some(h) = held.remove(lease.resource.as_str()).filter(|_| same) {
+                    if !same {
+                        continue; // released and taken again meanwhile: another hold
+                    }
+                    if let Some(h) = held.remove(lease.resource.as_str()) {
                         h.term.end(LossReason::Failed);
                         h.term.cut_off();
                         self.release_quietly(&lease.resource, h.term.candidate());

@@ -291,8 +291,8 @@ impl Lock {
     /// Takes the lock, waiting up to `timeout` for it ([`LockError::Timeout`] then).
     pub async fn acquire(&self, timeout: Duration) -> Result<LockGuard, LockError> {
         let resources = [self.name.clone()];
-        let term = wait_for(&self.holder, &self.name, &resources, timeout).await?;
-        Ok(self.guard(term))
+        let (term, waited) = wait_for(&self.holder, &self.name, &resources, timeout).await?;
+        Ok(self.guard(term).contended(waited))
     }
 
     /// Runs `work` while holding the lock (waiting up to `timeout` for it) and releases it
@@ -353,8 +353,8 @@ impl Semaphore {
 
     /// Takes a permit, waiting up to `timeout` for one ([`LockError::Timeout`] then).
     pub async fn acquire(&self, timeout: Duration) -> Result<LockGuard, LockError> {
-        let term = wait_for(&self.holder, &self.name, &self.resources, timeout).await?;
-        Ok(self.guard(term))
+        let (term, waited) = wait_for(&self.holder, &self.name, &self.resources, timeout).await?;
+        Ok(self.guard(term).contended(waited))
     }
 
     /// Runs `work` while holding a permit, as [`Lock::with_lock`] does.
@@ -463,12 +463,13 @@ async fn try_any(
 
 /// Tries `resources` until one is granted or `timeout` passes; woken by release notifications
 /// for them where the store has them, by the holder's lease end, or at the retry interval.
+/// The term, and whether it had to wait for it (was denied first).
 async fn wait_for(
     holder: &Arc<Holder>,
     name: &Arc<str>,
     resources: &[Arc<str>],
     timeout: Duration,
-) -> Result<LeaderTerm, LockError> {
+) -> Result<(LeaderTerm, bool), LockError> {
     need_runtime()?;
     if timeout > MAX_INTERVAL {
         return Err(LockError::TimeoutTooLong {
@@ -481,6 +482,12 @@ async fn wait_for(
     let mut events = holder.store.release_events();
     let mut candidate = holder.candidate();
     let mut last_holder: Option<String> = None;
+    let mut waited = false;
+    // This process let go of a contended hold of this lock a moment ago: the waiters get one
+    // retry interval to take it before this acquire competes with them (see `Holder::yielded`).
+    if let Some(until) = holder.yielding(name) {
+        crate::clock::sleep_until(until.min(give_up)).await;
+    }
     loop {
         // Bounded by the timeout: a hung store must not hold the caller past it (an attempt
         // cut off here releases whatever it is granted).
@@ -488,7 +495,7 @@ async fn wait_for(
             .await
             .unwrap_or(Ok(Attempt::Denied(None)));
         let (soonest, last_error) = match attempt {
-            Ok(Attempt::Granted(term)) => return Ok(term),
+            Ok(Attempt::Granted(term)) => return Ok((term, waited)),
             Ok(Attempt::Denied(None)) => {
                 candidate = holder.candidate();
                 (None, None)
@@ -507,6 +514,7 @@ async fn wait_for(
                 (None, Some(err))
             }
         };
+        waited = true;
         let now = crate::clock::now();
         if now >= give_up {
             return Err(match last_error {

@@ -242,16 +242,21 @@ pub async fn a_step_down_hands_over_and_stays_out(h: &SqlHarness) {
     let (a, b) = (&handles[first], &handles[1 - first]);
     // The leader's work winds down for 200 ms after it is told.
     let wound_down: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let flag = wound_down.clone();
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (flag, running) = (wound_down.clone(), started.clone());
     let _work = a.run_as_leader(move |term| {
-        let flag = flag.clone();
+        let (flag, running) = (flag.clone(), running.clone());
         async move {
+            running.store(true, std::sync::atomic::Ordering::SeqCst);
             term.lost().await;
             tokio::time::sleep(Duration::from_millis(200)).await;
             *flag.lock().unwrap() = Some(Instant::now());
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the leader's work", Duration::from_secs(5), || {
+        started.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
     let old = a.token().expect("leads");
     let asked = Instant::now();
     let stay_out = Duration::from_secs(2);
@@ -261,11 +266,11 @@ pub async fn a_step_down_hands_over_and_stays_out(h: &SqlHarness) {
         .lock()
         .unwrap()
         .expect("the work finished before the release");
-    let took = wait_until(
-        "the other candidate",
-        RETRY.mul_f64(1.1) + SLACK + Duration::from_millis(200),
-        || b.is_leader(),
-    )
+    // One handover: the other candidate's next retry (or the release notification), not a
+    // lease (5 s).
+    let took = wait_until("the other candidate", Duration::from_millis(2_000), || {
+        b.is_leader() && recorder.leader_after(asked).is_some()
+    })
     .await;
     let (_, started, token) = recorder.leader_after(asked).expect("a next term");
     assert!(

@@ -1688,3 +1688,47 @@ async fn a_cleanup_in_a_drop_guard_runs_on_every_kind_of_term_end() {
         "code after lost() ran only where the work was let finish"
     );
 }
+
+/// A step-down answers even when nothing takes it up any more: after the elector stopped, at
+/// once with `false`; and while a shutdown drains, `false` once it is done.
+#[tokio::test(start_paused = true)]
+async fn a_step_down_of_a_stopped_elector_answers_false() {
+    let handle = Elector::builder_in_memory()
+        .resource("stopped")
+        .build()
+        .unwrap()
+        .start();
+    handle.watch().wait_for(|l| l.is_leader()).await.unwrap();
+    handle.shutdown().await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(1),
+        handle.step_down(Duration::from_secs(1)),
+    )
+    .await
+    .expect("answered, not left waiting");
+    assert!(!answer.unwrap());
+}
+
+/// Staying out after a step-down is no store outage: the health stays good all along (no
+/// round trip is due), the candidate does not lead, and after the stay-out it leads again.
+#[tokio::test(start_paused = true)]
+async fn staying_out_after_a_step_down_is_healthy() {
+    let handle = Elector::builder_in_memory()
+        .resource("resting")
+        .build()
+        .unwrap()
+        .start();
+    handle.watch().wait_for(|l| l.is_leader()).await.unwrap();
+    let first = handle.token().unwrap();
+    assert!(handle.step_down(Duration::from_secs(60)).await.unwrap());
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!handle.is_leader(), "staying out");
+        let health = handle.health();
+        assert!(health.healthy, "{health:?}");
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(handle.is_leader(), "back after the stay-out");
+    assert!(handle.token().unwrap() > first);
+    handle.shutdown().await;
+}

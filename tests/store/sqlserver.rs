@@ -99,6 +99,11 @@ conformance_suite!(
     MssqlHarness::setup()
 );
 
+lock_suite!(
+    #[ignore = "needs a SQL Server: set ORION_BEACON_MSSQL_URL and pass --include-ignored"]
+    MssqlHarness::setup()
+);
+
 /// SQL Server specifics, on a server only.
 macro_rules! mssql_cases {
     ($($case:ident),* $(,)?) => {

@@ -303,3 +303,74 @@ async fn the_statement_fence_is_refused_on_galera() {
         "{refused:?}"
     );
 }
+
+/// Pools on a Galera node that read causally (`wsrep_sync_wait = 7`: reads, updates, deletes
+/// and inserts first wait for every write the cluster has certified), so a statement on one
+/// node sees a release just committed on another, as a suite's next step expects. Without it,
+/// that statement may still see the row held and be denied (a retry gets it): correct, but not
+/// what a step-by-step test can assert.
+async fn connect_causal(url: &str, max_connections: u32) -> sea_orm::DatabaseConnection {
+    let mut options = sea_orm::ConnectOptions::new(url.to_owned());
+    options
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(10))
+        .sqlx_logging(false)
+        .map_sqlx_mysql_pool_opts(|o| {
+            o.after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    sea_orm::sqlx::Executor::execute(conn, "SET SESSION wsrep_sync_wait = 7")
+                        .await?;
+                    Ok(())
+                })
+            })
+        });
+    sea_orm::Database::connect(options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
+}
+
+/// The lock suite on Galera: the harness's store on node 0, each separate store (another
+/// process) on node 1.
+struct GaleraHarness {
+    db: sea_orm::DatabaseConnection,
+    table: String,
+}
+
+impl GaleraHarness {
+    async fn setup() -> Option<Self> {
+        if Server::MySql.skipped() {
+            return None;
+        }
+        let g = tokio::task::spawn_blocking(cluster).await.unwrap();
+        let db = connect_causal(&g.node(0).url(), 8).await;
+        let table = unique("galera");
+        migrate(&db, &table).await;
+        Some(Self { db, table })
+    }
+}
+
+#[async_trait::async_trait]
+impl common::conformance::Harness for GaleraHarness {
+    type Store = SeaOrmLeaseStore;
+    fn store(&self) -> SeaOrmLeaseStore {
+        SeaOrmLeaseStore::new(self.db.clone())
+            .with_table(&self.table)
+            .unwrap()
+    }
+    async fn separate_store(&self) -> SeaOrmLeaseStore {
+        let db = connect_causal(&cluster().node(1).url(), 4).await;
+        SeaOrmLeaseStore::new(db).with_table(&self.table).unwrap()
+    }
+    async fn teardown(self) {
+        use sea_orm::ConnectionTrait;
+        for table in [common::member_table(&self.table), self.table.clone()] {
+            let _ = self
+                .db
+                .execute_unprepared(&format!("DROP TABLE IF EXISTS `{table}`"))
+                .await;
+        }
+    }
+}
+
+lock_suite!(GaleraHarness::setup());

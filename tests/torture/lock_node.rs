@@ -108,18 +108,21 @@ pub async fn run(args: Args) -> Result<(), Error> {
                     }
                 }
             }
-            match fastrand::u8(0..10) {
+            let how = fastrand::u8(0..10);
+            if how == 9 {
+                // Held on idle for two leases (renewed meanwhile, or lost).
+                let _ = tokio::time::timeout(LEASE * 2, guard.lost()).await;
+            }
+            // The client stops believing in the hold before it lets go (a `lost` line logged
+            // by the watcher after the release could come after the next holder's `lead`).
+            client_terms.lost(&term);
+            match how {
                 // Released and waited for.
                 0..=6 => {
                     let _ = guard.release().await;
                 }
                 // Dropped: released in the background.
-                7 | 8 => drop(guard),
-                // Held on idle for two leases (renewed meanwhile, or lost), then dropped.
-                _ => {
-                    let _ = tokio::time::timeout(LEASE * 2, guard.lost()).await;
-                    drop(guard);
-                }
+                _ => drop(guard),
             }
             tokio::time::sleep(Duration::from_millis(fastrand::u64(0..100))).await;
         }

@@ -139,7 +139,7 @@ impl Terms {
     }
 
     /// `term` ended: its `lost` line, once.
-    fn lost(&self, term: &LeaderTerm) {
+    pub(crate) fn lost(&self, term: &LeaderTerm) {
         let mut state = self.lock();
         if let Some(e) = state
             .1
