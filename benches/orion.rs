@@ -4,13 +4,13 @@
 //!
 //! ```sh
 //! cargo bench --all-features --bench orion                    # everything (a few minutes)
-//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards, locks
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
 //!
 //! Release builds only (`cargo bench` builds them): the figures in docs/performance.md are from
 //! such a build. Each benchmark has a file of its own under `benches/orion/` (`throughput.rs`,
-//! `roundtrips.rs`, `handover.rs`, `scale.rs` with the batch, `shards.rs`, which starts this
+//! `roundtrips.rs`, `handover.rs`, `locks.rs`, `scale.rs` with the batch, `shards.rs`, which starts this
 //! binary again as node processes); CPU accounting is in `cpu.rs`, and what they share is here.
 //!
 //! Runs against private PostgreSQL and MariaDB instances of its own (`orion-beacon-testkit`,
@@ -32,6 +32,8 @@ mod cpu;
 mod double;
 #[path = "orion/handover.rs"]
 mod handover;
+#[path = "orion/locks.rs"]
+mod locks;
 #[path = "orion/roundtrips.rs"]
 mod roundtrips;
 #[path = "orion/scale.rs"]
@@ -195,6 +197,9 @@ fn main() -> Result<(), Error> {
         }
         if all || what.iter().any(|w| w == "shards") {
             shards::shards().await?;
+        }
+        if all || what.iter().any(|w| w == "locks") {
+            locks::locks_bench().await?;
         }
         Ok(())
     })

@@ -148,8 +148,23 @@ pub(crate) fn pgbench_rate(
     server: Option<cpu::Server>,
 ) -> Result<Rate, Error> {
     let stmt = store.acquire_statement("RESOURCE", "bench", Duration::from_secs(60))?;
+    let mut text = format!("{};\n", pgbench_sql(stmt)?);
+    if check {
+        text.push_str("SELECT transaction_timestamp();\n");
+    }
+    let script = PathBuf::from("target/orion-bench").join(if check {
+        "acquire-checked.sql"
+    } else {
+        "acquire.sql"
+    });
+    pgbench_script_rate(url, &script, &text, clients, d, server)
+}
+
+/// `stmt` as pgbench script text: its bound values as literals, and the resource `RESOURCE`
+/// as one per client (`'bench-' || :client_id`).
+pub(crate) fn pgbench_sql(stmt: sea_orm::Statement) -> Result<String, Error> {
     let values = stmt.values.map(|v| v.0).unwrap_or_default();
-    let mut sql = stmt.sql.clone();
+    let mut sql = stmt.sql;
     // $n -> a literal (or the per-client resource), highest number first so $1 does not eat $10.
     for (i, v) in values.iter().enumerate().rev() {
         let literal = match v {
@@ -163,18 +178,23 @@ pub(crate) fn pgbench_rate(
         };
         sql = sql.replace(&format!("${}", i + 1), &literal);
     }
-    let dir = PathBuf::from("target/orion-bench");
-    std::fs::create_dir_all(&dir)?;
-    let script = dir.join(if check {
-        "acquire-checked.sql"
-    } else {
-        "acquire.sql"
-    });
-    let mut text = format!("{sql};\n");
-    if check {
-        text.push_str("SELECT transaction_timestamp();\n");
+    Ok(sql)
+}
+
+/// pgbench running the script `text` (written to `script`), prepared, `clients` clients, for
+/// `d`. A call is one run of the script.
+pub(crate) fn pgbench_script_rate(
+    url: &str,
+    script: &std::path::Path,
+    text: &str,
+    clients: usize,
+    d: Duration,
+    server: Option<cpu::Server>,
+) -> Result<Rate, Error> {
+    if let Some(dir) = script.parent() {
+        std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&script, text)?;
+    std::fs::write(script, text)?;
     let (cpu0, db0, start) = (cpu::children(), server.map(|s| s.cpu()), Instant::now());
     let out = std::process::Command::new("pgbench")
         .args([
@@ -187,7 +207,7 @@ pub(crate) fn pgbench_rate(
             &clients.min(2).to_string(),
         ])
         .args(["-T", &d.as_secs().to_string(), "-f"])
-        .arg(&script)
+        .arg(script)
         .arg(url)
         .output()?;
     let (client, db) = (cpu::children() - cpu0, cpu::delta(server, db0));

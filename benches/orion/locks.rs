@@ -1,0 +1,249 @@
+//! Locks: acquire + release round trips per second next to pgbench running the same two
+//! statements and next to PostgreSQL advisory locks, and the time from a release to the next
+//! waiter's grant on every server backend and SQLite, next to an advisory lock's waiter.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orion_beacon::locks::Locks;
+use orion_beacon::SeaOrmLeaseStore;
+use sea_orm::DatabaseConnection;
+use tokio::time::Instant;
+
+use super::handover::{histogram, quantile_ms};
+use super::throughput::{pgbench_script_rate, pgbench_sql};
+use super::*;
+
+/// The locks' options in this benchmark: a lease long enough that no renew runs during a
+/// measurement, a waiter's retry interval at its default.
+const LEASE: Duration = Duration::from_secs(30);
+
+fn locks(store: SeaOrmLeaseStore, owner: &str) -> Result<Locks, Error> {
+    Ok(Locks::builder(store)
+        .owner(owner)
+        .lease_duration(LEASE)
+        .renew_interval(Duration::from_secs(10))
+        .build()?)
+}
+
+/// `clients` tasks, each taking and releasing a lock of its own in a loop (`try_acquire`, then
+/// `release`): round trips per second (one round trip: both calls).
+async fn lock_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result<f64, Error> {
+    let locks = locks(store.clone(), "bench")?;
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (lock, done) = (locks.lock(format!("bench-lock-{c}"))?, done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0;
+            while start.elapsed() < d {
+                let guard = lock.try_acquire().await?.ok_or("the lock was not free")?;
+                guard.release().await?;
+                n += 1;
+            }
+            done.fetch_add(n, Ordering::Relaxed);
+            Ok::<_, Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The same loop with PostgreSQL advisory locks through sqlx on the app's pool: a connection
+/// taken from the pool, `pg_advisory_lock(key)`, `pg_advisory_unlock(key)`, back to the pool.
+async fn advisory_rate(db: &DatabaseConnection, clients: usize, d: Duration) -> Result<f64, Error> {
+    let pool = db.get_postgres_connection_pool().clone();
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (pool, done) = (pool.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let key = 7_000 + c as i64;
+            let mut n = 0;
+            while start.elapsed() < d {
+                let mut conn = pool.acquire().await?;
+                sea_orm::sqlx::query("SELECT pg_advisory_lock($1)")
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await?;
+                sea_orm::sqlx::query("SELECT pg_advisory_unlock($1)")
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await?;
+                n += 1;
+            }
+            done.fetch_add(n, Ordering::Relaxed);
+            Ok::<_, Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// `n` releases of a held lock, each with a waiter already in `acquire`: the time from the
+/// release's call to the waiter's grant (ms). Holder and waiter are two processes' worth of
+/// `Locks`, each on a pool of its own.
+async fn release_to_grant(url: &str, table: &str, n: usize) -> Result<Vec<f64>, Error> {
+    let store = |db| SeaOrmLeaseStore::new(db).with_table(table);
+    let a = locks(store(connect(url, 2, false).await?)?, "holder")?;
+    let b = locks(store(connect(url, 2, false).await?)?, "waiter")?;
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("handover-{i}");
+        let held = a.lock(&name)?.try_acquire().await?.ok_or("not free")?;
+        let lock = b.lock(&name)?;
+        let waiter = tokio::spawn(async move {
+            let guard = lock.acquire(Duration::from_secs(10)).await?;
+            Ok::<_, Error>((Instant::now(), guard))
+        });
+        // The waiter has asked and is waiting (for a notification, or its next retry).
+        tokio::time::sleep(Duration::from_millis(30 + fastrand::u64(0..40))).await;
+        let released = Instant::now();
+        held.release().await?;
+        let (granted, guard) = waiter.await??;
+        times.push(granted.saturating_duration_since(released).as_secs_f64() * 1e3);
+        guard.release().await?;
+    }
+    Ok(times)
+}
+
+/// The same with an advisory lock: the waiter blocks in `pg_advisory_lock` on a connection of
+/// its own; the time from the holder's `pg_advisory_unlock` call to the waiter's answer (ms).
+async fn advisory_release_to_grant(db: &DatabaseConnection, n: usize) -> Result<Vec<f64>, Error> {
+    let pool = db.get_postgres_connection_pool().clone();
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = 9_000 + i as i64;
+        let mut holder = pool.acquire().await?;
+        sea_orm::sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut *holder)
+            .await?;
+        let waiter_pool = pool.clone();
+        let waiter = tokio::spawn(async move {
+            let mut conn = waiter_pool.acquire().await?;
+            sea_orm::sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(key)
+                .execute(&mut *conn)
+                .await?;
+            let granted = Instant::now();
+            sea_orm::sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(key)
+                .execute(&mut *conn)
+                .await?;
+            Ok::<_, Error>(granted)
+        });
+        tokio::time::sleep(Duration::from_millis(30 + fastrand::u64(0..40))).await;
+        let released = Instant::now();
+        sea_orm::sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(key)
+            .execute(&mut *holder)
+            .await?;
+        let granted = waiter.await??;
+        times.push(granted.saturating_duration_since(released).as_secs_f64() * 1e3);
+    }
+    Ok(times)
+}
+
+/// pgbench running what one lock round trip sends: the store's acquire statement and its
+/// release statement (one lock per client), prepared.
+fn pgbench_lock_rate(
+    url: &str,
+    store: &SeaOrmLeaseStore,
+    clients: usize,
+    d: Duration,
+) -> Result<f64, Error> {
+    let acquire = store.acquire_statement("RESOURCE", "bench", LEASE)?;
+    let release = store.release_statement("RESOURCE", "bench")?;
+    let text = format!("{};\n{};\n", pgbench_sql(acquire)?, pgbench_sql(release)?);
+    let script = PathBuf::from("target/orion-bench").join("lock.sql");
+    Ok(pgbench_script_rate(url, &script, &text, clients, d, None)?.per_s)
+}
+
+fn row(name: &str, times: &[f64]) -> Result<String, Error> {
+    let h = histogram(times)?;
+    Ok(format!(
+        "| {name} | {} | {:.1} ms | {:.1} ms | {:.1} ms |",
+        times.len(),
+        quantile_ms(&h, 0.5),
+        quantile_ms(&h, 0.99),
+        h.max() as f64 / 1000.0
+    ))
+}
+
+pub(crate) async fn locks_bench() -> Result<(), Error> {
+    let d = secs();
+    let pg = pg_url();
+    let db = connect(&pg, 8, false).await?;
+    let table = unique("oblocks");
+    migrate(&db, &table).await?;
+    let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
+
+    println!("\n## Locks: acquire + release round trips per second (PostgreSQL, {d:?} per cell)\n");
+    println!("| clients | pgbench, the two statements | orion-beacon `try_acquire` + `release` | ratio | advisory lock + unlock (sqlx, same pool) | ratio to advisory |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for clients in [1usize, 4] {
+        let bench = pgbench_lock_rate(&pg, &store, clients, d)?;
+        let ours = lock_rate(&store, clients, d).await?;
+        let advisory = advisory_rate(&db, clients, d).await?;
+        println!(
+            "| {clients} | {bench:.0} | {ours:.0} | {:.2} | {advisory:.0} | {:.2} |",
+            ours / bench,
+            ours / advisory
+        );
+    }
+
+    let n = 50;
+    println!("\n## Locks: from a release to the next waiter's grant ({n} releases each)\n");
+    println!("| backend | releases | p50 | p99 | max |");
+    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "{}",
+        row(
+            "PostgreSQL (release notification)",
+            &release_to_grant(&pg, &table, n).await?
+        )?
+    );
+    println!(
+        "{}",
+        row(
+            "PostgreSQL advisory lock (a blocked waiter)",
+            &advisory_release_to_grant(&db, n).await?
+        )?
+    );
+    let mysql = mysql_url();
+    let admin = connect(&mysql, 2, false).await?;
+    migrate(&admin, &table).await?;
+    println!(
+        "{}",
+        row(
+            "MariaDB (retry interval 250 ms, lease end)",
+            &release_to_grant(&mysql, &table, n).await?
+        )?
+    );
+    super::drop(&admin, &table).await;
+    let dir = tempfile::tempdir()?;
+    let sqlite = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("locks.db").display()
+    );
+    let admin = connect(&sqlite, 2, false).await?;
+    migrate(&admin, &table).await?;
+    println!(
+        "{}",
+        row(
+            "SQLite (retry interval 250 ms, lease end)",
+            &release_to_grant(&sqlite, &table, n).await?
+        )?
+    );
+    super::drop(&db, &table).await;
+    Ok(())
+}
