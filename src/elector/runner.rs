@@ -290,10 +290,7 @@ impl Runner {
         if self.stop.abort.is_cancelled() {
             return Err(Stopped::Abort);
         }
-        if holds_lease {
-            self.release(&active.granted).await;
-        }
-        Ok(holds_lease)
+        Ok(holds_lease && self.release(&active.granted).await)
     }
 
     /// One follower attempt: waits for the next attempt time, then tries to acquire.
@@ -604,10 +601,14 @@ impl Runner {
 
     /// Releases the write `granted` came from, and nothing later: a release that is delayed
     /// can never end a renew made since, even by a new elector that reuses our candidate id.
-    async fn release(&self, granted: &Lease) {
+    /// Whether the store released it.
+    async fn release(&self, granted: &Lease) -> bool {
         let call = self.store.release_lease(granted);
         match timeout(self.config.lease, call).await {
-            Ok(Ok(true)) => info!("released the lease"),
+            Ok(Ok(true)) => {
+                info!("released the lease");
+                return true;
+            }
             // The row no longer holds our last known write: renewed since (by a new elector
             // with our id, or by a renew whose answer we never got), taken, or expired.
             Ok(Ok(false)) => info!(
@@ -617,6 +618,7 @@ impl Runner {
             Ok(Err(err)) => warn!(error = %err, "release failed; the lease will lapse on its own"),
             Err(_) => warn!("release timed out; the lease will lapse on its own"),
         }
+        false
     }
 }
 

@@ -29,9 +29,9 @@ pub struct LockGuard {
     permit: Option<u32>,
     holder: Arc<Holder>,
     released: bool,
-    /// Its acquire had to wait: on release, this process yields to the waiters (see
-    /// `Holder::yielded`).
-    contended: bool,
+    /// Its acquire had to wait for another process's hold: on release, this process yields
+    /// to the waiters under this key (see `Holder::yielded`).
+    contended: Option<Arc<str>>,
 }
 
 impl fmt::Debug for LockGuard {
@@ -58,12 +58,12 @@ impl LockGuard {
             permit,
             holder,
             released: false,
-            contended: false,
+            contended: None,
         }
     }
 
-    pub(super) fn contended(mut self, contended: bool) -> Self {
-        self.contended = contended;
+    pub(super) fn contended(mut self, key: Option<Arc<str>>) -> Self {
+        self.contended = key;
         self
     }
 
@@ -152,8 +152,8 @@ impl LockGuard {
     /// the store answers (an error leaves the lease to lapse).
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
-        if self.contended {
-            self.holder.yielded(&self.name);
+        if let Some(key) = &self.contended {
+            self.holder.yielded(key);
         }
         let resource: Arc<str> = Arc::from(self.term.resource());
         Ok(self.holder.release(&resource, &self.term).await?)
@@ -165,23 +165,21 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        if self.contended {
-            self.holder.yielded(&self.name);
+        if let Some(key) = &self.contended {
+            self.holder.yielded(key);
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let (holder, term) = (self.holder.clone(), self.term.clone());
-                // The term ends now; the release follows on the runtime.
-                term.end(crate::elector::LossReason::Released);
-                term.cut_off();
-                runtime.spawn(async move {
-                    let resource = term.resource().to_owned();
-                    if let Err(err) = holder.release(&resource, &term).await {
-                        tracing::debug!(resource, error = %err, "releasing a dropped lock failed; it lapses");
-                    }
-                });
-            }
-            Err(_) => self.holder.forget(self.term.resource(), &self.term),
+        // The hold ends now; the release follows on the runtime (without one, it lapses).
+        if !self.holder.take(self.term.resource(), &self.term) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (holder, term) = (self.holder.clone(), self.term.clone());
+            runtime.spawn(async move {
+                let resource = term.resource().to_owned();
+                if let Err(err) = holder.release_taken(&resource, &term).await {
+                    tracing::debug!(resource, error = %err, "releasing a dropped lock failed; it lapses");
+                }
+            });
         }
     }
 }

@@ -110,6 +110,15 @@ impl Holder {
         yields.insert(name.clone(), until);
     }
 
+    /// Whether `holder` (a lease row's holder) is one of this `Locks`'s own holds.
+    pub(super) fn is_ours(&self, holder: &str) -> bool {
+        holder
+            .strip_prefix(&*self.config.owner)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .and_then(|rest| rest.strip_prefix(&format!("{:016x}-", self.instance)))
+            .is_some()
+    }
+
     /// Until when an acquire of `name` stays out of the way, if it does now.
     pub(super) fn yielding(&self, name: &str) -> Option<Instant> {
         let now = crate::clock::now();
@@ -237,8 +246,16 @@ impl Holder {
         resource: &str,
         term: &LeaderTerm,
     ) -> Result<bool, StoreError> {
-        term.end(LossReason::Released);
-        term.cut_off();
+        if !self.take(resource, term) {
+            return Ok(false);
+        }
+        self.release_taken(resource, term).await
+    }
+
+    /// Stops renewing `term` (a hold of `resource`) and ends it: whether it was still held
+    /// here. Taken out of the map first, so the renewer never sees it ended and releases it
+    /// itself.
+    pub(super) fn take(&self, resource: &str, term: &LeaderTerm) -> bool {
         let ours = {
             let mut held = lock(&self.held);
             let ours = held.get(resource).is_some_and(|h| h.term == *term);
@@ -247,9 +264,17 @@ impl Holder {
             }
             ours
         };
-        if !ours {
-            return Ok(false);
-        }
+        term.end(LossReason::Released);
+        term.cut_off();
+        ours
+    }
+
+    /// The store release of a hold [`take`](Self::take) took, bounded by the lease.
+    pub(super) async fn release_taken(
+        &self,
+        resource: &str,
+        term: &LeaderTerm,
+    ) -> Result<bool, StoreError> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return self.store.release(resource, term.candidate()).await;
         };
@@ -275,16 +300,6 @@ impl Holder {
             Ok(Ok(answer)) => answer,
             // Not answered within the lease (it lapsed since), or the runtime shutting down.
             Ok(Err(_)) | Err(_) => Ok(false),
-        }
-    }
-
-    /// Ends the term and stops renewing it without a store call: its lease lapses.
-    pub(super) fn forget(&self, resource: &str, term: &LeaderTerm) {
-        term.end(LossReason::Released);
-        term.cut_off();
-        let mut held = lock(&self.held);
-        if held.get(resource).is_some_and(|h| h.term == *term) {
-            held.remove(resource);
         }
     }
 
@@ -332,12 +347,17 @@ impl Holder {
         let mut held = lock(&self.held);
         let ended: Vec<Arc<str>> = held
             .iter()
-            .filter(|(_, h)| h.term.local_deadline() <= now)
+            .filter(|(_, h)| h.term.local_deadline() <= now || h.term.is_lost())
             .map(|(r, _)| r.clone())
             .collect();
         for resource in ended {
             if let Some(h) = held.remove(&resource) {
-                warn!(resource = %resource, token = %h.lease.token, "no renew before the lock's deadline: the lock is lost");
+                if h.term.is_lost() {
+                    // Ended already (its `lost()` saw the deadline first): let go of it now.
+                    debug!(resource = %resource, token = %h.lease.token, "an ended hold is released");
+                } else {
+                    warn!(resource = %resource, token = %h.lease.token, "no renew before the lock's deadline: the lock is lost");
+                }
                 h.term.end(LossReason::Deadline);
                 h.term.cut_off();
                 // A renew that answered late may have kept it live in the store.
@@ -357,10 +377,18 @@ impl Holder {
                 return;
             }
             let until = held.values().map(|h| h.term.local_deadline()).min();
-            let batch: Vec<Lease> = held.values().map(|h| h.lease.clone()).collect();
+            // An ended hold is not renewed: `expire` releases it.
+            let batch: Vec<Lease> = held
+                .values()
+                .filter(|h| !h.term.is_lost())
+                .map(|h| h.lease.clone())
+                .collect();
             (batch, until)
         };
         let Some(until) = until else { return };
+        if batch.is_empty() {
+            return;
+        }
         let sent = crate::clock::now();
         let answer =
             crate::clock::timeout_at(until, self.store.renew_all(&batch, self.config.lease)).await;

@@ -292,7 +292,9 @@ impl Lock {
     pub async fn acquire(&self, timeout: Duration) -> Result<LockGuard, LockError> {
         let resources = [self.name.clone()];
         let (term, waited) = wait_for(&self.holder, &self.name, &resources, timeout).await?;
-        Ok(self.guard(term).contended(waited))
+        Ok(self
+            .guard(term)
+            .contended(waited.then(|| resources[0].clone())))
     }
 
     /// Runs `work` while holding the lock (waiting up to `timeout` for it) and releases it
@@ -354,7 +356,9 @@ impl Semaphore {
     /// Takes a permit, waiting up to `timeout` for one ([`LockError::Timeout`] then).
     pub async fn acquire(&self, timeout: Duration) -> Result<LockGuard, LockError> {
         let (term, waited) = wait_for(&self.holder, &self.name, &self.resources, timeout).await?;
-        Ok(self.guard(term).contended(waited))
+        Ok(self
+            .guard(term)
+            .contended(waited.then(|| self.resources[0].clone())))
     }
 
     /// Runs `work` while holding a permit, as [`Lock::with_lock`] does.
@@ -463,7 +467,7 @@ async fn try_any(
 
 /// Tries `resources` until one is granted or `timeout` passes; woken by release notifications
 /// for them where the store has them, by the holder's lease end, or at the retry interval.
-/// The term, and whether it had to wait for it (was denied first).
+/// The term, and whether it had to wait for it: denied by another process's hold first.
 async fn wait_for(
     holder: &Arc<Holder>,
     name: &Arc<str>,
@@ -482,49 +486,61 @@ async fn wait_for(
     let mut events = holder.store.release_events();
     let mut candidate = holder.candidate();
     let mut last_holder: Option<String> = None;
+    let mut last_error: Option<StoreError>;
     let mut waited = false;
     // This process let go of a contended hold of this lock a moment ago: the waiters get one
-    // retry interval to take it before this acquire competes with them (see `Holder::yielded`).
-    if let Some(until) = holder.yielding(name) {
-        crate::clock::sleep_until(until.min(give_up)).await;
+    // retry interval to take it before this acquire competes with them (see `Holder::yielded`),
+    // unless that would leave this acquire no attempt before its timeout.
+    if let Some(until) = holder
+        .yielding(&resources[0])
+        .filter(|until| *until < give_up)
+    {
+        crate::clock::sleep_until(until).await;
     }
+    let timed_out = |now: tokio::time::Instant,
+                     last_error: Option<StoreError>,
+                     last_holder: Option<String>| match last_error {
+        Some(err) => LockError::from(err),
+        None => LockError::Timeout {
+            name: name.to_string(),
+            waited: now.saturating_duration_since(started),
+            holder: last_holder,
+        },
+    };
     loop {
         // Bounded by the timeout: a hung store must not hold the caller past it (an attempt
         // cut off here releases whatever it is granted).
         let attempt = crate::clock::timeout_at(give_up, try_any(holder, resources, &candidate))
             .await
             .unwrap_or(Ok(Attempt::Denied(None)));
-        let (soonest, last_error) = match attempt {
+        let soonest = match attempt {
             Ok(Attempt::Granted(term)) => return Ok((term, waited)),
             Ok(Attempt::Denied(None)) => {
                 candidate = holder.candidate();
-                (None, None)
+                last_error = None;
+                None
             }
             Ok(Attempt::Denied(Some(denial))) => {
                 if let Some(h) = denial.holder {
+                    // Only another process's hold is contention to yield for later.
+                    waited |= !holder.is_ours(&h);
                     last_holder = Some(h);
                 }
-                (Some(denial.remaining), None)
+                last_error = None;
+                Some(denial.remaining)
             }
             Err(err) if err.is_permanent() => return Err(err.into()),
             Err(err) => {
                 // The attempt may have been granted unseen: it is released under its candidate
                 // id in the background, and the next attempt is a holder of its own.
                 candidate = holder.candidate();
-                (None, Some(err))
+                last_error = Some(err);
+                None
             }
         };
-        waited = true;
         let now = crate::clock::now();
         if now >= give_up {
-            return Err(match last_error {
-                Some(err) => err.into(),
-                None => LockError::Timeout {
-                    name: name.to_string(),
-                    waited: now.saturating_duration_since(started),
-                    holder: last_holder,
-                },
-            });
+            return Err(timed_out(now, last_error, last_holder));
         }
         // Right after the holder's lease ends, if that is sooner than the retry interval.
         let mut wait = holder.config.retry_interval;
@@ -556,6 +572,12 @@ async fn wait_for(
         }
         if closed {
             events = None;
+        }
+        // Out of time while waiting: no attempt that could only be cut off (and granted to
+        // nobody, then released again).
+        let now = crate::clock::now();
+        if now >= give_up {
+            return Err(timed_out(now, last_error, last_holder));
         }
     }
 }

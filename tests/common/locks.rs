@@ -689,7 +689,7 @@ pub async fn a_semaphore_has_at_most_n_holders<H: Harness>(h: &H) {
 /// order: every client gets permits, none waits past a bound, and the figures are printed.
 pub async fn a_semaphore_under_steady_contention_starves_no_waiter<H: Harness>(h: &H) {
     const CLIENTS: usize = 6;
-    const RUN: Duration = Duration::from_secs(4);
+    const RUN: Duration = Duration::from_secs(6);
     let name = unique("fair");
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -735,6 +735,50 @@ pub async fn a_semaphore_under_steady_contention_starves_no_waiter<H: Harness>(h
         "a client got {fewest} of {total} grants"
     );
     assert!(longest < RUN / 2, "a wait of {longest:?}");
+}
+
+/// A holder that had to wait yields after it lets go, but never at the cost of an acquire's
+/// only attempt: with the lock free, an acquire whose timeout is shorter than the yield asks at
+/// once and gets it (not a timeout). One with time to spare waits the yield out first.
+pub async fn a_yield_never_costs_an_acquire_its_only_attempt<H: Harness>(h: &H) {
+    let a = locks(h.store(), "node-a");
+    // A yield of one second, far from the statements' own times on a loaded machine.
+    let b = Locks::builder(h.separate_store().await)
+        .owner("node-b")
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let name = unique("lock");
+    let held = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    let lock = b.lock(&name).unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire(Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(held.release().await.unwrap());
+    // b waited for a's hold: letting go of it, b yields one retry interval (1 s).
+    let contended = waiter.await.unwrap().unwrap();
+    assert!(contended.release().await.unwrap());
+    let quick = lock
+        .acquire(Duration::from_millis(50))
+        .await
+        .expect("a free lock, asked for once, not a timeout");
+    assert!(quick.release().await.unwrap());
+    // Once the yield is over, a hold that waited for nobody yields nothing after it.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let uncontended = lock.acquire(Duration::from_secs(5)).await.unwrap();
+    assert!(uncontended.release().await.unwrap());
+    let asked = Instant::now();
+    let again = lock.acquire(Duration::from_secs(5)).await.unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_millis(600),
+        "{:?}: an uncontended hold yields nothing",
+        asked.elapsed()
+    );
+    drop(again);
 }
 
 /// Bad names, permits, durations and timeouts are typed errors, and no statement is sent.
@@ -813,6 +857,7 @@ macro_rules! lock_suite {
             a_release_given_up_on_still_releases,
             an_error_that_may_hide_a_grant_is_released,
             a_semaphore_under_steady_contention_starves_no_waiter,
+            a_yield_never_costs_an_acquire_its_only_attempt,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -184,29 +184,54 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
 }
 
 /// Drops `table` and its membership table with the migrations' `down`, after deleting their
-/// rows (`down` refuses a table that holds leases, or a live member).
+/// rows (`down` refuses a table that holds leases, or a live member). A test's dropped lock
+/// guards release in the background: on SQLite in rollback-journal mode such a write can meet
+/// the `DROP` (`database is locked`, returned at once when a reader would have to wait for a
+/// writer), so each step is tried again for a few seconds.
 pub async fn drop_table(db: &sea_orm::DatabaseConnection, table: &str) {
-    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
+    };
     use sea_orm::sea_query::{Alias, Query};
     use sea_orm::ConnectionTrait;
+    async fn again<F, Fut>(what: &str, mut step: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), sea_orm::DbErr>>,
+    {
+        for attempt in 0.. {
+            match step().await {
+                Ok(()) => return,
+                Err(e) if attempt < 50 && e.to_string().contains("database is locked") => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{what}: {e:?}"),
+            }
+        }
+    }
     let migration = CreateLeaseTable::with_table(table).expect("valid table name");
-    db.execute(&Query::delete().from_table(Alias::new(table)).to_owned())
-        .await
-        .expect("delete the test's lease rows");
-    migration
-        .down(&SchemaManager::new(db))
-        .await
-        .expect("migration down");
-    // `down` refuses a membership table in which a node is live: the test's members go first.
     let members = member_table(table);
-    db.execute(&Query::delete().from_table(Alias::new(&members)).to_owned())
-        .await
-        .expect("delete the test's members");
-    orion_beacon_migration::CreateMemberTable::with_table(members)
-        .expect("valid table name")
-        .down(&SchemaManager::new(db))
-        .await
-        .expect("membership migration down");
+    again("delete the test's lease rows", || async {
+        db.execute(&Query::delete().from_table(Alias::new(table)).to_owned())
+            .await
+            .map(|_| ())
+    })
+    .await;
+    let schema = SchemaManager::new(db);
+    again("migration down", || migration.down(&schema)).await;
+    // `down` refuses a membership table in which a node is live: the test's members go first.
+    again("delete the test's members", || async {
+        db.execute(&Query::delete().from_table(Alias::new(&members)).to_owned())
+            .await
+            .map(|_| ())
+    })
+    .await;
+    let member_migration =
+        CreateMemberTable::with_table(members.clone()).expect("valid table name");
+    again("membership migration down", || {
+        member_migration.down(&schema)
+    })
+    .await;
 }
 
 /// Connects to a SQLite file with the options the README recommends.
