@@ -160,30 +160,34 @@ impl HealthState {
     /// The health as of now.
     pub(crate) fn health(&self, failure: Option<&StoreError>, leader: bool) -> Health {
         let now = Instant::now();
-        let last = self.last();
-        let age = now.saturating_duration_since(last.unwrap_or(self.started));
+        let age = now.saturating_duration_since(self.heard().unwrap_or(self.started));
         let failure = failure.map(|err| error_chain(err));
         Health {
             healthy: age <= self.window && failure.is_none(),
             failure,
             leader,
-            last_round_trip: last.map(|at| now.saturating_duration_since(at)),
+            // The real last round trip, also during a stay-out.
+            last_round_trip: self.last().map(|at| now.saturating_duration_since(at)),
             window: self.window,
         }
     }
 
-    /// The last round trip, or the time up to now a stay-out covered, whichever is later.
     fn last(&self) -> Option<Instant> {
-        let last = *self
+        *self
             .last_round_trip
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The last round trip, or the time up to now a stay-out covered, whichever is later:
+    /// what health is judged by.
+    fn heard(&self) -> Option<Instant> {
         let resting = self
             .resting_until
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .map(|until| until.min(Instant::now()));
-        last.max(resting)
+        self.last().max(resting)
     }
 
     fn answered(&self, at: Instant) {
@@ -195,7 +199,7 @@ impl HealthState {
 
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn age(&self) -> Duration {
-        Instant::now().saturating_duration_since(self.last().unwrap_or(self.started))
+        Instant::now().saturating_duration_since(self.heard().unwrap_or(self.started))
     }
 }
 

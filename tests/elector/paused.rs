@@ -1726,6 +1726,11 @@ async fn staying_out_after_a_step_down_is_healthy() {
         assert!(!handle.is_leader(), "staying out");
         let health = handle.health();
         assert!(health.healthy, "{health:?}");
+        // The real last round trip is shown, not the stay-out.
+        assert!(
+            health.last_round_trip >= Some(Duration::from_secs(9)),
+            "{health:?}"
+        );
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(handle.is_leader(), "back after the stay-out");
