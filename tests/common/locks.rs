@@ -173,6 +173,16 @@ fn locks<S: LeaseStore + 'static>(store: S, owner: &str) -> Locks {
         .unwrap()
 }
 
+/// Locks whose holds would outlast any test (a 30 s lease): a lock freed within the test was
+/// released, not left to lapse.
+fn long_locks<S: LeaseStore + 'static>(store: S, owner: &str) -> Locks {
+    Locks::builder(store)
+        .owner(owner)
+        .lease_duration(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
 /// One holder at a time, also within one process (no re-entrancy), and every hold's token
 /// above every earlier hold's.
 pub async fn a_lock_has_one_holder_and_each_hold_a_higher_token<H: Harness>(h: &H) {
@@ -247,11 +257,7 @@ pub async fn acquire_waits_for_a_release_and_times_out<H: Harness>(h: &H) {
 
 /// Dropping a guard releases the lock at once, not after its lease.
 pub async fn a_dropped_guard_releases_at_once<H: Harness>(h: &H) {
-    let a = Locks::builder(h.store())
-        .owner("node-a")
-        .lease_duration(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let a = long_locks(h.store(), "node-a");
     let b = locks(h.separate_store().await, "node-b");
     let name = unique("lock");
     let guard = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
@@ -388,11 +394,7 @@ where
 {
     let counting = Counting::default();
     counting.acquire_delay_ms.store(300, Ordering::SeqCst);
-    let a = Locks::builder(Double::over(h.store(), counting.clone()))
-        .owner("node-a")
-        .lease_duration(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let a = long_locks(Double::over(h.store(), counting.clone()), "node-a");
     let b = locks(h.separate_store().await, "node-b");
     let name = unique("lock");
     let lock = a.lock(&name).unwrap();
@@ -556,11 +558,7 @@ where
 {
     let counting = Counting::default();
     counting.release_delay_ms.store(300, Ordering::SeqCst);
-    let a = Locks::builder(Double::over(h.store(), counting.clone()))
-        .owner("node-a")
-        .lease_duration(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let a = long_locks(Double::over(h.store(), counting.clone()), "node-a");
     let b = locks(h.separate_store().await, "node-b");
     let name = unique("lock");
     let guard = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
@@ -594,11 +592,7 @@ where
     counting
         .fail_acquires_after_write
         .store(true, Ordering::SeqCst);
-    let a = Locks::builder(Double::over(h.store(), counting.clone()))
-        .owner("node-a")
-        .lease_duration(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let a = long_locks(Double::over(h.store(), counting.clone()), "node-a");
     let b = locks(h.separate_store().await, "node-b");
     let (read, unread) = (unique("lock"), unique("lock"));
     let err = a.lock(&read).unwrap().try_acquire().await.unwrap_err();

@@ -13,9 +13,8 @@ use orion_beacon::locks::{LockError, Locks};
 use orion_beacon::{LeaderTerm, SeaOrmLeaseStore};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::db::{connect, connect_rollback_journal};
-use crate::shard_node::{open_history, Done, Ledger, Terms, LEDGER_POOL};
-use crate::{Args, Error, LEASE, RENEW, RETRY, ROLLBACK_BUSY_TIMEOUT};
+use crate::shard_node::{connect_pools, open_history, Done, Ledger, Terms};
+use crate::{Args, Error, LEASE, RENEW, RETRY};
 
 /// How long a client holds what it took (ms, drawn per hold), writing every 50-150 ms.
 const HOLD_MS: std::ops::Range<u64> = 200..800;
@@ -36,18 +35,7 @@ pub fn resources(name: &str, permits: u32) -> Vec<String> {
 pub async fn run(args: Args) -> Result<(), Error> {
     let name = args.candidate.clone().unwrap_or_default();
     let history = open_history(&args, &name)?;
-    let pool = args.pool.unwrap_or(3);
-    let (db, ledger_db) = if args.rollback_journal {
-        (
-            connect_rollback_journal(&args.url, pool, ROLLBACK_BUSY_TIMEOUT).await?,
-            connect_rollback_journal(&args.url, LEDGER_POOL, ROLLBACK_BUSY_TIMEOUT).await?,
-        )
-    } else {
-        (
-            connect(&args.url, pool).await?,
-            connect(&args.url, LEDGER_POOL).await?,
-        )
-    };
+    let (db, ledger_db) = connect_pools(&args).await?;
     let store = SeaOrmLeaseStore::new(db).with_table(&args.table)?;
     let locks = Locks::builder(store)
         .owner(&name)

@@ -59,13 +59,6 @@ impl Summary<'_> {
             self.bound.as_millis(),
         );
         if record.lapse_bound_ns > 0 && !record.pause_blocks_store {
-            let ms = |ns: u64| {
-                if ns == u64::MAX {
-                    "never".to_owned()
-                } else {
-                    format!("{} ms", ns / 1_000_000)
-                }
-            };
             let (pauses_in, pauses) =
                 crate::checker::inside_transactions(&record.faults, &record.transactions, "pause");
             let (cuts_in, cuts) = crate::checker::inside_transactions(
@@ -210,13 +203,6 @@ impl ShardSummary<'_> {
                 .collect::<Vec<_>>()
                 .join(", "),
         );
-        let ms = |ns: u64| {
-            if ns == u64::MAX {
-                "never".to_owned()
-            } else {
-                format!("{} ms", ns / 1_000_000)
-            }
-        };
         let lease_round = (LEASE + SHARD_INTERVAL).as_millis();
         let k = &verdict.kills;
         println!(
@@ -280,13 +266,6 @@ impl ShardSummary<'_> {
     /// how soon a hold cut off by a fault was taken by another client (a figure).
     fn print_locks(&self, permits: u32, kinds: &[String]) {
         let (record, verdict) = (self.record, self.verdict);
-        let ms = |ns: u64| {
-            if ns == u64::MAX {
-                "never".to_owned()
-            } else {
-                format!("{} ms", ns / 1_000_000)
-            }
-        };
         println!(
             "torture[{}] seed={} duration={:.0}s clients={} skewed={} {} operations={} (fenced {}, aborted {}, failed {}) ledger_rows={} holds={} max_token={} most_at_once={} faults: {} violations={}",
             self.label,
@@ -329,5 +308,14 @@ impl ShardSummary<'_> {
         for v in &verdict.violations {
             println!("  VIOLATION: {v}");
         }
+    }
+}
+
+/// A wait in nanoseconds as the summaries print it: whole milliseconds, or "never".
+fn ms(ns: u64) -> String {
+    if ns == u64::MAX {
+        "never".to_owned()
+    } else {
+        format!("{} ms", ns / 1_000_000)
     }
 }

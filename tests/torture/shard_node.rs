@@ -233,13 +233,13 @@ pub(crate) fn open_history(args: &Args, name: &str) -> Result<History, Error> {
     Ok(history)
 }
 
-/// Runs one node until the harness writes `shutdown` to its standard input.
-pub async fn run(args: Args) -> Result<(), Error> {
-    let name = args.candidate.clone().unwrap_or_default();
-    let history = open_history(&args, &name)?;
-
+/// The node's pools: the store's (`--pool` connections, default 3) and the ledger
+/// transactions' own ([`LEDGER_POOL`]), in the configuration's SQLite journal mode.
+pub(crate) async fn connect_pools(
+    args: &Args,
+) -> Result<(DatabaseConnection, DatabaseConnection), Error> {
     let pool = args.pool.unwrap_or(3);
-    let (db, ledger_db) = if args.rollback_journal {
+    Ok(if args.rollback_journal {
         (
             connect_rollback_journal(&args.url, pool, ROLLBACK_BUSY_TIMEOUT).await?,
             connect_rollback_journal(&args.url, LEDGER_POOL, ROLLBACK_BUSY_TIMEOUT).await?,
@@ -249,7 +249,15 @@ pub async fn run(args: Args) -> Result<(), Error> {
             connect(&args.url, pool).await?,
             connect(&args.url, LEDGER_POOL).await?,
         )
-    };
+    })
+}
+
+/// Runs one node until the harness writes `shutdown` to its standard input.
+pub async fn run(args: Args) -> Result<(), Error> {
+    let name = args.candidate.clone().unwrap_or_default();
+    let history = open_history(&args, &name)?;
+
+    let (db, ledger_db) = connect_pools(&args).await?;
     let store = SeaOrmLeaseStore::new(db)
         .with_table(&args.table)?
         .with_member_table(&args.members)?;
