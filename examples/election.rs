@@ -98,7 +98,7 @@ async fn candidate(name: &str, args: &Args) -> Result<(), Error> {
             let line = match &rx.borrow_and_update() {
                 Leadership::Starting => None,
                 Leadership::Leader(term) => Some(format!("LEADER {}", term.token())),
-                Leadership::Follower { leader } => {
+                Leadership::Follower { leader, .. } => {
                     Some(format!("FOLLOWER {}", leader.as_deref().unwrap_or("-")))
                 }
                 Leadership::Failed(err) => Some(format!("FAILED {err}")),

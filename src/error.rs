@@ -48,6 +48,26 @@ pub enum StoreError {
     /// The configured table name was refused.
     #[error(transparent)]
     InvalidTableName(#[from] TableNameError),
+    /// A refused lease payload (too long, or with a NUL character); see
+    /// [`MAX_PAYLOAD_LEN`](crate::store::MAX_PAYLOAD_LEN).
+    #[error("invalid lease payload ({len} bytes): {reason}")]
+    InvalidPayload {
+        /// Its length in bytes.
+        len: usize,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// A payload was asked for, but the lease table has no payload column: it was made before
+    /// it, and the migration that adds it has not run (yet). Nothing was sent to grant it;
+    /// requests without a payload keep working on this table.
+    #[error(
+        "the lease table {table:?} has no payload column: run the migration that adds it ({})",
+        payload_hint(table)
+    )]
+    MissingPayloadColumn {
+        /// The lease table.
+        table: String,
+    },
     /// The lease table (or a shard set's membership table) does not exist in this database:
     /// run the migration.
     #[error("the table {table:?} does not exist: run the migration first ({})", source.migration_hint(table))]
@@ -160,6 +180,20 @@ impl BackendError {
     }
 }
 
+/// How to add the payload column to `table`.
+fn payload_hint(table: &str) -> String {
+    let add = if table == orion_beacon_entity::DEFAULT_TABLE {
+        "`orion_beacon_migration::AddLeasePayload::new()`".to_owned()
+    } else {
+        format!("`orion_beacon_migration::AddLeasePayload::with_table(\"{table}\")?`")
+    };
+    format!(
+        "add {add} to your application's Migrator after the lease table's and run it; without a \
+         Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`; on SQL Server, \
+         `SqlServerLeaseStore::migrate()`"
+    )
+}
+
 /// What kind of failure a [`StoreError`] (or a [`LockError`](crate::locks::LockError)) is: what retries, metrics labels and exit codes
 /// are decided on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,7 +205,7 @@ pub enum ErrorKind {
     /// The store cannot run on this connection in this build (a backend whose cargo feature is
     /// off, a disconnected connection): it fails the same way every time.
     Unsupported,
-    /// The lease table is missing: the migration has not run (yet).
+    /// The lease table (or its payload column) is missing: a migration has not run (yet).
     MissingTable,
     /// A concurrent transaction got in the way, after the store's own retries; safe to retry.
     Conflict,
@@ -216,13 +250,16 @@ impl StoreError {
             | StoreError::InvalidShardSet { .. }
             | StoreError::InvalidCandidate { .. }
             | StoreError::InvalidLeaseDuration { .. }
-            | StoreError::InvalidTableName(_) => ErrorKind::InvalidInput,
+            | StoreError::InvalidTableName(_)
+            | StoreError::InvalidPayload { .. } => ErrorKind::InvalidInput,
             #[cfg(feature = "sqlserver")]
             StoreError::InvalidConnectionString { .. } => ErrorKind::InvalidInput,
             StoreError::UnsupportedBackend { .. }
             | StoreError::Unsupported { .. }
             | StoreError::Disconnected => ErrorKind::Unsupported,
-            StoreError::MissingTable { .. } => ErrorKind::MissingTable,
+            StoreError::MissingTable { .. } | StoreError::MissingPayloadColumn { .. } => {
+                ErrorKind::MissingTable
+            }
             StoreError::Conflict { .. } => ErrorKind::Conflict,
             StoreError::Decode { .. } => ErrorKind::Decode,
             StoreError::Database(_) => ErrorKind::Database,

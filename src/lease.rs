@@ -37,6 +37,10 @@ pub struct Lease {
     pub expires_at: Option<DateTime<Utc>>,
     /// When this term began, in the database's clock (`None` for the in-memory store).
     pub acquired_at: Option<DateTime<Utc>>,
+    /// The payload the statement that granted or renewed this lease wrote (see
+    /// [`LeaseStore::acquire_or_renew_with`](crate::LeaseStore::acquire_or_renew_with)), as
+    /// stored; `None` when it wrote none.
+    pub payload: Option<String>,
 }
 
 /// Someone else holds a live lease.
@@ -58,6 +62,10 @@ pub struct Denial {
     pub remaining: Duration,
     /// The holder's expiry in the database's clock, where known.
     pub expires_at: Option<DateTime<Utc>>,
+    /// The payload the holder wrote with its latest grant or renew of this term (its address,
+    /// a version), where it wrote one. Never a payload of an earlier term: a term that wrote
+    /// none shows `None`.
+    pub payload: Option<String>,
 }
 
 /// The answer to [`LeaseStore::acquire_or_renew`](crate::LeaseStore::acquire_or_renew).
@@ -118,6 +126,9 @@ pub struct LeaseRecord {
     pub acquired_at: Option<DateTime<Utc>>,
     /// When the term was last acquired or renewed (`None` for the in-memory store).
     pub renewed_at: Option<DateTime<Utc>>,
+    /// The payload of the current (or last) term, as its latest grant or renew wrote it; `None`
+    /// when that wrote none (or the table has no payload column yet).
+    pub payload: Option<String>,
 }
 
 impl Lease {
@@ -136,6 +147,7 @@ impl Lease {
             remaining,
             expires_at: None,
             acquired_at: None,
+            payload: None,
         }
     }
 }
@@ -149,6 +161,7 @@ impl Denial {
             token: None,
             remaining: Duration::ZERO,
             expires_at: None,
+            payload: None,
         }
     }
 }
@@ -170,6 +183,7 @@ impl LeaseRecord {
             expires_at: None,
             acquired_at: None,
             renewed_at: None,
+            payload: None,
         }
     }
 }

@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
-use crate::store::{validate_batch, validate_candidate, validate_request, validate_resource};
+use crate::store::{
+    validate_batch, validate_candidate, validate_payload, validate_request, validate_resource,
+};
 use crate::{
     Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError,
 };
@@ -25,6 +27,8 @@ struct Slot {
     holder: String,
     token: i64,
     expires: Instant,
+    /// The payload the term's latest grant or renew wrote.
+    payload: Option<String>,
 }
 
 /// The least a renew moves a term's expiry on, as the database stores do by one step of their
@@ -180,7 +184,21 @@ impl LeaseStore for InMemoryLeaseStore {
         candidate: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
+        self.acquire_or_renew_with(resource, candidate, lease, None)
+            .await
+    }
+
+    async fn acquire_or_renew_with(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+        payload: Option<&str>,
+    ) -> Result<LeaseOutcome, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
+        if let Some(payload) = payload {
+            validate_payload(payload)?;
+        }
         let lease = Duration::from_millis(millis.unsigned_abs());
         let now = Instant::now();
         let mut slots = self.slots();
@@ -191,6 +209,7 @@ impl LeaseStore for InMemoryLeaseStore {
             remaining,
             expires_at: self.wall(now + remaining),
             acquired_at: None,
+            payload: payload.map(str::to_owned),
         };
         match slots.get_mut(resource) {
             None => {
@@ -200,6 +219,7 @@ impl LeaseStore for InMemoryLeaseStore {
                         holder: candidate.to_owned(),
                         token: 1,
                         expires: now + lease,
+                        payload: payload.map(str::to_owned),
                     },
                 );
                 Ok(LeaseOutcome::Acquired(granted(1, lease)))
@@ -208,10 +228,12 @@ impl LeaseStore for InMemoryLeaseStore {
                 slot.holder = candidate.to_owned();
                 slot.token += 1;
                 slot.expires = now + lease;
+                slot.payload = payload.map(str::to_owned);
                 Ok(LeaseOutcome::Acquired(granted(slot.token, lease)))
             }
             Some(slot) if slot.holder == candidate => {
                 let remaining = slot.renew(now, lease);
+                slot.payload = payload.map(str::to_owned);
                 Ok(LeaseOutcome::Renewed(granted(slot.token, remaining)))
             }
             Some(slot) => Ok(LeaseOutcome::Denied(Denial {
@@ -220,6 +242,7 @@ impl LeaseStore for InMemoryLeaseStore {
                 token: Some(FencingToken::new(slot.token)),
                 remaining: slot.expires.saturating_duration_since(now),
                 expires_at: self.wall(slot.expires),
+                payload: slot.payload.clone(),
             })),
         }
     }
@@ -271,6 +294,7 @@ impl LeaseStore for InMemoryLeaseStore {
             expires_at: self.wall(slot.expires),
             acquired_at: None,
             renewed_at: None,
+            payload: slot.payload.clone(),
         }))
     }
 
@@ -291,6 +315,7 @@ impl LeaseStore for InMemoryLeaseStore {
                     fresh.push(Lease {
                         remaining,
                         expires_at: self.wall(slot.expires),
+                        payload: slot.payload.clone(),
                         ..h.clone()
                     });
                 }

@@ -9,6 +9,10 @@ use crate::{Lease, LeaseOutcome, LeaseRecord, Renewals, StoreError};
 /// The longest resource name or candidate id, in characters (the columns are 255 wide).
 pub const MAX_NAME_LEN: usize = 255;
 
+/// The longest payload a lease carries, in bytes of UTF-8 (see
+/// [`LeaseStore::acquire_or_renew_with`]).
+pub const MAX_PAYLOAD_LEN: usize = 1024;
+
 /// The shortest lease a store accepts. Shorter leases are truncated to whole milliseconds
 /// first, so anything under 1 ms is refused.
 pub const MIN_LEASE: Duration = Duration::from_millis(1);
@@ -168,6 +172,43 @@ pub trait LeaseStore: Send + Sync {
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError>;
 
+    /// [`acquire_or_renew`](Self::acquire_or_renew) that also writes `payload` (its address, a
+    /// version; at most [`MAX_PAYLOAD_LEN`] bytes, no NUL character) into the lease, in the same
+    /// statement that grants or renews it. Each grant or renew writes the payload it is given:
+    /// `None` (and plain [`acquire_or_renew`](Self::acquire_or_renew)) clears it. A denial
+    /// changes nothing and reports the holder's payload in [`Denial::payload`](crate::Denial::payload);
+    /// [`current`](Self::current) shows it too. A payload belongs to the term that wrote it: a
+    /// later term that wrote none shows `None`, never the earlier term's. A batch renew
+    /// ([`renew_all`](Self::renew_all)) keeps the payload as it is.
+    ///
+    /// A payload that is too long or holds a NUL is refused with
+    /// [`StoreError::InvalidPayload`] before any SQL runs. A lease table made before the
+    /// payload column existed answers a request with a payload with
+    /// [`StoreError::MissingPayloadColumn`] (nothing is sent to grant it); requests without one
+    /// work on it as before.
+    ///
+    /// The default, for stores that keep no payloads, forwards a `None` payload to
+    /// [`acquire_or_renew`](Self::acquire_or_renew) and refuses any other with
+    /// [`StoreError::Unsupported`] (after the input checks).
+    async fn acquire_or_renew_with(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+        payload: Option<&str>,
+    ) -> Result<LeaseOutcome, StoreError> {
+        match payload {
+            None => self.acquire_or_renew(resource, candidate, lease).await,
+            Some(payload) => {
+                validate_request(resource, candidate, lease)?;
+                validate_payload(payload)?;
+                Err(StoreError::Unsupported {
+                    operation: "payloads",
+                })
+            }
+        }
+    }
+
     /// Ends `candidate`'s live lease on `resource` (a tombstone: the row and its token are kept,
     /// so the next term advances past it). Returns `true` if this call released a live lease the
     /// candidate held; `false` (and nothing changes) otherwise.
@@ -277,6 +318,18 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
         (**self).acquire_or_renew(resource, candidate, lease).await
     }
 
+    async fn acquire_or_renew_with(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+        payload: Option<&str>,
+    ) -> Result<LeaseOutcome, StoreError> {
+        (**self)
+            .acquire_or_renew_with(resource, candidate, lease, payload)
+            .await
+    }
+
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
         (**self).release(resource, candidate).await
     }
@@ -346,6 +399,22 @@ pub fn validate_candidate(name: &str) -> Result<(), StoreError> {
         }),
         None => Ok(()),
     }
+}
+
+/// Checks a lease payload: at most [`MAX_PAYLOAD_LEN`] bytes of UTF-8, no NUL character (which
+/// PostgreSQL's text cannot hold).
+pub fn validate_payload(payload: &str) -> Result<(), StoreError> {
+    let invalid = |reason| StoreError::InvalidPayload {
+        len: payload.len(),
+        reason,
+    };
+    if payload.len() > MAX_PAYLOAD_LEN {
+        return Err(invalid("must be at most 1024 bytes"));
+    }
+    if payload.contains('\0') {
+        return Err(invalid("must not contain a NUL character"));
+    }
+    Ok(())
 }
 
 /// Checks a lease duration and returns it in whole milliseconds, the precision every store

@@ -857,6 +857,47 @@ mod sqlite {
         );
     }
 
+    /// A lease's payload: the last column of `ls -o wide` (control characters escaped, `-`
+    /// for none), a line of `show`, a field of the JSON.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn payloads_are_shown() {
+        let (t, _url) = sqlite().await;
+        t.store
+            .acquire_or_renew_with("api", "node-a", LONG, Some("http://10.0.0.7:8080\n"))
+            .await
+            .unwrap();
+        t.store
+            .acquire_or_renew("plain", "node-b", LONG)
+            .await
+            .unwrap();
+        let wide = t.run(&["leases", "-o", "wide"]).await;
+        assert_code(&wide, 0);
+        let header = wide.stdout.lines().next().unwrap();
+        assert!(header.trim_end().ends_with("PAYLOAD"), "{wide:#?}");
+        assert_eq!(
+            row(&wide.stdout, "api").last(),
+            Some(&"http://10.0.0.7:8080\\n"),
+            "{wide:#?}"
+        );
+        assert_eq!(row(&wide.stdout, "plain").last(), Some(&"-"), "{wide:#?}");
+        let table = t.run(&["leases"]).await;
+        assert!(!table.stdout.contains("PAYLOAD"), "{table:#?}");
+        let show = t.run(&["show", "api"]).await;
+        assert_code(&show, 0);
+        assert!(
+            show.stdout
+                .contains("payload      http://10.0.0.7:8080\\n\n"),
+            "{show:#?}"
+        );
+        let json = t.run(&["show", "api", "-o", "json"]).await;
+        let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+        assert_eq!(json["payload"], "http://10.0.0.7:8080\n");
+        let plain = t.run(&["show", "plain", "-o", "json"]).await;
+        let plain: serde_json::Value = serde_json::from_str(&plain.stdout).unwrap();
+        assert!(plain["payload"].is_null(), "{plain}");
+        t.teardown().await;
+    }
+
     /// `-o table|wide|json` (`--json` kept), `--no-headers`, wide characters aligned, "did you
     /// mean" for a typo, shell completions, Ctrl-C on `watch` exits 130.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

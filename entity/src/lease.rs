@@ -27,6 +27,25 @@ pub struct Model {
     pub acquired_at: DateTimeUtc,
     /// When the current term was last acquired or renewed (database clock).
     pub renewed_at: DateTimeUtc,
+    /// The payload the holder wrote with its latest grant or renew (up to 1,024 bytes), if
+    /// any. It belongs to the term whose token is in `payload_token`: read it only when that
+    /// equals `fencing_token` (a term that wrote none leaves an earlier term's behind). Added
+    /// by the `AddLeasePayload` migration.
+    #[sea_orm(column_type = "String(StringLen::N(1024))", nullable)]
+    pub payload: Option<String>,
+    /// The token of the term that wrote `payload`.
+    #[sea_orm(nullable)]
+    pub payload_token: Option<i64>,
+}
+
+impl Model {
+    /// The payload of the row's current (or last) term: `payload`, if that term wrote it.
+    pub fn current_payload(&self) -> Option<&str> {
+        match self.payload_token {
+            Some(token) if token == self.fencing_token => self.payload.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 /// The lease table has no relations.

@@ -5,7 +5,7 @@
 //! then runs them with your own migrations):
 //!
 //! ```
-//! use orion_beacon_migration::{CreateLeaseTable, CreateMemberTable};
+//! use orion_beacon_migration::{AddLeasePayload, CreateLeaseTable, CreateMemberTable};
 //! use sea_orm_migration::prelude::*;
 //!
 //! pub struct AppMigrator;
@@ -18,6 +18,8 @@
 //!             Box::new(CreateLeaseTable::new()),
 //!             // only for shard sets (many resources spread over nodes):
 //!             Box::new(CreateMemberTable::new()),
+//!             // the lease payload columns (after the lease table):
+//!             Box::new(AddLeasePayload::new()),
 //!         ]
 //!     }
 //! }
@@ -56,6 +58,7 @@ mod check_down;
 mod check_first;
 mod m20261129_000001_create_leases;
 mod m20261201_000001_create_members;
+mod m20261203_000001_add_lease_payload;
 
 pub use check_down::check_down;
 pub use check_first::CheckDown;
@@ -63,6 +66,7 @@ pub use sea_orm_migration::MigratorTraitSelf;
 
 pub use m20261129_000001_create_leases::CreateLeaseTable;
 pub use m20261201_000001_create_members::CreateMemberTable;
+pub use m20261203_000001_add_lease_payload::AddLeasePayload;
 pub use orion_beacon_entity::{
     validate_table_name, TableNameError, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
 };
@@ -81,6 +85,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(CreateLeaseTable::new()),
             Box::new(CreateMemberTable::new()),
+            Box::new(AddLeasePayload::new()),
         ]
     }
 

@@ -7,12 +7,12 @@
 use std::process::Command;
 
 use orion_beacon_migration::{
-    check_down, CheckDown, CreateLeaseTable, CreateMemberTable, MigrationTrait, MigratorTrait,
-    TRACKING_TABLE,
+    check_down, AddLeasePayload, CheckDown, CreateLeaseTable, CreateMemberTable, MigrationTrait,
+    MigratorTrait, TRACKING_TABLE,
 };
 use sea_orm_migration::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
-/// An application's own migrator that carries both migrations (tracking table
+/// An application's own migrator that carries all three migrations (tracking table
 /// `seaql_migrations`).
 struct AppMigrator;
 
@@ -22,6 +22,7 @@ impl MigratorTrait for AppMigrator {
         vec![
             Box::new(CreateLeaseTable::new()),
             Box::new(CreateMemberTable::new()),
+            Box::new(AddLeasePayload::new()),
         ]
     }
 }
@@ -108,10 +109,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, &all_ours).await.unwrap(), 0, "every record moved");
     assert_eq!(count(db, token).await.unwrap(), 9);
 
-    // A live shard-set node: the membership table's own `down` refuses.
+    // A live shard-set node: the membership table's own `down` refuses (after the payload
+    // step, which commits on its own and only drops the payload columns).
     let members = "SELECT COUNT(*) FROM orionbeacon_members";
     live_member(db, "").await;
-    let err = AppMigrator::down(db, Some(1))
+    let err = AppMigrator::down(db, Some(2))
         .await
         .expect_err("a live member");
     assert!(
@@ -119,12 +121,16 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "{err}"
     );
     assert_eq!(count(db, members).await.expect("not dropped"), 1);
+    assert_eq!(count(db, token).await.unwrap(), 9, "the lease stays");
+    AppMigrator::up(db, None)
+        .await
+        .expect("`up` adds the payload columns again");
     db.execute_unprepared("DELETE FROM orionbeacon_members")
         .await
         .unwrap();
 
-    // `down -n 2` with lease rows: `check_down` refuses before any step runs...
-    let err = check_down::<AppMigrator, _>(db, Some(2))
+    // `down -n 3` with lease rows: `check_down` refuses before any step runs...
+    let err = check_down::<AppMigrator, _>(db, Some(3))
         .await
         .expect_err("lease rows");
     assert!(
@@ -133,11 +139,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "{err}"
     );
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
-    assert!(check_down::<AppMigrator, _>(db, Some(1)).await.is_ok());
+    assert!(check_down::<AppMigrator, _>(db, Some(2)).await.is_ok());
     // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
-    // -n 2` runs (also for `reset` and `refresh`, which undo every step)...
+    // -n 3` runs (also for `reset` and `refresh`, which undo every step)...
     let checked = CheckDown(AppMigrator);
-    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(2))
+    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(3))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
@@ -151,8 +157,9 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         .expect_err("lease rows");
     assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
-    // ...while sea-orm-migration alone commits the membership step first, and says so.
-    let err = AppMigrator::down(db, Some(2))
+    // ...while sea-orm-migration alone commits the payload and membership steps first, and
+    // says so.
+    let err = AppMigrator::down(db, Some(3))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("`up` applies them again"), "{err}");
@@ -279,6 +286,15 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         CreateLeaseTable::NAME
     );
     let members = format!("SELECT COUNT(*) FROM {prefix}orionbeacon_members");
+    let payloads = format!(
+        "SELECT COUNT(*) FROM {prefix}orionbeacon_leases WHERE payload IS NOT NULL OR payload_token IS NOT NULL"
+    );
+    let payload_tracked = format!(
+        "SELECT COUNT(*) FROM {prefix}{TRACKING_TABLE} WHERE version = '{}'",
+        orion_beacon_migration::AddLeasePayload::NAME
+    );
+    let token_7 =
+        format!("SELECT COUNT(*) FROM {prefix}orionbeacon_leases WHERE fencing_token = 7");
     let members_tracked = format!(
         "SELECT COUNT(*) FROM {prefix}{TRACKING_TABLE} WHERE version = '{}'",
         orion_beacon_migration::CreateMemberTable::NAME
@@ -294,6 +310,8 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     assert_eq!(count(db, &tracked).await.expect("own tracking table"), 1);
     assert_eq!(count(db, &members).await.expect("membership table too"), 0);
     assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
+    assert_eq!(count(db, &payloads).await.expect("payload columns too"), 0);
+    assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
     migrate(url, schema, "up"); // idempotent: already applied
 
     // Commands that drop or undo everything in the database are not offered.
@@ -316,13 +334,37 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
-    // Two steps back would stop at the leases: refused before anything is dropped.
-    let said = refused_args(url, schema, &["down", "-n", "2"]);
+    // Three steps back would stop at the leases: refused before anything is dropped.
+    let said = refused_args(url, schema, &["down", "-n", "3"]);
     assert!(
         said.contains("Nothing was rolled back") && said.contains("1 lease row"),
         "{said}"
     );
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
+    assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
+    // One step back removes the payload columns only: the row and its token stay; `up` adds
+    // them again to the deployment from before them, in place.
+    db.execute_unprepared(&format!(
+        "UPDATE {prefix}orionbeacon_leases SET payload = 'p', payload_token = 7"
+    ))
+    .await
+    .unwrap();
+    migrate(url, schema, "down");
+    assert!(
+        count(db, &payloads).await.is_err(),
+        "`down` drops the payload columns"
+    );
+    assert_eq!(count(db, &payload_tracked).await.unwrap(), 0);
+    assert_eq!(count(db, &token_7).await.expect("the lease stays"), 1);
+    migrate(url, schema, "up");
+    assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
+    assert_eq!(count(db, &token_7).await.expect("row and token kept"), 1);
+    assert_eq!(
+        count(db, &payloads).await.expect("the columns are back"),
+        0,
+        "added empty"
+    );
+    migrate(url, schema, "down");
     // A live shard-set node keeps the membership table too.
     live_member(db, &prefix).await;
     let said = refused(url, schema, "down");
@@ -343,8 +385,10 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     migrate(url, schema, "up");
     assert_eq!(count(db, &members).await.expect("added by `up`"), 0);
     assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
+    assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &leases).await.unwrap(), 1);
-    migrate(url, schema, "down");
+    migrate(url, schema, "down"); // the payload columns
+    migrate(url, schema, "down"); // the membership table
     let said = refused(url, schema, "down");
     assert!(
         said.contains("Nothing was rolled back") && said.contains("1 lease row"),
@@ -467,6 +511,8 @@ async fn up_and_down_on_mariadb() {
         ("expires_at", "datetime(6)", ""),
         ("acquired_at", "datetime(6)", ""),
         ("renewed_at", "datetime(6)", ""),
+        ("payload", "varchar(1024)", "utf8mb4_bin"),
+        ("payload_token", "bigint(20)", ""),
     ];
     // MariaDB says bigint(20), MySQL 8 just bigint.
     let got: Vec<(&str, &str, &str)> = columns

@@ -3,6 +3,7 @@
 //! a backend; the backend is asked for its clock ([`Dialect`]) and its error codes once, when the
 //! store is made.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use sea_orm::{
 use super::dialect::Dialect;
 use super::errors::{classify, Classifier, Kind};
 use super::prepared::Prepared;
+use super::statements::Shape;
 use crate::StoreError;
 
 /// How often a statement is tried when the database reports a conflict with a concurrent
@@ -37,14 +39,50 @@ pub(crate) struct Context {
     pub(crate) prepared: PreparedCache,
     /// Whether the server's durability settings were looked at (once per store).
     pub(crate) durability_checked: Arc<tokio::sync::OnceCell<()>>,
+    /// Whether the lease table has the payload columns, as last seen.
+    pub(crate) shape: ShapeSeen,
 }
 
-/// The store's statements, each rendered on first use.
+/// The store's statements, each rendered on first use (those that read or write the payload
+/// columns once per [`Shape`], by [`Shape::index`]).
 #[derive(Debug, Default)]
 pub(crate) struct PreparedCache {
-    pub(crate) acquire: OnceLock<Prepared>,
+    pub(crate) acquire: [OnceLock<Prepared>; 2],
     pub(crate) release: OnceLock<Prepared>,
-    pub(crate) current: OnceLock<Prepared>,
+    pub(crate) current: [OnceLock<Prepared>; 2],
+}
+
+/// What the store last saw of the lease table's payload columns.
+#[derive(Debug, Default)]
+pub(crate) struct ShapeSeen(AtomicU8);
+
+impl ShapeSeen {
+    const UNKNOWN: u8 = 0;
+    const PLAIN: u8 = 1;
+    const PAYLOAD: u8 = 2;
+
+    /// The shape last seen, if any.
+    pub(crate) fn get(&self) -> Option<Shape> {
+        match self.0.load(Ordering::Acquire) {
+            Self::PLAIN => Some(Shape::Plain),
+            Self::PAYLOAD => Some(Shape::Payload),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set(&self, shape: Shape) {
+        let v = match shape {
+            Shape::Plain => Self::PLAIN,
+            Shape::Payload => Self::PAYLOAD,
+        };
+        self.0.store(v, Ordering::Release);
+    }
+
+    /// Looks again at the next statement (a statement of the payload shape failed: the
+    /// migration may have been rolled back).
+    pub(crate) fn forget(&self) {
+        self.0.store(Self::UNKNOWN, Ordering::Release);
+    }
 }
 
 impl Context {
@@ -66,6 +104,7 @@ impl Context {
             kind,
             prepared: PreparedCache::default(),
             durability_checked,
+            shape: ShapeSeen::default(),
         }
     }
 
@@ -189,12 +228,16 @@ impl Context {
         Ok(cell.get_or_init(|| prepared))
     }
 
-    /// The read of `resource`'s row, rendered once.
-    pub(crate) fn current_statement(&self, resource: &str) -> Result<Statement, StoreError> {
+    /// The read of `resource`'s row for a table of `shape`, rendered once.
+    pub(crate) fn current_statement(
+        &self,
+        resource: &str,
+        shape: Shape,
+    ) -> Result<Statement, StoreError> {
         let table = self.table_iden();
         Ok(self
-            .cached(&self.prepared.current, |r, _, _| {
-                Ok(self.build(&super::statements::current(self.dialect, &table, r)))
+            .cached(&self.prepared.current[shape.index()], |r, _, _| {
+                Ok(self.build(&super::statements::current(self.dialect, &table, r, shape)))
             })?
             .bind(resource, "", 0))
     }

@@ -10,8 +10,8 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, ExecResult, QueryResult, Statem
 use super::context::Context;
 use super::dialect::Dialect;
 use super::errors::Classifier;
-use super::prepared::Prepared;
-use super::statements;
+use super::prepared::{Prepared, PAYLOAD};
+use super::statements::{self, Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::store::ReleaseEvents;
@@ -67,12 +67,22 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<Statement, DbErr>;
 
-    /// [`acquire_statement`](Self::acquire_statement), rendered once per store.
-    fn acquire_prepared<'c>(&self, cx: &'c Context) -> Result<&'c Prepared, StoreError> {
-        cx.cached(&cx.prepared.acquire, |r, c, m| {
-            self.acquire_statement(cx, r, c, m)
+    /// [`acquire_statement`](Self::acquire_statement) for a table of `shape`, rendered once
+    /// per store (bind the payload with [`Prepared::bind_with`]).
+    fn acquire_prepared<'c>(
+        &self,
+        cx: &'c Context,
+        shape: Shape,
+    ) -> Result<&'c Prepared, StoreError> {
+        let write = match shape {
+            Shape::Plain => Write::Plain,
+            Shape::Payload => Write::Payload(Some(PAYLOAD)),
+        };
+        cx.cached(&cx.prepared.acquire[shape.index()], |r, c, m| {
+            self.acquire_statement(cx, r, c, m, write)
         })
     }
 
@@ -97,21 +107,25 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         false
     }
 
-    /// One acquire-or-renew, read to the end and known to have committed.
+    /// One acquire-or-renew, read to the end and known to have committed; `write` says what
+    /// it writes into the payload columns (and so the table's shape).
     async fn acquire_or_renew(
         &self,
         cx: &Context,
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<LeaseOutcome, StoreError>;
 
-    /// The batch renew of the leases in `json`: the rows it renewed, once committed.
+    /// The batch renew of the leases in `json` on a table of `shape`: the rows it renewed,
+    /// once committed.
     async fn renew_all(
         &self,
         cx: &Context,
         json: String,
         millis: i64,
+        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError>;
 
     /// A statement that reads or releases (not one that grants), read to the end, on a

@@ -5,9 +5,11 @@ use sea_orm::{QueryResult, Statement};
 
 use super::context::Context;
 use super::driver::LeaseBackend;
+use super::errors::{db_err_in, Kind};
 use super::gate::Gate;
 use super::prepared::Prepared;
 use super::row::Row;
+use super::statements::{self, Shape};
 use crate::StoreError;
 
 pub(crate) struct Engine {
@@ -28,9 +30,57 @@ impl Engine {
         self.backend.count(&self.cx, stmt).await
     }
 
-    /// The acquire-or-renew statement of this backend, rendered once.
-    pub(crate) fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
-        self.backend.acquire_prepared(&self.cx)
+    /// The acquire-or-renew statement of this backend for a table of `shape`, rendered once.
+    pub(crate) fn acquire_prepared(&self, shape: Shape) -> Result<&Prepared, StoreError> {
+        self.backend.acquire_prepared(&self.cx, shape)
+    }
+
+    /// The lease table's shape: as last seen, or looked at now (once per store, with one read
+    /// that names the payload columns). A request with a payload looks again while the table
+    /// was last seen without them: the migration may have run since.
+    pub(crate) async fn shape(&self, wants_payload: bool) -> Result<Shape, StoreError> {
+        match self.cx.shape.get() {
+            Some(Shape::Payload) => return Ok(Shape::Payload),
+            Some(Shape::Plain) if !wants_payload => return Ok(Shape::Plain),
+            _ => {}
+        }
+        let probe = self
+            .cx
+            .build(&statements::payload_probe(&self.cx.table_iden()));
+        let shape = match self.plain(probe).await {
+            Ok(_) => Shape::Payload,
+            Err(err) if self.unknown_column(&err) => Shape::Plain,
+            Err(err) => return Err(err),
+        };
+        if self.cx.shape.get() != Some(shape) {
+            tracing::debug!(table = %self.cx.table(), ?shape, "lease table shape");
+        }
+        self.cx.shape.set(shape);
+        Ok(shape)
+    }
+
+    /// Whether `err` says a column the statement named does not exist.
+    fn unknown_column(&self, err: &StoreError) -> bool {
+        db_err_in(err).is_some_and(|e| self.cx.kind(e) == Kind::UnknownColumn)
+    }
+
+    /// `result` of a statement for a table of `shape`; one of the payload shape that found
+    /// no payload column (its migration rolled back) has the shape looked at again next time.
+    pub(crate) fn noting<T>(
+        &self,
+        shape: Shape,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if let Err(err) = &result {
+            if shape == Shape::Payload && self.unknown_column(err) {
+                tracing::info!(
+                    table = %self.cx.table(),
+                    "the lease table has no payload column any more; looking again"
+                );
+                self.cx.shape.forget();
+            }
+        }
+        result
     }
 
     /// The release statement of this backend, rendered once.
@@ -51,9 +101,12 @@ impl Engine {
 
     /// The stored row of `resource`, read with a plain statement.
     pub(crate) async fn read_row(&self, resource: &str) -> Result<Option<Row>, StoreError> {
-        let stmt = self.cx.current_statement(resource)?;
-        let row = self.plain(stmt).await?.into_iter().next();
-        row.map(|r| Row::decode(&r))
+        let shape = self.shape(false).await?;
+        let stmt = self.cx.current_statement(resource, shape)?;
+        let rows = self.noting(shape, self.plain(stmt).await)?;
+        rows.into_iter()
+            .next()
+            .map(|r| Row::decode(&r, shape))
             .transpose()
             .map_err(|source| self.cx.decode_error(source))
     }

@@ -11,6 +11,9 @@ pub(crate) enum Kind {
     MissingTable,
     /// A concurrent transaction got in the way; the statement had no effect and may be retried.
     Conflict,
+    /// A column the statement names is not there (the payload columns, on a table made
+    /// before them, or after their migration was rolled back).
+    UnknownColumn,
     Other,
 }
 
@@ -25,7 +28,7 @@ pub(crate) fn classify(err: DbErr, kind: Kind, table: &str) -> StoreError {
             source: err.into(),
         },
         Kind::Conflict => StoreError::Conflict { source: err.into() },
-        Kind::Other => StoreError::Database(err.into()),
+        Kind::UnknownColumn | Kind::Other => StoreError::Database(err.into()),
     }
 }
 

@@ -19,7 +19,7 @@ use sea_orm::{DbErr, QueryResult};
 
 use super::dialect::Dialect;
 use super::row::Row;
-use super::statements::returned_row;
+use super::statements::{returned_row, with_payload, Shape};
 use super::store::SeaOrmLeaseStore;
 use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
 use crate::store::validate_candidate;
@@ -122,9 +122,15 @@ pub(crate) fn prune(d: &dyn Dialect, table: &Alias, shard_set: &str) -> DeleteSt
 }
 
 /// The lease rows of `resources`, with the resource last (as the operator's list has it).
-pub(crate) fn leases_of(d: &dyn Dialect, table: &Alias, resources: &[String]) -> SelectStatement {
+pub(crate) fn leases_of(
+    d: &dyn Dialect,
+    table: &Alias,
+    resources: &[String],
+    shape: Shape,
+) -> SelectStatement {
     let mut exprs = returned_row(d);
     exprs.push(Expr::col(lease::Column::Resource));
+    let exprs = with_payload(exprs, shape);
     Query::select()
         .exprs(exprs)
         .from(table.clone())
@@ -207,11 +213,12 @@ impl SeaOrmLeaseStore {
         let engine = self.engine()?;
         let cx = &engine.cx;
         let table = cx.table_iden();
+        let shape = engine.shape(false).await?;
         let mut records = Vec::with_capacity(resources.len());
         for chunk in resources.chunks(READ_CHUNK) {
-            let stmt = cx.build(&leases_of(cx.dialect, &table, chunk));
-            for r in engine.plain(stmt).await? {
-                let decoded = Row::decode(&r).and_then(|row| {
+            let stmt = cx.build(&leases_of(cx.dialect, &table, chunk, shape));
+            for r in engine.noting(shape, engine.plain(stmt).await)? {
+                let decoded = Row::decode(&r, shape).and_then(|row| {
                     let resource: String = r.try_get_by_index(6)?;
                     Ok(row.record(&resource))
                 });
@@ -336,8 +343,13 @@ mod tests {
             r#"DELETE FROM "orionbeacon_members" WHERE "shard_set" = ? AND "expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
         );
         let resources = vec!["a".to_owned(), "b".to_owned()];
-        let (sql, values) = leases_of(&Postgres, &Alias::new("orionbeacon_leases"), &resources)
-            .build(PostgresQueryBuilder);
+        let (sql, values) = leases_of(
+            &Postgres,
+            &Alias::new("orionbeacon_leases"),
+            &resources,
+            Shape::Plain,
+        )
+        .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
             r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource" FROM "orionbeacon_leases" WHERE "resource" IN ($1, $2)"#

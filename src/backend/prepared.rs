@@ -12,6 +12,9 @@ use super::dialect::Dialect;
 
 const RESOURCE: &str = "\u{1}orion-beacon:resource\u{1}";
 const CANDIDATE: &str = "\u{1}orion-beacon:candidate\u{1}";
+/// The payload's marker: a statement of the payload shape is built with it, and each call
+/// binds its own payload (or `NULL`) there.
+pub(crate) const PAYLOAD: &str = "\u{1}orion-beacon:payload\u{1}";
 /// A lease length no caller can pass (validated leases are at most 366 days).
 const MILLIS: i64 = 987_654_321_987;
 
@@ -19,6 +22,7 @@ const MILLIS: i64 = 987_654_321_987;
 enum Slot {
     Resource,
     Candidate,
+    Payload,
     /// The lease length, in the form the backend binds it ([`Dialect::lease_value`]).
     Lease,
     Fixed(Value),
@@ -59,6 +63,7 @@ impl Prepared {
             .map(|value| match &value {
                 Value::String(Some(s)) if s == RESOURCE => Slot::Resource,
                 Value::String(Some(s)) if s == CANDIDATE => Slot::Candidate,
+                Value::String(Some(s)) if s == PAYLOAD => Slot::Payload,
                 _ if value == lease => Slot::Lease,
                 _ => Slot::Fixed(value),
             })
@@ -73,12 +78,24 @@ impl Prepared {
 
     /// The statement for these values: the same as rendering it afresh.
     pub(crate) fn bind(&self, resource: &str, candidate: &str, millis: i64) -> Statement {
+        self.bind_with(resource, candidate, millis, None)
+    }
+
+    /// [`bind`](Self::bind), with `payload` where the statement was built with [`PAYLOAD`].
+    pub(crate) fn bind_with(
+        &self,
+        resource: &str,
+        candidate: &str,
+        millis: i64,
+        payload: Option<&str>,
+    ) -> Statement {
         let values = self
             .slots
             .iter()
             .map(|slot| match slot {
                 Slot::Resource => Value::from(resource),
                 Slot::Candidate => Value::from(candidate),
+                Slot::Payload => Value::from(payload.map(str::to_owned)),
                 Slot::Lease => self.dialect.lease_value(millis),
                 Slot::Fixed(v) => v.clone(),
             })
@@ -90,6 +107,7 @@ impl Prepared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::statements::Write;
     use crate::backend::{mysql, postgres, postgres::Postgres, sqlite::Sqlite, statements};
     use sea_orm::sea_query::Alias;
 
@@ -108,22 +126,31 @@ mod tests {
                 DbBackend::Postgres,
                 &Postgres,
                 Box::new(|r, c, m| {
-                    postgres::statements::upsert_reporting(&Postgres, &table(), r, c, m)
-                        .map(|q| DbBackend::Postgres.build(&q))
+                    postgres::statements::upsert_reporting(
+                        &Postgres,
+                        &table(),
+                        r,
+                        c,
+                        m,
+                        Write::Plain,
+                    )
+                    .map(|q| DbBackend::Postgres.build(&q))
                 }),
             ),
             (
                 DbBackend::Sqlite,
                 &Sqlite,
                 Box::new(|r, c, m| {
-                    statements::upsert(&Sqlite, &table(), r, c, m)
+                    statements::upsert(&Sqlite, &table(), r, c, m, Write::Plain)
                         .map(|q| DbBackend::Sqlite.build(&q))
                 }),
             ),
             (
                 DbBackend::MySql,
                 &mysql::MySql,
-                Box::new(|r, c, m| mysql::statements::upsert_returning(&table(), r, c, m)),
+                Box::new(|r, c, m| {
+                    mysql::statements::upsert_returning(&table(), r, c, m, Write::Plain)
+                }),
             ),
             (
                 DbBackend::Postgres,
@@ -155,6 +182,7 @@ mod tests {
                         &Sqlite as &dyn crate::backend::dialect::Dialect,
                         &table(),
                         r,
+                        statements::Shape::Plain,
                     )))
                 }),
             ),

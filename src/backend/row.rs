@@ -6,14 +6,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sea_orm::{DbErr, QueryResult};
 
+use super::statements::{Shape, PAYLOAD_COLUMN};
 use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord};
 
 /// The leases in rows of [`renewed_row`](super::statements::renewed_row); a row that is not live (a lease shorter than the
 /// database's rounding) renews nothing.
-pub(crate) fn renewed_leases(rows: &[QueryResult]) -> Result<Vec<Lease>, DbErr> {
+pub(crate) fn renewed_leases(rows: &[QueryResult], shape: Shape) -> Result<Vec<Lease>, DbErr> {
     let mut leases = Vec::with_capacity(rows.len());
     for r in rows {
-        let row = Row::decode(r)?;
+        let row = Row::decode(r, shape)?;
         let resource: String = r.try_get_by_index(6)?;
         leases.extend(row.live_lease(resource));
     }
@@ -29,10 +30,17 @@ pub(crate) struct Row {
     pub acquired_at: DateTime<Utc>,
     pub renewed_at: DateTime<Utc>,
     pub remaining_millis: i64,
+    /// The current term's payload (`None` for a table of [`Shape::Plain`]).
+    pub payload: Option<String>,
 }
 
 impl Row {
-    pub(crate) fn decode(row: &QueryResult) -> Result<Self, DbErr> {
+    /// The row of a statement for a table of `shape` (the payload, if any, by its column name).
+    pub(crate) fn decode(row: &QueryResult, shape: Shape) -> Result<Self, DbErr> {
+        let payload = match shape {
+            Shape::Plain => None,
+            Shape::Payload => row.try_get("", PAYLOAD_COLUMN)?,
+        };
         Ok(Self {
             holder: row.try_get_by_index(0)?,
             token: row.try_get_by_index(1)?,
@@ -40,6 +48,7 @@ impl Row {
             acquired_at: row.try_get_by_index(3)?,
             renewed_at: row.try_get_by_index(4)?,
             remaining_millis: row.try_get_by_index(5)?,
+            payload,
         })
     }
 
@@ -61,6 +70,7 @@ impl Row {
             expires_at: Some(self.expires_at),
             acquired_at: Some(self.acquired_at),
             holder: self.holder,
+            payload: self.payload,
         })
     }
 
@@ -88,6 +98,7 @@ impl Row {
             expires_at: Some(self.expires_at),
             acquired_at: Some(self.acquired_at),
             holder: self.holder,
+            payload: self.payload,
         };
         if new_term {
             LeaseOutcome::Acquired(lease)
@@ -103,6 +114,7 @@ impl Row {
             remaining: self.remaining(),
             expires_at: Some(self.expires_at),
             holder: Some(self.holder),
+            payload: self.payload,
         }
     }
 
@@ -113,6 +125,7 @@ impl Row {
         if denial.holder.as_deref() == Some(candidate) {
             denial.holder = None;
             denial.remaining = Duration::ZERO;
+            denial.payload = None;
         }
         denial
     }
@@ -127,6 +140,7 @@ impl Row {
             acquired_at: Some(self.acquired_at),
             renewed_at: Some(self.renewed_at),
             holder: self.holder,
+            payload: self.payload,
         }
     }
 }
@@ -144,6 +158,7 @@ mod tests {
             acquired_at: t,
             renewed_at: t,
             remaining_millis,
+            payload: None,
         }
     }
 

@@ -20,6 +20,72 @@ const ROW: [Column; 5] = [
     Column::RenewedAt,
 ];
 
+/// Whether the lease table has the payload columns (the `AddLeasePayload` migration ran):
+/// statements read and write them only then, so a table made before them keeps working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// No payload columns.
+    Plain,
+    /// `payload` and `payload_token`.
+    Payload,
+}
+
+impl Shape {
+    /// The index of this shape's statements in a cache of both.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Shape::Plain => 0,
+            Shape::Payload => 1,
+        }
+    }
+}
+
+/// What a grant or renew writes into the payload columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write<'a> {
+    /// The table has none: nothing (only a request without a payload is sent so).
+    Plain,
+    /// This payload, or `None` to clear it; `payload_token` becomes the row's token.
+    Payload(Option<&'a str>),
+}
+
+impl<'a> Write<'a> {
+    /// The payload to bind (`None` for [`Write::Plain`]).
+    pub(crate) fn payload(self) -> Option<&'a str> {
+        match self {
+            Write::Plain => None,
+            Write::Payload(payload) => payload,
+        }
+    }
+
+    /// The shape of the table this write is for.
+    pub(crate) fn shape(self) -> Shape {
+        match self {
+            Write::Plain => Shape::Plain,
+            Write::Payload(_) => Shape::Payload,
+        }
+    }
+}
+
+/// The name of the column that carries the row's payload in every lease statement's rows (of
+/// the [`Shape::Payload`] form): the last one.
+pub(crate) const PAYLOAD_COLUMN: &str = "current_payload";
+
+/// The payload of the row's current term, as [`PAYLOAD_COLUMN`]: the stored payload only
+/// while the term that wrote it is the row's (a term that wrote none, say an older release's
+/// renew, leaves an earlier term's payload behind, which is never shown).
+pub(crate) fn current_payload() -> Expr {
+    Expr::cust("CASE WHEN payload_token = fencing_token THEN payload END AS current_payload")
+}
+
+/// `exprs` and, for `shape`, the payload column last.
+pub(crate) fn with_payload(mut exprs: Vec<Expr>, shape: Shape) -> Vec<Expr> {
+    if shape == Shape::Payload {
+        exprs.push(current_payload());
+    }
+    exprs
+}
+
 /// The one-statement acquire-or-renew for backends with `ON CONFLICT ... DO UPDATE ... WHERE`
 /// and `RETURNING` (PostgreSQL, SQLite).
 ///
@@ -32,15 +98,19 @@ const ROW: [Column; 5] = [
 ///
 /// The expiry is [`next_expiry`] in every case: a renew never ends at or before the write it
 /// replaces. All `SET` expressions read the row as it was before the statement.
+///
+/// With [`Write::Payload`] the grant also writes `payload` and sets `payload_token` to the
+/// row's new token (the fencing token's own expression), and returns [`current_payload`] last.
 pub(crate) fn upsert(
     d: &dyn Dialect,
     table: &Alias,
     resource: &str,
     candidate: &str,
     millis: i64,
+    write: Write<'_>,
 ) -> Result<InsertStatement, DbErr> {
-    let stmt = insert_new_row(d, table, resource, candidate, millis)?;
-    Ok(upsert_onto(d, table, candidate, millis, stmt))
+    let stmt = insert_new_row(d, table, resource, candidate, millis, write)?;
+    Ok(upsert_onto(d, table, candidate, millis, write, stmt))
 }
 
 /// The conflict clause and `RETURNING` of [`upsert`], onto `stmt`, an insert of the fresh row
@@ -50,41 +120,47 @@ pub(crate) fn upsert_onto(
     table: &Alias,
     candidate: &str,
     millis: i64,
+    write: Write<'_>,
     mut stmt: InsertStatement,
 ) -> InsertStatement {
     let old = |c: Column| Expr::col((table.clone(), c));
     let expired = old(Column::ExpiresAt).lte(d.now());
     let mine = old(Column::Holder).eq(candidate);
+    let token: Expr = Expr::case(expired.clone(), old(Column::FencingToken).add(1))
+        .finally(old(Column::FencingToken))
+        .into();
+    let mut values = Vec::with_capacity(7);
+    if let Write::Payload(payload) = write {
+        values.push((Column::Payload, Expr::val(payload.map(str::to_owned))));
+        values.push((Column::PayloadToken, token.clone()));
+    }
     let on_conflict = OnConflict::column(Column::Resource)
-        .values([
-            (
-                Column::FencingToken,
-                Expr::case(expired.clone(), old(Column::FencingToken).add(1))
-                    .finally(old(Column::FencingToken))
-                    .into(),
-            ),
-            (
-                Column::AcquiredAt,
-                Expr::case(expired.clone(), d.now())
-                    .finally(old(Column::AcquiredAt))
-                    .into(),
-            ),
-            (
-                Column::RenewedAt,
-                Expr::case(expired.clone(), d.now())
-                    .finally(d.greatest(d.now(), d.one_tick_after(old(Column::AcquiredAt))))
-                    .into(),
-            ),
-            (Column::Holder, Expr::val(candidate)),
-            (
-                Column::ExpiresAt,
-                next_expiry(d, old(Column::ExpiresAt), millis),
-            ),
-        ])
+        .values(
+            values.into_iter().chain([
+                (Column::FencingToken, token),
+                (
+                    Column::AcquiredAt,
+                    Expr::case(expired.clone(), d.now())
+                        .finally(old(Column::AcquiredAt))
+                        .into(),
+                ),
+                (
+                    Column::RenewedAt,
+                    Expr::case(expired.clone(), d.now())
+                        .finally(d.greatest(d.now(), d.one_tick_after(old(Column::AcquiredAt))))
+                        .into(),
+                ),
+                (Column::Holder, Expr::val(candidate)),
+                (
+                    Column::ExpiresAt,
+                    next_expiry(d, old(Column::ExpiresAt), millis),
+                ),
+            ]),
+        )
         .action_and_where(mine.or(expired))
         .to_owned();
     stmt.on_conflict(on_conflict)
-        .returning(Query::returning().exprs(returned_row(d)));
+        .returning(Query::returning().exprs(with_payload(returned_row(d), write.shape())));
     stmt
 }
 
@@ -111,35 +187,53 @@ pub(crate) fn insert_new_row(
     resource: &str,
     candidate: &str,
     millis: i64,
+    write: Write<'_>,
 ) -> Result<InsertStatement, DbErr> {
     let mut stmt = Query::insert();
     stmt.into_table(table.clone())
-        .columns(NEW_ROW)
-        .values(new_row(d, resource, candidate, millis))
+        .columns(new_row_columns(write))
+        .values(new_row(d, resource, candidate, millis, write))
         .map_err(|e| DbErr::Custom(e.to_string()))?;
     Ok(stmt)
 }
 
 /// The columns of a fresh lease row, in the order of [`new_row`].
-pub(crate) const NEW_ROW: [Column; 6] = [
-    Column::Resource,
-    Column::Holder,
-    Column::FencingToken,
-    Column::ExpiresAt,
-    Column::AcquiredAt,
-    Column::RenewedAt,
-];
+pub(crate) fn new_row_columns(write: Write<'_>) -> Vec<Column> {
+    let mut columns = vec![
+        Column::Resource,
+        Column::Holder,
+        Column::FencingToken,
+        Column::ExpiresAt,
+        Column::AcquiredAt,
+        Column::RenewedAt,
+    ];
+    if let Write::Payload(_) = write {
+        columns.extend([Column::Payload, Column::PayloadToken]);
+    }
+    columns
+}
 
-/// A fresh lease row's values: token 1, times from the database clock.
-pub(crate) fn new_row(d: &dyn Dialect, resource: &str, candidate: &str, millis: i64) -> [Expr; 6] {
-    [
+/// A fresh lease row's values: token 1, times from the database clock (and the payload,
+/// written by term 1).
+pub(crate) fn new_row(
+    d: &dyn Dialect,
+    resource: &str,
+    candidate: &str,
+    millis: i64,
+    write: Write<'_>,
+) -> Vec<Expr> {
+    let mut values = vec![
         Expr::val(resource),
         Expr::val(candidate),
         Expr::val(1i64),
         d.lease_end(millis),
         d.now(),
         d.now(),
-    ]
+    ];
+    if let Write::Payload(payload) = write {
+        values.extend([Expr::val(payload.map(str::to_owned)), Expr::val(1i64)]);
+    }
+    values
 }
 
 /// The row columns plus the remaining lease time, for `RETURNING` and `SELECT`.
@@ -201,10 +295,26 @@ pub(crate) fn release_write(
     )
 }
 
-/// The stored row of `resource` with its remaining time (negative once expired).
-pub(crate) fn current(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectStatement {
+/// A read that names the payload columns and returns nothing: it fails with an unknown
+/// column on a table made before them. The names are not quoted: SQLite takes a quoted name
+/// that is no column for a string.
+pub(crate) fn payload_probe(table: &Alias) -> SelectStatement {
     Query::select()
-        .exprs(returned_row(d))
+        .expr(current_payload())
+        .from(table.clone())
+        .limit(0)
+        .to_owned()
+}
+
+/// The stored row of `resource` with its remaining time (negative once expired).
+pub(crate) fn current(
+    d: &dyn Dialect,
+    table: &Alias,
+    resource: &str,
+    shape: Shape,
+) -> SelectStatement {
+    Query::select()
+        .exprs(with_payload(returned_row(d), shape))
         .from(table.clone())
         .and_where(Expr::col(Column::Resource).eq(resource))
         .to_owned()
@@ -255,11 +365,12 @@ pub(crate) fn held_rows(d: &dyn Dialect, table: &Alias, held: Expr) -> Expr {
         .and(Expr::col((table.clone(), Column::ExpiresAt)).gt(d.now()))
 }
 
-/// The columns a batch renew returns per renewed row: the lease row, then the resource.
-pub(crate) fn renewed_row(d: &dyn Dialect) -> Vec<Expr> {
+/// The columns a batch renew returns per renewed row: the lease row, then the resource (and
+/// the payload column last, for `shape`).
+pub(crate) fn renewed_row(d: &dyn Dialect, shape: Shape) -> Vec<Expr> {
     let mut exprs = returned_row(d);
     exprs.push(Expr::col(Column::Resource));
-    exprs
+    with_payload(exprs, shape)
 }
 
 /// The leases of a batch as one JSON document, bound as a single parameter:
@@ -299,7 +410,7 @@ pub(crate) mod tests {
     // sea-query drops clauses a backend lacks without a word: pin the exact SQL.
     #[test]
     fn postgres_upsert_is_one_conditional_statement() {
-        let (sql, values) = upsert(&Postgres, &table(), "r", "me", 1500)
+        let (sql, values) = upsert(&Postgres, &table(), "r", "me", 1500, Write::Plain)
             .unwrap()
             .build(PostgresQueryBuilder);
         assert_eq!(
@@ -326,7 +437,7 @@ pub(crate) mod tests {
 
     #[test]
     fn sqlite_upsert_is_one_conditional_statement() {
-        let (sql, values) = upsert(&Sqlite, &table(), "r", "me", 1500)
+        let (sql, values) = upsert(&Sqlite, &table(), "r", "me", 1500, Write::Plain)
             .unwrap()
             .build(SqliteQueryBuilder);
         assert_eq!(
@@ -359,6 +470,7 @@ pub(crate) mod tests {
             remaining: Duration::from_secs(1),
             expires_at,
             acquired_at: None,
+            payload: None,
         }
     }
 
@@ -422,7 +534,8 @@ pub(crate) mod tests {
             sql,
             r#"UPDATE "orionbeacon_leases" SET "expires_at" = (CASE WHEN ("renewed_at" < (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN "renewed_at" ELSE strftime('%Y-%m-%d %H:%M:%f', 'now') END) WHERE "resource" = ? AND "holder" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
         );
-        let (sql, values) = current(&Postgres, &table(), "r").build(PostgresQueryBuilder);
+        let (sql, values) =
+            current(&Postgres, &table(), "r", Shape::Plain).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
             r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT) FROM "orionbeacon_leases" WHERE "resource" = $1"#
@@ -432,7 +545,7 @@ pub(crate) mod tests {
 
     #[test]
     fn sqlite_lease_modifier_is_exact() {
-        let (_, values) = upsert(&Sqlite, &table(), "r", "me", 86_400_007)
+        let (_, values) = upsert(&Sqlite, &table(), "r", "me", 86_400_007, Write::Plain)
             .unwrap()
             .build(SqliteQueryBuilder);
         assert!(
@@ -442,4 +555,88 @@ pub(crate) mod tests {
     }
 
     // The statement-level fence inside a caller's UPDATE: the lock clause must survive.
+}
+
+#[cfg(test)]
+mod payload_statements {
+    use super::*;
+    use crate::backend::{mysql, postgres, postgres::Postgres, sqlite::Sqlite};
+    use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
+    use sea_orm::Value;
+
+    fn table() -> Alias {
+        Alias::new("orionbeacon_leases")
+    }
+
+    const PAYLOAD: Write<'static> = Write::Payload(Some("p"));
+
+    // The payload form of each deciding statement, pinned as the plain forms are: the payload
+    // columns are written by the grant itself (first, on MySQL, while every column still
+    // holds its old value), `payload_token` takes the fencing token's own expression, and the
+    // payload of the row's current term comes last, by name.
+    #[test]
+    fn the_payload_forms_write_and_return_the_payload() {
+        let (sql, values) =
+            postgres::statements::upsert_reporting(&Postgres, &table(), "r", "me", 1500, PAYLOAD)
+                .unwrap()
+                .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"WITH "granted" ("holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "remaining_ms", "current_payload") AS (INSERT INTO "orionbeacon_leases" ("resource", "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "payload", "payload_token") SELECT $1, $2, $3, clock_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp(), $5, $6 FROM (SELECT set_config('lock_timeout', CAST(LEAST(200, GREATEST(10, $7 / 5)) AS text) || 'ms', TRUE) AS "lock_timeout") AS "bound" WHERE "bound"."lock_timeout" IS NOT NULL ON CONFLICT ("resource") DO UPDATE SET "payload" = $8, "payload_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN "orionbeacon_leases"."fencing_token" + $9 ELSE "orionbeacon_leases"."fencing_token" END), "fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN "orionbeacon_leases"."fencing_token" + $10 ELSE "orionbeacon_leases"."fencing_token" END), "acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_leases"."acquired_at" END), "renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE GREATEST(statement_timestamp(), "orionbeacon_leases"."acquired_at" + INTERVAL '1 microsecond') END), "holder" = $11, "expires_at" = GREATEST(clock_timestamp() + $12 * INTERVAL '1 millisecond', "orionbeacon_leases"."expires_at" + INTERVAL '1 microsecond') WHERE "orionbeacon_leases"."holder" = $13 OR "orionbeacon_leases"."expires_at" <= (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload) SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "remaining_ms", TRUE, transaction_timestamp(), "current_payload" FROM "granted" UNION ALL (SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), FALSE, transaction_timestamp(), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" WHERE "resource" = $14 AND (NOT EXISTS(SELECT 1 FROM "granted")))"#
+        );
+        assert_eq!(values.0.len(), 14, "{values:?}");
+        assert_eq!(values.0[4], Value::from(Some("p".to_owned())));
+        assert_eq!(values.0[7], Value::from(Some("p".to_owned())));
+
+        let (sql, values) = upsert(&Sqlite, &table(), "r", "me", 1500, PAYLOAD)
+            .unwrap()
+            .build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"INSERT INTO "orionbeacon_leases" ("resource", "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "payload", "payload_token") VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), ?, ?) ON CONFLICT ("resource") DO UPDATE SET "payload" = ?, "payload_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN "orionbeacon_leases"."fencing_token" + ? ELSE "orionbeacon_leases"."fencing_token" END), "fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN "orionbeacon_leases"."fencing_token" + ? ELSE "orionbeacon_leases"."fencing_token" END), "acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE "orionbeacon_leases"."acquired_at" END), "renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', "orionbeacon_leases"."acquired_at", '+0.001 seconds')) END), "holder" = ?, "expires_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', "orionbeacon_leases"."expires_at", '+0.001 seconds')) WHERE "orionbeacon_leases"."holder" = ? OR "orionbeacon_leases"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload"#
+        );
+        assert_eq!(values.0.len(), 12, "{values:?}");
+
+        let stmt = mysql::statements::upsert_returning(&table(), "r", "me", 1500, PAYLOAD).unwrap();
+        assert_eq!(
+            stmt.sql,
+            r#"SET STATEMENT innodb_lock_wait_timeout = 1 FOR INSERT INTO `orionbeacon_leases` (`resource`, `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, `payload`, `payload_token`) VALUES (?, ?, ?, SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, ?) ON DUPLICATE KEY UPDATE `payload` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `payload` END), `payload_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? WHEN (`holder` = ?) THEN `fencing_token` ELSE `payload_token` END), `renewed_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) WHEN (`holder` = ?) THEN GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) ELSE `renewed_at` END), `acquired_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `acquired_at` END), `fencing_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? ELSE `fencing_token` END), `holder` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `holder` END), `expires_at` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND) ELSE `expires_at` END) RETURNING `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, CAST(@@in_transaction AS SIGNED), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload"#
+        );
+        assert_eq!(stmt.values.map(|v| v.0.len()), Some(15));
+
+        // None clears: NULL is bound where the payload goes.
+        let (_, values) = upsert(&Sqlite, &table(), "r", "me", 1500, Write::Payload(None))
+            .unwrap()
+            .build(SqliteQueryBuilder);
+        assert_eq!(values.0[6], Value::String(None));
+    }
+
+    #[test]
+    fn reads_and_batch_renews_return_the_current_terms_payload_last() {
+        let (sql, _) =
+            postgres::statements::renew_all(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
+                .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp(), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload"#
+        );
+        let (sql, _) = mysql::statements::renewed(&table(), "[]".into(), Shape::Payload)
+            .build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource`, CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM `orionbeacon_leases` WHERE (`orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token`) IN (SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', `t` BIGINT PATH '$.t')) AS `held`) AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))"#
+        );
+        let (sql, _) = current(&Sqlite, &table(), "r", Shape::Payload).build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" WHERE "resource" = ?"#
+        );
+        // Unquoted names: SQLite reads a quoted name that is no column as a string, and the
+        // probe would then find columns that are not there.
+        let (sql, _) = payload_probe(&table()).build(SqliteQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"SELECT CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" LIMIT ?"#
+        );
+    }
 }

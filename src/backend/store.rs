@@ -13,8 +13,10 @@ use super::context::Context;
 use super::driver::{Derived, LeaseBackend, Takeover};
 use super::engine::Engine;
 use super::mysql::MySqlUpsert;
-use super::statements;
-use crate::store::{validate_batch, validate_candidate, validate_request, validate_resource};
+use super::statements::{self, Shape, Write};
+use crate::store::{
+    validate_batch, validate_candidate, validate_payload, validate_request, validate_resource,
+};
 use crate::{Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
 
 /// A [`LeaseStore`] in a table of the application's database, through SeaORM.
@@ -294,9 +296,12 @@ impl SeaOrmLeaseStore {
         lease: Duration,
     ) -> Result<sea_orm::Statement, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
-        Ok(self
-            .engine()?
-            .acquire_prepared()?
+        let engine = self.engine()?;
+        // The table's shape as last seen; before the first statement, a table made by the
+        // current migrations (with the payload columns).
+        let shape = engine.cx.shape.get().unwrap_or(Shape::Payload);
+        Ok(engine
+            .acquire_prepared(shape)?
             .bind(resource, candidate, millis))
     }
 
@@ -343,18 +348,48 @@ impl LeaseStore for SeaOrmLeaseStore {
         candidate: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
+        self.acquire_or_renew_with(resource, candidate, lease, None)
+            .await
+    }
+
+    /// The payload is written by the same statement as the grant. The first request on a
+    /// store reads once whether the table has the payload columns (a table made before
+    /// `AddLeasePayload` keeps working without payloads).
+    async fn acquire_or_renew_with(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+        payload: Option<&str>,
+    ) -> Result<LeaseOutcome, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
+        if let Some(payload) = payload {
+            validate_payload(payload)?;
+        }
         let engine = self.engine()?;
         self.warn_once_if_not_durable().await;
-        match engine.backend.takeover() {
+        let shape = engine.shape(payload.is_some()).await?;
+        let write = match (shape, payload) {
+            (Shape::Payload, payload) => Write::Payload(payload),
+            (Shape::Plain, None) => Write::Plain,
+            (Shape::Plain, Some(_)) => {
+                return Err(StoreError::MissingPayloadColumn {
+                    table: self.table().to_owned(),
+                })
+            }
+        };
+        let answer = match engine.backend.takeover() {
             Takeover::None => {
                 engine
                     .backend
-                    .acquire_or_renew(&engine.cx, resource, candidate, millis)
+                    .acquire_or_renew(&engine.cx, resource, candidate, millis, write)
                     .await
             }
-            _ => super::takeover::acquiring(engine, resource, candidate, lease, millis).await,
-        }
+            _ => {
+                super::takeover::acquiring(engine, resource, candidate, lease, millis, write).await
+            }
+        };
+        engine.noting(shape, answer)
     }
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
@@ -379,8 +414,14 @@ impl LeaseStore for SeaOrmLeaseStore {
             return Ok(Renewals::default());
         }
         let json = statements::held_json(held);
-        let rows = engine.backend.renew_all(&engine.cx, json, millis).await?;
-        let fresh = super::row::renewed_leases(&rows).map_err(|e| engine.cx.decode_error(e))?;
+        let shape = engine.shape(false).await?;
+        let rows = engine
+            .backend
+            .renew_all(&engine.cx, json, millis, shape)
+            .await;
+        let rows = engine.noting(shape, rows)?;
+        let fresh =
+            super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))?;
         Ok(Renewals::sort(held, fresh))
     }
 
@@ -443,7 +484,7 @@ mod tests {
         // The statements are rendered for the new table.
         assert_eq!(b.cx.table(), "other_leases");
         assert_eq!(&*b.cx.member_table, "other_members");
-        assert!(b.cx.prepared.acquire.get().is_none());
+        assert!(b.cx.prepared.acquire.iter().all(|c| c.get().is_none()));
         // A store on another connection shares nothing.
         let other =
             SeaOrmLeaseStore::new(sea_orm::Database::connect("sqlite::memory:").await.unwrap());

@@ -36,6 +36,7 @@ use std::time::Duration;
 use super::driver::Takeover;
 use super::engine::Engine;
 use super::errors::db_err_in;
+use super::statements::Write;
 use crate::{LeaseOutcome, StoreError};
 
 use super::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
@@ -211,6 +212,7 @@ pub(crate) async fn acquiring(
     candidate: &str,
     lease: Duration,
     millis: i64,
+    write: Write<'_>,
 ) -> Result<LeaseOutcome, StoreError> {
     let (first, every) = takeover_waits(lease);
     let mut on_drop = TakeoverOnDrop {
@@ -223,7 +225,7 @@ pub(crate) async fn acquiring(
         let started = tokio::time::Instant::now();
         let attempt = engine
             .backend
-            .acquire_or_renew(&engine.cx, resource, candidate, millis);
+            .acquire_or_renew(&engine.cx, resource, candidate, millis, write);
         let answer = if concurrent {
             tokio::pin!(attempt);
             waiting(engine, resource, first, every, &mut attempt).await
@@ -258,6 +260,7 @@ pub(crate) async fn acquiring(
                         token: Some(record.token),
                         remaining: record.remaining,
                         expires_at: record.expires_at,
+                        payload: record.payload,
                     }));
                 }
                 // At least the first wait between two statements (a short lease's lock wait

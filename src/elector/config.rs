@@ -163,6 +163,8 @@ pub(crate) struct Config {
     pub grace_period: Duration,
     pub jitter: f64,
     pub release_on_shutdown: bool,
+    /// Written into the lease by every acquire and renew.
+    pub payload: Option<Arc<str>>,
 }
 
 /// Options as given, before validation.
@@ -177,6 +179,7 @@ pub(crate) struct Options {
     pub grace_period: Option<Duration>,
     pub jitter: Option<f64>,
     pub release_on_shutdown: Option<bool>,
+    pub payload: Option<String>,
 }
 
 impl Options {
@@ -185,6 +188,9 @@ impl Options {
         validate_resource(&resource)?;
         let candidate = self.candidate.unwrap_or_else(default_candidate_id);
         validate_candidate(&candidate)?;
+        if let Some(payload) = &self.payload {
+            crate::store::validate_payload(payload)?;
+        }
         let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
         let renew_interval = self.renew_interval.unwrap_or(DEFAULT_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_RETRY_INTERVAL);
@@ -221,6 +227,7 @@ impl Options {
             grace_period,
             jitter,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
+            payload: self.payload.map(Arc::from),
         })
     }
 }

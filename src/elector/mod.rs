@@ -56,6 +56,18 @@ impl ElectorBuilder {
         self
     }
 
+    /// A payload written into the lease by every acquire and renew of this candidate (its
+    /// address, a version; at most [`MAX_PAYLOAD_LEN`](crate::store::MAX_PAYLOAD_LEN) bytes,
+    /// checked by [`build`](Self::build)): the other candidates see it as the leader's in
+    /// [`Leadership::Follower`]. The lease table needs its payload columns (the
+    /// `AddLeasePayload` migration); without them every acquire fails with
+    /// [`StoreError::MissingPayloadColumn`](crate::StoreError::MissingPayloadColumn), logged
+    /// and retried like a missing table. Default: none.
+    pub fn payload(mut self, payload: impl Into<String>) -> Self {
+        self.options.payload = Some(payload.into());
+        self
+    }
+
     /// How long a granted lease lasts without a renew. Default 15 s.
     pub fn lease_duration(mut self, lease: Duration) -> Self {
         self.options.lease = Some(lease);

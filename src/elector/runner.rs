@@ -264,8 +264,10 @@ impl Runner {
                 a.term.cut_off();
             }
         } else {
-            self.state
-                .send_replace(Leadership::Follower { leader: None });
+            self.state.send_replace(Leadership::Follower {
+                leader: None,
+                payload: None,
+            });
         }
         match failure {
             Some(err) => {
@@ -347,10 +349,11 @@ impl Runner {
 
     /// One acquire-or-renew, given up at `until` (a leader's deadline, a follower's lease).
     async fn ask_store(&self, until: Instant) -> Result<Answer, Stopped> {
-        let call = self.store.acquire_or_renew(
+        let call = self.store.acquire_or_renew_with(
             &self.config.resource,
             &self.config.candidate,
             self.config.lease,
+            self.config.payload.as_deref(),
         );
         let answer = self.abortable(timeout_at(until, call)).await?;
         Ok(answer.map_err(|_| NoAnswer))
@@ -422,7 +425,10 @@ impl Runner {
     fn end_term(&self, term: &LeaderTerm, reason: LossReason, leader: Option<String>) {
         // Publish the step-down first, then fire `lost`: nobody who reacts to `lost` can still
         // read a leader state from the channel.
-        self.state.send_replace(Leadership::Follower { leader });
+        self.state.send_replace(Leadership::Follower {
+            leader,
+            payload: None,
+        });
         term.end(reason);
         if !matches!(reason, LossReason::Shutdown | LossReason::HandedOver) {
             // The lease no longer covers the term: its work stops now, not after a grace.
@@ -443,7 +449,8 @@ impl Runner {
             .holder
             .clone()
             .filter(|holder| **holder != *self.config.candidate);
-        let next = Leadership::Follower { leader };
+        let payload = leader.as_ref().and(denial.payload.clone());
+        let next = Leadership::Follower { leader, payload };
         self.state.send_if_modified(|state| {
             if *state == next {
                 false
@@ -457,7 +464,10 @@ impl Runner {
     fn note_follower_without_answer(&self) {
         self.state.send_if_modified(|state| {
             if matches!(state, Leadership::Starting) {
-                *state = Leadership::Follower { leader: None };
+                *state = Leadership::Follower {
+                    leader: None,
+                    payload: None,
+                };
                 true
             } else {
                 false

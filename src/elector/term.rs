@@ -18,6 +18,9 @@ pub enum Leadership {
     Follower {
         /// The current leader, where known.
         leader: Option<String>,
+        /// The leader's payload, where it wrote one (see
+        /// [`ElectorBuilder::payload`](crate::ElectorBuilder::payload)).
+        payload: Option<String>,
     },
     /// This candidate leads: the term is valid until it is lost.
     Leader(LeaderTerm),
@@ -48,7 +51,16 @@ impl PartialEq for Leadership {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Leadership::Starting, Leadership::Starting) => true,
-            (Leadership::Follower { leader: a }, Leadership::Follower { leader: b }) => a == b,
+            (
+                Leadership::Follower {
+                    leader: a,
+                    payload: p,
+                },
+                Leadership::Follower {
+                    leader: b,
+                    payload: q,
+                },
+            ) => a == b && p == q,
             (Leadership::Leader(a), Leadership::Leader(b)) => a == b,
             (Leadership::Failed(a), Leadership::Failed(b)) => Arc::ptr_eq(a, b),
             _ => false,

@@ -22,6 +22,9 @@ pub enum LockError {
         waited: Duration,
         /// The last holder the store named, where it could.
         holder: Option<String>,
+        /// That holder's payload, where it wrote one (see
+        /// [`LocksBuilder::payload`](crate::locks::LocksBuilder::payload)).
+        payload: Option<String>,
     },
     /// The scoped forms ([`Lock::with_lock`](crate::locks::Lock::with_lock),
     /// [`Semaphore::with_permit`](crate::locks::Semaphore::with_permit)): the lock was lost

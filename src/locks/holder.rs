@@ -28,6 +28,8 @@ pub(super) struct Config {
     pub renew_interval: Duration,
     pub retry_interval: Duration,
     pub step_down_margin: Duration,
+    /// Written into every hold's lease by its grant.
+    pub payload: Option<Arc<str>>,
 }
 
 /// A lease this process holds for a guard or a permit.
@@ -143,14 +145,17 @@ impl Holder {
         let answer = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let (tx, rx) = oneshot::channel();
-                let (store, r, c, lease) = (
+                let (store, r, c, lease, payload) = (
                     self.store.clone(),
                     resource.clone(),
                     candidate.clone(),
                     self.config.lease,
+                    self.config.payload.clone(),
                 );
                 runtime.spawn(async move {
-                    let answer = store.acquire_or_renew(&r, &c, lease).await;
+                    let answer = store
+                        .acquire_or_renew_with(&r, &c, lease, payload.as_deref())
+                        .await;
                     if let Err(answer) = tx.send(answer) {
                         // Nobody waits for it any more: let go of what it may have granted.
                         if may_hold(&answer) {
@@ -178,7 +183,12 @@ impl Holder {
             }
             Err(_) => {
                 self.store
-                    .acquire_or_renew(resource, candidate, self.config.lease)
+                    .acquire_or_renew_with(
+                        resource,
+                        candidate,
+                        self.config.lease,
+                        self.config.payload.as_deref(),
+                    )
                     .await
             }
         };

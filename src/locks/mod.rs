@@ -108,6 +108,7 @@ impl Locks {
             renew_interval: None,
             retry_interval: None,
             step_down_margin: None,
+            payload: None,
         }
     }
 
@@ -159,6 +160,7 @@ pub struct LocksBuilder {
     renew_interval: Option<Duration>,
     retry_interval: Option<Duration>,
     step_down_margin: Option<Duration>,
+    payload: Option<String>,
 }
 
 impl std::fmt::Debug for LocksBuilder {
@@ -208,6 +210,16 @@ impl LocksBuilder {
         self
     }
 
+    /// A payload written into every hold's lease by the statement that grants it (this
+    /// process's address, say; at most [`MAX_PAYLOAD_LEN`](crate::store::MAX_PAYLOAD_LEN)
+    /// bytes): waiters that time out get it in [`LockError::Timeout`], and
+    /// [`LeaseStore::current`] shows it. The lease table needs its payload columns (the
+    /// `AddLeasePayload` migration). Default: none.
+    pub fn payload(mut self, payload: impl Into<String>) -> Self {
+        self.payload = Some(payload.into());
+        self
+    }
+
     /// Checks the options (the elector's rules: no zero or overlong duration, a margin in its
     /// bounds, room for a retried renew) and makes the locks.
     pub fn build(self) -> Result<Locks, ConfigError> {
@@ -243,9 +255,13 @@ impl LocksBuilder {
             self.step_down_margin,
             Duration::ZERO,
         )?;
+        if let Some(payload) = &self.payload {
+            crate::store::validate_payload(payload)?;
+        }
         self.store.validate()?;
         let fence = self.store.sea_orm_store().cloned();
         let config = Config {
+            payload: self.payload.map(Arc::from),
             owner: Arc::from(owner),
             lease,
             renew_interval,
@@ -437,6 +453,7 @@ async fn try_any(
             token: Some(r.token),
             remaining: r.remaining,
             expires_at: r.expires_at,
+            payload: r.payload.clone(),
         });
     let live: HashSet<String> = records
         .into_iter()
@@ -485,7 +502,7 @@ async fn wait_for(
     let give_up = started.checked_add(timeout).unwrap_or(started);
     let mut events = holder.store.release_events();
     let mut candidate = holder.candidate();
-    let mut last_holder: Option<String> = None;
+    let mut last_holder: Option<(String, Option<String>)> = None;
     let mut last_error: Option<StoreError>;
     let mut waited = false;
     // This process let go of a contended hold of this lock a moment ago: the waiters get one
@@ -497,16 +514,21 @@ async fn wait_for(
     {
         crate::clock::sleep_until(until).await;
     }
-    let timed_out = |now: tokio::time::Instant,
-                     last_error: Option<StoreError>,
-                     last_holder: Option<String>| match last_error {
-        Some(err) => LockError::from(err),
-        None => LockError::Timeout {
-            name: name.to_string(),
-            waited: now.saturating_duration_since(started),
-            holder: last_holder,
-        },
-    };
+    let timed_out =
+        |now: tokio::time::Instant,
+         last_error: Option<StoreError>,
+         last_holder: Option<(String, Option<String>)>| match last_error {
+            Some(err) => LockError::from(err),
+            None => {
+                let (holder, payload) = last_holder.map_or((None, None), |(h, p)| (Some(h), p));
+                LockError::Timeout {
+                    name: name.to_string(),
+                    waited: now.saturating_duration_since(started),
+                    holder,
+                    payload,
+                }
+            }
+        };
     loop {
         // Bounded by the timeout: a hung store must not hold the caller past it (an attempt
         // cut off here releases whatever it is granted).
@@ -524,7 +546,7 @@ async fn wait_for(
                 if let Some(h) = denial.holder {
                     // Only another process's hold is contention to yield for later.
                     waited |= !holder.is_ours(&h);
-                    last_holder = Some(h);
+                    last_holder = Some((h, denial.payload));
                 }
                 last_error = None;
                 Some(denial.remaining)

@@ -327,6 +327,7 @@ mod tests {
             remaining: Duration::from_millis(remaining_ms),
             expires_at: None,
             acquired_at: None,
+            payload: None,
         }
     }
 

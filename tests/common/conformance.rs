@@ -702,6 +702,145 @@ pub async fn renew_all_refuses_bad_input_before_sql<H: Harness>(h: &H) {
     assert_eq!((rec.token, rec.expires_at), (lease.token, lease.expires_at));
 }
 
+fn payload_of(outcome: &LeaseOutcome) -> Option<&str> {
+    match outcome {
+        LeaseOutcome::Acquired(l) | LeaseOutcome::Renewed(l) => l.payload.as_deref(),
+        LeaseOutcome::Denied(d) => d.payload.as_deref(),
+    }
+}
+
+/// A payload is written by the statement that grants or renews, read back by the holder,
+/// reported to rivals in their denial and by `current`; every renew writes the one it is given
+/// (none clears it), a batch renew keeps it.
+pub async fn a_payload_is_written_by_the_grant_and_shown_to_rivals<H: Harness>(h: &H) {
+    let store = h.store();
+    let other = h.separate_store().await;
+    let r = unique("payload");
+    let out = store
+        .acquire_or_renew_with(&r, "a", LONG, Some("10.0.0.1:8080"))
+        .await
+        .unwrap();
+    assert_eq!(acquired(&out), FencingToken::new(1));
+    assert_eq!(payload_of(&out), Some("10.0.0.1:8080"));
+    let denied = other
+        .acquire_or_renew_with(&r, "b", LONG, Some("b's own"))
+        .await
+        .unwrap();
+    assert!(matches!(denied, LeaseOutcome::Denied(_)), "{denied:?}");
+    assert_eq!(payload_of(&denied), Some("10.0.0.1:8080"), "{denied:?}");
+    let record = other.current(&r).await.unwrap().unwrap();
+    assert_eq!(record.payload.as_deref(), Some("10.0.0.1:8080"));
+    // A renew writes its own payload, in the same statement.
+    let out = store
+        .acquire_or_renew_with(&r, "a", LONG, Some("v2"))
+        .await
+        .unwrap();
+    assert_eq!(renewed(&out), FencingToken::new(1));
+    assert_eq!(payload_of(&out), Some("v2"));
+    assert_eq!(
+        other.current(&r).await.unwrap().unwrap().payload.as_deref(),
+        Some("v2")
+    );
+    // The batch renew keeps it.
+    let held = out.lease().unwrap().clone();
+    let renewals = store.renew_all(&[held], LONG).await.unwrap();
+    assert_eq!(renewals.renewed.len(), 1, "{renewals:?}");
+    assert_eq!(renewals.renewed[0].payload.as_deref(), Some("v2"));
+    assert_eq!(
+        other.current(&r).await.unwrap().unwrap().payload.as_deref(),
+        Some("v2")
+    );
+    // A renew without one clears it (plain acquire_or_renew writes none).
+    let out = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    assert_eq!(renewed(&out), FencingToken::new(1));
+    assert_eq!(payload_of(&out), None);
+    let denied = other.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    assert_eq!(payload_of(&denied), None, "{denied:?}");
+    assert_eq!(other.current(&r).await.unwrap().unwrap().payload, None);
+    // Up to the limit, byte for byte (multi-byte characters, quotes, white space).
+    let exact = format!("{}'\"` \t{}", "é".repeat(500), "x".repeat(1024 - 1000 - 5));
+    assert_eq!(exact.len(), orion_beacon::store::MAX_PAYLOAD_LEN);
+    let out = store
+        .acquire_or_renew_with(&r, "a", LONG, Some(&exact))
+        .await
+        .unwrap();
+    assert_eq!(payload_of(&out), Some(exact.as_str()));
+    assert_eq!(
+        other.current(&r).await.unwrap().unwrap().payload.as_deref(),
+        Some(exact.as_str())
+    );
+    assert!(store.release(&r, "a").await.unwrap());
+}
+
+/// A payload belongs to the term that wrote it: a later term that wrote none, after a lapse or
+/// a release, never shows the earlier term's.
+pub async fn a_new_term_never_shows_an_earlier_terms_payload<H: Harness>(h: &H) {
+    let store = h.store();
+    let other = h.separate_store().await;
+    let r = unique("payload_term");
+    store
+        .acquire_or_renew_with(&r, "a", SHORT, Some("a's address"))
+        .await
+        .unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let out = other.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    assert_eq!(acquired(&out), FencingToken::new(2));
+    assert_eq!(payload_of(&out), None, "{out:?}");
+    let denied = store
+        .acquire_or_renew_with(&r, "a", LONG, Some("a again"))
+        .await
+        .unwrap();
+    assert!(matches!(denied, LeaseOutcome::Denied(_)), "{denied:?}");
+    assert_eq!(payload_of(&denied), None, "{denied:?}");
+    assert_eq!(store.current(&r).await.unwrap().unwrap().payload, None);
+    // Released with a payload; the next term writes none.
+    other
+        .acquire_or_renew_with(&r, "b", LONG, Some("b's address"))
+        .await
+        .unwrap();
+    assert!(other.release(&r, "b").await.unwrap());
+    let out = store.acquire_or_renew(&r, "c", LONG).await.unwrap();
+    assert_eq!(acquired(&out), FencingToken::new(3));
+    assert_eq!(payload_of(&out), None, "{out:?}");
+    assert_eq!(other.current(&r).await.unwrap().unwrap().payload, None);
+    // And a term of the same holder, after its own lapse, starts without one too.
+    let r2 = unique("payload_own");
+    store
+        .acquire_or_renew_with(&r2, "a", SHORT, Some("first"))
+        .await
+        .unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let out = store.acquire_or_renew(&r2, "a", LONG).await.unwrap();
+    assert_eq!(acquired(&out), FencingToken::new(2));
+    assert_eq!(payload_of(&out), None);
+}
+
+/// A payload over the limit, or with a NUL, is refused with a typed error before any SQL: the
+/// lease is untouched.
+pub async fn a_bad_payload_is_refused_before_sql<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("payload_bad");
+    let too_long = "x".repeat(orion_beacon::store::MAX_PAYLOAD_LEN + 1);
+    // 513 two-byte characters: under the limit in characters, over it in bytes.
+    let too_many_bytes = "é".repeat(513);
+    for bad in [too_long.as_str(), too_many_bytes.as_str(), "a\0b"] {
+        let err = store
+            .acquire_or_renew_with(&r, "a", LONG, Some(bad))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::InvalidPayload { len, .. } if len == bad.len()),
+            "{err:?}"
+        );
+        assert_eq!(err.kind(), orion_beacon::ErrorKind::InvalidInput);
+        assert!(err.is_permanent());
+    }
+    assert!(
+        store.current(&r).await.unwrap().is_none(),
+        "nothing was written"
+    );
+}
+
 /// Generates one `#[tokio::test]` per contract case for a harness setup expression
 /// (`async -> Option<Harness>`; `None` means the backend was opted out).
 #[macro_export]
@@ -732,6 +871,9 @@ macro_rules! conformance_suite {
             renew_all_renews_held_terms_and_reports_the_lost,
             renew_all_refuses_bad_input_before_sql,
             renew_all_renews_a_large_batch,
+            a_payload_is_written_by_the_grant_and_shown_to_rivals,
+            a_new_term_never_shows_an_earlier_terms_payload,
+            a_bad_payload_is_refused_before_sql,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -62,6 +62,21 @@ where
         inner.acquire_or_renew(resource, candidate, lease).await
     }
 
+    /// An acquire with a payload (one without goes to
+    /// [`acquire_or_renew`](Self::acquire_or_renew)).
+    async fn acquire_or_renew_with(
+        &self,
+        inner: &S,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+        payload: &str,
+    ) -> Result<LeaseOutcome, StoreError> {
+        inner
+            .acquire_or_renew_with(resource, candidate, lease, Some(payload))
+            .await
+    }
+
     async fn release(
         &self,
         inner: &S,
@@ -181,6 +196,23 @@ where
         self.intercept
             .acquire_or_renew(&self.inner, resource, candidate, lease)
             .await
+    }
+
+    async fn acquire_or_renew_with(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+        payload: Option<&str>,
+    ) -> Result<LeaseOutcome, StoreError> {
+        match payload {
+            None => self.acquire_or_renew(resource, candidate, lease).await,
+            Some(payload) => {
+                self.intercept
+                    .acquire_or_renew_with(&self.inner, resource, candidate, lease, payload)
+                    .await
+            }
+        }
     }
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {

@@ -309,6 +309,64 @@ pub async fn a_step_down_hands_over_and_stays_out(h: &SqlHarness) {
     eprintln!("step-down handover took {took:?}");
 }
 
+/// The leader's payload reaches its followers: each elector writes its own with every acquire
+/// and renew, and a follower's watch shows the current leader's, changing with the leader.
+pub async fn followers_see_the_leaders_payload(h: &SqlHarness) {
+    let resource = unique("payload");
+    let mut handles = Vec::new();
+    for idx in 0..2 {
+        let db = h.connect_again(2).await;
+        let store = h.configure(SeaOrmLeaseStore::new(db));
+        let handle = Elector::builder(store)
+            .resource(&resource)
+            .candidate_id(format!("node-{idx}"))
+            .payload(format!("http://node-{idx}:8080"))
+            .lease_duration(LEASE)
+            .renew_interval(RENEW)
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+            .start();
+        handles.push(handle);
+    }
+    let follows = |h: &ElectorHandle, leader: usize| {
+        matches!(
+            &h.watch().borrow(),
+            Leadership::Follower { leader: Some(l), payload: Some(p) }
+                if *l == format!("node-{leader}") && *p == format!("http://node-{leader}:8080")
+        )
+    };
+    wait_until(
+        "a leader and a follower that sees its payload",
+        Duration::from_secs(5),
+        || (0..2).any(|i| handles[i].is_leader() && follows(&handles[1 - i], i)),
+    )
+    .await;
+    let first = handles.iter().position(|h| h.is_leader()).unwrap();
+    let (a, b) = (&handles[first], &handles[1 - first]);
+    // The store shows it too.
+    let store = h.configure(SeaOrmLeaseStore::new(h.db().clone()));
+    let rec = orion_beacon::LeaseStore::current(&store, &resource)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        rec.payload.as_deref(),
+        Some(format!("http://node-{first}:8080").as_str())
+    );
+    // A handover: the old leader now follows and sees the new leader's payload, not its own.
+    assert!(a.step_down(Duration::from_secs(2)).await.unwrap());
+    wait_until(
+        "the new leader's payload at the old leader",
+        Duration::from_secs(5),
+        || b.is_leader() && follows(a, 1 - first),
+    )
+    .await;
+    for h in &handles {
+        h.shutdown().await;
+    }
+}
+
 /// Generates the election test for a harness setup expression.
 #[macro_export]
 macro_rules! election_suite {
@@ -319,6 +377,16 @@ macro_rules! election_suite {
             use $crate::common::conformance::Harness as _;
             if let Some(h) = $setup.await {
                 $crate::common::election::crash_and_graceful_handover(&h).await;
+                h.teardown().await;
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn followers_see_the_leaders_payload() {
+            #[allow(unused_imports)]
+            use $crate::common::conformance::Harness as _;
+            if let Some(h) = $setup.await {
+                $crate::common::election::followers_see_the_leaders_payload(&h).await;
                 h.teardown().await;
             }
         }

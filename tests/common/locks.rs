@@ -826,6 +826,63 @@ where
     assert_eq!(counting.sent(), 0, "nothing reached the store");
 }
 
+/// A hold carries its process's payload, written by the grant and kept by the batch renews:
+/// a waiter that times out is told the holder and its payload (a lock's and a permit's), and
+/// an over-long payload is refused when the locks are built.
+pub async fn a_waiter_that_times_out_is_told_the_holders_payload<H: Harness>(h: &H) {
+    let a = Locks::builder(h.store())
+        .owner("node-a")
+        .payload("http://node-a:8080")
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("lock");
+    let held = a.lock(&name).unwrap().try_acquire().await.unwrap().unwrap();
+    // Past a few batch renews: the payload stays with the hold.
+    tokio::time::sleep(RENEW * 3).await;
+    assert!(held.is_held());
+    let timed_out = |err: &LockError| match err {
+        LockError::Timeout {
+            holder: Some(holder),
+            payload,
+            ..
+        } => holder.starts_with("node-a/") && payload.as_deref() == Some("http://node-a:8080"),
+        _ => false,
+    };
+    let err = b
+        .lock(&name)
+        .unwrap()
+        .acquire(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(timed_out(&err), "{err:?}");
+    let rec = h.store().current(&name).await.unwrap().unwrap();
+    assert_eq!(rec.payload.as_deref(), Some("http://node-a:8080"));
+    let sem = unique("sem");
+    let permit = a.semaphore(&sem, 1).unwrap().try_acquire().await.unwrap();
+    let permit = permit.expect("free");
+    let err = b
+        .semaphore(&sem, 1)
+        .unwrap()
+        .acquire(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(timed_out(&err), "{err:?}");
+    assert!(permit.release().await.unwrap());
+    assert!(held.release().await.unwrap());
+    let err = Locks::builder(h.store())
+        .payload("x".repeat(orion_beacon::store::MAX_PAYLOAD_LEN + 1))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::Invalid(StoreError::InvalidPayload { .. })),
+        "{err:?}"
+    );
+}
+
 #[macro_export]
 macro_rules! lock_suite {
     // `#[ignore = "why"]` first: for a backend that needs a server this machine may not have.
@@ -852,6 +909,7 @@ macro_rules! lock_suite {
             an_error_that_may_hide_a_grant_is_released,
             a_semaphore_under_steady_contention_starves_no_waiter,
             a_yield_never_costs_an_acquire_its_only_attempt,
+            a_waiter_that_times_out_is_told_the_holders_payload,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

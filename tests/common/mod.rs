@@ -169,13 +169,18 @@ pub fn member_table(table: &str) -> String {
 /// ([`member_table`]) on `db`.
 pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{
-        CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
+        AddLeasePayload, CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
     };
     let migration = CreateLeaseTable::with_table(table).expect("valid table name");
     migration
         .up(&SchemaManager::new(db))
         .await
         .expect("migration up");
+    AddLeasePayload::with_table(table)
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("payload migration up");
     CreateMemberTable::with_table(member_table(table))
         .expect("valid table name")
         .up(&SchemaManager::new(db))

@@ -416,6 +416,183 @@ pub async fn entity_reads_what_the_store_writes(h: &SqlHarness) {
     assert_eq!(row.acquired_at, row.renewed_at);
 }
 
+/// A lease table made before the payload columns: the store works on it without payloads,
+/// refuses a payload with a typed error (writing nothing), and picks the columns up once
+/// `AddLeasePayload` has run, which keeps every row and token; that step's `down` removes only
+/// the columns, and the store goes on without them.
+pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
+    use super::conformance::LONG;
+    use orion_beacon::{ErrorKind, LeaseOutcome, LeaseStore, StoreError};
+    use orion_beacon_migration::{
+        AddLeasePayload, CreateLeaseTable, MigrationTrait, SchemaManager,
+    };
+    let table = unique("pre_payload");
+    let db = h.db();
+    CreateLeaseTable::with_table(&table)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    let store = h
+        .configure(SeaOrmLeaseStore::new(db.clone()))
+        .with_table(&table)
+        .unwrap();
+    let r = unique("r");
+    let first = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    let first = first.lease().expect("granted").clone();
+    assert_eq!((first.token.get(), first.payload.as_deref()), (1, None));
+    let err = store
+        .acquire_or_renew_with(&r, "a", LONG, Some("addr"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::MissingPayloadColumn { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), ErrorKind::MissingTable);
+    assert!(!err.is_permanent(), "retried, as a missing table is");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("AddLeasePayload::with_table(\"{table}\")")),
+        "{text}"
+    );
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.token, rec.expires_at, rec.payload),
+        (first.token, first.expires_at, None),
+        "the refused request wrote nothing"
+    );
+    // Everything else works on the old table.
+    let renewals = store
+        .renew_all(std::slice::from_ref(&first), LONG)
+        .await
+        .unwrap();
+    assert_eq!(renewals.renewed.len(), 1);
+    assert_eq!(store.list().await.unwrap().len(), 1);
+    assert!(store.release(&r, "a").await.unwrap());
+    let second = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    assert_eq!(second.token().map(|t| t.get()), Some(2));
+
+    // Upgraded in place: rows and tokens kept, payloads from the next request on.
+    AddLeasePayload::with_table(&table)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    let out = store
+        .acquire_or_renew_with(&r, "b", LONG, Some("b's address"))
+        .await
+        .unwrap();
+    assert!(matches!(out, LeaseOutcome::Renewed(_)), "{out:?}");
+    assert_eq!(out.token().map(|t| t.get()), Some(2));
+    let fresh = h
+        .configure(SeaOrmLeaseStore::new(db.clone()))
+        .with_table(&table)
+        .unwrap();
+    let denied = fresh.acquire_or_renew(&r, "c", LONG).await.unwrap();
+    match &denied {
+        LeaseOutcome::Denied(d) => assert_eq!(
+            (d.holder.as_deref(), d.payload.as_deref()),
+            (Some("b"), Some("b's address"))
+        ),
+        other => panic!("expected a denial: {other:?}"),
+    }
+    assert_eq!(fresh.list().await.unwrap().len(), 1);
+
+    // `down` of that step removes only the columns.
+    AddLeasePayload::with_table(&table)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    // The store notices at its next statement (at most that one fails) and goes on without.
+    let _ = store.current(&r).await;
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.holder.as_str(), rec.token.get(), rec.live, rec.payload),
+        ("b", 2, true, None)
+    );
+    let err = store
+        .acquire_or_renew_with(&r, "b", LONG, Some("again"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::MissingPayloadColumn { .. }),
+        "{err:?}"
+    );
+    let out = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    assert!(matches!(out, LeaseOutcome::Renewed(_)), "{out:?}");
+    assert_eq!(out.token().map(|t| t.get()), Some(2));
+    assert!(store.release(&r, "b").await.unwrap());
+    let delete = sea_orm::sea_query::Query::delete()
+        .from_table(sea_orm::sea_query::Alias::new(&table))
+        .to_owned();
+    sea_orm::ConnectionTrait::execute(db, &delete)
+        .await
+        .unwrap();
+    CreateLeaseTable::with_table(&table)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
+}
+
+/// A term begun by a process that writes no payload (an older version during a rolling
+/// upgrade) never shows the payload an earlier term wrote: the payload counts only while its
+/// term's token is the row's.
+pub async fn a_term_that_wrote_no_payload_shows_none(h: &SqlHarness) {
+    use orion_beacon::LeaseStore;
+    use orion_beacon_entity::lease;
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    use sea_orm::{ConnectionTrait, FromQueryResult};
+    let store = h.store_for_test();
+    let r = unique("old_writer");
+    store
+        .acquire_or_renew_with(&r, "a", super::conformance::LONG, Some("a's"))
+        .await
+        .unwrap();
+    // What an older version's upsert leaves: a new term, the payload columns untouched.
+    let bump = Query::update()
+        .table(Alias::new(h.table()))
+        .value(lease::Column::Holder, "old")
+        .value(
+            lease::Column::FencingToken,
+            Expr::col(lease::Column::FencingToken).add(1),
+        )
+        .and_where(Expr::col(lease::Column::Resource).eq(r.clone()))
+        .to_owned();
+    h.db().execute(&bump).await.unwrap();
+    let rec = store.current(&r).await.unwrap().unwrap();
+    assert_eq!((rec.holder.as_str(), rec.token.get()), ("old", 2));
+    assert_eq!(
+        rec.payload, None,
+        "an earlier term's payload is never shown"
+    );
+    let denied = store
+        .acquire_or_renew(&r, "b", super::conformance::LONG)
+        .await
+        .unwrap();
+    assert_eq!(denied.token(), None);
+    match denied {
+        orion_beacon::LeaseOutcome::Denied(d) => assert_eq!(d.payload, None, "{d:?}"),
+        other => panic!("expected a denial: {other:?}"),
+    }
+    // The entity reads the same rule.
+    let select = Query::select()
+        .column(sea_orm::sea_query::Asterisk)
+        .from(Alias::new(h.table()))
+        .and_where(Expr::col(lease::Column::Resource).eq(r.clone()))
+        .to_owned();
+    let row = lease::Model::find_by_statement(h.db().get_database_backend().build(&select))
+        .one(h.db())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.payload.as_deref(), Some("a's"));
+    assert_eq!(row.payload_token, Some(1));
+    assert_eq!(row.current_payload(), None);
+}
+
 impl SqlHarness {
     fn store_for_test(&self) -> SeaOrmLeaseStore {
         <Self as Harness>::store(self)
@@ -430,6 +607,8 @@ macro_rules! sql_store_suite {
             missing_table_says_run_the_migration,
             bad_table_names_are_refused,
             entity_reads_what_the_store_writes,
+            a_table_from_before_the_payload_upgrades_in_place,
+            a_term_that_wrote_no_payload_shows_none,
         );
     };
     (@cases $setup:expr; $($case:ident),* $(,)?) => {

@@ -223,7 +223,15 @@ async fn a_wedged_follower_is_unhealthy_while_the_leader_is_fine() {
     wait_leader(&a).await;
     let b = start(&store, "b");
     b.watch()
-        .wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
+        .wait_for(|s| {
+            matches!(
+                s,
+                Leadership::Follower {
+                    leader: Some(_),
+                    ..
+                }
+            )
+        })
         .await
         .unwrap();
     assert!(b.health().healthy);
@@ -280,7 +288,7 @@ async fn a_store_hanging_from_the_start_turns_unhealthy_after_one_window() {
     assert!(at - started > WINDOW && at - started <= WINDOW + Duration::from_millis(100));
     assert!(matches!(
         handle.leadership(),
-        Leadership::Starting | Leadership::Follower { leader: None }
+        Leadership::Starting | Leadership::Follower { leader: None, .. }
     ));
     handle.abort().await;
 }

@@ -190,7 +190,7 @@ async fn steps_down_before_the_lease_can_expire() {
         assert!(!term.is_current());
         assert!(matches!(
             handle.leadership(),
-            Leadership::Follower { leader: None }
+            Leadership::Follower { leader: None, .. }
         ));
         // The store's lease is still live at that moment: the step-down came first.
         let rec = store.inner.current("job").await.unwrap().unwrap();
@@ -343,7 +343,7 @@ async fn denied_renew_steps_down_and_candidate_is_re_elected() {
     first.lost().await;
     assert_eq!(first.loss_reason(), Some(LossReason::Denied));
     assert!(
-        matches!(handle.leadership(), Leadership::Follower { leader: Some(ref l) } if l == "intruder")
+        matches!(handle.leadership(), Leadership::Follower { leader: Some(ref l), .. } if l == "intruder")
     );
     // The intruder never renews; a wins a new term right after its lease ends.
     let second = wait_leader(&mut rx).await;
@@ -409,9 +409,17 @@ async fn shutdown_ends_work_then_releases() {
     let term = wait_leader(&mut a.watch()).await;
     let b = elector(&store, "b").start();
     let mut brx = b.watch();
-    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
-        .await
-        .unwrap();
+    brx.wait_for(|s| {
+        matches!(
+            s,
+            Leadership::Follower {
+                leader: Some(_),
+                ..
+            }
+        )
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let started = Instant::now();
     a.shutdown().await;
@@ -525,9 +533,17 @@ async fn shutdown_keeps_the_lease_while_work_winds_down() {
     wait_leader(&mut a.watch()).await;
     let b = short("b");
     let mut brx = b.watch();
-    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
-        .await
-        .unwrap();
+    brx.wait_for(|s| {
+        matches!(
+            s,
+            Leadership::Follower {
+                leader: Some(_),
+                ..
+            }
+        )
+    })
+    .await
+    .unwrap();
     let renews_before = store.count("outcome a renewed");
     let shutdown = tokio::spawn(a.shutdown());
     let b_term = wait_leader(&mut brx).await;
@@ -689,7 +705,13 @@ async fn a_denial_naming_ourselves_is_not_a_leader() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(a.leadership(), Leadership::Follower { leader: None });
+    assert_eq!(
+        a.leadership(),
+        Leadership::Follower {
+            leader: None,
+            payload: None
+        }
+    );
     a.shutdown().await;
 }
 
@@ -702,7 +724,7 @@ async fn store_errors_are_retried_with_backoff() {
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(matches!(
         a.leadership(),
-        Leadership::Follower { leader: None }
+        Leadership::Follower { leader: None, .. }
     ));
     // At t = 0, then after 50, 100, 200, 400, 800 ms and 2 s (the cap) each: t = 0, 0.05,
     // 0.15, 0.35, 0.75, 1.55, 3.55, 5.55, 7.55, 9.55 s: exactly 10 attempts, not a hot loop.
@@ -793,9 +815,17 @@ async fn release_wakes_followers_at_once() {
         .unwrap()
         .start();
     let mut brx = b.watch();
-    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
-        .await
-        .unwrap();
+    brx.wait_for(|s| {
+        matches!(
+            s,
+            Leadership::Follower {
+                leader: Some(_),
+                ..
+            }
+        )
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let t0 = Instant::now();
     a.shutdown().await;
@@ -1067,9 +1097,17 @@ async fn a_release_of_another_resource_does_not_wake_a_follower() {
         .unwrap()
         .start();
     let mut brx = b.watch();
-    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
-        .await
-        .unwrap();
+    brx.wait_for(|s| {
+        matches!(
+            s,
+            Leadership::Follower {
+                leader: Some(_),
+                ..
+            }
+        )
+    })
+    .await
+    .unwrap();
     let before = store.count("acquire b");
     tokio::time::sleep(Duration::from_secs(1)).await;
     other.shutdown().await; // releases "other"

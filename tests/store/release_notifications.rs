@@ -83,9 +83,17 @@ async fn wait_for_listener(admin: &DatabaseConnection, app: &str, not: &[i32]) -
 /// `WELL_UNDER`, not at its next poll.
 async fn handover_by_notification(a: ElectorHandle, b: &ElectorHandle) {
     let mut brx = b.watch();
-    brx.wait_for(|s| matches!(s, Leadership::Follower { leader: Some(_) }))
-        .await
-        .unwrap();
+    brx.wait_for(|s| {
+        matches!(
+            s,
+            Leadership::Follower {
+                leader: Some(_),
+                ..
+            }
+        )
+    })
+    .await
+    .unwrap();
     let t0 = Instant::now();
     a.shutdown().await;
     tokio::time::timeout(WELL_UNDER, brx.wait_for(|s| s.is_leader()))

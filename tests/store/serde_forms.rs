@@ -21,7 +21,7 @@ fn leases_denials_and_records() {
     assert_eq!(
         serde_json::to_value(&lease).unwrap(),
         json!({"resource": "nightly", "holder": "node-a", "token": 7, "remaining_ms": 1500,
-               "expires_at": "2026-11-30T12:00:01.500Z", "acquired_at": null})
+               "expires_at": "2026-11-30T12:00:01.500Z", "acquired_at": null, "payload": null})
     );
     assert_eq!(
         serde_json::to_value(LeaseOutcome::Renewed(lease)).unwrap()["outcome"],
@@ -29,10 +29,11 @@ fn leases_denials_and_records() {
     );
     let mut denial = Denial::new("nightly");
     denial.holder = Some("node-b".into());
+    denial.payload = Some("http://node-b:8080".into());
     assert_eq!(
         serde_json::to_value(LeaseOutcome::Denied(denial)).unwrap(),
         json!({"outcome": "denied", "resource": "nightly", "holder": "node-b", "token": null,
-               "remaining_ms": 0, "expires_at": null})
+               "remaining_ms": 0, "expires_at": null, "payload": "http://node-b:8080"})
     );
     let record = LeaseRecord::new("nightly", "node-a", FencingToken::new(3));
     assert_eq!(serde_json::to_value(&record).unwrap()["live"], false);

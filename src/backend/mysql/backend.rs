@@ -24,7 +24,7 @@ use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
 use crate::backend::row::Row;
-use crate::backend::statements as shared;
+use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
@@ -65,17 +65,23 @@ impl MySqlBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<Vec<QueryResult>, StoreError> {
         let table = cx.table_iden();
         match self.form(cx).await? {
             MySqlUpsert::Returning => {
-                let stmt = self.acquire_prepared(cx)?.bind(resource, candidate, millis);
+                let stmt = self.acquire_prepared(cx, write.shape())?.bind_with(
+                    resource,
+                    candidate,
+                    millis,
+                    write.payload(),
+                );
                 self.deciding(cx, stmt).await
             }
             MySqlUpsert::Transaction => {
-                let upsert = statements::upsert(&table, resource, candidate, millis)
+                let upsert = statements::upsert(&table, resource, candidate, millis, write)
                     .map_err(|e| StoreError::Database(e.into()))?;
-                let read = shared::current(&MySql, &table, resource);
+                let read = shared::current(&MySql, &table, resource, write.shape());
                 if let Some(pool) = &self.pool {
                     let (upsert, read) = (
                         DbBackend::MySql.build(&upsert),
@@ -233,8 +239,9 @@ impl LeaseBackend for MySqlBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<Statement, DbErr> {
-        statements::upsert_returning(&cx.table_iden(), resource, candidate, millis)
+        statements::upsert_returning(&cx.table_iden(), resource, candidate, millis, write)
     }
 
     /// The row after the upsert is the outcome, whoever holds the lease.
@@ -244,8 +251,9 @@ impl LeaseBackend for MySqlBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<LeaseOutcome, StoreError> {
-        let rows = self.upsert(cx, resource, candidate, millis).await?;
+        let rows = self.upsert(cx, resource, candidate, millis, write).await?;
         // Galera is known from the first grant on, whatever the upsert form (also one set with
         // `with_mysql_upsert`): the statement-level fence refuses to run there, and `fenced_by`
         // cannot ask the server. A failed look is not cached and does not fail the grant; the
@@ -275,7 +283,7 @@ impl LeaseBackend for MySqlBackend {
                 .into(),
             });
         };
-        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
+        let decoded = Row::decode(row, write.shape()).map_err(|source| cx.decode_error(source))?;
         Ok(decoded.outcome(resource, candidate))
     }
 
@@ -286,11 +294,12 @@ impl LeaseBackend for MySqlBackend {
         cx: &Context,
         json: String,
         millis: i64,
+        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
         let table = cx.table_iden();
         let update = statements::renew_all(&table, json.clone(), millis)
             .map_err(|e| StoreError::Database(e.into()))?;
-        let read = statements::renewed(&table, json);
+        let read = statements::renewed(&table, json, shape);
         // REPEATABLE READ whatever the session's level: the update then keeps the locks of the
         // rows it found lapsed, so no other renew can write one of them before the read, which
         // would report it as renewed by this call.
@@ -543,7 +552,7 @@ fn committed_as_read(
 
 /// The writes rows of `returned_row` (and `renewed_row`, with the resource last) name: holder,
 /// token, expiry and resource, sorted; the time left is left out, it moves.
-fn writes(rows: &[QueryResult]) -> Result<Vec<Write>, DbErr> {
+fn writes(rows: &[QueryResult]) -> Result<Vec<WriteKey>, DbErr> {
     let mut out = rows
         .iter()
         .map(|row| {
@@ -554,9 +563,9 @@ fn writes(rows: &[QueryResult]) -> Result<Vec<Write>, DbErr> {
                 row.try_get_by_index::<String>(6).ok(),
             ))
         })
-        .collect::<Result<Vec<Write>, DbErr>>()?;
+        .collect::<Result<Vec<WriteKey>, DbErr>>()?;
     out.sort();
     Ok(out)
 }
 
-type Write = (String, i64, chrono::DateTime<chrono::Utc>, Option<String>);
+type WriteKey = (String, i64, chrono::DateTime<chrono::Utc>, Option<String>);

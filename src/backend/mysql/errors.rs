@@ -20,6 +20,8 @@ pub(crate) fn code_kind(code: &str) -> Option<Kind> {
     match code {
         // ER_NO_SUCH_TABLE
         "42S02" => Some(Kind::MissingTable),
+        // ER_BAD_FIELD_ERROR (1054)
+        "42S22" => Some(Kind::UnknownColumn),
         // ER_LOCK_DEADLOCK (1213) and other serialization failures
         "40001" => Some(Kind::Conflict),
         _ => None,

@@ -12,66 +12,93 @@ use sea_orm::{DbBackend, DbErr, Statement};
 use super::MySql;
 use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
-    held_rows, insert_new_row, next_expiry, renew_set, renewed_row, returned_row,
+    current_payload, held_rows, insert_new_row, next_expiry, renew_set, renewed_row, returned_row,
+    Shape, Write,
 };
 use crate::backend::term_checks::share_locked_check;
 use crate::fencing::Term;
 
 /// The conditional upsert (without `RETURNING`).
+///
+/// With [`Write::Payload`] the payload columns are assigned first, while every column still
+/// holds its old value in either assignment mode: `payload` when the lease is granted (a new
+/// term or a renew), `payload_token` to the token the row is about to have.
 pub(crate) fn upsert(
     table: &Alias,
     resource: &str,
     candidate: &str,
     millis: i64,
+    write: Write<'_>,
 ) -> Result<InsertStatement, DbErr> {
     let d = MySql;
     let col = |c: Column| Expr::col(c);
     let expired = || col(Column::ExpiresAt).lte(d.now());
-    let on_duplicate = OnConflict::column(Column::Resource)
-        .values([
-            // Old row: new term, renew by the holder, or untouched.
-            (
-                Column::RenewedAt,
-                Expr::case(expired(), d.now())
-                    .case(
-                        col(Column::Holder).eq(candidate),
-                        d.greatest(d.now(), d.one_tick_after(col(Column::AcquiredAt))),
-                    )
-                    .finally(col(Column::RenewedAt))
-                    .into(),
-            ),
-            (
-                Column::AcquiredAt,
-                Expr::case(expired(), d.now())
-                    .finally(col(Column::AcquiredAt))
-                    .into(),
-            ),
-            (
-                Column::FencingToken,
-                Expr::case(expired(), col(Column::FencingToken).add(1i64))
-                    .finally(col(Column::FencingToken))
-                    .into(),
-            ),
-            (
-                Column::Holder,
-                Expr::case(expired(), Expr::val(candidate))
-                    .finally(col(Column::Holder))
-                    .into(),
-            ),
-            // Granted (a new term or a renew), read with `holder` new or old: see the module.
-            // `expires_at` is the old one here in either mode (it is assigned last).
-            (
-                Column::ExpiresAt,
-                Expr::case(
-                    col(Column::Holder).eq(candidate).or(expired()),
-                    next_expiry(&d, col(Column::ExpiresAt), millis),
-                )
-                .finally(col(Column::ExpiresAt))
+    let mut payload = Vec::with_capacity(2);
+    if let Write::Payload(value) = write {
+        payload.push((
+            Column::Payload,
+            Expr::case(
+                col(Column::Holder).eq(candidate).or(expired()),
+                Expr::val(value.map(str::to_owned)),
+            )
+            .finally(col(Column::Payload))
+            .into(),
+        ));
+        payload.push((
+            Column::PayloadToken,
+            Expr::case(expired(), col(Column::FencingToken).add(1i64))
+                .case(col(Column::Holder).eq(candidate), col(Column::FencingToken))
+                .finally(col(Column::PayloadToken))
                 .into(),
-            ),
-        ])
+        ));
+    }
+    let on_duplicate = OnConflict::column(Column::Resource)
+        .values(
+            payload.into_iter().chain([
+                // Old row: new term, renew by the holder, or untouched.
+                (
+                    Column::RenewedAt,
+                    Expr::case(expired(), d.now())
+                        .case(
+                            col(Column::Holder).eq(candidate),
+                            d.greatest(d.now(), d.one_tick_after(col(Column::AcquiredAt))),
+                        )
+                        .finally(col(Column::RenewedAt))
+                        .into(),
+                ),
+                (
+                    Column::AcquiredAt,
+                    Expr::case(expired(), d.now())
+                        .finally(col(Column::AcquiredAt))
+                        .into(),
+                ),
+                (
+                    Column::FencingToken,
+                    Expr::case(expired(), col(Column::FencingToken).add(1i64))
+                        .finally(col(Column::FencingToken))
+                        .into(),
+                ),
+                (
+                    Column::Holder,
+                    Expr::case(expired(), Expr::val(candidate))
+                        .finally(col(Column::Holder))
+                        .into(),
+                ),
+                // Granted (a new term or a renew), read with `holder` new or old: see the module.
+                // `expires_at` is the old one here in either mode (it is assigned last).
+                (
+                    Column::ExpiresAt,
+                    Expr::case(
+                        col(Column::Holder).eq(candidate).or(expired()),
+                        next_expiry(&d, col(Column::ExpiresAt), millis),
+                    )
+                    .finally(col(Column::ExpiresAt))
+                    .into(),
+                ),
+            ]),
+        )
         .to_owned();
-    let mut stmt = insert_new_row(&d, table, resource, candidate, millis)?;
+    let mut stmt = insert_new_row(&d, table, resource, candidate, millis, write)?;
     stmt.on_conflict(on_duplicate);
     Ok(stmt)
 }
@@ -94,8 +121,10 @@ pub(crate) fn upsert_returning(
     resource: &str,
     candidate: &str,
     millis: i64,
+    write: Write<'_>,
 ) -> Result<Statement, DbErr> {
-    let (upsert, values) = upsert(table, resource, candidate, millis)?.build(MysqlQueryBuilder);
+    let (upsert, values) =
+        upsert(table, resource, candidate, millis, write)?.build(MysqlQueryBuilder);
     // The statement waits for a row lock at most LOCK_WAIT_SECONDS (the server counts whole
     // seconds), then fails (1205): an acquire its caller gave up on waits no longer on the
     // server, whatever the stall of the row's holder.
@@ -113,6 +142,16 @@ pub(crate) fn upsert_returning(
     // `checkout`.
     sql.push_str(", ");
     sql.push_str(IN_TRANSACTION);
+    if write.shape() == Shape::Payload {
+        let payload = Query::select()
+            .expr(current_payload())
+            .to_string(MysqlQueryBuilder);
+        let payload = payload
+            .strip_prefix("SELECT ")
+            .ok_or_else(|| DbErr::Custom(format!("unexpected select list: {payload}")))?;
+        sql.push_str(", ");
+        sql.push_str(payload);
+    }
     Ok(Statement::from_sql_and_values(
         DbBackend::MySql,
         sql,
@@ -203,9 +242,9 @@ pub(crate) fn renew_all(table: &Alias, json: String, millis: i64) -> Result<Stat
 
 /// The rows [`renew_all`] renewed, read in its transaction: those of the batch that are live
 /// now (a row it did not renew had lapsed or changed hands, and is not).
-pub(crate) fn renewed(table: &Alias, json: String) -> SelectStatement {
+pub(crate) fn renewed(table: &Alias, json: String, shape: Shape) -> SelectStatement {
     Query::select()
-        .exprs(renewed_row(&MySql))
+        .exprs(renewed_row(&MySql, shape))
         .from(table.clone())
         .and_where(held_rows(&MySql, table, held(json)))
         .to_owned()
@@ -231,9 +270,15 @@ mod tests {
     // sea-query's MySQL builder drops clauses it lacks without a word: pin the exact SQL.
     #[test]
     fn upsert_keeps_every_assignment_conditional_and_order_independent() {
-        let (sql, values) = upsert(&Alias::new("orionbeacon_leases"), "r", "me", 1500)
-            .unwrap()
-            .build(MysqlQueryBuilder);
+        let (sql, values) = upsert(
+            &Alias::new("orionbeacon_leases"),
+            "r",
+            "me",
+            1500,
+            Write::Plain,
+        )
+        .unwrap()
+        .build(MysqlQueryBuilder);
         assert_eq!(sql, UPSERT);
         assert_eq!(values.0.len(), 9, "{values:?}");
         assert!(
@@ -244,7 +289,14 @@ mod tests {
 
     #[test]
     fn mariadb_form_returns_the_row() {
-        let stmt = upsert_returning(&Alias::new("orionbeacon_leases"), "r", "me", 1500).unwrap();
+        let stmt = upsert_returning(
+            &Alias::new("orionbeacon_leases"),
+            "r",
+            "me",
+            1500,
+            Write::Plain,
+        )
+        .unwrap();
         assert_eq!(
             stmt.sql,
             format!(
@@ -264,7 +316,7 @@ mod tests {
             "UPDATE `orionbeacon_leases` SET `expires_at` = (CASE WHEN (`renewed_at` < (UTC_TIMESTAMP(6))) THEN `renewed_at` ELSE UTC_TIMESTAMP(6) END) WHERE `resource` = ? AND `holder` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
         );
         assert_eq!(values.0.len(), 2);
-        let (sql, _) = current(&MySql, &t, "r").build(MysqlQueryBuilder);
+        let (sql, _) = current(&MySql, &t, "r", Shape::Plain).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
             "SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000 FROM `orionbeacon_leases` WHERE `resource` = ?"
@@ -313,7 +365,7 @@ mod tests {
             stmt.values.map(|v| v.0),
             Some(vec!["[]".into(), 1_500_000i64.into()])
         );
-        let (sql, values) = renewed(&t, "[]".to_owned()).build(MysqlQueryBuilder);
+        let (sql, values) = renewed(&t, "[]".to_owned(), Shape::Plain).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
             r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource` FROM `orionbeacon_leases` WHERE (`orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token`) IN (SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', `t` BIGINT PATH '$.t')) AS `held`) AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))"#

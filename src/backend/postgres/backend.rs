@@ -19,6 +19,7 @@ use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
 use crate::backend::row::Row;
+use crate::backend::statements::{Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::store::ReleaseEvents;
@@ -134,9 +135,17 @@ impl LeaseBackend for PgBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<Statement, DbErr> {
-        statements::upsert_reporting(cx.dialect, &cx.table_iden(), resource, candidate, millis)
-            .map(|q| cx.build(&q))
+        statements::upsert_reporting(
+            cx.dialect,
+            &cx.table_iden(),
+            resource,
+            candidate,
+            millis,
+            write,
+        )
+        .map(|q| cx.build(&q))
     }
 
     // The release and the wake-up of the followers (`pg_notify`), in one statement.
@@ -167,8 +176,15 @@ impl LeaseBackend for PgBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<LeaseOutcome, StoreError> {
-        let stmt = self.acquire_prepared(cx)?.bind(resource, candidate, millis);
+        let shape = write.shape();
+        let stmt = self.acquire_prepared(cx, shape)?.bind_with(
+            resource,
+            candidate,
+            millis,
+            write.payload(),
+        );
         let rows = self.deciding(cx, stmt, TRANSACTION_START_COLUMN).await?;
         // No row: a first insert raced ours and is not in our snapshot.
         let Some(row) = cx.single_row(&rows)? else {
@@ -177,7 +193,7 @@ impl LeaseBackend for PgBackend {
         let granted: bool = row
             .try_get_by_index(6)
             .map_err(|source| cx.decode_error(source))?;
-        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
+        let decoded = Row::decode(row, shape).map_err(|source| cx.decode_error(source))?;
         Ok(if granted {
             decoded.outcome(resource, candidate)
         } else {
@@ -191,8 +207,9 @@ impl LeaseBackend for PgBackend {
         cx: &Context,
         json: String,
         millis: i64,
+        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis);
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
         self.deciding(cx, cx.build(&update), RENEW_TRANSACTION_START_COLUMN)
             .await
     }

@@ -9,6 +9,8 @@ pub(crate) fn code_kind(code: &str) -> Option<Kind> {
     match code {
         // undefined_table
         "42P01" => Some(Kind::MissingTable),
+        // undefined_column
+        "42703" => Some(Kind::UnknownColumn),
         // serialization_failure, deadlock_detected
         "40001" | "40P01" => Some(Kind::Conflict),
         _ => None,

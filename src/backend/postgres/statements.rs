@@ -10,7 +10,8 @@ use sea_orm::DbErr;
 
 use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
-    new_row, release, renew_held, renewed_row, returned_row, upsert_onto, NEW_ROW,
+    new_row, new_row_columns, release, renew_held, renewed_row, returned_row, upsert_onto,
+    with_payload, Shape, Write, PAYLOAD_COLUMN,
 };
 use crate::backend::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
@@ -57,6 +58,7 @@ pub(crate) fn bounded_upsert(
     resource: &str,
     candidate: &str,
     millis: i64,
+    write: Write<'_>,
 ) -> Result<InsertStatement, DbErr> {
     let bound = Alias::new("bound");
     let lock_timeout = Alias::new("lock_timeout");
@@ -65,16 +67,16 @@ pub(crate) fn bounded_upsert(
         .to_owned();
     // The fresh row is produced (so the setting made) before the insert looks for a conflict.
     let source = Query::select()
-        .exprs(new_row(d, resource, candidate, millis))
+        .exprs(new_row(d, resource, candidate, millis, write))
         .from_subquery(settings, bound.clone())
         .and_where(Expr::col((bound, lock_timeout)).is_not_null())
         .to_owned();
     let mut stmt = Query::insert();
     stmt.into_table(table.clone())
-        .columns(NEW_ROW)
+        .columns(new_row_columns(write))
         .select_from(source)
         .map_err(|e| DbErr::Custom(e.to_string()))?;
-    Ok(upsert_onto(d, table, candidate, millis, stmt))
+    Ok(upsert_onto(d, table, candidate, millis, write, stmt))
 }
 
 /// PostgreSQL: the [`bounded_upsert`] and, when it grants nothing, the lease row as it stood when the
@@ -89,17 +91,29 @@ pub(crate) fn upsert_reporting(
     resource: &str,
     candidate: &str,
     millis: i64,
+    write: Write<'_>,
 ) -> Result<WithQuery, DbErr> {
     let granted = Alias::new("granted");
+    let shape = write.shape();
+    // The payload column (for a table that has one) last, after the flag and the start.
+    let names = || {
+        let mut names: Vec<Alias> = ROW_NAMES.iter().map(|n| Alias::new(*n)).collect();
+        if shape == Shape::Payload {
+            names.push(Alias::new(PAYLOAD_COLUMN));
+        }
+        names
+    };
     let cte = CommonTableExpression::new()
         .table_name(granted.clone())
-        .columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
-        .query(bounded_upsert(d, table, resource, candidate, millis)?)
+        .columns(names())
+        .query(bounded_upsert(
+            d, table, resource, candidate, millis, write,
+        )?)
         .to_owned();
+    let mut row = returned_row(d);
+    row.extend([Expr::cust("FALSE"), Expr::cust("transaction_timestamp()")]);
     let report = Query::select()
-        .exprs(returned_row(d))
-        .expr(Expr::cust("FALSE"))
-        .expr(Expr::cust("transaction_timestamp()"))
+        .exprs(with_payload(row, shape))
         .from(table.clone())
         .and_where(Expr::col(Column::Resource).eq(resource))
         .and_where(
@@ -112,13 +126,14 @@ pub(crate) fn upsert_reporting(
             .not(),
         )
         .to_owned();
-    let main = Query::select()
-        .columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
+    let mut main = Query::select();
+    main.columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
         .expr(Expr::cust("TRUE"))
-        .expr(Expr::cust("transaction_timestamp()"))
-        .from(granted)
-        .union(UnionType::All, report)
-        .to_owned();
+        .expr(Expr::cust("transaction_timestamp()"));
+    if shape == Shape::Payload {
+        main.column(Alias::new(PAYLOAD_COLUMN));
+    }
+    let main = main.from(granted).union(UnionType::All, report).to_owned();
     Ok(WithClause::new().cte(cte).to_owned().query(main))
 }
 
@@ -169,11 +184,12 @@ pub(crate) fn renew_all(
     table: &Alias,
     json: String,
     millis: i64,
+    shape: Shape,
 ) -> UpdateStatement {
-    let mut exprs = renewed_row(d);
+    let mut exprs = renewed_row(d, Shape::Plain);
     exprs.push(Expr::cust("transaction_timestamp()"));
     renew_held(d, table, held(json), millis)
-        .returning(Query::returning().exprs(exprs))
+        .returning(Query::returning().exprs(with_payload(exprs, shape)))
         .to_owned()
 }
 
@@ -192,10 +208,10 @@ mod tests {
 
     #[test]
     fn postgres_reporting_upsert_and_notifying_release() {
-        let (sql, values) = upsert_reporting(&Postgres, &table(), "r", "me", 1500)
+        let (sql, values) = upsert_reporting(&Postgres, &table(), "r", "me", 1500, Write::Plain)
             .unwrap()
             .build(PostgresQueryBuilder);
-        let (insert, _) = bounded_upsert(&Postgres, &table(), "r", "me", 1500)
+        let (insert, _) = bounded_upsert(&Postgres, &table(), "r", "me", 1500, Write::Plain)
             .unwrap()
             .build(PostgresQueryBuilder);
         assert_eq!(
@@ -224,7 +240,7 @@ mod tests {
     // insert looks for its conflict (and waits for the row lock) only after that.
     #[test]
     fn postgres_upsert_bounds_its_lock_wait_first() {
-        let (sql, values) = bounded_upsert(&Postgres, &table(), "r", "me", 1500)
+        let (sql, values) = bounded_upsert(&Postgres, &table(), "r", "me", 1500, Write::Plain)
             .unwrap()
             .build(PostgresQueryBuilder);
         assert!(
@@ -244,9 +260,10 @@ mod tests {
             ("r".into(), "me".into(), 1500i64.into(), 1500i64.into())
         );
         // The rest is the shared upsert's conflict clause, as on SQLite.
-        let (shared, _) = crate::backend::statements::upsert(&Postgres, &table(), "r", "me", 1500)
-            .unwrap()
-            .build(PostgresQueryBuilder);
+        let (shared, _) =
+            crate::backend::statements::upsert(&Postgres, &table(), "r", "me", 1500, Write::Plain)
+                .unwrap()
+                .build(PostgresQueryBuilder);
         let tail = |s: &str| s.split_once(" ON CONFLICT ").map(|(_, t)| t.to_owned());
         let renumbered = tail(&shared).map(|t| {
             (1..=9).rev().fold(t, |t, i| {
@@ -259,8 +276,8 @@ mod tests {
     // One statement for the whole batch, its leases in one bound JSON document.
     #[test]
     fn batch_renew_is_one_update_from_json() {
-        let (sql, values) =
-            renew_all(&Postgres, &table(), "[]".to_owned(), 1500).build(PostgresQueryBuilder);
+        let (sql, values) = renew_all(&Postgres, &table(), "[]".to_owned(), 1500, Shape::Plain)
+            .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#

@@ -12,7 +12,7 @@ use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn};
 use crate::backend::errors::Classifier;
 use crate::backend::row::Row;
-use crate::backend::statements as shared;
+use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
@@ -56,10 +56,15 @@ impl SqliteBackend {
     }
 
     /// The stored row of `resource`, read with a plain statement.
-    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
-        let stmt = cx.current_statement(resource)?;
+    async fn read_row(
+        &self,
+        cx: &Context,
+        resource: &str,
+        shape: Shape,
+    ) -> Result<Option<Row>, StoreError> {
+        let stmt = cx.current_statement(resource, shape)?;
         let row = cx.read_to_end(stmt).await?.into_iter().next();
-        row.map(|r| Row::decode(&r))
+        row.map(|r| Row::decode(&r, shape))
             .transpose()
             .map_err(|source| cx.decode_error(source))
     }
@@ -95,9 +100,17 @@ impl LeaseBackend for SqliteBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<Statement, DbErr> {
-        shared::upsert(cx.dialect, &cx.table_iden(), resource, candidate, millis)
-            .map(|q| cx.build(&q))
+        shared::upsert(
+            cx.dialect,
+            &cx.table_iden(),
+            resource,
+            candidate,
+            millis,
+            write,
+        )
+        .map(|q| cx.build(&q))
     }
 
     /// One statement; no row means denied.
@@ -107,20 +120,27 @@ impl LeaseBackend for SqliteBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
+        write: Write<'_>,
     ) -> Result<LeaseOutcome, StoreError> {
         self.check_journal(cx).await;
-        let stmt = self.acquire_prepared(cx)?.bind(resource, candidate, millis);
+        let shape = write.shape();
+        let stmt = self.acquire_prepared(cx, shape)?.bind_with(
+            resource,
+            candidate,
+            millis,
+            write.payload(),
+        );
         let rows = cx.read_to_end(stmt).await?;
         let Some(row) = cx.single_row(&rows)? else {
             // Denied, the statement changed nothing. Say who holds the lease with a plain
             // read; it is only a report (the holder may change between the two).
-            let report = match self.read_row(cx, resource).await? {
+            let report = match self.read_row(cx, resource, shape).await? {
                 Some(row) => row.denial_for(resource, candidate),
                 None => Denial::new(resource),
             };
             return Ok(LeaseOutcome::Denied(report));
         };
-        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
+        let decoded = Row::decode(row, shape).map_err(|source| cx.decode_error(source))?;
         Ok(decoded.outcome(resource, candidate))
     }
 
@@ -130,9 +150,10 @@ impl LeaseBackend for SqliteBackend {
         cx: &Context,
         json: String,
         millis: i64,
+        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
         self.check_journal(cx).await;
-        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis);
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
         cx.read_to_end(cx.build(&update)).await
     }
 

@@ -14,12 +14,16 @@ pub(crate) fn code_kind(code: &str) -> Option<Kind> {
     }
 }
 
-/// A missing table, from the driver's message (its code is plain `SQLITE_ERROR`).
+/// A missing table or column, from the driver's message (its code is plain `SQLITE_ERROR`).
 #[cfg_attr(not(sqlx_driver), allow(dead_code))]
 fn missing_table(message: &str) -> Option<Kind> {
-    message
-        .starts_with("no such table")
-        .then_some(Kind::MissingTable)
+    if message.starts_with("no such table") {
+        Some(Kind::MissingTable)
+    } else if message.starts_with("no such column") {
+        Some(Kind::UnknownColumn)
+    } else {
+        None
+    }
 }
 
 /// How the store treats `err`: by its result code, or its message for a missing table.
@@ -47,6 +51,8 @@ pub(crate) fn kind(err: &DbErr) -> Kind {
 pub(crate) fn kind_by_message(text: &str) -> Option<Kind> {
     if text.contains("no such table") {
         Some(Kind::MissingTable)
+    } else if text.contains("no such column") {
+        Some(Kind::UnknownColumn)
     } else if text.contains("database is locked")
         || text.contains("database table is locked")
         || text.contains("database schema is locked")

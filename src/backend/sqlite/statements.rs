@@ -5,7 +5,7 @@ use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{Alias, Expr, Query, UpdateStatement};
 
 use crate::backend::dialect::Dialect;
-use crate::backend::statements::{renew_held, renewed_row};
+use crate::backend::statements::{renew_held, renewed_row, Shape};
 
 /// A no-op write of the lease rows `condition` picks: SQLite's write lock is held from here to
 /// the end of the transaction, so every other writer (a rival's acquire included) waits. It
@@ -32,9 +32,10 @@ pub(crate) fn renew_all(
     table: &Alias,
     json: String,
     millis: i64,
+    shape: Shape,
 ) -> UpdateStatement {
     renew_held(d, table, held(json), millis)
-        .returning(Query::returning().exprs(renewed_row(d)))
+        .returning(Query::returning().exprs(renewed_row(d, shape)))
         .to_owned()
 }
 
@@ -52,6 +53,7 @@ mod tests {
             &Alias::new("orionbeacon_leases"),
             "[]".to_owned(),
             1500,
+            Shape::Plain,
         )
         .build(SqliteQueryBuilder);
         assert_eq!(

@@ -51,6 +51,7 @@ fn decode(row: &tiberius::Row) -> Result<Row, DbErr> {
         acquired_at: time(3, "acquired_at")?,
         renewed_at: time(4, "renewed_at")?,
         remaining_millis: column::<i64>(row, 5, "remaining_ms")?,
+        payload: None,
     })
 }
 

@@ -72,6 +72,14 @@ pub fn left(r: &LeaseRecord) -> String {
 }
 
 /// The record as JSON: its `serde` form (times RFC 3339, `remaining_ms`).
+/// A lease's payload on one line of a terminal (control characters escaped), or `-`.
+pub fn payload(r: &LeaseRecord) -> String {
+    match &r.payload {
+        Some(p) => p.escape_debug().to_string(),
+        None => "-".to_owned(),
+    }
+}
+
 pub fn record_json(r: &LeaseRecord) -> serde_json::Value {
     serde_json::to_value(r).unwrap_or(serde_json::Value::Null)
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::{store_failure, Ctx};
 use crate::args::Output;
 use crate::exit::Outcome;
-use crate::render::{emit, left, record_json, state, table, time};
+use crate::render::{emit, left, payload, record_json, state, table, time};
 
 pub async fn run(ctx: &Ctx, output: Output, headers: bool) -> Outcome {
     let records = ctx.store.list().await.map_err(|e| store_failure(ctx, e))?;
@@ -27,6 +27,9 @@ pub async fn run(ctx: &Ctx, output: Output, headers: bool) -> Outcome {
         header.push("EXPIRES (UTC)");
     }
     header.extend(["ACQUIRED (UTC)", "RENEWED (UTC)"]);
+    if wide {
+        header.push("PAYLOAD");
+    }
     let rows = records.iter().map(|r| {
         let mut row = vec![
             r.resource.clone(),
@@ -39,6 +42,9 @@ pub async fn run(ctx: &Ctx, output: Output, headers: bool) -> Outcome {
             row.push(time(r.expires_at));
         }
         row.extend([time(r.acquired_at), time(r.renewed_at)]);
+        if wide {
+            row.push(payload(r));
+        }
         row
     });
     let mut text = table(headers.then_some(header), rows, &[2, 4]);

@@ -3,7 +3,7 @@
 use super::{read_lease, Ctx};
 use crate::args::Output;
 use crate::exit::Outcome;
-use crate::render::{emit, human, record_json, state, time};
+use crate::render::{emit, human, payload, record_json, state, time};
 
 pub async fn run(ctx: &Ctx, resource: &str, output: Output) -> Outcome {
     let r = read_lease(ctx, resource).await?;
@@ -18,7 +18,7 @@ pub async fn run(ctx: &Ctx, resource: &str, output: Output) -> Outcome {
     };
     emit(&format!(
         "resource     {}\nholder       {}\ntoken        {}\nstate        {}\ntime left    {left}\n\
-         expires at   {} UTC\nacquired at  {} UTC\nrenewed at   {} UTC\n",
+         expires at   {} UTC\nacquired at  {} UTC\nrenewed at   {} UTC\npayload      {}\n",
         r.resource,
         r.holder,
         r.token,
@@ -26,6 +26,7 @@ pub async fn run(ctx: &Ctx, resource: &str, output: Output) -> Outcome {
         time(r.expires_at),
         time(r.acquired_at),
         time(r.renewed_at),
+        payload(&r),
     ));
     Ok(())
 }
