@@ -27,6 +27,10 @@ pub(super) mod code {
     pub const DUPLICATE_KEY: u32 = 2627;
     /// There is already an object of that name (a concurrent `migrate`).
     pub const OBJECT_EXISTS: u32 = 2714;
+    /// Column names in each table must be unique (a concurrent `migrate` added the column).
+    pub const COLUMN_EXISTS: u32 = 2705;
+    /// Invalid column name: the table has no payload columns.
+    pub const INVALID_COLUMN: u32 = 207;
 }
 
 /// Whether `code` means the statement lost a race and had no effect.

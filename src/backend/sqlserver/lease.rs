@@ -7,43 +7,90 @@ use async_trait::async_trait;
 use sea_orm::DbErr;
 use tiberius::ToSql;
 
-use super::exec::{column, split_lease, Reply, Want};
+use super::exec::{code, column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_resource};
 use super::SqlServerLeaseStore;
 use crate::backend::row::Row;
-use crate::backend::statements::held_json;
-use crate::store::{validate_batch, validate_request};
+use crate::backend::statements::{held_json, Shape, PAYLOAD_COLUMN};
+use crate::store::{validate_batch, validate_payload, validate_request};
 use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
 
 impl SqlServerLeaseStore {
-    async fn rows(&self, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<Row>, StoreError> {
+    /// The raw rows of a statement of the `shape` form; one of the payload form that finds no
+    /// payload column (its migration was undone by hand) has the shape looked at again.
+    async fn raw_rows(
+        &self,
+        shape: Shape,
+        sql: &str,
+        params: &[&dyn ToSql],
+    ) -> Result<Vec<tiberius::Row>, StoreError> {
         match self.run(Want::Rows, sql, params).await {
-            Ok(Reply::Rows(rows)) => {
-                rows.iter()
-                    .map(decode)
-                    .collect::<Result<_, _>>()
-                    .map_err(|source| StoreError::Decode {
-                        table: self.table.to_string(),
-                        source,
-                    })
-            }
+            Ok(Reply::Rows(rows)) => Ok(rows),
             Ok(Reply::RowsAffected(_)) => Ok(Vec::new()),
-            Err(err) => Err(self.classify(err)),
+            Err(err) => {
+                if shape == Shape::Payload && err.code() == Some(code::INVALID_COLUMN) {
+                    self.shape.forget();
+                }
+                Err(self.classify(err))
+            }
         }
     }
 
-    async fn read_row(&self, resource: &str) -> Result<Option<Row>, StoreError> {
+    async fn rows(
+        &self,
+        shape: Shape,
+        sql: &str,
+        params: &[&dyn ToSql],
+    ) -> Result<Vec<Row>, StoreError> {
+        self.raw_rows(shape, sql, params)
+            .await?
+            .iter()
+            .map(|r| decode(r, shape))
+            .collect::<Result<_, _>>()
+            .map_err(|source| StoreError::Decode {
+                table: self.table.to_string(),
+                source,
+            })
+    }
+
+    async fn read_row(&self, resource: &str, shape: Shape) -> Result<Option<Row>, StoreError> {
         Ok(self
-            .rows(&self.sql.current, &[&resource])
+            .rows(shape, &self.sql.current[shape.index()], &[&resource])
             .await?
             .into_iter()
             .next())
     }
+
+    /// The lease table's shape: as last seen, or looked at now (a `TOP 0` read that names the
+    /// payload columns; error 207 without them). A request with a payload looks again while
+    /// the table was last seen without them.
+    async fn shape(&self, wants_payload: bool) -> Result<Shape, StoreError> {
+        match self.shape.get() {
+            Some(Shape::Payload) => return Ok(Shape::Payload),
+            Some(Shape::Plain) if !wants_payload => return Ok(Shape::Plain),
+            _ => {}
+        }
+        let shape = match self.run(Want::Rows, &self.sql.payload_probe, &[]).await {
+            Ok(_) => Shape::Payload,
+            Err(err) if err.code() == Some(code::INVALID_COLUMN) => Shape::Plain,
+            Err(err) => return Err(self.classify(err)),
+        };
+        self.shape.set(shape);
+        Ok(shape)
+    }
 }
 
-/// Decodes `holder, fencing_token, expires_at, acquired_at, renewed_at, remaining_ms`.
-fn decode(row: &tiberius::Row) -> Result<Row, DbErr> {
+/// Decodes `holder, fencing_token, expires_at, acquired_at, renewed_at, remaining_ms` (and,
+/// for the payload shape, `current_payload`, by name).
+fn decode(row: &tiberius::Row, shape: Shape) -> Result<Row, DbErr> {
     let time = |idx, name| column::<chrono::NaiveDateTime>(row, idx, name).map(|t| t.and_utc());
+    let payload = match shape {
+        Shape::Plain => None,
+        Shape::Payload => row
+            .try_get::<&str, _>(PAYLOAD_COLUMN)
+            .map_err(|e| DbErr::Type(format!("SQL Server column {PAYLOAD_COLUMN}: {e}")))?
+            .map(str::to_owned),
+    };
     Ok(Row {
         holder: column::<&str>(row, 0, "holder")?.to_owned(),
         token: column::<i64>(row, 1, "fencing_token")?,
@@ -51,7 +98,7 @@ fn decode(row: &tiberius::Row) -> Result<Row, DbErr> {
         acquired_at: time(3, "acquired_at")?,
         renewed_at: time(4, "renewed_at")?,
         remaining_millis: column::<i64>(row, 5, "remaining_ms")?,
-        payload: None,
+        payload,
     })
 }
 
@@ -63,16 +110,47 @@ impl LeaseStore for SqlServerLeaseStore {
         candidate: &str,
         lease: Duration,
     ) -> Result<LeaseOutcome, StoreError> {
+        self.acquire_or_renew_with(resource, candidate, lease, None)
+            .await
+    }
+
+    /// The payload is `@P5` of the same `MERGE`; a table without the payload columns works
+    /// without payloads, as on the other stores.
+    async fn acquire_or_renew_with(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+        payload: Option<&str>,
+    ) -> Result<LeaseOutcome, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
+        if let Some(payload) = payload {
+            validate_payload(payload)?;
+        }
         check_resource(resource)?;
         check_candidate(candidate)?;
         let (seconds, rest_ms) = split_lease(millis, lease)?;
-        let returned = self
-            .rows(
-                &self.sql.upsert,
-                &[&resource, &candidate, &seconds, &rest_ms],
-            )
-            .await?;
+        let shape = self.shape(payload.is_some()).await?;
+        let sql = &self.sql.upsert[shape.index()];
+        let returned = match (shape, payload) {
+            (Shape::Payload, payload) => {
+                self.rows(
+                    shape,
+                    sql,
+                    &[&resource, &candidate, &seconds, &rest_ms, &payload],
+                )
+                .await?
+            }
+            (Shape::Plain, None) => {
+                self.rows(shape, sql, &[&resource, &candidate, &seconds, &rest_ms])
+                    .await?
+            }
+            (Shape::Plain, Some(_)) => {
+                return Err(StoreError::MissingPayloadColumn {
+                    table: self.table.to_string(),
+                })
+            }
+        };
         let mut returned = returned.into_iter();
         match (returned.next(), returned.next()) {
             // Several rows for one statement: trust none of them.
@@ -81,7 +159,7 @@ impl LeaseStore for SqlServerLeaseStore {
             // Denied: the MERGE changed nothing. Say who holds the lease with a plain read; the
             // read is only a report (the holder may change between the two statements).
             (None, _) => Ok(LeaseOutcome::Denied(
-                match self.read_row(resource).await? {
+                match self.read_row(resource, shape).await? {
                     Some(row) => row.denial_for(resource, candidate),
                     None => Denial::new(resource),
                 },
@@ -145,21 +223,17 @@ impl LeaseStore for SqlServerLeaseStore {
         }
         let (seconds, rest_ms) = split_lease(millis, lease)?;
         let json = held_json(held);
-        let rows = match self
-            .run(
-                Want::Rows,
-                &self.sql.renew_all,
+        let shape = self.shape(false).await?;
+        let rows = self
+            .raw_rows(
+                shape,
+                &self.sql.renew_all[shape.index()],
                 &[&seconds, &rest_ms, &json.as_str()],
             )
-            .await
-        {
-            Ok(Reply::Rows(rows)) => rows,
-            Ok(Reply::RowsAffected(_)) => Vec::new(),
-            Err(err) => return Err(self.classify(err)),
-        };
+            .await?;
         let mut fresh = Vec::with_capacity(rows.len());
         for r in &rows {
-            let (row, resource) = decode(r)
+            let (row, resource) = decode(r, shape)
                 .and_then(|row| Ok((row, column::<&str>(r, 6, "resource")?.to_owned())))
                 .map_err(|source| StoreError::Decode {
                     table: self.table.to_string(),
@@ -172,8 +246,9 @@ impl LeaseStore for SqlServerLeaseStore {
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         check_resource(resource)?;
+        let shape = self.shape(false).await?;
         Ok(self
-            .read_row(resource)
+            .read_row(resource, shape)
             .await?
             .map(|row| row.record(resource)))
     }

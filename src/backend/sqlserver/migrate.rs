@@ -6,7 +6,7 @@ use tiberius::error::Error as TdsError;
 
 use super::exec::{code, Want};
 use super::member_tsql::member_migration_sql;
-use super::tsql::migration_sql;
+use super::tsql::{migration_sql, payload_migration_sql};
 use super::SqlServerLeaseStore;
 use crate::StoreError;
 
@@ -26,13 +26,27 @@ impl SqlServerLeaseStore {
         member_migration_sql(&self.member_table)
     }
 
+    /// The versioned T-SQL that adds the payload columns to this store's table
+    /// ([`PAYLOAD_MIGRATION_SQL`](super::PAYLOAD_MIGRATION_SQL), migration
+    /// [`PAYLOAD_MIGRATION_NAME`](super::PAYLOAD_MIGRATION_NAME)): what [`migrate`](Self::migrate)
+    /// sends after [`migration_sql`](Self::migration_sql).
+    pub fn payload_migration_sql(&self) -> String {
+        payload_migration_sql(&self.table)
+    }
+
     /// Creates the lease table if it does not exist (`IF OBJECT_ID(...) IS NULL CREATE TABLE
-    /// ...`): idempotent, and safe to run from several processes at once. An existing table is
-    /// left as it is.
+    /// ...`), then adds the payload columns if they are missing (`IF COL_LENGTH(...) IS NULL
+    /// ALTER TABLE ... ADD ...`): idempotent, and safe to run from several processes at once.
+    /// An existing table keeps its rows and tokens.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.create(&self.migration_sql())
             .await
-            .map_err(|err| self.classify(err))
+            .map_err(|err| self.classify(err))?;
+        self.create(&self.payload_migration_sql())
+            .await
+            .map_err(|err| self.classify(err))?;
+        self.shape.forget();
+        Ok(())
     }
 
     /// Creates the membership table of shard sets if it does not exist, as
@@ -44,12 +58,15 @@ impl SqlServerLeaseStore {
             .map_err(|err| self.classify_members(err))
     }
 
-    /// Sends an idempotent `IF OBJECT_ID(...) IS NULL CREATE TABLE` batch.
+    /// Sends an idempotent `IF OBJECT_ID(...) IS NULL CREATE TABLE` (or `IF COL_LENGTH(...)
+    /// IS NULL ALTER TABLE`) batch.
     async fn create(&self, sql: &str) -> Result<(), TdsError> {
         match self.run(Want::RowsAffected, sql, &[]).await {
             Ok(_) => Ok(()),
             // Another process created it between our check and our CREATE.
             Err(err) if err.code() == Some(code::OBJECT_EXISTS) => Ok(()),
+            // Another process added the column between our check and our ALTER.
+            Err(err) if err.code() == Some(code::COLUMN_EXISTS) => Ok(()),
             Err(err) => Err(err),
         }
     }
@@ -59,7 +76,30 @@ impl SqlServerLeaseStore {
 mod tests {
     use super::*;
     use crate::backend::sqlserver::tests::SEED;
-    use crate::backend::sqlserver::{MIGRATION_NAME, MIGRATION_SQL};
+    use crate::backend::sqlserver::{
+        MIGRATION_NAME, MIGRATION_SQL, PAYLOAD_MIGRATION_NAME, PAYLOAD_MIGRATION_SQL,
+    };
+
+    #[test]
+    fn the_payload_migration_is_the_shipped_file_and_idempotent() {
+        let store = SqlServerLeaseStore::new(SEED).unwrap();
+        assert_eq!(store.payload_migration_sql(), PAYLOAD_MIGRATION_SQL);
+        assert!(PAYLOAD_MIGRATION_SQL.contains(PAYLOAD_MIGRATION_NAME));
+        assert!(PAYLOAD_MIGRATION_SQL.contains(
+            "IF COL_LENGTH(N'[orionbeacon_leases]', N'payload') IS NULL\n\
+             ALTER TABLE [orionbeacon_leases] ADD payload nvarchar(1024) NULL, payload_token bigint NULL;"
+        ));
+        assert!(!PAYLOAD_MIGRATION_SQL.contains("\nGO"));
+        let custom = store
+            .with_table("shard_leases")
+            .unwrap()
+            .payload_migration_sql();
+        assert!(custom.contains(
+            "IF COL_LENGTH(N'[shard_leases]', N'payload') IS NULL\n\
+             ALTER TABLE [shard_leases] ADD payload"
+        ));
+        assert!(!custom.contains("[orionbeacon_leases]"));
+    }
 
     #[test]
     fn migration_is_the_shipped_file_and_idempotent() {

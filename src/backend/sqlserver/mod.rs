@@ -19,6 +19,13 @@
 //! [`SqlServerLeaseStore::migrate`], which sends exactly that text and is safe to run from several
 //! processes at once.
 //!
+//! The payload columns (`payload nvarchar(1024)`, `payload_token bigint`, both nullable) come
+//! from a second versioned file, `sql/m20261203_000001_add_orionbeacon_leases_payload.sqlserver.sql`
+//! ([`PAYLOAD_MIGRATION_SQL`], version [`PAYLOAD_MIGRATION_NAME`], the SeaORM
+//! `AddLeasePayload`'s), which adds them to an existing table in place;
+//! [`SqlServerLeaseStore::migrate`] sends it after the table's own. Without them the store works
+//! without payloads, as the SeaORM store does.
+//!
 //! `OUTPUT` without `INTO` fails (error 334) on a table with enabled triggers: leave the lease
 //! table without triggers.
 //!
@@ -84,6 +91,7 @@ use std::sync::Arc;
 use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 use tiberius::Config;
 
+use crate::backend::context::ShapeSeen;
 use crate::StoreError;
 
 mod exec;
@@ -99,7 +107,7 @@ use member_tsql::MemberStatements;
 pub use member_tsql::{MEMBER_MIGRATION_NAME, MEMBER_MIGRATION_SQL};
 use pool::{Pool, DEFAULT_MAX_CONNECTIONS};
 use tsql::{fence_sql, Statements};
-pub use tsql::{MIGRATION_NAME, MIGRATION_SQL};
+pub use tsql::{MIGRATION_NAME, MIGRATION_SQL, PAYLOAD_MIGRATION_NAME, PAYLOAD_MIGRATION_SQL};
 
 /// A [`LeaseStore`](crate::LeaseStore) in a table of a SQL Server database (2016 or later, or
 /// Azure SQL), over TDS with `tiberius` (cargo feature `sqlserver`).
@@ -132,6 +140,8 @@ pub struct SqlServerLeaseStore {
     pool: Arc<Pool>,
     table: Arc<str>,
     sql: Arc<Statements>,
+    /// Whether the lease table has the payload columns, as last seen.
+    shape: Arc<ShapeSeen>,
     member_table: Arc<str>,
     member_sql: Arc<MemberStatements>,
 }
@@ -182,6 +192,7 @@ impl SqlServerLeaseStore {
             pool: Arc::new(Pool::new(config, DEFAULT_MAX_CONNECTIONS)),
             table: Arc::from(DEFAULT_TABLE),
             sql: Arc::new(Statements::new(DEFAULT_TABLE)),
+            shape: Arc::default(),
             member_table: Arc::from(DEFAULT_MEMBER_TABLE),
             member_sql: Arc::new(MemberStatements::new(DEFAULT_MEMBER_TABLE)),
         }
@@ -195,6 +206,7 @@ impl SqlServerLeaseStore {
         validate_table_name(table)?;
         self.table = Arc::from(table);
         self.sql = Arc::new(Statements::new(table));
+        self.shape = Arc::default();
         Ok(self)
     }
 
@@ -250,15 +262,22 @@ mod tests {
             .with_table("shard_leases")
             .unwrap();
         assert_eq!(store.table(), "shard_leases");
-        for sql in [&store.sql.upsert, &store.sql.release, &store.sql.current] {
+        for sql in [
+            &store.sql.upsert[0],
+            &store.sql.upsert[1],
+            &store.sql.release,
+            &store.sql.current[0],
+            &store.sql.current[1],
+            &store.sql.payload_probe,
+        ] {
             assert!(sql.contains("[shard_leases]"), "{sql}");
             assert!(!sql.contains("orionbeacon_leases"), "{sql}");
         }
+        assert!(store.sql.upsert[1].contains("MERGE [shard_leases] WITH (HOLDLOCK) AS t "));
+        assert!(store.sql.current[0].contains(" FROM [shard_leases] WHERE "));
         assert!(store
-            .sql
-            .upsert
-            .contains("MERGE [shard_leases] WITH (HOLDLOCK) AS t "));
-        assert!(store.sql.current.contains(" FROM [shard_leases] WHERE "));
+            .payload_migration_sql()
+            .contains("ALTER TABLE [shard_leases] ADD payload"));
         assert!(store.sql.release.contains("UPDATE [shard_leases] SET "));
         for bad in [
             "",
