@@ -810,9 +810,19 @@ pub async fn a_new_term_never_shows_an_earlier_terms_payload<H: Harness>(h: &H) 
         .await
         .unwrap();
     tokio::time::sleep(PAST_SHORT).await;
-    let out = store.acquire_or_renew(&r2, "a", LONG).await.unwrap();
+    let out = store.acquire_or_renew(&r2, "a", SHORT).await.unwrap();
     assert_eq!(acquired(&out), FencingToken::new(2));
     assert_eq!(payload_of(&out), None);
+    // A new term over a lapsed row writes its own payload, shown to the next rival.
+    tokio::time::sleep(PAST_SHORT).await;
+    let out = other
+        .acquire_or_renew_with(&r2, "b", LONG, Some("b's term"))
+        .await
+        .unwrap();
+    assert_eq!(acquired(&out), FencingToken::new(3));
+    assert_eq!(payload_of(&out), Some("b's term"));
+    let denied = store.acquire_or_renew(&r2, "a", LONG).await.unwrap();
+    assert_eq!(payload_of(&denied), Some("b's term"), "{denied:?}");
 }
 
 /// A payload over the limit, or with a NUL, is refused with a typed error before any SQL: the
