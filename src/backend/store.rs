@@ -88,7 +88,9 @@ fn choose(settings: &Settings) -> Result<Box<dyn LeaseBackend>, Refused> {
     }
     let unsupported = |backend, feature| Refused::Unsupported { backend, feature };
     match settings.db.get_database_backend() {
-        DbBackend::Sqlite => Ok(Box::<super::sqlite::backend::SqliteBackend>::default()),
+        DbBackend::Sqlite => Ok(Box::new(super::sqlite::backend::SqliteBackend::new(
+            settings.notifications,
+        ))),
         #[cfg(feature = "postgres")]
         DbBackend::Postgres => Ok(Box::new(super::postgres::backend::PgBackend::new(
             &settings.db,

@@ -189,3 +189,136 @@ async fn a_late_release_never_ends_a_renew_made_in_the_same_millisecond() {
         "no renew of p2 would have ended at p1's expiry in 2,000 tries: the test proved nothing"
     );
 }
+
+/// A release in another process wakes a SQLite follower and a lock waiter at once (the file's
+/// change, see `backend::sqlite` "Wake-ups"), long before their next poll; with notifications
+/// off they wait for the poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_waiters_in_other_processes() {
+    wakes_waiters(false).await;
+}
+
+/// The same in rollback-journal mode (a commit writes the file itself, and its journal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_waiters_in_rollback_journal_mode() {
+    wakes_waiters(true).await;
+}
+
+async fn wakes_waiters(rollback_journal: bool) {
+    use std::time::Duration;
+
+    use orion_beacon::{Elector, Leadership, Locks, SeaOrmLeaseStore};
+    use tokio::time::Instant;
+
+    const RETRY: Duration = Duration::from_secs(10);
+    const WELL_UNDER: Duration = Duration::from_secs(2);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let connect = |path: std::path::PathBuf| async move {
+        if rollback_journal {
+            common::sql::connect_sqlite_rollback_journal(&path, 2, Duration::from_secs(5)).await
+        } else {
+            common::connect_sqlite(&path, 2).await
+        }
+    };
+    let db = connect(path.clone()).await;
+    <orion_beacon_migration::Migrator as orion_beacon_migration::MigratorTrait>::up(&db, None)
+        .await
+        .unwrap();
+    // Two "processes": a pool each.
+    let a = SeaOrmLeaseStore::new(db);
+    let b = SeaOrmLeaseStore::new(connect(path.clone()).await);
+    let elector = |store: &SeaOrmLeaseStore, id: &str| {
+        Elector::builder(store.clone())
+            .resource("job")
+            .candidate_id(id)
+            .lease_duration(Duration::from_secs(30))
+            .renew_interval(Duration::from_secs(5))
+            .retry_interval(RETRY)
+            .jitter(0.0)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let leader = elector(&a, "a");
+    leader.watch().wait_for(|s| s.is_leader()).await.unwrap();
+    let follower = elector(&b, "b");
+    let mut brx = follower.watch();
+    brx.wait_for(|s| {
+        matches!(
+            s,
+            Leadership::Follower {
+                leader: Some(_),
+                ..
+            }
+        )
+    })
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    leader.shutdown().await;
+    tokio::time::timeout(WELL_UNDER, brx.wait_for(|s| s.is_leader()))
+        .await
+        .unwrap_or_else(|_| panic!("no handover within {WELL_UNDER:?} (polls every {RETRY:?})"))
+        .unwrap();
+    eprintln!("SQLite handover in {:?}", t0.elapsed());
+    follower.shutdown().await;
+
+    // A lock waiter in the other process, polling every 10 s.
+    let locks = |store: &SeaOrmLeaseStore, owner: &str| {
+        Locks::builder(store.clone())
+            .owner(owner)
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (locks(&a, "a"), locks(&b, "b"));
+    let held = la
+        .lock("invoices")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = lb
+            .lock("invoices")
+            .unwrap()
+            .acquire(Duration::from_secs(20))
+            .await
+            .unwrap();
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    assert!(held.release().await.unwrap());
+    let (granted, guard) = waiter.await.unwrap();
+    let after = granted.saturating_duration_since(released);
+    eprintln!("SQLite lock release to grant in {after:?}");
+    assert!(after < WELL_UNDER, "{after:?} after the release");
+    assert!(guard.release().await.unwrap());
+
+    // Off: the waiter only polls.
+    let quiet = b.clone().with_release_notifications(false);
+    let lq = locks(&quiet, "q");
+    let held = la
+        .lock("quiet")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        lq.lock("quiet")
+            .unwrap()
+            .acquire(Duration::from_millis(1_500))
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(held.release().await.unwrap());
+    assert!(
+        waiter.await.unwrap().is_err(),
+        "without wake-ups the waiter polls (every 10 s) and times out"
+    );
+}

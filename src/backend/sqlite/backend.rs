@@ -19,10 +19,25 @@ use crate::fencing::Term;
 use crate::{Denial, LeaseOutcome, StoreError};
 
 /// The SQLite backend of one store.
-#[derive(Default)]
 pub(crate) struct SqliteBackend {
     /// Whether the journal mode was looked at (once per store).
     journal_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
+    /// Whether release events may watch the file.
+    notifications: bool,
+    /// The file watcher, made on the first subscription.
+    #[cfg(feature = "sqlite")]
+    wakeups: super::wakeups::HubCell,
+}
+
+impl SqliteBackend {
+    pub(crate) fn new(notifications: bool) -> Self {
+        Self {
+            journal_checked: Default::default(),
+            notifications,
+            #[cfg(feature = "sqlite")]
+            wakeups: Default::default(),
+        }
+    }
 }
 
 impl SqliteBackend {
@@ -88,10 +103,27 @@ impl LeaseBackend for SqliteBackend {
         errors::kind
     }
 
-    fn derived(&self, _derived: Derived) -> Box<dyn LeaseBackend> {
+    fn derived(&self, derived: Derived) -> Box<dyn LeaseBackend> {
         Box::new(Self {
             journal_checked: self.journal_checked.clone(),
+            notifications: derived.notifications,
+            // The watcher reads one table's leases.
+            #[cfg(feature = "sqlite")]
+            wakeups: if derived.table_changed {
+                Default::default()
+            } else {
+                self.wakeups.clone()
+            },
         })
+    }
+
+    /// Wake-ups from the database file's changes (see `wakeups`).
+    #[cfg(feature = "sqlite")]
+    fn release_events(&self, cx: &Context) -> Option<crate::store::ReleaseEvents> {
+        if !self.notifications {
+            return None;
+        }
+        super::wakeups::subscribe(&self.wakeups, &cx.db, &cx.table)
     }
 
     fn acquire_statement(

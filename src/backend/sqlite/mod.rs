@@ -22,6 +22,15 @@
 //! reported as a retryable [`StoreError::Conflict`](crate::StoreError::Conflict). The store warns
 //! once when the file is not in WAL mode.
 //!
+//! # Wake-ups
+//!
+//! A release (or revoke) in any process on the same file wakes this process's waiting electors
+//! and locks at once: the store watches the file's directory and, after each burst of writes,
+//! reads which leases stopped being live (see the `wakeups` module in the source for the
+//! cost). Like PostgreSQL's notifications it is only a wake-up, and it is off with
+//! [`with_release_notifications(false)`](crate::SeaOrmLeaseStore::with_release_notifications).
+//! An in-memory database has none.
+//!
 //! # Fenced writes
 //!
 //! SQLite has no row locks, so the fence is a no-op `UPDATE` of the lease row, which takes the
@@ -44,6 +53,8 @@ use super::dialect::Dialect;
 pub(crate) mod backend;
 pub(crate) mod errors;
 pub(crate) mod statements;
+#[cfg(feature = "sqlite")]
+pub(crate) mod wakeups;
 
 pub(crate) struct Sqlite;
 
