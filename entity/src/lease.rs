@@ -4,7 +4,9 @@
 use sea_orm::entity::prelude::*;
 
 /// One lease row. The table name here is the default (`orionbeacon_leases`); a store configured
-/// with another table name writes rows of the same shape there.
+/// with another table name writes rows of the same shape there. The model is the table after
+/// every migration, `AddLeasePayload` included: on a table made before that one, select the
+/// columns you need instead (the orion-beacon stores themselves work on either).
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "orionbeacon_leases")]
 pub struct Model {

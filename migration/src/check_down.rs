@@ -5,11 +5,13 @@ use sea_orm_migration::sea_orm::ConnectionTrait;
 
 use crate::m20261129_000001_create_leases::{applied_through_on, row_count, table_exists_on};
 use crate::m20261201_000001_create_members::live_members;
-use crate::{CreateLeaseTable, CreateMemberTable, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
+use crate::{
+    AddLeasePayload, CreateLeaseTable, CreateMemberTable, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
+};
 
 /// Checks, before anything is rolled back, what `M::down(db, steps)` would refuse in
 /// orion-beacon's migrations: a lease table that still holds rows (or that both migrators
-/// record) and a membership table with a live node. It only reads. sea-orm-migration runs and commits each migration of a `down` on its own, so a
+/// record), payload columns a live lease uses, and a membership table with a live node. It only reads. sea-orm-migration runs and commits each migration of a `down` on its own, so a
 /// refusal met half way leaves the steps before it rolled back; call this first (the
 /// `orion-beacon-migration down` command line does) to refuse the whole `down` instead.
 /// `steps` is as for `MigratorTrait::down` (`None`: every applied migration).
@@ -64,6 +66,17 @@ where
                          history). Nothing was rolled back. To drop it anyway, stop every \
                          elector, run `DELETE FROM {table}`, then run `down` again; or ask \
                          for fewer steps."
+                    )));
+                }
+            }
+        } else if let Some(table) = table_of(name, AddLeasePayload::NAME, DEFAULT_TABLE) {
+            if table_exists_on(db, table).await? {
+                if let Some(why) =
+                    crate::m20261203_000001_add_lease_payload::refusal(db, table).await?
+                {
+                    return Err(DbErr::Migration(format!(
+                        "refusing this `down`: it would undo `{name}`. {why} Nothing was rolled \
+                         back."
                     )));
                 }
             }

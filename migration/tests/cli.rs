@@ -345,7 +345,19 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     // One step back removes the payload columns only: the row and its token stay; `up` adds
     // them again to the deployment from before them, in place.
     db.execute_unprepared(&format!(
-        "UPDATE {prefix}orionbeacon_leases SET payload = 'p', payload_token = 7"
+        "UPDATE {prefix}orionbeacon_leases SET payload = 'p', payload_token = 7, expires_at = '2999-01-01 00:00:00'"
+    ))
+    .await
+    .unwrap();
+    // Not while a live lease carries a payload: its holder would fail every acquire.
+    let said = refused(url, schema, "down");
+    assert!(
+        said.contains("1 live lease(s) carry a payload")
+            && said.contains("Nothing was rolled back"),
+        "{said}"
+    );
+    db.execute_unprepared(&format!(
+        "UPDATE {prefix}orionbeacon_leases SET expires_at = '2026-01-01 00:00:00'"
     ))
     .await
     .unwrap();

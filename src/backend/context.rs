@@ -3,8 +3,7 @@
 //! a backend; the backend is asked for its clock ([`Dialect`]) and its error codes once, when the
 //! store is made.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sea_orm::sea_query::Alias;
@@ -52,36 +51,61 @@ pub(crate) struct PreparedCache {
     pub(crate) current: [OnceLock<Prepared>; 2],
 }
 
-/// What the store last saw of the lease table's payload columns.
+/// What the store last saw of the lease table's payload columns, and when.
 #[derive(Debug, Default)]
-pub(crate) struct ShapeSeen(AtomicU8);
+pub(crate) struct ShapeSeen(Mutex<Option<(Shape, std::time::Instant)>>);
+
+/// How long a table seen without the payload columns counts as such: then the store looks
+/// again, so a migration run meanwhile is picked up without a restart.
+pub(crate) const LOOK_AGAIN: Duration = Duration::from_secs(10);
+/// The same for a request that carries a payload: it is refused without a look for this long.
+pub(crate) const LOOK_AGAIN_FOR_PAYLOAD: Duration = Duration::from_secs(1);
 
 impl ShapeSeen {
-    const UNKNOWN: u8 = 0;
-    const PLAIN: u8 = 1;
-    const PAYLOAD: u8 = 2;
+    fn seen(&self) -> Option<(Shape, std::time::Instant)> {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 
-    /// The shape last seen, if any.
+    /// The shape last seen, if any, however long ago.
     pub(crate) fn get(&self) -> Option<Shape> {
-        match self.0.load(Ordering::Acquire) {
-            Self::PLAIN => Some(Shape::Plain),
-            Self::PAYLOAD => Some(Shape::Payload),
-            _ => None,
+        self.seen().map(|(shape, _)| shape)
+    }
+
+    /// The shape to use without looking again, for a request with or without a payload: the
+    /// payload columns once seen (until a statement finds them gone), their absence for
+    /// [`LOOK_AGAIN`] ([`LOOK_AGAIN_FOR_PAYLOAD`] for a request with a payload).
+    pub(crate) fn fresh(&self, wants_payload: bool) -> Option<Shape> {
+        match self.seen()? {
+            (Shape::Payload, _) => Some(Shape::Payload),
+            (Shape::Plain, at) => {
+                let within = if wants_payload {
+                    LOOK_AGAIN_FOR_PAYLOAD
+                } else {
+                    LOOK_AGAIN
+                };
+                (at.elapsed() < within).then_some(Shape::Plain)
+            }
         }
     }
 
     pub(crate) fn set(&self, shape: Shape) {
-        let v = match shape {
-            Shape::Plain => Self::PLAIN,
-            Shape::Payload => Self::PAYLOAD,
-        };
-        self.0.store(v, Ordering::Release);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((shape, std::time::Instant::now()));
     }
 
     /// Looks again at the next statement (a statement of the payload shape failed: the
     /// migration may have been rolled back).
     pub(crate) fn forget(&self) {
-        self.0.store(Self::UNKNOWN, Ordering::Release);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 }
 

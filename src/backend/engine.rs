@@ -35,14 +35,12 @@ impl Engine {
         self.backend.acquire_prepared(&self.cx, shape)
     }
 
-    /// The lease table's shape: as last seen, or looked at now (once per store, with one read
-    /// that names the payload columns). A request with a payload looks again while the table
-    /// was last seen without them: the migration may have run since.
+    /// The lease table's shape: as last seen, or looked at now (with one read that names the
+    /// payload columns). A table seen without them is looked at again after a while (see
+    /// `ShapeSeen::fresh`): the migration may have run since.
     pub(crate) async fn shape(&self, wants_payload: bool) -> Result<Shape, StoreError> {
-        match self.cx.shape.get() {
-            Some(Shape::Payload) => return Ok(Shape::Payload),
-            Some(Shape::Plain) if !wants_payload => return Ok(Shape::Plain),
-            _ => {}
+        if let Some(shape) = self.cx.shape.fresh(wants_payload) {
+            return Ok(shape);
         }
         let probe = self
             .cx

@@ -201,4 +201,54 @@ mod tests {
             }
         }
     }
+
+    type PayloadBuild = Box<dyn Fn(&str, &str, i64, Option<&str>) -> Result<Statement, DbErr>>;
+
+    /// The same for the payload forms: the payload (or `NULL`) lands in every payload slot.
+    #[test]
+    fn bound_payload_statements_equal_fresh_ones() {
+        let cases: Vec<(&'static dyn Dialect, PayloadBuild)> = vec![
+            (
+                &Postgres,
+                Box::new(|r, c, m, p| {
+                    postgres::statements::upsert_reporting(
+                        &Postgres,
+                        &table(),
+                        r,
+                        c,
+                        m,
+                        Write::Payload(p),
+                    )
+                    .map(|q| DbBackend::Postgres.build(&q))
+                }),
+            ),
+            (
+                &Sqlite,
+                Box::new(|r, c, m, p| {
+                    statements::upsert(&Sqlite, &table(), r, c, m, Write::Payload(p))
+                        .map(|q| DbBackend::Sqlite.build(&q))
+                }),
+            ),
+            (
+                &mysql::MySql,
+                Box::new(|r, c, m, p| {
+                    mysql::statements::upsert_returning(&table(), r, c, m, Write::Payload(p))
+                }),
+            ),
+        ];
+        for (dialect, build) in cases {
+            let prepared = Prepared::new(dialect, |r, c, m| build(r, c, m, Some(PAYLOAD))).unwrap();
+            for payload in [
+                Some("http://node-a:8080"),
+                None,
+                Some(""),
+                Some("é 'x' \"y\""),
+            ] {
+                let fresh = build("r", "c", 15_000, payload).unwrap();
+                let bound = prepared.bind_with("r", "c", 15_000, payload);
+                assert_eq!(bound.sql, fresh.sql);
+                assert_eq!(bound.values, fresh.values, "{payload:?}");
+            }
+        }
+    }
 }

@@ -290,7 +290,9 @@ impl SeaOrmLeaseStore {
     /// The exact statement [`acquire_or_renew`](LeaseStore::acquire_or_renew) sends for these
     /// arguments on this connection's backend (PostgreSQL, SQLite, MariaDB; the MySQL
     /// transaction form sends this upsert and then a read): for `EXPLAIN`, audits and
-    /// benchmarks. The values are bound parameters.
+    /// benchmarks. The values are bound parameters. It is the form for the table's payload
+    /// columns as the store last saw them; before its first statement, the form for a table
+    /// that has them (made by the current migrations).
     pub fn acquire_statement(
         &self,
         resource: &str,

@@ -76,7 +76,8 @@ pub(super) enum Next {
     Follow { denial: Denial, at: Instant },
     /// The current term is lost (to the leader named, where the store said): contend again at
     /// once.
-    Lose(LossReason, Option<String>),
+    /// Why, and the leader that denied the renew (its id and payload) where the store said.
+    Lose(LossReason, Option<String>, Option<String>),
     /// Try again at `at` (a follower's next attempt, a leader's next renew) after `setback`.
     Retry { at: Instant, setback: Setback },
     /// A live lease of this candidate that no term may begin on: a `Renewed` that is not the
@@ -145,9 +146,10 @@ pub(super) fn decide(
             let at = later(now, follower_wait(&denial, retry));
             (Next::Follow { denial, at }, 0)
         }
-        (Role::Leader { .. }, Ok(Ok(LeaseOutcome::Denied(denial)))) => {
-            (Next::Lose(LossReason::Denied, denial.holder), failures)
-        }
+        (Role::Leader { .. }, Ok(Ok(LeaseOutcome::Denied(denial)))) => (
+            Next::Lose(LossReason::Denied, denial.holder, denial.payload),
+            failures,
+        ),
         (_, Ok(Err(error))) if error.is_permanent() => (Next::Fail(error), failures),
         (role, Ok(Err(error))) => {
             let failures = failures.saturating_add(1);
@@ -167,7 +169,9 @@ pub(super) fn decide(
             (Next::Retry { at, setback }, failures)
         }
         // The call was bounded by the term's deadline: no answer means it has passed.
-        (Role::Leader { .. }, Err(NoAnswer)) => (Next::Lose(LossReason::Deadline, None), failures),
+        (Role::Leader { .. }, Err(NoAnswer)) => {
+            (Next::Lose(LossReason::Deadline, None, None), failures)
+        }
     };
     Decision { next, failures }
 }
@@ -472,7 +476,7 @@ mod tests {
         );
         assert_eq!(decision.failures, 1);
         assert!(
-            matches!(&decision.next, Next::Lose(LossReason::Denied, Some(holder)) if holder == "other"),
+            matches!(&decision.next, Next::Lose(LossReason::Denied, Some(holder), _) if holder == "other"),
             "{:?}",
             decision.next
         );
@@ -483,7 +487,7 @@ mod tests {
             1,
         );
         assert!(
-            matches!(decision.next, Next::Lose(LossReason::Denied, None)),
+            matches!(decision.next, Next::Lose(LossReason::Denied, None, _)),
             "{:?}",
             decision.next
         );
@@ -547,7 +551,7 @@ mod tests {
         let decision = decide_at(sent, Err(NoAnswer), LEADER, 1);
         assert_eq!(decision.failures, 1);
         assert!(
-            matches!(decision.next, Next::Lose(LossReason::Deadline, None)),
+            matches!(decision.next, Next::Lose(LossReason::Deadline, None, None)),
             "{:?}",
             decision.next
         );

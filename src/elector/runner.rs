@@ -201,7 +201,7 @@ impl Runner {
             match decision.next {
                 Next::Elect(grant) => {
                     if let Some(a) = active.take() {
-                        self.end_term(&a.term, LossReason::Superseded, None);
+                        self.end_term(&a.term, LossReason::Superseded, None, None);
                     }
                     led = Some(grant.lease.token);
                     active = Some(self.begin_term(grant));
@@ -218,9 +218,9 @@ impl Runner {
                     self.follow(&denial);
                     next_attempt = at;
                 }
-                Next::Lose(reason, leader) => {
+                Next::Lose(reason, leader, payload) => {
                     if let Some(a) = active.take() {
-                        self.end_term(&a.term, reason, leader);
+                        self.end_term(&a.term, reason, leader, payload);
                     }
                     next_attempt = crate::clock::now();
                 }
@@ -238,7 +238,7 @@ impl Runner {
                 },
                 Next::Release { lease, lapsed } => {
                     match active.take() {
-                        Some(a) => self.end_term(&a.term, LossReason::Superseded, None),
+                        Some(a) => self.end_term(&a.term, LossReason::Superseded, None, None),
                         None => self.note_follower_without_answer(),
                     }
                     (next_attempt, gone_before) =
@@ -253,7 +253,7 @@ impl Runner {
         // No step-down is taken up from here on (a shutdown's drain does not look for one).
         self.stop.step_down.close();
         if let Some(mut a) = active.take() {
-            self.end_term(&a.term, stopped_by, None);
+            self.end_term(&a.term, stopped_by, None, None);
             if stopped_by == LossReason::Shutdown {
                 // The work was told (`lost`); the lease stays ours while it winds down.
                 let holds_lease = self.drain(&mut a, &mut failures).await;
@@ -287,7 +287,7 @@ impl Runner {
     /// over at once. Whether it was released (`false`: the work did not stop, or the lease was
     /// lost meanwhile; it lapses on its own); `Err` only on an abort meanwhile.
     async fn hand_over(&self, active: &mut Active, failures: &mut u32) -> Result<bool, Stopped> {
-        self.end_term(&active.term, LossReason::HandedOver, None);
+        self.end_term(&active.term, LossReason::HandedOver, None, None);
         let holds_lease = self.drain(active, failures).await;
         if self.stop.abort.is_cancelled() {
             return Err(Stopped::Abort);
@@ -321,7 +321,7 @@ impl Runner {
         self.stoppable(sleep_until(active.next_renew.min(deadline)))
             .await?;
         if crate::clock::now() >= deadline {
-            let next = Next::Lose(LossReason::Deadline, None);
+            let next = Next::Lose(LossReason::Deadline, None, None);
             return Ok(Decision { next, failures });
         }
         let role = Role::Leader {
@@ -422,13 +422,20 @@ impl Runner {
         }
     }
 
-    fn end_term(&self, term: &LeaderTerm, reason: LossReason, leader: Option<String>) {
+    fn end_term(
+        &self,
+        term: &LeaderTerm,
+        reason: LossReason,
+        leader: Option<String>,
+        payload: Option<String>,
+    ) {
         // Publish the step-down first, then fire `lost`: nobody who reacts to `lost` can still
         // read a leader state from the channel.
-        self.state.send_replace(Leadership::Follower {
-            leader,
-            payload: None,
-        });
+        // A store's report can be stale; whoever denied us, it was not us.
+        let leader = leader.filter(|holder| **holder != *self.config.candidate);
+        let payload = leader.as_ref().and(payload);
+        self.state
+            .send_replace(Leadership::Follower { leader, payload });
         term.end(reason);
         if !matches!(reason, LossReason::Shutdown | LossReason::HandedOver) {
             // The lease no longer covers the term: its work stops now, not after a grace.

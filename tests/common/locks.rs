@@ -861,17 +861,20 @@ pub async fn a_waiter_that_times_out_is_told_the_holders_payload<H: Harness>(h: 
     assert!(timed_out(&err), "{err:?}");
     let rec = h.store().current(&name).await.unwrap().unwrap();
     assert_eq!(rec.payload.as_deref(), Some("http://node-a:8080"));
+    // A semaphore's waiter reads its permits together (`current_all`): the payload too.
     let sem = unique("sem");
-    let permit = a.semaphore(&sem, 1).unwrap().try_acquire().await.unwrap();
-    let permit = permit.expect("free");
+    let semaphore = a.semaphore(&sem, 2).unwrap();
+    let first = semaphore.try_acquire().await.unwrap().expect("free");
+    let second = semaphore.try_acquire().await.unwrap().expect("free");
     let err = b
-        .semaphore(&sem, 1)
+        .semaphore(&sem, 2)
         .unwrap()
         .acquire(Duration::from_millis(300))
         .await
         .unwrap_err();
     assert!(timed_out(&err), "{err:?}");
-    assert!(permit.release().await.unwrap());
+    assert!(first.release().await.unwrap());
+    assert!(second.release().await.unwrap());
     assert!(held.release().await.unwrap());
     let err = Locks::builder(h.store())
         .payload("x".repeat(orion_beacon::store::MAX_PAYLOAD_LEN + 1))

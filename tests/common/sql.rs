@@ -473,12 +473,14 @@ pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
     let second = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
     assert_eq!(second.token().map(|t| t.get()), Some(2));
 
-    // Upgraded in place: rows and tokens kept, payloads from the next request on.
+    // Upgraded in place: rows and tokens kept, payloads once the store looks again (a
+    // request with a payload on a table seen without the columns looks again after a second).
     AddLeasePayload::with_table(&table)
         .unwrap()
         .up(&SchemaManager::new(db))
         .await
         .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
     let out = store
         .acquire_or_renew_with(&r, "b", LONG, Some("b's address"))
         .await
@@ -499,14 +501,52 @@ pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
     }
     assert_eq!(fresh.list().await.unwrap().len(), 1);
 
-    // `down` of that step removes only the columns.
+    // `down` of that step is refused while a live lease carries a payload...
+    let refused = AddLeasePayload::with_table(&table)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("1 live lease(s) carry a payload"),
+        "{refused}"
+    );
+    // ...and removes only the columns once none does (b renewed without one).
+    let out = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    assert_eq!(out.lease().and_then(|l| l.payload.clone()), None);
     AddLeasePayload::with_table(&table)
         .unwrap()
         .down(&SchemaManager::new(db))
         .await
         .unwrap();
-    // The store notices at its next statement (at most that one fails) and goes on without.
-    let _ = store.current(&r).await;
+    // The store notices at its next statement (at most that one fails) and goes on without:
+    // a grant first (an elector sends nothing else), with no payload...
+    let mut failed = 0;
+    let out = loop {
+        match store.acquire_or_renew(&r, "b", LONG).await {
+            Ok(out) => break out,
+            Err(err) => {
+                failed += 1;
+                assert!(
+                    failed < 2,
+                    "still failing after the store looked again: {err:?}"
+                );
+            }
+        }
+    };
+    assert!(matches!(out, LeaseOutcome::Renewed(_)), "{out:?}");
+    // ...and one with a payload (the other store, which still thinks the columns are there).
+    let mut failed = 0;
+    let err = loop {
+        match fresh.acquire_or_renew_with(&r, "c", LONG, Some("c")).await {
+            Err(StoreError::MissingPayloadColumn { .. }) => break None,
+            Err(_) if failed == 0 => failed += 1,
+            other => break Some(other),
+        }
+    };
+    assert!(err.is_none(), "{err:?}");
     let rec = store.current(&r).await.unwrap().unwrap();
     assert_eq!(
         (rec.holder.as_str(), rec.token.get(), rec.live, rec.payload),

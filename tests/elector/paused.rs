@@ -336,14 +336,26 @@ async fn denied_renew_steps_down_and_candidate_is_re_elected() {
     store.inner.release("job", "a").await.unwrap();
     assert!(store
         .inner
-        .acquire_or_renew("job", "intruder", Duration::from_secs(6))
+        .acquire_or_renew_with(
+            "job",
+            "intruder",
+            Duration::from_secs(6),
+            Some("its address")
+        )
         .await
         .unwrap()
         .is_held());
     first.lost().await;
     assert_eq!(first.loss_reason(), Some(LossReason::Denied));
+    // The step-down publishes the new leader with its payload at once.
     assert!(
-        matches!(handle.leadership(), Leadership::Follower { leader: Some(ref l), .. } if l == "intruder")
+        matches!(
+            handle.leadership(),
+            Leadership::Follower { leader: Some(ref l), payload: Some(ref p) }
+                if l == "intruder" && p == "its address"
+        ),
+        "{:?}",
+        handle.leadership()
     );
     // The intruder never renews; a wins a new term right after its lease ends.
     let second = wait_leader(&mut rx).await;

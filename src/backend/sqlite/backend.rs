@@ -23,6 +23,7 @@ pub(crate) struct SqliteBackend {
     /// Whether the journal mode was looked at (once per store).
     journal_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
     /// Whether release events may watch the file.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     notifications: bool,
     /// The file watcher, made on the first subscription.
     #[cfg(feature = "sqlite")]

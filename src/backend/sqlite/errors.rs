@@ -19,7 +19,9 @@ pub(crate) fn code_kind(code: &str) -> Option<Kind> {
 fn missing_table(message: &str) -> Option<Kind> {
     if message.starts_with("no such table") {
         Some(Kind::MissingTable)
-    } else if message.starts_with("no such column") {
+    } else if message.starts_with("no such column") || message.contains("has no column named") {
+        // A read names it ("no such column"), an insert's column list ("table t has no
+        // column named payload").
         Some(Kind::UnknownColumn)
     } else {
         None
@@ -51,7 +53,7 @@ pub(crate) fn kind(err: &DbErr) -> Kind {
 pub(crate) fn kind_by_message(text: &str) -> Option<Kind> {
     if text.contains("no such table") {
         Some(Kind::MissingTable)
-    } else if text.contains("no such column") {
+    } else if text.contains("no such column") || text.contains("has no column named") {
         Some(Kind::UnknownColumn)
     } else if text.contains("database is locked")
         || text.contains("database table is locked")

@@ -65,10 +65,8 @@ impl SqlServerLeaseStore {
     /// payload columns; error 207 without them). A request with a payload looks again while
     /// the table was last seen without them.
     async fn shape(&self, wants_payload: bool) -> Result<Shape, StoreError> {
-        match self.shape.get() {
-            Some(Shape::Payload) => return Ok(Shape::Payload),
-            Some(Shape::Plain) if !wants_payload => return Ok(Shape::Plain),
-            _ => {}
+        if let Some(shape) = self.shape.fresh(wants_payload) {
+            return Ok(shape);
         }
         let shape = match self.run(Want::Rows, &self.sql.payload_probe, &[]).await {
             Ok(_) => Shape::Payload,

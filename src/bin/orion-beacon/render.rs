@@ -71,15 +71,25 @@ pub fn left(r: &LeaseRecord) -> String {
     }
 }
 
-/// The record as JSON: its `serde` form (times RFC 3339, `remaining_ms`).
-/// A lease's payload on one line of a terminal (control characters escaped), or `-`.
+/// A lease's payload on one line of a terminal (control characters escaped, nothing else), or
+/// `-`.
 pub fn payload(r: &LeaseRecord) -> String {
     match &r.payload {
-        Some(p) => p.escape_debug().to_string(),
+        Some(p) => p
+            .chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
         None => "-".to_owned(),
     }
 }
 
+/// The record as JSON: its `serde` form (times RFC 3339, `remaining_ms`).
 pub fn record_json(r: &LeaseRecord) -> serde_json::Value {
     serde_json::to_value(r).unwrap_or(serde_json::Value::Null)
 }
