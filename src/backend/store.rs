@@ -217,15 +217,23 @@ impl SeaOrmLeaseStore {
         self.rebuilt(false)
     }
 
-    /// PostgreSQL only: whether followers are woken by release notifications (on by default).
+    /// PostgreSQL and SQLite: whether followers and lock waiters are woken by release
+    /// notifications (on by default).
     ///
-    /// A release sends `pg_notify` in the same statement, and the store `LISTEN`s for them on
-    /// one connection of its own (made with the application pool's connect options, not taken
-    /// from the pool) while any clone of the store lives: one extra server connection per store
-    /// and lease table. With notifications off, followers notice a release at their next retry
-    /// (`retry_interval`) instead of at once; releases still send `pg_notify` for the others.
-    /// Turn them off where server connections are scarce. Behind a transaction-pooling proxy
-    /// they are always off (see [`with_transaction_pooling`](Self::with_transaction_pooling)).
+    /// On PostgreSQL a release sends `pg_notify` in the same statement, and the store `LISTEN`s
+    /// for them on one connection of its own (made with the application pool's connect options,
+    /// not taken from the pool) while any clone of the store lives: one extra server connection
+    /// per store and lease table. Releases still send `pg_notify` for the others when this is
+    /// off. Behind a transaction-pooling proxy they are always off (see
+    /// [`with_transaction_pooling`](Self::with_transaction_pooling)).
+    ///
+    /// On SQLite the store watches the database file's directory and, after each burst of
+    /// writes, reads which leases stopped being live on a connection of its own (a file
+    /// handle), whichever process released them (see [`backend::sqlite`](crate::backend::sqlite)).
+    /// An in-memory database has none.
+    ///
+    /// With notifications off, waiters notice a release at their next retry (`retry_interval`)
+    /// instead of at once. Turn them off where connections are scarce.
     pub fn with_release_notifications(mut self, enabled: bool) -> Self {
         self.settings.notifications = enabled;
         self.rebuilt(false)
@@ -430,7 +438,8 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     /// On PostgreSQL, `LISTEN`s on one connection of its own (opened on first use, kept while
-    /// any clone of this store lives) for the notifications that releases send; see
+    /// any clone of this store lives) for the notifications that releases send; on SQLite,
+    /// watches the database file's changes; see
     /// [`with_release_notifications`](SeaOrmLeaseStore::with_release_notifications).
     fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
         let engine = self.engine().ok()?;

@@ -31,7 +31,7 @@
 //! like anyone else's: a token per holder is what makes a fenced write name exactly one hold.
 //!
 //! **Waiting.** [`Lock::acquire`] and [`Semaphore::acquire`] ask again when a release
-//! notification names the lock (PostgreSQL), otherwise at the retry interval or right after the
+//! notification names the lock (PostgreSQL, SQLite), otherwise at the retry interval or right after the
 //! holder's lease ends, whichever is sooner, until the timeout. There is no queue: when a lock
 //! comes free, whichever waiter asks first gets it.
 //!

@@ -290,6 +290,7 @@ async fn wakes_waiters(rollback_journal: bool) {
         (Instant::now(), guard)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter waits for the held lock");
     let released = Instant::now();
     assert!(held.release().await.unwrap());
     let (granted, guard) = waiter.await.unwrap();
@@ -315,7 +316,8 @@ async fn wakes_waiters(rollback_journal: bool) {
             .await
             .map(|_| ())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Time for its first attempt (denied) before the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(held.release().await.unwrap());
     assert!(
         waiter.await.unwrap().is_err(),

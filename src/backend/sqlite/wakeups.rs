@@ -1,44 +1,61 @@
-//! SQLite wake-ups: a release in any process on the same file wakes this process's waiters at
-//! once, instead of at their next poll.
+//! SQLite wake-ups: a release in any process on the same file wakes this process's waiters
+//! within milliseconds, instead of at their next poll.
 //!
 //! SQLite has no notification channel, but every commit writes the database's files (the
-//! `-wal` file in WAL mode, the file itself or its `-journal` otherwise). The store watches the
-//! file's directory (`notify`: inotify on Linux, kqueue on the BSDs and macOS,
-//! ReadDirectoryChangesW on Windows) and, after a change, reads which leases are live on a
-//! connection of its own; a lease that was live at its previous look and is not any more
-//! (released, revoked, or lapsed) is announced to the subscribers, as PostgreSQL's
-//! notifications are. It is only a wake-up: the waiter then asks the store as at any poll, and
-//! a missed change (a file system without change events, a network file system, an error)
-//! costs one poll interval, never correctness.
+//! `-wal` file in WAL mode, the file itself and its `-journal` otherwise). The store watches
+//! the file's directory (`notify`: inotify on Linux, FSEvents on macOS, ReadDirectoryChangesW
+//! on Windows; only Linux is tested) and, after a burst of writes, waits until a commit is
+//! visible on a connection of its own (`PRAGMA data_version` changes: a commit is visible only
+//! after its last page, its sync and the WAL index, none of which the watcher hears of), then
+//! reads the leases that are live or were written since its previous read. A lease that was
+//! live at the previous read and is not any more, or that was written since and is not live
+//! now (a short hold), is announced to the subscribers, as PostgreSQL's notifications are. It
+//! is only a wake-up: the waiter then asks the store as at any poll, and a missed change (a
+//! file system without change events, a network file system, kqueue-only platforms, an
+//! error) costs one poll interval, never correctness. A lease that lapses is announced at the
+//! file's next write, not when it lapses (waiters know the holder's expiry from their denial).
 //!
-//! Cost: one read of the live leases (`resource` of every live row) per burst of writes to the
-//! file (a burst ends after [`SETTLE`] without writes, or after [`MOST`]), while any clone of
-//! the store lives and something has subscribed; one extra connection (a file handle) and one
-//! watch on the directory. A release wakes the waiters a few milliseconds after its commit.
+//! Cost: while any clone of the store lives and something is subscribed, one inotify (or
+//! equivalent) watch and notify's thread, one connection (a file handle, sqlx's worker
+//! thread), and one read (`resource` of the live rows and of those written since the last
+//! read) per burst of writes to the file (a burst ends after [`SETTLE`] without writes, or
+//! after [`MOST`]), at most one every [`MIN_GAP`]. Every write counts, the application's own
+//! to other tables included.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock, Weak};
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher};
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query, SqliteQueryBuilder};
 use sea_orm::sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sea_orm::sqlx::AssertSqlSafe;
 use sea_orm::{DatabaseConnection, DatabaseConnectionType};
 use tokio::sync::{broadcast, Notify};
 use tokio_util::sync::CancellationToken;
 
-use super::Sqlite;
-use crate::backend::dialect::Dialect;
 use crate::store::ReleaseEvents;
 
-/// How long the files must stay unchanged before the live leases are read. A commit is
-/// visible to readers only once its last page is written and the WAL index updated, a moment
-/// after the first write the watcher hears of; a read at the first write would miss it.
+/// How long the files must stay unchanged before the watcher looks: a commit writes several
+/// pages in a row.
 pub(crate) const SETTLE: Duration = Duration::from_millis(2);
-/// The longest a burst of writes holds the read back: a file written without pause is still
-/// read this often.
+/// The longest a burst of writes holds the look back: a file written without pause is still
+/// looked at this often.
 pub(crate) const MOST: Duration = Duration::from_millis(20);
+/// The least time between two reads of the leases.
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
+/// How long after a burst the watcher waits, step by step, for a commit to become visible
+/// before it gives up on that burst (a rolled-back write leaves nothing to see).
+const VISIBLE_WITHIN: [Duration; 5] = [
+    Duration::ZERO,
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+];
+/// How far back the first read looks for leases written and ended (a release between a
+/// subscriber's denial and the watcher's start).
+const FIRST_LOOK_BACK: &str = "-5 seconds";
 
 /// The fan-out point, shared by the clones of one store. Dropping the last clone stops the
 /// watcher and closes its connection.
@@ -54,9 +71,20 @@ impl Drop for WakeHub {
     }
 }
 
-/// The hub of one store, made on the first subscription (`None`: this store has none, e.g.
-/// an in-memory database, or the directory could not be watched).
-pub(crate) type HubCell = Arc<OnceLock<Option<Arc<WakeHub>>>>;
+#[derive(Debug, Default)]
+enum State {
+    /// Not tried yet, or tried when the file did not exist (a lazy connection): tried again at
+    /// the next subscription.
+    #[default]
+    Untried,
+    Running(Arc<WakeHub>),
+    /// No wake-ups for this store (an in-memory database, a directory that cannot be watched).
+    Off,
+}
+
+/// The watcher of one store and table, started on the first subscription.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HubCell(Arc<Mutex<State>>);
 
 /// Subscribes to wake-ups for `table`, starting the watcher on first use. `None` for a
 /// connection that is no SQLite file pool, or outside a tokio runtime.
@@ -72,18 +100,36 @@ pub(crate) fn subscribe(
         return None;
     }
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let hub = cell.get_or_init(|| {
-        let options = (*db.get_sqlite_connection_pool().connect_options()).clone();
-        start(&runtime, options, table)
-    });
-    Some(hub.as_ref()?.tx.subscribe())
+    let mut state = cell
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match &*state {
+        State::Running(hub) => return Some(hub.tx.subscribe()),
+        State::Off => return None,
+        State::Untried => {}
+    }
+    let options = db.get_sqlite_connection_pool().connect_options();
+    match start(&runtime, options.get_filename(), table) {
+        Started::Running(hub, first) => {
+            *state = State::Running(hub);
+            Some(first)
+        }
+        Started::NotYet => None,
+        Started::Off => {
+            *state = State::Off;
+            None
+        }
+    }
 }
 
-/// The file a connection opens, if it is a file (not an in-memory database).
-fn database_file(options: &SqliteConnectOptions) -> Option<PathBuf> {
-    std::fs::canonicalize(options.get_filename())
-        .ok()
-        .filter(|p| p.is_file())
+enum Started {
+    /// The hub, and the first subscription (made before the watcher's first read, which only
+    /// runs while someone is subscribed).
+    Running(Arc<WakeHub>, ReleaseEvents),
+    /// The file does not exist (yet).
+    NotYet,
+    Off,
 }
 
 /// Whether `path` is one of the files a commit to `file` writes.
@@ -102,107 +148,229 @@ fn written_by_commits(path: &Path, file: &Path) -> bool {
     changed == name || changed == format!("{name}-wal") || changed == format!("{name}-journal")
 }
 
-fn start(
-    runtime: &tokio::runtime::Handle,
-    options: SqliteConnectOptions,
-    table: &Arc<str>,
-) -> Option<Arc<WakeHub>> {
-    let file = database_file(&options)?;
-    let dir = file.parent()?.to_path_buf();
+/// Whether an event may be a commit to `file`: a change to one of its files, or an event that
+/// says events were lost (a rescan, an error).
+fn may_be_a_commit(event: &notify::Result<notify::Event>, file: &Path) -> bool {
+    match event {
+        Err(_) => true,
+        Ok(event) if event.need_rescan() || event.paths.is_empty() => true,
+        Ok(event) if matches!(event.kind, EventKind::Access(_)) => false,
+        Ok(event) => event.paths.iter().any(|p| written_by_commits(p, file)),
+    }
+}
+
+fn start(runtime: &tokio::runtime::Handle, filename: &Path, table: &Arc<str>) -> Started {
+    let Ok(file) = std::fs::canonicalize(filename) else {
+        return Started::NotYet;
+    };
+    if !file.is_file() {
+        return Started::Off;
+    }
+    let Some(dir) = file.parent().map(Path::to_path_buf) else {
+        return Started::Off;
+    };
     let changed = Arc::new(Notify::new());
     let seen = changed.clone();
     let watched = file.clone();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        if matches!(event.kind, EventKind::Access(_)) {
-            return;
-        }
-        if event.paths.iter().any(|p| written_by_commits(p, &watched)) {
+    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if may_be_a_commit(&event, &watched) {
             seen.notify_one();
         }
-    })
-    .map_err(|error| tracing::debug!(%error, "no SQLite wake-ups: cannot watch files"))
-    .ok()?;
+    });
+    let mut watcher = match watcher {
+        Ok(watcher) => watcher,
+        Err(error) => {
+            tracing::warn!(%error, "no SQLite wake-ups: cannot watch files; waiters poll");
+            return Started::Off;
+        }
+    };
     if let Err(error) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
-        tracing::debug!(%error, dir = %dir.display(), "no SQLite wake-ups: cannot watch the directory");
-        return None;
+        tracing::warn!(%error, dir = %dir.display(), "no SQLite wake-ups: cannot watch the directory; waiters poll");
+        return Started::Off;
     }
     let hub = Arc::new(WakeHub {
         tx: broadcast::channel(256).0,
         stop: CancellationToken::new(),
     });
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .min_connections(0)
-        .connect_lazy_with(options);
+    let first = hub.tx.subscribe();
     runtime.spawn(watch(
         watcher,
-        pool,
-        live_query(table),
+        reader(&file),
+        Reads::new(table),
         Arc::downgrade(&hub),
         hub.stop.clone(),
         changed,
     ));
-    Some(hub)
+    Started::Running(hub, first)
 }
 
-/// The resources whose lease is live now, by the database clock.
-fn live_query(table: &str) -> String {
-    Query::select()
-        .column(orion_beacon_entity::lease::Column::Resource)
-        .from(Alias::new(table))
-        .and_where(Expr::col(orion_beacon_entity::lease::Column::ExpiresAt).gt(Sqlite.now()))
-        .to_string(SqliteQueryBuilder)
+/// The watcher's own connection: options of its own, not the application's (whose locking
+/// mode, file creation, `optimize` on close or hooks must not apply to it), on the file
+/// resolved once; kept open, so that `data_version` compares reads of one connection.
+fn reader(file: &Path) -> SqlitePool {
+    let options = SqliteConnectOptions::new()
+        .filename(file)
+        .create_if_missing(false)
+        .busy_timeout(Duration::from_millis(500));
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_lazy_with(options)
 }
 
-async fn live(pool: &SqlitePool, query: &str) -> Result<HashSet<String>, sea_orm::sqlx::Error> {
-    // The text is ours (a validated, quoted table name, no values).
-    let query = sea_orm::sqlx::AssertSqlSafe(query.to_owned());
-    let rows: Vec<String> = sea_orm::sqlx::query_scalar(query).fetch_all(pool).await?;
-    Ok(rows.into_iter().collect())
+/// The watcher's statements for one table.
+struct Reads {
+    /// The database's now, and that now less [`FIRST_LOOK_BACK`].
+    now: String,
+    /// The leases live at `?1` (a now), and those written since `?2` (the previous now),
+    /// each with whether it is live.
+    leases: String,
+}
+
+impl Reads {
+    fn new(table: &str) -> Self {
+        Self {
+            now: format!(
+                "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now', '{FIRST_LOOK_BACK}')"
+            ),
+            // The table name is validated (letters, digits, `_`).
+            leases: format!(
+                "SELECT \"resource\", \"expires_at\" > ?1 FROM \"{table}\" WHERE \"expires_at\" > ?1 OR \"renewed_at\" >= ?2"
+            ),
+        }
+    }
+}
+
+/// What the watcher knew at its previous read.
+#[derive(Default)]
+struct Seen {
+    live: HashSet<String>,
+    /// The database's now at that read.
+    at: Option<String>,
+    /// `data_version` then.
+    version: Option<i64>,
+}
+
+async fn data_version(pool: &SqlitePool) -> Result<i64, sea_orm::sqlx::Error> {
+    sea_orm::sqlx::query_scalar("PRAGMA data_version")
+        .fetch_one(pool)
+        .await
+}
+
+/// Reads the leases and returns those that stopped being live since `seen` (updating it).
+async fn ended(
+    pool: &SqlitePool,
+    reads: &Reads,
+    seen: &mut Seen,
+) -> Result<Vec<String>, sea_orm::sqlx::Error> {
+    let (now, back): (String, String) = sea_orm::sqlx::query_as(AssertSqlSafe(reads.now.clone()))
+        .fetch_one(pool)
+        .await?;
+    let since = seen.at.clone().unwrap_or(back);
+    let rows: Vec<(String, bool)> = sea_orm::sqlx::query_as(AssertSqlSafe(reads.leases.clone()))
+        .bind(&now)
+        .bind(&since)
+        .fetch_all(pool)
+        .await?;
+    let mut live = HashSet::with_capacity(rows.len());
+    let mut ended: Vec<String> = Vec::new();
+    for (resource, is_live) in rows {
+        if is_live {
+            live.insert(resource);
+        } else {
+            // Written since the previous read and not live now: a short hold, released.
+            ended.push(resource);
+        }
+    }
+    ended.extend(seen.live.difference(&live).cloned());
+    ended.sort_unstable();
+    ended.dedup();
+    seen.live = live;
+    seen.at = Some(now);
+    Ok(ended)
 }
 
 async fn watch(
     _watcher: notify::RecommendedWatcher,
     pool: SqlitePool,
-    query: String,
+    reads: Reads,
     hub: Weak<WakeHub>,
     stop: CancellationToken,
     changed: Arc<Notify>,
 ) {
-    let mut was_live = live(&pool, &query).await.unwrap_or_default();
+    let mut seen = Seen::default();
+    let mut failures = 0u32;
+    // The first read: also what was written and ended just before the watcher started.
+    let mut due = true;
     loop {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            () = changed.notified() => {}
-        }
-        // The burst's end: SETTLE without a change, or MOST after its start.
-        let most = tokio::time::Instant::now() + MOST;
-        loop {
+        if !due {
             tokio::select! {
                 biased;
-                () = stop.cancelled() => return pool.close().await,
-                () = tokio::time::sleep(SETTLE) => break,
-                () = changed.notified() => {
-                    if tokio::time::Instant::now() >= most {
-                        break;
+                () = stop.cancelled() => break,
+                () = changed.notified() => {}
+            }
+            // The burst's end: SETTLE without a change, or MOST after its start.
+            let most = tokio::time::Instant::now() + MOST;
+            loop {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return pool.close().await,
+                    () = tokio::time::sleep(SETTLE) => break,
+                    () = changed.notified() => {
+                        if tokio::time::Instant::now() >= most {
+                            break;
+                        }
                     }
                 }
             }
         }
+        due = false;
         let Some(hub) = hub.upgrade() else { break };
-        match live(&pool, &query).await {
-            Ok(now_live) => {
-                for ended in was_live.difference(&now_live) {
-                    // Nobody listening is fine: waiters poll anyway.
-                    let _ = hub.tx.send(Arc::from(ended.as_str()));
+        if hub.tx.receiver_count() == 0 {
+            continue; // nobody waits
+        }
+        let look = async {
+            // Until a commit is visible here (or the burst showed nothing to see).
+            for wait in VISIBLE_WITHIN {
+                tokio::time::sleep(wait).await;
+                let version = data_version(&pool).await?;
+                if seen.version != Some(version) {
+                    let out = ended(&pool, &reads, &mut seen).await?;
+                    seen.version = Some(version);
+                    return Ok(Some(out));
                 }
-                was_live = now_live;
+            }
+            Ok::<_, sea_orm::sqlx::Error>(None)
+        };
+        let looked = tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            looked = look => looked,
+        };
+        match looked {
+            Ok(ended) => {
+                failures = 0;
+                for resource in ended.into_iter().flatten() {
+                    // Nobody listening is fine: waiters poll anyway.
+                    let _ = hub.tx.send(Arc::from(resource.as_str()));
+                }
             }
             Err(error) => {
-                tracing::debug!(%error, "SQLite wake-ups: reading the live leases failed; waiters poll")
+                failures += 1;
+                if failures == 3 {
+                    tracing::warn!(%error, "SQLite wake-ups: reading the leases keeps failing; waiters poll");
+                } else {
+                    tracing::debug!(%error, "SQLite wake-ups: reading the leases failed; waiters poll");
+                }
             }
+        }
+        drop(hub);
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(MIN_GAP) => {}
         }
     }
     pool.close().await;
@@ -225,13 +393,30 @@ mod tests {
         ] {
             assert_eq!(written_by_commits(Path::new(path), file), written, "{path}");
         }
+        // Lost events count as a change.
+        let lost = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        assert!(may_be_a_commit(&Ok(lost), file));
+        assert!(may_be_a_commit(
+            &Err(notify::Error::generic("overflow")),
+            file
+        ));
+        let open = notify::Event::new(EventKind::Access(notify::event::AccessKind::Open(
+            notify::event::AccessMode::Any,
+        )))
+        .add_path(std::path::PathBuf::from("/data/app.db-wal"));
+        assert!(!may_be_a_commit(&Ok(open), file));
     }
 
     #[test]
-    fn the_live_read() {
+    fn the_reads() {
+        let reads = Reads::new("orionbeacon_leases");
         assert_eq!(
-            live_query("orionbeacon_leases"),
-            r#"SELECT "resource" FROM "orionbeacon_leases" WHERE "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
+            reads.leases,
+            r#"SELECT "resource", "expires_at" > ?1 FROM "orionbeacon_leases" WHERE "expires_at" > ?1 OR "renewed_at" >= ?2"#
+        );
+        assert_eq!(
+            reads.now,
+            "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now', '-5 seconds')"
         );
     }
 }
