@@ -118,11 +118,17 @@ pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", std::process::id())
 }
 
+/// The lease table as the current migrations make it (the payload columns included).
 pub(crate) async fn migrate(db: &DatabaseConnection, table: &str) -> Result<(), Error> {
-    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        AddLeasePayload, CreateLeaseTable, MigrationTrait, SchemaManager,
+    };
     let m = CreateLeaseTable::with_table(table)?;
     drop(db, table).await;
     m.up(&SchemaManager::new(db)).await?;
+    AddLeasePayload::with_table(table)?
+        .up(&SchemaManager::new(db))
+        .await?;
     Ok(())
 }
 

@@ -174,6 +174,8 @@ pub(crate) fn pgbench_sql(stmt: sea_orm::Statement) -> Result<String, Error> {
             sea_orm::Value::String(Some(s)) => format!("'{s}'"),
             sea_orm::Value::BigInt(Some(n)) => format!("{n}::bigint"),
             sea_orm::Value::Int(Some(n)) => n.to_string(),
+            // No payload (the statement of a table with the payload columns).
+            sea_orm::Value::String(None) => "NULL::text".to_owned(),
             other => return Err(format!("unexpected value {other:?}").into()),
         };
         sql = sql.replace(&format!("${}", i + 1), &literal);

@@ -332,9 +332,14 @@ async fn watch(
             continue; // nobody waits
         }
         let look = async {
-            // Until a commit is visible here (or the burst showed nothing to see).
+            // Until a commit is visible here (or the burst showed nothing to see: a checkpoint,
+            // a rolled-back write). A new burst meanwhile is looked at once it settles.
             for wait in VISIBLE_WITHIN {
-                tokio::time::sleep(wait).await;
+                tokio::select! {
+                    biased;
+                    () = changed.notified() => tokio::time::sleep(SETTLE).await,
+                    () = tokio::time::sleep(wait) => {}
+                }
                 let version = data_version(&pool).await?;
                 if seen.version != Some(version) {
                     let out = ended(&pool, &reads, &mut seen).await?;
