@@ -3,6 +3,8 @@
 //! its backend once, from its connection (`store.rs`); each implementation owns its statements,
 //! its checks of pooled connections, its fence, its takeover and its error codes.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use sea_orm::sea_query::{SelectStatement, UpdateStatement};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, ExecResult, QueryResult, Statement};
@@ -156,6 +158,17 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     fn release_events(&self, _cx: &Context) -> Option<ReleaseEvents> {
         None
     }
+
+    /// `candidate` holds `resource` for `remaining` (a grant or renew answered, committed): for
+    /// a backend whose wake-ups follow the leases held and waited for.
+    fn holding(&self, _cx: &Context, _resource: &str, _candidate: &str, _remaining: Duration) {}
+
+    /// `candidate` was denied `resource`, whose holder has `remaining` left.
+    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str, _remaining: Duration) {}
+
+    /// `candidate`'s lease of `resource` ended here: its release was answered, or a batch renew
+    /// found it lost.
+    fn ended(&self, _cx: &Context, _resource: &str, _candidate: &str) {}
 
     /// The transactional fence inside the caller's transaction: whether `term` is current
     /// (and its lease row now held against a takeover until the transaction ends).

@@ -103,6 +103,7 @@ fn choose(settings: &Settings) -> Result<Box<dyn LeaseBackend>, Refused> {
         DbBackend::MySql => Ok(Box::new(super::mysql::backend::MySqlBackend::new(
             &settings.db,
             settings.mysql_upsert,
+            settings.notifications,
         ))),
         #[cfg(not(feature = "mysql"))]
         DbBackend::MySql => Err(unsupported("MySQL", "mysql")),
@@ -401,19 +402,41 @@ impl LeaseStore for SeaOrmLeaseStore {
                 super::takeover::acquiring(engine, resource, candidate, lease, millis, write).await
             }
         };
-        engine.noting(shape, answer)
+        let outcome = engine.noting(shape, answer)?;
+        match &outcome {
+            LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease) => {
+                engine
+                    .backend
+                    .holding(&engine.cx, resource, candidate, lease.remaining);
+            }
+            LeaseOutcome::Denied(denial) => {
+                engine
+                    .backend
+                    .denied(&engine.cx, resource, candidate, denial.remaining);
+            }
+        }
+        Ok(outcome)
     }
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
         let stmt = self.release_statement(resource, candidate)?;
-        self.engine()?.run_release(stmt).await
+        let engine = self.engine()?;
+        let released = engine.run_release(stmt).await?;
+        // After the answer: a waiter woken now finds the lease free.
+        engine.backend.ended(&engine.cx, resource, candidate);
+        Ok(released)
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
-        match self.release_lease_statement(lease)? {
-            Some(stmt) => self.engine()?.run_release(stmt).await,
-            None => Ok(false),
-        }
+        let Some(stmt) = self.release_lease_statement(lease)? else {
+            return Ok(false);
+        };
+        let engine = self.engine()?;
+        let released = engine.run_release(stmt).await?;
+        engine
+            .backend
+            .ended(&engine.cx, &lease.resource, &lease.holder);
+        Ok(released)
     }
 
     /// One statement per call on every backend (MySQL/MariaDB: the `UPDATE` and a read of what
@@ -434,7 +457,18 @@ impl LeaseStore for SeaOrmLeaseStore {
         let rows = engine.noting(shape, rows)?;
         let fresh =
             super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))?;
-        Ok(Renewals::sort(held, fresh))
+        let renewals = Renewals::sort(held, fresh);
+        for lease in &renewals.renewed {
+            engine
+                .backend
+                .holding(&engine.cx, &lease.resource, &lease.holder, lease.remaining);
+        }
+        for lease in &renewals.lost {
+            engine
+                .backend
+                .ended(&engine.cx, &lease.resource, &lease.holder);
+        }
+        Ok(renewals)
     }
 
     /// On PostgreSQL, `LISTEN`s on one connection of its own (opened on first use, kept while

@@ -12,6 +12,7 @@ mod admin;
 mod durability;
 mod memory;
 mod mysql;
+mod mysql_wakeups;
 mod postgres;
 mod readable_values;
 mod release_notifications;

@@ -4,6 +4,7 @@
 //! a stalled holder's connection.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sea_orm::sea_query::SelectStatement;
@@ -17,6 +18,7 @@ use super::checked::{self, Transaction};
 use super::errors::{self, error_number, UNKNOWN_SYSTEM_VARIABLE};
 use super::statements::IN_TRANSACTION_COLUMN;
 use super::takeover::{blockers, still_there, KILL_WITHIN};
+use super::wakeups::HubCell;
 use super::{statements, MySql, MySqlUpsert};
 use crate::backend::checkout::{Begin, Checked};
 use crate::backend::context::Context;
@@ -28,6 +30,7 @@ use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
+use crate::store::ReleaseEvents;
 use crate::{LeaseOutcome, StoreError};
 
 /// The MySQL/MariaDB backend of one store.
@@ -39,12 +42,18 @@ pub(crate) struct MySqlBackend {
     upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
     /// Whether the server is a Galera cluster node, detected once.
     galera: Arc<tokio::sync::OnceCell<bool>>,
+    /// Wake-ups through named locks (see `wakeups`); `None` with notifications off.
+    wakeups: Option<HubCell>,
 }
 
 const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
 
 impl MySqlBackend {
-    pub(crate) fn new(db: &DatabaseConnection, upsert: Option<MySqlUpsert>) -> Self {
+    pub(crate) fn new(
+        db: &DatabaseConnection,
+        upsert: Option<MySqlUpsert>,
+        notifications: bool,
+    ) -> Self {
         let pool = match &db.inner {
             DatabaseConnectionType::SqlxMySqlPoolConnection(_) => {
                 Some(db.get_mysql_connection_pool().clone())
@@ -55,7 +64,16 @@ impl MySqlBackend {
             pool,
             upsert: Arc::new(tokio::sync::OnceCell::new_with(upsert)),
             galera: Arc::default(),
+            wakeups: notifications.then(HubCell::default),
         }
+    }
+
+    /// The wake-ups, unless they are off (by setting, or on a Galera node).
+    fn wakeups(&self) -> Option<&HubCell> {
+        if self.galera.get() == Some(&true) {
+            return None;
+        }
+        self.wakeups.as_ref()
     }
 
     /// The rows after the upsert, read to the end, in the server's form.
@@ -225,12 +243,42 @@ impl LeaseBackend for MySqlBackend {
         errors::kind
     }
 
-    fn derived(&self, _derived: Derived) -> Box<dyn LeaseBackend> {
+    fn derived(&self, derived: Derived) -> Box<dyn LeaseBackend> {
+        // The wake-ups name one table's leases.
+        let wakeups = match (&self.wakeups, derived.notifications) {
+            (_, false) => None,
+            (Some(cell), true) if !derived.table_changed => Some(cell.clone()),
+            (_, true) => Some(HubCell::default()),
+        };
         Box::new(Self {
             pool: self.pool.clone(),
             upsert: Arc::clone(&self.upsert),
             galera: Arc::clone(&self.galera),
+            wakeups,
         })
+    }
+
+    /// Wake-ups through the holders' named locks (see `wakeups`).
+    fn release_events(&self, cx: &Context) -> Option<ReleaseEvents> {
+        self.wakeups()?.subscribe(&cx.db, &cx.table)
+    }
+
+    fn holding(&self, cx: &Context, resource: &str, candidate: &str, remaining: Duration) {
+        if let Some(w) = self.wakeups() {
+            w.holding(&cx.db, &cx.table, resource, candidate, remaining);
+        }
+    }
+
+    fn denied(&self, cx: &Context, resource: &str, candidate: &str, remaining: Duration) {
+        if let Some(w) = self.wakeups() {
+            w.denied(&cx.db, &cx.table, resource, candidate, remaining);
+        }
+    }
+
+    fn ended(&self, cx: &Context, resource: &str, candidate: &str) {
+        if let Some(w) = self.wakeups() {
+            w.ended(&cx.db, &cx.table, resource, candidate);
+        }
     }
 
     fn acquire_statement(
@@ -259,8 +307,17 @@ impl LeaseBackend for MySqlBackend {
         // cannot ask the server. A failed look is not cached and does not fail the grant; the
         // next grant looks again.
         if self.galera.get().is_none() {
-            if let Err(error) = self.galera_on_pool(cx).await {
-                tracing::debug!(%error, "Galera detection deferred to the next grant");
+            match self.galera_on_pool(cx).await {
+                Ok(true) => {
+                    // Named locks stay on their node: no wake-ups.
+                    if let Some(w) = &self.wakeups {
+                        w.turn_off();
+                    }
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "Galera detection deferred to the next grant");
+                }
             }
         }
         let Some(row) = cx.single_row(&rows)? else {

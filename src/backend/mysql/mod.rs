@@ -70,6 +70,8 @@ mod checked;
 pub(crate) mod errors;
 pub(crate) mod statements;
 pub(crate) mod takeover;
+#[cfg(feature = "mysql")]
+pub(crate) mod wakeups;
 
 pub(crate) struct MySql;
 

@@ -1,0 +1,718 @@
+//! MySQL and MariaDB wake-ups: a release in any process wakes this process's waiters within
+//! milliseconds, instead of at their next poll, through the server's named locks.
+//!
+//! The servers have no notification channel, but a named lock (`GET_LOCK`) held by one session
+//! can be waited for by another, and is freed the moment its session lets go or ends. So:
+//!
+//! - **A holder signals.** While this store holds a lease (a grant or renew answered it), it
+//!   holds the named lock of that lease (`orionbeacon/` and the SHA-1 of the database, table and
+//!   resource) on one connection of its own, the *signal* connection, made from the application
+//!   pool's connect options (not one of the pool's connections). It lets go of the name after
+//!   the lease's release committed, when a grant or batch renew says the lease is no longer
+//!   this store's, and when the lease's time as last answered is up.
+//! - **A waiter waits on it.** When a grant is denied and something in this process waits for
+//!   releases ([`LeaseStore::release_events`](crate::LeaseStore::release_events)), the store
+//!   watches that resource until the holder's lease ends: on a connection of a small pool of
+//!   its own it asks who holds the name (`IS_USED_LOCK`) and, if a session does, waits for it
+//!   (`GET_LOCK` with a timeout), lets go of it at once and tells the waiters, who then ask the
+//!   store as at any poll. A name nobody holds (a holder that crashed, an older version, a store
+//!   with notifications off) is looked at twice more shortly after, then left to the poll: no
+//!   waiting loop on a lease whose holder signals nothing.
+//!
+//! It is only a wake-up: a grant is decided by the lease row alone, as always. A signal
+//! connection that drops (its locks go with it) wakes the waiters early, who are denied and
+//! poll; a lost wake-up costs one poll interval, never correctness.
+//!
+//! Named locks are node-local on a Galera cluster (and MariaDB refuses `GET_LOCK` there), and a
+//! proxy may send two sessions' statements to different servers. So before the first use the
+//! store checks, on its own connections, that a name taken on the signal connection shows as
+//! held by that connection's id from another connection; where it does not (Galera, a proxy
+//! that spreads sessions), or `@@wsrep_on` is set, wake-ups are off and waiters poll.
+//!
+//! Cost, while any clone of the store lives: one server connection while this process holds a
+//! lease, and up to [`MAX_WATCHES`] more while it waits for held leases (closed after a minute
+//! idle); one `GET_LOCK` when a lease is first held and one `RELEASE_LOCK` when it ends (none
+//! per renew); at most [`MAX_HELD`] leases signalled per store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use sea_orm::sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sea_orm::sqlx::{ConnectOptions, Connection, Row};
+use sea_orm::{DatabaseConnection, DatabaseConnectionType};
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::ReleaseEvents;
+
+/// The most resources one store watches at once (each wait holds a connection); waiters for
+/// more poll.
+pub(crate) const MAX_WATCHES: usize = 8;
+/// The most leases one store signals at once; leases beyond are held without a signal (their
+/// waiters poll).
+pub(crate) const MAX_HELD: usize = 1_000;
+/// How long any one statement on the store's own connections may take.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How soon a name that another session holds (a waiter letting go of it, an old holder) is
+/// tried again.
+const RETAKE: Duration = Duration::from_millis(20);
+/// How often the signal connection is checked while it holds names: one that died (its names
+/// went with it) is replaced within this.
+const PING_EVERY: Duration = Duration::from_secs(2);
+/// The longest a watch lasts, whatever the holder's lease.
+const LONGEST_WATCH: Duration = Duration::from_secs(120);
+/// A name nobody holds is looked at again after these pauses before the watch ends (a new
+/// holder takes its name just after its grant).
+const UNHELD_LOOKS: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(100)];
+
+/// The lock name of a lease: fixed length (52 characters, under the servers' 64), computed by
+/// the server from the connection's database, the table and the resource.
+const NAME: &str = "CONCAT('orionbeacon/', SHA1(CONCAT_WS('/', DATABASE(), ?, ?)))";
+
+/// What the store's grants, renews and releases tell the signal connection.
+#[derive(Debug)]
+enum Signal {
+    /// `candidate` holds `resource` until `until` (local, from the answer's time left).
+    Hold {
+        resource: Arc<str>,
+        candidate: Arc<str>,
+        until: Instant,
+    },
+    /// `candidate`'s hold of `resource` ended (released, or found lost).
+    Let {
+        resource: Arc<str>,
+        candidate: Arc<str>,
+    },
+}
+
+/// Whether named locks work as wake-ups through this store's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Usable {
+    Unknown,
+    Yes,
+    No,
+}
+
+/// The wake-ups of one store and table, shared by its clones; stops when the last goes.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    table: Arc<str>,
+    tx: broadcast::Sender<Arc<str>>,
+    signals: mpsc::UnboundedSender<Signal>,
+    /// The resources watched, and until when.
+    watches: Mutex<HashMap<Arc<str>, Instant>>,
+    usable: tokio::sync::watch::Sender<Usable>,
+    watch_pool: MySqlPool,
+    stop: CancellationToken,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[derive(Debug, Default)]
+enum State {
+    #[default]
+    Untried,
+    Running(Arc<Hub>),
+    Off,
+}
+
+/// The wake-ups of one store, started at the first subscription or grant.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HubCell(Arc<Mutex<State>>);
+
+impl HubCell {
+    /// The running hub, starting it if it was never tried; `None` when wake-ups are off, the
+    /// connection is not a MySQL pool, or there is no tokio runtime.
+    fn hub(&self, db: &DatabaseConnection, table: &Arc<str>) -> Option<Arc<Hub>> {
+        if !matches!(db.inner, DatabaseConnectionType::SqlxMySqlPoolConnection(_)) {
+            return None;
+        }
+        let mut state = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*state {
+            State::Running(hub) => return Some(Arc::clone(hub)),
+            State::Off => return None,
+            State::Untried => {}
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let options = (*db.get_mysql_connection_pool().connect_options()).clone();
+        let hub = start(&runtime, options, table);
+        *state = State::Running(Arc::clone(&hub));
+        Some(hub)
+    }
+
+    /// Wake-ups are off for good (a Galera node).
+    pub(crate) fn turn_off(&self) {
+        let mut state = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !matches!(*state, State::Off) {
+            tracing::debug!("MySQL wake-ups off: a Galera node");
+        }
+        *state = State::Off;
+    }
+
+    /// A subscription to the wake-ups (see the module notes).
+    pub(crate) fn subscribe(
+        &self,
+        db: &DatabaseConnection,
+        table: &Arc<str>,
+    ) -> Option<ReleaseEvents> {
+        Some(self.hub(db, table)?.tx.subscribe())
+    }
+
+    /// `candidate` holds `resource` for `remaining`: its name is taken (kept) on the signal
+    /// connection.
+    pub(crate) fn holding(
+        &self,
+        db: &DatabaseConnection,
+        table: &Arc<str>,
+        resource: &str,
+        candidate: &str,
+        remaining: Duration,
+    ) {
+        if let Some(hub) = self.hub(db, table) {
+            hub.hold(resource, candidate, remaining);
+        }
+    }
+
+    /// `candidate` was denied `resource` (whose holder has `remaining`): a name it held goes,
+    /// and if something here waits for releases, the resource is watched until the lease ends.
+    pub(crate) fn denied(
+        &self,
+        db: &DatabaseConnection,
+        table: &Arc<str>,
+        resource: &str,
+        candidate: &str,
+        remaining: Duration,
+    ) {
+        let Some(hub) = self.hub(db, table) else {
+            return;
+        };
+        hub.let_go(resource, candidate);
+        if hub.tx.receiver_count() > 0 && remaining > Duration::from_millis(50) {
+            hub.watch(resource, remaining);
+        }
+    }
+
+    /// `candidate`'s lease of `resource` ended here (its release committed, or a renew found
+    /// it lost).
+    pub(crate) fn ended(
+        &self,
+        db: &DatabaseConnection,
+        table: &Arc<str>,
+        resource: &str,
+        candidate: &str,
+    ) {
+        if let Some(hub) = self.hub(db, table) {
+            hub.let_go(resource, candidate);
+        }
+    }
+}
+
+fn start(
+    runtime: &tokio::runtime::Handle,
+    options: MySqlConnectOptions,
+    table: &Arc<str>,
+) -> Arc<Hub> {
+    let (signals, rx) = mpsc::unbounded_channel();
+    let watch_pool = MySqlPoolOptions::new()
+        .max_connections(u32::try_from(MAX_WATCHES).unwrap_or(u32::MAX))
+        .min_connections(0)
+        .idle_timeout(Duration::from_secs(60))
+        .acquire_timeout(STATEMENT_TIMEOUT)
+        .connect_lazy_with(options.clone());
+    let hub = Arc::new(Hub {
+        table: Arc::clone(table),
+        tx: broadcast::channel(256).0,
+        signals,
+        watches: Mutex::default(),
+        usable: tokio::sync::watch::Sender::new(Usable::Unknown),
+        watch_pool,
+        stop: CancellationToken::new(),
+    });
+    runtime.spawn(signal_task(
+        Arc::downgrade(&hub),
+        options,
+        rx,
+        hub.stop.clone(),
+    ));
+    hub
+}
+
+impl Hub {
+    fn hold(&self, resource: &str, candidate: &str, remaining: Duration) {
+        let now = crate::clock::now();
+        let until = now.checked_add(remaining).unwrap_or(now);
+        let _ = self.signals.send(Signal::Hold {
+            resource: Arc::from(resource),
+            candidate: Arc::from(candidate),
+            until,
+        });
+    }
+
+    fn let_go(&self, resource: &str, candidate: &str) {
+        let _ = self.signals.send(Signal::Let {
+            resource: Arc::from(resource),
+            candidate: Arc::from(candidate),
+        });
+    }
+
+    /// Watches `resource` for `remaining` (the holder's lease time left), unless it is watched
+    /// already (then until the later end) or [`MAX_WATCHES`] are.
+    fn watch(self: &Arc<Self>, resource: &str, remaining: Duration) {
+        if *self.usable.borrow() != Usable::Yes {
+            return;
+        }
+        let now = crate::clock::now();
+        let for_ = remaining
+            .saturating_add(Duration::from_millis(100))
+            .min(LONGEST_WATCH);
+        let until = now.checked_add(for_).unwrap_or(now);
+        let resource: Arc<str> = Arc::from(resource);
+        {
+            let mut watches = self
+                .watches
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(end) = watches.get_mut(&resource) {
+                *end = (*end).max(until);
+                return;
+            }
+            if watches.len() >= MAX_WATCHES {
+                tracing::trace!(%resource, "too many watches; this waiter polls");
+                return;
+            }
+            watches.insert(Arc::clone(&resource), until);
+        }
+        tokio::spawn(watch_task(
+            Arc::downgrade(self),
+            resource,
+            self.watch_pool.clone(),
+            self.stop.clone(),
+        ));
+    }
+
+    /// The end of `resource`'s watch if it has not passed; otherwise the watch is ended (under
+    /// the same lock, so an extension is never lost).
+    fn watched_until(&self, resource: &Arc<str>) -> Option<Instant> {
+        let mut watches = self
+            .watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let until = *watches.get(resource)?;
+        if crate::clock::now() < until {
+            return Some(until);
+        }
+        watches.remove(resource);
+        None
+    }
+
+    fn unwatch(&self, resource: &Arc<str>) {
+        self.watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(resource);
+    }
+}
+
+/// One signalled lease.
+#[derive(Debug)]
+struct Held {
+    candidate: Arc<str>,
+    until: Instant,
+    /// Whether the signal connection holds the name now.
+    taken: bool,
+    /// When to try to take the name (again).
+    retry_at: Option<Instant>,
+}
+
+/// Owns the signal connection: takes and lets go of the names of the leases held here, in the
+/// order the store's answers came.
+async fn signal_task(
+    hub: Weak<Hub>,
+    options: MySqlConnectOptions,
+    mut rx: mpsc::UnboundedReceiver<Signal>,
+    stop: CancellationToken,
+) {
+    let mut held: HashMap<Arc<str>, Held> = HashMap::new();
+    let mut conn: Option<MySqlConnection> = None;
+    let mut backoff = Duration::from_millis(100);
+    let mut reconnect_at: Option<Instant> = None;
+    let mut ping_at: Option<Instant> = None;
+    let table: Arc<str> = match hub.upgrade() {
+        Some(hub) => Arc::clone(&hub.table),
+        None => return,
+    };
+    // First, whether named locks work through these connections at all.
+    let usable = tokio::select! {
+        () = stop.cancelled() => return,
+        usable = self_test(&options, &hub) => usable,
+    };
+    if let Some(hub) = hub.upgrade() {
+        hub.usable
+            .send_replace(if usable { Usable::Yes } else { Usable::No });
+    }
+    if !usable {
+        return;
+    }
+    loop {
+        let now = crate::clock::now();
+        let next = held
+            .values()
+            .flat_map(|h| [Some(h.until), h.retry_at])
+            .flatten()
+            .chain(reconnect_at)
+            .chain(ping_at.filter(|_| held.values().any(|h| h.taken)))
+            .min();
+        let sleep = async {
+            match next {
+                Some(at) if at > now => crate::clock::sleep_until(at).await,
+                Some(_) => {}
+                None => std::future::pending().await,
+            }
+        };
+        let mut to_release = Vec::new();
+        tokio::select! {
+            () = stop.cancelled() => break,
+            signal = rx.recv() => match signal {
+                Some(signal) => apply(&mut held, signal, &mut to_release),
+                None => break,
+            },
+            () = sleep => {}
+        }
+        // Every signal already queued, in order, before any statement.
+        while let Ok(signal) = rx.try_recv() {
+            apply(&mut held, signal, &mut to_release);
+        }
+        let now = crate::clock::now();
+        held.retain(|resource, h| {
+            if h.until <= now {
+                if h.taken {
+                    to_release.push(Arc::clone(resource));
+                }
+                return false;
+            }
+            true
+        });
+        if reconnect_at.is_some_and(|at| at > now) {
+            continue;
+        }
+        reconnect_at = None;
+        let ping = ping_at.is_none_or(|at| at <= now) && held.values().any(|h| h.taken);
+        let result = tokio::select! {
+            () = stop.cancelled() => break,
+            result = step(&mut conn, &options, &table, &mut held, &to_release, ping) => result,
+        };
+        if ping || ping_at.is_none() {
+            ping_at = now.checked_add(PING_EVERY);
+        }
+        match result {
+            Ok(()) => backoff = Duration::from_millis(100),
+            Err(error) => {
+                // Its names went with the connection: taken again on a new one.
+                tracing::debug!(%error, retry_in = ?backoff, "MySQL wake-up signal connection failed; waiters poll meanwhile");
+                conn = None;
+                for h in held.values_mut() {
+                    h.taken = false;
+                    h.retry_at = Some(now);
+                }
+                reconnect_at = now.checked_add(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    if let Some(conn) = conn {
+        // Closing lets go of every name at once.
+        let _ = tokio::time::timeout(STATEMENT_TIMEOUT, conn.close()).await;
+    }
+}
+
+/// Applies one signal; a hold that ended whose name is taken goes to `to_release`.
+fn apply(held: &mut HashMap<Arc<str>, Held>, signal: Signal, to_release: &mut Vec<Arc<str>>) {
+    match signal {
+        Signal::Hold {
+            resource,
+            candidate,
+            until,
+        } => {
+            let room = held.len() < MAX_HELD;
+            match held.get_mut(&resource) {
+                Some(h) => {
+                    h.candidate = candidate;
+                    h.until = until;
+                }
+                None if room => {
+                    held.insert(
+                        resource,
+                        Held {
+                            candidate,
+                            until,
+                            taken: false,
+                            retry_at: Some(crate::clock::now()),
+                        },
+                    );
+                }
+                None => {}
+            }
+        }
+        Signal::Let {
+            resource,
+            candidate,
+        } => {
+            if held
+                .get(&resource)
+                .is_some_and(|h| h.candidate == candidate)
+            {
+                if let Some(h) = held.remove(&resource) {
+                    if h.taken {
+                        to_release.push(resource);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Lets go of `to_release` and takes the names due, on the signal connection (made first if
+/// needed).
+async fn step(
+    conn: &mut Option<MySqlConnection>,
+    options: &MySqlConnectOptions,
+    table: &str,
+    held: &mut HashMap<Arc<str>, Held>,
+    to_release: &[Arc<str>],
+    ping: bool,
+) -> Result<(), sea_orm::sqlx::Error> {
+    let now = crate::clock::now();
+    let due: Vec<Arc<str>> = held
+        .iter()
+        .filter(|(_, h)| !h.taken && h.retry_at.is_some_and(|at| at <= now))
+        .map(|(r, _)| Arc::clone(r))
+        .collect();
+    if ping {
+        if let Some(c) = conn.as_mut() {
+            bounded(c.ping()).await?;
+        }
+    }
+    if to_release.is_empty() && due.is_empty() {
+        return Ok(());
+    }
+    let c = match conn {
+        Some(c) => c,
+        None => conn.insert(bounded(options.connect()).await?),
+    };
+    for resource in to_release {
+        let sql = format!("SELECT CAST(RELEASE_LOCK({NAME}) AS SIGNED)");
+        let query = sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+            .bind(table)
+            .bind(&**resource);
+        bounded(query.fetch_one(&mut *c)).await?;
+    }
+    for resource in due {
+        let sql = format!("SELECT CAST(GET_LOCK({NAME}, 0) AS SIGNED)");
+        let query = sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+            .bind(table)
+            .bind(&*resource);
+        let row = bounded(query.fetch_one(&mut *c)).await?;
+        let got: Option<i64> = row.try_get(0)?;
+        if let Some(h) = held.get_mut(&resource) {
+            if got == Some(1) {
+                h.taken = true;
+                h.retry_at = None;
+            } else {
+                // Another session has it for a moment (a waiter letting go, the old holder):
+                // try again shortly, while the lease lasts.
+                h.retry_at = crate::clock::now().checked_add(RETAKE);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `fut`, or a timeout error after [`STATEMENT_TIMEOUT`].
+async fn bounded<T>(
+    fut: impl std::future::Future<Output = Result<T, sea_orm::sqlx::Error>>,
+) -> Result<T, sea_orm::sqlx::Error> {
+    tokio::time::timeout(STATEMENT_TIMEOUT, fut)
+        .await
+        .unwrap_or(Err(sea_orm::sqlx::Error::PoolTimedOut))
+}
+
+/// Whether a name taken on one connection shows as held by that connection from another: not
+/// on a Galera node (which refuses `GET_LOCK`) or behind a proxy that spreads a client's
+/// sessions over servers.
+async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> bool {
+    let Some(pool) = hub.upgrade().map(|h| h.watch_pool.clone()) else {
+        return false;
+    };
+    let name = format!("orionbeacon/check/{:016x}", unique_u64());
+    let test = async {
+        let mut signal = options.connect().await?;
+        let row = sea_orm::sqlx::query(
+            "SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)",
+        )
+        .bind(&name)
+        .fetch_one(&mut signal)
+        .await?;
+        let (got, id): (Option<i64>, i64) = (row.try_get(0)?, row.try_get(1)?);
+        let mut other = pool.acquire().await?;
+        let owner: Option<i64> = sea_orm::sqlx::query("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+            .bind(&name)
+            .fetch_one(&mut *other)
+            .await?
+            .try_get(0)?;
+        drop(other);
+        signal.close().await?;
+        Ok::<_, sea_orm::sqlx::Error>(got == Some(1) && owner == Some(id))
+    };
+    match tokio::time::timeout(STATEMENT_TIMEOUT * 2, test).await {
+        Ok(Ok(true)) => {
+            tracing::debug!("MySQL wake-ups on (named locks)");
+            true
+        }
+        Ok(Ok(false)) => {
+            tracing::info!("MySQL wake-ups off: a named lock taken on one connection is not seen from another (a proxy?); waiters poll");
+            false
+        }
+        Ok(Err(error)) => {
+            tracing::info!(%error, "MySQL wake-ups off: named locks are refused here (a Galera node?); waiters poll");
+            false
+        }
+        Err(_) => {
+            tracing::info!("MySQL wake-ups off: the named-lock check did not answer; waiters poll");
+            false
+        }
+    }
+}
+
+/// A process-unique number for the self-test's name (no RNG crate: time and an address).
+fn unique_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.finish()
+}
+
+/// Waits for `resource`'s holder to let go of its name, then tells the waiters.
+async fn watch_task(hub: Weak<Hub>, resource: Arc<str>, pool: MySqlPool, stop: CancellationToken) {
+    let Some(table) = hub.upgrade().map(|h| Arc::clone(&h.table)) else {
+        return;
+    };
+    let mut conn = match tokio::select! {
+        () = stop.cancelled() => None,
+        conn = pool.acquire() => conn.ok(),
+    } {
+        Some(conn) => conn,
+        None => {
+            if let Some(hub) = hub.upgrade() {
+                hub.unwatch(&resource);
+            }
+            return;
+        }
+    };
+    let body = watch_on(&mut conn, &hub, &resource, &table);
+    let ended = tokio::select! {
+        () = stop.cancelled() => Err(None),
+        ended = body => ended,
+    };
+    if let Some(hub) = hub.upgrade() {
+        hub.unwatch(&resource);
+    }
+    match ended {
+        // Back to the pool only after a complete answer.
+        Ok(released) => {
+            drop(conn);
+            if released {
+                if let Some(hub) = hub.upgrade() {
+                    tracing::trace!(%resource, "woken by the holder's named lock");
+                    let _ = hub.tx.send(resource);
+                }
+            }
+        }
+        Err(error) => {
+            if let Some(error) = error {
+                tracing::debug!(%error, %resource, "MySQL wake-up watch failed; the waiter polls");
+            }
+            // Cut off mid-statement (or failed): closed, not handed back.
+            drop(conn.detach());
+        }
+    }
+}
+
+/// The watch itself: whether the holder let go (`Ok(true)`), or the watch ended without (the
+/// lease's time is up, nobody holds the name).
+async fn watch_on(
+    conn: &mut MySqlConnection,
+    hub: &Weak<Hub>,
+    resource: &Arc<str>,
+    table: &str,
+) -> Result<bool, Option<sea_orm::sqlx::Error>> {
+    let mut unheld = 0;
+    loop {
+        let Some(until) = hub.upgrade().and_then(|h| h.watched_until(resource)) else {
+            return Ok(false);
+        };
+        let sql = format!("SELECT CAST(IS_USED_LOCK({NAME}) AS SIGNED)");
+        let owner: Option<i64> = bounded(
+            sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+                .bind(table)
+                .bind(&**resource)
+                .fetch_one(&mut *conn),
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Some)?;
+        if owner.is_none() {
+            // Nothing signals this lease (yet): look twice more, then leave it to the poll.
+            let Some(pause) = UNHELD_LOOKS.get(unheld) else {
+                return Ok(false);
+            };
+            unheld += 1;
+            tokio::time::sleep(*pause).await;
+            continue;
+        }
+        let left = until.saturating_duration_since(crate::clock::now());
+        // Whole seconds (every server version takes them), at least one.
+        let secs = i64::try_from(left.as_secs().saturating_add(1)).unwrap_or(i64::MAX);
+        let sql = format!("SELECT CAST(GET_LOCK({NAME}, ?) AS SIGNED)");
+        let wait = sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+            .bind(table)
+            .bind(&**resource)
+            .bind(secs)
+            .fetch_one(&mut *conn);
+        let limit = Duration::from_secs(secs.unsigned_abs()).saturating_add(STATEMENT_TIMEOUT);
+        let got: Option<i64> = match tokio::time::timeout(limit, wait).await {
+            Ok(row) => row.and_then(|row| row.try_get(0)).map_err(Some)?,
+            Err(_) => return Err(None),
+        };
+        if got == Some(1) {
+            // Ours for a moment: let go at once, so the next holder can take it.
+            let sql = format!("SELECT CAST(RELEASE_LOCK({NAME}) AS SIGNED)");
+            bounded(
+                sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+                    .bind(table)
+                    .bind(&**resource)
+                    .fetch_one(&mut *conn),
+            )
+            .await
+            .map_err(Some)?;
+            return Ok(true);
+        }
+        unheld = 0;
+    }
+}

@@ -1,0 +1,252 @@
+//! MySQL/MariaDB wake-ups on a real server (named locks, see `backend::mysql::wakeups`): a
+//! release in another process wakes a follower and a lock waiter long before their next poll;
+//! a holder whose signal connection dies wakes its waiters early, who are denied until its
+//! lease ends and then take over, and its next renew signals again; with notifications off the
+//! waiter only polls.
+#![cfg(feature = "mysql")]
+
+use crate::common;
+
+use std::time::Duration;
+
+use orion_beacon::{Elector, ElectorHandle, Leadership, LeaseStore, Locks, SeaOrmLeaseStore};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use tokio::time::Instant;
+
+use common::{drop_table, migrate, unique, Server};
+
+/// Waiters poll every 10 s; a wake-up must come well before.
+const RETRY: Duration = Duration::from_secs(10);
+const WELL_UNDER: Duration = Duration::from_secs(2);
+
+fn elector(store: &SeaOrmLeaseStore, resource: &str, id: &str, lease: Duration) -> ElectorHandle {
+    Elector::builder(store.clone())
+        .resource(resource)
+        .candidate_id(id)
+        .lease_duration(lease)
+        .renew_interval(lease / 6)
+        .retry_interval(RETRY)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+        .start()
+}
+
+async fn following(handle: &ElectorHandle) {
+    handle
+        .watch()
+        .wait_for(|s| {
+            matches!(
+                s,
+                Leadership::Follower {
+                    leader: Some(_),
+                    ..
+                }
+            )
+        })
+        .await
+        .unwrap();
+}
+
+/// The connection id holding `resource`'s named lock, if any.
+async fn signal_holder(admin: &DatabaseConnection, table: &str, resource: &str) -> Option<i64> {
+    let row = admin
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::MySql,
+            "SELECT CAST(IS_USED_LOCK(CONCAT('orionbeacon/', SHA1(CONCAT_WS('/', DATABASE(), ?, ?)))) AS SIGNED)",
+            [table.into(), resource.into()],
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index::<Option<i64>>(0).unwrap()
+}
+
+async fn wait_for_signal(
+    admin: &DatabaseConnection,
+    table: &str,
+    resource: &str,
+    not: Option<i64>,
+) -> i64 {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(id) = signal_holder(admin, table, resource).await {
+            if Some(id) != not {
+                return id;
+            }
+        }
+        assert!(Instant::now() < until, "no signal for {resource}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_waiters_in_other_processes() {
+    if Server::MySql.skipped() {
+        return;
+    }
+    let admin = Server::MySql.connect(2).await;
+    let table = unique("wake");
+    migrate(&admin, &table).await;
+    // Two "processes": a pool each.
+    let a = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
+        .with_table(&table)
+        .unwrap();
+    let b = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
+        .with_table(&table)
+        .unwrap();
+
+    // An elector's handover.
+    let resource = unique("job");
+    let leader = elector(&a, &resource, "a", Duration::from_secs(30));
+    leader.watch().wait_for(|s| s.is_leader()).await.unwrap();
+    wait_for_signal(&admin, &table, &resource, None).await;
+    let follower = elector(&b, &resource, "b", Duration::from_secs(30));
+    following(&follower).await;
+    let t0 = Instant::now();
+    leader.shutdown().await;
+    let mut brx = follower.watch();
+    tokio::time::timeout(WELL_UNDER, brx.wait_for(|s| s.is_leader()))
+        .await
+        .unwrap_or_else(|_| panic!("no handover within {WELL_UNDER:?} (polls every {RETRY:?})"))
+        .unwrap();
+    eprintln!("MariaDB handover in {:?}", t0.elapsed());
+    // The new leader signals now (the waiter let go of the name at once).
+    wait_for_signal(&admin, &table, &resource, None).await;
+    follower.shutdown().await;
+    let until = Instant::now() + Duration::from_secs(1);
+    while signal_holder(&admin, &table, &resource).await.is_some() {
+        assert!(Instant::now() < until, "a released lease's name is let go");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A lock waiter in the other process.
+    let locks = |store: &SeaOrmLeaseStore, owner: &str| {
+        Locks::builder(store.clone())
+            .owner(owner)
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (locks(&a, "a"), locks(&b, "b"));
+    let held = la
+        .lock("invoices")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = lb
+            .lock("invoices")
+            .unwrap()
+            .acquire(Duration::from_secs(20))
+            .await
+            .unwrap();
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter waits for the held lock");
+    let released = Instant::now();
+    assert!(held.release().await.unwrap());
+    let (granted, guard) = waiter.await.unwrap();
+    let after = granted.saturating_duration_since(released);
+    eprintln!("MariaDB lock release to grant in {after:?}");
+    assert!(after < WELL_UNDER, "{after:?} after the release");
+    assert!(guard.release().await.unwrap());
+
+    // Off: the waiter only polls.
+    let quiet = b.clone().with_release_notifications(false);
+    let lq = locks(&quiet, "q");
+    let held = la
+        .lock("quiet")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        lq.lock("quiet")
+            .unwrap()
+            .acquire(Duration::from_millis(1_500))
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(held.release().await.unwrap());
+    assert!(
+        waiter.await.unwrap().is_err(),
+        "without wake-ups the waiter polls (every 10 s) and times out"
+    );
+    drop_table(&admin, &table).await;
+}
+
+/// The holder's signal connection is killed: the follower is woken early but only ever denied
+/// while the lease lasts (a wake-up is never a grant), and takes over at the lease's end, not
+/// at its next poll; the holder's next renew signals on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_signal_wakes_but_never_grants() {
+    if Server::MySql.skipped() {
+        return;
+    }
+    let admin = Server::MySql.connect(2).await;
+    let table = unique("wake_lost");
+    migrate(&admin, &table).await;
+    let a = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
+        .with_table(&table)
+        .unwrap();
+    let b = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
+        .with_table(&table)
+        .unwrap();
+    let resource = unique("job");
+    let lease = Duration::from_secs(3);
+
+    // The signal comes back on a new connection after a kill (the leader's next renew).
+    let leader = elector(&a, &resource, "a", lease);
+    leader.watch().wait_for(|s| s.is_leader()).await.unwrap();
+    let first = wait_for_signal(&admin, &table, &resource, None).await;
+    admin
+        .execute_raw(Statement::from_string(
+            DbBackend::MySql,
+            format!("KILL CONNECTION {first}"),
+        ))
+        .await
+        .unwrap();
+    let second = wait_for_signal(&admin, &table, &resource, Some(first)).await;
+    assert_ne!(first, second);
+
+    // The leader stops renewing without releasing (aborted); its signal connection is killed
+    // while the follower waits on it.
+    let follower = elector(&b, &resource, "b", lease);
+    following(&follower).await;
+    let granted_until = Instant::now();
+    leader.abort().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let signal = wait_for_signal(&admin, &table, &resource, None).await;
+    let killed = Instant::now();
+    admin
+        .execute_raw(Statement::from_string(
+            DbBackend::MySql,
+            format!("KILL CONNECTION {signal}"),
+        ))
+        .await
+        .unwrap();
+    let mut brx = follower.watch();
+    tokio::time::timeout(lease + WELL_UNDER, brx.wait_for(|s| s.is_leader()))
+        .await
+        .expect("the follower takes over once the lease ends")
+        .unwrap();
+    let took = killed.elapsed();
+    eprintln!("MariaDB takeover {took:?} after the signal's kill ({lease:?} lease)");
+    // Not before the lease (granted at least `lease` minus the time since the abort) ends.
+    assert!(
+        granted_until.elapsed() >= lease.saturating_sub(Duration::from_millis(600)),
+        "taken over {:?} after the leader stopped, under its {lease:?} lease",
+        granted_until.elapsed()
+    );
+    // And not at the next poll (10 s).
+    assert!(took < lease + WELL_UNDER, "{took:?}");
+    follower.shutdown().await;
+    let _ = b.release(&resource, "b").await;
+    drop_table(&admin, &table).await;
+}
