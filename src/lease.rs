@@ -164,9 +164,21 @@ impl Denial {
             payload: None,
         }
     }
+
+    /// The candidate the holder's term was offered to, when the lease is an open offer (see
+    /// [`LeaseStore::offer`](crate::LeaseStore::offer)): only that candidate can take it.
+    pub fn offered_to(&self) -> Option<&str> {
+        crate::store::offered_to(self.holder.as_deref()?)
+    }
 }
 
 impl LeaseRecord {
+    /// The candidate this lease is offered to, when it is an open offer (see
+    /// [`LeaseStore::offer`](crate::LeaseStore::offer)).
+    pub fn offered_to(&self) -> Option<&str> {
+        crate::store::offered_to(&self.holder)
+    }
+
     /// A stored lease of `holder` on `resource` with `token`, not live, no database times (set
     /// the fields as known).
     pub fn new(

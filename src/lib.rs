@@ -37,7 +37,8 @@ pub use backend::{Durability, SeaOrmLeaseStore};
 pub use elector::Health;
 #[doc(inline)]
 pub use elector::{
-    ConfigError, Elector, ElectorBuilder, ElectorHandle, LeaderTerm, Leadership, LossReason,
+    ConfigError, Elector, ElectorBuilder, ElectorHandle, Handover, LeaderTerm, Leadership,
+    LossReason,
 };
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
@@ -50,7 +51,7 @@ pub use memory::InMemoryLeaseStore;
 #[doc(inline)]
 pub use shards::{Assignment, ShardHandle, ShardSet, ShardSetBuilder, ShardStore};
 #[doc(inline)]
-pub use store::{LeaseStore, ReleaseEvents};
+pub use store::{LeaseStore, ReleaseEvents, MAX_OFFER_TARGET_LEN};
 pub use watch::{Watch, WatchClosed};
 
 /// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
 use crate::store::{
-    validate_batch, validate_candidate, validate_payload, validate_request, validate_resource,
+    offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
+    validate_request, validate_resource, validate_take,
 };
 use crate::{
     Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError,
@@ -276,6 +277,50 @@ impl LeaseStore for InMemoryLeaseStore {
             {
                 slot.expires = now;
                 let _ = self.released.send(Arc::from(lease.resource.as_str()));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {
+        validate_offer(lease, to, within)?;
+        let now = Instant::now();
+        match self.slots().get_mut(&lease.resource) {
+            Some(slot)
+                if slot.holder == lease.holder
+                    && slot.token == lease.token.get()
+                    && slot.expires > now =>
+            {
+                slot.holder = offer_holder(to);
+                slot.token = slot.token.saturating_add(1);
+                slot.expires = now + within;
+                slot.payload = None;
+                // The holder's waiters (the one offered among them) look at once.
+                let _ = self.released.send(Arc::from(lease.resource.as_str()));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn take_offer(
+        &self,
+        resource: &str,
+        candidate: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        validate_take(resource, candidate, lease)?;
+        let now = Instant::now();
+        match self.slots().get_mut(resource) {
+            Some(slot)
+                if slot.holder == offer_holder(candidate)
+                    && slot.token == token.get()
+                    && slot.expires > now =>
+            {
+                slot.holder = candidate.to_owned();
+                slot.renew(now, lease);
                 Ok(true)
             }
             _ => Ok(false),

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Lease, LeaseOutcome, LeaseRecord, Renewals, StoreError};
+use crate::{FencingToken, Lease, LeaseOutcome, LeaseRecord, Renewals, StoreError};
 
 /// The longest resource name or candidate id, in characters (the columns are 255 wide).
 pub const MAX_NAME_LEN: usize = 255;
@@ -237,6 +237,44 @@ pub trait LeaseStore: Send + Sync {
     /// The tombstone is the same as [`release`](Self::release)'s: the token is kept.
     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError>;
 
+    /// Offers the resource of `lease` to the candidate `to` (a planned handover to a named
+    /// successor): if the store still holds `lease`'s term (same holder and token, live), that
+    /// term ends and a new one begins, its token one higher, held *for* `to` until `within`
+    /// from the write. Only `to` can take it ([`take_offer`](Self::take_offer)); every other
+    /// candidate is denied until it is taken or lapses (the denial's holder is the offer's
+    /// marker, see [`Denial::offered_to`](crate::Denial::offered_to)). An offer nobody takes
+    /// lapses like any lease, after `within`, and the next grant's token is higher still.
+    /// Whether the offer was made (`false`: the term had ended already, nothing changed).
+    ///
+    /// Names and `within` (1 ms to 366 days) are checked before any SQL; `to` must name another
+    /// candidate, of at most [`MAX_OFFER_TARGET_LEN`] characters. The default is
+    /// [`StoreError::Unsupported`], after those checks.
+    async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {
+        validate_offer(lease, to, within)?;
+        Err(StoreError::Unsupported { operation: "offer" })
+    }
+
+    /// Takes an offer made to `candidate` (see [`offer`](Self::offer)) whose term has `token`:
+    /// if it is still open, `candidate` holds that term for `lease` from now. Whether it did.
+    /// Its holder then renews with [`acquire_or_renew`](Self::acquire_or_renew), which answers
+    /// [`LeaseOutcome::Renewed`] with `token`: the elector leads on that answer only after its
+    /// own take succeeded (a `Renewed` it did not take begins no term).
+    ///
+    /// Checked like [`offer`](Self::offer); the default is [`StoreError::Unsupported`].
+    async fn take_offer(
+        &self,
+        resource: &str,
+        candidate: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        validate_take(resource, candidate, lease)?;
+        let _ = token;
+        Err(StoreError::Unsupported {
+            operation: "take_offer",
+        })
+    }
+
     /// Renews many leases at once, each only while the store still holds it as given: the same
     /// holder, the same token (term) and live by the store's clock. It never starts a term: a
     /// lease that lapsed, was released, revoked or taken over is reported
@@ -342,6 +380,20 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         (**self).current(resource).await
+    }
+
+    async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {
+        (**self).offer(lease, to, within).await
+    }
+
+    async fn take_offer(
+        &self,
+        resource: &str,
+        candidate: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        (**self).take_offer(resource, candidate, token, lease).await
     }
 
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
@@ -462,6 +514,61 @@ pub(crate) fn validate_request(
     validate_resource(resource)?;
     validate_candidate(candidate)?;
     lease_millis(lease)
+}
+
+/// The longest candidate id an [`offer`](LeaseStore::offer) can name: the offer's holder is
+/// the id behind a two-character marker, in a column of [`MAX_NAME_LEN`] characters.
+pub const MAX_OFFER_TARGET_LEN: usize = MAX_NAME_LEN - 2;
+
+/// What an offer's holder starts with (two characters): a white space no candidate id can start
+/// with (see [`validate_candidate`]), then an arrow.
+pub(crate) const OFFER_MARKER: &str = " \u{2192}";
+
+/// The holder an offer to `to` is stored under.
+pub(crate) fn offer_holder(to: &str) -> String {
+    format!("{OFFER_MARKER}{to}")
+}
+
+/// The candidate an offer's holder names, if `holder` is one.
+pub(crate) fn offered_to(holder: &str) -> Option<&str> {
+    holder.strip_prefix(OFFER_MARKER)
+}
+
+/// Checks a candidate id an offer names: a valid id, short enough for the marker.
+pub(crate) fn validate_offer_target(to: &str) -> Result<(), StoreError> {
+    validate_candidate(to)?;
+    if to.chars().count() > MAX_OFFER_TARGET_LEN {
+        return Err(StoreError::InvalidCandidate {
+            name: to.to_owned(),
+            reason: "must be at most 253 characters to be offered a lease",
+        });
+    }
+    Ok(())
+}
+
+/// Checks an [`offer`](LeaseStore::offer)'s input; the offer window in milliseconds.
+pub(crate) fn validate_offer(lease: &Lease, to: &str, within: Duration) -> Result<i64, StoreError> {
+    validate_resource(&lease.resource)?;
+    validate_candidate(&lease.holder)?;
+    validate_offer_target(to)?;
+    if to == lease.holder {
+        return Err(StoreError::InvalidCandidate {
+            name: to.to_owned(),
+            reason: "an offer names another candidate than the holder",
+        });
+    }
+    lease_millis(within)
+}
+
+/// Checks a [`take_offer`](LeaseStore::take_offer)'s input; the lease in milliseconds.
+pub(crate) fn validate_take(
+    resource: &str,
+    candidate: &str,
+    lease: Duration,
+) -> Result<i64, StoreError> {
+    let millis = validate_request(resource, candidate, lease)?;
+    validate_offer_target(candidate)?;
+    Ok(millis)
 }
 
 #[cfg(test)]

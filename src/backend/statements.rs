@@ -295,6 +295,60 @@ pub(crate) fn release_write(
     )
 }
 
+/// The offer of `lease`'s live term to the holder `marker` (see `LeaseStore::offer`): a new
+/// term, the token one higher, from now until `millis` after the write. Every assignment reads
+/// only its own column (MySQL runs them left to right), and the payload of the ended term is
+/// hidden by the token change (see [`current_payload`]).
+pub(crate) fn offer(
+    d: &dyn Dialect,
+    table: &Alias,
+    lease: &Lease,
+    marker: &str,
+    millis: i64,
+) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(Column::Holder, marker)
+        .value(Column::FencingToken, Expr::col(Column::FencingToken).add(1))
+        .value(Column::AcquiredAt, d.now())
+        .value(Column::RenewedAt, d.now())
+        .value(Column::ExpiresAt, d.lease_end(millis))
+        .and_where(Expr::col(Column::Resource).eq(lease.resource.as_str()))
+        .and_where(Expr::col(Column::Holder).eq(lease.holder.as_str()))
+        .and_where(Expr::col(Column::FencingToken).eq(lease.token.get()))
+        .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
+        .to_owned()
+}
+
+/// The take of an open offer to `candidate` (held by `marker`) whose term has `token`: the
+/// term becomes `candidate`'s for `millis` from the write, as a renew writes it.
+pub(crate) fn take_offer(
+    d: &dyn Dialect,
+    table: &Alias,
+    resource: &str,
+    marker: &str,
+    candidate: &str,
+    token: i64,
+    millis: i64,
+) -> UpdateStatement {
+    Query::update()
+        .table(table.clone())
+        .value(Column::Holder, candidate)
+        .value(
+            Column::RenewedAt,
+            d.greatest(d.now(), d.one_tick_after(Expr::col(Column::AcquiredAt))),
+        )
+        .value(
+            Column::ExpiresAt,
+            next_expiry(d, Expr::col(Column::ExpiresAt), millis),
+        )
+        .and_where(Expr::col(Column::Resource).eq(resource))
+        .and_where(Expr::col(Column::Holder).eq(marker))
+        .and_where(Expr::col(Column::FencingToken).eq(token))
+        .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
+        .to_owned()
+}
+
 /// A read that names the payload columns and returns nothing: it fails with an unknown
 /// column on a table made before them. The names are not quoted: SQLite takes a quoted name
 /// that is no column for a string.
@@ -472,6 +526,37 @@ pub(crate) mod tests {
             acquired_at: None,
             payload: None,
         }
+    }
+
+    /// The offer and its take, rendered per backend: one guarded `UPDATE` each, every value
+    /// bound, every assignment reading only its own column (MySQL runs them in order).
+    #[test]
+    fn offer_and_take_are_pinned_per_backend() {
+        use crate::backend::mysql::MySql;
+        use sea_orm::sea_query::{MysqlQueryBuilder, Value};
+        let lease = lease_seen(None);
+        let offer = |d: &dyn Dialect| offer(d, &table(), &lease, " \u{2192}b", 2_000);
+        let take = |d: &dyn Dialect| take_offer(d, &table(), "r", " \u{2192}b", "b", 8, 5_000);
+
+        let (sql, values) =
+            crate::backend::postgres::statements::notifying(offer(&Postgres), "orionbeacon_leases")
+                .build(PostgresQueryBuilder);
+        assert_eq!(sql, "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"holder\" = $1, \"fencing_token\" = \"fencing_token\" + $2, \"acquired_at\" = statement_timestamp(), \"renewed_at\" = statement_timestamp(), \"expires_at\" = clock_timestamp() + $3 * INTERVAL '1 millisecond' WHERE \"resource\" = $4 AND \"holder\" = $5 AND \"fencing_token\" = $6 AND \"expires_at\" > (statement_timestamp()) RETURNING \"resource\") SELECT pg_notify($7, $8 || \"resource\") FROM \"released\"");
+        assert_eq!(values.0[0], Value::from(" \u{2192}b"));
+        let (sql, values) = take(&Postgres).build(PostgresQueryBuilder);
+        assert_eq!(sql, "UPDATE \"orionbeacon_leases\" SET \"holder\" = $1, \"renewed_at\" = GREATEST(statement_timestamp(), \"acquired_at\" + INTERVAL '1 microsecond'), \"expires_at\" = GREATEST(clock_timestamp() + $2 * INTERVAL '1 millisecond', \"expires_at\" + INTERVAL '1 microsecond') WHERE \"resource\" = $3 AND \"holder\" = $4 AND \"fencing_token\" = $5 AND \"expires_at\" > (statement_timestamp())");
+        assert_eq!(values.0.len(), 5, "{values:?}");
+
+        let (sql, _) = offer(&Sqlite).build(SqliteQueryBuilder);
+        assert_eq!(sql, "UPDATE \"orionbeacon_leases\" SET \"holder\" = ?, \"fencing_token\" = \"fencing_token\" + ?, \"acquired_at\" = strftime('%Y-%m-%d %H:%M:%f', 'now'), \"renewed_at\" = strftime('%Y-%m-%d %H:%M:%f', 'now'), \"expires_at\" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) WHERE \"resource\" = ? AND \"holder\" = ? AND \"fencing_token\" = ? AND \"expires_at\" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))");
+        let (sql, _) = take(&Sqlite).build(SqliteQueryBuilder);
+        assert_eq!(sql, "UPDATE \"orionbeacon_leases\" SET \"holder\" = ?, \"renewed_at\" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', \"acquired_at\", '+0.001 seconds')), \"expires_at\" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', \"expires_at\", '+0.001 seconds')) WHERE \"resource\" = ? AND \"holder\" = ? AND \"fencing_token\" = ? AND \"expires_at\" > (strftime('%Y-%m-%d %H:%M:%f', 'now'))");
+
+        let (sql, _) = offer(&MySql).build(MysqlQueryBuilder);
+        assert_eq!(sql, "UPDATE `orionbeacon_leases` SET `holder` = ?, `fencing_token` = `fencing_token` + ?, `acquired_at` = UTC_TIMESTAMP(6), `renewed_at` = UTC_TIMESTAMP(6), `expires_at` = SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6))");
+        let (sql, values) = take(&MySql).build(MysqlQueryBuilder);
+        assert_eq!(sql, "UPDATE `orionbeacon_leases` SET `holder` = ?, `renewed_at` = GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND), `expires_at` = GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND) WHERE `resource` = ? AND `holder` = ? AND `fencing_token` = ? AND `expires_at` > (UTC_TIMESTAMP(6))");
+        assert_eq!(values.0[values.0.len() - 1], Value::BigInt(Some(8)));
     }
 
     /// The release of one write names its token and its expiry, each as a bound value in the

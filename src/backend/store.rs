@@ -15,9 +15,10 @@ use super::engine::Engine;
 use super::mysql::MySqlUpsert;
 use super::statements::{self, Shape, Write};
 use crate::store::{
-    validate_batch, validate_candidate, validate_payload, validate_request, validate_resource,
+    offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
+    validate_request, validate_resource, validate_take,
 };
-use crate::{Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
+use crate::{FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
 
 /// A [`LeaseStore`] in a table of the application's database, through SeaORM.
 ///
@@ -437,6 +438,53 @@ impl LeaseStore for SeaOrmLeaseStore {
             .backend
             .ended(&engine.cx, &lease.resource, &lease.holder);
         Ok(released)
+    }
+
+    /// One `UPDATE` (on PostgreSQL it also notifies followers, as a release does).
+    async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {
+        let millis = validate_offer(lease, to, within)?;
+        let engine = self.engine()?;
+        let cx = &engine.cx;
+        let update = statements::offer(
+            cx.dialect,
+            &cx.table_iden(),
+            lease,
+            &offer_holder(to),
+            millis,
+        );
+        let stmt = engine.backend.release_lease_statement(cx, update);
+        let offered = engine.run_release(stmt).await?;
+        if offered {
+            engine.backend.ended(cx, &lease.resource, &lease.holder);
+        }
+        Ok(offered)
+    }
+
+    /// One `UPDATE`, on a connection checked as a release's is.
+    async fn take_offer(
+        &self,
+        resource: &str,
+        candidate: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let millis = validate_take(resource, candidate, lease)?;
+        let engine = self.engine()?;
+        let cx = &engine.cx;
+        let update = statements::take_offer(
+            cx.dialect,
+            &cx.table_iden(),
+            resource,
+            &offer_holder(candidate),
+            candidate,
+            token.get(),
+            millis,
+        );
+        let taken = engine.counted(cx.build(&update)).await? > 0;
+        if taken {
+            engine.backend.holding(cx, resource, candidate, lease);
+        }
+        Ok(taken)
     }
 
     /// One statement per call on every backend (MySQL/MariaDB: the `UPDATE` and a read of what

@@ -2,6 +2,7 @@
 
 pub(crate) mod config;
 mod decision;
+mod handover;
 mod health;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -23,6 +24,7 @@ pub use config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
     MAX_CLOCK_RATE_DIFFERENCE, MAX_INTERVAL, MIN_STEP_DOWN_MARGIN,
 };
+pub use handover::Handover;
 pub(crate) use health::HealthState;
 pub use health::{Health, HEALTH_WINDOW_FACTOR};
 pub use term::{LeaderTerm, Leadership, LossReason};
@@ -450,21 +452,93 @@ impl ElectorHandle {
         &self,
         stay_out: Duration,
     ) -> impl std::future::Future<Output = Result<bool, ConfigError>> + Send + 'static {
-        let asked = if stay_out > MAX_INTERVAL {
-            Err(ConfigError::TooLong {
-                option: "stay_out",
-                value: stay_out,
-                max: MAX_INTERVAL,
-            })
-        } else {
-            let (done, answer) = tokio::sync::oneshot::channel();
-            self.stop.step_down.ask(StepDown { stay_out, done });
-            Ok(answer)
-        };
+        let asked = self.ask_step_down(stay_out, None);
         async move {
             // The elector gone before it answered: nothing was ended by this call.
-            Ok(asked?.await.unwrap_or(false))
+            let answer = asked?.await.unwrap_or(Handover::NotLeader);
+            Ok(answer != Handover::NotLeader)
         }
+    }
+
+    /// Hands the lease over to the candidate `to`, a follower of this resource: if this
+    /// candidate leads, its term ends as on a [`step_down`](Self::step_down) (the term's
+    /// [`lost`](LeaderTerm::lost) fires with [`LossReason::HandedOver`], its work gets up to the
+    /// grace period), then the lease is offered to `to` for `within` (see
+    /// [`LeaseStore::offer`]): a new term with a higher token that only `to` can take, woken by
+    /// the offer where the store has release notifications, otherwise at its next retry. Every
+    /// other candidate, this one included, stays out until `to` took it or the offer lapsed.
+    ///
+    /// The future resolves to [`Handover::Taken`] with the successor's token once it leads,
+    /// [`Handover::NotTaken`] when it did not take the offer within `within` (it is not a live
+    /// follower: the lease then lapses to the ordinary contest, so a dead successor costs
+    /// `within` without a leader, not a lease), [`Handover::Ended`] when the term ended but no
+    /// offer was made, or [`Handover::NotLeader`]. Give `within` a little more than the
+    /// successor's `retry_interval` where the store wakes no followers.
+    ///
+    /// `to` must be a valid candidate id of at most [`MAX_OFFER_TARGET_LEN`](crate::MAX_OFFER_TARGET_LEN)
+    /// characters other than this one's, and `within` between 1 ms and [`MAX_INTERVAL`]: refused
+    /// before anything happens.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use orion_beacon::{Elector, Handover, InMemoryLeaseStore};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = InMemoryLeaseStore::new();
+    /// let elector = |id: &str| {
+    ///     Elector::builder(store.clone()).resource("planned").candidate_id(id).build()
+    /// };
+    /// let old = elector("old")?.start();
+    /// old.watch().wait_for(|l| l.is_leader()).await?;
+    /// let new = elector("new")?.start();
+    /// // Before the old instance goes: the new one leads now, with a higher token.
+    /// let handover = old.hand_over_to("new", Duration::from_secs(5)).await?;
+    /// assert!(matches!(handover, Handover::Taken { .. }));
+    /// new.watch().wait_for(|l| l.is_leader()).await?;
+    /// # old.shutdown().await;
+    /// # new.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn hand_over_to(
+        &self,
+        to: &str,
+        within: Duration,
+    ) -> impl std::future::Future<Output = Result<Handover, ConfigError>> + Send + 'static {
+        let checked = crate::store::validate_offer_target(to)
+            .map_err(ConfigError::from)
+            .and_then(|()| {
+                if *to == *self.config.candidate {
+                    return Err(ConfigError::Invalid(crate::StoreError::InvalidCandidate {
+                        name: to.to_owned(),
+                        reason: "a handover names another candidate than this one",
+                    }));
+                }
+                if within.is_zero() {
+                    return Err(ConfigError::Zero { option: "within" });
+                }
+                Ok(())
+            });
+        let asked = checked.and_then(|()| self.ask_step_down(within, Some(Arc::from(to))));
+        async move { Ok(asked?.await.unwrap_or(Handover::NotLeader)) }
+    }
+
+    /// Asks the loop for a step-down (a handover to `to`, if named) with `stay_out`.
+    fn ask_step_down(
+        &self,
+        stay_out: Duration,
+        to: Option<Arc<str>>,
+    ) -> Result<tokio::sync::oneshot::Receiver<Handover>, ConfigError> {
+        let option = if to.is_some() { "within" } else { "stay_out" };
+        if stay_out > MAX_INTERVAL {
+            return Err(ConfigError::TooLong {
+                option,
+                value: stay_out,
+                max: MAX_INTERVAL,
+            });
+        }
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.stop.step_down.ask(StepDown { stay_out, to, done });
+        Ok(answer)
     }
 
     /// Stops the elector at once, as if the process had died: the term is marked lost locally,

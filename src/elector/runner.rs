@@ -17,6 +17,7 @@ use super::config::Config;
 use super::decision::{
     backoff, decide, later, local_deadline, Answer, Decision, Grant, Next, NoAnswer, Role, Setback,
 };
+use super::handover::Handover;
 use super::health::Probe;
 use super::random::jittered;
 use super::term::{LeaderTerm, Leadership, LossReason};
@@ -45,12 +46,23 @@ pub(crate) struct StepDownRequests {
     asked: tokio::sync::Notify,
 }
 
-/// One step-down: end the term as a shutdown does, release, stay out of the contest for
-/// `stay_out`, then contend again; `done` hears whether there was a term to end.
+/// One step-down: end the term as a shutdown does, release (or offer the lease to `to`), stay
+/// out of the contest for `stay_out`, then contend again; `done` hears how it ended.
 #[derive(Debug)]
 pub(crate) struct StepDown {
     pub stay_out: Duration,
-    pub done: tokio::sync::oneshot::Sender<bool>,
+    /// A handover to this successor: the lease is offered to it for `stay_out`.
+    pub to: Option<Arc<str>>,
+    pub done: tokio::sync::oneshot::Sender<Handover>,
+}
+
+/// How a leader's step-down left its lease.
+enum LeftLease {
+    Released,
+    /// Offered to the successor named.
+    Offered,
+    /// Neither: it lapses on its own.
+    Kept,
 }
 
 impl StepDownRequests {
@@ -169,30 +181,57 @@ impl Runner {
                         continue;
                     };
                     let mut until = later(crate::clock::now(), request.stay_out);
-                    let ended = match active.take() {
+                    let answer = match active.take() {
                         Some(mut a) => {
-                            let released = match self.hand_over(&mut a, &mut failures).await {
-                                Ok(released) => released,
+                            let to = request.to.as_deref();
+                            let left = match self
+                                .hand_over(&mut a, &mut failures, to, request.stay_out)
+                                .await
+                            {
+                                Ok(left) => left,
                                 Err(_) => {
-                                    let _ = request.done.send(true);
+                                    let _ = request.done.send(Handover::Ended);
                                     break (LossReason::Aborted, None);
                                 }
                             };
                             until = later(crate::clock::now(), request.stay_out);
-                            if !released {
-                                // Left to lapse (its work may still run): coming back before
-                                // then would find it ours and release it under that work.
-                                until = until.max(later(crate::clock::now(), self.config.lease));
+                            match left {
+                                LeftLease::Released => Some(Handover::Ended),
+                                LeftLease::Offered => None,
+                                LeftLease::Kept => {
+                                    // Left to lapse (its work may still run): coming back
+                                    // before then would find it ours and release it under
+                                    // that work.
+                                    until =
+                                        until.max(later(crate::clock::now(), self.config.lease));
+                                    Some(Handover::Ended)
+                                }
                             }
-                            true
                         }
-                        None => false,
+                        None => Some(Handover::NotLeader),
                     };
-                    info!(stay_out = ?request.stay_out, ended, "stepped down");
+                    info!(stay_out = ?request.stay_out, successor = ?request.to, ?answer, "stepped down");
                     self.probe.staying_out(until);
                     out_until = Some(until);
                     next_attempt = until;
-                    let _ = request.done.send(ended);
+                    match (answer, request.to) {
+                        (Some(answer), _) => {
+                            let _ = request.done.send(answer);
+                        }
+                        // Offered: the answer comes once the successor took it, or not.
+                        (None, Some(to)) => {
+                            tokio::spawn(super::handover::await_taker(
+                                Arc::clone(&self.store),
+                                self.config.resource.clone(),
+                                to,
+                                until,
+                                request.done,
+                            ));
+                        }
+                        (None, None) => {
+                            let _ = request.done.send(Handover::Ended);
+                        }
+                    }
                     continue;
                 }
             };
@@ -286,13 +325,101 @@ impl Runner {
     /// while the lease is kept renewed), then the lease is released so another candidate takes
     /// over at once. Whether it was released (`false`: the work did not stop, or the lease was
     /// lost meanwhile; it lapses on its own); `Err` only on an abort meanwhile.
-    async fn hand_over(&self, active: &mut Active, failures: &mut u32) -> Result<bool, Stopped> {
+    async fn hand_over(
+        &self,
+        active: &mut Active,
+        failures: &mut u32,
+        to: Option<&str>,
+        within: Duration,
+    ) -> Result<LeftLease, Stopped> {
         self.end_term(&active.term, LossReason::HandedOver, None, None);
         let holds_lease = self.drain(active, failures).await;
         if self.stop.abort.is_cancelled() {
             return Err(Stopped::Abort);
         }
-        Ok(holds_lease && self.release(&active.granted).await)
+        if !holds_lease {
+            return Ok(LeftLease::Kept);
+        }
+        Ok(match to {
+            None if self.release(&active.granted).await => LeftLease::Released,
+            None => LeftLease::Kept,
+            Some(to) if self.offer(&active.granted, to, within).await => LeftLease::Offered,
+            Some(_) => LeftLease::Kept,
+        })
+    }
+
+    /// Offers the lease of `granted` to `to` for `within` (see `LeaseStore::offer`): whether
+    /// it did.
+    async fn offer(&self, granted: &Lease, to: &str, within: Duration) -> bool {
+        let call = self.store.offer(granted, to, within);
+        match timeout(self.config.lease, call).await {
+            Ok(Ok(true)) => {
+                info!(successor = to, ?within, "offered the lease");
+                true
+            }
+            Ok(Ok(false)) => {
+                info!("not offered: the store no longer holds this term; it lapses on its own");
+                false
+            }
+            Ok(Err(err)) => {
+                warn!(error = %err, "offer failed; the lease will lapse on its own");
+                false
+            }
+            Err(_) => {
+                warn!("offer timed out; the lease will lapse on its own");
+                false
+            }
+        }
+    }
+
+    /// Takes the lease offered to this candidate with `token` (a denial named the offer), then
+    /// renews it: a `Renewed` of exactly that term, after our own take, begins the term as an
+    /// `Acquired` would. Any other turn of events decides as `fallback` (the denial) did.
+    async fn take_offer(
+        &self,
+        token: FencingToken,
+        led: Option<FencingToken>,
+        failures: u32,
+        fallback: Decision,
+    ) -> Result<Decision, Stopped> {
+        // Never a term whose token does not exceed the last one led.
+        if led.is_some_and(|led| token <= led) {
+            return Ok(fallback);
+        }
+        let lease = self.config.lease;
+        let sent = crate::clock::now();
+        let call =
+            self.store
+                .take_offer(&self.config.resource, &self.config.candidate, token, lease);
+        match self.abortable(timeout_at(later(sent, lease), call)).await? {
+            Ok(Ok(true)) => info!(%token, "took the lease offered to this candidate"),
+            Ok(Ok(false)) => {
+                debug!(%token, "the offer was no longer open");
+                return Ok(fallback);
+            }
+            Ok(Err(err)) => {
+                warn!(error = %err, "taking the offered lease failed");
+                return Ok(fallback);
+            }
+            Err(_) => {
+                warn!("taking the offered lease timed out");
+                return Ok(fallback);
+            }
+        }
+        let role = Role::Follower {
+            retry: jittered(self.config.retry_interval, self.config.jitter),
+            led,
+        };
+        let sent = crate::clock::now();
+        let answer = match self.ask_store(later(sent, lease)).await? {
+            Ok(Ok(LeaseOutcome::Renewed(renewed))) if renewed.token == token => {
+                Ok(Ok(LeaseOutcome::Acquired(renewed)))
+            }
+            other => other,
+        };
+        self.probe.store_call(false, sent, &answer);
+        let now = crate::clock::now();
+        Ok(decide(answer, sent, now, &self.config, role, failures))
     }
 
     /// One follower attempt: waits for the next attempt time, then tries to acquire.
@@ -310,8 +437,18 @@ impl Runner {
             led,
         };
         let sent = crate::clock::now();
-        self.ask_and_decide(role, sent, later(sent, self.config.lease), failures)
-            .await
+        let decision = self
+            .ask_and_decide(role, sent, later(sent, self.config.lease), failures)
+            .await?;
+        // A lease offered to this candidate (a planned handover): take it.
+        if let Next::Follow { denial, .. } = &decision.next {
+            if denial.offered_to() == Some(&*self.config.candidate) {
+                if let Some(token) = denial.token {
+                    return self.take_offer(token, led, failures, decision).await;
+                }
+            }
+        }
+        Ok(decision)
     }
 
     /// One leader round: waits for the renew time (or the deadline), then renews, bounded by
@@ -452,10 +589,12 @@ impl Runner {
 
     fn follow(&self, denial: &Denial) {
         // A store's report can be stale; whoever denied us, it was not us.
+        // An open offer (a planned handover) has no leader yet.
         let leader = denial
             .holder
             .clone()
-            .filter(|holder| **holder != *self.config.candidate);
+            .filter(|holder| **holder != *self.config.candidate)
+            .filter(|_| denial.offered_to().is_none());
         let payload = leader.as_ref().and(denial.payload.clone());
         let next = Leadership::Follower { leader, payload };
         self.state.send_if_modified(|state| {

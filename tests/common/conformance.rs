@@ -851,6 +851,151 @@ pub async fn a_bad_payload_is_refused_before_sql<H: Harness>(h: &H) {
     );
 }
 
+fn denial(outcome: &LeaseOutcome) -> &orion_beacon::Denial {
+    match outcome {
+        LeaseOutcome::Denied(denial) => denial,
+        other => panic!("expected Denied, got {other:?}"),
+    }
+}
+
+/// A planned handover: the offer ends the holder's term (its renew, release and fence fail)
+/// and begins a new one with the next token, which only the named successor can take; every
+/// other candidate is denied, told whom it is offered to, and sees no payload of the ended
+/// term; the successor's take and renew carry that token, and the offer cannot be taken twice.
+pub async fn an_offer_ends_the_term_and_only_the_successor_takes_it<H: Harness>(h: &H) {
+    let (store, other) = (h.store(), h.separate_store().await);
+    let r = unique("offer");
+    let granted = store
+        .acquire_or_renew_with(&r, "a", LONG, Some("addr-a"))
+        .await
+        .unwrap();
+    let t = acquired(&granted);
+    let lease = granted.lease().unwrap().clone();
+    assert!(store.offer(&lease, "b", LONG).await.unwrap());
+    let next = FencingToken::new(t.get() + 1);
+
+    // The old holder's term is over.
+    let asked = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    assert_eq!(denial(&asked).offered_to(), Some("b"), "{asked:?}");
+    assert!(!store.release_lease(&lease).await.unwrap());
+    assert!(!store.release(&r, "a").await.unwrap());
+    assert!(
+        !store.offer(&lease, "c", LONG).await.unwrap(),
+        "an ended term offers nothing"
+    );
+    // Everyone else is denied: the offer's token, its successor, no payload of the ended term.
+    let seen = other.acquire_or_renew(&r, "c", LONG).await.unwrap();
+    let d = denial(&seen);
+    assert_eq!(d.offered_to(), Some("b"));
+    assert_eq!(d.token, Some(next));
+    assert_eq!(d.payload, None);
+    assert!(d.remaining > Duration::ZERO);
+    let record = other.current(&r).await.unwrap().unwrap();
+    assert!(record.live);
+    assert_eq!(record.offered_to(), Some("b"));
+    assert_eq!(record.token, next);
+    // Only `b`, only with the offer's token.
+    assert!(!other.take_offer(&r, "c", next, LONG).await.unwrap());
+    assert!(!other.take_offer(&r, "b", t, LONG).await.unwrap());
+    assert!(other.take_offer(&r, "b", next, LONG).await.unwrap());
+    assert!(
+        !other.take_offer(&r, "b", next, LONG).await.unwrap(),
+        "taken once"
+    );
+    let renewed_by_b = other
+        .acquire_or_renew_with(&r, "b", LONG, Some("addr-b"))
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed(&renewed_by_b),
+        next,
+        "the successor's term has the next token"
+    );
+    assert_full_lease(h, renewed_by_b.lease().unwrap().remaining, LONG);
+    let seen = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    let d = denial(&seen);
+    assert_eq!(d.holder.as_deref(), Some("b"));
+    assert_eq!(d.offered_to(), None);
+    assert_eq!(d.payload.as_deref(), Some("addr-b"));
+    // And it ends like any term: released, the next grant's token is higher still.
+    assert!(other.release(&r, "b").await.unwrap());
+    let again = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    assert_eq!(acquired(&again), FencingToken::new(next.get() + 1));
+}
+
+/// An offer nobody takes lapses like a lease: after it, the successor can no longer take it and
+/// the next grant, to anyone, has a token higher than the offer's.
+pub async fn an_offer_nobody_takes_lapses_to_a_higher_token<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("offer_lapses");
+    let granted = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    let t = acquired(&granted);
+    assert!(store
+        .offer(granted.lease().unwrap(), "b", SHORT)
+        .await
+        .unwrap());
+    let d = store.acquire_or_renew(&r, "c", LONG).await.unwrap();
+    assert!(
+        denial(&d).remaining <= SHORT + Duration::from_millis(50),
+        "{d:?}"
+    );
+    tokio::time::sleep(PAST_SHORT).await;
+    let offered = FencingToken::new(t.get() + 1);
+    assert!(!store.take_offer(&r, "b", offered, LONG).await.unwrap());
+    let next = store.acquire_or_renew(&r, "c", LONG).await.unwrap();
+    assert_eq!(acquired(&next), FencingToken::new(t.get() + 2));
+}
+
+/// Offers and takes with bad names or durations are typed errors before any SQL.
+pub async fn bad_offers_are_refused_before_sql<H: Harness>(h: &H) {
+    let store = h.store();
+    let r = unique("bad_offer");
+    let granted = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    let lease = granted.lease().unwrap().clone();
+    let too_long = "x".repeat(orion_beacon::MAX_OFFER_TARGET_LEN + 1);
+    for (to, within) in [
+        ("", LONG),
+        (" b", LONG),
+        ("b\n", LONG),
+        (too_long.as_str(), LONG),
+        ("a", LONG),
+        ("b", Duration::ZERO),
+        ("b", Duration::from_secs(400 * 24 * 3600)),
+    ] {
+        let err = store.offer(&lease, to, within).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::InvalidCandidate { .. } | StoreError::InvalidLeaseDuration { .. }
+            ),
+            "{to:?}/{within:?}: {err:?}"
+        );
+    }
+    let token = FencingToken::new(2);
+    for (resource, candidate, lease) in [
+        ("", "b", LONG),
+        (r.as_str(), too_long.as_str(), LONG),
+        (r.as_str(), "b", Duration::ZERO),
+    ] {
+        let err = store
+            .take_offer(resource, candidate, token, lease)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::InvalidResource { .. }
+                    | StoreError::InvalidCandidate { .. }
+                    | StoreError::InvalidLeaseDuration { .. }
+            ),
+            "{resource:?}/{candidate:?}/{lease:?}: {err:?}"
+        );
+    }
+    // Nothing was offered: the holder still renews.
+    let again = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    assert_eq!(renewed(&again), lease.token);
+}
+
 /// Generates one `#[tokio::test]` per contract case for a harness setup expression
 /// (`async -> Option<Harness>`; `None` means the backend was opted out).
 #[macro_export]
@@ -884,6 +1029,9 @@ macro_rules! conformance_suite {
             a_payload_is_written_by_the_grant_and_shown_to_rivals,
             a_new_term_never_shows_an_earlier_terms_payload,
             a_bad_payload_is_refused_before_sql,
+            an_offer_ends_the_term_and_only_the_successor_takes_it,
+            an_offer_nobody_takes_lapses_to_a_higher_token,
+            bad_offers_are_refused_before_sql,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

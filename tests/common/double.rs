@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use orion_beacon::store::validate_resource;
 use orion_beacon::{
-    async_trait, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Member,
-    MembershipStore, ReleaseEvents, Renewals, StoreError,
+    async_trait, FencingToken, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore,
+    Member, MembershipStore, ReleaseEvents, Renewals, StoreError,
 };
 
 /// The calls of [`LeaseStore`] and [`MembershipStore`], each given the inner store first. Every
@@ -101,6 +101,27 @@ where
 
     async fn current(&self, inner: &S, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         inner.current(resource).await
+    }
+
+    async fn offer(
+        &self,
+        inner: &S,
+        lease: &Lease,
+        to: &str,
+        within: Duration,
+    ) -> Result<bool, StoreError> {
+        inner.offer(lease, to, within).await
+    }
+
+    async fn take_offer(
+        &self,
+        inner: &S,
+        resource: &str,
+        candidate: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        inner.take_offer(resource, candidate, token, lease).await
     }
 
     /// [`LeaseStore::current_all`]'s default, over this intercept's `current`.
@@ -231,6 +252,22 @@ where
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         self.intercept.current(&self.inner, resource).await
+    }
+
+    async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {
+        self.intercept.offer(&self.inner, lease, to, within).await
+    }
+
+    async fn take_offer(
+        &self,
+        resource: &str,
+        candidate: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.intercept
+            .take_offer(&self.inner, resource, candidate, token, lease)
+            .await
     }
 
     async fn current_all(&self, resources: &[String]) -> Result<Vec<LeaseRecord>, StoreError> {

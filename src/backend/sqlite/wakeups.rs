@@ -225,7 +225,8 @@ struct Reads {
     /// The database's now, and that now less [`FIRST_LOOK_BACK`].
     now: String,
     /// The leases live at `?1` (a now), and those written since `?2` (the previous now),
-    /// each with whether it is live.
+    /// each with whether it is live and whether it is an offer (holder starting with `?3`, see
+    /// `LeaseStore::offer`) made since `?2`.
     leases: String,
 }
 
@@ -237,7 +238,7 @@ impl Reads {
             ),
             // The table name is validated (letters, digits, `_`).
             leases: format!(
-                "SELECT \"resource\", \"expires_at\" > ?1 FROM \"{table}\" WHERE \"expires_at\" > ?1 OR \"renewed_at\" >= ?2"
+                "SELECT \"resource\", \"expires_at\" > ?1, \"renewed_at\" >= ?2 AND substr(\"holder\", 1, 2) = ?3 FROM \"{table}\" WHERE \"expires_at\" > ?1 OR \"renewed_at\" >= ?2"
             ),
         }
     }
@@ -259,7 +260,8 @@ async fn data_version(pool: &SqlitePool) -> Result<i64, sea_orm::sqlx::Error> {
         .await
 }
 
-/// Reads the leases and returns those that stopped being live since `seen` (updating it).
+/// Reads the leases and returns those that stopped being live since `seen` (updating it), and
+/// those offered to a successor since (the one offered looks at once).
 async fn ended(
     pool: &SqlitePool,
     reads: &Reads,
@@ -269,14 +271,19 @@ async fn ended(
         .fetch_one(pool)
         .await?;
     let since = seen.at.clone().unwrap_or(back);
-    let rows: Vec<(String, bool)> = sea_orm::sqlx::query_as(AssertSqlSafe(reads.leases.clone()))
-        .bind(&now)
-        .bind(&since)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<(String, bool, bool)> =
+        sea_orm::sqlx::query_as(AssertSqlSafe(reads.leases.clone()))
+            .bind(&now)
+            .bind(&since)
+            .bind(crate::store::OFFER_MARKER)
+            .fetch_all(pool)
+            .await?;
     let mut live = HashSet::with_capacity(rows.len());
     let mut ended: Vec<String> = Vec::new();
-    for (resource, is_live) in rows {
+    for (resource, is_live, offered) in rows {
+        if offered {
+            ended.push(resource.clone());
+        }
         if is_live {
             live.insert(resource);
         } else {
@@ -417,7 +424,7 @@ mod tests {
         let reads = Reads::new("orionbeacon_leases");
         assert_eq!(
             reads.leases,
-            r#"SELECT "resource", "expires_at" > ?1 FROM "orionbeacon_leases" WHERE "expires_at" > ?1 OR "renewed_at" >= ?2"#
+            r#"SELECT "resource", "expires_at" > ?1, "renewed_at" >= ?2 AND substr("holder", 1, 2) = ?3 FROM "orionbeacon_leases" WHERE "expires_at" > ?1 OR "renewed_at" >= ?2"#
         );
         assert_eq!(
             reads.now,

@@ -12,8 +12,12 @@ use super::names::{check_candidate, check_resource};
 use super::SqlServerLeaseStore;
 use crate::backend::row::Row;
 use crate::backend::statements::{held_json, Shape, PAYLOAD_COLUMN};
-use crate::store::{validate_batch, validate_payload, validate_request};
-use crate::{Denial, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
+use crate::store::{
+    offer_holder, validate_batch, validate_offer, validate_payload, validate_request, validate_take,
+};
+use crate::{
+    Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError,
+};
 
 impl SqlServerLeaseStore {
     /// The raw rows of a statement of the `shape` form; one of the payload form that finds no
@@ -51,6 +55,15 @@ impl SqlServerLeaseStore {
                 table: self.table.to_string(),
                 source,
             })
+    }
+
+    /// Whether an `UPDATE` changed a row.
+    async fn changed(&self, sql: &str, params: &[&dyn ToSql]) -> Result<bool, StoreError> {
+        match self.run(Want::RowsAffected, sql, params).await {
+            Ok(Reply::RowsAffected(n)) => Ok(n > 0),
+            Ok(Reply::Rows(rows)) => Ok(!rows.is_empty()),
+            Err(err) => Err(self.classify(err)),
+        }
     }
 
     async fn read_row(&self, resource: &str, shape: Shape) -> Result<Option<Row>, StoreError> {
@@ -206,6 +219,55 @@ impl LeaseStore for SqlServerLeaseStore {
             Ok(Reply::Rows(rows)) => Ok(!rows.is_empty()),
             Err(err) => Err(self.classify(err)),
         }
+    }
+
+    async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {
+        let millis = validate_offer(lease, to, within)?;
+        check_resource(&lease.resource)?;
+        check_candidate(&lease.holder)?;
+        check_candidate(to)?;
+        let (seconds, rest_ms) = split_lease(millis, within)?;
+        let marker = offer_holder(to);
+        let token = lease.token.get();
+        self.changed(
+            &self.sql.offer,
+            &[
+                &lease.resource.as_str(),
+                &lease.holder.as_str(),
+                &token,
+                &marker.as_str(),
+                &seconds,
+                &rest_ms,
+            ],
+        )
+        .await
+    }
+
+    async fn take_offer(
+        &self,
+        resource: &str,
+        candidate: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let millis = validate_take(resource, candidate, lease)?;
+        check_resource(resource)?;
+        check_candidate(candidate)?;
+        let (seconds, rest_ms) = split_lease(millis, lease)?;
+        let marker = offer_holder(candidate);
+        let token = token.get();
+        self.changed(
+            &self.sql.take_offer,
+            &[
+                &resource,
+                &marker.as_str(),
+                &token,
+                &candidate,
+                &seconds,
+                &rest_ms,
+            ],
+        )
+        .await
     }
 
     /// One batch for all of `held` (see `renew_all_sql`), the leases bound as one JSON

@@ -185,6 +185,37 @@ pub(super) fn release_write_sql(table: &str) -> String {
     )
 }
 
+/// The offer of a live term to a named successor (`LeaseStore::offer`): the term of `@P2`
+/// with token `@P3` ends and a new one begins, its token one higher, held by `@P4` (the
+/// offer's marker) from now until `@P5` seconds and `@P6` milliseconds after. Parameters:
+/// `@P1` the resource.
+pub(super) fn offer_sql(table: &str) -> String {
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         UPDATE {t} SET holder = @P4, fencing_token = fencing_token + 1, acquired_at = @now, \
+         renewed_at = @now, expires_at = DATEADD(MILLISECOND, @P6, DATEADD(SECOND, @P5, @now)) \
+         WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > @now;",
+        t = quoted(table),
+    )
+}
+
+/// The take of an open offer: the row held by the marker `@P2` with token `@P3` becomes
+/// `@P4`'s for `@P5` seconds and `@P6` milliseconds from now, as a renew writes it (at least
+/// one tick past its expiry, see [`next_expiry`]). Parameters: `@P1` the resource.
+pub(super) fn take_offer_sql(table: &str) -> String {
+    let tick_after_acquired = "DATEADD(NANOSECOND, 100, t.acquired_at)";
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         UPDATE t SET t.holder = @P4, \
+         t.renewed_at = CASE WHEN @now > {tick_after_acquired} THEN @now ELSE {tick_after_acquired} END, \
+         t.expires_at = {next} \
+         FROM {t} AS t \
+         WHERE t.resource = @P1 AND t.holder = @P2 AND t.fencing_token = @P3 AND t.expires_at > @now;",
+        t = quoted(table),
+        next = next_expiry("DATEADD(MILLISECOND, @P6, DATEADD(SECOND, @P5, @now))"),
+    )
+}
+
 /// The transactional fence: one row while the term is current, and a shared lock on the lease
 /// row held to the end of the caller's transaction (`HOLDLOCK`), so a rival's `MERGE` waits.
 /// Parameters: `@P1` the resource, `@P2` the holder, `@P3` the token.
@@ -246,6 +277,8 @@ pub(super) struct Statements {
     pub(super) upsert: [String; 2],
     pub(super) release: String,
     pub(super) release_write: String,
+    pub(super) offer: String,
+    pub(super) take_offer: String,
     pub(super) current: [String; 2],
     pub(super) renew_all: [String; 2],
     pub(super) payload_probe: String,
@@ -257,6 +290,8 @@ impl Statements {
             upsert: [upsert_sql(table, false), upsert_sql(table, true)],
             release: release_sql(table),
             release_write: release_write_sql(table),
+            offer: offer_sql(table),
+            take_offer: take_offer_sql(table),
             current: [current_sql(table, false), current_sql(table, true)],
             renew_all: [renew_all_sql(table, false), renew_all_sql(table, true)],
             payload_probe: payload_probe_sql(table),
@@ -296,6 +331,31 @@ pub(super) mod tests {
                 "OUTPUT inserted.holder, inserted.fencing_token, inserted.expires_at, inserted.acquired_at, ",
                 "inserted.renewed_at, DATEDIFF_BIG(NANOSECOND, @now, inserted.expires_at) / 1000000 AS remaining_ms; ",
                 "COMMIT TRANSACTION;",
+            )
+        );
+    }
+
+    #[test]
+    fn offer_and_take_are_one_guarded_update_each() {
+        assert_eq!(
+            offer_sql(DEFAULT_TABLE),
+            concat!(
+                "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
+                "UPDATE [orionbeacon_leases] SET holder = @P4, fencing_token = fencing_token + 1, acquired_at = @now, ",
+                "renewed_at = @now, expires_at = DATEADD(MILLISECOND, @P6, DATEADD(SECOND, @P5, @now)) ",
+                "WHERE resource = @P1 AND holder = @P2 AND fencing_token = @P3 AND expires_at > @now;",
+            )
+        );
+        assert_eq!(
+            take_offer_sql(DEFAULT_TABLE),
+            concat!(
+                "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
+                "UPDATE t SET t.holder = @P4, ",
+                "t.renewed_at = CASE WHEN @now > DATEADD(NANOSECOND, 100, t.acquired_at) THEN @now ELSE DATEADD(NANOSECOND, 100, t.acquired_at) END, ",
+                "t.expires_at = CASE WHEN DATEADD(MILLISECOND, @P6, DATEADD(SECOND, @P5, @now)) > DATEADD(NANOSECOND, 100, t.expires_at) ",
+                "THEN DATEADD(MILLISECOND, @P6, DATEADD(SECOND, @P5, @now)) ELSE DATEADD(NANOSECOND, 100, t.expires_at) END ",
+                "FROM [orionbeacon_leases] AS t ",
+                "WHERE t.resource = @P1 AND t.holder = @P2 AND t.fencing_token = @P3 AND t.expires_at > @now;",
             )
         );
     }
