@@ -180,6 +180,11 @@ impl Runner {
                     let Some(request) = self.stop.step_down.take() else {
                         continue;
                     };
+                    if active.is_none() && request.to.is_some() {
+                        // A handover asked of a follower: nothing to hand over, no stay-out.
+                        let _ = request.done.send(Handover::NotLeader);
+                        continue;
+                    }
                     let mut until = later(crate::clock::now(), request.stay_out);
                     let answer = match active.take() {
                         Some(mut a) => {

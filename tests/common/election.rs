@@ -367,6 +367,117 @@ pub async fn followers_see_the_leaders_payload(h: &SqlHarness) {
     }
 }
 
+/// A handover to a named successor: of three candidates, the one named leads next, with a
+/// higher token, within one handover (not a lease, not the other follower); the old leader
+/// stays out meanwhile. A handover to a candidate that is not there answers `NotTaken` and
+/// costs its window, not a lease; bad requests are refused and a follower's is `NotLeader`.
+pub async fn a_handover_goes_to_the_named_successor(h: &SqlHarness) {
+    use orion_beacon::{ConfigError, Handover};
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("orion_beacon=debug")
+        .with_test_writer()
+        .try_init();
+    let resource = unique("handover");
+    let recorder = Arc::new(Recorder::default());
+    let mut handles = Vec::new();
+    for idx in 0..3 {
+        let db = h.connect_again(2).await;
+        let store = h.configure(SeaOrmLeaseStore::new(db));
+        let handle = Elector::builder(store)
+            .resource(&resource)
+            .candidate_id(format!("node-{idx}"))
+            .lease_duration(Duration::from_secs(5))
+            .renew_interval(Duration::from_millis(500))
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+            .start();
+        recorder.watch(idx, &handle);
+        handles.push(handle);
+    }
+    wait_until("a first leader", Duration::from_secs(5), || {
+        handles.iter().any(|h| h.is_leader())
+    })
+    .await;
+    let first = handles.iter().position(|h| h.is_leader()).unwrap();
+    // The successor: the follower with the highest index, never the other one.
+    let successor = (0..3).rev().find(|i| *i != first).unwrap();
+    let a = &handles[first];
+    let old = a.token().expect("leads");
+    // Bad requests change nothing.
+    for (to, within) in [
+        (format!("node-{first}"), Duration::from_secs(2)),
+        (String::new(), Duration::from_secs(2)),
+        (" node-1".to_owned(), Duration::from_secs(2)),
+        ("node-1".to_owned(), Duration::ZERO),
+        ("node-1".to_owned(), Duration::from_secs(400 * 24 * 3600)),
+    ] {
+        let err = a.hand_over_to(&to, within).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Invalid(_) | ConfigError::Zero { .. } | ConfigError::TooLong { .. }
+            ),
+            "{to:?}/{within:?}: {err:?}"
+        );
+    }
+    assert_eq!(a.token(), Some(old), "still leads");
+    assert_eq!(
+        handles[successor]
+            .hand_over_to(&format!("node-{first}"), Duration::from_secs(2))
+            .await
+            .unwrap(),
+        Handover::NotLeader
+    );
+
+    let asked = Instant::now();
+    let handover = a
+        .hand_over_to(&format!("node-{successor}"), Duration::from_secs(2))
+        .await
+        .unwrap();
+    let Handover::Taken { token } = handover else {
+        panic!("not taken: {handover:?}");
+    };
+    assert!(token > old, "{token} after {old}");
+    let took = wait_until("the successor", Duration::from_secs(2), || {
+        handles[successor].is_leader()
+    })
+    .await;
+    let (who, _, led_with) = recorder.leader_after(asked).expect("a next term");
+    assert_eq!(who, successor, "the named successor leads next");
+    assert_eq!(led_with, token.get());
+    eprintln!("handover to a named successor in {:?}", asked.elapsed());
+
+    // A successor that is not there: the offer lapses after its window, then anyone leads.
+    let b = &handles[successor];
+    let asked = Instant::now();
+    let within = Duration::from_millis(800);
+    assert_eq!(
+        b.hand_over_to("ghost", within).await.unwrap(),
+        Handover::NotTaken
+    );
+    assert!(
+        asked.elapsed() >= within,
+        "answered before the offer lapsed"
+    );
+    wait_until(
+        "a leader after the lapsed offer",
+        within + SLACK * 2,
+        || handles.iter().any(|h| h.is_leader()),
+    )
+    .await;
+    let (_, started, after) = recorder
+        .leader_after(asked)
+        .expect("a term after the offer");
+    assert!(started >= asked + within, "led inside the offer to another");
+    assert!(after > token.get() + 1, "above the offer's own token");
+    for h in &handles {
+        h.shutdown().await;
+    }
+    recorder.check();
+    eprintln!("handover took {took:?} after the answer");
+}
+
 /// Generates the election test for a harness setup expression.
 #[macro_export]
 macro_rules! election_suite {
@@ -387,6 +498,16 @@ macro_rules! election_suite {
             use $crate::common::conformance::Harness as _;
             if let Some(h) = $setup.await {
                 $crate::common::election::followers_see_the_leaders_payload(&h).await;
+                h.teardown().await;
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_handover_goes_to_the_named_successor() {
+            #[allow(unused_imports)]
+            use $crate::common::conformance::Harness as _;
+            if let Some(h) = $setup.await {
+                $crate::common::election::a_handover_goes_to_the_named_successor(&h).await;
                 h.teardown().await;
             }
         }
