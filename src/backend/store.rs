@@ -219,8 +219,7 @@ impl SeaOrmLeaseStore {
         self.rebuilt(false)
     }
 
-    /// PostgreSQL and SQLite: whether followers and lock waiters are woken by release
-    /// notifications (on by default).
+    /// Whether followers and lock waiters are woken by release notifications (on by default).
     ///
     /// On PostgreSQL a release sends `pg_notify` in the same statement, and the store `LISTEN`s
     /// for them on one connection of its own (made with the application pool's connect options,
@@ -233,6 +232,12 @@ impl SeaOrmLeaseStore {
     /// writes, reads which leases stopped being live on a connection of its own (a file
     /// handle), whichever process released them (see [`backend::sqlite`](crate::backend::sqlite)).
     /// An in-memory database has none.
+    ///
+    /// On MySQL/MariaDB a holder keeps a named lock (`GET_LOCK`) per lease on a connection of
+    /// its own, and denied waiters wait on it on a few more (see
+    /// [`backend::mysql`](crate::backend::mysql)); off on Galera and behind proxies that spread
+    /// a client's sessions. Off here, this store also takes no names, so its releases reach other
+    /// processes' waiters at their next poll.
     ///
     /// With notifications off, waiters notice a release at their next retry (`retry_interval`)
     /// instead of at once. Turn them off where connections are scarce.

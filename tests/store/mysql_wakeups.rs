@@ -250,3 +250,70 @@ async fn a_lost_signal_wakes_but_never_grants() {
     let _ = b.release(&resource, "b").await;
     drop_table(&admin, &table).await;
 }
+
+/// Three processes: one holds a lock, two wait. Each release wakes the waiters at once: the
+/// first waiter is granted right after the holder's release, and the second right after the
+/// first's, although its watch may first meet the other waiter's moment on the name (a watcher
+/// tells a holder's signal connection from another watcher and waits only behind the former).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_release_wakes_the_next_of_two_waiters() {
+    if Server::MySql.skipped() {
+        return;
+    }
+    let admin = Server::MySql.connect(2).await;
+    let table = unique("wake_two");
+    migrate(&admin, &table).await;
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(
+            SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
+                .with_table(&table)
+                .unwrap(),
+        );
+    }
+    let locks = |store: &SeaOrmLeaseStore, owner: &str| {
+        Locks::builder(store.clone())
+            .owner(owner)
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+    };
+    let held = locks(&stores[0], "a")
+        .lock("ledger")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (i, owner) in [(1, "b"), (2, "c")] {
+        let (lock, tx) = (locks(&stores[i], owner), tx.clone());
+        tokio::spawn(async move {
+            let guard = lock
+                .lock("ledger")
+                .unwrap()
+                .acquire(Duration::from_secs(30))
+                .await
+                .unwrap();
+            tx.send((owner, Instant::now(), guard)).unwrap();
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    assert!(held.release().await.unwrap());
+    let (first, at, guard) = rx.recv().await.unwrap();
+    let after = at.saturating_duration_since(released);
+    eprintln!("MariaDB: {first} granted {after:?} after the release");
+    assert!(after < WELL_UNDER, "{after:?}");
+    // Let the second waiter's watch settle behind the new holder's signal.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    assert!(guard.release().await.unwrap());
+    let (second, at, guard) = rx.recv().await.unwrap();
+    assert_ne!(first, second);
+    let after = at.saturating_duration_since(released);
+    eprintln!("MariaDB: {second} granted {after:?} after the release");
+    assert!(after < WELL_UNDER, "{after:?}");
+    assert!(guard.release().await.unwrap());
+    drop_table(&admin, &table).await;
+}

@@ -50,6 +50,20 @@
 //! instead of locking it, and each node judges leases by its own clock: see [`fence`](super::fence)
 //! and `docs/topologies.md` for what that means and what to configure.
 //!
+//! # Wake-ups
+//!
+//! MySQL and MariaDB have no notification channel, so a holder signals with a named lock: while a
+//! store holds a lease it keeps `GET_LOCK('orionbeacon/<sha1 of database, table, resource>')` on
+//! one connection of its own, and lets go of it once the lease's release has committed. A denied
+//! elector or lock waiter in another process waits on that name (`GET_LOCK` with a timeout, on a
+//! small pool of the store's own, at most 8 waits per store) and tries the store the moment it is
+//! free: a graceful handover takes milliseconds instead of a poll. It is only a wake-up: the lease
+//! row decides every grant, and a lost wake-up costs one poll. The store checks once that a name
+//! taken on one of its connections is seen from another; on Galera (where named locks stay on
+//! their node) and behind proxies that spread a client's sessions it is off and waiters poll.
+//! [`SeaOrmLeaseStore::with_release_notifications`](crate::SeaOrmLeaseStore::with_release_notifications)
+//! turns it off.
+//!
 //! The batch renew ([`LeaseStore::renew_all`](crate::LeaseStore::renew_all)) joins the batch's
 //! rows from one JSON document with `JSON_TABLE` (MariaDB 10.6+, MySQL 8.0), then reads what it
 //! renewed in the same transaction, and reports it after the commit.

@@ -21,18 +21,30 @@
 //!
 //! It is only a wake-up: a grant is decided by the lease row alone, as always. A signal
 //! connection that drops (its locks go with it) wakes the waiters early, who are denied and
-//! poll; a lost wake-up costs one poll interval, never correctness.
+//! poll; a lost wake-up costs one poll interval, never correctness. A watcher tells a holder's
+//! signal from another watcher that holds the name for a moment (between its wait and its
+//! letting go) by the name each signal connection holds for itself
+//! (`orionbeacon/signal/<connection id>`), and waits only behind a holder's.
 //!
 //! Named locks are node-local on a Galera cluster (and MariaDB refuses `GET_LOCK` there), and a
 //! proxy may send two sessions' statements to different servers. So before the first use the
-//! store checks, on its own connections, that a name taken on the signal connection shows as
-//! held by that connection's id from another connection; where it does not (Galera, a proxy
-//! that spreads sessions), or `@@wsrep_on` is set, wake-ups are off and waiters poll.
+//! store checks, on its own connections, that a name taken on one connection shows as held by
+//! that connection's id from another; where it does not (Galera, a proxy that spreads
+//! sessions), or `@@wsrep_on` is set, wake-ups are off and waiters poll. A check that could not
+//! tell (the server unreachable) is tried again later.
 //!
-//! Cost, while any clone of the store lives: one server connection while this process holds a
-//! lease, and up to [`MAX_WATCHES`] more while it waits for held leases (closed after a minute
+//! What wakes: electors and lock waiters denied by a holder. Semaphore waiters (which wait
+//! without a denial when every permit is live) and shard sets poll as before. A holder whose
+//! store has notifications off takes no names, so its releases reach other processes' waiters
+//! at their next poll.
+//!
+//! Cost, while any clone of the store lives: from this process's first grant on, one server
+//! connection (the signal connection, pinged every [`PING_EVERY`] while it holds names), and
+//! up to [`MAX_WATCHES`] more while it waits for held leases (closed after [`WATCH_IDLE`]
 //! idle); one `GET_LOCK` when a lease is first held and one `RELEASE_LOCK` when it ends (none
-//! per renew); at most [`MAX_HELD`] leases signalled per store.
+//! per renew); at most [`MAX_HELD`] leases signalled per store. The store's own sessions end
+//! on the server after [`SESSION_IDLE_SECS`] seconds idle, so one the network cut off does not
+//! keep its names.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -56,8 +68,22 @@ pub(crate) const MAX_HELD: usize = 1_000;
 /// How long any one statement on the store's own connections may take.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How soon a name that another session holds (a waiter letting go of it, an old holder) is
-/// tried again.
+/// first tried again; each further try waits twice as long, up to [`RETAKE_MOST`].
 const RETAKE: Duration = Duration::from_millis(20);
+const RETAKE_MOST: Duration = Duration::from_secs(2);
+/// The store's own sessions end on the server after this long idle (`wait_timeout`, in
+/// seconds): one the network cut off does not keep its names for the server's default hours.
+/// The signal connection is pinged far more often, and a watch connection idles at most
+/// [`WATCH_IDLE`] in its pool.
+const SESSION_IDLE_SECS: u32 = 30;
+const WATCH_IDLE: Duration = Duration::from_secs(20);
+/// The longest single wait for a name: servers and proxies cut long statements
+/// (`max_statement_time`, `max_execution_time`, idle timeouts); a longer watch waits again.
+const LONGEST_WAIT_SECS: u64 = 15;
+/// How often a name held by another watcher (a session that is no holder's signal connection,
+/// letting go of the name a moment after it got it) is looked at again, at most.
+const WATCHER_LOOKS: usize = 20;
+const WATCHER_PAUSE: Duration = Duration::from_millis(5);
 /// How often the signal connection is checked while it holds names: one that died (its names
 /// went with it) is replaced within this.
 const PING_EVERY: Duration = Duration::from_secs(2);
@@ -70,6 +96,9 @@ const UNHELD_LOOKS: [Duration; 2] = [Duration::from_millis(25), Duration::from_m
 /// The lock name of a lease: fixed length (52 characters, under the servers' 64), computed by
 /// the server from the connection's database, the table and the resource.
 const NAME: &str = "CONCAT('orionbeacon/', SHA1(CONCAT_WS('/', DATABASE(), ?, ?)))";
+/// The name every signal connection holds while it lives, by which a watcher tells a holder's
+/// signal from another watcher: `orionbeacon/signal/` and the connection's id.
+const SIGNAL_PREFIX: &str = "orionbeacon/signal/";
 
 /// What the store's grants, renews and releases tell the signal connection.
 #[derive(Debug)]
@@ -111,6 +140,11 @@ pub(crate) struct Hub {
 impl Drop for Hub {
     fn drop(&mut self) {
         self.stop.cancel();
+        // Idle watch connections quit properly (a watch still running closes its own).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let pool = self.watch_pool.clone();
+            runtime.spawn(async move { pool.close().await });
+        }
     }
 }
 
@@ -228,8 +262,18 @@ fn start(
     let watch_pool = MySqlPoolOptions::new()
         .max_connections(u32::try_from(MAX_WATCHES).unwrap_or(u32::MAX))
         .min_connections(0)
-        .idle_timeout(Duration::from_secs(60))
+        .idle_timeout(WATCH_IDLE)
         .acquire_timeout(STATEMENT_TIMEOUT)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(format!(
+                    "SET SESSION wait_timeout = {SESSION_IDLE_SECS}"
+                )))
+                .execute(conn)
+                .await
+                .map(drop)
+            })
+        })
         .connect_lazy_with(options.clone());
     let hub = Arc::new(Hub {
         table: Arc::clone(table),
@@ -270,7 +314,8 @@ impl Hub {
     /// Watches `resource` for `remaining` (the holder's lease time left), unless it is watched
     /// already (then until the later end) or [`MAX_WATCHES`] are.
     fn watch(self: &Arc<Self>, resource: &str, remaining: Duration) {
-        if *self.usable.borrow() != Usable::Yes {
+        // Not yet known: the watch waits for the check (a first denial comes before it ends).
+        if *self.usable.borrow() == Usable::No {
             return;
         }
         let now = crate::clock::now();
@@ -334,6 +379,8 @@ struct Held {
     taken: bool,
     /// When to try to take the name (again).
     retry_at: Option<Instant>,
+    /// Tries that found the name held by another session, in a row.
+    refused: u32,
 }
 
 /// Owns the signal connection: takes and lets go of the names of the leases held here, in the
@@ -353,10 +400,24 @@ async fn signal_task(
         Some(hub) => Arc::clone(&hub.table),
         None => return,
     };
-    // First, whether named locks work through these connections at all.
-    let usable = tokio::select! {
-        () = stop.cancelled() => return,
-        usable = self_test(&options, &hub) => usable,
+    // First, whether named locks work through these connections at all. A passing failure
+    // (the server unreachable, out of connections) is tried again; a definite answer stays.
+    let mut test_backoff = Duration::from_secs(1);
+    let usable = loop {
+        let answer = tokio::select! {
+            () = stop.cancelled() => return,
+            answer = self_test(&options, &hub) => answer,
+        };
+        match answer {
+            Some(usable) => break usable,
+            None => {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(test_backoff) => {}
+                }
+                test_backoff = (test_backoff * 2).min(Duration::from_secs(30));
+            }
+        }
     };
     if let Some(hub) = hub.upgrade() {
         hub.usable
@@ -367,9 +428,15 @@ async fn signal_task(
     }
     loop {
         let now = crate::clock::now();
+        // While waiting to reconnect, no retake is due before the reconnect.
         let next = held
             .values()
-            .flat_map(|h| [Some(h.until), h.retry_at])
+            .flat_map(|h| {
+                [
+                    Some(h.until),
+                    h.retry_at.map(|at| at.max(reconnect_at.unwrap_or(at))),
+                ]
+            })
             .flatten()
             .chain(reconnect_at)
             .chain(ping_at.filter(|_| held.values().any(|h| h.taken)))
@@ -419,14 +486,15 @@ async fn signal_task(
         match result {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(error) => {
+                let now = crate::clock::now();
                 // Its names went with the connection: taken again on a new one.
                 tracing::debug!(%error, retry_in = ?backoff, "MySQL wake-up signal connection failed; waiters poll meanwhile");
                 conn = None;
+                reconnect_at = now.checked_add(backoff);
                 for h in held.values_mut() {
                     h.taken = false;
-                    h.retry_at = Some(now);
+                    h.retry_at = reconnect_at;
                 }
-                reconnect_at = now.checked_add(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
@@ -459,6 +527,7 @@ fn apply(held: &mut HashMap<Arc<str>, Held>, signal: Signal, to_release: &mut Ve
                             until,
                             taken: false,
                             retry_at: Some(crate::clock::now()),
+                            refused: 0,
                         },
                     );
                 }
@@ -509,34 +578,82 @@ async fn step(
     }
     let c = match conn {
         Some(c) => c,
-        None => conn.insert(bounded(options.connect()).await?),
+        None => conn.insert(signal_connection(options).await?),
     };
     for resource in to_release {
         let sql = format!("SELECT CAST(RELEASE_LOCK({NAME}) AS SIGNED)");
         let query = sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
             .bind(table)
             .bind(&**resource);
-        bounded(query.fetch_one(&mut *c)).await?;
+        match bounded(query.fetch_one(&mut *c)).await {
+            Ok(_) => {}
+            // Refused for this name alone: the connection is fine.
+            Err(sea_orm::sqlx::Error::Database(error)) => {
+                tracing::debug!(%error, %resource, "RELEASE_LOCK refused");
+            }
+            Err(error) => return Err(error),
+        }
     }
     for resource in due {
         let sql = format!("SELECT CAST(GET_LOCK({NAME}, 0) AS SIGNED)");
         let query = sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
             .bind(table)
             .bind(&*resource);
-        let row = bounded(query.fetch_one(&mut *c)).await?;
-        let got: Option<i64> = row.try_get(0)?;
+        let got: Option<i64> = match bounded(query.fetch_one(&mut *c)).await {
+            Ok(row) => row.try_get(0)?,
+            Err(sea_orm::sqlx::Error::Database(error)) => {
+                tracing::debug!(%error, %resource, "GET_LOCK refused");
+                None
+            }
+            Err(error) => return Err(error),
+        };
         if let Some(h) = held.get_mut(&resource) {
             if got == Some(1) {
                 h.taken = true;
                 h.retry_at = None;
+                h.refused = 0;
             } else {
-                // Another session has it for a moment (a waiter letting go, the old holder):
-                // try again shortly, while the lease lasts.
-                h.retry_at = crate::clock::now().checked_add(RETAKE);
+                // Another session has it (a waiter letting go, an old holder's session the
+                // server has not ended yet): try again, less often each time, while the lease
+                // lasts.
+                let wait = RETAKE
+                    .saturating_mul(1 << h.refused.min(10))
+                    .min(RETAKE_MOST);
+                h.refused = h.refused.saturating_add(1);
+                h.retry_at = crate::clock::now().checked_add(wait);
             }
         }
     }
     Ok(())
+}
+
+/// A new signal connection: its sessions end after [`SESSION_IDLE_SECS`] idle, and it holds
+/// its own signal name (see [`SIGNAL_PREFIX`]).
+async fn signal_connection(
+    options: &MySqlConnectOptions,
+) -> Result<MySqlConnection, sea_orm::sqlx::Error> {
+    let mut c = bounded(options.connect()).await?;
+    bounded(
+        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(format!(
+            "SET SESSION wait_timeout = {SESSION_IDLE_SECS}"
+        )))
+        .execute(&mut c),
+    )
+    .await?;
+    let got: Option<i64> = bounded(
+        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(format!(
+            "SELECT CAST(GET_LOCK(CONCAT('{SIGNAL_PREFIX}', CONNECTION_ID()), 0) AS SIGNED)"
+        )))
+        .fetch_one(&mut c),
+    )
+    .await?
+    .try_get(0)?;
+    if got != Some(1) {
+        return Err(sea_orm::sqlx::Error::Protocol(
+            "the signal connection could not take its own name".into(),
+        ));
+    }
+    Ok(c)
 }
 
 /// `fut`, or a timeout error after [`STATEMENT_TIMEOUT`].
@@ -545,16 +662,21 @@ async fn bounded<T>(
 ) -> Result<T, sea_orm::sqlx::Error> {
     tokio::time::timeout(STATEMENT_TIMEOUT, fut)
         .await
-        .unwrap_or(Err(sea_orm::sqlx::Error::PoolTimedOut))
+        .unwrap_or_else(|_| Err(timed_out()))
+}
+
+fn timed_out() -> sea_orm::sqlx::Error {
+    sea_orm::sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer from the server in time",
+    ))
 }
 
 /// Whether a name taken on one connection shows as held by that connection from another: not
 /// on a Galera node (which refuses `GET_LOCK`) or behind a proxy that spreads a client's
-/// sessions over servers.
-async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> bool {
-    let Some(pool) = hub.upgrade().map(|h| h.watch_pool.clone()) else {
-        return false;
-    };
+/// sessions over servers. `None` when it could not tell (the server unreachable, say).
+async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> Option<bool> {
+    let pool = hub.upgrade().map(|h| h.watch_pool.clone())?;
     let name = format!("orionbeacon/check/{:016x}", unique_u64());
     let test = async {
         let mut signal = options.connect().await?;
@@ -578,19 +700,26 @@ async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> bool {
     match tokio::time::timeout(STATEMENT_TIMEOUT * 2, test).await {
         Ok(Ok(true)) => {
             tracing::debug!("MySQL wake-ups on (named locks)");
-            true
+            Some(true)
         }
         Ok(Ok(false)) => {
             tracing::info!("MySQL wake-ups off: a named lock taken on one connection is not seen from another (a proxy?); waiters poll");
-            false
+            Some(false)
+        }
+        // The server answered, and refused (a Galera node: "GET_LOCK in cluster").
+        Ok(Err(sea_orm::sqlx::Error::Database(error))) => {
+            tracing::info!(%error, "MySQL wake-ups off: named locks are refused here (a Galera node?); waiters poll");
+            Some(false)
         }
         Ok(Err(error)) => {
-            tracing::info!(%error, "MySQL wake-ups off: named locks are refused here (a Galera node?); waiters poll");
-            false
+            tracing::debug!(%error, "MySQL wake-ups: the named-lock check failed; trying again later");
+            None
         }
         Err(_) => {
-            tracing::info!("MySQL wake-ups off: the named-lock check did not answer; waiters poll");
-            false
+            tracing::debug!(
+                "MySQL wake-ups: the named-lock check did not answer; trying again later"
+            );
+            None
         }
     }
 }
@@ -610,9 +739,23 @@ fn unique_u64() -> u64 {
 
 /// Waits for `resource`'s holder to let go of its name, then tells the waiters.
 async fn watch_task(hub: Weak<Hub>, resource: Arc<str>, pool: MySqlPool, stop: CancellationToken) {
-    let Some(table) = hub.upgrade().map(|h| Arc::clone(&h.table)) else {
+    let Some((table, mut usable)) = hub
+        .upgrade()
+        .map(|h| (Arc::clone(&h.table), h.usable.subscribe()))
+    else {
         return;
     };
+    // The named-lock check first (bounded: it gives its answer within its own timeouts).
+    let checked = tokio::select! {
+        () = stop.cancelled() => None,
+        answer = usable.wait_for(|u| *u != Usable::Unknown) => answer.ok().map(|u| *u),
+    };
+    if checked != Some(Usable::Yes) {
+        if let Some(hub) = hub.upgrade() {
+            hub.unwatch(&resource);
+        }
+        return;
+    }
     let mut conn = match tokio::select! {
         () = stop.cancelled() => None,
         conn = pool.acquire() => conn.ok(),
@@ -663,56 +806,83 @@ async fn watch_on(
     table: &str,
 ) -> Result<bool, Option<sea_orm::sqlx::Error>> {
     let mut unheld = 0;
+    let mut watchers = 0;
     loop {
         let Some(until) = hub.upgrade().and_then(|h| h.watched_until(resource)) else {
             return Ok(false);
         };
-        let sql = format!("SELECT CAST(IS_USED_LOCK({NAME}) AS SIGNED)");
-        let owner: Option<i64> = bounded(
+        // Who holds the name, and whether that session is a holder's signal connection (it
+        // holds its own signal name) or another watcher letting go of it a moment later.
+        let sql = format!(
+            "SELECT CAST(o AS SIGNED), CAST(IS_USED_LOCK(CONCAT('{SIGNAL_PREFIX}', o)) AS SIGNED) \
+             FROM (SELECT IS_USED_LOCK({NAME}) AS o) AS owner"
+        );
+        let row = bounded(
             sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
                 .bind(table)
                 .bind(&**resource)
                 .fetch_one(&mut *conn),
         )
         .await
-        .and_then(|row| row.try_get(0))
         .map_err(Some)?;
-        if owner.is_none() {
-            // Nothing signals this lease (yet): look twice more, then leave it to the poll.
-            let Some(pause) = UNHELD_LOOKS.get(unheld) else {
-                return Ok(false);
-            };
-            unheld += 1;
-            tokio::time::sleep(*pause).await;
-            continue;
+        let owner: Option<i64> = row.try_get(0).map_err(Some)?;
+        let signal: Option<i64> = row.try_get(1).map_err(Some)?;
+        match owner {
+            None => {
+                // Nothing signals this lease (yet): look twice more, then leave it to the poll.
+                let Some(pause) = UNHELD_LOOKS.get(unheld) else {
+                    return Ok(false);
+                };
+                unheld += 1;
+                tokio::time::sleep(*pause).await;
+                continue;
+            }
+            Some(o) if signal != Some(o) => {
+                // Another watcher's moment: look again shortly.
+                watchers += 1;
+                if watchers > WATCHER_LOOKS {
+                    return Ok(false);
+                }
+                tokio::time::sleep(WATCHER_PAUSE).await;
+                continue;
+            }
+            Some(_) => {}
         }
         let left = until.saturating_duration_since(crate::clock::now());
-        // Whole seconds (every server version takes them), at least one.
-        let secs = i64::try_from(left.as_secs().saturating_add(1)).unwrap_or(i64::MAX);
+        // Whole seconds (every server version takes them), at least one, at most a chunk.
+        let secs = left.as_secs().saturating_add(1).min(LONGEST_WAIT_SECS);
         let sql = format!("SELECT CAST(GET_LOCK({NAME}, ?) AS SIGNED)");
         let wait = sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
             .bind(table)
             .bind(&**resource)
-            .bind(secs)
+            .bind(i64::try_from(secs).unwrap_or(i64::MAX))
             .fetch_one(&mut *conn);
-        let limit = Duration::from_secs(secs.unsigned_abs()).saturating_add(STATEMENT_TIMEOUT);
+        let limit = Duration::from_secs(secs).saturating_add(STATEMENT_TIMEOUT);
         let got: Option<i64> = match tokio::time::timeout(limit, wait).await {
             Ok(row) => row.and_then(|row| row.try_get(0)).map_err(Some)?,
-            Err(_) => return Err(None),
+            Err(_) => return Err(Some(timed_out())),
         };
-        if got == Some(1) {
-            // Ours for a moment: let go at once, so the next holder can take it.
-            let sql = format!("SELECT CAST(RELEASE_LOCK({NAME}) AS SIGNED)");
-            bounded(
-                sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
-                    .bind(table)
-                    .bind(&**resource)
-                    .fetch_one(&mut *conn),
-            )
-            .await
-            .map_err(Some)?;
-            return Ok(true);
+        match got {
+            Some(1) => {
+                // Ours for a moment: let go at once, so the next holder can take it.
+                let sql = format!("SELECT CAST(RELEASE_LOCK({NAME}) AS SIGNED)");
+                bounded(
+                    sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+                        .bind(table)
+                        .bind(&**resource)
+                        .fetch_one(&mut *conn),
+                )
+                .await
+                .map_err(Some)?;
+                return Ok(true);
+            }
+            // Timed out: wait again while the watch lasts.
+            Some(_) => {
+                unheld = 0;
+                watchers = 0;
+            }
+            // An error the server reports as NULL (the session killed, say).
+            None => return Ok(false),
         }
-        unheld = 0;
     }
 }
