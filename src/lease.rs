@@ -173,8 +173,9 @@ impl Denial {
 }
 
 impl LeaseRecord {
-    /// The candidate this lease is offered to, when it is an open offer (see
-    /// [`LeaseStore::offer`](crate::LeaseStore::offer)).
+    /// The candidate this lease was offered to, when it is an offer (see
+    /// [`LeaseStore::offer`](crate::LeaseStore::offer)): open while [`live`](Self::live), lapsed
+    /// otherwise.
     pub fn offered_to(&self) -> Option<&str> {
         crate::store::offered_to(&self.holder)
     }

@@ -284,7 +284,9 @@ impl LeaseStore for InMemoryLeaseStore {
     }
 
     async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {
-        validate_offer(lease, to, within)?;
+        let millis = validate_offer(lease, to, within)?;
+        // Whole milliseconds, as the database stores bind it.
+        let within = Duration::from_millis(millis.unsigned_abs());
         let now = Instant::now();
         match self.slots().get_mut(&lease.resource) {
             Some(slot)
@@ -292,8 +294,10 @@ impl LeaseStore for InMemoryLeaseStore {
                     && slot.token == lease.token.get()
                     && slot.expires > now =>
             {
+                slot.token = slot.token.checked_add(1).ok_or(StoreError::Unsupported {
+                    operation: "a token past i64::MAX",
+                })?;
                 slot.holder = offer_holder(to);
-                slot.token = slot.token.saturating_add(1);
                 slot.expires = now + within;
                 slot.payload = None;
                 // The holder's waiters (the one offered among them) look at once.

@@ -150,11 +150,13 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// ```
 ///
 /// A wrapper must pass [`acquire_or_renew_with`](Self::acquire_or_renew_with),
+/// [`offer`](Self::offer), [`take_offer`](Self::take_offer),
 /// [`release_events`](Self::release_events), [`validate`](Self::validate) and
 /// [`sea_orm_store`](Self::sea_orm_store) on too if the store it wraps has them (without the
 /// first, an elector or locks configured with a payload fail with
-/// [`StoreError::Unsupported`] on their first acquire) (here the defaults: no release notifications, nothing to validate, no
-/// fencing of SeaORM transactions by the terms of an elector over it).
+/// [`StoreError::Unsupported`] on their first acquire; without the offers, a handover to a named
+/// successor releases the lease instead) (here the defaults: no release notifications, nothing
+/// to validate, no fencing of SeaORM transactions by the terms of an elector over it).
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
     /// Takes the lease if nobody holds a live one (a new term: [`LeaseOutcome::Acquired`], token

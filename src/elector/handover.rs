@@ -14,7 +14,8 @@ use crate::{FencingToken, LeaseStore};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Handover {
-    /// The successor took the lease: its term has this token, higher than the leader's.
+    /// The successor took the offer: its term has this token, higher than the leader's (it
+    /// leads on its renew right after the take).
     Taken {
         /// The successor's term's token.
         token: FencingToken,
@@ -31,11 +32,17 @@ pub enum Handover {
     NotLeader,
 }
 
-/// How often the leader reads the lease while its offer is open.
-const LOOK_EVERY: Duration = Duration::from_millis(20);
+/// How often the leader reads the lease while its offer is open: first after this, then
+/// twice as long each time, up to [`LOOK_MOST`].
+const LOOK_FIRST: Duration = Duration::from_millis(10);
+const LOOK_MOST: Duration = Duration::from_millis(250);
+/// How long past an open offer's end (as the store reported it) the last read comes: the
+/// local clock may run fast against the database's.
+const PAST_THE_END: Duration = Duration::from_millis(50);
 
 /// Reads `resource` until `to` holds it (taken, with its token) or the offer's `until` has
-/// passed (then one last read decides), and tells `done`.
+/// passed (then the offer's end as the store reports it decides), and tells `done`. Bounded by
+/// the offer's window (at most a lease) and one more read.
 pub(super) async fn await_taker(
     store: Arc<dyn LeaseStore>,
     resource: Arc<str>,
@@ -43,14 +50,29 @@ pub(super) async fn await_taker(
     until: Instant,
     done: oneshot::Sender<Handover>,
 ) {
+    let mut pause = LOOK_FIRST;
+    let mut overtime = false;
     let taken = loop {
         let last = crate::clock::now() >= until;
+        let mut next = crate::clock::now()
+            .checked_add(pause)
+            .unwrap_or(until)
+            .min(until);
         match store.current(&resource).await {
             Ok(Some(record)) if record.live && record.holder == *to => break Some(record.token),
-            // Still open: look again until the offer's time is up.
+            // Still open.
             Ok(Some(record)) if record.live && record.offered_to() == Some(&to) => {
                 if last {
-                    break None;
+                    if overtime {
+                        break None;
+                    }
+                    // Our clock says it is over, the store's does not: one more read after
+                    // the end the store reports.
+                    overtime = true;
+                    let now = crate::clock::now();
+                    next = now
+                        .checked_add(record.remaining.saturating_add(PAST_THE_END))
+                        .unwrap_or(now);
                 }
             }
             // Lapsed, revoked or taken by another candidate after it lapsed.
@@ -63,11 +85,8 @@ pub(super) async fn await_taker(
         if done.is_closed() {
             return;
         }
-        let next = crate::clock::now()
-            .checked_add(LOOK_EVERY)
-            .unwrap_or(until)
-            .min(until);
         crate::clock::sleep_until(next).await;
+        pause = (pause * 2).min(LOOK_MOST);
     };
     let outcome = match taken {
         Some(token) => {

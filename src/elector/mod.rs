@@ -468,7 +468,9 @@ impl ElectorHandle {
     /// the offer where the store has release notifications, otherwise at its next retry. Every
     /// other candidate, this one included, stays out until `to` took it or the offer lapsed.
     ///
-    /// The future resolves to [`Handover::Taken`] with the successor's token once it leads,
+    /// The future resolves to [`Handover::Taken`] with the successor's token once it took the
+    /// offer (it leads on its renew right after, with that token; should that renew fail, it
+    /// contends again and leads with a higher one),
     /// [`Handover::NotTaken`] when it did not take the offer within `within` (it is not a live
     /// follower: the lease then lapses to the ordinary contest, so a dead successor costs
     /// `within` without a leader, not a lease), [`Handover::Ended`] when the term ended but no
@@ -476,8 +478,10 @@ impl ElectorHandle {
     /// successor's `retry_interval` where the store wakes no followers.
     ///
     /// `to` must be a valid candidate id of at most [`MAX_OFFER_TARGET_LEN`](crate::MAX_OFFER_TARGET_LEN)
-    /// characters other than this one's, and `within` between 1 ms and [`MAX_INTERVAL`]: refused
-    /// before anything happens.
+    /// characters other than this one's, and `within` between 1 ms and the lease duration:
+    /// refused before anything happens. If the store cannot make the offer (it failed, or a
+    /// wrapper store does not forward [`LeaseStore::offer`]), the lease is released as by a
+    /// step-down and the answer is [`Handover::Ended`].
     ///
     /// ```
     /// # use std::time::Duration;
@@ -516,6 +520,15 @@ impl ElectorHandle {
                 if within.is_zero() {
                     return Err(ConfigError::Zero { option: "within" });
                 }
+                // A dead successor costs `within` without a leader: never more than a lease.
+                if within > self.config.lease {
+                    return Err(ConfigError::TooLong {
+                        option: "within",
+                        value: within,
+                        max: self.config.lease,
+                    });
+                }
+                crate::store::lease_millis(within)?;
                 Ok(())
             });
         let asked = checked.and_then(|()| self.ask_step_down(within, Some(Arc::from(to))));

@@ -56,6 +56,15 @@ pub(crate) struct StepDown {
     pub done: tokio::sync::oneshot::Sender<Handover>,
 }
 
+/// What came of an offer.
+enum Offered {
+    Yes,
+    /// The store no longer holds the term.
+    TermGone,
+    /// The store failed or cannot offer (the term may still be ours).
+    Failed,
+}
+
 /// How a leader's step-down left its lease.
 enum LeftLease {
     Released,
@@ -225,13 +234,16 @@ impl Runner {
                         }
                         // Offered: the answer comes once the successor took it, or not.
                         (None, Some(to)) => {
-                            tokio::spawn(super::handover::await_taker(
-                                Arc::clone(&self.store),
-                                self.config.resource.clone(),
-                                to,
-                                until,
-                                request.done,
-                            ));
+                            tokio::spawn(
+                                super::handover::await_taker(
+                                    Arc::clone(&self.store),
+                                    self.config.resource.clone(),
+                                    to,
+                                    until,
+                                    request.done,
+                                )
+                                .in_current_span(),
+                            );
                         }
                         (None, None) => {
                             let _ = request.done.send(Handover::Ended);
@@ -345,34 +357,40 @@ impl Runner {
         if !holds_lease {
             return Ok(LeftLease::Kept);
         }
-        Ok(match to {
-            None if self.release(&active.granted).await => LeftLease::Released,
-            None => LeftLease::Kept,
-            Some(to) if self.offer(&active.granted, to, within).await => LeftLease::Offered,
-            Some(_) => LeftLease::Kept,
+        if let Some(to) = to {
+            match self.offer(&active.granted, to, within).await {
+                Offered::Yes => return Ok(LeftLease::Offered),
+                Offered::TermGone => return Ok(LeftLease::Kept),
+                // Not offered, the term still ours: released as by a step-down.
+                Offered::Failed => {}
+            }
+        }
+        Ok(if self.release(&active.granted).await {
+            LeftLease::Released
+        } else {
+            LeftLease::Kept
         })
     }
 
-    /// Offers the lease of `granted` to `to` for `within` (see `LeaseStore::offer`): whether
-    /// it did.
-    async fn offer(&self, granted: &Lease, to: &str, within: Duration) -> bool {
+    /// Offers the lease of `granted` to `to` for `within` (see `LeaseStore::offer`).
+    async fn offer(&self, granted: &Lease, to: &str, within: Duration) -> Offered {
         let call = self.store.offer(granted, to, within);
         match timeout(self.config.lease, call).await {
             Ok(Ok(true)) => {
                 info!(successor = to, ?within, "offered the lease");
-                true
+                Offered::Yes
             }
             Ok(Ok(false)) => {
                 info!("not offered: the store no longer holds this term; it lapses on its own");
-                false
+                Offered::TermGone
             }
             Ok(Err(err)) => {
-                warn!(error = %err, "offer failed; the lease will lapse on its own");
-                false
+                warn!(error = %err, "offer failed; releasing the lease instead");
+                Offered::Failed
             }
             Err(_) => {
-                warn!("offer timed out; the lease will lapse on its own");
-                false
+                warn!("offer timed out; releasing the lease instead");
+                Offered::Failed
             }
         }
     }
@@ -573,8 +591,11 @@ impl Runner {
     ) {
         // Publish the step-down first, then fire `lost`: nobody who reacts to `lost` can still
         // read a leader state from the channel.
-        // A store's report can be stale; whoever denied us, it was not us.
-        let leader = leader.filter(|holder| **holder != *self.config.candidate);
+        // A store's report can be stale; whoever denied us, it was not us. An open offer (a
+        // planned handover) has no leader yet.
+        let leader = leader
+            .filter(|holder| **holder != *self.config.candidate)
+            .filter(|holder| crate::store::offered_to(holder).is_none());
         let payload = leader.as_ref().and(payload);
         self.state
             .send_replace(Leadership::Follower { leader, payload });

@@ -858,7 +858,7 @@ fn denial(outcome: &LeaseOutcome) -> &orion_beacon::Denial {
     }
 }
 
-/// A planned handover: the offer ends the holder's term (its renew, release and fence fail)
+/// A planned handover: the offer ends the holder's term (its renew and releases fail)
 /// and begins a new one with the next token, which only the named successor can take; every
 /// other candidate is denied, told whom it is offered to, and sees no payload of the ended
 /// term; the successor's take and renew carry that token, and the offer cannot be taken twice.

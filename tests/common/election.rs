@@ -478,6 +478,72 @@ pub async fn a_handover_goes_to_the_named_successor(h: &SqlHarness) {
     eprintln!("handover took {took:?} after the answer");
 }
 
+/// A handover to a named successor that only a wake-up can make fast: three electors on
+/// `stores` (one per "process") that poll every 10 s; the leader hands over to the follower it
+/// did not start first, which must lead well before any poll (the offer wakes it), with the
+/// offered token; the other follower never leads. Returns how long the handover took.
+pub async fn woken_handover(stores: &[SeaOrmLeaseStore; 3]) -> Duration {
+    use orion_beacon::Handover;
+    const POLL: Duration = Duration::from_secs(10);
+    let resource = unique("woken_handover");
+    let elector = |store: &SeaOrmLeaseStore, id: &str| {
+        Elector::builder(store.clone())
+            .resource(&resource)
+            .candidate_id(id)
+            .lease_duration(Duration::from_secs(30))
+            .renew_interval(Duration::from_secs(5))
+            .retry_interval(POLL)
+            .jitter(0.0)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let a = elector(&stores[0], "a");
+    a.watch().wait_for(|s| s.is_leader()).await.unwrap();
+    let old = a.token().unwrap();
+    let (b, c) = (elector(&stores[1], "b"), elector(&stores[2], "c"));
+    for f in [&b, &c] {
+        f.watch()
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    Leadership::Follower {
+                        leader: Some(_),
+                        ..
+                    }
+                )
+            })
+            .await
+            .unwrap();
+    }
+    let asked = Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.hand_over_to("c", Duration::from_secs(8)),
+    )
+    .await
+    .expect("the handover answers well before the followers' poll")
+    .unwrap();
+    let Handover::Taken { token } = answer else {
+        panic!("not taken: {answer:?}");
+    };
+    assert!(token > old);
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        c.watch().wait_for(|s| s.is_leader()),
+    )
+    .await
+    .expect("the successor leads")
+    .unwrap();
+    let took = asked.elapsed();
+    assert_eq!(c.token(), Some(token));
+    assert!(!b.is_leader());
+    for h in [a, b, c] {
+        h.shutdown().await;
+    }
+    took
+}
+
 /// Generates the election test for a harness setup expression.
 #[macro_export]
 macro_rules! election_suite {

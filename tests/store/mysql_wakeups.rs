@@ -317,3 +317,27 @@ async fn each_release_wakes_the_next_of_two_waiters() {
     assert!(guard.release().await.unwrap());
     drop_table(&admin, &table).await;
 }
+
+/// A handover to a named successor in another process: the offer wakes it (the old leader's
+/// name is let go with the offer), long before its 10 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_wakes_the_named_successor() {
+    if Server::MySql.skipped() {
+        return;
+    }
+    let admin = Server::MySql.connect(2).await;
+    let table = unique("wake_offer");
+    migrate(&admin, &table).await;
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(
+            SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
+                .with_table(&table)
+                .unwrap(),
+        );
+    }
+    let stores: [SeaOrmLeaseStore; 3] = stores.try_into().unwrap();
+    let took = common::election::woken_handover(&stores).await;
+    eprintln!("MariaDB handover to a named successor in {took:?}");
+    drop_table(&admin, &table).await;
+}

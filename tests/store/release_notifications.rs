@@ -241,3 +241,27 @@ async fn a_listener_a_partition_left_half_open_listens_again() {
     );
     drop_table(&admin, &table).await;
 }
+
+/// A handover to a named successor in another process: the offer's `pg_notify` wakes it, long
+/// before its 10 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_wakes_the_named_successor() {
+    if Server::Postgres.skipped() {
+        return;
+    }
+    let admin = Server::Postgres.connect(2).await;
+    let table = unique("notify_offer");
+    migrate(&admin, &table).await;
+    let mut stores = Vec::new();
+    for i in 0..3 {
+        stores.push(
+            SeaOrmLeaseStore::new(connect_as(&unique(&format!("ob-offer-{i}"))).await)
+                .with_table(&table)
+                .unwrap(),
+        );
+    }
+    let stores: [SeaOrmLeaseStore; 3] = stores.try_into().unwrap();
+    let took = common::election::woken_handover(&stores).await;
+    eprintln!("PostgreSQL handover to a named successor in {took:?}");
+    drop_table(&admin, &table).await;
+}

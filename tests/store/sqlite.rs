@@ -264,6 +264,11 @@ async fn wakes_waiters(rollback_journal: bool) {
     eprintln!("SQLite handover in {:?}", t0.elapsed());
     follower.shutdown().await;
 
+    // A handover to a named successor in another process: the offer wakes it too.
+    let c = SeaOrmLeaseStore::new(connect(path.clone()).await);
+    let took = common::election::woken_handover(&[a.clone(), b.clone(), c]).await;
+    eprintln!("SQLite handover to a named successor in {took:?}");
+
     // A lock waiter in the other process, polling every 10 s.
     let locks = |store: &SeaOrmLeaseStore, owner: &str| {
         Locks::builder(store.clone())
