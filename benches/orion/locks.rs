@@ -238,7 +238,7 @@ pub(crate) async fn locks_bench() -> Result<(), Error> {
     println!(
         "{}",
         row(
-            "MariaDB (retry interval 250 ms, lease end)",
+            "MariaDB (the holder's named lock)",
             &release_to_grant(&mysql, &table, n).await?
         )?
     );
@@ -253,7 +253,7 @@ pub(crate) async fn locks_bench() -> Result<(), Error> {
     println!(
         "{}",
         row(
-            "SQLite (retry interval 250 ms, lease end)",
+            "SQLite (the file's change events)",
             &release_to_grant(&sqlite, &table, n).await?
         )?
     );
