@@ -1787,3 +1787,147 @@ async fn staying_out_after_a_step_down_is_healthy() {
     assert!(handle.token().unwrap() > first);
     handle.shutdown().await;
 }
+
+/// A store whose take of an offer commits but answers with an error (the answer lost), or that
+/// cannot offer at all (a wrapper that does not pass `offer` on).
+#[derive(Clone, Default)]
+struct Handovers {
+    lose_take_answers: bool,
+    no_offers: bool,
+    takes: Arc<Mutex<u32>>,
+}
+
+#[async_trait]
+impl Intercept for Handovers {
+    async fn offer(
+        &self,
+        inner: &InMemoryLeaseStore,
+        lease: &Lease,
+        to: &str,
+        within: Duration,
+    ) -> Result<bool, StoreError> {
+        if self.no_offers {
+            return Err(StoreError::Unsupported { operation: "offer" });
+        }
+        inner.offer(lease, to, within).await
+    }
+    async fn take_offer(
+        &self,
+        inner: &InMemoryLeaseStore,
+        resource: &str,
+        candidate: &str,
+        token: orion_beacon::FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        *self.takes.lock().unwrap() += 1;
+        let taken = inner.take_offer(resource, candidate, token, lease).await;
+        if self.lose_take_answers {
+            return Err(StoreError::Database(
+                sea_orm::DbErr::Custom("the answer was lost".into()).into(),
+            ));
+        }
+        taken
+    }
+}
+
+fn handover_electors(
+    store: &Double<Handovers>,
+) -> (orion_beacon::ElectorHandle, orion_beacon::ElectorHandle) {
+    let start = |id: &str| {
+        Elector::builder(store.clone())
+            .resource("job")
+            .candidate_id(id)
+            .lease_duration(LEASE)
+            .renew_interval(RENEW)
+            .retry_interval(Duration::from_secs(1))
+            .jitter(0.0)
+            .build()
+            .unwrap()
+            .start()
+    };
+    (start("a"), start("b"))
+}
+
+/// The successor's take commits but its answer is lost: the successor does not lead on it,
+/// finds the offered term as its own at its next attempt, releases exactly that write and leads
+/// with a higher token; never two leaders, and the old leader's answer is `Taken` (the store
+/// shows the successor holding it) or `NotTaken`, never a hang.
+#[tokio::test(start_paused = true)]
+async fn a_take_whose_answer_is_lost_leads_later_with_a_higher_token() {
+    let store = Double::new(Handovers {
+        lose_take_answers: true,
+        ..Handovers::default()
+    });
+    let (a, b) = handover_electors(&store);
+    let first = wait_leader(&mut a.watch()).await;
+    b.watch()
+        .wait_for(|s| {
+            matches!(
+                s,
+                Leadership::Follower {
+                    leader: Some(_),
+                    ..
+                }
+            )
+        })
+        .await
+        .unwrap();
+    let answer = a.hand_over_to("b", Duration::from_secs(5)).await.unwrap();
+    assert!(
+        matches!(
+            answer,
+            orion_beacon::Handover::Taken { .. } | orion_beacon::Handover::NotTaken
+        ),
+        "{answer:?}"
+    );
+    assert!(
+        *store.takes.lock().unwrap() >= 1,
+        "the successor took the offer"
+    );
+    let term = wait_leader(&mut b.watch()).await;
+    assert!(
+        term.token().get() > first.token().get() + 1,
+        "not on the taken token ({}), whose answer it never saw",
+        first.token().get() + 1
+    );
+    assert!(!a.is_leader());
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A store that cannot make offers: the handover releases the lease instead (`Ended`), so the
+/// resource does not wait a lease for a leader.
+#[tokio::test(start_paused = true)]
+async fn a_store_without_offers_releases_instead() {
+    let store = Double::new(Handovers {
+        no_offers: true,
+        ..Handovers::default()
+    });
+    let (a, b) = handover_electors(&store);
+    wait_leader(&mut a.watch()).await;
+    b.watch()
+        .wait_for(|s| {
+            matches!(
+                s,
+                Leadership::Follower {
+                    leader: Some(_),
+                    ..
+                }
+            )
+        })
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    assert_eq!(
+        a.hand_over_to("b", Duration::from_secs(5)).await.unwrap(),
+        orion_beacon::Handover::Ended
+    );
+    wait_leader(&mut b.watch()).await;
+    assert!(
+        asked.elapsed() < LEASE / 2,
+        "led {:?} after the handover, not at its next retry",
+        asked.elapsed()
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

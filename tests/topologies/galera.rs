@@ -374,3 +374,13 @@ impl common::conformance::Harness for GaleraHarness {
 }
 
 lock_suite!(GaleraHarness::setup());
+
+/// Offers (a planned handover) on Galera: made through node 0, seen and taken through node 1.
+mod offers {
+    use super::*;
+    conformance_suite!(@cases [cfg(all())] GaleraHarness::setup();
+        an_offer_ends_the_term_and_only_the_successor_takes_it,
+        an_offer_nobody_takes_lapses_to_a_higher_token,
+        bad_offers_are_refused_before_sql,
+    );
+}
