@@ -163,8 +163,20 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     /// a backend whose wake-ups follow the leases held and waited for.
     fn holding(&self, _cx: &Context, _resource: &str, _candidate: &str, _remaining: Duration) {}
 
-    /// `candidate` was denied `resource`, whose holder has `remaining` left.
-    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str, _remaining: Duration) {}
+    /// `candidate` was denied `resource`.
+    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str) {}
+
+    /// A waiter of this process waits for a release of `resources` until `until` (its next
+    /// attempt): a backend whose wake-ups need to know what is waited for watches them while
+    /// the returned guard lives.
+    fn waiting(
+        &self,
+        _cx: &Context,
+        _resources: &[std::sync::Arc<str>],
+        _until: tokio::time::Instant,
+    ) -> Option<Box<dyn Send>> {
+        None
+    }
 
     /// `candidate`'s lease of `resource` ended here: its release was answered, or a batch renew
     /// found it lost.

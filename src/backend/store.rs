@@ -324,6 +324,18 @@ impl SeaOrmLeaseStore {
             .bind(resource, candidate, millis))
     }
 
+    /// A waiter of this process waits for a release of `resources` until `until`: where the
+    /// backend's wake-ups need to know (MySQL's named locks), they are watched while the guard
+    /// lives.
+    pub(crate) fn waiting(
+        &self,
+        resources: &[Arc<str>],
+        until: tokio::time::Instant,
+    ) -> Option<Box<dyn Send>> {
+        let engine = self.engine().ok()?;
+        engine.backend.waiting(&engine.cx, resources, until)
+    }
+
     /// The exact statement [`release`](LeaseStore::release) sends for these arguments on this
     /// connection's backend (on PostgreSQL it also notifies followers): for `EXPLAIN`, audits
     /// and tests. The values are bound parameters.
@@ -415,10 +427,8 @@ impl LeaseStore for SeaOrmLeaseStore {
                     .backend
                     .holding(&engine.cx, resource, candidate, lease.remaining);
             }
-            LeaseOutcome::Denied(denial) => {
-                engine
-                    .backend
-                    .denied(&engine.cx, resource, candidate, denial.remaining);
+            LeaseOutcome::Denied(_) => {
+                engine.backend.denied(&engine.cx, resource, candidate);
             }
         }
         Ok(outcome)

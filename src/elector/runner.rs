@@ -524,6 +524,10 @@ impl Runner {
         let Some(events) = releases.as_mut() else {
             return sleep_until(next_attempt).await;
         };
+        // Where the store's wake-ups need to know what is waited for (MySQL's named locks).
+        let _waiting = self.fence.as_ref().and_then(|store| {
+            store.waiting(std::slice::from_ref(&self.config.resource), next_attempt)
+        });
         let released = async {
             loop {
                 match events.recv().await {

@@ -573,6 +573,11 @@ async fn wait_for(
         let sleep = crate::clock::sleep_until(at);
         let mut closed = false;
         if let Some(rx) = events.as_mut() {
+            // Where the store's wake-ups need to know what is waited for (MySQL's named locks).
+            let _waiting = holder
+                .store
+                .sea_orm_store()
+                .and_then(|store| store.waiting(resources, at));
             tokio::pin!(sleep);
             loop {
                 tokio::select! {

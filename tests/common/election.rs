@@ -440,7 +440,7 @@ pub async fn a_handover_goes_to_the_named_successor(h: &SqlHarness) {
     };
     assert!(token > old, "{token} after {old}");
     let took = wait_until("the successor", Duration::from_secs(2), || {
-        handles[successor].is_leader()
+        handles[successor].is_leader() && recorder.leader_after(asked).is_some()
     })
     .await;
     let (who, _, led_with) = recorder.leader_after(asked).expect("a next term");
@@ -463,7 +463,7 @@ pub async fn a_handover_goes_to_the_named_successor(h: &SqlHarness) {
     wait_until(
         "a leader after the lapsed offer",
         within + SLACK * 2,
-        || handles.iter().any(|h| h.is_leader()),
+        || handles.iter().any(|h| h.is_leader()) && recorder.leader_after(asked).is_some(),
     )
     .await;
     let (_, started, after) = recorder

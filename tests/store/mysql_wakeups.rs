@@ -341,3 +341,46 @@ async fn an_offer_wakes_the_named_successor() {
     eprintln!("MariaDB handover to a named successor in {took:?}");
     drop_table(&admin, &table).await;
 }
+
+/// A semaphore waiter in another process, all permits held: the release of one wakes it at
+/// once (each permit it waits for is watched), long before its 10 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_semaphore_waiter() {
+    if Server::MySql.skipped() {
+        return;
+    }
+    let admin = Server::MySql.connect(2).await;
+    let table = unique("wake_sem");
+    migrate(&admin, &table).await;
+    let store = |db| SeaOrmLeaseStore::new(db).with_table(&table).unwrap();
+    let a = store(Server::MySql.connect(4).await);
+    let b = store(Server::MySql.connect(4).await);
+    let semaphore = |store: &SeaOrmLeaseStore, owner: &str| {
+        Locks::builder(store.clone())
+            .owner(owner)
+            .retry_interval(RETRY)
+            .build()
+            .unwrap()
+            .semaphore("exports", 2)
+            .unwrap()
+    };
+    let sa = semaphore(&a, "a");
+    let first = sa.try_acquire().await.unwrap().unwrap();
+    let second = sa.try_acquire().await.unwrap().unwrap();
+    let sb = semaphore(&b, "b");
+    let waiter = tokio::spawn(async move {
+        let permit = sb.acquire(Duration::from_secs(20)).await.unwrap();
+        (Instant::now(), permit)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "both permits are held");
+    let released = Instant::now();
+    assert!(second.release().await.unwrap());
+    let (granted, permit) = waiter.await.unwrap();
+    let after = granted.saturating_duration_since(released);
+    eprintln!("MariaDB semaphore release to grant in {after:?}");
+    assert!(after < WELL_UNDER, "{after:?} after the release");
+    assert!(permit.release().await.unwrap());
+    assert!(first.release().await.unwrap());
+    drop_table(&admin, &table).await;
+}

@@ -269,10 +269,22 @@ impl LeaseBackend for MySqlBackend {
         }
     }
 
-    fn denied(&self, cx: &Context, resource: &str, candidate: &str, remaining: Duration) {
+    fn denied(&self, cx: &Context, resource: &str, candidate: &str) {
         if let Some(w) = self.wakeups() {
-            w.denied(&cx.db, &cx.table, resource, candidate, remaining);
+            w.denied(&cx.db, &cx.table, resource, candidate);
         }
+    }
+
+    fn waiting(
+        &self,
+        cx: &Context,
+        resources: &[Arc<str>],
+        until: tokio::time::Instant,
+    ) -> Option<Box<dyn Send>> {
+        let waiting = self
+            .wakeups()?
+            .waiting(&cx.db, &cx.table, resources, until)?;
+        Some(Box::new(waiting))
     }
 
     fn ended(&self, cx: &Context, resource: &str, candidate: &str) {

@@ -10,14 +10,17 @@
 //!   pool's connect options (not one of the pool's connections). It lets go of the name after
 //!   the lease's release committed, when a grant or batch renew says the lease is no longer
 //!   this store's, and when the lease's time as last answered is up.
-//! - **A waiter waits on it.** When a grant is denied and something in this process waits for
-//!   releases ([`LeaseStore::release_events`](crate::LeaseStore::release_events)), the store
-//!   watches that resource until the holder's lease ends: on a connection of a small pool of
-//!   its own it asks who holds the name (`IS_USED_LOCK`) and, if a session does, waits for it
-//!   (`GET_LOCK` with a timeout), lets go of it at once and tells the waiters, who then ask the
-//!   store as at any poll. A name nobody holds (a holder that crashed, an older version, a store
-//!   with notifications off) is looked at twice more shortly after, then left to the poll: no
-//!   waiting loop on a lease whose holder signals nothing.
+//! - **A waiter waits on it.** While an elector or a lock waiter of this process waits between
+//!   two attempts (and has subscribed to
+//!   [`LeaseStore::release_events`](crate::LeaseStore::release_events)), it tells the store
+//!   which resources it waits for and until when; the store watches each (at most
+//!   [`MAX_WATCHES`] at once) on a connection of a small pool of its own: it asks who holds the
+//!   name (`IS_USED_LOCK`) and, if a holder's signal connection does, waits for it (`GET_LOCK`
+//!   with a timeout), lets go of it at once and tells the waiters, who then ask the store as at
+//!   any poll. A watch ends when nobody waits any more. A name nobody holds (a holder that
+//!   crashed, an older version, a store with notifications off) is looked at twice more
+//!   shortly after, then left to the poll: no waiting loop on a lease whose holder signals
+//!   nothing. A `try_acquire` that is denied starts no watch.
 //!
 //! It is only a wake-up: a grant is decided by the lease row alone, as always. A signal
 //! connection that drops (its locks go with it) wakes the waiters early, who are denied and
@@ -33,10 +36,9 @@
 //! sessions), or `@@wsrep_on` is set, wake-ups are off and waiters poll. A check that could not
 //! tell (the server unreachable) is tried again later.
 //!
-//! What wakes: electors and lock waiters denied by a holder. Semaphore waiters (which wait
-//! without a denial when every permit is live) and shard sets poll as before. A holder whose
-//! store has notifications off takes no names, so its releases reach other processes' waiters
-//! at their next poll.
+//! What wakes: electors, lock waiters and semaphore waiters (each permit they wait for is
+//! watched). Shard sets poll as before. A holder whose store has notifications off takes no
+//! names, so its releases reach other processes' waiters at their next poll.
 //!
 //! Cost, while any clone of the store lives: from this process's first grant on, one server
 //! connection (the signal connection, pinged every [`PING_EVERY`] while it holds names), and
@@ -116,6 +118,46 @@ enum Signal {
     },
 }
 
+/// A resource waited for.
+#[derive(Debug)]
+struct Wanted {
+    /// The latest end of a wait for it.
+    until: Instant,
+    /// The waiters' guards alive.
+    waiters: usize,
+    /// Whether a watch task runs for it.
+    watched: bool,
+}
+
+/// A waiter's interest in wake-ups for some resources (see [`HubCell::waiting`]); dropped when
+/// it stops waiting.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    hub: Weak<Hub>,
+    resources: Vec<Arc<str>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some(hub) = self.hub.upgrade() else {
+            return;
+        };
+        let mut watches = hub
+            .watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for resource in &self.resources {
+            if let Some(wanted) = watches.get_mut(resource) {
+                wanted.waiters = wanted.waiters.saturating_sub(1);
+                // A watch task removes its own entry; one without a task goes now.
+                if wanted.waiters == 0 && !wanted.watched {
+                    watches.remove(resource);
+                }
+            }
+        }
+    }
+}
+
 /// Whether named locks work as wake-ups through this store's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Usable {
@@ -130,8 +172,9 @@ pub(crate) struct Hub {
     table: Arc<str>,
     tx: broadcast::Sender<Arc<str>>,
     signals: mpsc::UnboundedSender<Signal>,
-    /// The resources watched, and until when.
-    watches: Mutex<HashMap<Arc<str>, Instant>>,
+    /// The resources waited for here: until when, by how many waiters, and whether a watch
+    /// task runs for it.
+    watches: Mutex<HashMap<Arc<str>, Wanted>>,
     usable: tokio::sync::watch::Sender<Usable>,
     watch_pool: MySqlPool,
     stop: CancellationToken,
@@ -219,23 +262,30 @@ impl HubCell {
         }
     }
 
-    /// `candidate` was denied `resource` (whose holder has `remaining`): a name it held goes,
-    /// and if something here waits for releases, the resource is watched until the lease ends.
+    /// `candidate` was denied `resource`: a name it held goes.
     pub(crate) fn denied(
         &self,
         db: &DatabaseConnection,
         table: &Arc<str>,
         resource: &str,
         candidate: &str,
-        remaining: Duration,
     ) {
-        let Some(hub) = self.hub(db, table) else {
-            return;
-        };
-        hub.let_go(resource, candidate);
-        if hub.tx.receiver_count() > 0 && remaining > Duration::from_millis(50) {
-            hub.watch(resource, remaining);
+        if let Some(hub) = self.hub(db, table) {
+            hub.let_go(resource, candidate);
         }
+    }
+
+    /// A waiter here waits for `resources` until `until` (its next attempt): each is watched
+    /// (at most [`MAX_WATCHES`] per store) while a waiter's guard lives and its wait lasts.
+    pub(crate) fn waiting(
+        &self,
+        db: &DatabaseConnection,
+        table: &Arc<str>,
+        resources: &[Arc<str>],
+        until: Instant,
+    ) -> Option<Waiting> {
+        let hub = self.hub(db, table)?;
+        Some(hub.wait_for(resources, until))
     }
 
     /// `candidate`'s lease of `resource` ended here (its release committed, or a renew found
@@ -311,62 +361,80 @@ impl Hub {
         });
     }
 
-    /// Watches `resource` for `remaining` (the holder's lease time left), unless it is watched
-    /// already (then until the later end) or [`MAX_WATCHES`] are.
-    fn watch(self: &Arc<Self>, resource: &str, remaining: Duration) {
-        // Not yet known: the watch waits for the check (a first denial comes before it ends).
-        if *self.usable.borrow() == Usable::No {
-            return;
-        }
-        let now = crate::clock::now();
-        let for_ = remaining
-            .saturating_add(Duration::from_millis(100))
-            .min(LONGEST_WATCH);
-        let until = now.checked_add(for_).unwrap_or(now);
-        let resource: Arc<str> = Arc::from(resource);
+    /// Registers a waiter for `resources` until `until`, starting a watch for each that has
+    /// none (while fewer than [`MAX_WATCHES`] run).
+    fn wait_for(self: &Arc<Self>, resources: &[Arc<str>], until: Instant) -> Waiting {
+        let until = until.min(
+            crate::clock::now()
+                .checked_add(LONGEST_WATCH)
+                .unwrap_or(until),
+        );
+        let mut start = Vec::new();
         {
             let mut watches = self
                 .watches
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(end) = watches.get_mut(&resource) {
-                *end = (*end).max(until);
-                return;
+            let running = watches.values().filter(|w| w.watched).count();
+            for resource in resources {
+                let wanted = watches.entry(Arc::clone(resource)).or_insert(Wanted {
+                    until,
+                    waiters: 0,
+                    watched: false,
+                });
+                wanted.waiters += 1;
+                wanted.until = wanted.until.max(until);
+                // Not known to work here: nothing to start.
+                if !wanted.watched
+                    && *self.usable.borrow() != Usable::No
+                    && running + start.len() < MAX_WATCHES
+                {
+                    wanted.watched = true;
+                    start.push(Arc::clone(resource));
+                }
             }
-            if watches.len() >= MAX_WATCHES {
-                tracing::trace!(%resource, "too many watches; this waiter polls");
-                return;
-            }
-            watches.insert(Arc::clone(&resource), until);
         }
-        tokio::spawn(watch_task(
-            Arc::downgrade(self),
-            resource,
-            self.watch_pool.clone(),
-            self.stop.clone(),
-        ));
+        for resource in start {
+            tokio::spawn(watch_task(
+                Arc::downgrade(self),
+                resource,
+                self.watch_pool.clone(),
+                self.stop.clone(),
+            ));
+        }
+        Waiting {
+            hub: Arc::downgrade(self),
+            resources: resources.to_vec(),
+        }
     }
 
-    /// The end of `resource`'s watch if it has not passed; otherwise the watch is ended (under
-    /// the same lock, so an extension is never lost).
+    /// The end of `resource`'s watch while a waiter still waits for it; otherwise the watch
+    /// ends (under the same lock, so a new waiter is never lost).
     fn watched_until(&self, resource: &Arc<str>) -> Option<Instant> {
         let mut watches = self
             .watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let until = *watches.get(resource)?;
-        if crate::clock::now() < until {
-            return Some(until);
+        let wanted = watches.get(resource)?;
+        if wanted.waiters > 0 && crate::clock::now() < wanted.until {
+            return Some(wanted.until);
         }
         watches.remove(resource);
         None
     }
 
+    /// The watch task of `resource` ended: a new one starts at the next wait.
     fn unwatch(&self, resource: &Arc<str>) {
-        self.watches
+        let mut watches = self
+            .watches
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(resource);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(wanted) = watches.get_mut(resource) {
+            wanted.watched = false;
+            if wanted.waiters == 0 {
+                watches.remove(resource);
+            }
+        }
     }
 }
 
