@@ -155,8 +155,9 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// [`sea_orm_store`](Self::sea_orm_store) on too if the store it wraps has them (without the
 /// first, an elector or locks configured with a payload fail with
 /// [`StoreError::Unsupported`] on their first acquire; without the offers, a handover to a named
-/// successor releases the lease instead) (here the defaults: no release notifications, nothing
-/// to validate, no fencing of SeaORM transactions by the terms of an elector over it).
+/// successor releases the lease instead; without `sea_orm_store`, waiters on MySQL/MariaDB cannot
+/// tell the store what they wait for and poll) (here the defaults: no release notifications,
+/// nothing to validate, no fencing of SeaORM transactions by the terms of an elector over it).
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
     /// Takes the lease if nobody holds a live one (a new term: [`LeaseOutcome::Acquired`], token

@@ -119,15 +119,23 @@ enum Signal {
 }
 
 /// A resource waited for.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Wanted {
-    /// The latest end of a wait for it.
-    until: Instant,
-    /// The waiters' guards alive.
-    waiters: usize,
-    /// Whether a watch task runs for it.
-    watched: bool,
+    /// The end of each live waiter's wait (one entry per guard).
+    ends: Vec<Instant>,
+    /// The watch task running for it, by its number.
+    task: Option<u64>,
 }
+
+impl Wanted {
+    /// The latest end of a live wait.
+    fn until(&self) -> Option<Instant> {
+        self.ends.iter().copied().max()
+    }
+}
+
+/// Waits shorter than this start no watch (the waiter asks again sooner than a watch helps).
+const SHORTEST_WAIT: Duration = Duration::from_millis(50);
 
 /// A waiter's interest in wake-ups for some resources (see [`HubCell::waiting`]); dropped when
 /// it stops waiting.
@@ -135,6 +143,7 @@ struct Wanted {
 pub(crate) struct Waiting {
     hub: Weak<Hub>,
     resources: Vec<Arc<str>>,
+    until: Instant,
 }
 
 impl Drop for Waiting {
@@ -148,9 +157,11 @@ impl Drop for Waiting {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for resource in &self.resources {
             if let Some(wanted) = watches.get_mut(resource) {
-                wanted.waiters = wanted.waiters.saturating_sub(1);
-                // A watch task removes its own entry; one without a task goes now.
-                if wanted.waiters == 0 && !wanted.watched {
+                if let Some(i) = wanted.ends.iter().position(|end| *end == self.until) {
+                    wanted.ends.swap_remove(i);
+                }
+                // A running task ends its own entry; one without a task goes now.
+                if wanted.ends.is_empty() && wanted.task.is_none() {
                     watches.remove(resource);
                 }
             }
@@ -175,6 +186,8 @@ pub(crate) struct Hub {
     /// The resources waited for here: until when, by how many waiters, and whether a watch
     /// task runs for it.
     watches: Mutex<HashMap<Arc<str>, Wanted>>,
+    /// The number of the next watch task.
+    next_task: std::sync::atomic::AtomicU64,
     usable: tokio::sync::watch::Sender<Usable>,
     watch_pool: MySqlPool,
     stop: CancellationToken,
@@ -284,8 +297,7 @@ impl HubCell {
         resources: &[Arc<str>],
         until: Instant,
     ) -> Option<Waiting> {
-        let hub = self.hub(db, table)?;
-        Some(hub.wait_for(resources, until))
+        self.hub(db, table)?.wait_for(resources, until)
     }
 
     /// `candidate`'s lease of `resource` ended here (its release committed, or a renew found
@@ -330,6 +342,7 @@ fn start(
         tx: broadcast::channel(256).0,
         signals,
         watches: Mutex::default(),
+        next_task: std::sync::atomic::AtomicU64::new(0),
         usable: tokio::sync::watch::Sender::new(Usable::Unknown),
         watch_pool,
         stop: CancellationToken::new(),
@@ -362,77 +375,88 @@ impl Hub {
     }
 
     /// Registers a waiter for `resources` until `until`, starting a watch for each that has
-    /// none (while fewer than [`MAX_WATCHES`] run).
-    fn wait_for(self: &Arc<Self>, resources: &[Arc<str>], until: Instant) -> Waiting {
-        let until = until.min(
-            crate::clock::now()
-                .checked_add(LONGEST_WATCH)
-                .unwrap_or(until),
-        );
+    /// none (while fewer than [`MAX_WATCHES`] run). A wait shorter than [`SHORTEST_WAIT`]
+    /// starts nothing.
+    fn wait_for(self: &Arc<Self>, resources: &[Arc<str>], until: Instant) -> Option<Waiting> {
+        let now = crate::clock::now();
+        let until = until.min(now.checked_add(LONGEST_WATCH).unwrap_or(until));
+        if until.saturating_duration_since(now) < SHORTEST_WAIT
+            || *self.usable.borrow() == Usable::No
+        {
+            return None;
+        }
         let mut start = Vec::new();
         {
             let mut watches = self
                 .watches
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let running = watches.values().filter(|w| w.watched).count();
+            let mut running = watches.values().filter(|w| w.task.is_some()).count();
             for resource in resources {
-                let wanted = watches.entry(Arc::clone(resource)).or_insert(Wanted {
-                    until,
-                    waiters: 0,
-                    watched: false,
-                });
-                wanted.waiters += 1;
-                wanted.until = wanted.until.max(until);
-                // Not known to work here: nothing to start.
-                if !wanted.watched
-                    && *self.usable.borrow() != Usable::No
-                    && running + start.len() < MAX_WATCHES
-                {
-                    wanted.watched = true;
-                    start.push(Arc::clone(resource));
+                let wanted = watches.entry(Arc::clone(resource)).or_default();
+                wanted.ends.push(until);
+                if wanted.task.is_none() && running < MAX_WATCHES {
+                    let task = self
+                        .next_task
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    wanted.task = Some(task);
+                    running += 1;
+                    start.push((Arc::clone(resource), task));
                 }
             }
         }
-        for resource in start {
+        for (resource, task) in start {
             tokio::spawn(watch_task(
                 Arc::downgrade(self),
                 resource,
+                task,
                 self.watch_pool.clone(),
                 self.stop.clone(),
             ));
         }
-        Waiting {
+        Some(Waiting {
             hub: Arc::downgrade(self),
             resources: resources.to_vec(),
-        }
+            until,
+        })
     }
 
-    /// The end of `resource`'s watch while a waiter still waits for it; otherwise the watch
-    /// ends (under the same lock, so a new waiter is never lost).
-    fn watched_until(&self, resource: &Arc<str>) -> Option<Instant> {
+    /// The end of the live waits for `resource` while watch `task` is still its watch and a
+    /// waiter waits; otherwise the task's watch ends here (under the same lock as every
+    /// registration, so a new waiter either extends this watch or starts a new one).
+    fn watched_until(&self, resource: &Arc<str>, task: u64) -> Option<Instant> {
         let mut watches = self
             .watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let wanted = watches.get(resource)?;
-        if wanted.waiters > 0 && crate::clock::now() < wanted.until {
-            return Some(wanted.until);
+        let wanted = watches.get_mut(resource)?;
+        if wanted.task != Some(task) {
+            return None;
         }
-        watches.remove(resource);
+        let now = crate::clock::now();
+        // Waits that are over (their guards not dropped yet) do not hold the watch.
+        if let Some(until) = wanted.until().filter(|until| *until > now) {
+            return Some(until);
+        }
+        wanted.task = None;
+        if wanted.ends.is_empty() {
+            watches.remove(resource);
+        }
         None
     }
 
-    /// The watch task of `resource` ended: a new one starts at the next wait.
-    fn unwatch(&self, resource: &Arc<str>) {
+    /// Watch `task` of `resource` ended (if it still was its watch).
+    fn unwatch(&self, resource: &Arc<str>, task: u64) {
         let mut watches = self
             .watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(wanted) = watches.get_mut(resource) {
-            wanted.watched = false;
-            if wanted.waiters == 0 {
-                watches.remove(resource);
+            if wanted.task == Some(task) {
+                wanted.task = None;
+                if wanted.ends.is_empty() {
+                    watches.remove(resource);
+                }
             }
         }
     }
@@ -806,7 +830,13 @@ fn unique_u64() -> u64 {
 }
 
 /// Waits for `resource`'s holder to let go of its name, then tells the waiters.
-async fn watch_task(hub: Weak<Hub>, resource: Arc<str>, pool: MySqlPool, stop: CancellationToken) {
+async fn watch_task(
+    hub: Weak<Hub>,
+    resource: Arc<str>,
+    task: u64,
+    pool: MySqlPool,
+    stop: CancellationToken,
+) {
     let Some((table, mut usable)) = hub
         .upgrade()
         .map(|h| (Arc::clone(&h.table), h.usable.subscribe()))
@@ -818,9 +848,14 @@ async fn watch_task(hub: Weak<Hub>, resource: Arc<str>, pool: MySqlPool, stop: C
         () = stop.cancelled() => None,
         answer = usable.wait_for(|u| *u != Usable::Unknown) => answer.ok().map(|u| *u),
     };
-    if checked != Some(Usable::Yes) {
+    // Still waited for (the check may have taken a while): only then a connection.
+    let wanted = hub
+        .upgrade()
+        .and_then(|h| h.watched_until(&resource, task))
+        .is_some();
+    if checked != Some(Usable::Yes) || !wanted {
         if let Some(hub) = hub.upgrade() {
-            hub.unwatch(&resource);
+            hub.unwatch(&resource, task);
         }
         return;
     }
@@ -831,18 +866,18 @@ async fn watch_task(hub: Weak<Hub>, resource: Arc<str>, pool: MySqlPool, stop: C
         Some(conn) => conn,
         None => {
             if let Some(hub) = hub.upgrade() {
-                hub.unwatch(&resource);
+                hub.unwatch(&resource, task);
             }
             return;
         }
     };
-    let body = watch_on(&mut conn, &hub, &resource, &table);
+    let body = watch_on(&mut conn, &hub, &resource, task, &table);
     let ended = tokio::select! {
         () = stop.cancelled() => Err(None),
         ended = body => ended,
     };
     if let Some(hub) = hub.upgrade() {
-        hub.unwatch(&resource);
+        hub.unwatch(&resource, task);
     }
     match ended {
         // Back to the pool only after a complete answer.
@@ -871,12 +906,13 @@ async fn watch_on(
     conn: &mut MySqlConnection,
     hub: &Weak<Hub>,
     resource: &Arc<str>,
+    task: u64,
     table: &str,
 ) -> Result<bool, Option<sea_orm::sqlx::Error>> {
     let mut unheld = 0;
     let mut watchers = 0;
     loop {
-        let Some(until) = hub.upgrade().and_then(|h| h.watched_until(resource)) else {
+        let Some(until) = hub.upgrade().and_then(|h| h.watched_until(resource, task)) else {
             return Ok(false);
         };
         // Who holds the name, and whether that session is a holder's signal connection (it
