@@ -22,7 +22,7 @@
 //! after [`MOST`]), at most one every [`MIN_GAP`]. Every write counts, the application's own
 //! to other tables included.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -225,8 +225,7 @@ struct Reads {
     /// The database's now, and that now less [`FIRST_LOOK_BACK`].
     now: String,
     /// The leases live at `?1` (a now), and those written since `?2` (the previous now),
-    /// each with whether it is live and whether it is an offer (holder starting with `?3`, see
-    /// `LeaseStore::offer`) made since `?2`.
+    /// each with whether it is live, and its holder.
     leases: String,
 }
 
@@ -238,7 +237,7 @@ impl Reads {
             ),
             // The table name is validated (letters, digits, `_`).
             leases: format!(
-                "SELECT \"resource\", \"expires_at\" > ?1, \"renewed_at\" >= ?2 AND substr(\"holder\", 1, 2) = ?3 FROM \"{table}\" WHERE \"expires_at\" > ?1 OR \"renewed_at\" >= ?2"
+                "SELECT \"resource\", \"expires_at\" > ?1, \"holder\" FROM \"{table}\" WHERE \"expires_at\" > ?1 OR \"renewed_at\" >= ?2"
             ),
         }
     }
@@ -247,7 +246,8 @@ impl Reads {
 /// What the watcher knew at its previous read.
 #[derive(Default)]
 struct Seen {
-    live: HashSet<String>,
+    /// The live leases and their holders.
+    live: HashMap<String, String>,
     /// The database's now at that read.
     at: Option<String>,
     /// `data_version` then.
@@ -261,7 +261,8 @@ async fn data_version(pool: &SqlitePool) -> Result<i64, sea_orm::sqlx::Error> {
 }
 
 /// Reads the leases and returns those that stopped being live since `seen` (updating it), and
-/// those offered to a successor since (the one offered looks at once).
+/// those that became an offer to a successor since (the one offered looks at once): a live row
+/// whose holder is an offer's (see `LeaseStore::offer`) and was not at the previous read.
 async fn ended(
     pool: &SqlitePool,
     reads: &Reads,
@@ -271,27 +272,33 @@ async fn ended(
         .fetch_one(pool)
         .await?;
     let since = seen.at.clone().unwrap_or(back);
-    let rows: Vec<(String, bool, bool)> =
+    let rows: Vec<(String, bool, String)> =
         sea_orm::sqlx::query_as(AssertSqlSafe(reads.leases.clone()))
             .bind(&now)
             .bind(&since)
-            .bind(crate::store::OFFER_MARKER)
             .fetch_all(pool)
             .await?;
-    let mut live = HashSet::with_capacity(rows.len());
+    let mut live = HashMap::with_capacity(rows.len());
     let mut ended: Vec<String> = Vec::new();
-    for (resource, is_live, offered) in rows {
-        if offered {
+    for (resource, is_live, holder) in rows {
+        let offered = crate::store::offered_to(&holder).is_some()
+            && seen.live.get(&resource) != Some(&holder);
+        if is_live && offered {
             ended.push(resource.clone());
         }
         if is_live {
-            live.insert(resource);
+            live.insert(resource, holder);
         } else {
             // Written since the previous read and not live now: a short hold, released.
             ended.push(resource);
         }
     }
-    ended.extend(seen.live.difference(&live).cloned());
+    ended.extend(
+        seen.live
+            .keys()
+            .filter(|resource| !live.contains_key(*resource))
+            .cloned(),
+    );
     ended.sort_unstable();
     ended.dedup();
     seen.live = live;
@@ -424,7 +431,7 @@ mod tests {
         let reads = Reads::new("orionbeacon_leases");
         assert_eq!(
             reads.leases,
-            r#"SELECT "resource", "expires_at" > ?1, "renewed_at" >= ?2 AND substr("holder", 1, 2) = ?3 FROM "orionbeacon_leases" WHERE "expires_at" > ?1 OR "renewed_at" >= ?2"#
+            r#"SELECT "resource", "expires_at" > ?1, "holder" FROM "orionbeacon_leases" WHERE "expires_at" > ?1 OR "renewed_at" >= ?2"#
         );
         assert_eq!(
             reads.now,
