@@ -339,9 +339,11 @@ impl Runner {
     }
 
     /// A step-down of a leader: the term ends as on a shutdown (its work gets the grace period
-    /// while the lease is kept renewed), then the lease is released so another candidate takes
-    /// over at once. Whether it was released (`false`: the work did not stop, or the lease was
-    /// lost meanwhile; it lapses on its own); `Err` only on an abort meanwhile.
+    /// while the lease is kept renewed), then the lease is offered to `to` for `within` (a
+    /// handover to a named successor) or, without one or when the store cannot offer, released,
+    /// so another candidate takes over at once. How the lease was left (`Kept`: the work did not
+    /// stop, or the lease was lost meanwhile; it lapses on its own); `Err` only on an abort
+    /// meanwhile.
     async fn hand_over(
         &self,
         active: &mut Active,
