@@ -933,3 +933,78 @@ macro_rules! lock_suite {
         }
     };
 }
+
+/// A lock held in one "process" (`a`) and waited for in another (`b`), whose waiter polls only
+/// every 10 s: the release must wake it at once (`backend` names the mechanism in the output);
+/// then, with notifications off on `b`, the waiter only polls and times out. Returns the time
+/// from the release to the grant.
+pub async fn a_release_wakes_a_lock_waiter(
+    a: &orion_beacon::SeaOrmLeaseStore,
+    b: &orion_beacon::SeaOrmLeaseStore,
+    backend: &str,
+) -> Duration {
+    const POLL: Duration = Duration::from_secs(10);
+    const WELL_UNDER: Duration = Duration::from_secs(2);
+    let locks = |store: &orion_beacon::SeaOrmLeaseStore, owner: &str| {
+        Locks::builder(store.clone())
+            .owner(owner)
+            .retry_interval(POLL)
+            .build()
+            .unwrap()
+    };
+    let name = unique("invoices");
+    let (la, lb) = (locks(a, "a"), locks(b, "b"));
+    let held = la
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waited = name.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = lb
+            .lock(&waited)
+            .unwrap()
+            .acquire(Duration::from_secs(20))
+            .await
+            .unwrap();
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter waits for the held lock");
+    let released = Instant::now();
+    assert!(held.release().await.unwrap());
+    let (granted, guard) = waiter.await.unwrap();
+    let after = granted.saturating_duration_since(released);
+    eprintln!("{backend} lock release to grant in {after:?}");
+    assert!(after < WELL_UNDER, "{after:?} after the release");
+    assert!(guard.release().await.unwrap());
+
+    // Off: the waiter only polls.
+    let quiet = b.clone().with_release_notifications(false);
+    let lq = locks(&quiet, "q");
+    let name = unique("quiet");
+    let held = la
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        lq.lock(&name)
+            .unwrap()
+            .acquire(Duration::from_millis(1_500))
+            .await
+            .map(|_| ())
+    });
+    // Time for its first attempt (denied) before the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(held.release().await.unwrap());
+    assert!(
+        waiter.await.unwrap().is_err(),
+        "without wake-ups the waiter polls (every 10 s) and times out"
+    );
+    after
+}

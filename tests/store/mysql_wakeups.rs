@@ -120,64 +120,8 @@ async fn a_release_wakes_waiters_in_other_processes() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    // A lock waiter in the other process.
-    let locks = |store: &SeaOrmLeaseStore, owner: &str| {
-        Locks::builder(store.clone())
-            .owner(owner)
-            .retry_interval(RETRY)
-            .build()
-            .unwrap()
-    };
-    let (la, lb) = (locks(&a, "a"), locks(&b, "b"));
-    let held = la
-        .lock("invoices")
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    let waiter = tokio::spawn(async move {
-        let guard = lb
-            .lock("invoices")
-            .unwrap()
-            .acquire(Duration::from_secs(20))
-            .await
-            .unwrap();
-        (Instant::now(), guard)
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "the waiter waits for the held lock");
-    let released = Instant::now();
-    assert!(held.release().await.unwrap());
-    let (granted, guard) = waiter.await.unwrap();
-    let after = granted.saturating_duration_since(released);
-    eprintln!("MariaDB lock release to grant in {after:?}");
-    assert!(after < WELL_UNDER, "{after:?} after the release");
-    assert!(guard.release().await.unwrap());
-
-    // Off: the waiter only polls.
-    let quiet = b.clone().with_release_notifications(false);
-    let lq = locks(&quiet, "q");
-    let held = la
-        .lock("quiet")
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    let waiter = tokio::spawn(async move {
-        lq.lock("quiet")
-            .unwrap()
-            .acquire(Duration::from_millis(1_500))
-            .await
-            .map(|_| ())
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(held.release().await.unwrap());
-    assert!(
-        waiter.await.unwrap().is_err(),
-        "without wake-ups the waiter polls (every 10 s) and times out"
-    );
+    // A lock waiter in the other process; then with notifications off.
+    common::locks::a_release_wakes_a_lock_waiter(&a, &b, "MariaDB").await;
     drop_table(&admin, &table).await;
 }
 
