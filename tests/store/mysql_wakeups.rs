@@ -80,21 +80,35 @@ async fn wait_for_signal(
     }
 }
 
+/// A lease table named after `prefix` on the test server, an admin connection, and `N` stores
+/// on it with a pool each (as `N` processes have).
+async fn processes<const N: usize>(
+    prefix: &str,
+) -> (DatabaseConnection, String, [SeaOrmLeaseStore; N]) {
+    let admin = Server::MySql.connect(2).await;
+    let table = unique(prefix);
+    migrate(&admin, &table).await;
+    let mut stores = Vec::with_capacity(N);
+    for _ in 0..N {
+        stores.push(
+            SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
+                .with_table(&table)
+                .unwrap(),
+        );
+    }
+    let Ok(stores) = stores.try_into() else {
+        unreachable!("N stores were made");
+    };
+    (admin, table, stores)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_waiters_in_other_processes() {
     if Server::MySql.skipped() {
         return;
     }
-    let admin = Server::MySql.connect(2).await;
-    let table = unique("wake");
-    migrate(&admin, &table).await;
     // Two "processes": a pool each.
-    let a = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
-        .with_table(&table)
-        .unwrap();
-    let b = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
-        .with_table(&table)
-        .unwrap();
+    let (admin, table, [a, b]) = processes("wake").await;
 
     // An elector's handover.
     let resource = unique("job");
@@ -133,15 +147,7 @@ async fn a_lost_signal_wakes_but_never_grants() {
     if Server::MySql.skipped() {
         return;
     }
-    let admin = Server::MySql.connect(2).await;
-    let table = unique("wake_lost");
-    migrate(&admin, &table).await;
-    let a = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
-        .with_table(&table)
-        .unwrap();
-    let b = SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
-        .with_table(&table)
-        .unwrap();
+    let (admin, table, [a, b]) = processes("wake_lost").await;
     let resource = unique("job");
     let lease = Duration::from_secs(3);
 
@@ -204,17 +210,7 @@ async fn each_release_wakes_the_next_of_two_waiters() {
     if Server::MySql.skipped() {
         return;
     }
-    let admin = Server::MySql.connect(2).await;
-    let table = unique("wake_two");
-    migrate(&admin, &table).await;
-    let mut stores = Vec::new();
-    for _ in 0..3 {
-        stores.push(
-            SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
-                .with_table(&table)
-                .unwrap(),
-        );
-    }
+    let (admin, table, stores) = processes::<3>("wake_two").await;
     let locks = |store: &SeaOrmLeaseStore, owner: &str| {
         Locks::builder(store.clone())
             .owner(owner)
@@ -269,18 +265,7 @@ async fn an_offer_wakes_the_named_successor() {
     if Server::MySql.skipped() {
         return;
     }
-    let admin = Server::MySql.connect(2).await;
-    let table = unique("wake_offer");
-    migrate(&admin, &table).await;
-    let mut stores = Vec::new();
-    for _ in 0..3 {
-        stores.push(
-            SeaOrmLeaseStore::new(Server::MySql.connect(4).await)
-                .with_table(&table)
-                .unwrap(),
-        );
-    }
-    let stores: [SeaOrmLeaseStore; 3] = stores.try_into().unwrap();
+    let (admin, table, stores) = processes::<3>("wake_offer").await;
     let took = common::election::woken_handover(&stores).await;
     eprintln!("MariaDB handover to a named successor in {took:?}");
     drop_table(&admin, &table).await;
@@ -293,12 +278,7 @@ async fn a_release_wakes_a_semaphore_waiter() {
     if Server::MySql.skipped() {
         return;
     }
-    let admin = Server::MySql.connect(2).await;
-    let table = unique("wake_sem");
-    migrate(&admin, &table).await;
-    let store = |db| SeaOrmLeaseStore::new(db).with_table(&table).unwrap();
-    let a = store(Server::MySql.connect(4).await);
-    let b = store(Server::MySql.connect(4).await);
+    let (admin, table, [a, b]) = processes("wake_sem").await;
     let semaphore = |store: &SeaOrmLeaseStore, owner: &str| {
         Locks::builder(store.clone())
             .owner(owner)
