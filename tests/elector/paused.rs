@@ -1830,9 +1830,14 @@ impl Intercept for Handovers {
     }
 }
 
-fn handover_electors(
+/// Electors `a` (leading: its term is returned) and `b` (following it) on `store`.
+async fn handover_electors(
     store: &Double<Handovers>,
-) -> (orion_beacon::ElectorHandle, orion_beacon::ElectorHandle) {
+) -> (
+    orion_beacon::ElectorHandle,
+    orion_beacon::ElectorHandle,
+    orion_beacon::LeaderTerm,
+) {
     let start = |id: &str| {
         Elector::builder(store.clone())
             .resource("job")
@@ -1845,21 +1850,8 @@ fn handover_electors(
             .unwrap()
             .start()
     };
-    (start("a"), start("b"))
-}
-
-/// The successor's take commits but its answer is lost: the successor does not lead on it,
-/// finds the offered term as its own at its next attempt, releases exactly that write and leads
-/// with a higher token; never two leaders, and the old leader's answer is `Taken` (the store
-/// shows the successor holding it) or `NotTaken`, never a hang.
-#[tokio::test(start_paused = true)]
-async fn a_take_whose_answer_is_lost_leads_later_with_a_higher_token() {
-    let store = Double::new(Handovers {
-        lose_take_answers: true,
-        ..Handovers::default()
-    });
-    let (a, b) = handover_electors(&store);
-    let first = wait_leader(&mut a.watch()).await;
+    let (a, b) = (start("a"), start("b"));
+    let term = wait_leader(&mut a.watch()).await;
     b.watch()
         .wait_for(|s| {
             matches!(
@@ -1872,6 +1864,20 @@ async fn a_take_whose_answer_is_lost_leads_later_with_a_higher_token() {
         })
         .await
         .unwrap();
+    (a, b, term)
+}
+
+/// The successor's take commits but its answer is lost: the successor does not lead on it,
+/// finds the offered term as its own at its next attempt, releases exactly that write and leads
+/// with a higher token; never two leaders, and the old leader's answer is `Taken` (the store
+/// shows the successor holding it) or `NotTaken`, never a hang.
+#[tokio::test(start_paused = true)]
+async fn a_take_whose_answer_is_lost_leads_later_with_a_higher_token() {
+    let store = Double::new(Handovers {
+        lose_take_answers: true,
+        ..Handovers::default()
+    });
+    let (a, b, first) = handover_electors(&store).await;
     let answer = a.hand_over_to("b", Duration::from_secs(5)).await.unwrap();
     assert!(
         matches!(
@@ -1903,20 +1909,7 @@ async fn a_store_without_offers_releases_instead() {
         no_offers: true,
         ..Handovers::default()
     });
-    let (a, b) = handover_electors(&store);
-    wait_leader(&mut a.watch()).await;
-    b.watch()
-        .wait_for(|s| {
-            matches!(
-                s,
-                Leadership::Follower {
-                    leader: Some(_),
-                    ..
-                }
-            )
-        })
-        .await
-        .unwrap();
+    let (a, b, _) = handover_electors(&store).await;
     let asked = Instant::now();
     assert_eq!(
         a.hand_over_to("b", Duration::from_secs(5)).await.unwrap(),
