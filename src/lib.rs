@@ -16,6 +16,7 @@ mod lease;
 pub mod locks;
 pub mod membership;
 mod memory;
+mod random;
 pub mod shards;
 pub mod store;
 mod watch;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::random::random_u64;
+use crate::random::random_u64;
 use crate::store::{lease_millis, validate_candidate, validate_resource};
 use crate::StoreError;
 

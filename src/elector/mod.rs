@@ -7,7 +7,6 @@ mod health;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
-pub(crate) mod random;
 mod runner;
 mod term;
 
@@ -29,10 +28,10 @@ pub(crate) use health::HealthState;
 pub use health::{Health, HEALTH_WINDOW_FACTOR};
 pub use term::{LeaderTerm, Leadership, LossReason};
 
+pub(crate) use crate::random::jittered;
 use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
 pub(crate) use config::{check_timing, default_candidate_id};
 use config::{Config, Options};
-pub(crate) use random::jittered;
 use runner::{Runner, StepDown, Stop};
 
 /// Builds an [`Elector`]: `Elector::builder(store).resource("nightly-report").build()?`.

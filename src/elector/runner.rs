@@ -19,8 +19,8 @@ use super::decision::{
 };
 use super::handover::Handover;
 use super::health::Probe;
-use super::random::jittered;
 use super::term::{LeaderTerm, Leadership, LossReason};
+use crate::random::jittered;
 use crate::store::ReleaseEvents;
 use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseStore};
 

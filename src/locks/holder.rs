@@ -87,7 +87,7 @@ impl Holder {
             wake: Arc::new(Notify::new()),
             renewing: Arc::new(AtomicBool::new(false)),
             // Two `Locks` with one owner (or a restarted process) never share a candidate id.
-            instance: crate::elector::random::random_u64(),
+            instance: crate::random::random_u64(),
             next_candidate: AtomicU64::new(1),
         }
     }

@@ -463,7 +463,7 @@ async fn try_any(
     let mut free: Vec<&Arc<str>> = resources.iter().filter(|r| !live.contains(&***r)).collect();
     // Fisher-Yates: waiters spread over the free permits instead of all racing for the first.
     for i in (1..free.len()).rev() {
-        let j = usize::try_from(crate::elector::random::random_u64() % (i as u64 + 1)).unwrap_or(0);
+        let j = usize::try_from(crate::random::random_u64() % (i as u64 + 1)).unwrap_or(0);
         free.swap(i, j);
     }
     for resource in free {

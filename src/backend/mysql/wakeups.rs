@@ -769,7 +769,7 @@ fn timed_out() -> sea_orm::sqlx::Error {
 /// sessions over servers. `None` when it could not tell (the server unreachable, say).
 async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> Option<bool> {
     let pool = hub.upgrade().map(|h| h.watch_pool.clone())?;
-    let name = format!("orionbeacon/check/{:016x}", unique_u64());
+    let name = format!("orionbeacon/check/{:016x}", crate::random::random_u64());
     let test = async {
         let mut signal = options.connect().await?;
         let row = sea_orm::sqlx::query(
@@ -814,19 +814,6 @@ async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> Option<boo
             None
         }
     }
-}
-
-/// A process-unique number for the self-test's name (no RNG crate: time and an address).
-fn unique_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    h.finish()
 }
 
 /// Waits for `resource`'s holder to let go of its name, then tells the waiters.

@@ -1,5 +1,5 @@
-//! Random numbers without a dependency: the suffix of default candidate ids, and the jitter
-//! that spreads follower retries.
+//! Random numbers without a dependency: the suffix of default candidate ids and lock holds,
+//! the names of the MySQL wake-ups' check, and the jitter that spreads follower retries.
 
 use std::time::Duration;
 
