@@ -12,6 +12,7 @@ pub mod elector;
 mod error;
 mod fencing;
 pub mod guide;
+pub mod jobs;
 mod lease;
 pub mod locks;
 pub mod membership;
@@ -43,6 +44,8 @@ pub use elector::{
 };
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
+#[doc(inline)]
+pub use jobs::{Job, JobError, JobRun, Jobs, JobsHandle, Schedule};
 pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
 #[doc(inline)]
 pub use locks::{Lock, LockError, LockGuard, Locks, Semaphore};

@@ -18,16 +18,21 @@
 //! Nodes that share resources with a shard set heartbeat into the membership table
 //! (`orionbeacon_members`), whose rows are [`member::Model`].
 //!
+//! Scheduled jobs record each slot they run in the job-run table (`orionbeacon_job_runs`),
+//! whose rows are [`job_run::Model`].
+//!
 //! Whether a lease is *live* must be judged against the database clock (compare `expires_at`
 //! with the database's `now`), never against the reader's wall clock.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod job_run;
 pub mod lease;
 pub mod member;
 mod table;
 
 pub use table::{
-    validate_table_name, TableNameError, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
+    validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE,
+    DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
 };

@@ -6,6 +6,9 @@ pub const DEFAULT_TABLE: &str = "orionbeacon_leases";
 /// The default membership table name (shard sets).
 pub const DEFAULT_MEMBER_TABLE: &str = "orionbeacon_members";
 
+/// The default run-record table name (scheduled jobs).
+pub const DEFAULT_JOB_RUN_TABLE: &str = "orionbeacon_job_runs";
+
 /// The longest accepted table name (PostgreSQL truncates identifiers past 63 bytes).
 pub const MAX_TABLE_NAME_LEN: usize = 63;
 

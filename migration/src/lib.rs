@@ -5,7 +5,9 @@
 //! then runs them with your own migrations):
 //!
 //! ```
-//! use orion_beacon_migration::{AddLeasePayload, CreateLeaseTable, CreateMemberTable};
+//! use orion_beacon_migration::{
+//!     AddLeasePayload, CreateJobRunTable, CreateLeaseTable, CreateMemberTable,
+//! };
 //! use sea_orm_migration::prelude::*;
 //!
 //! pub struct AppMigrator;
@@ -20,6 +22,8 @@
 //!             Box::new(CreateMemberTable::new()),
 //!             // the lease payload columns (after the lease table):
 //!             Box::new(AddLeasePayload::new()),
+//!             // only for scheduled jobs (their run records):
+//!             Box::new(CreateJobRunTable::new()),
 //!         ]
 //!     }
 //! }
@@ -59,6 +63,7 @@ mod check_first;
 mod m20261129_000001_create_leases;
 mod m20261201_000001_create_members;
 mod m20261203_000001_add_lease_payload;
+mod m20261204_000001_create_job_runs;
 
 pub use check_down::check_down;
 pub use check_first::CheckDown;
@@ -67,8 +72,9 @@ pub use sea_orm_migration::MigratorTraitSelf;
 pub use m20261129_000001_create_leases::CreateLeaseTable;
 pub use m20261201_000001_create_members::CreateMemberTable;
 pub use m20261203_000001_add_lease_payload::AddLeasePayload;
+pub use m20261204_000001_create_job_runs::CreateJobRunTable;
 pub use orion_beacon_entity::{
-    validate_table_name, TableNameError, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
+    validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
 };
 
 /// The tracking table of our own [`Migrator`]: separate from the application's.
@@ -76,7 +82,8 @@ pub const TRACKING_TABLE: &str = "seaql_migrations_orionbeacon";
 
 /// orion-beacon's own migrator, for the binary in this crate (feature `cli`). It creates the
 /// default tables: the lease table (`orionbeacon_leases`), then the membership table of shard
-/// sets (`orionbeacon_members`), each its own versioned migration.
+/// sets (`orionbeacon_members`), the payload columns and the run records of scheduled jobs
+/// (`orionbeacon_job_runs`), each its own versioned migration.
 pub struct Migrator;
 
 #[async_trait::async_trait]
@@ -86,6 +93,7 @@ impl MigratorTrait for Migrator {
             Box::new(CreateLeaseTable::new()),
             Box::new(CreateMemberTable::new()),
             Box::new(AddLeasePayload::new()),
+            Box::new(CreateJobRunTable::new()),
         ]
     }
 

@@ -1,0 +1,120 @@
+//! What scheduling a job can fail with.
+
+use crate::{ErrorKind, FenceError, StoreError};
+
+/// Why a job could not be set up, a slot not claimed or a run not marked.
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// A cron expression that does not parse (five fields, or six with seconds first).
+    #[error("cron expression {expression:?} is not valid: {reason}")]
+    InvalidCron {
+        /// The expression as given.
+        expression: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// A time zone the IANA database does not know.
+    #[error("time zone {0:?} is not an IANA time zone name (e.g. \"Europe/Berlin\", \"UTC\")")]
+    UnknownTimeZone(String),
+    /// A fixed interval of zero, under a second, not in whole milliseconds or over a year.
+    #[error("interval {0:?} is not a whole number of milliseconds from 1 s to 366 days")]
+    InvalidInterval(std::time::Duration),
+    /// A job name the lease table's rules refuse (1 to 255 characters, no control characters,
+    /// no white space at either end).
+    #[error("job name {name:?} {reason}")]
+    InvalidName {
+        /// The refused name.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// Two jobs of one scheduler with the same name.
+    #[error("job {0:?} is added twice")]
+    DuplicateJob(String),
+    /// An option out of its documented bounds.
+    #[error("{option} {value} is out of bounds ({bounds})")]
+    InvalidOption {
+        /// The option.
+        option: &'static str,
+        /// The value given.
+        value: String,
+        /// What is accepted.
+        bounds: &'static str,
+    },
+    /// The run's term is no longer current: nothing this attempt wrote in its fenced
+    /// transaction commits, and the slot is claimed again by the next leader.
+    #[error("the term that claimed {job:?} slot {slot} is no longer current")]
+    Superseded {
+        /// The job.
+        job: String,
+        /// The slot (milliseconds since the Unix epoch).
+        slot: i64,
+    },
+    /// The run record no longer says this attempt runs: the slot was finished, given up or
+    /// marked by an operator meanwhile. The transaction was rolled back.
+    #[error("{job:?} slot {slot} is no longer this attempt's to finish")]
+    NotClaimed {
+        /// The job.
+        job: String,
+        /// The slot (milliseconds since the Unix epoch).
+        slot: i64,
+    },
+    /// [`JobRun::commit`](crate::jobs::JobRun::commit) called twice for one attempt.
+    #[error("this attempt of {job:?} slot {slot} already committed")]
+    AlreadyCommitted {
+        /// The job.
+        job: String,
+        /// The slot (milliseconds since the Unix epoch).
+        slot: i64,
+    },
+    /// The scheduler's elector options were refused.
+    #[error(transparent)]
+    Config(crate::ConfigError),
+    /// The fence could not be checked.
+    #[error(transparent)]
+    Fence(FenceError),
+    /// The lease store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A statement on the run table (or the job's own, through `?`) failed.
+    #[error("database error: {0}")]
+    Database(#[from] sea_orm::DbErr),
+}
+
+impl From<FenceError> for JobError {
+    fn from(e: FenceError) -> Self {
+        match e {
+            FenceError::Store(s) => JobError::Store(s),
+            other => JobError::Fence(other),
+        }
+    }
+}
+
+impl JobError {
+    /// The kind of failure, for logs and metrics.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            JobError::InvalidCron { .. }
+            | JobError::UnknownTimeZone(_)
+            | JobError::InvalidInterval(_)
+            | JobError::InvalidName { .. }
+            | JobError::DuplicateJob(_)
+            | JobError::InvalidOption { .. }
+            | JobError::AlreadyCommitted { .. } => ErrorKind::InvalidInput,
+            JobError::Config(_) => ErrorKind::InvalidInput,
+            JobError::Superseded { .. } => ErrorKind::Lost,
+            JobError::NotClaimed { .. } => ErrorKind::Conflict,
+            JobError::Fence(e) if e.is_fenced() => ErrorKind::Lost,
+            JobError::Fence(_) => ErrorKind::Unsupported,
+            JobError::Store(e) => e.kind(),
+            JobError::Database(_) => ErrorKind::Database,
+        }
+    }
+}
+
+impl std::fmt::Debug for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::error::debug_chain(f, "JobError", self)
+    }
+}

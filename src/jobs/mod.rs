@@ -1,0 +1,431 @@
+//! Scheduled jobs that run exactly once per slot, across a cluster, even when leadership
+//! changes in the middle of a run.
+//!
+//! A [`Jobs`] scheduler is one elector (one renew loop, however many jobs) whose leader runs
+//! every job's slots. Each slot is claimed in a run record (table `orionbeacon_job_runs`, from
+//! the `CreateJobRunTable` migration) inside a fenced transaction, and the job's own writes
+//! and the slot's "finished" mark commit together in another ([`JobRun::begin`],
+//! [`JobRun::commit`]):
+//!
+//! - **exactly once per slot** for the writes the job makes in that transaction: a slot whose
+//!   writes committed is never run again, and a leader that lost its term (paused, cut off)
+//!   commits nothing;
+//! - **at least once** for everything else: an attempt that fails or crashes before its commit
+//!   is run again by the leader of the time, with back-off, up to
+//!   [`max_attempts`](Job::max_attempts), then given up (an operator can mark a slot to run
+//!   again or give it up: [`mark`], or `orion-beacon jobs rerun|give-up`).
+//!
+//! Slots come from the database clock, never a node's ([`Schedule`]); missed slots and slots
+//! that come due while one runs follow [`MissedSlots`] and [`Overlap`]. See the jobs guide
+//! (docs/jobs.md) for the guarantee, the policies and the figures.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use orion_beacon::jobs::{Job, Jobs, Schedule};
+//! use orion_beacon::SeaOrmLeaseStore;
+//!
+//! # async fn app(db: sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
+//! let jobs = Jobs::builder(SeaOrmLeaseStore::new(db))
+//!     .job(Job::new(
+//!         "nightly-report",
+//!         Schedule::cron("0 2 * * *", "Europe/Berlin")?,
+//!         |run| async move {
+//!             let txn = run.begin().await?; // fenced by the term that claimed the slot
+//!             // ... the report's rows, written with `&txn` ...
+//!             run.commit(txn).await // the rows and the "finished" mark, together
+//!         },
+//!     ))
+//!     .build()?
+//!     .start();
+//! # jobs.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod error;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+mod metrics_hook;
+mod plan;
+mod records;
+mod run;
+mod runner;
+mod schedule;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection};
+
+pub use error::JobError;
+pub use run::JobRun;
+pub use schedule::{MissedSlots, Overlap, Schedule, MAX_INTERVAL, MIN_INTERVAL};
+
+use crate::elector::{Elector, ElectorBuilder, ElectorHandle};
+use crate::SeaOrmLeaseStore;
+pub use orion_beacon_entity::DEFAULT_JOB_RUN_TABLE;
+
+/// The resource a scheduler's elector leads by default.
+pub const DEFAULT_RESOURCE: &str = "orion-beacon/jobs";
+/// The most slots [`MissedSlots::RunAll`] catches up at once.
+pub const MAX_CATCH_UP: usize = 10_000;
+/// The most attempts per slot that can be configured.
+pub const MAX_ATTEMPTS: u32 = 1_000;
+/// The longest starting deadline, back-off and poll interval.
+pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Work =
+    Arc<dyn Fn(JobRun) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
+
+/// One named job: a schedule, its policies and the closure that runs a slot.
+#[must_use]
+pub struct Job {
+    pub(crate) name: String,
+    pub(crate) schedule: Schedule,
+    pub(crate) missed: MissedSlots,
+    pub(crate) overlap: Overlap,
+    pub(crate) starting_deadline: Duration,
+    pub(crate) max_catch_up: usize,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: (Duration, Duration),
+    pub(crate) work: Work,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("name", &self.name)
+            .field("schedule", &self.schedule)
+            .field("missed", &self.missed)
+            .field("overlap", &self.overlap)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    /// A job named `name` (1 to 255 characters, checked by [`JobsBuilder::build`]) that runs
+    /// `work` for each slot of `schedule`. `work` gets the slot's [`JobRun`]; an `Err` (or a
+    /// panic) fails the attempt, which is retried.
+    pub fn new<F, Fut, E>(name: impl Into<String>, schedule: Schedule, work: F) -> Self
+    where
+        F: Fn(JobRun) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        let work: Work = Arc::new(move |run| {
+            let fut = work(run);
+            Box::pin(async move { fut.await.map_err(Into::into) })
+        });
+        Self {
+            name: name.into(),
+            schedule,
+            missed: MissedSlots::default(),
+            overlap: Overlap::default(),
+            starting_deadline: Duration::from_secs(60),
+            max_catch_up: 100,
+            max_attempts: 5,
+            backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+            work,
+        }
+    }
+
+    /// What happens to slots missed while no leader ran them. Default
+    /// [`MissedSlots::RunLatest`].
+    pub fn missed_slots(mut self, policy: MissedSlots) -> Self {
+        self.missed = policy;
+        self
+    }
+
+    /// What happens to a slot that comes due while an earlier one runs. Default
+    /// [`Overlap::Skip`].
+    pub fn overlap(mut self, policy: Overlap) -> Self {
+        self.overlap = policy;
+        self
+    }
+
+    /// How late after its time a slot still starts when it is the job's first ever, or under
+    /// [`MissedSlots::Skip`]. Default 60 s; at most [`MAX_WAIT`].
+    pub fn starting_deadline(mut self, deadline: Duration) -> Self {
+        self.starting_deadline = deadline;
+        self
+    }
+
+    /// How many missed slots [`MissedSlots::RunAll`] runs at most (the newest). Default 100;
+    /// 1 to [`MAX_CATCH_UP`].
+    pub fn max_catch_up(mut self, slots: usize) -> Self {
+        self.max_catch_up = slots;
+        self
+    }
+
+    /// Attempts per slot before it is given up. Default 5; 1 to [`MAX_ATTEMPTS`].
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The wait before a failed or crashed slot's next attempt, measured from the previous
+    /// attempt's claim: `first`, doubling per attempt, at most `max`. Default 1 s and 5
+    /// minutes; each at most [`MAX_WAIT`], `first` not above `max`.
+    pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff = (first, max);
+        self
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn policy(&self) -> Result<plan::Policy, JobError> {
+        crate::store::validate_resource(&self.name).map_err(|_| JobError::InvalidName {
+            name: self.name.clone(),
+            reason: "must be 1 to 255 characters, without control characters or white space \
+                     at either end",
+        })?;
+        let ms = |option: &'static str, d: Duration| {
+            if d > MAX_WAIT {
+                return Err(JobError::InvalidOption {
+                    option,
+                    value: format!("{d:?}"),
+                    bounds: "at most 366 days",
+                });
+            }
+            Ok(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        };
+        if !(1..=MAX_CATCH_UP).contains(&self.max_catch_up) {
+            return Err(JobError::InvalidOption {
+                option: "max_catch_up",
+                value: self.max_catch_up.to_string(),
+                bounds: "1 to 10,000",
+            });
+        }
+        if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
+            return Err(JobError::InvalidOption {
+                option: "max_attempts",
+                value: self.max_attempts.to_string(),
+                bounds: "1 to 1,000",
+            });
+        }
+        let (first, max) = self.backoff;
+        if first > max {
+            return Err(JobError::InvalidOption {
+                option: "retry_backoff",
+                value: format!("{first:?} > {max:?}"),
+                bounds: "first at most max",
+            });
+        }
+        Ok(plan::Policy {
+            missed: self.missed,
+            overlap: self.overlap,
+            starting_deadline_ms: ms("starting_deadline", self.starting_deadline)?,
+            max_catch_up: self.max_catch_up,
+            max_attempts: self.max_attempts as i32,
+            backoff_first_ms: ms("retry_backoff", first)?,
+            backoff_max_ms: ms("retry_backoff", max)?,
+        })
+    }
+}
+
+/// Builds a [`Jobs`] scheduler: `Jobs::builder(store).job(...).build()?`.
+#[must_use]
+pub struct JobsBuilder {
+    store: SeaOrmLeaseStore,
+    elector: ElectorBuilder,
+    resource: String,
+    table: String,
+    poll: Duration,
+    jobs: Vec<Job>,
+}
+
+impl JobsBuilder {
+    /// Adds a job.
+    pub fn job(mut self, job: Job) -> Self {
+        self.jobs.push(job);
+        self
+    }
+
+    /// The resource whose leader runs the jobs. Default [`DEFAULT_RESOURCE`]; schedulers with
+    /// different resources run their jobs independently (give their jobs different names).
+    pub fn resource(mut self, resource: impl Into<String>) -> Self {
+        self.resource = resource.into();
+        self
+    }
+
+    /// This node's candidate id (the elector's).
+    pub fn candidate_id(mut self, id: impl Into<String>) -> Self {
+        self.elector = self.elector.candidate_id(id);
+        self
+    }
+
+    /// The elector's lease (see [`ElectorBuilder::lease_duration`]).
+    pub fn lease_duration(mut self, lease: Duration) -> Self {
+        self.elector = self.elector.lease_duration(lease);
+        self
+    }
+
+    /// The elector's renew interval.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.elector = self.elector.renew_interval(interval);
+        self
+    }
+
+    /// The elector's retry interval (how soon a follower tries again).
+    pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.elector = self.elector.retry_interval(interval);
+        self
+    }
+
+    /// The run table (created by `CreateJobRunTable::with_table`). Default
+    /// [`DEFAULT_JOB_RUN_TABLE`].
+    pub fn runs_table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// How often the leader looks at the run table even when no slot is due (for slots to
+    /// retry and operators' marks). Default 5 s; 10 ms to [`MAX_WAIT`].
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// Validates every job and option: nothing runs before this succeeds.
+    pub fn build(self) -> Result<Jobs, JobError> {
+        orion_beacon_entity::validate_table_name(&self.table).map_err(|e| {
+            JobError::InvalidOption {
+                option: "runs_table",
+                value: format!("{:?} ({e})", self.table),
+                bounds: "1 to 63 ASCII letters, digits and '_', not starting with a digit",
+            }
+        })?;
+        if !(Duration::from_millis(10)..=MAX_WAIT).contains(&self.poll) {
+            return Err(JobError::InvalidOption {
+                option: "poll_interval",
+                value: format!("{:?}", self.poll),
+                bounds: "10 ms to 366 days",
+            });
+        }
+        let mut names = HashSet::new();
+        let mut jobs = Vec::with_capacity(self.jobs.len());
+        for job in self.jobs {
+            let policy = job.policy()?;
+            if !names.insert(job.name.clone()) {
+                return Err(JobError::DuplicateJob(job.name));
+            }
+            jobs.push(runner::Registered::new(job, policy));
+        }
+        let elector = self
+            .elector
+            .resource(self.resource)
+            .build()
+            .map_err(JobError::Config)?;
+        Ok(Jobs {
+            elector,
+            shared: Arc::new(runner::Shared {
+                store: self.store,
+                table: self.table.into(),
+                poll: self.poll,
+                jobs,
+            }),
+        })
+    }
+}
+
+/// A scheduler: one elector whose leader runs every job's slots. [`start`](Self::start) it.
+pub struct Jobs {
+    elector: Elector,
+    shared: Arc<runner::Shared>,
+}
+
+impl Jobs {
+    /// A builder over `store`; the run table lives in the same database, so the job's writes
+    /// and its slot's mark commit in one transaction.
+    pub fn builder(store: SeaOrmLeaseStore) -> JobsBuilder {
+        JobsBuilder {
+            elector: Elector::builder(store.clone()),
+            store,
+            resource: DEFAULT_RESOURCE.to_owned(),
+            table: DEFAULT_JOB_RUN_TABLE.to_owned(),
+            poll: Duration::from_secs(5),
+            jobs: Vec::new(),
+        }
+    }
+
+    /// Starts the elector; while this node leads, it runs the jobs.
+    pub fn start(self) -> JobsHandle {
+        let elector = self.elector.start();
+        let shared = self.shared;
+        let work = elector.run_as_leader(move |term| runner::lead(shared.clone(), term));
+        JobsHandle { elector, work }
+    }
+}
+
+/// A running scheduler. Dropping it leaves the scheduler running; stop it with
+/// [`shutdown`](Self::shutdown).
+pub struct JobsHandle {
+    elector: ElectorHandle,
+    work: tokio::task::JoinHandle<()>,
+}
+
+impl JobsHandle {
+    /// The scheduler's elector: whether this node leads, its term, its health.
+    pub fn elector(&self) -> &ElectorHandle {
+        &self.elector
+    }
+
+    /// Stops the scheduler: running slots get the elector's grace period to finish, then the
+    /// lease is released and another node takes over at once.
+    pub async fn shutdown(&self) {
+        self.elector.shutdown().await;
+        self.work.abort();
+    }
+
+    /// Stops at once, as a crash would: runs are dropped (their open transactions roll back),
+    /// nothing is released; another node takes over when the lease lapses.
+    pub async fn abort(&self) {
+        self.work.abort();
+        self.elector.abort().await;
+    }
+}
+
+/// An operator's mark on a slot's record: what `orion-beacon jobs rerun|give-up` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mark {
+    /// Run the slot again (any record but a running one). A finished slot runs again: its
+    /// writes are made a second time.
+    Rerun,
+    /// Give the slot up: never run it again (any record but a finished one). A running
+    /// attempt's commit is then refused and its fenced writes roll back.
+    GiveUp,
+}
+
+/// Marks `job`'s slot `slot` (milliseconds since the Unix epoch) in the run table `table` of
+/// `db`; whether a record was changed.
+pub async fn mark(
+    db: &DatabaseConnection,
+    table: &str,
+    job: &str,
+    slot: i64,
+    mark: Mark,
+) -> Result<bool, JobError> {
+    orion_beacon_entity::validate_table_name(table).map_err(|e| JobError::InvalidOption {
+        option: "table",
+        value: format!("{table:?} ({e})"),
+        bounds: "1 to 63 ASCII letters, digits and '_', not starting with a digit",
+    })?;
+    let to = match mark {
+        Mark::Rerun => plan::State::Rerun,
+        Mark::GiveUp => plan::State::GivenUp,
+    };
+    let rows = db
+        .execute(&records::mark(table, job, slot, to))
+        .await?
+        .rows_affected();
+    Ok(rows > 0)
+}

@@ -1,0 +1,419 @@
+//! The scheduler's decisions as a pure function: given a job's schedule and policies, what its
+//! run table says, what runs here now and the database's now, which slots to start, skip or
+//! give up, and when to look again.
+
+use std::collections::BTreeSet;
+
+use super::schedule::{MissedSlots, Overlap, Schedule};
+
+/// A run record's state (the `state` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    Running,
+    Finished,
+    Failed,
+    GivenUp,
+    Skipped,
+    Rerun,
+}
+
+impl State {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Finished => "finished",
+            State::Failed => "failed",
+            State::GivenUp => "given_up",
+            State::Skipped => "skipped",
+            State::Rerun => "rerun",
+        }
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "running" => State::Running,
+            "finished" => State::Finished,
+            "failed" => State::Failed,
+            "given_up" => State::GivenUp,
+            "skipped" => State::Skipped,
+            "rerun" => State::Rerun,
+            _ => return None,
+        })
+    }
+}
+
+/// A job's policies, as the planner needs them (milliseconds).
+#[derive(Debug, Clone)]
+pub(crate) struct Policy {
+    pub missed: MissedSlots,
+    pub overlap: Overlap,
+    pub starting_deadline_ms: i64,
+    pub max_catch_up: usize,
+    pub max_attempts: i32,
+    pub backoff_first_ms: i64,
+    pub backoff_max_ms: i64,
+}
+
+impl Policy {
+    /// The wait before attempt `attempts + 1`, after `attempts` claimed ones: doubling from the
+    /// first back-off, capped.
+    pub(crate) fn backoff_ms(&self, attempts: i32) -> i64 {
+        let doublings = attempts.saturating_sub(1).clamp(0, 40) as u32;
+        self.backoff_first_ms
+            .saturating_mul(1_i64 << doublings)
+            .min(self.backoff_max_ms)
+    }
+}
+
+/// A record that is not final: a claimed attempt (running here or, after a crash or a lost
+/// term, nowhere), a failed one, or an operator's rerun mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Open {
+    pub slot: i64,
+    pub state: State,
+    pub attempts: i32,
+    pub claimed_at_ms: Option<i64>,
+}
+
+/// What the planner sees of one job.
+pub(crate) struct View<'a> {
+    pub schedule: &'a Schedule,
+    pub policy: &'a Policy,
+    /// The newest slot with a record (claimed, skipped, marked), if any.
+    pub latest: Option<i64>,
+    /// The job's records that are not final, oldest first.
+    pub open: &'a [Open],
+    /// The slots of this job that run in this process under the current term.
+    pub running: &'a BTreeSet<i64>,
+}
+
+/// One decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Claim and run `slot`: a new record, or the next attempt of `prior`.
+    Start { slot: i64, prior: Option<Open> },
+    /// Record `slot` as skipped (it came due while an earlier slot ran).
+    Skip { slot: i64 },
+    /// Mark `prior` given up: its attempts are spent.
+    GiveUp { prior: Open },
+}
+
+/// The decisions for one job now, and when to look at it again (database time, ms).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Plan {
+    pub actions: Vec<Action>,
+    pub wake_ms: Option<i64>,
+}
+
+fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The planner. `now_ms` is the database's now.
+pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
+    let policy = view.policy;
+    let busy = !view.running.is_empty();
+    let mut plan = Plan::default();
+    let mut started = 0usize;
+    // Without `Allow`, one run of a job at a time: a start only when nothing runs.
+    let may_start = |started: usize| policy.overlap == Overlap::Allow || (!busy && started == 0);
+
+    // Retries and operator marks first, oldest slot first.
+    for open in view.open {
+        if view.running.contains(&open.slot) {
+            continue;
+        }
+        match open.state {
+            State::Rerun => {}
+            State::Running | State::Failed => {
+                if open.attempts >= policy.max_attempts {
+                    plan.actions.push(Action::GiveUp {
+                        prior: open.clone(),
+                    });
+                    continue;
+                }
+                let due = open
+                    .claimed_at_ms
+                    .unwrap_or(now_ms)
+                    .saturating_add(policy.backoff_ms(open.attempts));
+                if now_ms < due {
+                    plan.wake_ms = earliest(plan.wake_ms, Some(due));
+                    continue;
+                }
+            }
+            _ => continue,
+        }
+        if may_start(started) {
+            plan.actions.push(Action::Start {
+                slot: open.slot,
+                prior: Some(open.clone()),
+            });
+            started += 1;
+        }
+    }
+
+    // New slots.
+    plan.wake_ms = earliest(plan.wake_ms, view.schedule.next_after(now_ms));
+    let Some(due) = view.schedule.latest_at_or_before(now_ms) else {
+        return plan;
+    };
+    let on_time = now_ms.saturating_sub(due) <= policy.starting_deadline_ms;
+    let new: Vec<i64> = match (view.latest, policy.missed) {
+        // Nothing recorded yet: history is never replayed unasked.
+        (None, _) => on_time.then_some(due).into_iter().collect(),
+        (Some(latest), _) if due <= latest => Vec::new(),
+        (Some(_), MissedSlots::RunLatest) => vec![due],
+        (Some(_), MissedSlots::Skip) => on_time.then_some(due).into_iter().collect(),
+        (Some(latest), MissedSlots::RunAll) => {
+            view.schedule
+                .slots_between(latest, now_ms, policy.max_catch_up)
+        }
+    };
+    for slot in new {
+        if may_start(started) {
+            plan.actions.push(Action::Start { slot, prior: None });
+            started += 1;
+        } else if busy && policy.overlap == Overlap::Skip {
+            plan.actions.push(Action::Skip { slot });
+        } else {
+            // Queued (or the next of a catch-up): started when what runs ends.
+            break;
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn policy() -> Policy {
+        Policy {
+            missed: MissedSlots::RunLatest,
+            overlap: Overlap::Skip,
+            starting_deadline_ms: 5_000,
+            max_catch_up: 100,
+            max_attempts: 3,
+            backoff_first_ms: 1_000,
+            backoff_max_ms: 3_000,
+        }
+    }
+
+    fn run(
+        schedule: &Schedule,
+        policy: &Policy,
+        latest: Option<i64>,
+        open: &[Open],
+        running: &[i64],
+        now: i64,
+    ) -> Plan {
+        let running: BTreeSet<i64> = running.iter().copied().collect();
+        plan(
+            &View {
+                schedule,
+                policy,
+                latest,
+                open,
+                running: &running,
+            },
+            now,
+        )
+    }
+
+    fn start(slot: i64) -> Action {
+        Action::Start { slot, prior: None }
+    }
+
+    #[test]
+    fn the_first_run_never_replays_history() {
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        // Deployed 30 s after a slot (inside the 5 s deadline? no): nothing until the next.
+        let p = run(&every, &policy(), None, &[], &[], 630_000);
+        assert_eq!(p.actions, vec![]);
+        assert_eq!(p.wake_ms, Some(660_000));
+        // Deployed 2 s after a slot: it runs.
+        let p = run(&every, &policy(), None, &[], &[], 662_000);
+        assert_eq!(p.actions, vec![start(660_000)]);
+        for missed in [MissedSlots::RunAll, MissedSlots::Skip] {
+            let pol = Policy { missed, ..policy() };
+            assert_eq!(run(&every, &pol, None, &[], &[], 630_000).actions, vec![]);
+        }
+    }
+
+    #[test]
+    fn missed_slots_follow_the_policy() {
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        let latest = Some(60_000);
+        // An outage: last recorded 60 s, now 330 s (slots 120..300 missed, 300 is 30 s late).
+        let latest_only = run(&every, &policy(), latest, &[], &[], 330_000);
+        assert_eq!(latest_only.actions, vec![start(300_000)]);
+        let all = Policy {
+            missed: MissedSlots::RunAll,
+            ..policy()
+        };
+        assert_eq!(
+            run(&every, &all, latest, &[], &[], 330_000).actions,
+            vec![start(120_000)],
+            "oldest first, one at a time"
+        );
+        let all_at_once = Policy {
+            overlap: Overlap::Allow,
+            ..all.clone()
+        };
+        assert_eq!(
+            run(&every, &all_at_once, latest, &[], &[], 330_000).actions,
+            vec![
+                start(120_000),
+                start(180_000),
+                start(240_000),
+                start(300_000)
+            ]
+        );
+        let capped = Policy {
+            max_catch_up: 2,
+            ..all_at_once
+        };
+        assert_eq!(
+            run(&every, &capped, latest, &[], &[], 330_000).actions,
+            vec![start(240_000), start(300_000)]
+        );
+        let skip = Policy {
+            missed: MissedSlots::Skip,
+            ..policy()
+        };
+        assert_eq!(
+            run(&every, &skip, latest, &[], &[], 330_000).actions,
+            vec![]
+        );
+        assert_eq!(
+            run(&every, &skip, latest, &[], &[], 302_000).actions,
+            vec![start(300_000)]
+        );
+        // Already recorded: nothing new.
+        assert_eq!(
+            run(&every, &policy(), Some(300_000), &[], &[], 330_000).actions,
+            vec![]
+        );
+    }
+
+    #[test]
+    fn overlap_follows_the_policy() {
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        let running = [60_000];
+        let skip = run(&every, &policy(), Some(60_000), &[], &running, 121_000);
+        assert_eq!(skip.actions, vec![Action::Skip { slot: 120_000 }]);
+        let queue = Policy {
+            overlap: Overlap::Queue,
+            ..policy()
+        };
+        assert_eq!(
+            run(&every, &queue, Some(60_000), &[], &running, 121_000).actions,
+            vec![]
+        );
+        let allow = Policy {
+            overlap: Overlap::Allow,
+            ..policy()
+        };
+        assert_eq!(
+            run(&every, &allow, Some(60_000), &[], &running, 121_000).actions,
+            vec![start(120_000)]
+        );
+    }
+
+    #[test]
+    fn crashed_and_failed_attempts_retry_with_backoff_then_give_up() {
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        let crashed = Open {
+            slot: 60_000,
+            state: State::Running,
+            attempts: 2,
+            claimed_at_ms: Some(61_000),
+        };
+        // Second attempt claimed at 61 s: the third waits 2 s (1 s doubled once).
+        let early = run(
+            &every,
+            &policy(),
+            Some(60_000),
+            &[crashed.clone()],
+            &[],
+            62_500,
+        );
+        assert_eq!(early.actions, vec![]);
+        assert_eq!(early.wake_ms, Some(63_000));
+        let due = run(
+            &every,
+            &policy(),
+            Some(60_000),
+            &[crashed.clone()],
+            &[],
+            63_000,
+        );
+        assert_eq!(
+            due.actions,
+            vec![Action::Start {
+                slot: 60_000,
+                prior: Some(crashed.clone())
+            }]
+        );
+        // Running here: left alone.
+        let here = run(
+            &every,
+            &policy(),
+            Some(60_000),
+            &[crashed.clone()],
+            &[60_000],
+            63_000,
+        );
+        assert_eq!(here.actions, vec![]);
+        let spent = Open {
+            attempts: 3,
+            ..crashed
+        };
+        assert_eq!(
+            run(
+                &every,
+                &policy(),
+                Some(60_000),
+                &[spent.clone()],
+                &[],
+                90_000
+            )
+            .actions,
+            vec![Action::GiveUp { prior: spent }]
+        );
+        let rerun = Open {
+            slot: 0,
+            state: State::Rerun,
+            attempts: 1,
+            claimed_at_ms: None,
+        };
+        assert_eq!(
+            run(
+                &every,
+                &policy(),
+                Some(60_000),
+                &[rerun.clone()],
+                &[],
+                90_000
+            )
+            .actions,
+            vec![Action::Start {
+                slot: 0,
+                prior: Some(rerun)
+            }]
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = policy();
+        assert_eq!(
+            [1, 2, 3, 4, 60, i32::MAX].map(|a| p.backoff_ms(a)),
+            [1_000, 2_000, 3_000, 3_000, 3_000, 3_000]
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! The statements on the run table, built with sea-query and run inside the scheduler's fenced
+//! transactions (and, for an operator's marks, on their own). Times are the database clock's.
+
+use sea_orm::sea_query::{
+    Alias, Expr, ExprTrait, Func, InsertStatement, Query, SelectStatement, UpdateStatement,
+};
+use sea_orm::{DbBackend, QueryResult};
+
+use orion_beacon_entity::job_run::Column;
+
+use super::plan::{Open, State};
+
+/// The most error text a failed attempt records.
+pub(crate) const MAX_ERROR_LEN: usize = 1024;
+
+/// The database's now, as the lease statements read it.
+pub(crate) fn now(backend: DbBackend) -> Expr {
+    match backend {
+        DbBackend::Postgres => Expr::cust("statement_timestamp()"),
+        DbBackend::MySql => Expr::cust("UTC_TIMESTAMP(6)"),
+        _ => Expr::cust("strftime('%Y-%m-%d %H:%M:%f', 'now')"),
+    }
+}
+
+/// `SELECT <now>`: the database clock.
+pub(crate) fn clock(backend: DbBackend) -> SelectStatement {
+    Query::select()
+        .expr_as(now(backend), Alias::new("now"))
+        .to_owned()
+}
+
+/// The newest recorded slot of each of `jobs`.
+pub(crate) fn latest_slots(table: &str, jobs: &[String]) -> SelectStatement {
+    Query::select()
+        .column(Column::Job)
+        .expr_as(Func::max(Expr::col(Column::Slot)), Alias::new("latest"))
+        .from(Alias::new(table))
+        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+        .group_by_col(Column::Job)
+        .to_owned()
+}
+
+/// The records of `jobs` that are not final (claimed, failed, marked to run again).
+pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
+    Query::select()
+        .columns([
+            Column::Job,
+            Column::Slot,
+            Column::State,
+            Column::Attempts,
+            Column::ClaimedAt,
+        ])
+        .from(Alias::new(table))
+        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col(Column::State).is_in([
+            State::Running.as_str(),
+            State::Failed.as_str(),
+            State::Rerun.as_str(),
+        ]))
+        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc)
+        .to_owned()
+}
+
+/// An [`open_runs`] row: its job and what the planner needs.
+pub(crate) fn decode_open(row: &QueryResult) -> Result<Option<(String, Open)>, sea_orm::DbErr> {
+    let job: String = row.try_get_by_index(0)?;
+    let state: String = row.try_get_by_index(2)?;
+    let Some(state) = State::parse(&state) else {
+        return Ok(None);
+    };
+    let claimed_at: Option<chrono::DateTime<chrono::Utc>> = row.try_get_by_index(4)?;
+    Ok(Some((
+        job,
+        Open {
+            slot: row.try_get_by_index(1)?,
+            state,
+            attempts: row.try_get_by_index(3)?,
+            claimed_at_ms: claimed_at.map(|t| t.timestamp_millis()),
+        },
+    )))
+}
+
+/// Who claims: the term's token and holder, the schedule's text.
+pub(crate) struct Claimant<'a> {
+    pub token: i64,
+    pub holder: &'a str,
+    pub schedule: &'a str,
+}
+
+/// A new record for `slot`: `running` (attempt 1) or `skipped`.
+pub(crate) fn insert(
+    backend: DbBackend,
+    table: &str,
+    job: &str,
+    slot: i64,
+    state: State,
+    by: &Claimant<'_>,
+) -> InsertStatement {
+    let attempts = i32::from(state == State::Running);
+    Query::insert()
+        .into_table(Alias::new(table))
+        .columns([
+            Column::Job,
+            Column::Slot,
+            Column::State,
+            Column::Attempts,
+            Column::Schedule,
+            Column::ClaimedToken,
+            Column::ClaimedBy,
+            Column::ClaimedAt,
+        ])
+        .values_panic([
+            job.into(),
+            slot.into(),
+            state.as_str().into(),
+            attempts.into(),
+            by.schedule.into(),
+            by.token.into(),
+            by.holder.into(),
+            now(backend),
+        ])
+        .to_owned()
+}
+
+/// The record of `slot` as it was read (`prior`): nothing has changed it since.
+fn unchanged(update: &mut UpdateStatement, job: &str, slot: i64, state: State, attempts: i32) {
+    update
+        .and_where(Expr::col(Column::Job).eq(job))
+        .and_where(Expr::col(Column::Slot).eq(slot))
+        .and_where(Expr::col(Column::State).eq(state.as_str()))
+        .and_where(Expr::col(Column::Attempts).eq(attempts));
+}
+
+/// The next attempt of `prior`.
+pub(crate) fn reclaim(
+    backend: DbBackend,
+    table: &str,
+    job: &str,
+    prior: &Open,
+    by: &Claimant<'_>,
+) -> UpdateStatement {
+    let mut update = Query::update();
+    update
+        .table(Alias::new(table))
+        .value(Column::State, State::Running.as_str())
+        .value(Column::Attempts, prior.attempts.saturating_add(1))
+        .value(Column::Schedule, by.schedule)
+        .value(Column::ClaimedToken, by.token)
+        .value(Column::ClaimedBy, by.holder)
+        .value(Column::ClaimedAt, now(backend));
+    unchanged(&mut update, job, prior.slot, prior.state, prior.attempts);
+    update
+}
+
+/// `prior`, its attempts spent: given up.
+pub(crate) fn give_up(table: &str, job: &str, prior: &Open) -> UpdateStatement {
+    let mut update = Query::update();
+    update
+        .table(Alias::new(table))
+        .value(Column::State, State::GivenUp.as_str());
+    unchanged(&mut update, job, prior.slot, prior.state, prior.attempts);
+    update
+}
+
+/// How an attempt ended.
+pub(crate) struct Ending<'a> {
+    pub state: State,
+    pub token: i64,
+    pub duration_ms: i64,
+    pub error: Option<&'a str>,
+}
+
+/// Ends attempt `attempts` of `slot`, claimed by `claimed_token`, if the record still says it
+/// runs: `finished` (with the job's writes, in their transaction), `failed` or `given_up`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn end(
+    backend: DbBackend,
+    table: &str,
+    job: &str,
+    slot: i64,
+    attempts: i32,
+    claimed_token: i64,
+    ending: &Ending<'_>,
+) -> UpdateStatement {
+    let error = ending.error.map(|e| truncate(e, MAX_ERROR_LEN).to_owned());
+    let mut update = Query::update();
+    update
+        .table(Alias::new(table))
+        .value(Column::State, ending.state.as_str())
+        .value(Column::FinishedToken, ending.token)
+        .value(Column::FinishedAt, now(backend))
+        .value(Column::DurationMs, ending.duration_ms)
+        .value(Column::Error, error);
+    unchanged(&mut update, job, slot, State::Running, attempts);
+    update.and_where(Expr::col(Column::ClaimedToken).eq(claimed_token));
+    update
+}
+
+/// An operator's mark on an existing record: `rerun` (any record but a running one) or
+/// `given_up` (any but a finished one).
+pub(crate) fn mark(table: &str, job: &str, slot: i64, to: State) -> UpdateStatement {
+    let keep = match to {
+        State::GivenUp => State::Finished,
+        _ => State::Running,
+    };
+    Query::update()
+        .table(Alias::new(table))
+        .value(Column::State, to.as_str())
+        .and_where(Expr::col(Column::Job).eq(job))
+        .and_where(Expr::col(Column::Slot).eq(slot))
+        .and_where(Expr::col(Column::State).ne(keep.as_str()))
+        .to_owned()
+}
+
+/// `text` cut to at most `max` bytes on a character boundary.
+pub(crate) fn truncate(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sea_orm::sea_query::{MysqlQueryBuilder, PostgresQueryBuilder, SqliteQueryBuilder};
+
+    const T: &str = "orionbeacon_job_runs";
+
+    fn by() -> Claimant<'static> {
+        Claimant {
+            token: 7,
+            holder: "node-1",
+            schedule: "every 1000ms",
+        }
+    }
+
+    fn prior() -> Open {
+        Open {
+            slot: 5000,
+            state: State::Failed,
+            attempts: 1,
+            claimed_at_ms: Some(5001),
+        }
+    }
+
+    fn ending() -> Ending<'static> {
+        Ending {
+            state: State::Finished,
+            token: 7,
+            duration_ms: 12,
+            error: None,
+        }
+    }
+
+    // The exact SQL per backend: every condition that makes a claim or an end conditional is
+    // there on each (sea-query drops nothing here, and a change to that shows in this test).
+    #[test]
+    fn statements_per_backend() {
+        let pg = |b: DbBackend| match b {
+            DbBackend::Postgres => 0,
+            DbBackend::MySql => 1,
+            _ => 2,
+        };
+        for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
+            let i = pg(backend);
+            let claim = insert(backend, T, "j", 5000, State::Running, &by());
+            let reclaim = reclaim(backend, T, "j", &prior(), &by());
+            let end = end(backend, T, "j", 5000, 2, 7, &ending());
+            let (claim, reclaim, end) = match backend {
+                DbBackend::Postgres => (
+                    claim.to_string(PostgresQueryBuilder),
+                    reclaim.to_string(PostgresQueryBuilder),
+                    end.to_string(PostgresQueryBuilder),
+                ),
+                DbBackend::MySql => (
+                    claim.to_string(MysqlQueryBuilder),
+                    reclaim.to_string(MysqlQueryBuilder),
+                    end.to_string(MysqlQueryBuilder),
+                ),
+                _ => (
+                    claim.to_string(SqliteQueryBuilder),
+                    reclaim.to_string(SqliteQueryBuilder),
+                    end.to_string(SqliteQueryBuilder),
+                ),
+            };
+            assert_eq!(claim, CLAIM[i], "{backend:?}");
+            assert_eq!(reclaim, RECLAIM[i], "{backend:?}");
+            assert_eq!(end, END[i], "{backend:?}");
+        }
+        assert_eq!(
+            mark(T, "j", 5000, State::Rerun).to_string(PostgresQueryBuilder),
+            r#"UPDATE "orionbeacon_job_runs" SET "state" = 'rerun' WHERE "job" = 'j' AND "slot" = 5000 AND "state" <> 'running'"#
+        );
+        assert_eq!(
+            mark(T, "j", 5000, State::GivenUp).to_string(MysqlQueryBuilder),
+            "UPDATE `orionbeacon_job_runs` SET `state` = 'given_up' WHERE `job` = 'j' AND `slot` = 5000 AND `state` <> 'finished'"
+        );
+    }
+
+    const CLAIM: [&str; 3] = [r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_token", "claimed_by", "claimed_at") VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', statement_timestamp())"#, "INSERT INTO `orionbeacon_job_runs` (`job`, `slot`, `state`, `attempts`, `schedule`, `claimed_token`, `claimed_by`, `claimed_at`) VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', UTC_TIMESTAMP(6))", r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_token", "claimed_by", "claimed_at") VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', strftime('%Y-%m-%d %H:%M:%f', 'now'))"#];
+    const RECLAIM: [&str; 3] = [r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = statement_timestamp() WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#, "UPDATE `orionbeacon_job_runs` SET `state` = 'running', `attempts` = 2, `schedule` = 'every 1000ms', `claimed_token` = 7, `claimed_by` = 'node-1', `claimed_at` = UTC_TIMESTAMP(6) WHERE `job` = 'j' AND `slot` = 5000 AND `state` = 'failed' AND `attempts` = 1", r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#];
+    const END: [&str; 3] = [r#"UPDATE "orionbeacon_job_runs" SET "state" = 'finished', "finished_token" = 7, "finished_at" = statement_timestamp(), "duration_ms" = 12, "error" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'running' AND "attempts" = 2 AND "claimed_token" = 7"#, "UPDATE `orionbeacon_job_runs` SET `state` = 'finished', `finished_token` = 7, `finished_at` = UTC_TIMESTAMP(6), `duration_ms` = 12, `error` = NULL WHERE `job` = 'j' AND `slot` = 5000 AND `state` = 'running' AND `attempts` = 2 AND `claimed_token` = 7", r#"UPDATE "orionbeacon_job_runs" SET "state" = 'finished', "finished_token" = 7, "finished_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "duration_ms" = 12, "error" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'running' AND "attempts" = 2 AND "claimed_token" = 7"#];
+
+    #[test]
+    fn errors_are_cut_on_a_character_boundary() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("héllo", 3), "hé");
+        assert_eq!(truncate("abc", 10), "abc");
+    }
+}

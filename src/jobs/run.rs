@@ -1,0 +1,215 @@
+//! One attempt of one slot, as the job's closure sees it: the slot, the term to fence with,
+//! and the fenced transaction in which the job's writes and the "finished" mark commit together.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, TransactionTrait};
+use tokio::time::Instant;
+
+use super::plan::State;
+use super::records::{self, Ending};
+use super::JobError;
+use crate::{FencingToken, LeaderTerm, SeaOrmLeaseStore};
+
+/// One attempt at one slot of a job, handed to the job's closure.
+///
+/// Write through [`begin`](Self::begin) and [`commit`](Self::commit): the transaction is
+/// fenced by the term that claimed the slot, and `commit` writes the slot's "finished" mark in
+/// it, so the job's writes and the mark commit together or not at all. A slot whose writes
+/// committed is never run again; an attempt that fails or crashes before its commit leaves
+/// nothing, and the slot is run again (see [`Job::max_attempts`](super::Job::max_attempts)).
+///
+/// A closure that returns `Ok` without committing has its slot marked finished by the
+/// scheduler afterwards (at least once, for work outside the lease database).
+#[derive(Clone)]
+pub struct JobRun {
+    pub(crate) inner: Arc<RunState>,
+}
+
+pub(crate) struct RunState {
+    pub job: Arc<str>,
+    pub slot: i64,
+    pub attempt: i32,
+    pub term: LeaderTerm,
+    pub store: SeaOrmLeaseStore,
+    pub table: Arc<str>,
+    pub started: Instant,
+    pub lateness: Duration,
+    pub committed: AtomicBool,
+}
+
+impl std::fmt::Debug for JobRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobRun")
+            .field("job", &&*self.inner.job)
+            .field("slot", &self.slot())
+            .field("attempt", &self.inner.attempt)
+            .field("token", &self.inner.term.token().get())
+            .finish()
+    }
+}
+
+impl JobRun {
+    /// The job's name.
+    pub fn job(&self) -> &str {
+        &self.inner.job
+    }
+
+    /// The slot: the time this run was scheduled for (UTC, from the database clock).
+    pub fn slot(&self) -> DateTime<Utc> {
+        super::schedule::millis_to_utc(self.inner.slot).unwrap_or_default()
+    }
+
+    /// The slot in milliseconds since the Unix epoch (the run table's key).
+    pub fn slot_millis(&self) -> i64 {
+        self.inner.slot
+    }
+
+    /// Which attempt at this slot this is (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        u32::try_from(self.inner.attempt).unwrap_or(0)
+    }
+
+    /// How late the run started against its slot, by the database clock.
+    pub fn lateness(&self) -> Duration {
+        self.inner.lateness
+    }
+
+    /// The leadership term that claimed the slot: fence writes outside the lease database with
+    /// its token, and stop when it is lost.
+    pub fn term(&self) -> &LeaderTerm {
+        &self.inner.term
+    }
+
+    /// The term's fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.inner.term.token()
+    }
+
+    /// A transaction on the lease database, fenced by the run's term (its first statement is
+    /// the fence). Write the job's rows in it, then [`commit`](Self::commit) it.
+    pub async fn begin(&self) -> Result<DatabaseTransaction, JobError> {
+        if !self.inner.term.is_current() {
+            return Err(self.superseded());
+        }
+        let txn = self.inner.store.connection().begin().await?;
+        match self.inner.term.fence(&txn).await {
+            Ok(()) => Ok(txn),
+            Err(e) => {
+                let _ = txn.rollback().await;
+                Err(self.fenced(e))
+            }
+        }
+    }
+
+    /// Marks the slot finished inside `txn` and commits it: the job's writes and the mark
+    /// commit together. Refused, with `txn` rolled back, when the term is no longer current
+    /// ([`JobError::Superseded`]) or the record no longer says this attempt runs
+    /// ([`JobError::NotClaimed`]).
+    pub async fn commit(&self, txn: DatabaseTransaction) -> Result<(), JobError> {
+        let inner = &self.inner;
+        if inner.committed.load(Ordering::SeqCst) {
+            let _ = txn.rollback().await;
+            return Err(JobError::AlreadyCommitted {
+                job: inner.job.to_string(),
+                slot: inner.slot,
+            });
+        }
+        // Fenced again in this transaction: a transaction not made by `begin` is checked too.
+        if let Err(e) = inner.term.fence(&txn).await {
+            let _ = txn.rollback().await;
+            return Err(self.fenced(e));
+        }
+        let ending = Ending {
+            state: State::Finished,
+            token: inner.term.token().get(),
+            duration_ms: millis(inner.started.elapsed()),
+            error: None,
+        };
+        let backend = txn.get_database_backend();
+        let stmt = records::end(
+            backend,
+            &inner.table,
+            &inner.job,
+            inner.slot,
+            inner.attempt,
+            inner.term.token().get(),
+            &ending,
+        );
+        let rows = match txn.execute(&stmt).await {
+            Ok(done) => done.rows_affected(),
+            Err(e) => {
+                let _ = txn.rollback().await;
+                return Err(e.into());
+            }
+        };
+        if rows != 1 {
+            let _ = txn.rollback().await;
+            return Err(JobError::NotClaimed {
+                job: inner.job.to_string(),
+                slot: inner.slot,
+            });
+        }
+        txn.commit().await?;
+        inner.committed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn superseded(&self) -> JobError {
+        JobError::Superseded {
+            job: self.inner.job.to_string(),
+            slot: self.inner.slot,
+        }
+    }
+
+    fn fenced(&self, e: crate::FenceError) -> JobError {
+        if e.is_fenced() {
+            self.superseded()
+        } else {
+            e.into()
+        }
+    }
+
+    /// The scheduler's own end of the attempt (the closure returned without committing, or
+    /// failed): one fenced transaction.
+    pub(crate) async fn end(&self, state: State, error: Option<&str>) -> Result<(), JobError> {
+        let inner = &self.inner;
+        let txn = self.begin().await?;
+        let ending = Ending {
+            state,
+            token: inner.term.token().get(),
+            duration_ms: millis(inner.started.elapsed()),
+            error,
+        };
+        let stmt = records::end(
+            txn.get_database_backend(),
+            &inner.table,
+            &inner.job,
+            inner.slot,
+            inner.attempt,
+            inner.term.token().get(),
+            &ending,
+        );
+        let rows = txn.execute(&stmt).await?.rows_affected();
+        if rows != 1 {
+            let _ = txn.rollback().await;
+            return Err(JobError::NotClaimed {
+                job: inner.job.to_string(),
+                slot: inner.slot,
+            });
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+
+    pub(crate) fn committed(&self) -> bool {
+        self.inner.committed.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,354 @@
+//! When a job is due: a cron expression in a time zone, or a fixed interval; and what happens
+//! to slots that were missed or that come due while the previous one still runs.
+//!
+//! A *slot* is one scheduled time, an instant (milliseconds since the Unix epoch, UTC). Slots
+//! are computed from the database clock's now, never a node's, so every node computes the same
+//! ones.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds};
+use croner::Cron;
+
+use super::JobError;
+
+/// The shortest interval (and the cron granularity): one second.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest interval.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// When a job is due.
+///
+/// - [`Schedule::cron`]: a cron expression (five fields, or six with seconds first; names
+///   like `MON` and nicknames like `@daily` work) read in an IANA time zone.
+/// - [`Schedule::every`]: a fixed interval; slots are the multiples of the interval since the
+///   Unix epoch (UTC), so every node computes the same ones.
+///
+/// **Daylight saving time** (cron in a zone that has it): a slot is an instant, and each
+/// instant is one slot, so no slot is ever run twice. A time of day that does not exist on the
+/// day the clocks go forward runs once, at the first time after the gap (02:30 becomes 03:00);
+/// a fixed time of day that happens twice when the clocks go back runs once, at its first
+/// occurrence; an expression with a wildcard or step in its seconds, minutes or hours (every
+/// 15 minutes, say) runs on each real occurrence in the repeated hour and skips the times that
+/// do not exist. This is the rule of Vixie cron and the Open Cron Pattern Specification.
+#[derive(Clone)]
+pub struct Schedule {
+    kind: Kind,
+}
+
+#[derive(Clone)]
+enum Kind {
+    Cron {
+        cron: Box<Cron>,
+        expression: String,
+        zone: Tz,
+    },
+    Every {
+        millis: i64,
+    },
+}
+
+impl fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl Schedule {
+    /// A cron expression read in the IANA time zone `zone` (`"UTC"`, `"Europe/Berlin"`).
+    /// A bad expression or an unknown zone is an error here, before anything runs.
+    pub fn cron(expression: &str, zone: &str) -> Result<Self, JobError> {
+        let zone: Tz = zone
+            .parse()
+            .map_err(|_| JobError::UnknownTimeZone(zone.to_owned()))?;
+        let trimmed = expression.trim();
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .build()
+            .parse(trimmed)
+            .map_err(|e| JobError::InvalidCron {
+                expression: expression.to_owned(),
+                reason: e.to_string(),
+            })?;
+        // An expression that never matches (30 February) is refused now, not at its first slot.
+        let probe = zone.from_utc_datetime(&Utc::now().naive_utc());
+        if let Err(e) = cron.find_next_occurrence(&probe, false) {
+            return Err(JobError::InvalidCron {
+                expression: expression.to_owned(),
+                reason: e.to_string(),
+            });
+        }
+        Ok(Self {
+            kind: Kind::Cron {
+                cron: Box::new(cron),
+                expression: trimmed.to_owned(),
+                zone,
+            },
+        })
+    }
+
+    /// A fixed interval: whole milliseconds, from [`MIN_INTERVAL`] to [`MAX_INTERVAL`].
+    pub fn every(interval: Duration) -> Result<Self, JobError> {
+        let millis = interval.as_millis();
+        if interval < MIN_INTERVAL
+            || interval > MAX_INTERVAL
+            || Duration::from_millis(millis as u64) != interval
+        {
+            return Err(JobError::InvalidInterval(interval));
+        }
+        Ok(Self {
+            kind: Kind::Every {
+                millis: millis as i64,
+            },
+        })
+    }
+
+    /// How the run table records the schedule (`cron 0 2 * * * Europe/Berlin`, `every 1000ms`);
+    /// [`parse`](Self::parse) reads it back.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Cron {
+                expression, zone, ..
+            } => format!("cron {expression} {}", zone.name()),
+            Kind::Every { millis } => format!("every {millis}ms"),
+        }
+    }
+
+    /// Reads what [`describe`](Self::describe) wrote.
+    pub fn parse(text: &str) -> Result<Self, JobError> {
+        if let Some(rest) = text.strip_prefix("every ") {
+            let millis = rest
+                .strip_suffix("ms")
+                .and_then(|m| m.parse::<u64>().ok())
+                .ok_or_else(|| JobError::InvalidCron {
+                    expression: text.to_owned(),
+                    reason: "not an interval in milliseconds".to_owned(),
+                })?;
+            return Self::every(Duration::from_millis(millis));
+        }
+        let rest = text.strip_prefix("cron ").unwrap_or(text);
+        match rest.rsplit_once(' ') {
+            Some((expression, zone)) => Self::cron(expression, zone),
+            None => Err(JobError::InvalidCron {
+                expression: text.to_owned(),
+                reason: "no time zone".to_owned(),
+            }),
+        }
+    }
+
+    /// The latest slot at or before `now_ms`, if any (within the supported calendar).
+    pub fn latest_at_or_before(&self, now_ms: i64) -> Option<i64> {
+        match &self.kind {
+            Kind::Every { millis } => Some(now_ms.div_euclid(*millis) * millis),
+            Kind::Cron { cron, zone, .. } => {
+                let at = zone.from_utc_datetime(&millis_to_utc(now_ms)?.naive_utc());
+                let found = cron.find_previous_occurrence(&at, true).ok()?;
+                Some(found.with_timezone(&Utc).timestamp_millis())
+            }
+        }
+    }
+
+    /// The first slot strictly after `after_ms`, if any.
+    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+        match &self.kind {
+            Kind::Every { millis } => (after_ms.div_euclid(*millis) + 1).checked_mul(*millis),
+            Kind::Cron { cron, zone, .. } => {
+                let at = zone.from_utc_datetime(&millis_to_utc(after_ms)?.naive_utc());
+                let found = cron.find_next_occurrence(&at, false).ok()?;
+                Some(found.with_timezone(&Utc).timestamp_millis())
+            }
+        }
+    }
+
+    /// The slots after `after_ms` (exclusive) up to `until_ms` (inclusive), oldest first; at
+    /// most `limit` of them, the newest ones when there are more.
+    pub fn slots_between(&self, after_ms: i64, until_ms: i64, limit: usize) -> Vec<i64> {
+        let mut newest_first = Vec::new();
+        let mut at = self.latest_at_or_before(until_ms);
+        while let Some(slot) = at {
+            if slot <= after_ms || newest_first.len() >= limit {
+                break;
+            }
+            newest_first.push(slot);
+            at = slot
+                .checked_sub(1)
+                .and_then(|t| self.latest_at_or_before(t));
+        }
+        newest_first.reverse();
+        newest_first
+    }
+}
+
+impl FromStr for Schedule {
+    type Err = JobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// A slot in milliseconds as a UTC time.
+pub(crate) fn millis_to_utc(ms: i64) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(ms)
+}
+
+/// What a leader does with slots whose time passed while nobody ran them (no leader at 02:00,
+/// a deploy, an outage). Slots before the job's first recorded run are never replayed: the
+/// first run after a job is deployed is a slot no older than the
+/// [starting deadline](super::Job::starting_deadline), or the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissedSlots {
+    /// Run the latest missed slot once, however late; the older ones are not run (cron's and
+    /// `anacron`'s habit). The default.
+    #[default]
+    RunLatest,
+    /// Run every missed slot since the job's latest recorded one, oldest first, one at a time
+    /// unless the overlap policy allows more; at most the newest
+    /// [`max_catch_up`](super::Job::max_catch_up) of them.
+    RunAll,
+    /// Run a slot only within its starting deadline after its time; later ones are not run
+    /// (Kubernetes CronJob's `startingDeadlineSeconds`).
+    Skip,
+}
+
+/// What happens to a slot that comes due while an earlier slot of the same job still runs on
+/// this leader (Kubernetes CronJob's `concurrencyPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Overlap {
+    /// The new slot is recorded as `skipped` and never runs. The default.
+    #[default]
+    Skip,
+    /// The new slot waits and starts when the running one ends (missed-slot policy applies
+    /// to what waited).
+    Queue,
+    /// The new slot starts at once, beside the running one.
+    Allow,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
+        Utc.with_ymd_and_hms(y, mo, d, h, mi, s)
+            .unwrap()
+            .timestamp_millis()
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        assert!(matches!(
+            Schedule::cron("0 2 * *", "UTC"),
+            Err(JobError::InvalidCron { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("61 2 * * *", "UTC"),
+            Err(JobError::InvalidCron { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("0 0 30 2 *", "UTC"),
+            Err(JobError::InvalidCron { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("0 2 * * *", "Mars/Olympus"),
+            Err(JobError::UnknownTimeZone(_))
+        ));
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(999),
+            Duration::from_micros(1_000_500),
+            MAX_INTERVAL + Duration::from_secs(1),
+        ] {
+            assert!(matches!(
+                Schedule::every(bad),
+                Err(JobError::InvalidInterval(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn intervals_are_a_grid_from_the_epoch() {
+        let s = Schedule::every(Duration::from_secs(10)).unwrap();
+        assert_eq!(s.latest_at_or_before(12_345), Some(10_000));
+        assert_eq!(s.latest_at_or_before(10_000), Some(10_000));
+        assert_eq!(s.next_after(10_000), Some(20_000));
+        assert_eq!(
+            s.slots_between(0, 45_000, 10),
+            vec![10_000, 20_000, 30_000, 40_000]
+        );
+        assert_eq!(s.slots_between(0, 45_000, 2), vec![30_000, 40_000]);
+        assert_eq!(s.slots_between(40_000, 45_000, 2), Vec::<i64>::new());
+    }
+
+    #[test]
+    fn describe_round_trips() {
+        for s in [
+            Schedule::cron("0 2 * * *", "Europe/Berlin").unwrap(),
+            Schedule::cron("*/5 * * * * *", "UTC").unwrap(),
+            Schedule::every(Duration::from_millis(1500)).unwrap(),
+        ] {
+            let back = Schedule::parse(&s.describe()).unwrap();
+            assert_eq!(back.describe(), s.describe());
+            assert_eq!(back.next_after(0), s.next_after(0));
+        }
+    }
+
+    // Europe/Berlin goes from 02:00 to 03:00 on 2026-03-29 and back from 03:00 to 02:00 on
+    // 2026-10-25. A nightly 02:30 job runs exactly once on each of those days.
+    #[test]
+    fn daylight_saving_neither_skips_nor_doubles_a_nightly_slot() {
+        let s = Schedule::cron("30 2 * * *", "Europe/Berlin").unwrap();
+        // Spring forward: 02:30 does not exist; the slot is 03:00 CEST = 01:00 UTC.
+        let spring = s.slots_between(ms(2026, 3, 28, 12, 0, 0), ms(2026, 3, 30, 12, 0, 0), 10);
+        assert_eq!(
+            spring,
+            vec![ms(2026, 3, 29, 1, 0, 0), ms(2026, 3, 30, 0, 30, 0)],
+            "one slot per day, the one in the gap moved to its end"
+        );
+        // Fall back: 02:30 happens twice (00:30 and 01:30 UTC); it runs at the first.
+        let fall = s.slots_between(ms(2026, 10, 24, 12, 0, 0), ms(2026, 10, 26, 12, 0, 0), 10);
+        assert_eq!(
+            fall,
+            vec![ms(2026, 10, 25, 0, 30, 0), ms(2026, 10, 26, 1, 30, 0)],
+            "one slot per day, at the first of the two 02:30s"
+        );
+        // Forward and backward searches agree.
+        assert_eq!(
+            s.next_after(ms(2026, 10, 24, 12, 0, 0)),
+            Some(ms(2026, 10, 25, 0, 30, 0))
+        );
+        assert_eq!(
+            s.next_after(ms(2026, 10, 25, 0, 30, 0)),
+            Some(ms(2026, 10, 26, 1, 30, 0))
+        );
+    }
+
+    #[test]
+    fn daylight_saving_runs_an_interval_job_in_real_time() {
+        // Every 30 minutes: the repeated hour runs on both passes (real time), the missing
+        // hour has no slots; consecutive slots are 30 minutes apart in real time.
+        let s = Schedule::cron("*/30 * * * *", "Europe/Berlin").unwrap();
+        let fall = s.slots_between(ms(2026, 10, 24, 23, 0, 0), ms(2026, 10, 25, 3, 0, 0), 100);
+        assert!(
+            fall.windows(2).all(|w| w[1] - w[0] == 30 * 60 * 1000),
+            "{fall:?}"
+        );
+        assert_eq!(fall.len(), 8);
+        let spring = s.slots_between(ms(2026, 3, 28, 23, 0, 0), ms(2026, 3, 29, 3, 0, 0), 100);
+        assert!(
+            spring.windows(2).all(|w| w[1] - w[0] == 30 * 60 * 1000),
+            "{spring:?}"
+        );
+    }
+}
