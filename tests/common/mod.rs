@@ -8,6 +8,8 @@ pub mod double;
 #[macro_use]
 pub mod election;
 #[macro_use]
+pub mod jobs;
+#[macro_use]
 pub mod locks;
 pub mod partition;
 #[macro_use]

@@ -16,6 +16,7 @@ mod returning {
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     shard_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     lock_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
+    job_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
 }
 
 mod transaction {
@@ -24,6 +25,7 @@ mod transaction {
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     shard_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     lock_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
+    job_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
 }
 
 /// COMMITs this session sent (`Com_commit`): the transaction form sends one per call, the

@@ -15,6 +15,8 @@ shard_suite!(SqlHarness::server(Server::Postgres));
 
 lock_suite!(SqlHarness::server(Server::Postgres));
 
+job_suite!(SqlHarness::server(Server::Postgres));
+
 /// The same contract through a transaction-pooling PgBouncer (consecutive statements of one
 /// client may reach different server connections), with the store's
 /// `with_transaction_pooling` mode.

@@ -15,12 +15,15 @@ shard_suite!(SqlHarness::sqlite());
 
 lock_suite!(SqlHarness::sqlite());
 
+job_suite!(SqlHarness::sqlite());
+
 mod rollback_journal {
     use super::*;
     conformance_suite!(SqlHarness::sqlite_rollback_journal());
     sql_store_suite!(SqlHarness::sqlite_rollback_journal());
     shard_suite!(SqlHarness::sqlite_rollback_journal());
     lock_suite!(SqlHarness::sqlite_rollback_journal());
+    job_suite!(SqlHarness::sqlite_rollback_journal());
 }
 
 /// A file in SQLite's rollback-journal mode gets one warning per store (commits wait for

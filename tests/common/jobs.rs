@@ -1,0 +1,639 @@
+//! Scheduled jobs, as tests generic over every SeaORM store: one run per slot across three
+//! processes, a leader killed before and after its fenced commit, a paused leader's late
+//! finish refused, failed attempts retried then given up (and an operator's rerun), overlap
+//! skipped, bad input refused before anything runs. Every SeaORM store runs them through
+//! `job_suite!`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orion_beacon::jobs::{self, Job, JobError, JobRun, Jobs, JobsHandle, Mark, Overlap, Schedule};
+use orion_beacon::{ErrorKind, SeaOrmLeaseStore};
+use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+use sea_orm::sea_query::{Alias, ColumnDef, Expr, ExprTrait, Query, Table};
+use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::conformance::Harness;
+use super::unique;
+
+const LEASE: Duration = Duration::from_millis(1_000);
+const RENEW: Duration = Duration::from_millis(200);
+const RETRY: Duration = Duration::from_millis(100);
+const SECOND: Duration = Duration::from_secs(1);
+
+/// One test's tables: the run records and the job's own fenced writes (no key: a slot written
+/// twice shows as two rows).
+pub struct Tables {
+    pub runs: String,
+    pub writes: String,
+    pub resource: String,
+}
+
+impl Tables {
+    pub async fn create(db: &DatabaseConnection) -> Self {
+        let runs = unique("runs");
+        CreateJobRunTable::with_table(&runs)
+            .unwrap()
+            .up(&SchemaManager::new(db))
+            .await
+            .unwrap();
+        let writes = unique("writes");
+        db.execute(
+            &Table::create()
+                .table(Alias::new(&writes))
+                .col(ColumnDef::new(Alias::new("slot")).big_integer().not_null())
+                .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+        Self {
+            runs,
+            writes,
+            resource: unique("jobs"),
+        }
+    }
+
+    pub async fn drop(&self, db: &DatabaseConnection) {
+        for t in [&self.runs, &self.writes] {
+            let _ = db
+                .execute(&Table::drop().table(Alias::new(t)).if_exists().to_owned())
+                .await;
+        }
+    }
+
+    /// A scheduler of `jobs` on `store` as candidate `id`.
+    pub fn start(&self, store: &SeaOrmLeaseStore, id: &str, jobs: Vec<Job>) -> JobsHandle {
+        let mut b = Jobs::builder(store.clone())
+            .candidate_id(id)
+            .resource(&self.resource)
+            .lease_duration(LEASE)
+            .renew_interval(RENEW)
+            .retry_interval(RETRY)
+            .poll_interval(Duration::from_millis(100))
+            .runs_table(&self.runs);
+        for job in jobs {
+            b = b.job(job);
+        }
+        b.build().unwrap().start()
+    }
+
+    /// The run records: slot -> (state, attempts, claimed token, finished token, error).
+    pub async fn records(&self, db: &DatabaseConnection) -> BTreeMap<i64, Record> {
+        let rows = db
+            .query_all(
+                &Query::select()
+                    .columns(
+                        [
+                            "slot",
+                            "state",
+                            "attempts",
+                            "claimed_token",
+                            "finished_token",
+                            "error",
+                        ]
+                        .map(Alias::new),
+                    )
+                    .from(Alias::new(&self.runs))
+                    .to_owned(),
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| {
+                (
+                    r.try_get_by_index::<i64>(0).unwrap(),
+                    Record {
+                        state: r.try_get_by_index(1).unwrap(),
+                        attempts: r.try_get_by_index(2).unwrap(),
+                        claimed_token: r.try_get_by_index(3).unwrap(),
+                        finished_token: r.try_get_by_index(4).unwrap(),
+                        error: r.try_get_by_index(5).unwrap(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// The fenced writes: slot -> the tokens that wrote it.
+    pub async fn writes(&self, db: &DatabaseConnection) -> BTreeMap<i64, Vec<i64>> {
+        let rows = db
+            .query_all(
+                &Query::select()
+                    .columns(["slot", "token"].map(Alias::new))
+                    .from(Alias::new(&self.writes))
+                    .to_owned(),
+            )
+            .await
+            .unwrap();
+        let mut out: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+        for r in rows {
+            out.entry(r.try_get_by_index(0).unwrap())
+                .or_default()
+                .push(r.try_get_by_index(1).unwrap());
+        }
+        out
+    }
+
+    /// Exactly once per slot: every finished slot has exactly one write, by the term that
+    /// finished it; no other slot has any. Returns the finished slots.
+    pub async fn assert_exactly_once(&self, db: &DatabaseConnection) -> usize {
+        let records = self.records(db).await;
+        let writes = self.writes(db).await;
+        let mut finished = 0;
+        for (slot, rec) in &records {
+            let w = writes.get(slot).cloned().unwrap_or_default();
+            if rec.state == "finished" {
+                finished += 1;
+                assert_eq!(
+                    w,
+                    vec![rec.finished_token.unwrap()],
+                    "slot {slot}: one write, by the finishing term ({rec:?})"
+                );
+            } else {
+                assert!(w.is_empty(), "slot {slot} is {rec:?} but has writes {w:?}");
+            }
+        }
+        for slot in writes.keys() {
+            assert!(records.contains_key(slot), "slot {slot} written without a record");
+        }
+        finished
+    }
+
+    /// Waits (up to `within`) until `check` holds on the records.
+    pub async fn wait_for(
+        &self,
+        db: &DatabaseConnection,
+        within: Duration,
+        what: &str,
+        check: impl Fn(&BTreeMap<i64, Record>) -> bool,
+    ) -> BTreeMap<i64, Record> {
+        let deadline = Instant::now() + within;
+        loop {
+            let records = self.records(db).await;
+            if check(&records) {
+                return records;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {within:?}: {records:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub state: String,
+    pub attempts: i32,
+    pub claimed_token: Option<i64>,
+    pub finished_token: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// The job's fenced write: one row for the slot, in the run's transaction.
+pub async fn write(run: &JobRun, writes: &str) -> Result<sea_orm::DatabaseTransaction, JobError> {
+    let txn = run.begin().await?;
+    txn.execute(
+        &Query::insert()
+            .into_table(Alias::new(writes))
+            .columns(["slot", "token"].map(Alias::new))
+            .values_panic([run.slot_millis().into(), run.token().get().into()])
+            .to_owned(),
+    )
+    .await?;
+    Ok(txn)
+}
+
+/// A job that writes one row per slot and commits.
+pub fn writer(name: &str, writes: &str) -> Job {
+    let writes = writes.to_owned();
+    Job::new(name, Schedule::every(SECOND).unwrap(), move |run| {
+        let writes = writes.clone();
+        async move {
+            let txn = write(&run, &writes).await?;
+            run.commit(txn).await
+        }
+    })
+    .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+}
+
+async fn leader_of<'a>(nodes: &'a [JobsHandle], within: Duration) -> &'a JobsHandle {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(h) = nodes.iter().find(|h| h.elector().is_leader()) {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "no leader within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Three processes (pools of their own), one job every second: each slot runs once, across a
+/// graceful handover and a crash of the leader.
+pub async fn one_run_per_slot_across_three_processes<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let mut stores = vec![h.store()];
+    for _ in 0..2 {
+        stores.push(h.separate_store().await);
+    }
+    let nodes: Vec<JobsHandle> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, s)| t.start(s, &format!("n{i}"), vec![writer("tick", &t.writes)]))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    leader_of(&nodes, SECOND).await.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    leader_of(&nodes, 3 * SECOND).await.abort().await;
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    for n in &nodes {
+        n.shutdown().await;
+    }
+    let finished = t.assert_exactly_once(&db).await;
+    let records = t.records(&db).await;
+    let tokens: std::collections::BTreeSet<_> =
+        records.values().filter_map(|r| r.finished_token).collect();
+    assert!(finished >= 5, "slots finished: {finished} of {records:?}");
+    assert!(tokens.len() >= 2, "slots finished by several terms: {tokens:?}");
+    t.drop(&db).await;
+}
+
+/// A job whose first run ever does `first` (then hangs until aborted) and whose later runs
+/// write and commit as usual.
+/// `once` is shared by the test's processes: the first run of all of them.
+fn first_run_hangs<F, Fut>(name: &str, writes: &str, once: &Arc<AtomicBool>, first: F) -> Job
+where
+    F: Fn(JobRun, String) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let writes = writes.to_owned();
+    let once = once.clone();
+    let first = Arc::new(first);
+    Job::new(name, Schedule::every(SECOND).unwrap(), move |run| {
+        let (writes, once, first) = (writes.clone(), once.clone(), first.clone());
+        async move {
+            if !once.swap(true, Ordering::SeqCst) {
+                first(run.clone(), writes.clone()).await;
+                std::future::pending::<()>().await;
+            }
+            let txn = write(&run, &writes).await?;
+            run.commit(txn).await
+        }
+    })
+    .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+}
+
+/// The leader dies inside the first run's fenced transaction, its row written but not
+/// committed: the next leader runs the slot again (attempt 2) and it is written exactly once,
+/// by the new term.
+pub async fn a_leader_killed_before_its_commit_is_run_again_once<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<(i64, i64)>();
+    let once = Arc::new(AtomicBool::new(false));
+    let job = |tx: mpsc::UnboundedSender<(i64, i64)>| {
+        first_run_hangs("tick", &t.writes, &once, move |run, writes| {
+            let tx = tx.clone();
+            async move {
+                let txn = write(&run, &writes).await.unwrap();
+                let _ = tx.send((run.slot_millis(), run.token().get()));
+                // Dies with the transaction open.
+                std::future::pending::<()>().await;
+                drop(txn);
+            }
+        })
+    };
+    let a = t.start(&h.store(), "a", vec![job(tx.clone())]);
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    let b_store = h.separate_store().await;
+    let b = t.start(&b_store, "b", vec![job(tx)]);
+    let (slot, a_token) = tokio::time::timeout(3 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    a.abort().await;
+    let records = t
+        .wait_for(&db, 10 * SECOND, "the slot run again", |r| {
+            r.get(&slot).is_some_and(|r| r.state == "finished")
+        })
+        .await;
+    let rec = &records[&slot];
+    assert_eq!(rec.attempts, 2, "{rec:?}");
+    assert!(rec.finished_token.unwrap() > a_token, "{rec:?}");
+    t.assert_exactly_once(&db).await;
+    b.shutdown().await;
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// The leader dies right after its fenced commit: the slot is finished and never run again;
+/// the next leader goes on with the later slots.
+pub async fn a_leader_killed_after_its_commit_does_not_run_again<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<(i64, i64)>();
+    let once = Arc::new(AtomicBool::new(false));
+    let job = |tx: mpsc::UnboundedSender<(i64, i64)>| {
+        first_run_hangs("tick", &t.writes, &once, move |run, writes| {
+            let tx = tx.clone();
+            async move {
+                let txn = write(&run, &writes).await.unwrap();
+                run.commit(txn).await.unwrap();
+                let _ = tx.send((run.slot_millis(), run.token().get()));
+            }
+        })
+    };
+    let a = t.start(&h.store(), "a", vec![job(tx.clone())]);
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    let b_store = h.separate_store().await;
+    let b = t.start(&b_store, "b", vec![job(tx)]);
+    let (slot, a_token) = tokio::time::timeout(3 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    a.abort().await;
+    let records = t
+        .wait_for(&db, 10 * SECOND, "a later slot by the next leader", |r| {
+            r.iter()
+                .any(|(s, r)| *s > slot && r.state == "finished" && r.finished_token > Some(a_token))
+        })
+        .await;
+    let rec = &records[&slot];
+    assert_eq!(
+        (rec.state.as_str(), rec.attempts, rec.finished_token),
+        ("finished", 1, Some(a_token)),
+        "{rec:?}"
+    );
+    b.shutdown().await;
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// A leader that stalls in a run past its lease: the next leader runs the slot again, and the
+/// stalled run's late begin and commit are refused, writing nothing.
+pub async fn a_paused_leaders_late_finish_is_refused<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<JobRun>();
+    let once = Arc::new(AtomicBool::new(false));
+    let job = |tx: mpsc::UnboundedSender<JobRun>| {
+        first_run_hangs("tick", &t.writes, &once, move |run, _| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(run);
+            }
+        })
+    };
+    let a = t.start(&h.store(), "a", vec![job(tx.clone())]);
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    let b_store = h.separate_store().await;
+    let b = t.start(&b_store, "b", vec![job(tx)]);
+    let stalled = tokio::time::timeout(3 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let slot = stalled.slot_millis();
+    // The stall: A stops renewing and running (as a paused process would), keeping the run.
+    a.abort().await;
+    t.wait_for(&db, 10 * SECOND, "the slot run again", |r| {
+        r.get(&slot).is_some_and(|r| r.state == "finished")
+    })
+    .await;
+    // A wakes up and tries to finish.
+    let err = stalled.begin().await.unwrap_err();
+    assert!(matches!(err, JobError::Superseded { .. }), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    let txn = db.begin().await.unwrap();
+    txn.execute(
+        &Query::insert()
+            .into_table(Alias::new(&t.writes))
+            .columns(["slot", "token"].map(Alias::new))
+            .values_panic([slot.into(), stalled.token().get().into()])
+            .to_owned(),
+    )
+    .await
+    .unwrap();
+    let err = stalled.commit(txn).await.unwrap_err();
+    assert!(matches!(err, JobError::Superseded { .. }), "{err:?}");
+    b.shutdown().await;
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// A job that fails is retried with back-off up to its attempts, then given up with its error;
+/// an operator's rerun runs it once more.
+pub async fn failed_attempts_are_retried_then_given_up<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let fail = Arc::new(AtomicBool::new(true));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (f, c, writes) = (fail.clone(), calls.clone(), t.writes.clone());
+    // A slot once a day: the test sees only the one it starts with (marked by hand).
+    let job = Job::new("flaky", Schedule::every(SECOND).unwrap(), move |run| {
+        let (f, c, writes) = (f.clone(), c.clone(), writes.clone());
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            let txn = write(&run, &writes).await?;
+            if f.load(Ordering::SeqCst) {
+                drop(txn); // rolled back: nothing of the failed attempt stays
+                return Err(JobError::InvalidOption {
+                    option: "boom",
+                    value: String::new(),
+                    bounds: "",
+                });
+            }
+            run.commit(txn).await
+        }
+    })
+    .max_attempts(3)
+    .overlap(Overlap::Skip)
+    .retry_backoff(Duration::from_millis(100), Duration::from_millis(200));
+    let node = t.start(&h.store(), "a", vec![job]);
+    let records = t
+        .wait_for(&db, 10 * SECOND, "a slot given up", |r| {
+            r.values().any(|r| r.state == "given_up")
+        })
+        .await;
+    let (slot, rec) = records
+        .iter()
+        .find(|(_, r)| r.state == "given_up")
+        .map(|(s, r)| (*s, r.clone()))
+        .unwrap();
+    assert_eq!(rec.attempts, 3, "{rec:?}");
+    assert!(rec.error.as_deref().unwrap_or("").contains("boom"), "{rec:?}");
+    t.assert_exactly_once(&db).await;
+    // The operator: run it once more, now that it works.
+    fail.store(false, Ordering::SeqCst);
+    assert!(jobs::mark(&db, &t.runs, "flaky", slot, Mark::Rerun)
+        .await
+        .unwrap());
+    let records = t
+        .wait_for(&db, 5 * SECOND, "the rerun finished", |r| {
+            r.get(&slot).is_some_and(|r| r.state == "finished")
+        })
+        .await;
+    assert_eq!(records[&slot].attempts, 4);
+    // A finished slot cannot be given up; an unknown one is not there to mark.
+    assert!(!jobs::mark(&db, &t.runs, "flaky", slot, Mark::GiveUp)
+        .await
+        .unwrap());
+    assert!(!jobs::mark(&db, &t.runs, "nope", slot, Mark::Rerun)
+        .await
+        .unwrap());
+    node.shutdown().await;
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// A run that outlasts its interval: the slots that come due meanwhile are skipped (recorded),
+/// never run beside it.
+pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let writes = t.writes.clone();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (r, m) = (running.clone(), most.clone());
+    let job = Job::new("slow", Schedule::every(SECOND).unwrap(), move |run| {
+        let (writes, r, m) = (writes.clone(), r.clone(), m.clone());
+        async move {
+            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(1_600)).await;
+            r.fetch_sub(1, Ordering::SeqCst);
+            let txn = write(&run, &writes).await?;
+            run.commit(txn).await
+        }
+    });
+    let node = t.start(&h.store(), "a", vec![job]);
+    let records = t
+        .wait_for(&db, 10 * SECOND, "two runs and a skipped slot", |r| {
+            r.values().filter(|r| r.state == "finished").count() >= 2
+                && r.values().any(|r| r.state == "skipped")
+        })
+        .await;
+    node.shutdown().await;
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once: {records:?}");
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// Bad schedules and options are typed errors before anything runs: no elector starts, no
+/// record is written.
+pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let noop = |name: &str| {
+        Job::new(name, Schedule::every(SECOND).unwrap(), |_run| async {
+            Ok::<(), JobError>(())
+        })
+    };
+    for (err, what) in [
+        (Schedule::cron("0 2 * *", "UTC").unwrap_err(), "four fields"),
+        (Schedule::cron("0 25 * * *", "UTC").unwrap_err(), "hour 25"),
+        (Schedule::cron("not cron", "UTC").unwrap_err(), "words"),
+        (Schedule::cron("0 2 * * *", "Europe/Atlantis").unwrap_err(), "zone"),
+        (Schedule::every(Duration::ZERO).unwrap_err(), "zero interval"),
+        (Schedule::every(Duration::from_millis(1)).unwrap_err(), "1 ms"),
+    ] {
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{what}: {err:?}");
+    }
+    let builder = || {
+        Jobs::builder(h.store())
+            .resource(&t.resource)
+            .runs_table(&t.runs)
+    };
+    let refused = [
+        builder().job(noop("a")).job(noop("a")).build().err(),
+        builder().job(noop("")).build().err(),
+        builder().job(noop(" padded")).build().err(),
+        builder().job(noop("a").max_attempts(0)).build().err(),
+        builder().job(noop("a").max_catch_up(0)).build().err(),
+        builder()
+            .job(noop("a").retry_backoff(SECOND, Duration::from_millis(1)))
+            .build()
+            .err(),
+        builder()
+            .job(noop("a").starting_deadline(Duration::from_secs(400 * 24 * 3600)))
+            .build()
+            .err(),
+        builder().runs_table("runs; DROP TABLE x").job(noop("a")).build().err(),
+        builder().poll_interval(Duration::ZERO).job(noop("a")).build().err(),
+    ];
+    for (i, err) in refused.into_iter().enumerate() {
+        let err = err.unwrap_or_else(|| panic!("case {i} was accepted"));
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "case {i}: {err:?}");
+    }
+    assert!(t.records(&db).await.is_empty());
+    let lease_row = db
+        .query_all(
+            &Query::select()
+                .expr(Expr::val(1))
+                .from(Alias::new(h.store().table()))
+                .and_where(Expr::col(Alias::new("resource")).eq(t.resource.as_str()))
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+    assert!(lease_row.is_empty(), "no elector ran");
+    t.drop(&db).await;
+}
+
+#[macro_export]
+macro_rules! job_suite {
+    (#[ignore = $why:literal] $setup:expr) => {
+        $crate::job_suite!(@all [ignore = $why] $setup);
+    };
+    ($setup:expr) => {
+        $crate::job_suite!(@all [cfg(all())] $setup);
+    };
+    (@all $attr:tt $setup:expr) => {
+        $crate::job_suite!(@cases $attr $setup;
+            one_run_per_slot_across_three_processes,
+            a_leader_killed_before_its_commit_is_run_again_once,
+            a_leader_killed_after_its_commit_does_not_run_again,
+            a_paused_leaders_late_finish_is_refused,
+            failed_attempts_are_retried_then_given_up,
+            slots_due_while_one_runs_are_skipped,
+            bad_input_is_refused_before_anything_runs,
+        );
+    };
+    (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {
+        mod jobs {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #$attr
+                async fn $case() {
+                    #[allow(unused_imports)]
+                    use $crate::common::conformance::Harness as _;
+                    if let Some(h) = $setup.await {
+                        $crate::common::jobs::$case(&h).await;
+                        h.teardown().await;
+                    }
+                }
+            )*
+        }
+    };
+}
