@@ -6,6 +6,8 @@
 //!   metrics, health checks.
 //! - [`shard_sets`]: many resources per node: fairness, handovers, drains, membership.
 //! - [`locks`]: distributed locks and counting semaphores, a fencing token per hold.
+//! - [`jobs`]: scheduled jobs that run exactly once per slot: the guarantee, missed slots,
+//!   overlap, retries, daylight saving time.
 //! - [`lease_table`]: the lease table, its migrations (your app's `Migrator`, or the command
 //!   line; moving between them), custom table names, the entity.
 //! - [`cli`]: the `orion-beacon` command line: who leads, watch it change, revoke a lease.
@@ -37,6 +39,11 @@ pub mod shard_sets {}
 #[doc = include_str!("links.md")]
 #[doc = include_str!("../../docs/locks.md")]
 pub mod locks {}
+
+#[cfg(any(not(doctest), feature = "sqlite"))]
+#[doc = include_str!("links.md")]
+#[doc = include_str!("../../docs/jobs.md")]
+pub mod jobs {}
 
 #[doc = include_str!("links.md")]
 #[doc = include_str!("../../docs/lease-table.md")]

@@ -159,7 +159,10 @@ impl Tables {
             }
         }
         for slot in writes.keys() {
-            assert!(records.contains_key(slot), "slot {slot} written without a record");
+            assert!(
+                records.contains_key(slot),
+                "slot {slot} written without a record"
+            );
         }
         finished
     }
@@ -236,9 +239,7 @@ async fn leader_of<'a>(nodes: &'a [JobsHandle], within: Duration) -> &'a JobsHan
 
 /// Three processes (pools of their own), one job every second: each slot runs once, across a
 /// graceful handover and a crash of the leader.
-pub async fn one_run_per_slot_across_three_processes<H: Harness<Store = SeaOrmLeaseStore>>(
-    h: &H,
-) {
+pub async fn one_run_per_slot_across_three_processes<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
     let mut stores = vec![h.store()];
@@ -263,7 +264,10 @@ pub async fn one_run_per_slot_across_three_processes<H: Harness<Store = SeaOrmLe
     let tokens: std::collections::BTreeSet<_> =
         records.values().filter_map(|r| r.finished_token).collect();
     assert!(finished >= 5, "slots finished: {finished} of {records:?}");
-    assert!(tokens.len() >= 2, "slots finished by several terms: {tokens:?}");
+    assert!(
+        tokens.len() >= 2,
+        "slots finished by several terms: {tokens:?}"
+    );
     t.drop(&db).await;
 }
 
@@ -371,8 +375,9 @@ pub async fn a_leader_killed_after_its_commit_does_not_run_again<
     a.abort().await;
     let records = t
         .wait_for(&db, 10 * SECOND, "a later slot by the next leader", |r| {
-            r.iter()
-                .any(|(s, r)| *s > slot && r.state == "finished" && r.finished_token > Some(a_token))
+            r.iter().any(|(s, r)| {
+                *s > slot && r.state == "finished" && r.finished_token > Some(a_token)
+            })
         })
         .await;
     let rec = &records[&slot];
@@ -479,7 +484,10 @@ pub async fn failed_attempts_are_retried_then_given_up<H: Harness<Store = SeaOrm
         .map(|(s, r)| (*s, r.clone()))
         .unwrap();
     assert_eq!(rec.attempts, 3, "{rec:?}");
-    assert!(rec.error.as_deref().unwrap_or("").contains("boom"), "{rec:?}");
+    assert!(
+        rec.error.as_deref().unwrap_or("").contains("boom"),
+        "{rec:?}"
+    );
     t.assert_exactly_once(&db).await;
     // The operator: run it once more, now that it works.
     fail.store(false, Ordering::SeqCst);
@@ -532,7 +540,11 @@ pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLease
         })
         .await;
     node.shutdown().await;
-    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once: {records:?}");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "never two at once: {records:?}"
+    );
     t.assert_exactly_once(&db).await;
     t.drop(&db).await;
 }
@@ -553,9 +565,18 @@ pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrm
         (Schedule::cron("0 2 * *", "UTC").unwrap_err(), "four fields"),
         (Schedule::cron("0 25 * * *", "UTC").unwrap_err(), "hour 25"),
         (Schedule::cron("not cron", "UTC").unwrap_err(), "words"),
-        (Schedule::cron("0 2 * * *", "Europe/Atlantis").unwrap_err(), "zone"),
-        (Schedule::every(Duration::ZERO).unwrap_err(), "zero interval"),
-        (Schedule::every(Duration::from_millis(1)).unwrap_err(), "1 ms"),
+        (
+            Schedule::cron("0 2 * * *", "Europe/Atlantis").unwrap_err(),
+            "zone",
+        ),
+        (
+            Schedule::every(Duration::ZERO).unwrap_err(),
+            "zero interval",
+        ),
+        (
+            Schedule::every(Duration::from_millis(1)).unwrap_err(),
+            "1 ms",
+        ),
     ] {
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "{what}: {err:?}");
     }
@@ -578,8 +599,16 @@ pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrm
             .job(noop("a").starting_deadline(Duration::from_secs(400 * 24 * 3600)))
             .build()
             .err(),
-        builder().runs_table("runs; DROP TABLE x").job(noop("a")).build().err(),
-        builder().poll_interval(Duration::ZERO).job(noop("a")).build().err(),
+        builder()
+            .runs_table("runs; DROP TABLE x")
+            .job(noop("a"))
+            .build()
+            .err(),
+        builder()
+            .poll_interval(Duration::ZERO)
+            .job(noop("a"))
+            .build()
+            .err(),
     ];
     for (i, err) in refused.into_iter().enumerate() {
         let err = err.unwrap_or_else(|| panic!("case {i} was accepted"));

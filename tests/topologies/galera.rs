@@ -375,6 +375,8 @@ impl common::conformance::Harness for GaleraHarness {
 
 lock_suite!(GaleraHarness::setup());
 
+job_suite!(GaleraHarness::setup());
+
 /// Offers (a planned handover) on Galera: made through node 0, seen and taken through node 1.
 mod offers {
     use super::*;
