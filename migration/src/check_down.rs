@@ -6,12 +6,14 @@ use sea_orm_migration::sea_orm::ConnectionTrait;
 use crate::m20261129_000001_create_leases::{applied_through_on, row_count, table_exists_on};
 use crate::m20261201_000001_create_members::live_members;
 use crate::{
-    AddLeasePayload, CreateLeaseTable, CreateMemberTable, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
+    AddLeasePayload, CreateJobRunTable, CreateLeaseTable, CreateMemberTable, DEFAULT_JOB_RUN_TABLE,
+    DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
 };
 
 /// Checks, before anything is rolled back, what `M::down(db, steps)` would refuse in
 /// orion-beacon's migrations: a lease table that still holds rows (or that both migrators
-/// record), payload columns a live lease uses, and a membership table with a live node. It only reads. sea-orm-migration runs and commits each migration of a `down` on its own, so a
+/// record), payload columns a live lease uses, a membership table with a live node, and a
+/// job-run table that records a finished run. It only reads. sea-orm-migration runs and commits each migration of a `down` on its own, so a
 /// refusal met half way leaves the steps before it rolled back; call this first (the
 /// `orion-beacon-migration down` command line does) to refuse the whole `down` instead.
 /// `steps` is as for `MigratorTrait::down` (`None`: every applied migration).
@@ -77,6 +79,19 @@ where
                     return Err(DbErr::Migration(format!(
                         "refusing this `down`: it would undo `{name}`. {why} Nothing was rolled \
                          back."
+                    )));
+                }
+            }
+        } else if let Some(table) = table_of(name, CreateJobRunTable::NAME, DEFAULT_JOB_RUN_TABLE) {
+            if table_exists_on(db, table).await? {
+                let finished =
+                    crate::m20261204_000001_create_job_runs::finished_runs(db, table).await?;
+                if finished > 0 {
+                    return Err(DbErr::Migration(format!(
+                        "refusing this `down`: it would undo `{name}`, whose table {table} \
+                         records {finished} finished run(s), which keep their slots from \
+                         running again. Nothing was rolled back. Delete them first if the jobs \
+                         may run those slots again, then run `down` again."
                     )));
                 }
             }

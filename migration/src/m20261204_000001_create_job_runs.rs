@@ -54,6 +54,19 @@ impl CreateJobRunTable {
         &self.table
     }
 
+    /// The index the scheduler finds open records by (`state`, then `job`): its look at the
+    /// table costs the open records, not every slot ever run.
+    fn state_index(&self) -> IndexCreateStatement {
+        let mut name = self.table.clone();
+        name.truncate(63 - "_state".len());
+        Index::create()
+            .name(format!("{name}_state"))
+            .table(Alias::new(&self.table))
+            .col(Column::State)
+            .col(Column::Job)
+            .to_owned()
+    }
+
     fn create_statement(&self, backend: DbBackend) -> TableCreateStatement {
         let ts = |col: Column| {
             let mut def = ColumnDef::new(col);
@@ -127,7 +140,8 @@ impl MigrationTrait for CreateJobRunTable {
             )));
         }
         let backend = manager.get_database_backend();
-        manager.create_table(self.create_statement(backend)).await
+        manager.create_table(self.create_statement(backend)).await?;
+        manager.create_index(self.state_index()).await
     }
 
     /// Drops the table, but not while it records a finished run: without those rows a finished
@@ -174,6 +188,16 @@ mod tests {
             "m20261204_000001_create_orionbeacon_job_runs_runs"
         );
         assert!(CreateJobRunTable::with_table("x; DROP TABLE y").is_err());
+    }
+
+    #[test]
+    fn the_state_index() {
+        assert_eq!(
+            CreateJobRunTable::new()
+                .state_index()
+                .to_string(PostgresQueryBuilder),
+            r#"CREATE INDEX "orionbeacon_job_runs_state" ON "orionbeacon_job_runs" ("state", "job")"#
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ impl MigratorTrait for AppMigrator {
             Box::new(CreateLeaseTable::new()),
             Box::new(CreateMemberTable::new()),
             Box::new(AddLeasePayload::new()),
+            Box::new(orion_beacon_migration::CreateJobRunTable::new()),
         ]
     }
 }
@@ -113,7 +114,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     // step, which commits on its own and only drops the payload columns).
     let members = "SELECT COUNT(*) FROM orionbeacon_members";
     live_member(db, "").await;
-    let err = AppMigrator::down(db, Some(2))
+    let err = AppMigrator::down(db, Some(3))
         .await
         .expect_err("a live member");
     assert!(
@@ -129,8 +130,8 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         .await
         .unwrap();
 
-    // `down -n 3` with lease rows: `check_down` refuses before any step runs...
-    let err = check_down::<AppMigrator, _>(db, Some(3))
+    // `down -n 4` with lease rows: `check_down` refuses before any step runs...
+    let err = check_down::<AppMigrator, _>(db, Some(4))
         .await
         .expect_err("lease rows");
     assert!(
@@ -139,11 +140,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "{err}"
     );
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
-    assert!(check_down::<AppMigrator, _>(db, Some(2)).await.is_ok());
+    assert!(check_down::<AppMigrator, _>(db, Some(3)).await.is_ok());
     // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
-    // -n 3` runs (also for `reset` and `refresh`, which undo every step)...
+    // -n 4` runs (also for `reset` and `refresh`, which undo every step)...
     let checked = CheckDown(AppMigrator);
-    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(3))
+    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(4))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
@@ -159,7 +160,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     // ...while sea-orm-migration alone commits the payload and membership steps first, and
     // says so.
-    let err = AppMigrator::down(db, Some(3))
+    let err = AppMigrator::down(db, Some(4))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("`up` applies them again"), "{err}");
@@ -334,14 +335,37 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
-    // Three steps back would stop at the leases: refused before anything is dropped.
-    let said = refused_args(url, schema, &["down", "-n", "3"]);
+    // Four steps back would stop at the leases: refused before anything is dropped.
+    let said = refused_args(url, schema, &["down", "-n", "4"]);
     assert!(
         said.contains("Nothing was rolled back") && said.contains("1 lease row"),
         "{said}"
     );
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
     assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
+    // The job-run table is kept while it records a finished run (it keeps the slot from
+    // running again); without one, a step back drops it.
+    let runs = format!("{prefix}orionbeacon_job_runs");
+    db.execute_unprepared(&format!(
+        "INSERT INTO {runs} (job, slot, state, attempts, schedule) VALUES ('nightly', 0, 'finished', 1, 'every 1000ms')"
+    ))
+    .await
+    .unwrap();
+    let said = refused(url, schema, "down");
+    assert!(
+        said.contains("1 finished run") && said.contains("Nothing was rolled back"),
+        "{said}"
+    );
+    db.execute_unprepared(&format!("DELETE FROM {runs}"))
+        .await
+        .unwrap();
+    migrate(url, schema, "down");
+    assert!(
+        count(db, &format!("SELECT COUNT(*) FROM {runs}"))
+            .await
+            .is_err(),
+        "`down` drops the job-run table"
+    );
     // One step back removes the payload columns only: the row and its token stay; `up` adds
     // them again to the deployment from before them, in place.
     db.execute_unprepared(&format!(
@@ -376,6 +400,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         0,
         "added empty"
     );
+    migrate(url, schema, "down"); // the job-run table, added again by `up`
     migrate(url, schema, "down");
     // A live shard-set node keeps the membership table too.
     live_member(db, &prefix).await;
@@ -399,6 +424,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &leases).await.unwrap(), 1);
+    migrate(url, schema, "down"); // the job-run table
     migrate(url, schema, "down"); // the payload columns
     migrate(url, schema, "down"); // the membership table
     let said = refused(url, schema, "down");
