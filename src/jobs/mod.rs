@@ -211,6 +211,13 @@ impl Job {
                 bounds: "1 to 1,000",
             });
         }
+        if self.schedule.describe().len() > 255 {
+            return Err(JobError::InvalidOption {
+                option: "schedule",
+                value: self.schedule.describe(),
+                bounds: "at most 255 bytes as recorded",
+            });
+        }
         let (first, max) = self.backoff;
         if first > max {
             return Err(JobError::InvalidOption {
@@ -365,8 +372,9 @@ impl Jobs {
     }
 }
 
-/// A running scheduler. Dropping it leaves the scheduler running; stop it with
-/// [`shutdown`](Self::shutdown).
+/// A running scheduler. Keep it for as long as the jobs should run: dropping it stops the
+/// scheduler as [`shutdown`](Self::shutdown) does (its elector's handle is dropped with it),
+/// without waiting.
 pub struct JobsHandle {
     elector: ElectorHandle,
     work: tokio::task::JoinHandle<()>,
@@ -378,8 +386,9 @@ impl JobsHandle {
         &self.elector
     }
 
-    /// Stops the scheduler: running slots get the elector's grace period to finish, then the
-    /// lease is released and another node takes over at once.
+    /// Stops the scheduler: nothing new is claimed, running slots get the elector's grace
+    /// period to finish (then they are dropped, and run again by the next leader), the lease is
+    /// released and another node takes over at once.
     pub async fn shutdown(&self) {
         self.elector.shutdown().await;
         self.work.abort();

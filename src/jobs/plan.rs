@@ -176,7 +176,8 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
         if may_start(started) {
             plan.actions.push(Action::Start { slot, prior: None });
             started += 1;
-        } else if busy && policy.overlap == Overlap::Skip {
+        } else if busy && policy.overlap == Overlap::Skip && policy.missed != MissedSlots::RunAll {
+            // (A catch-up of every missed slot waits instead: skipping would drop it.)
             plan.actions.push(Action::Skip { slot });
         } else {
             // Queued (or the next of a catch-up): started when what runs ends.
@@ -272,6 +273,11 @@ mod tests {
                 start(240_000),
                 start(300_000)
             ]
+        );
+        // A catch-up under way with the default overlap: the rest wait, none is skipped.
+        assert_eq!(
+            run(&every, &all, Some(120_000), &[], &[120_000], 335_000).actions,
+            vec![]
         );
         let capped = Policy {
             max_catch_up: 2,

@@ -22,8 +22,9 @@ use crate::{FencingToken, LeaderTerm, SeaOrmLeaseStore};
 /// committed is never run again; an attempt that fails or crashes before its commit leaves
 /// nothing, and the slot is run again (see [`Job::max_attempts`](super::Job::max_attempts)).
 ///
-/// A closure that returns `Ok` without committing has its slot marked finished by the
-/// scheduler afterwards (at least once, for work outside the lease database).
+/// A closure that returns `Ok` without calling `begin` has its slot marked finished by the
+/// scheduler afterwards (at least once, for work outside the lease database); one that called
+/// `begin` and returned without committing fails the attempt (its writes rolled back).
 #[derive(Clone)]
 pub struct JobRun {
     pub(crate) inner: Arc<RunState>,
@@ -39,6 +40,8 @@ pub(crate) struct RunState {
     pub started: Instant,
     pub lateness: Duration,
     pub committed: AtomicBool,
+    /// Whether `begin` handed out a transaction.
+    pub began: AtomicBool,
 }
 
 impl std::fmt::Debug for JobRun {
@@ -92,12 +95,14 @@ impl JobRun {
     /// A transaction on the lease database, fenced by the run's term (its first statement is
     /// the fence). Write the job's rows in it, then [`commit`](Self::commit) it.
     pub async fn begin(&self) -> Result<DatabaseTransaction, JobError> {
-        if !self.inner.term.is_current() {
-            return Err(self.superseded());
-        }
+        // The fence decides, by the database: after a shutdown began, the term's `lost` has
+        // fired but its lease is still renewed for the grace period, and writes may commit.
         let txn = self.inner.store.connection().begin().await?;
         match self.inner.term.fence(&txn).await {
-            Ok(()) => Ok(txn),
+            Ok(()) => {
+                self.inner.began.store(true, Ordering::SeqCst);
+                Ok(txn)
+            }
             Err(e) => {
                 let _ = txn.rollback().await;
                 Err(self.fenced(e))
@@ -203,6 +208,10 @@ impl JobRun {
         }
         txn.commit().await?;
         Ok(())
+    }
+
+    pub(crate) fn began(&self) -> bool {
+        self.inner.began.load(Ordering::SeqCst)
     }
 
     pub(crate) fn committed(&self) -> bool {

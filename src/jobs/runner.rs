@@ -2,7 +2,7 @@
 //! (`plan::plan`), claim what starts in one fenced transaction, run each claimed slot in its
 //! own task, and sleep until the next slot, retry or poll.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,44 +54,66 @@ const MIN_SLEEP: Duration = Duration::from_millis(5);
 pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
     let names: Vec<String> = shared.jobs.iter().map(|j| j.name.to_string()).collect();
     let mut running: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); shared.jobs.len()];
-    let mut tasks: JoinSet<(usize, i64)> = JoinSet::new();
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    // What each task runs, to clear it from `running` however the task ends.
+    let mut slots: HashMap<tokio::task::Id, (usize, i64)> = HashMap::new();
     let mut latest: Option<Vec<Option<i64>>> = None;
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
         if !term.is_current() {
-            return;
+            break;
         }
-        let sleep = match tick(
+        let looked = tick(
             &shared,
             &term,
             &names,
             &mut latest,
             &mut running,
             &mut tasks,
+            &mut slots,
         )
-        .await
-        {
+        .await;
+        let sleep = match looked {
             Ok(sleep) => sleep,
-            Err(e) if e.kind() == crate::ErrorKind::Lost => return,
+            Err(e) if e.kind() == crate::ErrorKind::Lost => break,
             Err(e) => {
+                // Read the newest slots again: a claim whose commit failed may have committed.
+                latest = None;
                 tracing::warn!(error = %e, "job scheduling failed; looking again");
                 AFTER_ERROR
             }
         };
         let wake = Instant::now() + sleep;
-        loop {
+        let lost = loop {
             tokio::select! {
-                _ = term.lost() => return,
-                _ = tokio::time::sleep_until(wake) => break,
-                Some(done) = tasks.join_next() => {
-                    if let Ok((job, slot)) = done {
+                _ = term.lost() => break true,
+                _ = tokio::time::sleep_until(wake) => break false,
+                Some(done) = tasks.join_next_with_id() => {
+                    let id = match &done {
+                        Ok((id, ())) => *id,
+                        Err(e) => e.id(),
+                    };
+                    if let Some((job, slot)) = slots.remove(&id) {
                         running[job].remove(&slot);
                     }
-                    break;
+                    break false;
                 }
             }
+        };
+        if lost {
+            break;
         }
     }
+    // A shutdown or handover: nothing new is claimed, and the runs under way get the grace
+    // period to finish (on every other end of the term this future is dropped at once, and
+    // the runs with it).
+    if !tasks.is_empty() {
+        tracing::info!(
+            runs = tasks.len(),
+            "term ending: letting the running slots finish"
+        );
+    }
+    while tasks.join_next().await.is_some() {}
 }
 
 /// One look: plan, claim, start. Returns how long to sleep.
@@ -101,7 +123,8 @@ async fn tick(
     names: &[String],
     latest: &mut Option<Vec<Option<i64>>>,
     running: &mut [BTreeSet<i64>],
-    tasks: &mut JoinSet<(usize, i64)>,
+    tasks: &mut JoinSet<()>,
+    slots: &mut HashMap<tokio::task::Id, (usize, i64)>,
 ) -> Result<Duration, JobError> {
     let db = shared.store.connection();
     let backend = db.get_database_backend();
@@ -165,7 +188,8 @@ async fn tick(
                     let lateness =
                         Duration::from_millis(lateness_ms).saturating_add(read_at.elapsed());
                     running[i].insert(slot);
-                    start(shared, term, i, slot, attempt, lateness, tasks);
+                    let id = start(shared, term, i, slot, attempt, lateness, tasks);
+                    slots.insert(id, (i, slot));
                 }
                 Action::Skip { slot } => {
                     latest_now[i] = Some(latest_now[i].map_or(slot, |l| l.max(slot)));
@@ -292,8 +316,8 @@ fn start(
     slot: i64,
     attempt: i32,
     lateness: Duration,
-    tasks: &mut JoinSet<(usize, i64)>,
-) {
+    tasks: &mut JoinSet<()>,
+) -> tokio::task::Id {
     let reg = &shared.jobs[i];
     let run = JobRun {
         inner: Arc::new(RunState {
@@ -306,28 +330,30 @@ fn start(
             started: Instant::now(),
             lateness,
             committed: AtomicBool::new(false),
+            began: AtomicBool::new(false),
         }),
     };
     super::metrics_hook::lateness(&reg.name, lateness);
     tracing::info!(job = %reg.name, slot, attempt, token = %term.token(), lateness_ms = lateness.as_millis() as u64, "job run starts");
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
-    tasks.spawn(async move {
-        // The work in a task of its own, so that a panic fails only this attempt; aborted when
-        // this task is (the term ended).
-        let handle = tokio::spawn((work)(run.clone()));
-        let guard = AbortOnDrop(handle.abort_handle());
-        let result = handle.await;
-        drop(guard);
-        let error = match result {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(e) if e.is_panic() => Some("the job panicked".to_owned()),
-            Err(_) => Some("the job was cancelled".to_owned()),
-        };
-        finish(&run, error, max_attempts).await;
-        (i, slot)
-    });
+    tasks
+        .spawn(async move {
+            // The work in a task of its own, so that a panic fails only this attempt; aborted when
+            // this task is (the term ended).
+            let handle = tokio::spawn((work)(run.clone()));
+            let guard = AbortOnDrop(handle.abort_handle());
+            let result = handle.await;
+            drop(guard);
+            let error = match result {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) if e.is_panic() => Some("the job panicked".to_owned()),
+                Err(_) => Some("the job was cancelled".to_owned()),
+            };
+            finish(&run, error, max_attempts).await;
+        })
+        .id()
 }
 
 /// Ends an attempt after its closure returned.
@@ -342,6 +368,14 @@ async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
         super::metrics_hook::finished(&job, "finished", duration);
         return;
     }
+    // Writes begun in the run's transaction and never committed were rolled back: the slot
+    // is not done.
+    let error = match error {
+        None if run.began() => {
+            Some("the job began its fenced transaction but did not commit it".to_owned())
+        }
+        other => other,
+    };
     let (state, outcome) = match &error {
         None => (State::Finished, "finished"),
         Some(_) if run.inner.attempt >= max_attempts => (State::GivenUp, "given_up"),

@@ -32,9 +32,11 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 24 * 3600);
 /// instant is one slot, so no slot is ever run twice. A time of day that does not exist on the
 /// day the clocks go forward runs once, at the first time after the gap (02:30 becomes 03:00);
 /// a fixed time of day that happens twice when the clocks go back runs once, at its first
-/// occurrence; an expression with a wildcard or step in its seconds, minutes or hours (every
-/// 15 minutes, say) runs on each real occurrence in the repeated hour and skips the times that
-/// do not exist. This is the rule of Vixie cron and the Open Cron Pattern Specification.
+/// occurrence. A *fixed time* has exactly one value in each of its seconds, minutes and hours
+/// (`30 2 * * *`); any other expression (a wildcard, step, list or range there: every 15
+/// minutes, `30 2,14 * * *`) runs in real time: on each occurrence in the repeated hour, and
+/// not at the times that do not exist. This is the Open Cron Pattern Specification's rule
+/// (parsing and matching by the `croner` crate).
 #[derive(Clone)]
 pub struct Schedule {
     kind: Kind,

@@ -549,6 +549,44 @@ pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLease
     t.drop(&db).await;
 }
 
+/// A graceful shutdown stops claiming but lets the running slot finish within the grace
+/// period: it is finished once, by that term, not run again by the next leader.
+pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let writes = t.writes.clone();
+    let job = Job::new("slow", Schedule::every(SECOND).unwrap(), move |run| {
+        let writes = writes.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let txn = write(&run, &writes).await?;
+            run.commit(txn).await
+        }
+    });
+    let node = t.start(&h.store(), "a", vec![job]);
+    let records = t
+        .wait_for(&db, 5 * SECOND, "a slot running", |r| {
+            r.values().any(|r| r.state == "running")
+        })
+        .await;
+    let slot = *records.iter().find(|(_, r)| r.state == "running").unwrap().0;
+    node.shutdown().await;
+    let records = t.records(&db).await;
+    assert_eq!(
+        (records[&slot].state.as_str(), records[&slot].attempts),
+        ("finished", 1),
+        "{records:?}"
+    );
+    assert!(
+        records.values().all(|r| r.state != "running"),
+        "nothing left running: {records:?}"
+    );
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
 /// Bad schedules and options are typed errors before anything runs: no elector starts, no
 /// record is written.
 pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrmLeaseStore>>(
@@ -645,6 +683,7 @@ macro_rules! job_suite {
             a_paused_leaders_late_finish_is_refused,
             failed_attempts_are_retried_then_given_up,
             slots_due_while_one_runs_are_skipped,
+            a_shutdown_lets_the_running_slot_finish,
             bad_input_is_refused_before_anything_runs,
         );
     };
