@@ -1,17 +1,17 @@
 //! orion-beacon's benchmarks: store throughput next to pgbench running the very same statement,
-//! handover and failover times, one process holding 10,000 leases, batched renewal, and shard
-//! sets over several node processes.
+//! handover and failover times, one process holding 10,000 leases, batched renewal, shard sets
+//! over several node processes, and how late scheduled jobs start their slots.
 //!
 //! ```sh
 //! cargo bench --all-features --bench orion                    # everything (a few minutes)
-//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards, locks
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards, locks, jobs
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
 //!
 //! Release builds only (`cargo bench` builds them): the figures in docs/performance.md are from
 //! such a build. Each benchmark has a file of its own under `benches/orion/` (`throughput.rs`,
 //! `roundtrips.rs`, `handover.rs`, `locks.rs`, `scale.rs` with the batch, `shards.rs`, which starts this
-//! binary again as node processes); CPU accounting is in `cpu.rs`, and what they share is here.
+//! binary again as node processes, `jobs.rs`); CPU accounting is in `cpu.rs`, and what they share is here.
 //!
 //! Runs against private PostgreSQL and MariaDB instances of its own (`orion-beacon-testkit`,
 //! started from the installed server binaries), or the servers `ORION_BEACON_PG_URL` /
@@ -32,6 +32,8 @@ mod cpu;
 mod double;
 #[path = "orion/handover.rs"]
 mod handover;
+#[path = "orion/jobs.rs"]
+mod jobs;
 #[path = "orion/locks.rs"]
 mod locks;
 #[path = "orion/roundtrips.rs"]
@@ -206,6 +208,9 @@ fn main() -> Result<(), Error> {
         }
         if all || what.iter().any(|w| w == "locks") {
             locks::locks_bench().await?;
+        }
+        if all || what.iter().any(|w| w == "jobs") {
+            jobs::jobs_bench().await?;
         }
         Ok(())
     })

@@ -94,6 +94,8 @@ struct Target {
     args: Vec<String>,
     /// A membership table other than the default (`--member-table` for `members`).
     member_table: Option<String>,
+    /// The run table of scheduled jobs (`--runs-table` for `jobs` when not the default).
+    runs_table: String,
     _dir: Option<tempfile::TempDir>,
     cleanup: Option<(sea_orm::DatabaseConnection, String)>,
 }
@@ -129,10 +131,23 @@ impl Target {
         self.run(&all).await
     }
 
+    /// `jobs` with `args`, on this target's run table.
+    async fn jobs(&self, args: &[&str]) -> Run {
+        let mut all = vec!["jobs"];
+        all.extend(args);
+        if self.runs_table != orion_beacon::entity::DEFAULT_JOB_RUN_TABLE {
+            all.extend(["--runs-table", &self.runs_table]);
+        }
+        self.run(&all).await
+    }
+
     async fn teardown(self) {
         if let Some((db, table)) = self.cleanup {
             if let Some(members) = &self.member_table {
                 drop_member_table(&db, members).await;
+            }
+            if self.runs_table != orion_beacon::entity::DEFAULT_JOB_RUN_TABLE {
+                drop_runs_table(&db, &self.runs_table).await;
             }
             common::drop_table(&db, &table).await;
         }
@@ -151,6 +166,7 @@ async fn sqlite() -> (Target, String) {
         store: SeaOrmLeaseStore::new(db),
         args: vec!["--database-url".into(), url.clone()],
         member_table: None,
+        runs_table: orion_beacon::entity::DEFAULT_JOB_RUN_TABLE.to_owned(),
         _dir: Some(dir),
         cleanup: None,
     };
@@ -166,6 +182,32 @@ async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
         .up(&SchemaManager::new(db))
         .await
         .expect("member migration up");
+}
+
+/// Creates the job-run table `table` with the real migration.
+#[cfg(feature = "postgres")]
+async fn migrate_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
+    use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+    CreateJobRunTable::with_table(table)
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("job-run migration up");
+}
+
+/// Drops the job-run table `table` with the migration's `down`, once its (test) records are
+/// gone: `down` refuses a table that records a finished run.
+async fn drop_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
+    use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+    use sea_orm::ConnectionTrait;
+    db.execute_unprepared(&format!("DELETE FROM \"{table}\""))
+        .await
+        .expect("delete the test runs");
+    CreateJobRunTable::with_table(table)
+        .expect("valid table name")
+        .down(&SchemaManager::new(db))
+        .await
+        .expect("job-run migration down");
 }
 
 /// Drops the membership table `table` with the migration's `down`, once its (test) members
@@ -194,6 +236,8 @@ async fn postgres() -> Option<Target> {
     common::migrate(&db, &table).await;
     let members = common::unique("obclim");
     migrate_member_table(&db, &members).await;
+    let runs = common::unique("obclir");
+    migrate_runs_table(&db, &runs).await;
     Some(Target {
         store: SeaOrmLeaseStore::new(db.clone())
             .with_table(&table)
@@ -207,6 +251,7 @@ async fn postgres() -> Option<Target> {
             table.clone(),
         ],
         member_table: Some(members),
+        runs_table: runs,
         _dir: None,
         cleanup: Some((db, table)),
     })
@@ -816,6 +861,352 @@ async fn members_lists_live_members(t: &Target) {
     );
 }
 
+/// One run record, as a scheduler would have written it: `(candidate, token)` that claimed
+/// it, `(token, duration ms)` that ended it.
+struct Record<'a> {
+    job: &'a str,
+    slot: i64,
+    state: &'a str,
+    attempts: i32,
+    schedule: &'a str,
+    claimed: (&'a str, i64),
+    ended: Option<(i64, i64)>,
+    error: Option<&'a str>,
+}
+
+async fn insert_run(t: &Target, r: Record<'_>) {
+    use orion_beacon::entity::job_run::Column;
+    use sea_orm::sea_query::{Alias, Query};
+    use sea_orm::ConnectionTrait;
+    let now = chrono::Utc::now();
+    let insert = Query::insert()
+        .into_table(Alias::new(&t.runs_table))
+        .columns([
+            Column::Job,
+            Column::Slot,
+            Column::State,
+            Column::Attempts,
+            Column::Schedule,
+            Column::ClaimedBy,
+            Column::ClaimedToken,
+            Column::ClaimedAt,
+            Column::FinishedToken,
+            Column::FinishedAt,
+            Column::DurationMs,
+            Column::Error,
+        ])
+        .values_panic([
+            r.job.into(),
+            r.slot.into(),
+            r.state.into(),
+            r.attempts.into(),
+            r.schedule.into(),
+            r.claimed.0.into(),
+            r.claimed.1.into(),
+            now.into(),
+            r.ended.map(|e| e.0).into(),
+            r.ended.map(|_| now).into(),
+            r.ended.map(|e| e.1).into(),
+            r.error.into(),
+        ])
+        .to_owned();
+    t.store.connection().execute(&insert).await.unwrap();
+}
+
+/// The `state` of a record, read directly.
+async fn run_state(t: &Target, job: &str, slot: i64) -> String {
+    use orion_beacon::entity::job_run::Column;
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    use sea_orm::ConnectionTrait;
+    let select = Query::select()
+        .column(Column::State)
+        .from(Alias::new(&t.runs_table))
+        .and_where(Expr::col(Column::Job).eq(job))
+        .and_where(Expr::col(Column::Slot).eq(slot))
+        .to_owned();
+    let row = t.store.connection().query_one(&select).await.unwrap();
+    row.expect("the record").try_get_by_index(0).unwrap()
+}
+
+/// `jobs` on a fresh run table: each job's latest slot and next slot, one job's records, the
+/// operator's marks, and the errors of each.
+async fn jobs_list_runs_and_marks(t: &Target) {
+    let empty = t.jobs(&[]).await;
+    assert_code(&empty, 0);
+    assert_eq!(
+        empty.stdout,
+        format!("no job runs in table {:?}\n", t.runs_table),
+        "{empty:#?}"
+    );
+    assert_eq!(t.jobs(&["--json"]).await.stdout.trim(), "[]");
+
+    // On a one-minute grid, ten minutes back: two slots of "report", one of "cleanup".
+    let minute = 60_000;
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let first = (now_ms / minute - 10) * minute;
+    let second = first + minute;
+    let every = "every 60000ms";
+    let (report, cleanup) = ("report", "cleanup");
+    for r in [
+        Record {
+            job: report,
+            slot: first,
+            state: "finished",
+            attempts: 1,
+            schedule: every,
+            claimed: ("node-a", 3),
+            ended: Some((3, 1234)),
+            error: None,
+        },
+        Record {
+            job: report,
+            slot: second,
+            state: "failed",
+            attempts: 2,
+            schedule: every,
+            claimed: ("node-b", 4),
+            ended: Some((4, 20)),
+            error: Some("boom\nat line 2"),
+        },
+        Record {
+            job: cleanup,
+            slot: first,
+            state: "running",
+            attempts: 1,
+            schedule: "cron 0 2 * * * UTC",
+            claimed: ("node-c", 5),
+            ended: None,
+            error: None,
+        },
+    ] {
+        insert_run(t, r).await;
+    }
+    let time_of = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).unwrap();
+
+    let out = t.jobs(&[]).await;
+    assert_code(&out, 0);
+    let lines: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 4, "{out:#?}");
+    assert_eq!(
+        lines[0],
+        [
+            "JOB", "LAST", "SLOT", "(UTC)", "STATE", "ATTEMPTS", "DURATION", "RUN", "BY", "TOKEN",
+            "NEXT", "SLOT", "(UTC)"
+        ]
+    );
+    // Sorted by job; the slot and the next slot are a date and a time each.
+    let slot_text = time_of(second).format("%Y-%m-%d %H:%M:%S%.3f").to_string();
+    let (date, clock) = slot_text.split_once(' ').unwrap();
+    assert_eq!(
+        &lines[2][..8],
+        [report, date, clock, "failed", "2", "0.020s", "node-b", "4"],
+        "{out:#?}"
+    );
+    assert_eq!(lines[2].len(), 10, "{out:#?}");
+    assert_eq!(lines[1][0], cleanup, "{out:#?}");
+    assert_eq!(
+        &lines[1][3..8],
+        ["running", "1", "-", "node-c", "5"],
+        "{out:#?}"
+    );
+    assert!(
+        out.stdout
+            .lines()
+            .nth(3)
+            .unwrap()
+            .starts_with("2 jobs (next slots by the database clock, now "),
+        "{out:#?}"
+    );
+    assert!(out.stdout.lines().all(|l| !l.ends_with(' ')), "{out:#?}");
+    // `list` (and `ls`) is the default.
+    for list in [&["list"][..], &["ls"]] {
+        let again = t.jobs(list).await;
+        assert_code(&again, 0);
+        assert_eq!(
+            again.stdout.lines().take(3).collect::<Vec<_>>(),
+            out.stdout.lines().take(3).collect::<Vec<_>>()
+        );
+    }
+    let wide = t.jobs(&["-o", "wide"]).await;
+    assert_code(&wide, 0);
+    assert!(
+        wide.stdout.lines().next().unwrap().ends_with("ERROR")
+            && wide.stdout.contains("boom\\nat line 2")
+            && wide.stdout.contains(every),
+        "{wide:#?}"
+    );
+    let bare = t.jobs(&["--no-headers"]).await;
+    assert_eq!(bare.stdout.lines().count(), 2, "{bare:#?}");
+
+    // JSON: the latest record of each job and its next slot, by the database clock.
+    let json = t.jobs(&["--json"]).await;
+    assert_code(&json, 0);
+    let all: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let all = all.as_array().unwrap();
+    assert_eq!(all.len(), 2);
+    let (c, r) = (&all[0], &all[1]);
+    assert_eq!(r["job"], report);
+    assert_eq!(r["slot_ms"], second);
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(r["slot"].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis(),
+        second
+    );
+    assert_eq!(r["state"], "failed");
+    assert_eq!(r["attempts"], 2);
+    assert_eq!(r["claimed_by"], "node-b");
+    assert_eq!(r["claimed_token"], 4);
+    assert_eq!(r["finished_token"], 4);
+    assert_eq!(r["duration_ms"], 20);
+    assert_eq!(r["error"], "boom\nat line 2");
+    let next = r["next_slot_ms"].as_i64().unwrap();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    assert!(
+        next % minute == 0 && next > now_ms - 10_000 && next <= now_ms + minute,
+        "{next} against {now_ms}"
+    );
+    assert_eq!(c["job"], cleanup);
+    assert_eq!(c["state"], "running");
+    assert!(
+        c["finished_at"].is_null() && c["duration_ms"].is_null(),
+        "{c}"
+    );
+    // 02:00 UTC, the next one.
+    let next = c["next_slot_ms"].as_i64().unwrap();
+    assert_eq!(next % 86_400_000, 2 * 3_600_000, "{c}");
+    assert!(next > now_ms - 10_000 && next <= now_ms + 86_400_000, "{c}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&t.jobs(&["list", "-o", "json"]).await.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // One job's records, newest first.
+    let runs = t.jobs(&["runs", report]).await;
+    assert_code(&runs, 0);
+    let lines: Vec<&str> = runs.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{runs:#?}");
+    assert!(lines[0].starts_with("SLOT (UTC) "), "{runs:#?}");
+    assert!(lines[1].starts_with(&slot_text) && lines[1].contains(" failed "));
+    assert!(lines[2].contains(" finished ") && lines[2].contains(" 1.234s "));
+    assert_eq!(lines[3], "2 run records of job \"report\", newest first");
+    let one = t.jobs(&["runs", report, "--limit", "1", "--json"]).await;
+    assert_code(&one, 0);
+    let one: serde_json::Value = serde_json::from_str(&one.stdout).unwrap();
+    assert_eq!(one.as_array().unwrap().len(), 1);
+    assert_eq!(one[0]["slot_ms"], second);
+    assert_code(&t.jobs(&["runs", report, "--limit", "0"]).await, BAD_INPUT);
+    let unknown = t.jobs(&["runs", "nope"]).await;
+    assert_code(&unknown, UNKNOWN_RESOURCE);
+    assert!(
+        unknown.stderr.contains("no runs of job \"nope\""),
+        "{unknown:#?}"
+    );
+    let typo = t.jobs(&["runs", "reprot"]).await;
+    assert_code(&typo, UNKNOWN_RESOURCE);
+    assert!(
+        typo.stderr.contains("did you mean \"report\"?"),
+        "{typo:#?}"
+    );
+
+    // rerun: a failed slot runs again; marking it twice changes nothing.
+    let second_ms = second.to_string();
+    let rerun = t.jobs(&["rerun", report, &second_ms]).await;
+    assert_code(&rerun, 0);
+    assert!(
+        rerun.stdout.starts_with(&format!(
+            "marked \"report\" slot {slot_text} UTC ({second}) to run again: it was failed"
+        )),
+        "{rerun:#?}"
+    );
+    assert_eq!(run_state(t, report, second).await, "rerun");
+    let again = t.jobs(&["rerun", report, &second_ms]).await;
+    assert_code(&again, 0);
+    assert!(again.stdout.starts_with("no record changed"), "{again:#?}");
+    // give-up: refused for a finished slot (slot as RFC 3339), done for the rerun mark (slot as
+    // the tables print it).
+    let finished = t
+        .jobs(&["give-up", report, &time_of(first).to_rfc3339()])
+        .await;
+    assert_code(&finished, NOTHING_CHANGED);
+    assert!(
+        finished.stderr.contains("nothing changed") && finished.stderr.contains("it finished"),
+        "{finished:#?}"
+    );
+    assert_eq!(run_state(t, report, first).await, "finished");
+    let gave_up = t.jobs(&["give-up", report, &slot_text]).await;
+    assert_code(&gave_up, 0);
+    assert!(
+        gave_up.stdout.starts_with("gave up \"report\" slot"),
+        "{gave_up:#?}"
+    );
+    assert_eq!(run_state(t, report, second).await, "given_up");
+    // A running slot: no rerun, but it can be given up.
+    let first_ms = first.to_string();
+    let running = t.jobs(&["rerun", cleanup, &first_ms]).await;
+    assert_code(&running, NOTHING_CHANGED);
+    assert!(running.stderr.contains("it is running"), "{running:#?}");
+    assert_eq!(run_state(t, cleanup, first).await, "running");
+    assert_code(&t.jobs(&["give-up", cleanup, &first_ms]).await, 0);
+    assert_eq!(run_state(t, cleanup, first).await, "given_up");
+    // ... and a given-up slot can run again.
+    assert_code(&t.jobs(&["rerun", report, &second_ms]).await, 0);
+    assert_eq!(run_state(t, report, second).await, "rerun");
+
+    // No record for the slot; no job of that name; a slot that does not read as one; a bad
+    // job name.
+    let no_slot = t.jobs(&["rerun", report, "1000"]).await;
+    assert_code(&no_slot, UNKNOWN_RESOURCE);
+    assert!(
+        no_slot.stderr.contains("no run record for \"report\" slot"),
+        "{no_slot:#?}"
+    );
+    let no_job = t.jobs(&["give-up", "nope", &first_ms]).await;
+    assert_code(&no_job, UNKNOWN_RESOURCE);
+    assert!(
+        no_job.stderr.contains("no runs of job \"nope\""),
+        "{no_job:#?}"
+    );
+    for bad in ["yesterday", "2026-13-01T00:00:00Z", "12.5"] {
+        let out = t.jobs(&["rerun", report, bad]).await;
+        assert_code(&out, BAD_INPUT);
+        assert!(out.stderr.contains("is not a slot"), "{out:#?}");
+    }
+    let out = t.jobs(&["give-up", " report", &first_ms]).await;
+    assert_code(&out, BAD_INPUT);
+    assert!(out.stderr.contains("invalid job name"), "{out:#?}");
+
+    // The run table: a bad name is refused before connecting, a missing one says how to make it.
+    let out = t.run(&["jobs", "--runs-table", "x;y"]).await;
+    assert_code(&out, BAD_INPUT);
+    assert!(out.stderr.starts_with("error: table name"), "{out:#?}");
+    let missing = common::unique("never_migrated_runs");
+    for args in [
+        vec!["jobs", "--runs-table", &missing],
+        vec!["jobs", "runs", report, "--runs-table", &missing],
+        vec!["jobs", "rerun", report, &first_ms, "--runs-table", &missing],
+    ] {
+        let out = t.run(&args).await;
+        assert_code(&out, MISSING_TABLE);
+        assert!(
+            out.stderr
+                .contains(&format!("the job-run table \"{missing}\" does not exist"))
+                && out.stderr.contains(&format!(
+                    "add orion_beacon_migration::CreateJobRunTable::with_table(\"{missing}\") to your app's Migrator"
+                )),
+            "{out:#?}"
+        );
+    }
+}
+
 // ---- SQLite ----
 
 #[cfg(feature = "sqlite")]
@@ -839,6 +1230,13 @@ mod sqlite {
         let (t, _url) = sqlite().await;
         leases_by_holder(&t).await;
         members_lists_live_members(&t).await;
+        t.teardown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_list_runs_and_marks() {
+        let (t, _url) = sqlite().await;
+        super::jobs_list_runs_and_marks(&t).await;
         t.teardown().await;
     }
 
@@ -1034,6 +1432,23 @@ mod sqlite {
                 && out.stderr.contains("CreateMemberTable::new()"),
             "{out:#?}"
         );
+        // And the default job-run table.
+        let out = run(&[
+            "jobs",
+            "--database-url",
+            &format!("sqlite://{}", empty.display()),
+        ])
+        .await;
+        assert_code(&out, MISSING_TABLE);
+        assert!(
+            out.stderr
+                .contains("the job-run table \"orionbeacon_job_runs\" does not exist")
+                && out
+                    .stderr
+                    .contains("orion-beacon-migration up -u sqlite://")
+                && out.stderr.contains("CreateJobRunTable::new()"),
+            "{out:#?}"
+        );
 
         // Bad table names, checked before connecting.
         for bad in ["x; DROP TABLE y", "1x", "a\"b", ""] {
@@ -1095,6 +1510,7 @@ mod sqlite {
         assert_code(&help, 0);
         assert!(help.stdout.contains("leases") && help.stdout.contains("revoke"));
         assert!(help.stdout.contains("members"), "{help:#?}");
+        assert!(help.stdout.contains("jobs"), "{help:#?}");
     }
 }
 
@@ -1126,6 +1542,15 @@ mod postgres {
         };
         leases_by_holder(&t).await;
         members_lists_live_members(&t).await;
+        t.teardown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_list_runs_and_marks() {
+        let Some(t) = postgres().await else {
+            return;
+        };
+        super::jobs_list_runs_and_marks(&t).await;
         t.teardown().await;
     }
 

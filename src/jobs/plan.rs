@@ -344,7 +344,7 @@ mod tests {
             &every,
             &policy(),
             Some(60_000),
-            &[crashed.clone()],
+            std::slice::from_ref(&crashed),
             &[],
             62_500,
         );
@@ -354,7 +354,7 @@ mod tests {
             &every,
             &policy(),
             Some(60_000),
-            &[crashed.clone()],
+            std::slice::from_ref(&crashed),
             &[],
             63_000,
         );
@@ -370,7 +370,7 @@ mod tests {
             &every,
             &policy(),
             Some(60_000),
-            &[crashed.clone()],
+            std::slice::from_ref(&crashed),
             &[60_000],
             63_000,
         );
@@ -384,7 +384,7 @@ mod tests {
                 &every,
                 &policy(),
                 Some(60_000),
-                &[spent.clone()],
+                std::slice::from_ref(&spent),
                 &[],
                 90_000
             )
@@ -402,7 +402,7 @@ mod tests {
                 &every,
                 &policy(),
                 Some(60_000),
-                &[rerun.clone()],
+                std::slice::from_ref(&rerun),
                 &[],
                 90_000
             )

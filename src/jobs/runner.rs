@@ -84,20 +84,18 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
             }
         };
         let wake = Instant::now() + sleep;
-        let lost = loop {
-            tokio::select! {
-                _ = term.lost() => break true,
-                _ = tokio::time::sleep_until(wake) => break false,
-                Some(done) = tasks.join_next_with_id() => {
-                    let id = match &done {
-                        Ok((id, ())) => *id,
-                        Err(e) => e.id(),
-                    };
-                    if let Some((job, slot)) = slots.remove(&id) {
-                        running[job].remove(&slot);
-                    }
-                    break false;
+        let lost = tokio::select! {
+            _ = term.lost() => true,
+            _ = tokio::time::sleep_until(wake) => false,
+            Some(done) = tasks.join_next_with_id() => {
+                let id = match &done {
+                    Ok((id, ())) => *id,
+                    Err(e) => e.id(),
+                };
+                if let Some((job, slot)) = slots.remove(&id) {
+                    running[job].remove(&slot);
                 }
+                false
             }
         };
         if lost {

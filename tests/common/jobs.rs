@@ -226,7 +226,7 @@ pub fn writer(name: &str, writes: &str) -> Job {
     .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
 }
 
-async fn leader_of<'a>(nodes: &'a [JobsHandle], within: Duration) -> &'a JobsHandle {
+async fn leader_of(nodes: &[JobsHandle], within: Duration) -> &JobsHandle {
     let deadline = Instant::now() + within;
     loop {
         if let Some(h) = nodes.iter().find(|h| h.elector().is_leader()) {
@@ -551,9 +551,7 @@ pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLease
 
 /// A graceful shutdown stops claiming but lets the running slot finish within the grace
 /// period: it is finished once, by that term, not run again by the next leader.
-pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLeaseStore>>(
-    h: &H,
-) {
+pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
     let writes = t.writes.clone();
@@ -571,7 +569,11 @@ pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLe
             r.values().any(|r| r.state == "running")
         })
         .await;
-    let slot = *records.iter().find(|(_, r)| r.state == "running").unwrap().0;
+    let slot = *records
+        .iter()
+        .find(|(_, r)| r.state == "running")
+        .unwrap()
+        .0;
     node.shutdown().await;
     let records = t.records(&db).await;
     assert_eq!(

@@ -21,9 +21,13 @@
 //! `ShardSet` over `--shards` resources, each led resource writing fenced ledger rows, checked
 //! per resource, see `shard_node.rs` and `shard_checker.rs`), `lock-postgres` and
 //! `semaphore-mysql` (lock clients taking one lock, or a permit of a semaphore of two, under
-//! the same faults, checked per lease row, see `lock_node.rs`); by name only: `galera-skew`
-//! (300 ms ahead, measured), `shards-sqlite` and `semaphore-sqlite`), `--duration SECS`
-//! (default 30, the shard sets and locks 20),
+//! the same faults, checked per lease row, see `lock_node.rs`), `jobs-postgres` (every
+//! candidate a node of one `Jobs` scheduler running the job `tick` every second, each attempt
+//! writing a row in its slot's fenced transaction held open 0-300 ms; checked per slot from the
+//! run table and the writes table: no slot done twice, no finished slot's write missing, no
+//! write without its slot's mark, see `job_node.rs` and `jobs_checker.rs`); by name only:
+//! `galera-skew` (300 ms ahead, measured), `shards-sqlite`, `semaphore-sqlite`, `jobs-mysql`
+//! and `jobs-sqlite`), `--duration SECS` (default 30, the shard sets, locks and jobs 20),
 //! `--candidates N` (default 5), `--seed N` (default: random, printed), `--faults
 //! kill,pause,connkill,restart,failover,nodekill,nodestop` (default all that apply), `--pool N`
 //! (connections per candidate pool; default per configuration), `--no-skew` (do not run
@@ -43,6 +47,8 @@ mod clock;
 mod common;
 mod db;
 mod faults;
+mod job_node;
+mod jobs_checker;
 mod lock_node;
 mod node_log;
 mod report;
@@ -123,6 +129,10 @@ struct Configuration {
     /// Locks: each candidate is a lock client taking the run's lock (`Some(0)`) or a permit of
     /// its semaphore of N (`Some(N)`) again and again; checked per lease row, safety only.
     locks: Option<u32>,
+    /// Jobs: each candidate is a node of one `Jobs` scheduler running the job `tick` every
+    /// second, each attempt writing a row in the slot's fenced transaction; checked per slot
+    /// from the run table and the writes table (`jobs_checker.rs`).
+    jobs: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -144,10 +154,11 @@ const PLAIN: Configuration = Configuration {
     galera: None,
     shards: false,
     locks: None,
+    jobs: false,
 };
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 16] = [
+const CONFIGURATIONS: [Configuration; 19] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -275,11 +286,39 @@ const CONFIGURATIONS: [Configuration; 16] = [
         locks: Some(2),
         ..PLAIN
     },
+    // Scheduled jobs: five nodes of one scheduler, a slot every second, each attempt's write
+    // and the slot's mark in one fenced transaction held open 0-300 ms, under every fault;
+    // checked per slot: done once, never lost, never written without its mark.
+    Configuration {
+        name: "jobs-postgres",
+        backend: Backend::Postgres,
+        jobs: true,
+        ..PLAIN
+    },
+    // By name only: the same on MariaDB and on one SQLite file.
+    Configuration {
+        name: "jobs-mysql",
+        backend: Backend::MySql,
+        jobs: true,
+        ..PLAIN
+    },
+    Configuration {
+        name: "jobs-sqlite",
+        backend: Backend::Sqlite,
+        jobs: true,
+        ..PLAIN
+    },
 ];
 
 /// Configurations a run without `--backend` leaves out: measurements and slow variants that
 /// need no repeating in CI.
-const BY_NAME_ONLY: [&str; 3] = ["galera-skew", "shards-sqlite", "semaphore-sqlite"];
+const BY_NAME_ONLY: [&str; 5] = [
+    "galera-skew",
+    "shards-sqlite",
+    "semaphore-sqlite",
+    "jobs-mysql",
+    "jobs-sqlite",
+];
 
 /// SQLite rollback-journal mode: the candidates' busy timeout.
 const ROLLBACK_BUSY_TIMEOUT: Duration = Duration::from_millis(300);
@@ -302,11 +341,12 @@ enum Backend {
 // A repeated option keeps its last value, as the hand-written parser did.
 #[command(args_override_self = true)]
 struct Args {
-    /// A configuration to run (repeatable; default: every one but `galera-skew` and
-    /// `shards-sqlite`).
+    /// A configuration to run (repeatable; default: every one but those run by name only,
+    /// `BY_NAME_ONLY`).
     #[arg(long = "backend", value_name = "NAME")]
     backends: Vec<String>,
-    /// Seconds per configuration (`30` or `30s`; default 30, the shard sets 20).
+    /// Seconds per configuration (`30` or `30s`; default 30, the shard sets, locks and jobs
+    /// 20).
     #[arg(long, value_name = "SECS", value_parser = seconds)]
     duration: Option<Duration>,
     /// Candidate processes per configuration.
@@ -379,6 +419,15 @@ struct Args {
         help_heading = "Candidate process"
     )]
     permits: u32,
+    /// Run as a node of the scheduler leading `--resource`, with the job `tick`.
+    #[arg(long, help_heading = "Candidate process")]
+    job_node: bool,
+    /// The scheduler's run table.
+    #[arg(long, default_value = "", help_heading = "Candidate process")]
+    runs_table: String,
+    /// The table the job's attempts write their rows to.
+    #[arg(long, default_value = "", help_heading = "Candidate process")]
+    writes_table: String,
 
     #[command(flatten)]
     _libtest: LibtestFlags,
@@ -415,7 +464,7 @@ impl Args {
     /// How long `config` runs: `--duration`, or its default.
     fn duration(&self, config: &Configuration) -> Duration {
         self.duration
-            .unwrap_or(if config.shards || config.locks.is_some() {
+            .unwrap_or(if config.shards || config.locks.is_some() || config.jobs {
                 SHARD_DURATION
             } else {
                 Duration::from_secs(30)
@@ -483,6 +532,15 @@ fn main() {
                     Ok(()) => 0,
                     Err(e) => {
                         eprintln!("lock client failed: {e}");
+                        3
+                    }
+                }
+            }
+            Some(args) if args.candidate.is_some() && args.job_node => {
+                match job_node::run(args).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("job node failed: {e}");
                         3
                     }
                 }

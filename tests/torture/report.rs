@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::checker::{Record, Verdict};
 use crate::faults::Faults;
+use crate::jobs_checker::{JobHistories, JobVerdict};
 use crate::shard_checker::{ShardRecord, ShardVerdict};
 use crate::{LEASE, SHARD_INTERVAL};
 
@@ -317,5 +318,98 @@ fn ms(ns: u64) -> String {
         "never".to_owned()
     } else {
         format!("{} ms", ns / 1_000_000)
+    }
+}
+
+/// The figures of one jobs configuration's run, as checked per slot.
+pub struct JobSummary<'a> {
+    pub label: &'a str,
+    pub seed: u64,
+    pub nodes: usize,
+    /// Nodes started under libfaketime.
+    pub skewed: usize,
+    pub duration_ns: u64,
+    pub histories: &'a JobHistories,
+    pub verdict: &'a JobVerdict,
+    pub faults: &'a Faults,
+    pub fault_log: &'a [crate::checker::Fault],
+    /// Rows in the writes table.
+    pub write_rows: usize,
+    /// The lease table's token at the end.
+    pub last_token: i64,
+}
+
+impl JobSummary<'_> {
+    pub fn print(&self) {
+        let (h, v) = (self.histories, self.verdict);
+        let mut kinds: Vec<String> = self
+            .faults
+            .counts
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        kinds.sort();
+        println!(
+            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} faults: {} violations={}",
+            self.label,
+            self.seed,
+            self.duration_ns as f64 / 1e9,
+            self.nodes,
+            self.skewed,
+            v.finished,
+            v.liveness_bound,
+            v.unacknowledged,
+            v.skipped,
+            v.failed,
+            v.given_up,
+            v.running + v.rerun,
+            v.missed,
+            v.reruns,
+            v.retried_slots,
+            self.write_rows,
+            h.begun,
+            h.committed.len(),
+            h.refused,
+            h.not_claimed,
+            h.failed,
+            h.dropped,
+            h.killed_inside,
+            h.terms.len(),
+            self.last_token,
+            kinds.join(" "),
+            v.violations.len(),
+        );
+        let (pauses_in, pauses) =
+            crate::checker::inside_transactions(self.fault_log, &h.transactions, "pause");
+        let (cuts_in, cuts) =
+            crate::checker::inside_transactions(self.fault_log, &h.transactions, "partition");
+        let kills_in = self
+            .fault_log
+            .iter()
+            .filter(|f| f.kind == "kill")
+            .filter(|f| {
+                h.transactions.iter().any(|(c, begun, ended)| {
+                    f.candidate.as_ref() == Some(c) && *begun < f.start && f.start <= *ended
+                })
+            })
+            .count();
+        let kills = self.fault_log.iter().filter(|f| f.kind == "kill").count();
+        println!(
+            "  inside an attempt's fenced transaction: {kills_in} of {kills} kills, {pauses_in} of {pauses} pauses, {cuts_in} of {cuts} partitions"
+        );
+        for violation in &v.violations {
+            println!("  VIOLATION: {violation}");
+        }
+        if !v.violations.is_empty() {
+            for f in self.fault_log {
+                println!(
+                    "  fault {} {} at {}..{}",
+                    f.kind,
+                    f.candidate.as_deref().unwrap_or("-"),
+                    f.start,
+                    f.end
+                );
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@ use crate::common::{unique, Rng};
 use crate::db::{connect, connect_rollback_journal};
 use crate::servers::{private_mariadb, private_pgbouncer, private_postgres, start_galera, Cluster};
 use crate::skew::{faketime_lib, skew_problem};
-use crate::{checker, faults, report, shard_checker, timeline};
+use crate::{checker, faults, jobs_checker, report, shard_checker, timeline};
 use crate::{
     Args, Backend, Configuration, Error, LEASE, RECOVERY_MARGIN, RETRY, SHARD_INTERVAL,
     SHARD_SETTLE, SHARD_SLACK, TAKEOVER_BOUND,
@@ -51,6 +51,10 @@ pub struct Setup {
     /// The shard-set configurations: the membership table and the shard set's resources.
     members: String,
     pub shards: Vec<String>,
+    /// The jobs configurations: the scheduler's run table and the table its job's attempts
+    /// write to (no key: a slot written twice shows as two rows).
+    runs: String,
+    writes: String,
     pub admin: DatabaseConnection,
     _dir: tempfile::TempDir,
     dir: PathBuf,
@@ -173,8 +177,10 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
     let table = unique("tt");
     let ledger = unique("ledger");
     let members = format!("{table}_m");
+    let runs = format!("{table}_runs");
+    let writes = format!("{table}_writes");
     use orion_beacon_migration::{
-        CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
+        CreateJobRunTable, CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
     };
     CreateLeaseTable::with_table(&table)?
         .up(&SchemaManager::new(&admin))
@@ -183,6 +189,23 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         CreateMemberTable::with_table(&members)?
             .up(&SchemaManager::new(&admin))
             .await?;
+    }
+    if config.jobs {
+        CreateJobRunTable::with_table(&runs)?
+            .up(&SchemaManager::new(&admin))
+            .await?;
+        let create = Table::create()
+            .table(Alias::new(&writes))
+            .col(ColumnDef::new(Alias::new("job")).string_len(64).not_null())
+            .col(ColumnDef::new(Alias::new("slot")).big_integer().not_null())
+            .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
+            .col(
+                ColumnDef::new(Alias::new("writer"))
+                    .string_len(64)
+                    .not_null(),
+            )
+            .to_owned();
+        admin.execute(&create).await?;
     }
     let mut create = Table::create()
         .table(Alias::new(&ledger))
@@ -233,6 +256,8 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         ledger,
         resource: resource.clone(),
         members,
+        runs,
+        writes,
         shards: match config.locks {
             Some(permits) => crate::lock_node::resources(&resource, permits),
             None if config.shards => crate::shard_node::resources(shards),
@@ -302,6 +327,13 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
             s.shards.len().to_string(),
             "--members".to_owned(),
             s.members.clone(),
+        ],
+        None if s.config.jobs => vec![
+            "--job-node".to_owned(),
+            "--runs-table".to_owned(),
+            s.runs.clone(),
+            "--writes-table".to_owned(),
+            s.writes.clone(),
         ],
         None => Vec::new(),
     })
@@ -390,6 +422,17 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         p.remove_faketime_leftovers();
     }
     let run_end_ns = mono_ns();
+    if config.jobs {
+        let times = ShardTimes {
+            seed,
+            candidates: args.candidates,
+            skewed,
+            run_start_ns,
+            quiesce_ns,
+            run_end_ns,
+        };
+        return finish_jobs(s, &procs, applied, run_violations, &kinds, times, duration).await;
+    }
     if config.shards || config.locks.is_some() {
         let times = ShardTimes {
             seed,
@@ -714,4 +757,141 @@ fn stalls_inside_transactions(
             ));
         }
     }
+}
+
+/// A jobs configuration's verdict, once its nodes have stopped: the nodes' histories, the run
+/// table and the writes table checked per slot (`jobs_checker.rs`), the fault problems of the
+/// run itself, the summary. `true` if it passed.
+async fn finish_jobs(
+    s: Setup,
+    procs: &[Proc],
+    mut applied: faults::Faults,
+    mut run_violations: Vec<String>,
+    kinds: &[String],
+    times: ShardTimes,
+    duration: Duration,
+) -> Result<bool, Error> {
+    let label = s.config.name;
+    let mut histories = jobs_checker::JobHistories::default();
+    for p in procs {
+        let text = std::fs::read_to_string(&p.history).unwrap_or_default();
+        histories.add_history(&text, applied.kills.get(&p.name).copied())?;
+        if let Some(offset) = &p.offset {
+            if let Some(problem) = skew_problem(&text, offset) {
+                run_violations.push(format!("{}: {problem}", p.name));
+            }
+        }
+    }
+    for kind in kinds {
+        if !applied.counts.contains_key(kind) {
+            run_violations.push(format!("fault {kind} was requested but never applied"));
+        }
+    }
+    // How many faults hit inside an attempt's transaction is printed, not required: an attempt
+    // holds its transaction open a fifth of each second or so, and a run's few faults can all
+    // miss it (`stalls_inside_transactions` expects the elector's near-continuous writes).
+    let faults_log = std::mem::take(&mut applied.log);
+
+    let admin = &s.admin;
+    let col = |name: &str| Alias::new(name);
+    let rows = admin
+        .query_all(
+            &Query::select()
+                .columns([
+                    col("job"),
+                    col("slot"),
+                    col("state"),
+                    col("attempts"),
+                    col("claimed_token"),
+                    col("claimed_by"),
+                    col("finished_token"),
+                ])
+                .from(Alias::new(&s.runs))
+                .order_by(col("slot"), sea_orm::sea_query::Order::Asc)
+                .to_owned(),
+        )
+        .await?;
+    let mut records = Vec::with_capacity(rows.len());
+    for row in rows {
+        records.push(jobs_checker::RunRecord {
+            job: row.try_get_by_index(0)?,
+            slot: row.try_get_by_index(1)?,
+            state: row.try_get_by_index(2)?,
+            attempts: row.try_get_by_index(3)?,
+            claimed_token: row.try_get_by_index(4)?,
+            claimed_by: row.try_get_by_index(5)?,
+            finished_token: row.try_get_by_index(6)?,
+        });
+    }
+    let rows = admin
+        .query_all(
+            &Query::select()
+                .columns([col("job"), col("slot"), col("token"), col("writer")])
+                .from(Alias::new(&s.writes))
+                .order_by(col("slot"), sea_orm::sea_query::Order::Asc)
+                .to_owned(),
+        )
+        .await?;
+    let mut writes = Vec::with_capacity(rows.len());
+    for row in rows {
+        writes.push(jobs_checker::WriteRow {
+            job: row.try_get_by_index(0)?,
+            slot: row.try_get_by_index(1)?,
+            token: row.try_get_by_index(2)?,
+            writer: row.try_get_by_index(3)?,
+        });
+    }
+    let mut verdict = jobs_checker::check(
+        crate::job_node::JOB,
+        crate::job_node::EVERY.as_millis() as i64,
+        &records,
+        &writes,
+        &histories,
+        duration.as_secs(),
+    );
+    verdict.violations.extend(run_violations);
+    let last_token = SeaOrmLeaseStore::new(admin.clone())
+        .with_table(&s.table)?
+        .current(&s.resource)
+        .await?
+        .map_or(0, |r| r.token.get());
+    report::JobSummary {
+        label,
+        seed: times.seed,
+        nodes: times.candidates,
+        skewed: times.skewed,
+        duration_ns: times.run_end_ns - times.run_start_ns,
+        histories: &histories,
+        verdict: &verdict,
+        faults: &applied,
+        fault_log: &faults_log,
+        write_rows: writes.len(),
+        last_token,
+    }
+    .print();
+    let passed = verdict.violations.is_empty();
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some() || !passed {
+        let log: String = faults_log
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} {} {} {}\n",
+                    f.kind,
+                    f.candidate.as_deref().unwrap_or("-"),
+                    f.start,
+                    f.end
+                )
+            })
+            .collect();
+        std::fs::write(s.dir.join("faults"), log)?;
+        println!("  histories: {}", s.dir.display());
+        std::mem::forget(s._dir);
+        return Ok(passed);
+    }
+    for table in [&s.writes, &s.runs, &s.ledger, &s.table] {
+        let _ = admin
+            .execute(&Table::drop().table(Alias::new(table)).to_owned())
+            .await;
+    }
+    Ok(passed)
 }

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use orion_beacon::entity::{DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
+use orion_beacon::entity::{DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 
-/// How `leases`, `members`, `show` and `watch` print.
+/// How `leases`, `members`, `show`, `watch` and `jobs` print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// Aligned columns for people.
@@ -40,8 +40,9 @@ impl Format {
 /// See who leads, watch it change, and recover a stuck lease by hand.
 ///
 /// Times left are judged by the database clock. Exit codes: 0 done, 1 other failure, 2 bad
-/// input, 3 database unreachable, 4 lease table (or membership table) missing, 5 unknown
-/// resource, 6 nothing changed (release refused, revoke not confirmed).
+/// input, 3 database unreachable, 4 lease table (or membership or job-run table) missing, 5
+/// unknown resource (or job, or run record), 6 nothing changed (release refused, revoke not
+/// confirmed, a run mark refused).
 #[derive(Debug, Parser)]
 #[command(name = "orion-beacon", version, about, long_about)]
 pub struct Cli {
@@ -146,11 +147,75 @@ pub enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+    /// Scheduled jobs: each job's latest slot, its state and its next slot (`jobs list`, the
+    /// default), one job's run records, and an operator's marks on a slot.
+    #[command(args_conflicts_with_subcommands = true)]
+    Jobs {
+        #[command(subcommand)]
+        command: Option<JobsCommand>,
+        #[command(flatten)]
+        list: ListArgs,
+        /// The run table of the jobs (ASCII letters, digits and '_').
+        #[arg(long, global = true, default_value = DEFAULT_JOB_RUN_TABLE, value_name = "NAME")]
+        runs_table: String,
+    },
     /// Print a shell completion script (e.g. `orion-beacon completions bash >
     /// /etc/bash_completion.d/orion-beacon`).
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
+    },
+}
+
+/// `jobs list`'s options (also `jobs`'s own, list being the default).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub format: Format,
+    /// Leave out the header line (and the summary line) of the table.
+    #[arg(long)]
+    pub no_headers: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// One row per job: its latest slot (UTC), that slot's state, duration, who ran it and
+    /// with which token, attempts, and the next slot by the database clock (the default).
+    #[command(visible_alias = "ls")]
+    List {
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// The latest run records of one job, newest first.
+    Runs {
+        /// The job.
+        job: String,
+        /// How many records.
+        #[arg(long, short = 'n', default_value_t = 20, value_name = "N",
+              value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        limit: u64,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Mark a slot to run again (any record but a running one): the leader runs it at its next
+    /// look. A finished slot runs again, and its writes are made a second time.
+    Rerun {
+        /// The job.
+        job: String,
+        /// The slot: milliseconds since the Unix epoch, or a time (RFC 3339, or
+        /// `YYYY-MM-DD HH:MM:SS[.fff]` in UTC as the tables print it).
+        #[arg(value_parser = parse_slot, allow_hyphen_values = true)]
+        slot: i64,
+    },
+    /// Give a slot up: it never runs again (any record but a finished one). A running
+    /// attempt's commit is then refused and its fenced writes roll back.
+    GiveUp {
+        /// The job.
+        job: String,
+        /// The slot: milliseconds since the Unix epoch, or a time (RFC 3339, or
+        /// `YYYY-MM-DD HH:MM:SS[.fff]` in UTC as the tables print it).
+        #[arg(value_parser = parse_slot, allow_hyphen_values = true)]
+        slot: i64,
     },
 }
 
@@ -163,6 +228,42 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(text)
         .map_err(|e| format!("{text:?} is not a duration (like 500ms, 2s, 1m 30s): {e}"))
+}
+
+/// A slot: milliseconds since the Unix epoch, an RFC 3339 time, or a UTC time as the tables
+/// print it (`2026-12-04 02:00:00.000`). Slots are whole milliseconds.
+pub fn parse_slot(text: &str) -> Result<i64, String> {
+    use chrono::{DateTime, NaiveDateTime, Utc};
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(ms);
+    }
+    let time: Option<DateTime<Utc>> = DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .ok()
+        .or_else(|| {
+            [
+                "%Y-%m-%d %H:%M:%S%.f",
+                "%Y-%m-%dT%H:%M:%S%.f",
+                "%Y-%m-%d %H:%M",
+            ]
+            .iter()
+            .find_map(|f| NaiveDateTime::parse_from_str(text, f).ok())
+            .map(|t| t.and_utc())
+        });
+    let Some(time) = time else {
+        return Err(format!(
+            "{text:?} is not a slot: give milliseconds since the Unix epoch (1796349600000), an \
+             RFC 3339 time (2026-12-04T02:00:00Z) or a UTC time as the tables print it \
+             (\"2026-12-04 02:00:00.000\")"
+        ));
+    };
+    if time.timestamp_subsec_nanos() % 1_000_000 != 0 {
+        return Err(format!(
+            "{text:?} is not a slot: slots are whole milliseconds"
+        ));
+    }
+    Ok(time.timestamp_millis())
 }
 
 #[cfg(test)]
@@ -179,6 +280,36 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         for bad in ["", "s", "2x", "-1s", "1e400s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn slots() {
+        let ms = 1_796_349_600_000; // 2026-12-04T02:00:00Z
+        for text in [
+            "1796349600000",
+            " 1796349600000 ",
+            "2026-12-04T02:00:00Z",
+            "2026-12-04T03:00:00+01:00",
+            "2026-12-04T02:00:00.000Z",
+            "2026-12-04 02:00:00.000",
+            "2026-12-04 02:00:00",
+            "2026-12-04T02:00:00",
+            "2026-12-04 02:00",
+        ] {
+            assert_eq!(parse_slot(text), Ok(ms), "{text:?}");
+        }
+        assert_eq!(parse_slot("2026-12-04 02:00:00.250"), Ok(ms + 250));
+        assert_eq!(parse_slot("-1000"), Ok(-1000));
+        for bad in [
+            "",
+            "yesterday",
+            "2026-12-04",
+            "2026-13-04T02:00:00Z",
+            "1.5",
+            "2026-12-04T02:00:00.0005Z",
+        ] {
+            assert!(parse_slot(bad).is_err(), "{bad:?}");
         }
     }
 

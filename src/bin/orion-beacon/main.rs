@@ -8,11 +8,14 @@
 //! orion-beacon watch nightly-report
 //! orion-beacon release nightly-report --holder node-a
 //! orion-beacon revoke nightly-report --force
+//! orion-beacon jobs
+//! orion-beacon jobs runs nightly-report --limit 5
+//! orion-beacon jobs rerun nightly-report 2026-12-04T02:00:00Z
 //! ```
 //!
 //! Exit codes: 0 done, 1 other failure, 2 bad input, 3 database unreachable, 4 lease table (or
-//! membership table) missing, 5 unknown resource, 6 nothing changed (release refused, revoke not
-//! confirmed).
+//! membership or job-run table) missing, 5 unknown resource (or job, or run record), 6 nothing
+//! changed (release refused, revoke not confirmed, a run mark refused).
 #![forbid(unsafe_code)]
 
 mod args;
@@ -29,7 +32,7 @@ use orion_beacon::membership::validate_shard_set;
 use orion_beacon::store::{validate_candidate, validate_resource};
 use orion_beacon::{SeaOrmLeaseStore, StoreError};
 
-use crate::args::{Cli, Command, Output};
+use crate::args::{Cli, Command, JobsCommand, Output};
 use crate::commands::Ctx;
 use crate::connect::{connect, redact};
 use crate::exit::{exit_code, CliError, Outcome};
@@ -118,6 +121,21 @@ async fn run(cli: Cli) -> Outcome {
             check_resource(resource)?;
             validate_candidate(holder).map_err(|e| bad_input(&e))?;
         }
+        Command::Jobs {
+            command,
+            runs_table,
+            ..
+        } => {
+            validate_table_name(runs_table).map_err(|e| CliError::BadInput(e.to_string()))?;
+            match command {
+                Some(
+                    JobsCommand::Runs { job, .. }
+                    | JobsCommand::Rerun { job, .. }
+                    | JobsCommand::GiveUp { job, .. },
+                ) => check_job(job)?,
+                Some(JobsCommand::List { .. }) | None => {}
+            }
+        }
     }
     if let Command::Revoke { force: false, .. } = cli.command {
         return Err(CliError::BadInput(
@@ -186,12 +204,27 @@ async fn run(cli: Cli) -> Outcome {
             commands::release::run(&ctx, &resource, &holder).await
         }
         Command::Revoke { resource, yes, .. } => commands::revoke::run(&ctx, &resource, yes).await,
+        Command::Jobs {
+            command,
+            list,
+            runs_table,
+        } => commands::jobs::run(&ctx, &runs_table, command, list).await,
         Command::Completions { .. } => Ok(()),
     }
 }
 
 fn check_resource(resource: &str) -> Outcome {
     validate_resource(resource).map_err(|e| bad_input(&e))
+}
+
+/// A job name: the rules of resource names (the scheduler checks them so).
+fn check_job(job: &str) -> Outcome {
+    validate_resource(job).map_err(|e| match e {
+        StoreError::InvalidResource { reason, .. } => {
+            CliError::BadInput(format!("invalid job name {job:?}: {reason}"))
+        }
+        other => bad_input(&other),
+    })
 }
 
 /// A refused argument, in the store's words.

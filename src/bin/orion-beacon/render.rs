@@ -75,18 +75,22 @@ pub fn left(r: &LeaseRecord) -> String {
 /// `-`.
 pub fn payload(r: &LeaseRecord) -> String {
     match &r.payload {
-        Some(p) => p
-            .chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect(),
+        Some(p) => one_line(p),
         None => "-".to_owned(),
     }
+}
+
+/// Text from the database on one line of a terminal: control characters escaped, nothing else.
+pub fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// The record as JSON: its `serde` form (times RFC 3339, `remaining_ms`).

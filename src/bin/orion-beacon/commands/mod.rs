@@ -2,6 +2,7 @@
 //! unknown resource put in the operator's words.
 
 pub mod completions;
+pub mod jobs;
 pub mod leases;
 pub mod members;
 pub mod release;
@@ -9,7 +10,7 @@ pub mod revoke;
 pub mod show;
 pub mod watch;
 
-use orion_beacon::entity::{DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
+use orion_beacon::entity::{DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 use orion_beacon::{ErrorKind, LeaseRecord, LeaseStore, SeaOrmLeaseStore, StoreError};
 
 use crate::connect::{driver_url, scrub};
@@ -41,6 +42,8 @@ pub enum Table {
     Leases,
     /// The membership table of shard sets (`--member-table`).
     Members,
+    /// The run table of scheduled jobs (`--runs-table`).
+    JobRuns,
 }
 
 impl Table {
@@ -48,6 +51,7 @@ impl Table {
         match self {
             Table::Leases => "lease table",
             Table::Members => "membership table",
+            Table::JobRuns => "job-run table",
         }
     }
 
@@ -55,6 +59,7 @@ impl Table {
         match self {
             Table::Leases => "CreateLeaseTable",
             Table::Members => "CreateMemberTable",
+            Table::JobRuns => "CreateJobRunTable",
         }
     }
 
@@ -62,6 +67,7 @@ impl Table {
         match self {
             Table::Leases => DEFAULT_TABLE,
             Table::Members => DEFAULT_MEMBER_TABLE,
+            Table::JobRuns => DEFAULT_JOB_RUN_TABLE,
         }
     }
 }
@@ -194,6 +200,18 @@ mod tests {
         assert!(
             custom.contains("CreateMemberTable::with_table(\"shard_members\")")
                 && custom.contains("only the default table \"orionbeacon_members\""),
+            "{custom}"
+        );
+        let runs = migration_hint(Table::JobRuns, "orionbeacon_job_runs", "mysql://app@db/app");
+        assert!(
+            runs.contains("CreateJobRunTable::new()")
+                && runs.contains("orion-beacon-migration up -u mysql://app@db/app"),
+            "{runs}"
+        );
+        let custom = migration_hint(Table::JobRuns, "nightly_runs", "sqlite:///a.db");
+        assert!(
+            custom.contains("CreateJobRunTable::with_table(\"nightly_runs\")")
+                && custom.contains("only the default table \"orionbeacon_job_runs\""),
             "{custom}"
         );
     }

@@ -1,0 +1,272 @@
+//! Scheduled jobs: how late each slot starts against its scheduled time, with one job and with
+//! 100 jobs in one scheduler, on PostgreSQL, MariaDB and SQLite.
+//!
+//! Every job runs every second; its closure records `run.lateness()` (the database clock's now
+//! at the look that claimed the slot, minus the slot, plus the time since that look), then
+//! writes one row in the slot's fenced transaction and commits it with the slot's mark
+//! (`begin`, one `INSERT`, `commit`). Counted: first attempts at the slots from the first whole
+//! second after the scheduler leads, `BENCH_JOB_SLOTS` of them per job (default 18) with one job
+//! and half as many with 100 jobs; the slot that was already due when the scheduler started
+//! (run at once, as late as the start was after it) is not counted. Afterwards the written rows
+//! are checked: one per counted slot, none twice.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use orion_beacon::jobs::{Job, JobRun, Jobs, Schedule};
+use orion_beacon::SeaOrmLeaseStore;
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
+use tokio::time::Instant;
+
+use super::handover::{histogram, quantile_ms, wait_leader};
+use super::*;
+
+const INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the closures record.
+struct Probe {
+    /// The first counted slot (ms since the epoch); nothing is counted before it is set.
+    from_ms: AtomicI64,
+    /// Slots counted per job.
+    slots: i64,
+    lateness_ms: Mutex<Vec<f64>>,
+    /// Attempts after a first one (a failed or interrupted first attempt).
+    retries: AtomicU64,
+}
+
+impl Probe {
+    fn record(&self, run: &JobRun) {
+        if run.attempt() > 1 {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let from = self.from_ms.load(Ordering::SeqCst);
+        let slot = run.slot_millis();
+        let until = from.saturating_add(self.slots * INTERVAL.as_millis() as i64);
+        if (from..until).contains(&slot) {
+            self.samples().push(run.lateness().as_secs_f64() * 1e3);
+        }
+    }
+
+    fn samples(&self) -> std::sync::MutexGuard<'_, Vec<f64>> {
+        self.lateness_ms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A job that records its lateness, then inserts one row into `work` and commits it with the
+/// slot's mark.
+fn job(name: String, work: Arc<str>, probe: Arc<Probe>) -> Result<Job, Error> {
+    Ok(Job::new(
+        name,
+        Schedule::every(INTERVAL)?,
+        move |run: JobRun| {
+            let (work, probe) = (work.clone(), probe.clone());
+            async move {
+                probe.record(&run);
+                let txn = run.begin().await?;
+                let insert = Query::insert()
+                    .into_table(Alias::new(&*work))
+                    .columns([Alias::new("job"), Alias::new("slot")])
+                    .values_panic([run.job().into(), run.slot_millis().into()])
+                    .to_owned();
+                txn.execute(&insert).await?;
+                run.commit(txn).await
+            }
+        },
+    ))
+}
+
+fn epoch_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The tables of one run: a lease table, a run table (the real migrations) and the jobs' own
+/// table.
+struct Tables {
+    lease: String,
+    runs: String,
+    work: String,
+}
+
+impl Tables {
+    async fn create(db: &DatabaseConnection, tag: &str) -> Result<Self, Error> {
+        use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+        let t = Self {
+            lease: unique(&format!("objobs{tag}")),
+            runs: unique(&format!("objobruns{tag}")),
+            work: unique(&format!("objobwork{tag}")),
+        };
+        t.drop(db).await;
+        migrate(db, &t.lease).await?;
+        CreateJobRunTable::with_table(&t.runs)?
+            .up(&SchemaManager::new(db))
+            .await?;
+        db.execute_unprepared(&format!(
+            "CREATE TABLE {} (job VARCHAR(64) NOT NULL, slot BIGINT NOT NULL)",
+            t.work
+        ))
+        .await?;
+        Ok(t)
+    }
+
+    /// Drops the three (the run table's `down` keeps a table with finished runs: they go
+    /// first).
+    async fn drop(&self, db: &DatabaseConnection) {
+        use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+        let _ = db
+            .execute_unprepared(&format!("DROP TABLE IF EXISTS {}", self.work))
+            .await;
+        if let Ok(m) = CreateJobRunTable::with_table(&self.runs) {
+            let _ = db
+                .execute(
+                    &Query::delete()
+                        .from_table(Alias::new(&self.runs))
+                        .to_owned(),
+                )
+                .await;
+            let _ = m.down(&SchemaManager::new(db)).await;
+        }
+        super::drop(db, &self.lease).await;
+    }
+}
+
+/// What one run measured.
+struct Outcome {
+    lateness_ms: Vec<f64>,
+    /// Slots counted (jobs × slots per job).
+    expected: usize,
+    retries: u64,
+    /// Rows the jobs wrote for counted slots, and (job, slot) pairs written more than once.
+    written: i64,
+    twice: usize,
+}
+
+/// `jobs` jobs in one scheduler, every second, for `slots` slots each.
+async fn lateness(url: &str, jobs: usize, slots: usize, pool: u32) -> Result<Outcome, Error> {
+    let admin = connect(url, 2, false).await?;
+    let tables = Tables::create(&admin, &jobs.to_string()).await?;
+    let store =
+        SeaOrmLeaseStore::new(connect(url, pool, false).await?).with_table(&tables.lease)?;
+    let probe = Arc::new(Probe {
+        from_ms: AtomicI64::new(i64::MAX),
+        slots: slots as i64,
+        lateness_ms: Mutex::new(Vec::with_capacity(jobs * slots)),
+        retries: AtomicU64::new(0),
+    });
+    let work: Arc<str> = tables.work.as_str().into();
+    let mut builder = Jobs::builder(store)
+        .candidate_id("bench")
+        .runs_table(&tables.runs);
+    for j in 0..jobs {
+        builder = builder.job(job(format!("job-{j:03}"), work.clone(), probe.clone())?);
+    }
+    let handle = builder.build()?.start();
+    wait_leader(handle.elector(), Duration::from_secs(10)).await?;
+    // Counted from the first whole second after the scheduler leads.
+    let step = INTERVAL.as_millis() as i64;
+    let from = (epoch_ms() / step + 1) * step;
+    probe.from_ms.store(from, Ordering::SeqCst);
+    let expected = jobs * slots;
+    let deadline = Instant::now() + INTERVAL * (slots as u32) + Duration::from_secs(20);
+    while probe.samples().len() < expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The last slots' commits, then stop (running closures get the grace period).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    handle.shutdown().await;
+
+    // Exactly once: one row per counted slot, none twice.
+    let until = from + slots as i64 * step;
+    let in_window = |q: &mut sea_orm::sea_query::SelectStatement| {
+        q.from(Alias::new(&tables.work))
+            .and_where(Expr::col(Alias::new("slot")).gte(from))
+            .and_where(Expr::col(Alias::new("slot")).lt(until));
+    };
+    let mut count = Query::select();
+    count.expr(Expr::cust("COUNT(*)"));
+    in_window(&mut count);
+    let written: i64 = admin
+        .query_one(&count)
+        .await?
+        .ok_or("no count")?
+        .try_get_by_index(0)?;
+    let mut dup = Query::select();
+    dup.column(Alias::new("job"))
+        .column(Alias::new("slot"))
+        .group_by_col(Alias::new("job"))
+        .group_by_col(Alias::new("slot"))
+        .and_having(Expr::cust("COUNT(*) > 1"));
+    in_window(&mut dup);
+    let twice = admin.query_all(&dup).await?.len();
+    tables.drop(&admin).await;
+    let lateness_ms = std::mem::take(&mut *probe.samples());
+    Ok(Outcome {
+        lateness_ms,
+        expected,
+        retries: probe.retries.load(Ordering::Relaxed),
+        written,
+        twice,
+    })
+}
+
+pub(crate) async fn jobs_bench() -> Result<(), Error> {
+    let slots: usize = std::env::var("BENCH_JOB_SLOTS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .map_or(18, |n| n.clamp(2, 3600));
+    println!(
+        "\n## Scheduled jobs: how late each slot starts (every {INTERVAL:?}; `JobRun::lateness`, by the database clock)\n"
+    );
+    println!("| backend | jobs | slots | p50 ms | p99 ms | max ms |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let dir = tempfile::tempdir()?;
+    let sqlite = format!("sqlite://{}?mode=rwc", dir.path().join("jobs.db").display());
+    let mut notes = Vec::new();
+    for (name, url, pool) in [
+        ("PostgreSQL", pg_url(), 10),
+        ("MariaDB", mysql_url(), 10),
+        ("SQLite", sqlite, 4),
+    ] {
+        for (jobs, slots) in [(1, slots), (100, slots / 2)] {
+            let o = lateness(&url, jobs, slots, pool).await?;
+            let h = histogram(&o.lateness_ms)?;
+            println!(
+                "| {name} | {jobs} | {} | {:.1} | {:.1} | {:.1} |",
+                o.lateness_ms.len(),
+                quantile_ms(&h, 0.5),
+                quantile_ms(&h, 0.99),
+                quantile_ms(&h, 1.0)
+            );
+            if o.lateness_ms.len() != o.expected
+                || o.written != o.expected as i64
+                || o.twice > 0
+                || o.retries > 0
+            {
+                notes.push(format!(
+                    "{name}, {jobs} job(s): {} of {} slots counted, {} rows written, {} slots \
+                     written twice, {} retried attempts",
+                    o.lateness_ms.len(),
+                    o.expected,
+                    o.written,
+                    o.twice,
+                    o.retries
+                ));
+            }
+        }
+    }
+    if notes.is_empty() {
+        println!("\nEvery counted slot ran once and wrote its row once; no attempt was retried.");
+    } else {
+        println!();
+        for note in notes {
+            println!("note: {note}");
+        }
+    }
+    Ok(())
+}

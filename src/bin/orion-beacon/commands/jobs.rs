@@ -1,0 +1,522 @@
+//! `jobs`: scheduled jobs' run records. `jobs [list]` shows each job's latest slot and its next
+//! one (by the database clock), `jobs runs JOB` one job's latest records, and `jobs rerun` /
+//! `jobs give-up` are the operator's marks on one slot (`orion_beacon::jobs::mark`).
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use orion_beacon::entity::job_run::{Column, Model};
+use orion_beacon::jobs::{Mark, Schedule};
+use orion_beacon::{BackendError, JobError, StoreError};
+use sea_orm::sea_query::{
+    Alias, Condition, Expr, ExprTrait, Func, JoinType, Order, Query, SelectStatement,
+};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Iterable};
+use serde_json::{json, Value};
+
+use super::{closest, store_failure_in, Ctx, Table};
+use crate::args::{JobsCommand, ListArgs, Output};
+use crate::connect::scrub;
+use crate::exit::{chain, CliError, Outcome};
+use crate::render::{emit, human, one_line, table, time};
+
+pub async fn run(
+    ctx: &Ctx,
+    runs_table: &str,
+    command: Option<JobsCommand>,
+    list: ListArgs,
+) -> Outcome {
+    let t = Runs {
+        ctx,
+        db: ctx.store.connection(),
+        table: runs_table,
+    };
+    match command {
+        None => t.list(list.format.get(), !list.no_headers).await,
+        Some(JobsCommand::List { list }) => t.list(list.format.get(), !list.no_headers).await,
+        Some(JobsCommand::Runs { job, limit, list }) => {
+            t.runs(&job, limit, list.format.get(), !list.no_headers)
+                .await
+        }
+        Some(JobsCommand::Rerun { job, slot }) => t.mark(&job, slot, Mark::Rerun).await,
+        Some(JobsCommand::GiveUp { job, slot }) => t.mark(&job, slot, Mark::GiveUp).await,
+    }
+}
+
+/// The run table of one invocation.
+struct Runs<'a> {
+    ctx: &'a Ctx,
+    db: &'a DatabaseConnection,
+    table: &'a str,
+}
+
+impl Runs<'_> {
+    /// `jobs [list]`: each job's newest record, and its next slot after the database's now.
+    async fn list(&self, output: Output, headers: bool) -> Outcome {
+        let mut latest = self.all(&self.latest_statement()).await?;
+        // Byte order, whatever the database's collation.
+        latest.sort_by(|a, b| a.job.cmp(&b.job));
+        let now = self.now().await?;
+        let now_ms = now.timestamp_millis();
+        let next = |m: &Model| {
+            Schedule::parse(&m.schedule)
+                .ok()
+                .and_then(|s| s.next_after(now_ms))
+        };
+        if output == Output::Json {
+            let all: Vec<Value> = latest
+                .iter()
+                .map(|m| {
+                    let mut value = record_json(m);
+                    if let Some(obj) = value.as_object_mut() {
+                        let next = next(m);
+                        obj.insert("next_slot".to_owned(), json!(next.and_then(rfc3339)));
+                        obj.insert("next_slot_ms".to_owned(), json!(next));
+                    }
+                    value
+                })
+                .collect();
+            emit(&format!("{}\n", Value::Array(all)));
+            return Ok(());
+        }
+        if latest.is_empty() {
+            if headers {
+                emit(&format!("no job runs in table {:?}\n", self.table));
+            }
+            return Ok(());
+        }
+        let wide = output == Output::Wide;
+        let mut header = vec![
+            "JOB",
+            "LAST SLOT (UTC)",
+            "STATE",
+            "ATTEMPTS",
+            "DURATION",
+            "RUN BY",
+            "TOKEN",
+            "NEXT SLOT (UTC)",
+        ];
+        if wide {
+            header.extend(["SCHEDULE", "CLAIMED (UTC)", "FINISHED (UTC)", "ERROR"]);
+        }
+        let rows = latest.iter().map(|m| {
+            let mut row = vec![
+                m.job.clone(),
+                slot_time(m.slot),
+                m.state.clone(),
+                m.attempts.to_string(),
+                duration(m),
+                by(m),
+                token(m),
+                next(m).map_or_else(|| "-".to_owned(), slot_time),
+            ];
+            if wide {
+                row.extend([
+                    m.schedule.clone(),
+                    time(m.claimed_at),
+                    time(ended(m).then_some(m.finished_at).flatten()),
+                    error(m),
+                ]);
+            }
+            row
+        });
+        let mut text = table(headers.then_some(header), rows, &[3, 4, 6]);
+        if headers {
+            text.push_str(&format!(
+                "{} job{} (next slots by the database clock, now {} UTC)\n",
+                latest.len(),
+                if latest.len() == 1 { "" } else { "s" },
+                time(Some(now)),
+            ));
+        }
+        emit(&text);
+        Ok(())
+    }
+
+    /// `jobs runs JOB`: its newest `limit` records, newest first.
+    async fn runs(&self, job: &str, limit: u64, output: Output, headers: bool) -> Outcome {
+        let stmt = Query::select()
+            .columns(Column::iter())
+            .from(Alias::new(self.table))
+            .and_where(Expr::col(Column::Job).eq(job))
+            .order_by(Column::Slot, Order::Desc)
+            .limit(limit)
+            .to_owned();
+        let records = self.all(&stmt).await?;
+        if records.is_empty() {
+            return Err(self.unknown_job(job).await);
+        }
+        if output == Output::Json {
+            let all: Vec<Value> = records.iter().map(record_json).collect();
+            emit(&format!("{}\n", Value::Array(all)));
+            return Ok(());
+        }
+        let wide = output == Output::Wide;
+        let mut header = vec!["SLOT (UTC)"];
+        if wide {
+            header.push("SLOT (MS)");
+        }
+        header.extend([
+            "STATE",
+            "ATTEMPTS",
+            "DURATION",
+            "RUN BY",
+            "TOKEN",
+            "FINISHED (UTC)",
+        ]);
+        if wide {
+            header.extend(["CLAIMED (UTC)", "SCHEDULE", "ERROR"]);
+        }
+        let rows = records.iter().map(|m| {
+            let mut row = vec![slot_time(m.slot)];
+            if wide {
+                row.push(m.slot.to_string());
+            }
+            row.extend([
+                m.state.clone(),
+                m.attempts.to_string(),
+                duration(m),
+                by(m),
+                token(m),
+                time(ended(m).then_some(m.finished_at).flatten()),
+            ]);
+            if wide {
+                row.extend([time(m.claimed_at), m.schedule.clone(), error(m)]);
+            }
+            row
+        });
+        let right: &[usize] = if wide { &[1, 3, 4, 6] } else { &[2, 3, 5] };
+        let mut text = table(headers.then_some(header), rows, right);
+        if headers {
+            let n = records.len();
+            let more = if u64::try_from(n).unwrap_or(u64::MAX) >= limit {
+                " (--limit N for more)"
+            } else {
+                ""
+            };
+            text.push_str(&format!(
+                "{n} run record{} of job {job:?}, newest first{more}\n",
+                if n == 1 { "" } else { "s" },
+            ));
+        }
+        emit(&text);
+        Ok(())
+    }
+
+    /// `jobs rerun|give-up JOB SLOT`: the record is read first (a missing one is an error, one
+    /// already marked so is left alone), then marked; a refused mark says why.
+    async fn mark(&self, job: &str, slot: i64, mark: Mark) -> Outcome {
+        let (target, verb) = match mark {
+            Mark::GiveUp => ("given_up", "give up"),
+            _ => ("rerun", "mark to run again"),
+        };
+        let at = format!("{job:?} slot {} UTC ({slot})", slot_time(slot));
+        let Some(before) = self.one(job, slot).await? else {
+            return Err(self.missing_record(job, &at).await);
+        };
+        if before.state == target {
+            emit(&format!(
+                "no record changed: {at} is already {}\n",
+                described(target)
+            ));
+            return Ok(());
+        }
+        let changed = orion_beacon::jobs::mark(self.db, self.table, job, slot, mark)
+            .await
+            .map_err(|e| self.job_failure(e))?;
+        if changed {
+            let text = match mark {
+                Mark::GiveUp => format!(
+                    "gave up {at}: it was {}; it will not run again{}\n",
+                    before.state,
+                    if before.state == "running" {
+                        " (the running attempt's commit is refused, its fenced writes roll back)"
+                    } else {
+                        ""
+                    }
+                ),
+                _ => format!(
+                    "marked {at} to run again: it was {}; the jobs' leader runs it at its next \
+                     look{}\n",
+                    before.state,
+                    if before.state == "finished" {
+                        " (its writes are made a second time)"
+                    } else {
+                        ""
+                    }
+                ),
+            };
+            emit(&text);
+            return Ok(());
+        }
+        // Refused: the record says why (read again, it may have moved on meanwhile).
+        let Some(now) = self.one(job, slot).await? else {
+            return Err(self.missing_record(job, &at).await);
+        };
+        let why = match now.state.as_str() {
+            "running" => format!(
+                "it is running (attempt {}, claimed by {} with token {} at {} UTC): a running \
+                 slot cannot be marked to run again; give it up, or wait for it to end",
+                now.attempts,
+                now.claimed_by.as_deref().unwrap_or("-"),
+                opt(now.claimed_token),
+                time(now.claimed_at)
+            ),
+            "finished" => format!(
+                "it finished (token {}, at {} UTC): a finished slot never runs again, there is \
+                 nothing to give up",
+                opt(now.finished_token.or(now.claimed_token)),
+                time(now.finished_at)
+            ),
+            other => format!("it is {other}"),
+        };
+        Err(CliError::NothingChanged(format!(
+            "nothing changed: could not {verb} {at}: {why}"
+        )))
+    }
+
+    /// The newest record of every job.
+    fn latest_statement(&self) -> SelectStatement {
+        let (r, m) = (Alias::new("r"), Alias::new("m"));
+        let newest = Query::select()
+            .column(Column::Job)
+            .expr_as(Func::max(Expr::col(Column::Slot)), Alias::new("latest"))
+            .from(Alias::new(self.table))
+            .group_by_col(Column::Job)
+            .to_owned();
+        Query::select()
+            .columns(Column::iter().map(|c| (r.clone(), c)))
+            .from_as(Alias::new(self.table), r.clone())
+            .join_subquery(
+                JoinType::InnerJoin,
+                newest,
+                m.clone(),
+                Condition::all()
+                    .add(Expr::col((r.clone(), Column::Job)).equals((m.clone(), Column::Job)))
+                    .add(Expr::col((r, Column::Slot)).equals((m, Alias::new("latest")))),
+            )
+            .to_owned()
+    }
+
+    /// One slot's record.
+    async fn one(&self, job: &str, slot: i64) -> Result<Option<Model>, CliError> {
+        let stmt = Query::select()
+            .columns(Column::iter())
+            .from(Alias::new(self.table))
+            .and_where(Expr::col(Column::Job).eq(job))
+            .and_where(Expr::col(Column::Slot).eq(slot))
+            .to_owned();
+        Ok(self.all(&stmt).await?.into_iter().next())
+    }
+
+    async fn all(&self, stmt: &SelectStatement) -> Result<Vec<Model>, CliError> {
+        let rows = self
+            .db
+            .query_all(stmt)
+            .await
+            .map_err(|e| self.db_failure(e))?;
+        rows.iter()
+            .map(|row| Model::from_query_result(row, ""))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.db_failure(e))
+    }
+
+    /// The database clock (the lease statements' now).
+    async fn now(&self) -> Result<DateTime<Utc>, CliError> {
+        let now = match self.db.get_database_backend() {
+            DbBackend::Postgres => "statement_timestamp()",
+            DbBackend::MySql => "UTC_TIMESTAMP(6)",
+            _ => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        };
+        let stmt = Query::select()
+            .expr_as(Expr::cust(now), Alias::new("now"))
+            .to_owned();
+        let read = async {
+            self.db
+                .query_one(&stmt)
+                .await?
+                .ok_or_else(|| DbErr::RecordNotFound("the database clock".to_owned()))?
+                .try_get_by_index::<DateTime<Utc>>(0)
+        };
+        read.await.map_err(|e| self.db_failure(e))
+    }
+
+    /// The job names in the table (for a "did you mean").
+    async fn job_names(&self) -> Vec<String> {
+        let stmt = Query::select()
+            .distinct()
+            .column(Column::Job)
+            .from(Alias::new(self.table))
+            .to_owned();
+        match self.db.query_all(&stmt).await {
+            Ok(rows) => rows
+                .iter()
+                .filter_map(|r| r.try_get_by_index::<String>(0).ok())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// No record at all for `job`.
+    async fn unknown_job(&self, job: &str) -> CliError {
+        let names = self.job_names().await;
+        let hint = match closest(job, &names) {
+            Some(name) => format!("did you mean {name:?}? "),
+            None => String::new(),
+        };
+        CliError::UnknownResource(format!(
+            "no runs of job {job:?} in table {:?} (it never ran there); {hint}`orion-beacon \
+             jobs` lists the jobs",
+            self.table
+        ))
+    }
+
+    /// No record for this slot: an unknown job, or a slot it has no record of.
+    async fn missing_record(&self, job: &str, at: &str) -> CliError {
+        let known = self.job_names().await.iter().any(|n| n == job);
+        if !known {
+            return self.unknown_job(job).await;
+        }
+        CliError::UnknownResource(format!(
+            "no run record for {at} in table {:?}: only recorded slots can be marked; \
+             `orion-beacon jobs runs {job}` lists its slots",
+            self.table
+        ))
+    }
+
+    /// A database error on the run table, in the operator's words: a missing table says which
+    /// migration creates it, as for the lease table.
+    fn db_failure(&self, err: DbErr) -> CliError {
+        let which = Table::JobRuns;
+        if missing_table(&err) {
+            return store_failure_in(
+                self.ctx,
+                which,
+                StoreError::MissingTable {
+                    table: self.table.to_owned(),
+                    source: BackendError::from(err),
+                },
+            );
+        }
+        if matches!(err, DbErr::Conn(_) | DbErr::ConnectionAcquire(_)) {
+            return store_failure_in(
+                self.ctx,
+                which,
+                StoreError::Database(BackendError::from(err)),
+            );
+        }
+        CliError::Other(format!(
+            "the job-run table {:?}: {}",
+            self.table,
+            scrub(&chain(&err), &self.ctx.raw_url)
+        ))
+    }
+
+    fn job_failure(&self, err: JobError) -> CliError {
+        match err {
+            JobError::Database(db) => self.db_failure(db),
+            JobError::InvalidOption { .. } | JobError::InvalidName { .. } => {
+                CliError::BadInput(err.to_string())
+            }
+            other => CliError::Other(scrub(&chain(&other), &self.ctx.raw_url)),
+        }
+    }
+}
+
+/// Whether the database said the table is not there: PostgreSQL's and MySQL's SQLSTATE, or
+/// SQLite's message (its code is a plain `SQLITE_ERROR`).
+fn missing_table(err: &DbErr) -> bool {
+    #[cfg(sqlx_driver)]
+    {
+        use sea_orm::RuntimeErr;
+        if let DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)) = err
+        {
+            if let Some(db) = e.as_database_error() {
+                return matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+                    || db.message().starts_with("no such table");
+            }
+        }
+    }
+    let text = err.to_string();
+    text.contains("no such table")
+}
+
+/// Whether the finished columns describe the latest attempt (a running one has not ended:
+/// they would be an earlier attempt's).
+fn ended(m: &Model) -> bool {
+    m.state != "running"
+}
+
+fn described(state: &str) -> &str {
+    match state {
+        "rerun" => "marked to run again",
+        "given_up" => "given up",
+        other => other,
+    }
+}
+
+fn slot_time(ms: i64) -> String {
+    time(DateTime::from_timestamp_millis(ms))
+}
+
+fn rfc3339(ms: i64) -> Option<String> {
+    DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
+}
+
+fn opt(v: Option<i64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn duration(m: &Model) -> String {
+    match m.duration_ms {
+        Some(ms) if ended(m) => human(std::time::Duration::from_millis(
+            u64::try_from(ms).unwrap_or(0),
+        )),
+        _ => "-".to_owned(),
+    }
+}
+
+fn by(m: &Model) -> String {
+    match &m.claimed_by {
+        Some(by) => one_line(by),
+        None => "-".to_owned(),
+    }
+}
+
+/// The token of the term that claimed the latest attempt, and after a slash the one that ended
+/// it when that was another.
+fn token(m: &Model) -> String {
+    match (m.claimed_token, m.finished_token.filter(|_| ended(m))) {
+        (Some(c), Some(f)) if c != f => format!("{c}/{f}"),
+        (Some(c), _) => c.to_string(),
+        (None, Some(f)) => f.to_string(),
+        (None, None) => "-".to_owned(),
+    }
+}
+
+fn error(m: &Model) -> String {
+    match &m.error {
+        Some(e) if ended(m) => one_line(e),
+        _ => "-".to_owned(),
+    }
+}
+
+/// A record as JSON: times RFC 3339 UTC, the slot also in milliseconds; the finished fields are
+/// null while an attempt runs.
+fn record_json(m: &Model) -> Value {
+    let at = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true));
+    let ended = ended(m);
+    json!({
+        "job": m.job,
+        "slot": rfc3339(m.slot),
+        "slot_ms": m.slot,
+        "state": m.state,
+        "attempts": m.attempts,
+        "schedule": m.schedule,
+        "claimed_by": m.claimed_by,
+        "claimed_token": m.claimed_token,
+        "claimed_at": at(m.claimed_at),
+        "finished_token": m.finished_token.filter(|_| ended),
+        "finished_at": at(m.finished_at.filter(|_| ended)),
+        "duration_ms": m.duration_ms.filter(|_| ended),
+        "error": m.error.as_ref().filter(|_| ended),
+    })
+}

@@ -1,0 +1,187 @@
+//! A job node process: one `Jobs` scheduler over the real store, its elector leading the run's
+//! resource, with one job, `tick`, every second. Each attempt at a slot opens the slot's fenced
+//! transaction (`run.begin()`), inserts a row `(job, slot, token, writer)` into the run's
+//! writes table (no key: a slot written twice shows as two rows), stays open 0-300 ms (so
+//! kills, pauses and partitions land inside it) and commits with `run.commit(txn)`, which
+//! writes the slot's "finished" mark in the same transaction. The checker (`jobs_checker.rs`)
+//! reads the run table and the writes table afterwards; the history says what each attempt was
+//! told.
+//!
+//! History lines (times are `CLOCK_MONOTONIC` nanoseconds):
+//!
+//! ```text
+//! start <node> <ns> <wall-unix-ms>
+//! lead <token> <ns>                                   the node's elector leads (the scheduler runs)
+//! follow <ns>                                         it does not
+//! begin <slot> <token> <attempt> <ns>                 an attempt's closure started
+//! committed <slot> <token> <attempt> <ns> <begun-ns>  `run.commit` returned Ok
+//! refused <slot> <token> <attempt> <ns> <begun-ns>    the term was no longer current (the fence)
+//! notclaimed <slot> <token> <attempt> <ns> <begun-ns> the record no longer said this attempt runs
+//! failed <slot> <token> <attempt> <ns> <begun-ns>     another error (a database error)
+//! dropped <slot> <token> <attempt> <ns> <begun-ns>    the attempt was dropped before it ended
+//! stop <ns>
+//! ```
+
+use std::time::Duration;
+
+use orion_beacon::jobs::{Job, JobError, JobRun, Jobs, Schedule};
+use orion_beacon::{Leadership, SeaOrmLeaseStore};
+use sea_orm::sea_query::{Alias, Query};
+use sea_orm::ConnectionTrait;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::candidate::Unfinished;
+use crate::clock::mono_ns;
+use crate::db::{connect, connect_rollback_journal};
+use crate::shard_node::{line, open_history, History};
+use crate::{Args, Error, LEASE, RENEW, RETRY, ROLLBACK_BUSY_TIMEOUT};
+
+/// The one job of the run.
+pub const JOB: &str = "tick";
+/// Its schedule: a slot every second.
+pub const EVERY: Duration = Duration::from_secs(1);
+/// How long an attempt keeps its fenced transaction open after its insert (ms, drawn per
+/// attempt).
+const WORK_MS: std::ops::Range<u64> = 0..300;
+/// Retries of a failed or crashed slot: 200 ms, doubling, at most 2 s; a thousand attempts
+/// (the most allowed), so no slot is given up during a run.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(2));
+const MAX_ATTEMPTS: u32 = 1000;
+
+/// What an attempt's closure needs.
+#[derive(Clone)]
+struct Tick {
+    history: History,
+    writes: String,
+    me: String,
+}
+
+impl Tick {
+    /// One attempt: the fenced insert, the work, the commit with the slot's mark. Its outcome
+    /// goes to the history; an error fails the attempt (the scheduler retries the slot).
+    async fn attempt(&self, run: JobRun) -> Result<(), Error> {
+        let (slot, token, attempt) = (run.slot_millis(), run.token().get(), run.attempt());
+        let begun = mono_ns();
+        line(
+            &self.history,
+            &format!("begin {slot} {token} {attempt} {begun}"),
+        );
+        // An attempt its term's end drops (the work is aborted) says so too.
+        let mut open = Unfinished::new(
+            self.history.clone(),
+            format!("dropped {slot} {token} {attempt}"),
+            begun,
+        );
+        let result: Result<(), Error> = async {
+            let txn = run.begin().await?;
+            let insert = Query::insert()
+                .into_table(Alias::new(&self.writes))
+                .columns([
+                    Alias::new("job"),
+                    Alias::new("slot"),
+                    Alias::new("token"),
+                    Alias::new("writer"),
+                ])
+                .values([
+                    run.job().into(),
+                    slot.into(),
+                    token.into(),
+                    self.me.clone().into(),
+                ])?
+                .to_owned();
+            txn.execute(&insert).await?;
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(WORK_MS))).await;
+            run.commit(txn).await?;
+            Ok(())
+        }
+        .await;
+        let what = match &result {
+            Ok(()) => "committed",
+            Err(e) => match e.downcast_ref::<JobError>() {
+                Some(JobError::Superseded { .. }) => "refused",
+                Some(JobError::NotClaimed { .. }) => "notclaimed",
+                _ => "failed",
+            },
+        };
+        open.finished();
+        line(
+            &self.history,
+            &format!("{what} {slot} {token} {attempt} {} {begun}", mono_ns()),
+        );
+        result
+    }
+}
+
+/// Runs one node until the harness writes `shutdown` to its standard input.
+pub async fn run(args: Args) -> Result<(), Error> {
+    let name = args.candidate.clone().unwrap_or_default();
+    let history = open_history(&args, &name)?;
+    // The scheduler's fenced transactions (claims, runs) go through the store's own
+    // connection: with a separate address for fenced writes, the whole scheduler uses it.
+    let url = args.fence_url.as_deref().unwrap_or(&args.url);
+    let pool = args.pool.unwrap_or(3);
+    let db = if args.rollback_journal {
+        connect_rollback_journal(url, pool, ROLLBACK_BUSY_TIMEOUT).await?
+    } else {
+        connect(url, pool).await?
+    };
+    let store = SeaOrmLeaseStore::new(db)
+        .with_table(&args.table)?
+        .with_transaction_pooling(args.transaction_pooling && args.fence_url.is_none());
+    let tick = Tick {
+        history: history.clone(),
+        writes: args.writes_table.clone(),
+        me: name.clone(),
+    };
+    let job = Job::new(JOB, Schedule::every(EVERY)?, move |run: JobRun| {
+        let tick = tick.clone();
+        async move { tick.attempt(run).await }
+    })
+    .retry_backoff(BACKOFF.0, BACKOFF.1)
+    .max_attempts(MAX_ATTEMPTS);
+    let handle = Jobs::builder(store)
+        .resource(&args.resource)
+        .candidate_id(&name)
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(RETRY)
+        .runs_table(&args.runs_table)
+        .job(job)
+        .build()?
+        .start();
+
+    // Whether the node's elector leads, as published: a line per change.
+    let mut rx = handle.elector().watch();
+    let watch_history = history.clone();
+    let watcher = tokio::spawn(async move {
+        let mut last: Option<Option<i64>> = None;
+        loop {
+            let now = match rx.borrow_and_update() {
+                Leadership::Leader(term) => Some(term.token().get()),
+                _ => None,
+            };
+            if last != Some(now) {
+                last = Some(now);
+                let text = match now {
+                    Some(token) => format!("lead {token} {}", mono_ns()),
+                    None => format!("follow {}", mono_ns()),
+                };
+                line(&watch_history, &text);
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(text)) = stdin.next_line().await {
+        if text.trim() == "shutdown" {
+            break;
+        }
+    }
+    handle.shutdown().await;
+    watcher.abort();
+    line(&history, &format!("stop {}", mono_ns()));
+    Ok(())
+}

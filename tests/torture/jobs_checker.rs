@@ -1,0 +1,311 @@
+//! The jobs configurations' checker: what the run table and the writes table say after the
+//! run, against "exactly once per slot" (see `job_node.rs` for what the nodes write).
+//!
+//! 1. No slot was done twice: at most one record per (job, slot), and at most one row per
+//!    (job, slot) in the writes table (which has no key, so a second commit would show).
+//! 2. No finished slot lost its writes: every `finished` record has exactly one writes row,
+//!    and its token is the record's `finished_token`.
+//! 3. No write without its mark: every writes row belongs to a `finished` record (a write
+//!    commits only with the slot's "finished" mark, in the same fenced transaction).
+//! 4. The tokens agree: `finished_token >= claimed_token`, the writes row's token is the
+//!    `finished_token`, and its writer is the record's `claimed_by` (the attempt that finished
+//!    is the one claimed last).
+//! 5. Every commit a node was told succeeded (its history's `committed` lines) is in the table:
+//!    a `finished` record of that slot with that token.
+//! 6. Liveness: at least one finished slot per two seconds of the run.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One row of the run table.
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    pub job: String,
+    pub slot: i64,
+    pub state: String,
+    pub attempts: i32,
+    pub claimed_token: Option<i64>,
+    pub claimed_by: Option<String>,
+    pub finished_token: Option<i64>,
+}
+
+/// One row of the writes table.
+#[derive(Debug, Clone)]
+pub struct WriteRow {
+    pub job: String,
+    pub slot: i64,
+    pub token: i64,
+    pub writer: String,
+}
+
+/// What the nodes' histories say, summed over the nodes.
+#[derive(Debug, Default)]
+pub struct JobHistories {
+    /// Attempts whose closure started.
+    pub begun: usize,
+    /// `run.commit` returned Ok: (node, slot, token).
+    pub committed: Vec<(String, i64, i64)>,
+    /// Refused because the term was no longer current.
+    pub refused: usize,
+    /// Refused because the record no longer said this attempt runs.
+    pub not_claimed: usize,
+    /// Another error.
+    pub failed: usize,
+    /// Dropped before it ended (the term's work was aborted).
+    pub dropped: usize,
+    /// Killed inside an attempt (its history ends with the attempt open).
+    pub killed_inside: usize,
+    /// The attempts' fenced transactions: (node, begun, ended).
+    pub transactions: Vec<(String, u64, u64)>,
+    /// Terms the nodes led, by (node, token).
+    pub terms: BTreeSet<(String, i64)>,
+}
+
+fn num<T: std::str::FromStr>(parts: &[&str], i: usize, line: &str) -> Result<T, String> {
+    parts
+        .get(i)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("bad history line: {line:?}"))
+}
+
+impl JobHistories {
+    /// Adds one node's history. `killed_at` closes an attempt the process never saw end.
+    pub fn add_history(&mut self, text: &str, killed_at: Option<u64>) -> Result<(), String> {
+        let mut name = String::new();
+        // Attempts begun and not ended yet: (slot, token, attempt) -> begun.
+        let mut open: BTreeMap<(i64, i64, u32), u64> = BTreeMap::new();
+        let mut last_seen = 0u64;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            match parts[0] {
+                "start" => {
+                    name = parts.get(1).ok_or("start without a name")?.to_string();
+                    last_seen = num(&parts, 2, line)?;
+                }
+                "lead" => {
+                    self.terms.insert((name.clone(), num(&parts, 1, line)?));
+                    last_seen = num(&parts, 2, line)?;
+                }
+                "follow" | "stop" => last_seen = num(&parts, 1, line)?,
+                "begin" => {
+                    let key = (
+                        num(&parts, 1, line)?,
+                        num(&parts, 2, line)?,
+                        num(&parts, 3, line)?,
+                    );
+                    last_seen = num(&parts, 4, line)?;
+                    open.insert(key, last_seen);
+                    self.begun += 1;
+                }
+                kind @ ("committed" | "refused" | "notclaimed" | "failed" | "dropped") => {
+                    let (slot, token): (i64, i64) = (num(&parts, 1, line)?, num(&parts, 2, line)?);
+                    let attempt: u32 = num(&parts, 3, line)?;
+                    last_seen = num(&parts, 4, line)?;
+                    let begun: u64 = num(&parts, 5, line)?;
+                    open.remove(&(slot, token, attempt));
+                    self.transactions.push((name.clone(), begun, last_seen));
+                    match kind {
+                        "committed" => self.committed.push((name.clone(), slot, token)),
+                        "refused" => self.refused += 1,
+                        "notclaimed" => self.not_claimed += 1,
+                        "failed" => self.failed += 1,
+                        _ => self.dropped += 1,
+                    }
+                }
+                other => return Err(format!("unknown history line kind {other:?}")),
+            }
+        }
+        // Killed inside an attempt: its transaction was open until the kill.
+        for begun in open.into_values() {
+            self.killed_inside += 1;
+            let end = killed_at.unwrap_or(last_seen).max(begun);
+            self.transactions.push((name.clone(), begun, end));
+        }
+        Ok(())
+    }
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct JobVerdict {
+    pub violations: Vec<String>,
+    /// Records by state.
+    pub finished: usize,
+    pub skipped: usize,
+    pub failed: usize,
+    pub given_up: usize,
+    pub running: usize,
+    pub rerun: usize,
+    /// Attempts beyond the first, over all records.
+    pub reruns: i64,
+    /// Records with more than one attempt.
+    pub retried_slots: usize,
+    /// Slot times between the first and the last record that have no record at all (missed
+    /// while nobody led: `MissedSlots::RunLatest` runs only the latest).
+    pub missed: usize,
+    /// The fewest finished slots the run must show.
+    pub liveness_bound: usize,
+    /// Finished slots whose commit no node was told succeeded (the commit's answer was lost:
+    /// a killed connection, a dropped attempt, a killed node): the slot is still done once.
+    pub unacknowledged: usize,
+}
+
+/// Checks the rules above for `job`, whose slots are `every_ms` apart, over a run of
+/// `duration_secs`.
+pub fn check(
+    job: &str,
+    every_ms: i64,
+    records: &[RunRecord],
+    writes: &[WriteRow],
+    histories: &JobHistories,
+    duration_secs: u64,
+) -> JobVerdict {
+    let mut v = JobVerdict {
+        liveness_bound: (duration_secs / 2) as usize,
+        ..JobVerdict::default()
+    };
+    // 1. One record per slot (the primary key's promise), and at most one write per slot.
+    let mut by_slot: BTreeMap<(&str, i64), &RunRecord> = BTreeMap::new();
+    for r in records {
+        if r.job != job {
+            v.violations.push(format!(
+                "a record of an unknown job {:?} (slot {})",
+                r.job, r.slot
+            ));
+        }
+        if by_slot.insert((&r.job, r.slot), r).is_some() {
+            v.violations
+                .push(format!("slot {} of {} has two records", r.slot, r.job));
+        }
+        match r.state.as_str() {
+            "finished" => v.finished += 1,
+            "skipped" => v.skipped += 1,
+            "failed" => v.failed += 1,
+            "given_up" => v.given_up += 1,
+            "running" => v.running += 1,
+            "rerun" => v.rerun += 1,
+            other => v.violations.push(format!(
+                "slot {} of {} has an unknown state {other:?}",
+                r.slot, r.job
+            )),
+        }
+        if r.attempts > 1 {
+            v.reruns += i64::from(r.attempts - 1);
+            v.retried_slots += 1;
+        }
+    }
+    let mut written: BTreeMap<(&str, i64), Vec<&WriteRow>> = BTreeMap::new();
+    for w in writes {
+        written.entry((&w.job, w.slot)).or_default().push(w);
+    }
+    for ((job, slot), rows) in &written {
+        if rows.len() > 1 {
+            let by: Vec<String> = rows
+                .iter()
+                .map(|w| format!("token {} by {}", w.token, w.writer))
+                .collect();
+            v.violations.push(format!(
+                "slot {slot} of {job} written {} times: {}",
+                rows.len(),
+                by.join(", ")
+            ));
+        }
+        // 3. A write only with its slot's mark.
+        match by_slot.get(&(*job, *slot)) {
+            None => v.violations.push(format!(
+                "slot {slot} of {job} written (token {} by {}) without any record",
+                rows[0].token, rows[0].writer
+            )),
+            Some(r) if r.state != "finished" => v.violations.push(format!(
+                "slot {slot} of {job} written (token {} by {}) but its record is {:?} (attempts {}, claimed by token {:?})",
+                rows[0].token, rows[0].writer, r.state, r.attempts, r.claimed_token
+            )),
+            Some(_) => {}
+        }
+    }
+    // 2 and 4. Every finished slot has exactly its one write, with its tokens.
+    for r in records.iter().filter(|r| r.state == "finished") {
+        let slot = r.slot;
+        let Some(finished) = r.finished_token else {
+            v.violations
+                .push(format!("slot {slot} is finished without a finished_token"));
+            continue;
+        };
+        if let Some(claimed) = r.claimed_token {
+            if finished < claimed {
+                v.violations.push(format!(
+                    "slot {slot} finished by token {finished}, below its claim's token {claimed}"
+                ));
+            }
+        } else {
+            v.violations
+                .push(format!("slot {slot} is finished without a claimed_token"));
+        }
+        let rows = written
+            .get(&(r.job.as_str(), slot))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        match rows {
+            [] => v.violations.push(format!(
+                "slot {slot} is finished (token {finished}) but its write is missing"
+            )),
+            [w] => {
+                if w.token != finished {
+                    v.violations.push(format!(
+                        "slot {slot} finished by token {finished}, but its write has token {} (by {})",
+                        w.token, w.writer
+                    ));
+                }
+                if r.claimed_by.as_deref() != Some(w.writer.as_str()) {
+                    v.violations.push(format!(
+                        "slot {slot} was last claimed by {:?}, but written by {}",
+                        r.claimed_by, w.writer
+                    ));
+                }
+            }
+            // Already reported as written twice.
+            _ => {}
+        }
+    }
+    // 5. Every acknowledged commit is there.
+    for (node, slot, token) in &histories.committed {
+        match by_slot.get(&(job, *slot)) {
+            Some(r) if r.state == "finished" && r.finished_token == Some(*token) => {}
+            Some(r) => v.violations.push(format!(
+                "{node} was told slot {slot} committed with token {token}, but its record is {:?} with finished_token {:?}",
+                r.state, r.finished_token
+            )),
+            None => v.violations.push(format!(
+                "{node} was told slot {slot} committed with token {token}, but it has no record"
+            )),
+        }
+    }
+    let acknowledged: BTreeSet<(i64, i64)> = histories
+        .committed
+        .iter()
+        .map(|(_, slot, token)| (*slot, *token))
+        .collect();
+    v.unacknowledged = records
+        .iter()
+        .filter(|r| r.state == "finished")
+        .filter(|r| {
+            r.finished_token
+                .is_none_or(|token| !acknowledged.contains(&(r.slot, token)))
+        })
+        .count();
+    // Slot times without a record between the first and the last one.
+    let slots: Vec<i64> = records.iter().map(|r| r.slot).collect();
+    if let (Some(first), Some(last)) = (slots.iter().min(), slots.iter().max()) {
+        if every_ms > 0 {
+            let span = ((last - first) / every_ms + 1) as usize;
+            v.missed = span.saturating_sub(by_slot.len());
+        }
+    }
+    // 6. Liveness.
+    if v.finished < v.liveness_bound {
+        v.violations.push(format!(
+            "only {} slots finished in {duration_secs} s (at least {} expected)",
+            v.finished, v.liveness_bound
+        ));
+    }
+    v
+}
