@@ -79,7 +79,14 @@ impl CreateJobRunTable {
         };
         let text = |col: Column, len: u32| {
             let mut def = ColumnDef::new(col);
-            def.string_len(len);
+            match backend {
+                // Whatever the server's default character set: holder names and error text
+                // are any Unicode.
+                DbBackend::MySql => {
+                    def.custom(Alias::new(format!("VARCHAR({len}) CHARACTER SET utf8mb4")))
+                }
+                _ => def.string_len(len),
+            };
             def
         };
         Table::create()
@@ -215,7 +222,7 @@ mod tests {
         );
         assert_eq!(
             m.create_statement(DbBackend::MySql).to_string(MysqlQueryBuilder),
-            "CREATE TABLE `orionbeacon_job_runs` ( `job` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `slot` bigint NOT NULL, `state` varchar(16) NOT NULL, `attempts` int NOT NULL, `schedule` varchar(255) NOT NULL, `claimed_token` bigint NULL, `claimed_by` varchar(255) NULL, `claimed_at` DATETIME(6) NULL, `finished_token` bigint NULL, `finished_at` DATETIME(6) NULL, `duration_ms` bigint NULL, `error` varchar(1024) NULL, PRIMARY KEY (`job`, `slot`) )"
+            "CREATE TABLE `orionbeacon_job_runs` ( `job` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `slot` bigint NOT NULL, `state` VARCHAR(16) CHARACTER SET utf8mb4 NOT NULL, `attempts` int NOT NULL, `schedule` VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL, `claimed_token` bigint NULL, `claimed_by` VARCHAR(255) CHARACTER SET utf8mb4 NULL, `claimed_at` DATETIME(6) NULL, `finished_token` bigint NULL, `finished_at` DATETIME(6) NULL, `duration_ms` bigint NULL, `error` VARCHAR(1024) CHARACTER SET utf8mb4 NULL, PRIMARY KEY (`job`, `slot`) )"
         );
     }
 }

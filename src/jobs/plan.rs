@@ -135,10 +135,10 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
                     });
                     continue;
                 }
-                let due = open
-                    .claimed_at_ms
-                    .unwrap_or(now_ms)
-                    .saturating_add(policy.backoff_ms(open.attempts));
+                // A record without a claim time (written by hand) is due at once.
+                let due = open.claimed_at_ms.map_or(now_ms, |at| {
+                    at.saturating_add(policy.backoff_ms(open.attempts))
+                });
                 if now_ms < due {
                     plan.wake_ms = earliest(plan.wake_ms, Some(due));
                     continue;
@@ -410,6 +410,32 @@ mod tests {
             vec![Action::Start {
                 slot: 0,
                 prior: Some(rerun)
+            }]
+        );
+    }
+
+    #[test]
+    fn a_record_without_a_claim_time_is_due_at_once() {
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        let hand_made = Open {
+            slot: 60_000,
+            state: State::Failed,
+            attempts: 1,
+            claimed_at_ms: None,
+        };
+        assert_eq!(
+            run(
+                &every,
+                &policy(),
+                Some(60_000),
+                std::slice::from_ref(&hand_made),
+                &[],
+                61_000
+            )
+            .actions,
+            vec![Action::Start {
+                slot: 60_000,
+                prior: Some(hand_made)
             }]
         );
     }

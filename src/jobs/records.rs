@@ -147,7 +147,14 @@ pub(crate) fn reclaim(
         .value(Column::Schedule, by.schedule)
         .value(Column::ClaimedToken, by.token)
         .value(Column::ClaimedBy, by.holder)
-        .value(Column::ClaimedAt, now(backend));
+        .value(Column::ClaimedAt, now(backend))
+        // The previous attempt's end is not this one's (its error stays, for the record).
+        .value(Column::FinishedToken, Option::<i64>::None)
+        .value(
+            Column::FinishedAt,
+            Option::<chrono::DateTime<chrono::Utc>>::None,
+        )
+        .value(Column::DurationMs, Option::<i64>::None);
     unchanged(&mut update, job, prior.slot, prior.state, prior.attempts);
     update
 }
@@ -303,7 +310,7 @@ mod tests {
     }
 
     const CLAIM: [&str; 3] = [r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_token", "claimed_by", "claimed_at") VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', statement_timestamp())"#, "INSERT INTO `orionbeacon_job_runs` (`job`, `slot`, `state`, `attempts`, `schedule`, `claimed_token`, `claimed_by`, `claimed_at`) VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', UTC_TIMESTAMP(6))", r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_token", "claimed_by", "claimed_at") VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', strftime('%Y-%m-%d %H:%M:%f', 'now'))"#];
-    const RECLAIM: [&str; 3] = [r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = statement_timestamp() WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#, "UPDATE `orionbeacon_job_runs` SET `state` = 'running', `attempts` = 2, `schedule` = 'every 1000ms', `claimed_token` = 7, `claimed_by` = 'node-1', `claimed_at` = UTC_TIMESTAMP(6) WHERE `job` = 'j' AND `slot` = 5000 AND `state` = 'failed' AND `attempts` = 1", r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#];
+    const RECLAIM: [&str; 3] = [r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = statement_timestamp(), "finished_token" = NULL, "finished_at" = NULL, "duration_ms" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#, "UPDATE `orionbeacon_job_runs` SET `state` = 'running', `attempts` = 2, `schedule` = 'every 1000ms', `claimed_token` = 7, `claimed_by` = 'node-1', `claimed_at` = UTC_TIMESTAMP(6), `finished_token` = NULL, `finished_at` = NULL, `duration_ms` = NULL WHERE `job` = 'j' AND `slot` = 5000 AND `state` = 'failed' AND `attempts` = 1", r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "finished_token" = NULL, "finished_at" = NULL, "duration_ms" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#];
     const END: [&str; 3] = [r#"UPDATE "orionbeacon_job_runs" SET "state" = 'finished', "finished_token" = 7, "finished_at" = statement_timestamp(), "duration_ms" = 12, "error" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'running' AND "attempts" = 2 AND "claimed_token" = 7"#, "UPDATE `orionbeacon_job_runs` SET `state` = 'finished', `finished_token` = 7, `finished_at` = UTC_TIMESTAMP(6), `duration_ms` = 12, `error` = NULL WHERE `job` = 'j' AND `slot` = 5000 AND `state` = 'running' AND `attempts` = 2 AND `claimed_token` = 7", r#"UPDATE "orionbeacon_job_runs" SET "state" = 'finished', "finished_token" = 7, "finished_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "duration_ms" = 12, "error" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'running' AND "attempts" = 2 AND "claimed_token" = 7"#];
 
     #[test]

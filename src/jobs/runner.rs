@@ -48,6 +48,9 @@ impl Registered {
 const AFTER_ERROR: Duration = Duration::from_millis(500);
 /// The shortest sleep between two looks when nothing could start (no busy loop).
 const MIN_SLEEP: Duration = Duration::from_millis(5);
+/// The most claims in one fenced transaction: it holds the lease row (on SQLite the write
+/// lock) and the leader's own renews wait for it; the rest wait for the next look.
+const MAX_CLAIMS_PER_LOOK: usize = 100;
 
 /// One term's loop. Returns when the term ends (the elector drops it at once when the lease no
 /// longer covers it, and with it every run it started).
@@ -175,6 +178,8 @@ async fn tick(
         decided.extend(p.actions.into_iter().map(|a| (i, a)));
     }
 
+    let more = decided.len() > MAX_CLAIMS_PER_LOOK;
+    decided.truncate(MAX_CLAIMS_PER_LOOK);
     if !decided.is_empty() {
         let claimed = claim(shared, term, backend, &decided).await?;
         for (i, action) in claimed {
@@ -203,6 +208,9 @@ async fn tick(
     }
 
     let poll = shared.poll;
+    if more {
+        return Ok(MIN_SLEEP);
+    }
     let sleep = match wake_ms {
         Some(wake) => {
             let ahead = u64::try_from(wake.saturating_sub(now_ms)).unwrap_or(0);
@@ -240,14 +248,8 @@ async fn claim(
     let txn = shared.store.connection().begin().await?;
     if let Err(e) = term.fence(&txn).await {
         let _ = txn.rollback().await;
-        return Err(if e.is_fenced() {
-            JobError::Superseded {
-                job: String::new(),
-                slot: 0,
-            }
-        } else {
-            e.into()
-        });
+        // `Fenced` is of kind `Lost`: the loop ends with the term.
+        return Err(e.into());
     }
     let mut done = Vec::with_capacity(decided.len());
     for (i, action) in decided {

@@ -336,6 +336,24 @@ mod tests {
         );
     }
 
+    // Two values in the hours field: not a fixed time, so it runs in real time: the 02:30 in
+    // the gap is skipped, and the repeated 02:30 runs twice (as the docs say).
+    #[test]
+    fn daylight_saving_runs_a_list_in_real_time() {
+        let s = Schedule::cron("30 2,14 * * *", "Europe/Berlin").unwrap();
+        let spring = s.slots_between(ms(2026, 3, 28, 23, 0, 0), ms(2026, 3, 29, 23, 0, 0), 10);
+        assert_eq!(spring, vec![ms(2026, 3, 29, 12, 30, 0)]);
+        let fall = s.slots_between(ms(2026, 10, 24, 23, 0, 0), ms(2026, 10, 25, 23, 0, 0), 10);
+        assert_eq!(
+            fall,
+            vec![
+                ms(2026, 10, 25, 0, 30, 0),
+                ms(2026, 10, 25, 1, 30, 0),
+                ms(2026, 10, 25, 13, 30, 0)
+            ]
+        );
+    }
+
     #[test]
     fn daylight_saving_runs_an_interval_job_in_real_time() {
         // Every 30 minutes: the repeated hour runs on both passes (real time), the missing

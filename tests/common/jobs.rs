@@ -271,6 +271,20 @@ pub async fn one_run_per_slot_across_three_processes<H: Harness<Store = SeaOrmLe
     t.drop(&db).await;
 }
 
+/// Node `a` (on the harness's pool) leading with `job_a`, and node `b` (a pool of its own)
+/// following with `job_b`.
+async fn leader_and_follower<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+    t: &Tables,
+    job_a: Job,
+    job_b: Job,
+) -> (JobsHandle, JobsHandle) {
+    let a = t.start(&h.store(), "a", vec![job_a]);
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    let b_store = h.separate_store().await;
+    (a, t.start(&b_store, "b", vec![job_b]))
+}
+
 /// A job whose first run ever does `first` (then hangs until aborted) and whose later runs
 /// write and commit as usual.
 /// `once` is shared by the test's processes: the first run of all of them.
@@ -320,10 +334,7 @@ pub async fn a_leader_killed_before_its_commit_is_run_again_once<
             }
         })
     };
-    let a = t.start(&h.store(), "a", vec![job(tx.clone())]);
-    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
-    let b_store = h.separate_store().await;
-    let b = t.start(&b_store, "b", vec![job(tx)]);
+    let (a, b) = leader_and_follower(h, &t, job(tx.clone()), job(tx)).await;
     let (slot, a_token) = tokio::time::timeout(3 * SECOND, rx.recv())
         .await
         .unwrap()
@@ -364,10 +375,7 @@ pub async fn a_leader_killed_after_its_commit_does_not_run_again<
             }
         })
     };
-    let a = t.start(&h.store(), "a", vec![job(tx.clone())]);
-    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
-    let b_store = h.separate_store().await;
-    let b = t.start(&b_store, "b", vec![job(tx)]);
+    let (a, b) = leader_and_follower(h, &t, job(tx.clone()), job(tx)).await;
     let (slot, a_token) = tokio::time::timeout(3 * SECOND, rx.recv())
         .await
         .unwrap()
@@ -406,10 +414,7 @@ pub async fn a_paused_leaders_late_finish_is_refused<H: Harness<Store = SeaOrmLe
             }
         })
     };
-    let a = t.start(&h.store(), "a", vec![job(tx.clone())]);
-    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
-    let b_store = h.separate_store().await;
-    let b = t.start(&b_store, "b", vec![job(tx)]);
+    let (a, b) = leader_and_follower(h, &t, job(tx.clone()), job(tx)).await;
     let stalled = tokio::time::timeout(3 * SECOND, rx.recv())
         .await
         .unwrap()

@@ -360,3 +360,69 @@ async fn shard_set_nodes_report_resources_led() {
     assert_eq!(recorder.gauge(&key(SHARDS_LED, "a")), 0.0);
     b.shutdown().await;
 }
+
+/// Scheduled jobs: each ended attempt is counted by outcome, and each start's lateness and each
+/// attempt's duration are recorded, per job.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "current_thread")]
+async fn job_runs_are_counted_with_their_lateness_and_duration() {
+    use orion_beacon::jobs::metrics::{DURATION, LATENESS, RUNS};
+    use orion_beacon::jobs::{Job, JobError, Jobs, Schedule};
+    use orion_beacon::SeaOrmLeaseStore;
+    use orion_beacon_migration::{Migrator, MigratorTrait};
+
+    let recorder = TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
+    let db = sea_orm::Database::connect(orion_beacon::backend::sqlite::connect_options(url))
+        .await
+        .unwrap();
+    Migrator::up(&db, None).await.unwrap();
+    let second = Duration::from_secs(1);
+    let ok = Job::new("ok", Schedule::every(second).unwrap(), |_run| async {
+        Ok::<(), JobError>(())
+    });
+    let bad = Job::new("bad", Schedule::every(second).unwrap(), |_run| async {
+        Err::<(), _>(std::io::Error::other("boom"))
+    })
+    .max_attempts(1);
+    let jobs = Jobs::builder(SeaOrmLeaseStore::new(db))
+        .candidate_id("a")
+        .lease_duration(second)
+        .renew_interval(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(100))
+        .job(ok)
+        .job(bad)
+        .build()
+        .unwrap()
+        .start();
+    let finished = format!("{RUNS}{{job=ok,outcome=finished}}");
+    let given_up = format!("{RUNS}{{job=bad,outcome=given_up}}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while recorder.counter(&finished) < 2 || recorder.counter(&given_up) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "runs not counted: {:?}",
+            recorder.keys()
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    jobs.shutdown().await;
+    let lateness = recorder.histogram(&format!("{LATENESS}{{job=ok}}"));
+    assert!(
+        !lateness.is_empty() && lateness.iter().all(|s| (0.0..2.0).contains(s)),
+        "{lateness:?}"
+    );
+    assert!(!recorder
+        .histogram(&format!("{DURATION}{{job=bad}}"))
+        .is_empty());
+    assert_eq!(
+        recorder.counter(&format!("{RUNS}{{job=ok,outcome=failed}}")),
+        0
+    );
+    let described = recorder.described.lock().unwrap().clone();
+    for name in [RUNS, LATENESS, DURATION] {
+        assert!(described.iter().any(|d| d == name), "{name} described");
+    }
+}

@@ -13,6 +13,8 @@
 //! 5. Every commit a node was told succeeded (its history's `committed` lines) is in the table:
 //!    a `finished` record of that slot with that token.
 //! 6. Liveness: at least one finished slot per two seconds of the run.
+//! 7. Slots come from the database clock: no slot is claimed before its time by that clock
+//!    (two nodes run with wall clocks hours off).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,6 +28,8 @@ pub struct RunRecord {
     pub claimed_token: Option<i64>,
     pub claimed_by: Option<String>,
     pub finished_token: Option<i64>,
+    /// When the latest attempt was claimed (database clock, ms).
+    pub claimed_at_ms: Option<i64>,
 }
 
 /// One row of the writes table.
@@ -187,6 +191,18 @@ pub fn check(
                 "slot {} of {} has an unknown state {other:?}",
                 r.slot, r.job
             )),
+        }
+        // 7. Slots come from the database clock: none is claimed before its time by it (a node
+        // that judged by its own skewed clock would claim hours early or late).
+        if let Some(at) = r.claimed_at_ms {
+            if at < r.slot {
+                v.violations.push(format!(
+                    "slot {} of {} claimed {} ms before its time (database clock)",
+                    r.slot,
+                    r.job,
+                    r.slot - at
+                ));
+            }
         }
         if r.attempts > 1 {
             v.reruns += i64::from(r.attempts - 1);

@@ -805,6 +805,7 @@ async fn finish_jobs(
                     col("claimed_token"),
                     col("claimed_by"),
                     col("finished_token"),
+                    col("claimed_at"),
                 ])
                 .from(Alias::new(&s.runs))
                 .order_by(col("slot"), sea_orm::sea_query::Order::Asc)
@@ -821,6 +822,9 @@ async fn finish_jobs(
             claimed_token: row.try_get_by_index(4)?,
             claimed_by: row.try_get_by_index(5)?,
             finished_token: row.try_get_by_index(6)?,
+            claimed_at_ms: row
+                .try_get_by_index::<Option<chrono::DateTime<chrono::Utc>>>(7)?
+                .map(|t| t.timestamp_millis()),
         });
     }
     let rows = admin
