@@ -40,8 +40,10 @@ pub(crate) struct RunState {
     pub started: Instant,
     pub lateness: Duration,
     pub committed: AtomicBool,
-    /// Whether `begin` handed out a transaction.
+    /// Whether the closure called `begin`.
     pub began: AtomicBool,
+    /// Set when the closure has returned: `begin` is refused from then on.
+    pub sealed: AtomicBool,
 }
 
 impl std::fmt::Debug for JobRun {
@@ -95,14 +97,26 @@ impl JobRun {
     /// A transaction on the lease database, fenced by the run's term (its first statement is
     /// the fence). Write the job's rows in it, then [`commit`](Self::commit) it.
     pub async fn begin(&self) -> Result<DatabaseTransaction, JobError> {
-        // The fence decides, by the database: after a shutdown began, the term's `lost` has
-        // fired but its lease is still renewed for the grace period, and writes may commit.
+        // Marked before the seal is looked at; the scheduler seals before it looks at this:
+        // whichever comes second sees the other (a `begin` after the closure returned is
+        // refused, or the attempt fails instead of being marked finished without its writes).
+        self.inner.began.store(true, Ordering::SeqCst);
+        if self.inner.sealed.load(Ordering::SeqCst) {
+            return Err(JobError::NotClaimed {
+                job: self.inner.job.to_string(),
+                slot: self.inner.slot,
+            });
+        }
+        self.fenced_transaction().await
+    }
+
+    /// A transaction fenced by the run's term. The fence decides, by the database: after a
+    /// shutdown began, the term's `lost` has fired but its lease is still renewed for the
+    /// grace period, and writes may commit.
+    async fn fenced_transaction(&self) -> Result<DatabaseTransaction, JobError> {
         let txn = self.inner.store.connection().begin().await?;
         match self.inner.term.fence(&txn).await {
-            Ok(()) => {
-                self.inner.began.store(true, Ordering::SeqCst);
-                Ok(txn)
-            }
+            Ok(()) => Ok(txn),
             Err(e) => {
                 let _ = txn.rollback().await;
                 Err(self.fenced(e))
@@ -182,7 +196,7 @@ impl JobRun {
     /// failed): one fenced transaction.
     pub(crate) async fn end(&self, state: State, error: Option<&str>) -> Result<(), JobError> {
         let inner = &self.inner;
-        let txn = self.begin().await?;
+        let txn = self.fenced_transaction().await?;
         let ending = Ending {
             state,
             token: inner.term.token().get(),
@@ -210,7 +224,10 @@ impl JobRun {
         Ok(())
     }
 
-    pub(crate) fn began(&self) -> bool {
+    /// Ends the closure's use of the run (a later `begin` is refused) and tells whether it
+    /// ever called `begin`.
+    pub(crate) fn seal(&self) -> bool {
+        self.inner.sealed.store(true, Ordering::SeqCst);
         self.inner.began.load(Ordering::SeqCst)
     }
 

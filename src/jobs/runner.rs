@@ -63,8 +63,16 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
     let mut latest: Option<Vec<Option<i64>>> = None;
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
-        if !term.is_current() {
+        if term.is_lost() {
             break;
+        }
+        if !term.is_current() {
+            // Past its local deadline but not lost: a renew answered late may still extend
+            // it. Claim nothing meanwhile; the elector ends the term or renews it.
+            tokio::select! {
+                _ = term.lost() => break,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => continue,
+            }
         }
         let looked = tick(
             &shared,
@@ -146,10 +154,15 @@ async fn tick(
     }
     let mut open: Vec<Vec<Open>> = vec![Vec::new(); names.len()];
     for row in db.query_all(&records::open_runs(table, names)).await? {
-        if let Some((job, record)) = records::decode_open(&row)? {
-            if let Some(i) = names.iter().position(|n| *n == job) {
-                open[i].push(record);
+        match records::decode_open(&row) {
+            Ok(Some((job, record))) => {
+                if let Some(i) = names.iter().position(|n| *n == job) {
+                    open[i].push(record);
+                }
             }
+            Ok(None) => {}
+            // One unreadable record (edited by hand, say) does not stop every job.
+            Err(e) => tracing::warn!(error = %e, "a run record could not be read; left alone"),
         }
     }
     let now_ms = database_now(db, backend).await?;
@@ -159,7 +172,7 @@ async fn tick(
         .ok_or_else(|| JobError::Database(sea_orm::DbErr::Custom("no latest slots".to_owned())))?;
 
     let mut wake_ms: Option<i64> = None;
-    let mut decided: Vec<(usize, Action)> = Vec::new();
+    let mut per_job: Vec<std::collections::VecDeque<(usize, Action)>> = Vec::new();
     for (i, reg) in shared.jobs.iter().enumerate() {
         let p = plan::plan(
             &View {
@@ -175,7 +188,18 @@ async fn tick(
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        decided.extend(p.actions.into_iter().map(|a| (i, a)));
+        per_job.push(p.actions.into_iter().map(|a| (i, a)).collect());
+    }
+    // Round robin over the jobs (each job's own actions stay in order), so that one job's
+    // long catch-up cannot take every claim of a look.
+    let mut decided: Vec<(usize, Action)> = Vec::new();
+    let mut queues: Vec<std::collections::VecDeque<(usize, Action)>> = per_job;
+    while queues.iter().any(|q| !q.is_empty()) {
+        for q in queues.iter_mut() {
+            if let Some(action) = q.pop_front() {
+                decided.push(action);
+            }
+        }
     }
 
     let more = decided.len() > MAX_CLAIMS_PER_LOOK;
@@ -245,6 +269,10 @@ async fn claim(
     decided: &[(usize, Action)],
 ) -> Result<Vec<(usize, Action)>, JobError> {
     let table = &*shared.table;
+    if term.is_lost() {
+        // A shutdown began during this look: nothing new starts.
+        return Ok(Vec::new());
+    }
     let txn = shared.store.connection().begin().await?;
     if let Err(e) = term.fence(&txn).await {
         let _ = txn.rollback().await;
@@ -331,6 +359,7 @@ fn start(
             lateness,
             committed: AtomicBool::new(false),
             began: AtomicBool::new(false),
+            sealed: AtomicBool::new(false),
         }),
     };
     super::metrics_hook::lateness(&reg.name, lateness);
@@ -361,6 +390,8 @@ async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
     let job = run.job().to_owned();
     let slot = run.slot_millis();
     let duration = run.inner.started.elapsed();
+    // From here on the closure's `begin` is refused.
+    let began = run.seal();
     if run.committed() {
         if let Some(e) = &error {
             tracing::warn!(%job, slot, error = %e, "the job failed after its commit: the slot stays finished");
@@ -371,7 +402,7 @@ async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
     // Writes begun in the run's transaction and never committed were rolled back: the slot
     // is not done.
     let error = match error {
-        None if run.began() => {
+        None if began => {
             Some("the job began its fenced transaction but did not commit it".to_owned())
         }
         other => other,
@@ -394,7 +425,12 @@ async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
             }
         }
         Err(e) => {
-            super::metrics_hook::finished(&job, "superseded", duration);
+            let outcome = if e.kind() == crate::ErrorKind::Lost {
+                "superseded"
+            } else {
+                "unmarked"
+            };
+            super::metrics_hook::finished(&job, outcome, duration);
             tracing::warn!(%job, slot, error = %e, "job run could not be marked; the slot is claimed again by the leader of the time");
         }
     }

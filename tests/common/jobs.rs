@@ -594,6 +594,38 @@ pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLe
     t.drop(&db).await;
 }
 
+/// A run kept past its closure's return cannot open a transaction any more: the slot was
+/// marked finished when the closure returned, and a late write would be lost.
+pub async fn a_begin_after_the_closure_returned_is_refused<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<JobRun>();
+    let job = Job::new("kept", Schedule::every(SECOND).unwrap(), move |run| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(run);
+            Ok::<(), JobError>(())
+        }
+    });
+    let node = t.start(&h.store(), "a", vec![job]);
+    let kept = tokio::time::timeout(3 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let slot = kept.slot_millis();
+    t.wait_for(&db, 3 * SECOND, "the slot marked", |r| {
+        r.get(&slot).is_some_and(|r| r.state == "finished")
+    })
+    .await;
+    let err = kept.begin().await.unwrap_err();
+    assert!(matches!(err, JobError::NotClaimed { .. }), "{err:?}");
+    node.shutdown().await;
+    assert!(t.writes(&db).await.is_empty(), "the job writes nothing");
+    t.drop(&db).await;
+}
+
 /// Bad schedules and options are typed errors before anything runs: no elector starts, no
 /// record is written.
 pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrmLeaseStore>>(
@@ -691,6 +723,7 @@ macro_rules! job_suite {
             failed_attempts_are_retried_then_given_up,
             slots_due_while_one_runs_are_skipped,
             a_shutdown_lets_the_running_slot_finish,
+            a_begin_after_the_closure_returned_is_refused,
             bad_input_is_refused_before_anything_runs,
         );
     };

@@ -7,16 +7,20 @@
 //!    and its token is the record's `finished_token`.
 //! 3. No write without its mark: every writes row belongs to a `finished` record (a write
 //!    commits only with the slot's "finished" mark, in the same fenced transaction).
-//! 4. The tokens agree: `finished_token >= claimed_token`, the writes row's token is the
+//! 4. The tokens agree: `finished_token == claimed_token`, the writes row's token is the
 //!    `finished_token`, and its writer is the record's `claimed_by` (the attempt that finished
 //!    is the one claimed last).
 //! 5. Every commit a node was told succeeded (its history's `committed` lines) is in the table:
 //!    a `finished` record of that slot with that token.
 //! 6. Liveness: at least one finished slot per two seconds of the run.
-//! 7. Slots come from the database clock: no slot is claimed before its time by that clock
-//!    (two nodes run with wall clocks hours off).
+//! 7. Slots come from the database clock: no slot is claimed before its time by that clock,
+//!    and no first attempt more than 10 s after it (two nodes run with wall clocks hours off).
 
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The latest a slot's first attempt may be claimed after its time: the default policy runs
+/// the latest due slot, so lateness stays under the interval plus a leader change.
+const FIRST_CLAIM_WITHIN_MS: i64 = 10_000;
 
 /// One row of the run table.
 #[derive(Debug, Clone)]
@@ -192,9 +196,18 @@ pub fn check(
                 r.slot, r.job
             )),
         }
-        // 7. Slots come from the database clock: none is claimed before its time by it (a node
-        // that judged by its own skewed clock would claim hours early or late).
+        // 7. Slots come from the database clock: none is claimed before its time by it, and a
+        // first attempt not long after it (a node that judged by its own skewed clock would
+        // claim hours early, or run hours-old slots late).
         if let Some(at) = r.claimed_at_ms {
+            if r.attempts == 1 && at - r.slot > FIRST_CLAIM_WITHIN_MS {
+                v.violations.push(format!(
+                    "slot {} of {} first claimed {} ms after its time (database clock)",
+                    r.slot,
+                    r.job,
+                    at - r.slot
+                ));
+            }
             if at < r.slot {
                 v.violations.push(format!(
                     "slot {} of {} claimed {} ms before its time (database clock)",
@@ -247,9 +260,10 @@ pub fn check(
             continue;
         };
         if let Some(claimed) = r.claimed_token {
-            if finished < claimed {
+            // Only the attempt that holds the claim may finish it, with that claim's term.
+            if finished != claimed {
                 v.violations.push(format!(
-                    "slot {slot} finished by token {finished}, below its claim's token {claimed}"
+                    "slot {slot} finished by token {finished}, but its claim is token {claimed}"
                 ));
             }
         } else {

@@ -774,7 +774,13 @@ async fn finish_jobs(
     let label = s.config.name;
     let mut histories = jobs_checker::JobHistories::default();
     for p in procs {
-        let text = std::fs::read_to_string(&p.history).unwrap_or_default();
+        let text = match std::fs::read_to_string(&p.history) {
+            Ok(text) => text,
+            Err(e) => {
+                run_violations.push(format!("{}: no history ({e})", p.name));
+                String::new()
+            }
+        };
         histories.add_history(&text, applied.kills.get(&p.name).copied())?;
         if let Some(offset) = &p.offset {
             if let Some(problem) = skew_problem(&text, offset) {
