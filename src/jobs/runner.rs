@@ -84,9 +84,10 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
             &mut slots,
         )
         .await;
+        // A refused fence included: the elector, not this loop, decides when the term ends (a
+        // loop that returned while the term went on would run nothing until the next term).
         let sleep = match looked {
             Ok(sleep) => sleep,
-            Err(e) if e.kind() == crate::ErrorKind::Lost => break,
             Err(e) => {
                 // Read the newest slots again: a claim whose commit failed may have committed.
                 latest = None;
