@@ -303,13 +303,7 @@ impl JobsBuilder {
 
     /// Validates every job and option: nothing runs before this succeeds.
     pub fn build(self) -> Result<Jobs, JobError> {
-        orion_beacon_entity::validate_table_name(&self.table).map_err(|e| {
-            JobError::InvalidOption {
-                option: "runs_table",
-                value: format!("{:?} ({e})", self.table),
-                bounds: "1 to 63 ASCII letters, digits and '_', not starting with a digit",
-            }
-        })?;
+        validate_runs_table("runs_table", &self.table)?;
         if !(Duration::from_millis(10)..=MAX_WAIT).contains(&self.poll) {
             return Err(JobError::InvalidOption {
                 option: "poll_interval",
@@ -423,11 +417,7 @@ pub async fn mark(
     slot: i64,
     mark: Mark,
 ) -> Result<bool, JobError> {
-    orion_beacon_entity::validate_table_name(table).map_err(|e| JobError::InvalidOption {
-        option: "table",
-        value: format!("{table:?} ({e})"),
-        bounds: "1 to 63 ASCII letters, digits and '_', not starting with a digit",
-    })?;
+    validate_runs_table("table", table)?;
     let to = match mark {
         Mark::Rerun => plan::State::Rerun,
         Mark::GiveUp => plan::State::GivenUp,
@@ -437,4 +427,13 @@ pub async fn mark(
         .await?
         .rows_affected();
     Ok(rows > 0)
+}
+
+/// A run table's name, checked as the lease table's is (the option named for the error).
+fn validate_runs_table(option: &'static str, table: &str) -> Result<(), JobError> {
+    orion_beacon_entity::validate_table_name(table).map_err(|e| JobError::InvalidOption {
+        option,
+        value: format!("{table:?} ({e})"),
+        bounds: "1 to 63 ASCII letters, digits and '_', not starting with a digit",
+    })
 }

@@ -105,7 +105,8 @@ pub(crate) struct Plan {
     pub wake_ms: Option<i64>,
 }
 
-fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+/// The earlier of two optional times.
+pub(crate) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

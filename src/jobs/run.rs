@@ -142,37 +142,7 @@ impl JobRun {
             let _ = txn.rollback().await;
             return Err(self.fenced(e));
         }
-        let ending = Ending {
-            state: State::Finished,
-            token: inner.term.token().get(),
-            duration_ms: millis(inner.started.elapsed()),
-            error: None,
-        };
-        let backend = txn.get_database_backend();
-        let stmt = records::end(
-            backend,
-            &inner.table,
-            &inner.job,
-            inner.slot,
-            inner.attempt,
-            inner.term.token().get(),
-            &ending,
-        );
-        let rows = match txn.execute(&stmt).await {
-            Ok(done) => done.rows_affected(),
-            Err(e) => {
-                let _ = txn.rollback().await;
-                return Err(e.into());
-            }
-        };
-        if rows != 1 {
-            let _ = txn.rollback().await;
-            return Err(JobError::NotClaimed {
-                job: inner.job.to_string(),
-                slot: inner.slot,
-            });
-        }
-        txn.commit().await?;
+        self.end_in(txn, State::Finished, None).await?;
         inner.committed.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -195,8 +165,20 @@ impl JobRun {
     /// The scheduler's own end of the attempt (the closure returned without committing, or
     /// failed): one fenced transaction.
     pub(crate) async fn end(&self, state: State, error: Option<&str>) -> Result<(), JobError> {
-        let inner = &self.inner;
         let txn = self.fenced_transaction().await?;
+        self.end_in(txn, state, error).await
+    }
+
+    /// Writes this attempt's end into `txn` (only if the record still says this attempt of
+    /// this term runs: else rolled back, [`JobError::NotClaimed`]) and commits it. The one
+    /// place both the closure's commit and the scheduler's own end go through.
+    async fn end_in(
+        &self,
+        txn: DatabaseTransaction,
+        state: State,
+        error: Option<&str>,
+    ) -> Result<(), JobError> {
+        let inner = &self.inner;
         let ending = Ending {
             state,
             token: inner.term.token().get(),
@@ -212,7 +194,13 @@ impl JobRun {
             inner.term.token().get(),
             &ending,
         );
-        let rows = txn.execute(&stmt).await?.rows_affected();
+        let rows = match txn.execute(&stmt).await {
+            Ok(done) => done.rows_affected(),
+            Err(e) => {
+                let _ = txn.rollback().await;
+                return Err(e.into());
+            }
+        };
         if rows != 1 {
             let _ = txn.rollback().await;
             return Err(JobError::NotClaimed {

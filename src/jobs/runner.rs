@@ -185,10 +185,7 @@ async fn tick(
             },
             now_ms,
         );
-        wake_ms = match (wake_ms, p.wake_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        wake_ms = plan::earliest(wake_ms, p.wake_ms);
         per_job.push(p.actions.into_iter().map(|a| (i, a)).collect());
     }
     // Round robin over the jobs (each job's own actions stay in order), so that one job's
@@ -277,7 +274,7 @@ async fn claim(
     let txn = shared.store.connection().begin().await?;
     if let Err(e) = term.fence(&txn).await {
         let _ = txn.rollback().await;
-        // `Fenced` is of kind `Lost`: the loop ends with the term.
+        // Refused: nothing is claimed; the loop looks again, and the elector ends the term.
         return Err(e.into());
     }
     let mut done = Vec::with_capacity(decided.len());
