@@ -57,6 +57,14 @@ pub enum StoreError {
         /// Why it was refused.
         reason: &'static str,
     },
+    /// A store setting out of its bounds (e.g. more than 64 lease connections).
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidSetting {
+        /// The setting's name.
+        setting: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
     /// A payload was asked for, but the lease table has no payload column: it was made before
     /// it, and the migration that adds it has not run (yet). Nothing was sent to grant it;
     /// requests without a payload keep working on this table.
@@ -251,7 +259,8 @@ impl StoreError {
             | StoreError::InvalidCandidate { .. }
             | StoreError::InvalidLeaseDuration { .. }
             | StoreError::InvalidTableName(_)
-            | StoreError::InvalidPayload { .. } => ErrorKind::InvalidInput,
+            | StoreError::InvalidPayload { .. }
+            | StoreError::InvalidSetting { .. } => ErrorKind::InvalidInput,
             #[cfg(feature = "sqlserver")]
             StoreError::InvalidConnectionString { .. } => ErrorKind::InvalidInput,
             StoreError::UnsupportedBackend { .. }

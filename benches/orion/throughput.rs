@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orion_beacon::{LeaseStore, SeaOrmLeaseStore, StoreError};
-use sea_orm::{ConnectionTrait, DatabaseConnection};
+use sea_orm::ConnectionTrait;
 use tokio::time::Instant;
 
 use super::*;
@@ -54,8 +54,12 @@ pub(crate) async fn store_rate(
 /// What each client of [`store_rate_threaded`] runs in its loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
-    /// `acquire_or_renew`, the store's call.
+    /// `acquire_or_renew`, the store's call, on its own sessions (as many as the thread's
+    /// pool has connections).
     Store,
+    /// `acquire_or_renew` on the application's pool, every statement checked
+    /// (`with_lease_connections(0)`).
+    StoreChecked,
     /// The store's acquire-or-renew statement (`acquire_statement`, the very text pgbench
     /// runs) sent through SeaORM (`query_all_raw`), without the store's check: what the
     /// client stack costs for one statement.
@@ -84,9 +88,17 @@ pub(crate) fn store_rate_threaded(
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
-                let db = connect(&url, (mine.len() * pool_mult()) as u32, false).await;
+                let size = mine.len() * pool_mult();
+                let db = connect(&url, size as u32, false).await;
                 go.wait(); // even on error, so the others are not left waiting
-                let store = SeaOrmLeaseStore::new(db?).with_table(&table)?;
+                let sessions = if op == Op::StoreChecked {
+                    0
+                } else {
+                    size.min(64)
+                };
+                let store = SeaOrmLeaseStore::new(db?)
+                    .with_table(&table)?
+                    .with_lease_connections(sessions)?;
                 let stop = Instant::now() + d;
                 let lease = Duration::from_secs(60);
                 let tasks: Vec<_> = mine
@@ -99,7 +111,7 @@ pub(crate) fn store_rate_threaded(
                             let mut n = 0u64;
                             while Instant::now() < stop {
                                 match op {
-                                    Op::Store => {
+                                    Op::Store | Op::StoreChecked => {
                                         store.acquire_or_renew(&resource, "bench", lease).await?;
                                     }
                                     Op::Statement => {
@@ -235,45 +247,6 @@ pub(crate) fn pgbench_script_rate(
     Ok(rate)
 }
 
-/// Statements the server logged for `n` calls of `op` on `db` (a pool of one connection to a
-/// server that logs every statement to `log`): lines of that backend's pid counted in the
-/// server log. One round trip per call means 1.0.
-pub(crate) async fn pg_statements_per_call<F, Fut>(
-    db: &DatabaseConnection,
-    log: &std::path::Path,
-    n: u64,
-    mut op: F,
-) -> Result<f64, Error>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), Error>>,
-{
-    let pid: i32 = db
-        .query_one_raw(sea_orm::Statement::from_string(
-            db.get_database_backend(),
-            "SELECT pg_backend_pid()",
-        ))
-        .await?
-        .ok_or("no pid")?
-        .try_get_by_index(0)?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let offset = std::fs::metadata(log)?.len();
-    for _ in 0..n {
-        op().await?;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let text = std::fs::read(log)?;
-    let tail = String::from_utf8_lossy(&text[offset.min(text.len() as u64) as usize..]);
-    let tag = format!("[{pid}] ");
-    let statements = tail
-        .lines()
-        .filter(|l| {
-            l.contains(&tag) && (l.contains(" LOG:  execute ") || l.contains(" LOG:  statement: "))
-        })
-        .count();
-    Ok(statements as f64 / n as f64)
-}
-
 pub(crate) async fn throughput() -> Result<(), Error> {
     let d = secs();
     // BENCH_PG_DURABLE=1: a private PostgreSQL with Debian's durability defaults (fsync and
@@ -305,7 +278,9 @@ pub(crate) async fn throughput() -> Result<(), Error> {
     for clients in client_counts() {
         let db = connect(&url, (clients * pool_mult()) as u32, false).await?;
         migrate(&db, &table).await?;
-        let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
+        let store = SeaOrmLeaseStore::new(db.clone())
+            .with_table(&table)?
+            .with_lease_connections((clients * pool_mult()).min(64))?;
         let threaded = |op: Op| {
             let (url, table) = (url.clone(), table.clone());
             tokio::task::spawn_blocking(move || {
@@ -320,17 +295,9 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             let ours = store_rate(&store, clients, d, server).await?;
             let per_thread = threaded(Op::Store).await??;
             let statement = threaded(Op::Statement).await??;
+            let checked = threaded(Op::StoreChecked).await??;
             let pgbench2 = pgbench_rate(&url, &store, clients, d, true, server)?;
-            let pinged_db = connect(&url, clients as u32, true).await?;
-            let pinged = store_rate(
-                &SeaOrmLeaseStore::new(pinged_db.clone()).with_table(&table)?,
-                clients,
-                d,
-                server,
-            )
-            .await?;
-            pinged_db.close().await?;
-            reps.push([pgbench, ours, per_thread, statement, pgbench2, pinged]);
+            reps.push([pgbench, ours, per_thread, statement, checked, pgbench2]);
         }
         drop(&db, &table).await;
         db.close().await?;
@@ -364,19 +331,20 @@ pub(crate) async fn throughput() -> Result<(), Error> {
     );
     println!(
         "Calls per second. pgbench: the store's acquire-or-renew statement, prepared (\"1 \
-         statement\"), or that statement and the store's autocommit check `SELECT \
-         transaction_timestamp()` (\"2 statements\": what one call sends on PostgreSQL). \
-         orion-beacon: `acquire_or_renew` in tasks on one 2-worker runtime sharing one pool (the \
-         harness before), or with pgbench's threading (a current-thread runtime and a pool per \
-         thread, `-j min(clients, 2)`). SeaORM, 1 statement: the store's statement sent through \
-         SeaORM without the check, pgbench's threading. Ratios are to pgbench, 1 statement, \
-         unless named.\n"
+         statement\"), or that statement and the autocommit check `SELECT \
+         transaction_timestamp()` (\"2 statements\": what one call sends on the application's \
+         pool). orion-beacon: `acquire_or_renew` on the store's own sessions (as many as the \
+         pool's connections), in tasks on one 2-worker runtime, or with pgbench's threading (a \
+         current-thread runtime and a store per thread, `-j min(clients, 2)`). SeaORM, 1 \
+         statement: the store's statement sent through SeaORM's pool without the check, \
+         pgbench's threading. Application pool, checked: `with_lease_connections(0)`, \
+         pgbench's threading. Ratios are to pgbench, 1 statement, unless named.\n"
     );
-    println!("| backend | clients | pgbench, 1 statement | orion-beacon, one runtime | ratio | orion-beacon, a runtime per thread | ratio | SeaORM, 1 statement | ratio | pgbench, 2 statements | ratio of a runtime per thread to it | with test_before_acquire |");
+    println!("| backend | clients | pgbench, 1 statement | orion-beacon, one runtime | ratio | orion-beacon, a runtime per thread | ratio | SeaORM, 1 statement | ratio | application pool, checked | ratio | pgbench, 2 statements | ratio of the checked store to it |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (clients, reps) in &pg_rows {
         println!(
-            "| PostgreSQL 15 | {clients} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} |",
+            "| PostgreSQL 15 | {clients} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} |",
             cell(reps, 0).per_s,
             cell(reps, 1).per_s,
             ratio(reps, 1, 0),
@@ -385,8 +353,9 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             cell(reps, 3).per_s,
             ratio(reps, 3, 0),
             cell(reps, 4).per_s,
-            ratio(reps, 2, 4),
+            ratio(reps, 4, 0),
             cell(reps, 5).per_s,
+            ratio(reps, 4, 5),
         );
     }
     let mut other_rows = Vec::new();
@@ -412,7 +381,7 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
             let ours = store_rate(&store, clients, d, None).await?;
             other_rows.push(format!(
-                "| {name} | {clients} | - | {:.0} | - | - | - | - | - | - | - | - |",
+                "| {name} | {clients} | - | {:.0} | - | - | - | - | - | - | - | - | - |",
                 ours.per_s
             ));
             drop(&db, &table).await;
@@ -425,16 +394,22 @@ pub(crate) async fn throughput() -> Result<(), Error> {
         "\n### CPU per call, PostgreSQL (client: this process's rusage, or pgbench's as our \
          child; database: the private server's processes, from /proc)\n"
     );
-    println!("| clients | pgbench, 1 statement: client | database | orion-beacon, one runtime: client | database | orion-beacon, a runtime per thread: client | database | SeaORM, 1 statement: client | database | pgbench, 2 statements: client | database |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| clients | pgbench, 1 statement: client | database | orion-beacon, one runtime: client | database | orion-beacon, a runtime per thread: client | database | SeaORM, 1 statement: client | database | application pool, checked: client | database | pgbench, 2 statements: client | database | database, a runtime per thread / pgbench |");
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for (clients, reps) in &pg_rows {
-        let cells: Vec<String> = (0..5)
+        let db_ratio = match (cell(reps, 2).db_us, cell(reps, 0).db_us) {
+            (Some(ours), Some(theirs)) if theirs > 0.0 => format!("{:.2}", ours / theirs),
+            _ => "-".to_owned(),
+        };
+        let cells: Vec<String> = (0..6)
             .map(|k| {
                 let x = cell(reps, k);
                 format!("{:.1} µs | {}", x.client_us, us(x.db_us))
             })
             .collect();
-        println!("| {clients} | {} |", cells.join(" | "));
+        println!("| {clients} | {} | {db_ratio} |", cells.join(" | "));
     }
     println!("\nEach repeat's ratio, a runtime per thread / pgbench, 1 statement:");
     for (clients, reps) in &pg_rows {

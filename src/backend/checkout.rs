@@ -43,9 +43,12 @@
 //! half-checked or inside a transaction of ours. SQLite needs none of this: sqlx's SQLite driver
 //! rolls back a cancelled `BEGIN`, and SeaORM's transactions roll back when dropped.
 
+use deadpool::managed::Object;
 use sea_orm::sqlx;
 use sea_orm::{DbErr, QueryResult, RuntimeErr, Statement};
 use sea_query_sqlx::SqlxValues;
+
+use super::own_pool::{Manager, OwnPool};
 
 /// What one checked run found.
 pub(crate) enum Checked<T = Vec<QueryResult>> {
@@ -65,29 +68,62 @@ pub(crate) fn values(stmt: &Statement) -> SqlxValues {
     SqlxValues(stmt.values.clone().unwrap_or(sea_orm::Values(Vec::new())))
 }
 
-/// A pooled connection that goes back to the pool only if the check finished and found it
-/// clean. On every other path (an error, a transaction found, or the caller's future dropped
-/// half way, e.g. by a timeout) it is closed instead: the server then rolls back whatever
-/// transaction it was in, and frees any lease row lock that transaction held, instead of
-/// handing the connection to the next user of the pool.
+/// Where a run takes its connection.
+pub(crate) enum Source<'a, DB: sqlx::Database> {
+    /// The application's pool: checked before (or with) every statement.
+    Shared(&'a sqlx::Pool<DB>),
+    /// The store's own sessions: no other code ever ran on them.
+    Own(&'a OwnPool<DB>),
+}
+
+impl<DB: sqlx::Database> Clone for Source<'_, DB> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<DB: sqlx::Database> Copy for Source<'_, DB> {}
+
+/// The connection a run holds.
+enum Held<DB: sqlx::Database> {
+    Shared(sqlx::pool::PoolConnection<DB>),
+    Own(Object<Manager<DB>>),
+}
+
+/// A connection that goes back to its pool only if the run finished and found it clean. On
+/// every other path (an error, a transaction found, or the caller's future dropped half way,
+/// e.g. by a timeout) it is closed instead: the server then rolls back whatever transaction it
+/// was in, and frees any lease row lock that transaction held, instead of handing the
+/// connection to the next user of the pool.
 pub(crate) struct Checkout<DB: sqlx::Database> {
-    conn: Option<sqlx::pool::PoolConnection<DB>>,
+    conn: Option<Held<DB>>,
     /// Set once the run finished and found the connection outside any transaction.
     pub(crate) clean: bool,
+    /// One of the store's own sessions: outside any transaction whenever it is handed out
+    /// (it comes back only clean), so it needs no check.
+    pub(crate) own: bool,
 }
 
 impl<DB: sqlx::Database> Checkout<DB> {
-    pub(crate) async fn from(pool: &sqlx::Pool<DB>) -> Result<Self, DbErr> {
-        let conn = pool.acquire().await.map_err(query_err)?;
+    pub(crate) async fn from(source: Source<'_, DB>) -> Result<Self, DbErr> {
+        let (conn, own) = match source {
+            Source::Shared(pool) => (
+                Held::Shared(pool.acquire().await.map_err(query_err)?),
+                false,
+            ),
+            Source::Own(pool) => (Held::Own(pool.get().await?), true),
+        };
         Ok(Self {
             conn: Some(conn),
             clean: false,
+            own,
         })
     }
 
     pub(crate) fn conn(&mut self) -> Result<&mut DB::Connection, DbErr> {
         match self.conn.as_mut() {
-            Some(conn) => Ok(&mut **conn),
+            Some(Held::Shared(conn)) => Ok(&mut **conn),
+            Some(Held::Own(object)) => Ok(&mut **object),
             None => Err(DbErr::Custom("connection already given back".to_owned())),
         }
     }
@@ -95,10 +131,11 @@ impl<DB: sqlx::Database> Checkout<DB> {
 
 impl<DB: sqlx::Database> Drop for Checkout<DB> {
     fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            if !self.clean {
-                conn.close_on_drop();
-            }
+        match self.conn.take() {
+            Some(Held::Shared(mut conn)) if !self.clean => conn.close_on_drop(),
+            // Out of the pool for good: dropping the session closes its socket.
+            Some(Held::Own(object)) if !self.clean => drop(Object::take(object)),
+            _ => {} // clean: back to its pool
         }
     }
 }

@@ -43,6 +43,9 @@ pub(crate) struct Derived {
     pub(crate) notifications: bool,
     /// The lease table changed (statements and listeners made for the old one go).
     pub(crate) table_changed: bool,
+    /// PostgreSQL, MySQL/MariaDB: the most sessions of its own the store opens for its lease
+    /// statements (0: it uses the application's pool, checked).
+    pub(crate) lease_connections: usize,
 }
 
 /// One backend of [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore).

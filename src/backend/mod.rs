@@ -58,6 +58,8 @@ pub mod fence;
 mod gate;
 mod members;
 pub mod mysql;
+#[cfg(checked_pool)]
+mod own_pool;
 pub mod postgres;
 mod prepared;
 mod row;
@@ -71,6 +73,13 @@ mod term_checks;
 
 pub use durability::Durability;
 pub use store::SeaOrmLeaseStore;
+
+/// Sessions of its own a store opens at most for its lease statements (PostgreSQL,
+/// MySQL/MariaDB), unless told otherwise.
+pub(crate) const DEFAULT_LEASE_CONNECTIONS: usize = 4;
+
+/// The most a store may be told to open.
+pub(crate) const MAX_LEASE_CONNECTIONS: usize = 64;
 
 /// How long an acquire waits for the lease row before it looks for a lapsed holder's session
 /// to end (a fifth of the lease when that is shorter, so a short lease's grant is not spent

@@ -14,6 +14,7 @@ use super::driver::{Derived, LeaseBackend, Takeover};
 use super::engine::Engine;
 use super::mysql::MySqlUpsert;
 use super::statements::{self, Shape, Write};
+use super::{DEFAULT_LEASE_CONNECTIONS, MAX_LEASE_CONNECTIONS};
 use crate::store::{
     offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
     validate_request, validate_resource, validate_take,
@@ -52,6 +53,8 @@ struct Settings {
     notifications: bool,
     /// MySQL/MariaDB only: the upsert form, instead of the one detected.
     mysql_upsert: Option<MySqlUpsert>,
+    /// PostgreSQL, MySQL/MariaDB: sessions of its own for lease statements (0: none).
+    lease_connections: usize,
 }
 
 /// Why a connection has no backend: the error every call of the store reports.
@@ -97,6 +100,7 @@ fn choose(settings: &Settings) -> Result<Box<dyn LeaseBackend>, Refused> {
             &settings.db,
             settings.transaction_pooling,
             settings.notifications,
+            settings.lease_connections,
         ))),
         #[cfg(not(feature = "postgres"))]
         DbBackend::Postgres => Err(unsupported("PostgreSQL", "postgres")),
@@ -105,6 +109,7 @@ fn choose(settings: &Settings) -> Result<Box<dyn LeaseBackend>, Refused> {
             &settings.db,
             settings.mysql_upsert,
             settings.notifications,
+            settings.lease_connections,
         ))),
         #[cfg(not(feature = "mysql"))]
         DbBackend::MySql => Err(unsupported("MySQL", "mysql")),
@@ -151,6 +156,7 @@ impl std::fmt::Debug for SeaOrmLeaseStore {
             .field("member_table", &&*self.settings.member_table)
             .field("transaction_pooling", &self.settings.transaction_pooling)
             .field("release_notifications", &self.settings.notifications)
+            .field("lease_connections", &self.settings.lease_connections)
             .finish_non_exhaustive()
     }
 }
@@ -174,6 +180,7 @@ impl SeaOrmLeaseStore {
             transaction_pooling: false,
             notifications: true,
             mysql_upsert: None,
+            lease_connections: DEFAULT_LEASE_CONNECTIONS,
         };
         Self {
             engine: engine(&settings),
@@ -191,6 +198,7 @@ impl SeaOrmLeaseStore {
                     transaction_pooling: self.settings.transaction_pooling,
                     notifications: self.settings.notifications,
                     table_changed,
+                    lease_connections: self.settings.lease_connections,
                 });
                 Ok(assemble(&self.settings, backend, Some(old)))
             }
@@ -244,6 +252,33 @@ impl SeaOrmLeaseStore {
     pub fn with_release_notifications(mut self, enabled: bool) -> Self {
         self.settings.notifications = enabled;
         self.rebuilt(false)
+    }
+
+    /// PostgreSQL and MySQL/MariaDB: how many sessions of its own the store may open for its
+    /// lease statements (acquire-or-renew, releases, batched renews, membership, reads), at
+    /// most 64; 4 unless set. They are opened on demand with the application pool's connect
+    /// options, shared by the store's clones, and never handed to other code, so a lease
+    /// statement there is sent alone: one statement and one round trip per call, with no
+    /// check that the connection is outside an abandoned transaction (nothing else ran on it)
+    /// and no ping when it goes back. A session is closed (never reused) after a call that did
+    /// not finish cleanly, pinged before use after 30 s idle, and closed after 5 minutes idle.
+    ///
+    /// `0` takes every lease statement's connection from the application's pool instead, for
+    /// deployments that cannot spare the sessions: each statement is then checked on the
+    /// same connection (PostgreSQL: a second statement; MariaDB: a column of the same
+    /// statement, and a check before releases and reads). Behind a transaction-pooling proxy
+    /// (see [`with_transaction_pooling`](Self::with_transaction_pooling)) the store always
+    /// uses the application's pool. Fenced writes always run in the application's own
+    /// transactions. SQLite ignores this.
+    pub fn with_lease_connections(mut self, max: usize) -> Result<Self, StoreError> {
+        if max > MAX_LEASE_CONNECTIONS {
+            return Err(StoreError::InvalidSetting {
+                setting: "lease_connections",
+                reason: format!("at most {MAX_LEASE_CONNECTIONS}, not {max}"),
+            });
+        }
+        self.settings.lease_connections = max;
+        Ok(self.rebuilt(false))
     }
 
     /// The same store on another table (validated: ASCII letters, digits and `_`, at most 63

@@ -169,7 +169,11 @@ mod abandoned {
                     _ => s,
                 }
             };
-            let mut store = configure(SeaOrmLeaseStore::new(db.clone()));
+            // On the application's pool (not sessions of its own): the connection the
+            // abandoned transaction is left on.
+            let mut store = configure(SeaOrmLeaseStore::new(db.clone()))
+                .with_lease_connections(0)
+                .unwrap();
             #[cfg(feature = "postgres")]
             if let Target::Pgbouncer = target {
                 store = store.with_transaction_pooling(true);
@@ -689,7 +693,17 @@ mod cut_off {
 
     /// `CASES` store calls on `db` (a pool of one), each cut off after a random time; after
     /// each the connection must be outside any transaction and the pool must answer.
-    pub async fn run(name: &str, db: DatabaseConnection, migrate_on: &DatabaseConnection) {
+    ///
+    /// With `own`, the store runs on one session of its own instead (`with_lease_connections(1)`),
+    /// which the test cannot ask directly: after each case the store grants a new resource on
+    /// it, and another store must see that grant committed at once (a session handed back
+    /// inside a transaction, or mid-answer, would hold it uncommitted or fail).
+    pub async fn run(
+        name: &str,
+        db: DatabaseConnection,
+        migrate_on: &DatabaseConnection,
+        own: bool,
+    ) {
         let seed = seed();
         eprintln!("{name}: seed {seed}");
         let mut rng = Rng::new(seed);
@@ -699,8 +713,14 @@ mod cut_off {
             .with_table(&table)
             .and_then(|s| s.with_member_table(member_table(&table)))
             .unwrap()
-            .with_release_notifications(false);
+            .with_release_notifications(false)
+            .with_lease_connections(usize::from(own))
+            .unwrap();
         let store = configure(name, store);
+        let probe_reader = SeaOrmLeaseStore::new(migrate_on.clone())
+            .with_table(&table)
+            .unwrap()
+            .with_release_notifications(false);
         let resources: Vec<String> = (0..3).map(|i| format!("r{i}")).collect();
         let mut held: Vec<Lease> = Vec::new();
         let (mut cut, mut left_open, mut wedged) = (0, Vec::new(), Vec::new());
@@ -770,6 +790,31 @@ mod cut_off {
                 Some(None) => {}
                 None => cut += 1,
             }
+            if own {
+                let probe = format!("probe{case}");
+                let wait = Duration::from_secs(15);
+                let granted =
+                    tokio::time::timeout(wait, store.acquire_or_renew(&probe, "a", LEASE))
+                        .await
+                        .map(|out| out.map(|o| o.lease().is_some()));
+                let seen = tokio::time::timeout(wait, probe_reader.current(&probe))
+                    .await
+                    .map(|row| row.map(|r| r.is_some_and(|r| r.live && r.holder == "a")));
+                match (granted, seen) {
+                    (Ok(Ok(true)), Ok(Ok(true))) => {}
+                    (Err(_), _) | (_, Err(_)) => {
+                        wedged.push(format!(
+                            "case {case}: {op} cut off after {after:?}; the probe got no answer in 15 s"
+                        ));
+                        break;
+                    }
+                    other => left_open.push(format!(
+                        "case {case}: {op} cut off after {after:?}; probe granted and seen \
+                         committed: {other:?}"
+                    )),
+                }
+                continue;
+            }
             match in_transaction(&db, Duration::from_secs(15)).await {
                 Some(false) => {}
                 Some(true) => {
@@ -826,7 +871,7 @@ mod cut_off {
         }
         let db = Server::Postgres.connect(1).await;
         let admin = Server::Postgres.connect(2).await;
-        run("postgres", db, &admin).await;
+        run("postgres", db, &admin, false).await;
     }
 
     #[cfg(feature = "postgres")]
@@ -838,7 +883,7 @@ mod cut_off {
         }
         let admin = connect_url(&Server::Postgres.private_url(), 2).await;
         let db = connect_url(&crate::common::sql::pgbouncer().url(), 1).await;
-        run("pgbouncer", db, &admin).await;
+        run("pgbouncer", db, &admin, false).await;
     }
 
     #[cfg(feature = "mysql")]
@@ -850,7 +895,7 @@ mod cut_off {
         }
         let db = Server::MySql.connect(1).await;
         let admin = Server::MySql.connect(2).await;
-        run("mariadb_returning", db, &admin).await;
+        run("mariadb_returning", db, &admin, false).await;
     }
 
     #[cfg(feature = "mysql")]
@@ -862,7 +907,33 @@ mod cut_off {
         }
         let db = Server::MySql.connect(1).await;
         let admin = Server::MySql.connect(2).await;
-        run("mariadb_transaction", db, &admin).await;
+        run("mariadb_transaction", db, &admin, false).await;
+    }
+
+    /// The store's own session (one): a call cut off anywhere never hands it back inside a
+    /// transaction or mid-answer.
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_calls_leave_no_transaction_open_postgres_own_session() {
+        use crate::common::Server;
+        if Server::Postgres.skipped() {
+            return;
+        }
+        let db = Server::Postgres.connect(1).await;
+        let admin = Server::Postgres.connect(2).await;
+        run("postgres", db, &admin, true).await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_calls_leave_no_transaction_open_mariadb_own_session() {
+        use crate::common::Server;
+        if Server::MySql.skipped() {
+            return;
+        }
+        let db = Server::MySql.connect(1).await;
+        let admin = Server::MySql.connect(2).await;
+        run("mariadb_transaction", db, &admin, true).await;
     }
 
     /// SQLite needs no check of its own (sqlx's SQLite driver rolls back a cancelled `BEGIN`,
@@ -873,6 +944,6 @@ mod cut_off {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leases.db");
         let db = crate::common::connect_sqlite(&path, 1).await;
-        run("sqlite", db.clone(), &db).await;
+        run("sqlite", db.clone(), &db, false).await;
     }
 }

@@ -126,10 +126,14 @@ mod mariadb_sql_mode {
         let db = connect_mysql_with_session(4, SIMULTANEOUS_ASSIGNMENT).await;
         let table = unique("sqlmode");
         migrate(&db, &table).await;
+        // On the application's sessions, where the mode is set (the store's own sessions take
+        // the server's global `sql_mode`, not the pool's `after_connect`).
         let store = SeaOrmLeaseStore::new(db.clone())
             .with_table(&table)
             .unwrap()
-            .with_mysql_upsert(form);
+            .with_mysql_upsert(form)
+            .with_lease_connections(0)
+            .unwrap();
         let lease = Duration::from_millis(500);
 
         let a = store.acquire_or_renew("job", "a", lease).await.unwrap();
@@ -187,7 +191,10 @@ mod abandoned_transaction {
 
     use crate::common::{drop_table, migrate, unique, Server};
 
-    async fn grant_is_committed(server: Server) {
+    /// `lease_connections`: the store's own sessions (the default, 4), where the abandoned
+    /// connection is never used, or 0, where the store takes the application's connection and
+    /// must find the transaction on it.
+    async fn grant_is_committed(server: Server, lease_connections: usize) {
         if server.skipped() {
             return;
         }
@@ -208,7 +215,9 @@ mod abandoned_transaction {
         let store = SeaOrmLeaseStore::new(db.clone())
             .with_table(&table)
             .unwrap()
-            .with_release_notifications(false);
+            .with_release_notifications(false)
+            .with_lease_connections(lease_connections)
+            .unwrap();
         let out = store
             .acquire_or_renew("job", "a", Duration::from_secs(30))
             .await
@@ -252,6 +261,9 @@ mod abandoned_transaction {
             leaked, 0,
             "the store committed someone else's abandoned transaction"
         );
+        // The pool of one is closed first: on its own sessions the store never touched the
+        // abandoned transaction, whose lock on the leak table the drop would wait for.
+        db.close().await.ok();
         admin
             .execute_unprepared(&format!("DROP TABLE {leak}"))
             .await
@@ -262,7 +274,13 @@ mod abandoned_transaction {
     #[cfg(feature = "postgres")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
-        grant_is_committed(Server::Postgres).await;
+        grant_is_committed(Server::Postgres, 0).await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_own_sessions() {
+        grant_is_committed(Server::Postgres, 4).await;
     }
 
     /// An abandoned transaction that is already aborted (every statement fails with 25P02):
@@ -283,7 +301,9 @@ mod abandoned_transaction {
         let store = SeaOrmLeaseStore::new(db.clone())
             .with_table(&table)
             .unwrap()
-            .with_release_notifications(false);
+            .with_release_notifications(false)
+            .with_lease_connections(0)
+            .unwrap();
         let lease = Duration::from_secs(30);
         let first = store.acquire_or_renew("job", "a", lease).await.unwrap();
         assert!(
@@ -304,6 +324,12 @@ mod abandoned_transaction {
     #[cfg(feature = "mysql")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mariadb() {
-        grant_is_committed(Server::MySql).await;
+        grant_is_committed(Server::MySql, 0).await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mariadb_own_sessions() {
+        grant_is_committed(Server::MySql, 4).await;
     }
 }

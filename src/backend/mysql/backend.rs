@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sea_orm::sea_query::SelectStatement;
-use sea_orm::sqlx::MySqlPool;
+use sea_orm::sqlx::{MySql as MySqlDb, MySqlPool};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseConnectionType, DbBackend, DbErr, QueryResult,
     Statement, TransactionTrait,
@@ -20,11 +20,12 @@ use super::statements::IN_TRANSACTION_COLUMN;
 use super::takeover::{blockers, still_there, KILL_WITHIN};
 use super::wakeups::HubCell;
 use super::{statements, MySql, MySqlUpsert};
-use crate::backend::checkout::{Begin, Checked};
+use crate::backend::checkout::{Begin, Checked, Source};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
+use crate::backend::own_pool::{Init, OwnPool};
 use crate::backend::row::Row;
 use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
@@ -38,6 +39,9 @@ pub(crate) struct MySqlBackend {
     /// The application's pool, where the store can take one connection and check it; `None`
     /// for connections it cannot (SeaORM's mock and proxy connections).
     pool: Option<MySqlPool>,
+    /// The store's own sessions for its lease statements (`own_pool`); `None` when told to
+    /// use the application's pool.
+    own: Option<OwnPool<sea_orm::sqlx::MySql>>,
     /// Which upsert form the server takes, detected once (or set).
     upsert: Arc<tokio::sync::OnceCell<MySqlUpsert>>,
     /// Whether the server is a Galera cluster node, detected once.
@@ -46,6 +50,17 @@ pub(crate) struct MySqlBackend {
     wakeups: Option<HubCell>,
 }
 
+/// Sent once on each of the store's own sessions: its statements commit when they end, even
+/// where the server's default (`autocommit = 0`, or an `init_connect`) says otherwise.
+const OWN_SESSION_INIT: Init<MySqlDb> = |conn| {
+    Box::pin(async move {
+        sea_orm::sqlx::raw_sql("SET SESSION autocommit = 1")
+            .execute(conn)
+            .await
+            .map(drop)
+    })
+};
+
 const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
 
 impl MySqlBackend {
@@ -53,6 +68,7 @@ impl MySqlBackend {
         db: &DatabaseConnection,
         upsert: Option<MySqlUpsert>,
         notifications: bool,
+        lease_connections: usize,
     ) -> Self {
         let pool = match &db.inner {
             DatabaseConnectionType::SqlxMySqlPoolConnection(_) => {
@@ -60,11 +76,25 @@ impl MySqlBackend {
             }
             _ => None,
         };
+        let own = pool
+            .as_ref()
+            .and_then(|pool| OwnPool::new(pool, lease_connections, Some(OWN_SESSION_INIT)));
         Self {
             pool,
+            own,
             upsert: Arc::new(tokio::sync::OnceCell::new_with(upsert)),
             galera: Arc::default(),
             wakeups: notifications.then(HubCell::default),
+        }
+    }
+
+    /// Where the store's statements take their connection: its own sessions, or the
+    /// application's pool (checked); `None` for connections without a pool.
+    fn source(&self) -> Option<Source<'_, MySqlDb>> {
+        match (&self.own, &self.pool) {
+            (Some(own), _) => Some(Source::Own(own)),
+            (None, Some(pool)) => Some(Source::Shared(pool)),
+            (None, None) => None,
         }
     }
 
@@ -100,12 +130,12 @@ impl MySqlBackend {
                 let upsert = statements::upsert(&table, resource, candidate, millis, write)
                     .map_err(|e| StoreError::Database(e.into()))?;
                 let read = shared::current(&MySql, &table, resource, write.shape());
-                if let Some(pool) = &self.pool {
+                if let Some(source) = self.source() {
                     let (upsert, read) = (
                         DbBackend::MySql.build(&upsert),
                         DbBackend::MySql.build(&read),
                     );
-                    return in_transaction(cx, pool, Begin::ReadWrite, &upsert, &read).await;
+                    return in_transaction(cx, source, Begin::ReadWrite, &upsert, &read).await;
                 }
                 let (rows, after) = cx
                     .with_retry(|| async {
@@ -130,9 +160,9 @@ impl MySqlBackend {
         cx: &Context,
         stmt: Statement,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        match &self.pool {
-            Some(pool) => {
-                cx.autocommitted(|| checked::deciding(pool, &stmt, IN_TRANSACTION_COLUMN))
+        match self.source() {
+            Some(source) => {
+                cx.autocommitted(|| checked::deciding(source, &stmt, IN_TRANSACTION_COLUMN))
                     .await
             }
             None => cx.read_to_end(stmt).await,
@@ -250,8 +280,16 @@ impl LeaseBackend for MySqlBackend {
             (Some(cell), true) if !derived.table_changed => Some(cell.clone()),
             (_, true) => Some(HubCell::default()),
         };
+        // The same sessions unless their number changed.
+        let own = match &self.own {
+            Some(own) if own.max() == derived.lease_connections => Some(own.clone()),
+            _ => self.pool.as_ref().and_then(|pool| {
+                OwnPool::new(pool, derived.lease_connections, Some(OWN_SESSION_INIT))
+            }),
+        };
         Box::new(Self {
             pool: self.pool.clone(),
+            own,
             upsert: Arc::clone(&self.upsert),
             galera: Arc::clone(&self.galera),
             wakeups,
@@ -372,9 +410,9 @@ impl LeaseBackend for MySqlBackend {
         // REPEATABLE READ whatever the session's level: the update then keeps the locks of the
         // rows it found lapsed, so no other renew can write one of them before the read, which
         // would report it as renewed by this call.
-        if let Some(pool) = &self.pool {
+        if let Some(source) = self.source() {
             let read = DbBackend::MySql.build(&read);
-            return in_transaction(cx, pool, Begin::RepeatableRead, &update, &read).await;
+            return in_transaction(cx, source, Begin::RepeatableRead, &update, &read).await;
         }
         let (rows, after) = cx
             .with_retry(|| async {
@@ -395,15 +433,15 @@ impl LeaseBackend for MySqlBackend {
     }
 
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
-        match &self.pool {
-            Some(pool) => cx.autocommitted(|| checked::rows(pool, &stmt)).await,
+        match self.source() {
+            Some(source) => cx.autocommitted(|| checked::rows(source, &stmt)).await,
             None => cx.read_to_end(stmt).await,
         }
     }
 
     async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {
-        match &self.pool {
-            Some(pool) => cx.autocommitted(|| checked::count(pool, &stmt)).await,
+        match self.source() {
+            Some(source) => cx.autocommitted(|| checked::count(source, &stmt)).await,
             None => cx.execute(stmt).await,
         }
     }
@@ -418,11 +456,11 @@ impl LeaseBackend for MySqlBackend {
         read: Statement,
         update: Statement,
     ) -> Result<Option<QueryResult>, StoreError> {
-        let Some(pool) = &self.pool else {
+        let Some(source) = self.source() else {
             return cx.revoke_in(None, &read, &update).await;
         };
         cx.autocommitted(|| async {
-            let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
+            let Some(mut txn) = Transaction::begin(source, Begin::ReadWrite).await? else {
                 return Ok(Checked::InAbandonedTransaction);
             };
             let row = txn.rows(&read).await?.into_iter().next();
@@ -559,14 +597,14 @@ impl LeaseBackend for MySqlBackend {
 /// handing it back to the pool mid-transaction, which SeaORM's `begin()` cannot promise.
 async fn in_transaction(
     cx: &Context,
-    pool: &MySqlPool,
+    source: Source<'_, MySqlDb>,
     begin: Begin,
     write: &Statement,
     read: &Statement,
 ) -> Result<Vec<QueryResult>, StoreError> {
     let (rows, after) = cx
         .autocommitted(|| async {
-            let Some(mut txn) = Transaction::begin(pool, begin).await? else {
+            let Some(mut txn) = Transaction::begin(source, begin).await? else {
                 return Ok(Checked::InAbandonedTransaction);
             };
             txn.execute(write).await?;

@@ -1,24 +1,25 @@
 //! MySQL and MariaDB: statements known to have run outside any abandoned transaction (see
-//! `checkout`): MariaDB's `RETURNING` list ends in `@@in_transaction`; every other statement
+//! `checkout`). On the store's own sessions (`own_pool`) nothing else ever runs, so a statement
+//! is sent alone; on the application's pool MariaDB's `RETURNING` list ends in `@@in_transaction`; every other statement
 //! runs after a one-round-trip check; the store's own transactions begin with `SET TRANSACTION`,
 //! which the server refuses inside a transaction.
 
-use sea_orm::sqlx::{self, MySqlPool, Row};
+use sea_orm::sqlx::{self, Row};
 use sea_orm::{DbErr, QueryResult, Statement};
 
 use super::errors::{
     lock_wait_ran_out, sqlx_error_number, CANT_CHANGE_TX_CHARACTERISTICS, UNKNOWN_SYSTEM_VARIABLE,
 };
-use crate::backend::checkout::{query_err, values, Begin, Checked, Checkout};
+use crate::backend::checkout::{query_err, values, Begin, Checked, Checkout, Source};
 
 /// Runs `stmt` (whose last returned column is `@@in_transaction`) on one pooled connection,
 /// read to the end.
 pub(crate) async fn deciding(
-    pool: &MySqlPool,
+    source: Source<'_, sqlx::MySql>,
     stmt: &Statement,
     in_transaction_column: usize,
 ) -> Result<Checked, DbErr> {
-    let mut checkout = Checkout::from(pool).await?;
+    let mut checkout = Checkout::from(source).await?;
     let rows = match sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
         .fetch_all(checkout.conn()?)
         .await
@@ -67,10 +68,15 @@ fn begin_sql(begin: Begin) -> &'static str {
     }
 }
 
-/// One connection of `pool`, checked to be outside any transaction and in autocommit mode;
-/// `None` if it was not (it is closed).
-async fn checked_out(pool: &MySqlPool) -> Result<Option<Checkout<sqlx::MySql>>, DbErr> {
-    let mut checkout = Checkout::from(pool).await?;
+/// One connection, known (one of the store's own) or checked to be outside any transaction
+/// and in autocommit mode; `None` if it was not (it is closed).
+async fn checked_out(
+    source: Source<'_, sqlx::MySql>,
+) -> Result<Option<Checkout<sqlx::MySql>>, DbErr> {
+    let mut checkout = Checkout::from(source).await?;
+    if checkout.own {
+        return Ok(Some(checkout));
+    }
     match sqlx::query_as::<_, (i64, i64)>(OUTSIDE)
         .fetch_one(checkout.conn()?)
         .await
@@ -100,8 +106,11 @@ async fn checked_out(pool: &MySqlPool) -> Result<Option<Checkout<sqlx::MySql>>, 
 }
 
 /// One statement, read to the end, on a connection checked to be outside any transaction.
-pub(crate) async fn rows(pool: &MySqlPool, stmt: &Statement) -> Result<Checked, DbErr> {
-    let Some(mut checkout) = checked_out(pool).await? else {
+pub(crate) async fn rows(
+    source: Source<'_, sqlx::MySql>,
+    stmt: &Statement,
+) -> Result<Checked, DbErr> {
+    let Some(mut checkout) = checked_out(source).await? else {
         return Ok(Checked::InAbandonedTransaction);
     };
     let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
@@ -115,8 +124,11 @@ pub(crate) async fn rows(pool: &MySqlPool, stmt: &Statement) -> Result<Checked, 
 }
 
 /// One statement that changes rows: how many it changed (as [`rows`]).
-pub(crate) async fn count(pool: &MySqlPool, stmt: &Statement) -> Result<Checked<u64>, DbErr> {
-    let Some(mut checkout) = checked_out(pool).await? else {
+pub(crate) async fn count(
+    source: Source<'_, sqlx::MySql>,
+    stmt: &Statement,
+) -> Result<Checked<u64>, DbErr> {
+    let Some(mut checkout) = checked_out(source).await? else {
         return Ok(Checked::InAbandonedTransaction);
     };
     let done = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
@@ -136,8 +148,11 @@ pub(crate) struct Transaction(Checkout<sqlx::MySql>);
 impl Transaction {
     /// The transaction, or `None` when the connection it got was inside one already (it is
     /// closed: try again).
-    pub(crate) async fn begin(pool: &MySqlPool, begin: Begin) -> Result<Option<Self>, DbErr> {
-        let mut checkout = Checkout::from(pool).await?;
+    pub(crate) async fn begin(
+        source: Source<'_, sqlx::MySql>,
+        begin: Begin,
+    ) -> Result<Option<Self>, DbErr> {
+        let mut checkout = Checkout::from(source).await?;
         match sqlx::raw_sql(begin_sql(begin))
             .execute(checkout.conn()?)
             .await

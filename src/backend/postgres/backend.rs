@@ -18,6 +18,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
+use crate::backend::own_pool::OwnPool;
 use crate::backend::row::Row;
 use crate::backend::statements::{Shape, Write};
 use crate::error::FenceError;
@@ -30,6 +31,9 @@ pub(crate) struct PgBackend {
     /// The application's pool, where the store can take one connection and check it; `None`
     /// for connections it cannot (SeaORM's mock and proxy connections).
     pool: Option<PgPool>,
+    /// The store's own sessions for its lease statements (`own_pool`); `None` when told to
+    /// use the application's pool.
+    own: Option<OwnPool<sea_orm::sqlx::Postgres>>,
     /// The connection goes through a transaction-pooling proxy.
     transaction_pooling: bool,
     /// Whether release events may listen for notifications.
@@ -43,6 +47,7 @@ impl PgBackend {
         db: &DatabaseConnection,
         transaction_pooling: bool,
         notifications: bool,
+        lease_connections: usize,
     ) -> Self {
         let pool = match &db.inner {
             DatabaseConnectionType::SqlxPostgresPoolConnection(_) => {
@@ -50,8 +55,12 @@ impl PgBackend {
             }
             _ => None,
         };
+        let own = pool
+            .as_ref()
+            .and_then(|pool| OwnPool::new(pool, lease_connections, None));
         Self {
             pool,
+            own,
             transaction_pooling,
             notifications,
             releases: HubCell::default(),
@@ -61,6 +70,7 @@ impl PgBackend {
     fn checked(&self) -> Option<Pool<'_>> {
         self.pool.as_ref().map(|pool| Pool {
             pool,
+            own: self.own.as_ref(),
             transaction_pooling: self.transaction_pooling,
         })
     }
@@ -73,15 +83,15 @@ impl PgBackend {
         stmt: Statement,
         start_column: usize,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        let Some(pool) = &self.pool else {
+        let Some(pool) = self.checked() else {
             return cx.read_to_end(stmt).await;
         };
         if self.transaction_pooling {
             return cx
-                .autocommitted(|| checked::in_transaction(pool, &stmt))
+                .autocommitted(|| checked::in_transaction(pool.pool, &stmt))
                 .await;
         }
-        cx.autocommitted(|| checked::deciding(pool, &stmt, start_column))
+        cx.autocommitted(|| checked::deciding(pool.source(), &stmt, start_column))
             .await
     }
 }
@@ -116,8 +126,17 @@ impl LeaseBackend for PgBackend {
     }
 
     fn derived(&self, derived: Derived) -> Box<dyn LeaseBackend> {
+        // The same sessions unless their number changed.
+        let own = match &self.own {
+            Some(own) if own.max() == derived.lease_connections => Some(own.clone()),
+            _ => self
+                .pool
+                .as_ref()
+                .and_then(|pool| OwnPool::new(pool, derived.lease_connections, None)),
+        };
         Box::new(Self {
             pool: self.pool.clone(),
+            own,
             transaction_pooling: derived.transaction_pooling,
             notifications: derived.notifications,
             // A listener filters by table name.

@@ -1,27 +1,31 @@
 //! PostgreSQL: statements known to have run outside any abandoned transaction (see
-//! `checkout`): a deciding statement compares `transaction_timestamp()` with a fresh read on the
-//! same connection; every other statement runs after a one-message check; the store's own
-//! transactions begin and check in one message. Behind a transaction-pooling proxy every
-//! statement runs unnamed in a transaction of its own.
+//! `checkout`). On the store's own sessions (`own_pool`) every statement is sent alone: nothing
+//! else ever runs there. On the application's pool a deciding statement compares
+//! `transaction_timestamp()` with a fresh read on the same connection, and every other
+//! statement runs after a one-message check. The store's own transactions begin and check in
+//! one message on either. Behind a transaction-pooling proxy every statement runs unnamed in a
+//! transaction of its own, on the application's pool.
 
 use chrono::{DateTime, Utc};
 use sea_orm::sqlx::{self, Row};
 use sea_orm::{DbErr, QueryResult, Statement};
 
 use super::errors::{in_failed_transaction, lock_wait_ran_out};
-use crate::backend::checkout::{query_err, values, Begin, Checked, Checkout};
+use crate::backend::checkout::{query_err, values, Begin, Checked, Checkout, Source};
+use crate::backend::own_pool::OwnPool;
 
-/// Runs `stmt` (whose last returned column is `transaction_timestamp()`) on one pooled
-/// connection, read to the end, then compares that with a fresh `transaction_timestamp()` on
-/// the same connection. A statement that returned no row is checked with two fresh reads
-/// instead (it may still have locked the row).
+/// Runs `stmt` (whose last returned column is `transaction_timestamp()`) on one connection,
+/// read to the end. On the application's pool it then compares that with a fresh
+/// `transaction_timestamp()` on the same connection (a statement that returned no row is
+/// checked with two fresh reads instead: it may still have locked the row); on one of the
+/// store's own sessions the statement ran in autocommit and that is all.
 pub(crate) async fn deciding(
-    pool: &sqlx::PgPool,
+    source: Source<'_, sqlx::Postgres>,
     stmt: &Statement,
     transaction_start_column: usize,
 ) -> Result<Checked, DbErr> {
     const START: &str = "SELECT transaction_timestamp()";
-    let mut checkout = Checkout::from(pool).await?;
+    let mut checkout = Checkout::from(source).await?;
     let rows = match sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
         .fetch_all(checkout.conn()?)
         .await
@@ -43,6 +47,12 @@ pub(crate) async fn deciding(
         }
         Err(err) => return Err(query_err(err)),
     };
+    if checkout.own {
+        checkout.clean = true;
+        return Ok(Checked::Committed(
+            rows.into_iter().map(Into::into).collect(),
+        ));
+    }
     let ours: DateTime<Utc> = match rows.first() {
         Some(first) => first.try_get(transaction_start_column).map_err(query_err)?,
         None => sqlx::query_scalar(START)
@@ -105,31 +115,48 @@ fn outside(rows: Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>) -> Result<bool
     }
 }
 
-/// One connection of `pool`, checked to be outside any transaction; `None` if it was not (it
+/// One connection, known or checked to be outside any transaction; `None` if it was not (it
 /// is closed).
-async fn checked_out(pool: &sqlx::PgPool) -> Result<Option<Checkout<sqlx::Postgres>>, DbErr> {
-    let mut checkout = Checkout::from(pool).await?;
+async fn checked_out(
+    source: Source<'_, sqlx::Postgres>,
+) -> Result<Option<Checkout<sqlx::Postgres>>, DbErr> {
+    let mut checkout = Checkout::from(source).await?;
+    if checkout.own {
+        return Ok(Some(checkout));
+    }
     let check = sqlx::raw_sql(OUTSIDE).fetch_all(checkout.conn()?).await;
     Ok(outside(check)?.then_some(checkout))
 }
 
-/// The application's pool as the store reaches it.
+/// The connections the store reaches.
 #[derive(Clone, Copy)]
 pub(crate) struct Pool<'a> {
+    /// The application's pool.
     pub(crate) pool: &'a sqlx::PgPool,
+    /// The store's own sessions, if it has any.
+    pub(crate) own: Option<&'a OwnPool<sqlx::Postgres>>,
     /// Behind a transaction-pooling proxy: every statement in a transaction of its own,
-    /// unnamed.
+    /// unnamed, on the application's pool.
     pub(crate) transaction_pooling: bool,
 }
 
-impl Pool<'_> {
+impl<'a> Pool<'a> {
+    /// Where a statement takes its connection: the store's own sessions unless there are
+    /// none or the application goes through a transaction-pooling proxy.
+    pub(crate) fn source(self) -> Source<'a, sqlx::Postgres> {
+        match self.own {
+            Some(own) if !self.transaction_pooling => Source::Own(own),
+            _ => Source::Shared(self.pool),
+        }
+    }
+
     /// One statement, read to the end, on a connection checked to be outside any
     /// transaction (behind a transaction-pooling proxy: in a transaction of its own).
     pub(crate) async fn rows(self, stmt: &Statement) -> Result<Checked, DbErr> {
         if self.transaction_pooling {
             return in_transaction(self.pool, stmt).await;
         }
-        let Some(mut checkout) = checked_out(self.pool).await? else {
+        let Some(mut checkout) = checked_out(self.source()).await? else {
             return Ok(Checked::InAbandonedTransaction);
         };
         let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
@@ -152,7 +179,7 @@ impl Pool<'_> {
             txn.commit().await?;
             return Ok(Checked::Committed(count));
         }
-        let Some(mut checkout) = checked_out(self.pool).await? else {
+        let Some(mut checkout) = checked_out(self.source()).await? else {
             return Ok(Checked::InAbandonedTransaction);
         };
         let done = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
@@ -178,7 +205,7 @@ impl Transaction {
     /// The transaction, or `None` when the connection it got was inside one already (it is
     /// closed: try again).
     pub(crate) async fn begin(pool: Pool<'_>, begin: Begin) -> Result<Option<Self>, DbErr> {
-        let mut checkout = Checkout::from(pool.pool).await?;
+        let mut checkout = Checkout::from(pool.source()).await?;
         let check = sqlx::raw_sql(begin_sql(begin))
             .fetch_all(checkout.conn()?)
             .await;
@@ -242,6 +269,7 @@ pub(crate) async fn in_transaction(
 ) -> Result<Checked, DbErr> {
     let pool = Pool {
         pool,
+        own: None,
         transaction_pooling: true,
     };
     let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
