@@ -16,8 +16,10 @@
 //! warns and the statements join the old transaction (whose work the `COMMIT` then commits),
 //! MySQL's `BEGIN` commits the old transaction first.
 //!
-//! So on these backends every statement the store sends on the application's pool runs on one
-//! connection the store takes from the pool and checks:
+//! So on these backends the store sends its statements on sessions of its own (`own_pool`),
+//! which no other code gets and which go back only clean: there a statement is sent alone. Where
+//! it uses the application's pool (`with_lease_connections(0)`, or a transaction-pooling proxy),
+//! every statement runs on one connection the store takes from the pool and checks:
 //! - Grants (acquire-or-renew; PostgreSQL's batched renew), in the same round trip or right
 //!   after: MariaDB's `RETURNING` list ends in `@@in_transaction` (0 in autocommit); PostgreSQL's
 //!   statement returns `transaction_timestamp()`, and a second statement on the same connection

@@ -26,18 +26,21 @@
 //!   connection to the pool *inside* an open transaction when a future is dropped while `begin()`
 //!   waits for its `BEGIN` (a timeout, a `select!`, leader work dropped at the end of its term); a
 //!   statement on that connection joins the transaction and commits only if and when somebody ends
-//!   it. On MariaDB and PostgreSQL the store runs its acquire-or-renew on a connection it takes from
-//!   the pool and checks it (MariaDB: `@@in_transaction` in the same `RETURNING`; PostgreSQL: a
-//!   second statement on the same connection compares `transaction_timestamp()`); such a
-//!   connection is closed (the server rolls the transaction back) and the statement tried again on
-//!   another, and so is a connection whose check did not finish (an error, or the call dropped by a
-//!   timeout). Every other statement of ours on the pool is checked the same way: releases,
-//!   batched renews, membership writes, reads, the CLI's revoke (a check statement first on the
-//!   same connection, or, for the store's own transactions, the `BEGIN` and the check in one
-//!   message, so a `BEGIN` never joins or commits somebody else's transaction), and a connection
-//!   goes back to the pool only after a complete answer. sqlx's SQLite driver does not leak the
-//!   transaction. Your own statements on such a connection are affected too: prefer fenced
-//!   transactions (`fence` inside `begin()`/`commit()`), whose commit you see.
+//!   it. On MariaDB and PostgreSQL the store therefore sends its statements on sessions of its own
+//!   (`with_lease_connections`, 4 unless set): no other code ever gets them, and one goes back for
+//!   the next call only after a complete answer (its own transactions only after `COMMIT`), so it
+//!   is never inside a transaction when a statement is sent, and each call is one statement. A
+//!   session whose run did not finish (an error, or the call dropped by a timeout) is closed, never
+//!   reused. With `with_lease_connections(0)`, or behind a transaction-pooling proxy, the store
+//!   takes the application's pooled connections and checks each (MariaDB: `@@in_transaction` in
+//!   the same `RETURNING`, or a check statement before a release or read; PostgreSQL: a second
+//!   statement on the same connection compares `transaction_timestamp()`, or a one-message check
+//!   before; the store's own transactions: the `BEGIN` and the check in one message, so a `BEGIN`
+//!   never joins or commits somebody else's transaction); a connection found inside a transaction
+//!   is closed (the server rolls it back) and the statement tried again on another. sqlx's SQLite
+//!   driver does not leak the transaction. Your own statements on a pooled connection are
+//!   affected too: prefer fenced transactions (`fence` inside `begin()`/`commit()`), whose commit
+//!   you see.
 //! - **Conflicts are retried.** Serialization failures and deadlocks (PostgreSQL `40001`, `40P01`;
 //!   SQLite `BUSY`) mean the statement had no effect; the store tries it again, up to 3 times, then
 //!   reports the retryable [`StoreError::Conflict`](crate::StoreError::Conflict).

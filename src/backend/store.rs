@@ -23,14 +23,19 @@ use crate::{FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals
 
 /// A [`LeaseStore`] in a table of the application's database, through SeaORM.
 ///
-/// It shares the application's [`DatabaseConnection`] (and so its pool): every operation takes
-/// one pooled connection for one statement (or one transaction of its own) and gives it back.
-/// On PostgreSQL and MySQL/MariaDB that connection is first checked to be outside any
-/// transaction somebody abandoned on it (sqlx 0.9 leaves one behind when a future is dropped
-/// during `begin()`); one found inside is closed, which rolls that transaction back, and the
-/// statement runs on another. It goes back to the pool only after a complete answer, and is
-/// closed on every other path (an error, or the call dropped by a timeout). Acquire-or-renew is
-/// one atomic statement per backend; liveness is judged by the database clock.
+/// It is built on the application's [`DatabaseConnection`]. On SQLite every operation takes
+/// one of its pooled connections. On PostgreSQL and MySQL/MariaDB the lease statements run on
+/// a few sessions of the store's own, opened on demand with the pool's connect options and
+/// never handed to other code (see [`with_lease_connections`](Self::with_lease_connections)),
+/// so each call is one statement and one round trip; fenced writes run in the application's
+/// own transactions. With `with_lease_connections(0)` (and behind a transaction-pooling proxy)
+/// the store takes the application's pooled connections instead and checks each to be outside
+/// any transaction somebody abandoned on it (sqlx 0.9 leaves one behind when a future is
+/// dropped during `begin()`); one found inside is closed, which rolls that transaction back,
+/// and the statement runs on another. Either way a connection goes back only after a complete
+/// answer, and is closed on every other path (an error, or the call dropped by a timeout).
+/// Acquire-or-renew is one atomic statement per backend; liveness is judged by the database
+/// clock.
 ///
 /// The table must exist: create it with the migration (see the `orion-beacon-migration`
 /// crate). A missing table is reported as [`StoreError::MissingTable`].
@@ -262,6 +267,11 @@ impl SeaOrmLeaseStore {
     /// check that the connection is outside an abandoned transaction (nothing else ran on it)
     /// and no ping when it goes back. A session is closed (never reused) after a call that did
     /// not finish cleanly, pinged before use after 30 s idle, and closed after 5 minutes idle.
+    ///
+    /// The sessions get the pool's connect options (URL, TLS, `options`/`statement_cache`
+    /// settings), not what an `after_connect` hook of the pool runs: put session settings the
+    /// lease table needs (a PostgreSQL `search_path`, say) in the URL or the connect options.
+    /// On MySQL/MariaDB each new session is set to `autocommit = 1`.
     ///
     /// `0` takes every lease statement's connection from the application's pool instead, for
     /// deployments that cannot spare the sessions: each statement is then checked on the

@@ -74,6 +74,8 @@ pub struct SqlHarness {
     db: DatabaseConnection,
     table: String,
     mysql_form: Option<orion_beacon::MySqlUpsert>,
+    /// `with_lease_connections` for every store, if set.
+    lease_connections: Option<usize>,
 }
 
 /// Opens a SQLite file in rollback-journal mode (`journal_mode=DELETE`, SQLite's own default)
@@ -177,6 +179,9 @@ impl SqlHarness {
         let db = connect_mysql_with_session(8, init).await;
         let mut h = Self::migrated(Target::MySqlSession(init), db).await;
         h.mysql_form = Some(form);
+        // The stores on the pool's sessions, where `init` runs (their own sessions take the
+        // server's settings, not the pool's `after_connect`).
+        h.lease_connections = Some(0);
         Some(h)
     }
 
@@ -197,6 +202,7 @@ impl SqlHarness {
             db,
             table,
             mysql_form: None,
+            lease_connections: None,
         })
     }
 
@@ -208,7 +214,17 @@ impl SqlHarness {
             db,
             table,
             mysql_form: None,
+            lease_connections: None,
         }
+    }
+
+    /// The server harness with the stores on the application's pool, every statement checked
+    /// (`with_lease_connections(0)`), instead of sessions of their own.
+    #[allow(dead_code)]
+    pub async fn app_pool(server: Server) -> Option<Self> {
+        let mut h = Self::server(server).await?;
+        h.lease_connections = Some(0);
+        Some(h)
     }
 
     /// The MySQL/MariaDB server harness with a fixed upsert form.
@@ -227,6 +243,9 @@ impl SqlHarness {
         #[cfg(feature = "postgres")]
         if let Target::Pgbouncer { .. } = self.target {
             store = store.with_transaction_pooling(true);
+        }
+        if let Some(n) = self.lease_connections {
+            store = store.with_lease_connections(n).expect("at most 64");
         }
         match self.mysql_form {
             Some(form) => store.with_mysql_upsert(form),

@@ -17,6 +17,15 @@ lock_suite!(SqlHarness::server(Server::Postgres));
 
 job_suite!(SqlHarness::server(Server::Postgres));
 
+/// The same contract with the stores on the application's pool, every statement checked
+/// (`with_lease_connections(0)`).
+mod on_the_application_pool {
+    use crate::common::sql::SqlHarness;
+    use crate::common::Server;
+    conformance_suite!(SqlHarness::app_pool(Server::Postgres));
+    shard_suite!(SqlHarness::app_pool(Server::Postgres));
+}
+
 /// The same contract through a transaction-pooling PgBouncer (consecutive statements of one
 /// client may reach different server connections), with the store's
 /// `with_transaction_pooling` mode.
