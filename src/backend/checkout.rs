@@ -125,7 +125,7 @@ impl<DB: sqlx::Database> Checkout<DB> {
     pub(crate) fn conn(&mut self) -> Result<&mut DB::Connection, DbErr> {
         match self.conn.as_mut() {
             Some(Held::Shared(conn)) => Ok(&mut **conn),
-            Some(Held::Own(object)) => Ok(&mut **object),
+            Some(Held::Own(object)) => Ok(&mut object.conn),
             None => Err(DbErr::Custom("connection already given back".to_owned())),
         }
     }
@@ -135,8 +135,14 @@ impl<DB: sqlx::Database> Drop for Checkout<DB> {
     fn drop(&mut self) {
         match self.conn.take() {
             Some(Held::Shared(mut conn)) if !self.clean => conn.close_on_drop(),
-            // Out of the pool for good: dropping the session closes its socket.
-            Some(Held::Own(object)) if !self.clean => drop(Object::take(object)),
+            // Out of the pool for good: dropping the session closes its socket. The others
+            // are pinged before their next use (this may have been a restart).
+            Some(Held::Own(object)) if !self.clean => {
+                if let Some(pool) = Object::pool(&object) {
+                    pool.manager().closed_unclean();
+                }
+                drop(Object::take(object));
+            }
             _ => {} // clean: back to its pool
         }
     }

@@ -8,18 +8,24 @@
 //! the store's code runs on it, each run goes back only after a complete, checked answer (and
 //! its own transactions only after `COMMIT`), and every other way out closes the connection
 //! (the server rolls back what it was in). So a lease statement there is one statement, one
-//! round trip, and nothing is pinged on return: a connection idle for a while is pinged before
-//! its next use (a dead one is replaced, not failed on), one idle for longer is closed.
+//! round trip, and nothing is pinged on return. A session unused for 30 s, and every session
+//! after one was closed uncleanly (an error, a dropped call: a server restart shows that way),
+//! is pinged before its next use (a dead one is replaced, not failed on); one unused for 5
+//! minutes is not reused. New sessions copy the settings the application's sessions have that
+//! bear on the store's statements (PostgreSQL `search_path`; MySQL/MariaDB `sql_mode`, the
+//! isolation level, `innodb_lock_wait_timeout`, Galera's `wsrep_sync_wait`), read once from
+//! one of them, so an `after_connect` hook's settings hold on them too.
 //!
 //! What it costs: up to `max` more server connections per store (four unless configured;
 //! opened on demand, so a process with one elector uses one), shared by the store's clones and
 //! the stores derived from it. When one breaks (a restart, a partition, a killed session) the
-//! call on it fails like any call on a broken pooled connection, that connection is closed, and
-//! the next call opens a new one.
+//! call on it fails, that session is closed, the others are pinged before their next use, and
+//! the next call opens a new one where needed.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
@@ -36,47 +42,103 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(30);
 /// A connection unused this long is closed instead of reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The longest wait for a ping's answer before a session is given up.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The longest wait for a connection when the application's pool sets none.
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 
-/// Opens sessions with the application pool's connect options.
-pub(crate) struct Manager<DB: Database> {
-    options: <DB::Connection as Connection>::Options,
-    /// Run once on each new session (MySQL: autocommit on, whatever the server's default).
-    init: Option<Init<DB>>,
+/// A future of a session setup step.
+pub(crate) type Step<'a, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'a>>;
+
+/// Session settings, as (name, value) pairs.
+pub(crate) type Settings = Vec<(String, String)>;
+
+/// How a backend makes a new session of ours like the application's: the settings it reads on
+/// one of the application's sessions (once per pool, e.g. a `search_path` an `after_connect`
+/// hook set), and how a new session gets them (and anything else it must have).
+pub(crate) struct Setup<DB: Database> {
+    /// Reads the settings to copy, on one of the application's sessions.
+    pub(crate) read: for<'a> fn(&'a mut DB::Connection) -> Step<'a, Settings>,
+    /// Gives a new session of ours those settings.
+    pub(crate) apply: for<'a> fn(&'a mut DB::Connection, &'a Settings) -> Step<'a, ()>,
 }
 
-/// What a new session is sent before its first use.
-pub(crate) type Init<DB> =
-    for<'a> fn(
-        &'a mut <DB as Database>::Connection,
-    ) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'a>>;
+impl<DB: Database> Clone for Setup<DB> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<DB: Database> Copy for Setup<DB> {}
+
+/// One session of ours, and the last [`Manager::suspect`] count it was known alive at.
+pub(crate) struct Session<DB: Database> {
+    pub(crate) conn: DB::Connection,
+    seen: u64,
+}
+
+/// Opens sessions with the application pool's connect options and settings.
+pub(crate) struct Manager<DB: Database> {
+    options: <DB::Connection as Connection>::Options,
+    shared: sqlx::Pool<DB>,
+    setup: Setup<DB>,
+    /// The application's session settings, read once.
+    settings: tokio::sync::OnceCell<Settings>,
+    /// Sessions closed after a run that did not end cleanly (an error, a dropped call): every
+    /// session made or last checked before the latest is pinged before its next use, so a
+    /// server restart costs one failed call, not one per session.
+    suspect: AtomicU64,
+}
+
+impl<DB: Database> Manager<DB> {
+    /// A session was closed after a run that did not end cleanly.
+    pub(crate) fn closed_unclean(&self) {
+        self.suspect.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 impl<DB: Database> managed::Manager for Manager<DB> {
-    type Type = DB::Connection;
+    type Type = Session<DB>;
     type Error = sqlx::Error;
 
-    async fn create(&self) -> Result<DB::Connection, sqlx::Error> {
+    async fn create(&self) -> Result<Session<DB>, sqlx::Error> {
+        let seen = self.suspect.load(Ordering::Relaxed);
+        let settings = self
+            .settings
+            .get_or_try_init(|| async {
+                let mut app = self.shared.acquire().await?;
+                let read = (self.setup.read)(&mut app).await;
+                if read.is_err() {
+                    // e.g. inside an aborted transaction somebody left: not handed on.
+                    app.close_on_drop();
+                }
+                read
+            })
+            .await?;
         let mut conn = self.options.connect().await?;
-        if let Some(init) = self.init {
-            init(&mut conn).await?;
-        }
-        Ok(conn)
+        (self.setup.apply)(&mut conn, settings).await?;
+        Ok(Session { conn, seen })
     }
 
-    // `last_used` counts from the connection's last checkout; a run holds it for one
-    // statement (or one short transaction), so that is about when it went idle.
+    // `last_used` counts from the session's last checkout; a run holds it for one statement
+    // (or one short transaction), so that is about when it went idle.
     async fn recycle(
         &self,
-        conn: &mut DB::Connection,
+        session: &mut Session<DB>,
         metrics: &Metrics,
     ) -> RecycleResult<sqlx::Error> {
         let idle = metrics.last_used();
         if idle >= IDLE_TIMEOUT {
-            return Err(RecycleError::message("idle for too long"));
+            return Err(RecycleError::message("unused for too long"));
         }
-        if idle >= PING_AFTER_IDLE {
-            conn.ping().await?;
+        let suspect = self.suspect.load(Ordering::Relaxed);
+        if idle >= PING_AFTER_IDLE || session.seen < suspect {
+            match tokio::time::timeout(PING_TIMEOUT, session.conn.ping()).await {
+                Ok(Ok(())) => session.seen = suspect,
+                Ok(Err(err)) => return Err(err.into()),
+                Err(_) => return Err(RecycleError::message("no answer to a ping")),
+            }
         }
         Ok(())
     }
@@ -112,10 +174,10 @@ impl<DB: Database> fmt::Debug for OwnPool<DB> {
 }
 
 impl<DB: Database> OwnPool<DB> {
-    /// At most `max` sessions made like `shared`'s (connect options only: not its
-    /// `after_connect` hooks), each sent `init` once; `None` for `max == 0` (the store then
-    /// uses the application's pool, checked). Nothing is opened yet.
-    pub(crate) fn new(shared: &sqlx::Pool<DB>, max: usize, init: Option<Init<DB>>) -> Option<Self> {
+    /// At most `max` sessions made like `shared`'s (its connect options, and the settings
+    /// `setup` copies from one of its sessions); `None` for `max == 0` (the store then uses the
+    /// application's pool, checked). Nothing is opened yet.
+    pub(crate) fn new(shared: &sqlx::Pool<DB>, max: usize, setup: Setup<DB>) -> Option<Self> {
         if max == 0 {
             return None;
         }
@@ -124,10 +186,14 @@ impl<DB: Database> OwnPool<DB> {
         let wait = shared.options().get_acquire_timeout();
         let wait = if wait.is_zero() { DEFAULT_WAIT } else { wait };
         // deadpool refuses only timeouts without a runtime, which are not set here.
-        let inner = managed::Pool::builder(Manager::<DB> { options, init })
-            .max_size(max)
-            .build()
-            .ok()?;
+        let manager = Manager::<DB> {
+            options,
+            shared: shared.clone(),
+            setup,
+            settings: tokio::sync::OnceCell::new(),
+            suspect: AtomicU64::new(0),
+        };
+        let inner = managed::Pool::builder(manager).max_size(max).build().ok()?;
         Some(Self { inner, wait, max })
     }
 

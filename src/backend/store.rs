@@ -262,16 +262,22 @@ impl SeaOrmLeaseStore {
     /// PostgreSQL and MySQL/MariaDB: how many sessions of its own the store may open for its
     /// lease statements (acquire-or-renew, releases, batched renews, membership, reads), at
     /// most 64; 4 unless set. They are opened on demand with the application pool's connect
-    /// options, shared by the store's clones, and never handed to other code, so a lease
-    /// statement there is sent alone: one statement and one round trip per call, with no
-    /// check that the connection is outside an abandoned transaction (nothing else ran on it)
-    /// and no ping when it goes back. A session is closed (never reused) after a call that did
-    /// not finish cleanly, pinged before use after 30 s idle, and closed after 5 minutes idle.
+    /// options, shared by the store's clones and the stores derived from it (a store made by
+    /// `new` or `with_mysql_upsert` has sessions of its own), and never handed to other code,
+    /// so a lease statement there is sent alone, with no check that the connection is outside
+    /// an abandoned transaction (nothing else ran on it) and no ping when it goes back: an
+    /// acquire, renew, release, heartbeat or read is one statement and one round trip
+    /// (PostgreSQL's batched renew too; MariaDB's batched renew, the MySQL upsert form and the
+    /// revoke are transactions of a few statements). A session is closed (never reused) after
+    /// a call that did not finish cleanly, and the others are then pinged before their next
+    /// use, as is one unused for 30 s; one unused for 5 minutes is not reused.
     ///
-    /// The sessions get the pool's connect options (URL, TLS, `options`/`statement_cache`
-    /// settings), not what an `after_connect` hook of the pool runs: put session settings the
-    /// lease table needs (a PostgreSQL `search_path`, say) in the URL or the connect options.
-    /// On MySQL/MariaDB each new session is set to `autocommit = 1`.
+    /// New sessions copy, once, the settings of one of the application's sessions that bear on
+    /// the store's statements (PostgreSQL `search_path`; MySQL/MariaDB `sql_mode`, the
+    /// isolation level, `innodb_lock_wait_timeout`, `wsrep_sync_wait`), so what a pool's
+    /// `after_connect` hook (or SeaORM's `set_schema_search_path`) set holds there too; other
+    /// session settings do not carry over. On MySQL/MariaDB each is set to `autocommit = 1`.
+    /// MySQL/MariaDB's takeover of a stalled holder runs on the application's pool.
     ///
     /// `0` takes every lease statement's connection from the application's pool instead, for
     /// deployments that cannot spare the sessions: each statement is then checked on the

@@ -719,6 +719,7 @@ mod cut_off {
         let store = configure(name, store);
         let probe_reader = SeaOrmLeaseStore::new(migrate_on.clone())
             .with_table(&table)
+            .and_then(|s| s.with_member_table(member_table(&table)))
             .unwrap()
             .with_release_notifications(false);
         let resources: Vec<String> = (0..3).map(|i| format!("r{i}")).collect();
@@ -800,17 +801,31 @@ mod cut_off {
                 let seen = tokio::time::timeout(wait, probe_reader.current(&probe))
                     .await
                     .map(|row| row.map(|r| r.is_some_and(|r| r.live && r.holder == "a")));
-                match (granted, seen) {
-                    (Ok(Ok(true)), Ok(Ok(true))) => {}
-                    (Err(_), _) | (_, Err(_)) => {
+                // A membership write too: on MariaDB the grant's own `@@in_transaction`
+                // column would catch a session handed back inside a transaction (and retry on
+                // another); a heartbeat is sent with no check at all.
+                let member = format!("p{case}");
+                let beat =
+                    tokio::time::timeout(wait, store.heartbeat("probe", &member, LEASE, false))
+                        .await
+                        .map(|out| out.map(|_| true));
+                let listed = tokio::time::timeout(wait, probe_reader.members("probe"))
+                    .await
+                    .map(|m| m.map(|m| m.iter().any(|m| m.member == member)));
+                match (granted, seen, beat, listed) {
+                    (Ok(Ok(true)), Ok(Ok(true)), Ok(Ok(true)), Ok(Ok(true))) => {}
+                    (Err(_), _, _, _)
+                    | (_, Err(_), _, _)
+                    | (_, _, Err(_), _)
+                    | (_, _, _, Err(_)) => {
                         wedged.push(format!(
                             "case {case}: {op} cut off after {after:?}; the probe got no answer in 15 s"
                         ));
                         break;
                     }
                     other => left_open.push(format!(
-                        "case {case}: {op} cut off after {after:?}; probe granted and seen \
-                         committed: {other:?}"
+                        "case {case}: {op} cut off after {after:?}; probe granted, seen, beat \
+                         and listed: {other:?}"
                     )),
                 }
                 continue;

@@ -58,3 +58,54 @@ async fn release_notifications_only_on_a_direct_session() {
         );
     }
 }
+
+/// The store's own sessions take the application's `search_path` (SeaORM's
+/// `set_schema_search_path` sets it in an `after_connect` hook, which they do not run): the
+/// lease table found through it is the one the store writes, not a missing one or another
+/// schema's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_sessions_use_the_applications_search_path() {
+    use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+    use sea_orm::ConnectionTrait;
+    if Server::Postgres.skipped() {
+        return;
+    }
+    let admin = Server::Postgres.connect(2).await;
+    let schema = common::unique("sp");
+    admin
+        .execute_unprepared(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let mut options = sea_orm::ConnectOptions::new(Server::Postgres.url());
+    options
+        .max_connections(2)
+        .min_connections(0)
+        .sqlx_logging(false)
+        .set_schema_search_path(schema.clone());
+    let db = sea_orm::Database::connect(options).await.unwrap();
+    let table = common::unique("obsp");
+    common::migrate(&db, &table).await;
+    let store = SeaOrmLeaseStore::new(db.clone())
+        .with_table(&table)
+        .unwrap()
+        .with_release_notifications(false);
+    let out = store
+        .acquire_or_renew("job", "a", std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(matches!(out, LeaseOutcome::Acquired(_)), "{out:?}");
+    let row = admin
+        .query_one_raw(sea_orm::Statement::from_string(
+            admin.get_database_backend(),
+            format!("SELECT holder FROM {schema}.{table} WHERE resource = 'job'"),
+        ))
+        .await
+        .unwrap()
+        .expect("the grant is in the schema's table");
+    assert_eq!(row.try_get_by_index::<String>(0).unwrap(), "a");
+    db.close().await.ok();
+    admin
+        .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}

@@ -25,7 +25,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::own_pool::{Init, OwnPool};
+use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;
 use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
@@ -50,15 +50,45 @@ pub(crate) struct MySqlBackend {
     wakeups: Option<HubCell>,
 }
 
-/// Sent once on each of the store's own sessions: its statements commit when they end, even
-/// where the server's default (`autocommit = 0`, or an `init_connect`) says otherwise.
-const OWN_SESSION_INIT: Init<MySqlDb> = |conn| {
-    Box::pin(async move {
-        sea_orm::sqlx::raw_sql("SET SESSION autocommit = 1")
-            .execute(conn)
+/// How the store's own sessions are made like the application's (see `own_pool`): the
+/// settings that bear on its statements, copied; autocommit on whatever the server's default
+/// (`autocommit = 0`, or an `init_connect`), so each statement commits when it ends.
+const OWN_SESSIONS: Setup<MySqlDb> = Setup {
+    read: |conn| {
+        Box::pin(async move {
+            sea_orm::sqlx::query_as::<_, (String, String)>(
+                "SHOW SESSION VARIABLES WHERE Variable_name IN ('sql_mode', 'tx_isolation', \
+                 'transaction_isolation', 'innodb_lock_wait_timeout', 'wsrep_sync_wait')",
+            )
+            .fetch_all(conn)
             .await
-            .map(drop)
-    })
+        })
+    },
+    apply: |conn, settings| {
+        Box::pin(async move {
+            sea_orm::sqlx::raw_sql("SET SESSION autocommit = 1")
+                .execute(&mut *conn)
+                .await?;
+            for (name, value) in settings {
+                // The statement for each name we read; the value bound, never spliced in.
+                let sql = match name.as_str() {
+                    "sql_mode" => "SET SESSION sql_mode = ?",
+                    "tx_isolation" => "SET SESSION tx_isolation = ?",
+                    "transaction_isolation" => "SET SESSION transaction_isolation = ?",
+                    "innodb_lock_wait_timeout" => {
+                        "SET SESSION innodb_lock_wait_timeout = CAST(? AS UNSIGNED)"
+                    }
+                    "wsrep_sync_wait" => "SET SESSION wsrep_sync_wait = CAST(? AS UNSIGNED)",
+                    _ => continue,
+                };
+                sea_orm::sqlx::query(sql)
+                    .bind(value.as_str())
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
+        })
+    },
 };
 
 const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
@@ -78,7 +108,7 @@ impl MySqlBackend {
         };
         let own = pool
             .as_ref()
-            .and_then(|pool| OwnPool::new(pool, lease_connections, Some(OWN_SESSION_INIT)));
+            .and_then(|pool| OwnPool::new(pool, lease_connections, OWN_SESSIONS));
         Self {
             pool,
             own,
@@ -95,6 +125,32 @@ impl MySqlBackend {
             (Some(own), _) => Some(Source::Own(own)),
             (None, Some(pool)) => Some(Source::Shared(pool)),
             (None, None) => None,
+        }
+    }
+
+    /// One statement, read to the end, on a connection of `source`.
+    async fn rows_from(
+        &self,
+        cx: &Context,
+        source: Option<Source<'_, MySqlDb>>,
+        stmt: Statement,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        match source {
+            Some(source) => cx.autocommitted(|| checked::rows(source, &stmt)).await,
+            None => cx.read_to_end(stmt).await,
+        }
+    }
+
+    /// One statement that changes rows, on a connection of `source`: how many it changed.
+    async fn count_from(
+        &self,
+        cx: &Context,
+        source: Option<Source<'_, MySqlDb>>,
+        stmt: Statement,
+    ) -> Result<u64, StoreError> {
+        match source {
+            Some(source) => cx.autocommitted(|| checked::count(source, &stmt)).await,
+            None => cx.execute(stmt).await,
         }
     }
 
@@ -283,9 +339,10 @@ impl LeaseBackend for MySqlBackend {
         // The same sessions unless their number changed.
         let own = match &self.own {
             Some(own) if own.max() == derived.lease_connections => Some(own.clone()),
-            _ => self.pool.as_ref().and_then(|pool| {
-                OwnPool::new(pool, derived.lease_connections, Some(OWN_SESSION_INIT))
-            }),
+            _ => self
+                .pool
+                .as_ref()
+                .and_then(|pool| OwnPool::new(pool, derived.lease_connections, OWN_SESSIONS)),
         };
         Box::new(Self {
             pool: self.pool.clone(),
@@ -433,17 +490,11 @@ impl LeaseBackend for MySqlBackend {
     }
 
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
-        match self.source() {
-            Some(source) => cx.autocommitted(|| checked::rows(source, &stmt)).await,
-            None => cx.read_to_end(stmt).await,
-        }
+        self.rows_from(cx, self.source(), stmt).await
     }
 
     async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {
-        match self.source() {
-            Some(source) => cx.autocommitted(|| checked::count(source, &stmt)).await,
-            None => cx.execute(stmt).await,
-        }
+        self.count_from(cx, self.source(), stmt).await
     }
 
     /// On a pooled connection checked to be outside any transaction: a connection inside an
@@ -552,8 +603,11 @@ impl LeaseBackend for MySqlBackend {
             cx.table(),
             resource,
         ));
+        // On the application's pool, not the store's own sessions: this runs while the
+        // acquire it serves still waits on one of those, and must not queue behind it.
+        let shared = self.pool.as_ref().map(Source::Shared);
         let mut ended = 0;
-        let rows = self.rows(cx, stmt).await?;
+        let rows = self.rows_from(cx, shared, stmt).await?;
         let looked = tokio::time::Instant::now();
         for row in rows {
             // The blocker was seen stalled at the look: a kill sent much later could find the
@@ -574,14 +628,15 @@ impl LeaseBackend for MySqlBackend {
             // is still there is reported. Waiting for a pool connection counts too: a kill not
             // sent within the window is not sent.
             let left = KILL_WITHIN.saturating_sub(looked.elapsed());
-            let Ok(killed) = tokio::time::timeout(left, self.count(cx, kill)).await else {
+            let Ok(killed) = tokio::time::timeout(left, self.count_from(cx, shared, kill)).await
+            else {
                 break;
             };
             match killed {
                 Ok(_) => ended += 1,
                 Err(e) => {
                     let still = cx.build(&still_there(id));
-                    if !self.rows(cx, still).await?.is_empty() {
+                    if !self.rows_from(cx, shared, still).await?.is_empty() {
                         return Err(e);
                     }
                 }

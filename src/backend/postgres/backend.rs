@@ -18,13 +18,39 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::own_pool::OwnPool;
+use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;
 use crate::backend::statements::{Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::store::ReleaseEvents;
 use crate::{Denial, LeaseOutcome, StoreError};
+
+/// How the store's own sessions are made like the application's (see `own_pool`): its
+/// `search_path` (SeaORM's `set_schema_search_path` sets it in an `after_connect` hook), so an
+/// unqualified table name means the same table on both.
+const OWN_SESSIONS: Setup<sea_orm::sqlx::Postgres> = Setup {
+    read: |conn| {
+        Box::pin(async move {
+            let path: String = sea_orm::sqlx::query_scalar("SELECT current_setting('search_path')")
+                .fetch_one(conn)
+                .await?;
+            Ok(vec![("search_path".to_owned(), path)])
+        })
+    },
+    apply: |conn, settings| {
+        Box::pin(async move {
+            for (name, value) in settings {
+                sea_orm::sqlx::query("SELECT set_config($1, $2, false)")
+                    .bind(name.as_str())
+                    .bind(value.as_str())
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
+        })
+    },
+};
 
 /// The PostgreSQL backend of one store.
 pub(crate) struct PgBackend {
@@ -57,7 +83,7 @@ impl PgBackend {
         };
         let own = pool
             .as_ref()
-            .and_then(|pool| OwnPool::new(pool, lease_connections, None));
+            .and_then(|pool| OwnPool::new(pool, lease_connections, OWN_SESSIONS));
         Self {
             pool,
             own,
@@ -132,7 +158,7 @@ impl LeaseBackend for PgBackend {
             _ => self
                 .pool
                 .as_ref()
-                .and_then(|pool| OwnPool::new(pool, derived.lease_connections, None)),
+                .and_then(|pool| OwnPool::new(pool, derived.lease_connections, OWN_SESSIONS)),
         };
         Box::new(Self {
             pool: self.pool.clone(),
