@@ -76,6 +76,9 @@ pub(crate) enum Source<'a, DB: sqlx::Database> {
     Shared(&'a sqlx::Pool<DB>),
     /// The store's own sessions: no other code ever ran on them.
     Own(&'a OwnPool<DB>),
+    /// An idle session of the store's own if one is free at once, else the application's
+    /// pool (checked): for a statement that must not queue behind the store's other calls.
+    IdleOwnOrShared(&'a OwnPool<DB>, &'a sqlx::Pool<DB>),
 }
 
 impl<DB: sqlx::Database> Clone for Source<'_, DB> {
@@ -114,6 +117,13 @@ impl<DB: sqlx::Database> Checkout<DB> {
                 false,
             ),
             Source::Own(pool) => (Held::Own(pool.get().await?), true),
+            Source::IdleOwnOrShared(own, shared) => match own.get_idle().await {
+                Some(object) => (Held::Own(object), true),
+                None => (
+                    Held::Shared(shared.acquire().await.map_err(query_err)?),
+                    false,
+                ),
+            },
         };
         Ok(Self {
             conn: Some(conn),

@@ -11,10 +11,12 @@
 //! round trip, and nothing is pinged on return. A session unused for 30 s, and every session
 //! after one was closed uncleanly (an error, a dropped call: a server restart shows that way),
 //! is pinged before its next use (a dead one is replaced, not failed on); one unused for 5
-//! minutes is not reused. New sessions copy the settings the application's sessions have that
+//! minutes is not reused. New sessions copy those of the application's session settings that
 //! bear on the store's statements (PostgreSQL `search_path`; MySQL/MariaDB `sql_mode`, the
 //! isolation level, `innodb_lock_wait_timeout`, Galera's `wsrep_sync_wait`), read once from
-//! one of them, so an `after_connect` hook's settings hold on them too.
+//! one of its sessions (outside any transaction), so those an `after_connect` hook set hold on
+//! them too; no other setting is copied. The first session briefly takes one of the
+//! application's connections for that read.
 //!
 //! What it costs: up to `max` more server connections per store (four unless configured;
 //! opened on demand, so a process with one elector uses one), shared by the store's clones and
@@ -83,8 +85,8 @@ pub(crate) struct Manager<DB: Database> {
     options: <DB::Connection as Connection>::Options,
     shared: sqlx::Pool<DB>,
     setup: Setup<DB>,
-    /// The application's session settings, read once.
-    settings: tokio::sync::OnceCell<Settings>,
+    /// The application's session settings, read once (again after a new session refused them).
+    settings: std::sync::Mutex<Option<Settings>>,
     /// Sessions closed after a run that did not end cleanly (an error, a dropped call): every
     /// session made or last checked before the latest is pinged before its next use, so a
     /// server restart costs one failed call, not one per session.
@@ -104,20 +106,26 @@ impl<DB: Database> managed::Manager for Manager<DB> {
 
     async fn create(&self) -> Result<Session<DB>, sqlx::Error> {
         let seen = self.suspect.load(Ordering::Relaxed);
-        let settings = self
-            .settings
-            .get_or_try_init(|| async {
+        let settings = match self.settings.lock().ok().and_then(|s| s.clone()) {
+            Some(settings) => settings,
+            None => {
                 let mut app = self.shared.acquire().await?;
                 let read = (self.setup.read)(&mut app).await;
                 if read.is_err() {
-                    // e.g. inside an aborted transaction somebody left: not handed on.
+                    // e.g. inside a transaction somebody left: not handed on.
                     app.close_on_drop();
                 }
-                read
-            })
-            .await?;
+                read?
+            }
+        };
         let mut conn = self.options.connect().await?;
-        (self.setup.apply)(&mut conn, settings).await?;
+        // Settings a new session refuses are read again next time (a proxy may have sent the
+        // read and this session to different servers).
+        let applied = (self.setup.apply)(&mut conn, &settings).await;
+        if let Ok(mut cached) = self.settings.lock() {
+            *cached = applied.is_ok().then_some(settings);
+        }
+        applied?;
         Ok(Session { conn, seen })
     }
 
@@ -190,7 +198,7 @@ impl<DB: Database> OwnPool<DB> {
             options,
             shared: shared.clone(),
             setup,
-            settings: tokio::sync::OnceCell::new(),
+            settings: std::sync::Mutex::new(None),
             suspect: AtomicU64::new(0),
         };
         let inner = managed::Pool::builder(manager).max_size(max).build().ok()?;
@@ -200,6 +208,15 @@ impl<DB: Database> OwnPool<DB> {
     /// The most sessions this pool opens.
     pub(crate) fn max(&self) -> usize {
         self.max
+    }
+
+    /// An idle session if there is one at once (nothing opened, nothing waited for).
+    pub(crate) async fn get_idle(&self) -> Option<Object<Manager<DB>>> {
+        // tokio polls the inner future before the timer: a free idle session is taken.
+        match tokio::time::timeout(Duration::ZERO, self.inner.get()).await {
+            Ok(Ok(object)) => Some(object),
+            _ => None,
+        }
     }
 
     /// A session: an idle one, or a new one while fewer than `max` are open; waits at most

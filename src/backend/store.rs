@@ -269,15 +269,20 @@ impl SeaOrmLeaseStore {
     /// acquire, renew, release, heartbeat or read is one statement and one round trip
     /// (PostgreSQL's batched renew too; MariaDB's batched renew, the MySQL upsert form and the
     /// revoke are transactions of a few statements). A session is closed (never reused) after
-    /// a call that did not finish cleanly, and the others are then pinged before their next
-    /// use, as is one unused for 30 s; one unused for 5 minutes is not reused.
+    /// a call that did not finish cleanly (an error, or the call dropped by a timeout), and the
+    /// others are then pinged before their next use (one round trip more each), as is one
+    /// unused for 30 s; one unused for 5 minutes is not reused.
     ///
-    /// New sessions copy, once, the settings of one of the application's sessions that bear on
-    /// the store's statements (PostgreSQL `search_path`; MySQL/MariaDB `sql_mode`, the
-    /// isolation level, `innodb_lock_wait_timeout`, `wsrep_sync_wait`), so what a pool's
+    /// New sessions copy the settings of one of the application's sessions that bear on the
+    /// store's statements (PostgreSQL `search_path`; MySQL/MariaDB `sql_mode`, the isolation
+    /// level, `innodb_lock_wait_timeout`, `wsrep_sync_wait`), read once (the first session
+    /// briefly takes one of the application's connections for it), so what a pool's
     /// `after_connect` hook (or SeaORM's `set_schema_search_path`) set holds there too; other
-    /// session settings do not carry over. On MySQL/MariaDB each is set to `autocommit = 1`.
-    /// MySQL/MariaDB's takeover of a stalled holder runs on the application's pool.
+    /// session settings do not carry over, and a `search_path` changed per request or per
+    /// transaction is not followed (qualify the lease table's schema in the connection's
+    /// settings instead). On MySQL/MariaDB each is set to `autocommit = 1`. MySQL/MariaDB's
+    /// takeover of a stalled holder uses an idle session of the store's, or else the
+    /// application's pool, so it never queues behind the acquire it serves.
     ///
     /// `0` takes every lease statement's connection from the application's pool instead, for
     /// deployments that cannot spare the sessions: each statement is then checked on the

@@ -81,10 +81,18 @@ const OWN_SESSIONS: Setup<MySqlDb> = Setup {
                     "wsrep_sync_wait" => "SET SESSION wsrep_sync_wait = CAST(? AS UNSIGNED)",
                     _ => continue,
                 };
-                sea_orm::sqlx::query(sql)
+                // A server that refuses one (a proxy's other server, another version) keeps
+                // its own value: the session still works, in autocommit.
+                if let Err(error) = sea_orm::sqlx::query(sql)
                     .bind(value.as_str())
                     .execute(&mut *conn)
-                    .await?;
+                    .await
+                {
+                    if !matches!(error, sea_orm::sqlx::Error::Database(_)) {
+                        return Err(error);
+                    }
+                    tracing::warn!(%error, setting = %name, "a session of the store's own refused the application's setting");
+                }
             }
             Ok(())
         })
@@ -603,9 +611,13 @@ impl LeaseBackend for MySqlBackend {
             cx.table(),
             resource,
         ));
-        // On the application's pool, not the store's own sessions: this runs while the
-        // acquire it serves still waits on one of those, and must not queue behind it.
-        let shared = self.pool.as_ref().map(Source::Shared);
+        // This runs while the acquire it serves still waits on one of the store's sessions: an
+        // idle one if there is one at once, else the application's pool (checked), never a
+        // wait behind the store's other calls.
+        let shared = match (&self.own, &self.pool) {
+            (Some(own), Some(pool)) => Some(Source::IdleOwnOrShared(own, pool)),
+            _ => self.source(),
+        };
         let mut ended = 0;
         let rows = self.rows_from(cx, shared, stmt).await?;
         let looked = tokio::time::Instant::now();

@@ -30,12 +30,26 @@ use crate::{Denial, LeaseOutcome, StoreError};
 /// `search_path` (SeaORM's `set_schema_search_path` sets it in an `after_connect` hook), so an
 /// unqualified table name means the same table on both.
 const OWN_SESSIONS: Setup<sea_orm::sqlx::Postgres> = Setup {
+    // One simple-protocol message, checked like every read on the application's pool: a
+    // connection inside a transaction somebody left (whose `SET LOCAL` would be read) fails the
+    // read, and is closed.
     read: |conn| {
         Box::pin(async move {
-            let path: String = sea_orm::sqlx::query_scalar("SELECT current_setting('search_path')")
-                .fetch_one(conn)
-                .await?;
-            Ok(vec![("search_path".to_owned(), path)])
+            use sea_orm::sqlx::Row;
+            let rows = sea_orm::sqlx::raw_sql(
+                "SELECT current_setting('search_path'), \
+                 transaction_timestamp() = statement_timestamp()",
+            )
+            .fetch_all(conn)
+            .await?;
+            let row = rows.last().ok_or(sea_orm::sqlx::Error::RowNotFound)?;
+            let outside: bool = row.try_get(1)?;
+            if !outside {
+                return Err(sea_orm::sqlx::Error::Protocol(
+                    "the connection read for the search_path was inside a transaction".into(),
+                ));
+            }
+            Ok(vec![("search_path".to_owned(), row.try_get(0)?)])
         })
     },
     apply: |conn, settings| {
