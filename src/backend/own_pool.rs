@@ -205,9 +205,18 @@ impl<DB: Database> OwnPool<DB> {
         Some(Self { inner, wait, max })
     }
 
-    /// The most sessions this pool opens.
-    pub(crate) fn max(&self) -> usize {
-        self.max
+    /// A derived store's sessions: `old` itself (the same sessions) unless their number
+    /// changed, else new ones made like `shared`'s.
+    pub(crate) fn derived(
+        old: Option<&Self>,
+        shared: Option<&sqlx::Pool<DB>>,
+        max: usize,
+        setup: Setup<DB>,
+    ) -> Option<Self> {
+        match old {
+            Some(old) if old.max == max => Some(old.clone()),
+            _ => shared.and_then(|pool| Self::new(pool, max, setup)),
+        }
     }
 
     /// An idle session if there is one at once (nothing opened, nothing waited for).

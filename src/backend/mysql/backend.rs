@@ -344,14 +344,12 @@ impl LeaseBackend for MySqlBackend {
             (Some(cell), true) if !derived.table_changed => Some(cell.clone()),
             (_, true) => Some(HubCell::default()),
         };
-        // The same sessions unless their number changed.
-        let own = match &self.own {
-            Some(own) if own.max() == derived.lease_connections => Some(own.clone()),
-            _ => self
-                .pool
-                .as_ref()
-                .and_then(|pool| OwnPool::new(pool, derived.lease_connections, OWN_SESSIONS)),
-        };
+        let own = OwnPool::derived(
+            self.own.as_ref(),
+            self.pool.as_ref(),
+            derived.lease_connections,
+            OWN_SESSIONS,
+        );
         Box::new(Self {
             pool: self.pool.clone(),
             own,

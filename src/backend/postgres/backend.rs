@@ -166,14 +166,12 @@ impl LeaseBackend for PgBackend {
     }
 
     fn derived(&self, derived: Derived) -> Box<dyn LeaseBackend> {
-        // The same sessions unless their number changed.
-        let own = match &self.own {
-            Some(own) if own.max() == derived.lease_connections => Some(own.clone()),
-            _ => self
-                .pool
-                .as_ref()
-                .and_then(|pool| OwnPool::new(pool, derived.lease_connections, OWN_SESSIONS)),
-        };
+        let own = OwnPool::derived(
+            self.own.as_ref(),
+            self.pool.as_ref(),
+            derived.lease_connections,
+            OWN_SESSIONS,
+        );
         Box::new(Self {
             pool: self.pool.clone(),
             own,
