@@ -26,8 +26,8 @@
 //!   connection to the pool *inside* an open transaction when a future is dropped while `begin()`
 //!   waits for its `BEGIN` (a timeout, a `select!`, leader work dropped at the end of its term); a
 //!   statement on that connection joins the transaction and commits only if and when somebody ends
-//!   it. On MariaDB and PostgreSQL the store therefore sends its statements on sessions of its own
-//!   (`with_lease_connections`, 4 unless set): no other code ever gets them, and one goes back for
+//!   it. On MySQL/MariaDB and PostgreSQL the store therefore sends its statements on sessions of
+//!   its own (`with_lease_connections`, 4 unless set): no other code ever gets them, and one goes back for
 //!   the next call only after a complete answer (its own transactions only after `COMMIT`), so it
 //!   is never inside a transaction when a statement is sent, and each call is one statement. A
 //!   session whose run did not finish (an error, or the call dropped by a timeout) is closed, never

@@ -91,7 +91,11 @@ const OWN_SESSIONS: Setup<MySqlDb> = Setup {
                     if !matches!(error, sea_orm::sqlx::Error::Database(_)) {
                         return Err(error);
                     }
-                    tracing::warn!(%error, setting = %name, "a session of the store's own refused the application's setting");
+                    tracing::warn!(
+                        %error,
+                        setting = %name,
+                        "a session of the store's own refused the application's setting"
+                    );
                 }
             }
             Ok(())

@@ -1,7 +1,8 @@
 //! MySQL and MariaDB: statements known to have run outside any abandoned transaction (see
-//! `checkout`). On the store's own sessions (`own_pool`) nothing else ever runs, so a statement
-//! is sent alone; on the application's pool MariaDB's `RETURNING` list ends in `@@in_transaction`; every other statement
-//! runs after a one-round-trip check; the store's own transactions begin with `SET TRANSACTION`,
+//! `checkout`). MariaDB's `RETURNING` list ends in `@@in_transaction` (checked wherever the
+//! statement runs, at no cost); on the application's pool every other statement runs after a
+//! one-round-trip check, while on the store's own sessions (`own_pool`), where nothing else
+//! ever runs, it is sent alone. The store's own transactions begin with `SET TRANSACTION`,
 //! which the server refuses inside a transaction.
 
 use sea_orm::sqlx::{self, Row};
