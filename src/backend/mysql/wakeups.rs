@@ -18,8 +18,8 @@
 //!   name (`IS_USED_LOCK`) and, if a holder's signal connection does, waits for it (`GET_LOCK`
 //!   with a timeout), lets go of it at once and tells the waiters, who then ask the store as at
 //!   any poll. A watch ends when nobody waits any more. A name nobody holds (a holder that
-//!   crashed, an older version, a store with notifications off) is looked at twice more
-//!   shortly after, then left to the poll: no waiting loop on a lease whose holder signals
+//!   crashed, an older version, a store with notifications off) is looked at four more times
+//!   within about 1.6 s, then left to the poll: no waiting loop on a lease whose holder signals
 //!   nothing. A `try_acquire` that is denied starts no watch.
 //!
 //! It is only a wake-up: a grant is decided by the lease row alone, as always. A signal
@@ -92,8 +92,14 @@ const PING_EVERY: Duration = Duration::from_secs(2);
 /// The longest a watch lasts, whatever the holder's lease.
 const LONGEST_WATCH: Duration = Duration::from_secs(120);
 /// A name nobody holds is looked at again after these pauses before the watch ends (a new
-/// holder takes its name just after its grant).
-const UNHELD_LOOKS: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(100)];
+/// holder takes its name just after its grant, on a connection of its own that a loaded
+/// machine may take a moment to open).
+const UNHELD_LOOKS: [Duration; 4] = [
+    Duration::from_millis(25),
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+    Duration::from_millis(1000),
+];
 
 /// The lock name of a lease: fixed length (52 characters, under the servers' 64), computed by
 /// the server from the connection's database, the table and the resource.
@@ -920,7 +926,7 @@ async fn watch_on(
         let signal: Option<i64> = row.try_get(1).map_err(Some)?;
         match owner {
             None => {
-                // Nothing signals this lease (yet): look twice more, then leave it to the poll.
+                // Nothing signals this lease (yet): look a few more times, then poll.
                 let Some(pause) = UNHELD_LOOKS.get(unheld) else {
                     return Ok(false);
                 };
