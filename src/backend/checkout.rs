@@ -110,6 +110,15 @@ pub(crate) struct Checkout<DB: sqlx::Database> {
 }
 
 impl<DB: sqlx::Database> Checkout<DB> {
+    /// A connection already taken from the application's pool.
+    pub(crate) fn shared(conn: sqlx::pool::PoolConnection<DB>) -> Self {
+        Self {
+            conn: Some(Held::Shared(conn)),
+            clean: false,
+            own: false,
+        }
+    }
+
     pub(crate) async fn from(source: Source<'_, DB>) -> Result<Self, DbErr> {
         let (conn, own) = match source {
             Source::Shared(pool) => (

@@ -34,7 +34,7 @@ use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleR
 use sea_orm::sqlx::{self, ConnectOptions, Connection, Database};
 use sea_orm::DbErr;
 
-use super::checkout::query_err;
+use super::checkout::{query_err, Checkout};
 use super::MAX_LEASE_CONNECTIONS;
 
 /// A connection unused this long is pinged before it is used again: servers, proxies and
@@ -102,40 +102,37 @@ impl<DB: Database> Manager<DB> {
 
 impl<DB: Database> managed::Manager for Manager<DB> {
     type Type = Session<DB>;
-    type Error = sqlx::Error;
+    type Error = DbErr;
 
-    async fn create(&self) -> Result<Session<DB>, sqlx::Error> {
+    async fn create(&self) -> Result<Session<DB>, DbErr> {
         let seen = self.suspect.load(Ordering::Relaxed);
         let settings = match self.settings.lock().ok().and_then(|s| s.clone()) {
             Some(settings) => settings,
             None => {
-                let mut app = self.shared.acquire().await?;
-                let read = (self.setup.read)(&mut app).await;
-                if read.is_err() {
-                    // e.g. inside a transaction somebody left: not handed on.
-                    app.close_on_drop();
-                }
-                read?
+                // The application's connection goes back only after a complete read (one
+                // inside a transaction somebody left fails it); otherwise, a dropped call
+                // included, it is closed.
+                let app = self.shared.acquire().await.map_err(query_err)?;
+                let mut app = Checkout::shared(app);
+                let read = (self.setup.read)(app.conn()?).await.map_err(query_err)?;
+                app.clean = true;
+                read
             }
         };
-        let mut conn = self.options.connect().await?;
+        let mut conn = self.options.connect().await.map_err(query_err)?;
         // Settings a new session refuses are read again next time (a proxy may have sent the
         // read and this session to different servers).
         let applied = (self.setup.apply)(&mut conn, &settings).await;
         if let Ok(mut cached) = self.settings.lock() {
             *cached = applied.is_ok().then_some(settings);
         }
-        applied?;
+        applied.map_err(query_err)?;
         Ok(Session { conn, seen })
     }
 
     // `last_used` counts from the session's last checkout; a run holds it for one statement
     // (or one short transaction), so that is about when it went idle.
-    async fn recycle(
-        &self,
-        session: &mut Session<DB>,
-        metrics: &Metrics,
-    ) -> RecycleResult<sqlx::Error> {
+    async fn recycle(&self, session: &mut Session<DB>, metrics: &Metrics) -> RecycleResult<DbErr> {
         let idle = metrics.last_used();
         if idle >= IDLE_TIMEOUT {
             return Err(RecycleError::message("unused for too long"));
@@ -144,7 +141,7 @@ impl<DB: Database> managed::Manager for Manager<DB> {
         if idle >= PING_AFTER_IDLE || session.seen < suspect {
             match tokio::time::timeout(PING_TIMEOUT, session.conn.ping()).await {
                 Ok(Ok(())) => session.seen = suspect,
-                Ok(Err(err)) => return Err(err.into()),
+                Ok(Err(err)) => return Err(query_err(err).into()),
                 Err(_) => return Err(RecycleError::message("no answer to a ping")),
             }
         }
@@ -233,7 +230,7 @@ impl<DB: Database> OwnPool<DB> {
     pub(crate) async fn get(&self) -> Result<Object<Manager<DB>>, DbErr> {
         match tokio::time::timeout(self.wait, self.inner.get()).await {
             Ok(Ok(object)) => Ok(object),
-            Ok(Err(PoolError::Backend(err))) => Err(query_err(err)),
+            Ok(Err(PoolError::Backend(err))) => Err(err),
             Ok(Err(other)) => Err(DbErr::Custom(format!(
                 "the store's own connections: {other}"
             ))),
