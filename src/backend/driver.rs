@@ -166,8 +166,8 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     /// a backend whose wake-ups follow the leases held and waited for.
     fn holding(&self, _cx: &Context, _resource: &str, _candidate: &str, _remaining: Duration) {}
 
-    /// `candidate` was denied `resource`.
-    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str) {}
+    /// `candidate` was denied `resource` by `by` (the holder the answer named).
+    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str, _by: &crate::Denial) {}
 
     /// A waiter of this process waits for a release of `resources` until `until` (its next
     /// attempt): a backend whose wake-ups need to know what is waited for watches them while

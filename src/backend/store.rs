@@ -483,8 +483,8 @@ impl LeaseStore for SeaOrmLeaseStore {
                     .backend
                     .holding(&engine.cx, resource, candidate, lease.remaining);
             }
-            LeaseOutcome::Denied(_) => {
-                engine.backend.denied(&engine.cx, resource, candidate);
+            LeaseOutcome::Denied(by) => {
+                engine.backend.denied(&engine.cx, resource, candidate, by);
             }
         }
         Ok(outcome)

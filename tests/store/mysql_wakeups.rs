@@ -308,3 +308,40 @@ async fn a_release_wakes_a_semaphore_waiter() {
     assert!(first.release().await.unwrap());
     drop_table(&admin, &table).await;
 }
+
+/// A release that comes right after a follower's denial, before its watch first asks who
+/// holds the name, still wakes it: the watch finds the name free and wakes the waiter once for
+/// the term that denied it. Twenty rounds, each a fresh resource and follower, each released the
+/// moment the follower reports the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_right_after_the_denial_is_not_missed() {
+    if Server::MySql.skipped() {
+        return;
+    }
+    let (admin, table, [a, b]) = processes("wake_race").await;
+    for round in 0..20 {
+        let resource = unique("race");
+        assert!(a
+            .acquire_or_renew(&resource, "a", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_held());
+        wait_for_signal(&admin, &table, &resource, None).await;
+        let follower = elector(&b, &resource, "b", Duration::from_secs(30));
+        following(&follower).await;
+        let released = Instant::now();
+        assert!(a.release(&resource, "a").await.unwrap());
+        tokio::time::timeout(WELL_UNDER, follower.watch().wait_for(|s| s.is_leader()))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("round {round}: the release was missed (polls every {RETRY:?})")
+            })
+            .unwrap();
+        eprintln!(
+            "round {round}: led {:?} after the release",
+            released.elapsed()
+        );
+        follower.shutdown().await;
+    }
+    drop_table(&admin, &table).await;
+}

@@ -374,9 +374,9 @@ impl LeaseBackend for MySqlBackend {
         }
     }
 
-    fn denied(&self, cx: &Context, resource: &str, candidate: &str) {
+    fn denied(&self, cx: &Context, resource: &str, candidate: &str, by: &crate::Denial) {
         if let Some(w) = self.wakeups() {
-            w.denied(&cx.db, &cx.table, resource, candidate);
+            w.denied(&cx.db, &cx.table, resource, candidate, by);
         }
     }
 

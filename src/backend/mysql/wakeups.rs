@@ -20,7 +20,10 @@
 //!   any poll. A watch ends when nobody waits any more. A name nobody holds (a holder that
 //!   crashed, an older version, a store with notifications off) is looked at four more times
 //!   within about 1.6 s, then left to the poll: no waiting loop on a lease whose holder signals
-//!   nothing. A `try_acquire` that is denied starts no watch.
+//!   nothing. A `try_acquire` that is denied starts no watch. A name a watch finds free before
+//!   it saw any holder's signal may also mean the holder let go between the waiter's denial
+//!   and the watch's first look: the waiters are then woken at once, once per term that denied them, so such a release is not
+//!   missed, and a holder that signals nothing costs one more attempt per term.
 //!
 //! It is only a wake-up: a grant is decided by the lease row alone, as always. A signal
 //! connection that drops (its locks go with it) wakes the waiters early, who are denied and
@@ -197,7 +200,23 @@ pub(crate) struct Hub {
     usable: tokio::sync::watch::Sender<Usable>,
     watch_pool: MySqlPool,
     stop: CancellationToken,
+    /// The term that last denied each resource here, and whether a watch already woke its
+    /// waiters for finding that term's name free (see [`Hub::denied_by`]).
+    denials: Mutex<HashMap<Arc<str>, DeniedBy>>,
 }
+
+/// The term a resource was last denied by here.
+#[derive(Debug)]
+struct DeniedBy {
+    holder: Option<String>,
+    token: Option<crate::FencingToken>,
+    /// A watch found nobody signalling since this denial and woke the waiters once.
+    woken: bool,
+}
+
+/// The most denials remembered per store; past it they are forgotten at once (the cost: one
+/// more attempt by a waiter whose holder does not signal).
+const MAX_DENIALS: usize = 10_000;
 
 impl Drop for Hub {
     fn drop(&mut self) {
@@ -281,16 +300,19 @@ impl HubCell {
         }
     }
 
-    /// `candidate` was denied `resource`: a name it held goes.
+    /// `candidate` was denied `resource` by `by`: a name it held goes, and the holder that
+    /// denied it is noted for the watches (see [`Hub::denied_by`]).
     pub(crate) fn denied(
         &self,
         db: &DatabaseConnection,
         table: &Arc<str>,
         resource: &str,
         candidate: &str,
+        by: &crate::Denial,
     ) {
         if let Some(hub) = self.hub(db, table) {
             hub.let_go(resource, candidate);
+            hub.denied_by(resource, by);
         }
     }
 
@@ -352,6 +374,7 @@ fn start(
         usable: tokio::sync::watch::Sender::new(Usable::Unknown),
         watch_pool,
         stop: CancellationToken::new(),
+        denials: Mutex::default(),
     });
     runtime.spawn(signal_task(
         Arc::downgrade(&hub),
@@ -378,6 +401,51 @@ impl Hub {
             resource: Arc::from(resource),
             candidate: Arc::from(candidate),
         });
+    }
+
+    /// A waiter here was denied `resource` by the term `by` names. A release can come between
+    /// that answer and the moment a watch first asks who holds the name: the watch then finds
+    /// the name free, as it does for a holder that does not signal (crashed, notifications
+    /// off). It cannot tell the two apart, so it wakes the waiters once per denying term: a
+    /// release just missed is then taken at once, and a holder that signals nothing costs each
+    /// waiting process one more attempt per term, not one per poll.
+    fn denied_by(&self, resource: &str, by: &crate::Denial) {
+        let mut denials = self
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(last) = denials.get(resource) {
+            if last.holder == by.holder && last.token == by.token {
+                return;
+            }
+        }
+        if denials.len() >= MAX_DENIALS {
+            denials.clear();
+        }
+        denials.insert(
+            Arc::from(resource),
+            DeniedBy {
+                holder: by.holder.clone(),
+                token: by.token,
+                woken: false,
+            },
+        );
+    }
+
+    /// Whether a watch that first finds `resource`'s name free wakes its waiters: once per
+    /// denying term (see [`Hub::denied_by`]).
+    fn free_since_denial(&self, resource: &str) -> bool {
+        let mut denials = self
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match denials.get_mut(resource) {
+            Some(last) if !last.woken => {
+                last.woken = true;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Registers a waiter for `resources` until `until`, starting a watch for each that has
@@ -904,6 +972,8 @@ async fn watch_on(
 ) -> Result<bool, Option<sea_orm::sqlx::Error>> {
     let mut unheld = 0;
     let mut watchers = 0;
+    // Whether this watch saw a holder's signal connection hold the name yet.
+    let mut signalled = false;
     loop {
         let Some(until) = hub.upgrade().and_then(|h| h.watched_until(resource, task)) else {
             return Ok(false);
@@ -925,6 +995,12 @@ async fn watch_on(
         let owner: Option<i64> = row.try_get(0).map_err(Some)?;
         let signal: Option<i64> = row.try_get(1).map_err(Some)?;
         match owner {
+            // Free before any signal was seen: possibly released since the waiter's denial
+            // (the name may also have passed through another watcher's hands meanwhile).
+            None if !signalled && hub.upgrade().is_some_and(|h| h.free_since_denial(resource)) => {
+                tracing::trace!(%resource, "the name is free since the denial: waking the waiters once");
+                return Ok(true);
+            }
             None => {
                 // Nothing signals this lease (yet): look a few more times, then poll.
                 let Some(pause) = UNHELD_LOOKS.get(unheld) else {
@@ -943,7 +1019,7 @@ async fn watch_on(
                 tokio::time::sleep(WATCHER_PAUSE).await;
                 continue;
             }
-            Some(_) => {}
+            Some(_) => signalled = true,
         }
         let left = until.saturating_duration_since(crate::clock::now());
         // Whole seconds (every server version takes them), at least one, at most a chunk.
