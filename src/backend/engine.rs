@@ -17,6 +17,8 @@ pub(crate) struct Engine {
     pub(crate) backend: Box<dyn LeaseBackend>,
     /// The takeovers asked for by dropped acquires (see `takeover`): one at a time per store.
     pub(crate) takeovers: std::sync::Arc<Gate>,
+    /// The leaders of this process renewing together (see `elector::together`).
+    pub(crate) renew_batches: crate::elector::together::Batches,
 }
 
 impl Engine {

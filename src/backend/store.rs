@@ -148,6 +148,7 @@ fn assemble(
         cx,
         backend,
         takeovers: old.map(|e| Arc::clone(&e.takeovers)).unwrap_or_default(),
+        renew_batches: Default::default(),
     })
 }
 
@@ -352,6 +353,11 @@ impl SeaOrmLeaseStore {
 
     /// The store's backend and what its code is given, or the error every call reports when
     /// it has none (see [`choose`]).
+    /// The batches its electors' renews go out in (see `elector::together`).
+    pub(crate) fn renew_batches(&self) -> Option<&crate::elector::together::Batches> {
+        self.engine.as_ref().ok().map(|e| &e.renew_batches)
+    }
+
     pub(crate) fn engine(&self) -> Result<&Arc<Engine>, StoreError> {
         self.engine
             .as_ref()

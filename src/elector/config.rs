@@ -165,6 +165,8 @@ pub(crate) struct Config {
     pub release_on_shutdown: bool,
     /// Written into the lease by every acquire and renew.
     pub payload: Option<Arc<str>>,
+    /// Renews go out with other leaders' of the process (see `together`).
+    pub renew_together: bool,
 }
 
 /// Options as given, before validation.
@@ -180,6 +182,7 @@ pub(crate) struct Options {
     pub jitter: Option<f64>,
     pub release_on_shutdown: Option<bool>,
     pub payload: Option<String>,
+    pub renew_together: Option<bool>,
 }
 
 impl Options {
@@ -228,6 +231,7 @@ impl Options {
             jitter,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
             payload: self.payload.map(Arc::from),
+            renew_together: self.renew_together.unwrap_or(true),
         })
     }
 }

@@ -9,6 +9,7 @@ mod health;
 pub mod metrics;
 mod runner;
 mod term;
+pub(crate) mod together;
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -120,6 +121,17 @@ impl ElectorBuilder {
     /// instead of waiting for the lease to lapse). Default true.
     pub fn release_on_shutdown(mut self, release: bool) -> Self {
         self.options.release_on_shutdown = Some(release);
+        self
+    }
+
+    /// Whether this elector's renews go out together with those of the other leaders of this
+    /// process that share its store and lease duration: one statement per round for all of
+    /// them (see [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore)'s notes on cost). A leader may
+    /// then renew before its renew interval is up, never after, and its deadline counts from
+    /// when the shared statement was sent, as for a renew of its own. Other stores renew lease
+    /// by lease. Default true.
+    pub fn renew_together(mut self, together: bool) -> Self {
+        self.options.renew_together = Some(together);
         self
     }
 

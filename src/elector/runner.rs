@@ -132,6 +132,17 @@ struct Active {
     granted: Lease,
 }
 
+/// What a renew in a batch came to (see `Runner::renew_together`).
+enum Together {
+    /// The batch answered: this is the round's decision.
+    Decided(Decision),
+    /// The elector asks on its own, at once: the batch left without it, reported its lease
+    /// lost, or failed.
+    AskNow,
+    /// No batch: the elector renews on its own at its time.
+    Alone,
+}
+
 /// Why a turn of the loop ended early: a stop was requested (see [`Stop`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stopped {
@@ -480,17 +491,101 @@ impl Runner {
     /// the deadline.
     async fn leader_step(&self, active: &Active, failures: u32) -> Result<Decision, Stopped> {
         let deadline = active.term.local_deadline();
-        self.stoppable(sleep_until(active.next_renew.min(deadline)))
-            .await?;
+        let due = active.next_renew.min(deadline);
+        let role = Role::Leader {
+            token: active.term.token(),
+        };
+        match self.renew_together(active, due, deadline, failures).await? {
+            Together::Decided(decision) => return Ok(decision),
+            Together::AskNow => {}
+            Together::Alone => self.stoppable(sleep_until(due)).await?,
+        }
         if crate::clock::now() >= deadline {
             let next = Next::Lose(LossReason::Deadline, None, None);
             return Ok(Decision { next, failures });
         }
+        self.ask_and_decide(role, crate::clock::now(), deadline, failures)
+            .await
+    }
+
+    /// The renew in a batch with the other leaders of this process that share the store (see
+    /// `together`).
+    async fn renew_together(
+        &self,
+        active: &Active,
+        due: Instant,
+        deadline: Instant,
+        failures: u32,
+    ) -> Result<Together, Stopped> {
+        let batches = match &self.fence {
+            Some(store) if self.config.renew_together => store.renew_batches(),
+            _ => None,
+        };
+        let Some(mut ticket) = batches.and_then(|b| {
+            b.enter(
+                self.fence.as_ref()?,
+                active.granted.clone(),
+                self.config.lease,
+                due,
+                deadline,
+            )
+        }) else {
+            return Ok(Together::Alone);
+        };
+        let departed = tokio::select! {
+            biased;
+            _ = self.stop.abort.cancelled() => return Err(Stopped::Abort),
+            _ = self.stop.shutdown.cancelled() => Err(Stopped::Shutdown),
+            _ = self.stop.step_down.asked.notified() => Err(Stopped::StepDown),
+            // Bounded by the deadline too: the batch's task could be held up.
+            departed = timeout_at(deadline, ticket.departed()) => Ok(departed),
+        };
+        let departure = match departed {
+            Ok(Ok(departure)) => departure,
+            // The deadline came before the batch left: the term is over.
+            Ok(Err(_)) => {
+                ticket.withdraw();
+                let next = Next::Lose(LossReason::Deadline, None, None);
+                return Ok(Together::Decided(Decision { next, failures }));
+            }
+            Err(stopped) => {
+                if ticket.withdraw() {
+                    return Err(stopped);
+                }
+                // The batch left with it: its answer decides this round, and the stop is taken
+                // up at the next step (a step-down asked again, as the wait took its notice).
+                if stopped == Stopped::StepDown {
+                    self.stop.step_down.asked.notify_one();
+                }
+                self.abortable(ticket.departed()).await?
+            }
+        };
+        let Some(departure) = departure else {
+            return Ok(Together::AskNow);
+        };
+        let sent = departure.sent;
+        let answer = match self
+            .abortable(timeout_at(deadline, departure.renewed()))
+            .await?
+        {
+            Ok(Some(lease)) => Ok(Ok(LeaseOutcome::Renewed(lease))),
+            // Lost, given twice, or the batch failed: this elector asks on its own, now.
+            Ok(None) => return Ok(Together::AskNow),
+            Err(_) => Err(NoAnswer),
+        };
         let role = Role::Leader {
             token: active.term.token(),
         };
-        self.ask_and_decide(role, crate::clock::now(), deadline, failures)
-            .await
+        self.probe.store_call(true, sent, &answer);
+        let now = crate::clock::now();
+        Ok(Together::Decided(decide(
+            answer,
+            sent,
+            now,
+            &self.config,
+            role,
+            failures,
+        )))
     }
 
     /// Asks the store (the call sent at `sent`, given up at `until`), reports the round trip,

@@ -1,0 +1,332 @@
+//! Leaders of one process renewing together: the electors that share a
+//! [`SeaOrmLeaseStore`] (and a lease duration) send one `renew_all` per round, not one renew
+//! each.
+//!
+//! Right after each renew, a leader enters its next one: its lease, when it is due (its renew
+//! time, or its deadline if that is sooner) and its deadline. A batch leaves when its first
+//! entry is due and takes every entry waiting then, so a leader may renew early, never late;
+//! after one round the leaders of a process renew in step, one statement per round (per
+//! [`MAX_PER_STATEMENT`] leases). Each leader's answer counts from the instant its statement
+//! was sent (taken before it went out), as its own renew's would, so its deadline rule is the
+//! same. A lease the batch reports lost, a lease given twice, and every lease of a batch that
+//! failed or did not answer are asked about by their elector on its own, at once: that answer
+//! says who holds the lease now, exactly as a renew of its own would have. A leader that stops
+//! before its batch leaves withdraws its entry; once the batch left, it waits for the answer
+//! (a renew sent is never left unread, so a release that follows finds the last write).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+use crate::{Lease, LeaseStore, SeaOrmLeaseStore};
+
+/// The most leases one statement renews; a larger batch sends one statement per this many.
+pub(crate) const MAX_PER_STATEMENT: usize = 1_000;
+
+/// The batches of one store, by lease duration; shared by the store's clones.
+#[derive(Debug, Default)]
+pub(crate) struct Batches {
+    batches: Mutex<HashMap<Duration, Arc<Batch>>>,
+    /// Set when the store cannot renew in batches (it refused one for a reason retrying does
+    /// not mend): every leader renews on its own from then on.
+    off: AtomicBool,
+    /// After a failed batch, leaders renew on their own until then (a server too old for the
+    /// batch statement, say, is not asked twice each round); doubling per failure in a row.
+    paused: Mutex<Paused>,
+}
+
+#[derive(Debug, Default)]
+struct Paused {
+    until: Option<Instant>,
+    failures: u32,
+}
+
+/// The first pause after a failed batch, and the longest.
+const FIRST_PAUSE: Duration = Duration::from_secs(1);
+const LONGEST_PAUSE: Duration = Duration::from_secs(300);
+
+/// The entries waiting for one lease duration.
+#[derive(Debug)]
+struct Batch {
+    lease: Duration,
+    pending: Mutex<Pending>,
+    /// A new entry came (perhaps due sooner than the batch meant to leave).
+    entered: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    entries: Vec<Entry>,
+    next_id: u64,
+    /// Whether a task sends this batch (it ends when no entry waits).
+    running: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    lease: Lease,
+    due: Instant,
+    deadline: Instant,
+    departed: oneshot::Sender<Departure>,
+}
+
+/// A batch left with an entry: when its statement was sent, and the answer to come.
+#[derive(Debug)]
+pub(crate) struct Departure {
+    /// Taken before the statement went out.
+    pub(crate) sent: Instant,
+    answer: oneshot::Receiver<Option<Lease>>,
+}
+
+impl Departure {
+    /// The lease as the batch renewed it; `None` when the elector must ask on its own (lost,
+    /// given twice, or the batch failed or went unanswered).
+    pub(crate) async fn renewed(self) -> Option<Lease> {
+        self.answer.await.ok().flatten()
+    }
+}
+
+/// A leader's place in the next batch; dropped before the batch left, it withdraws.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    batch: Arc<Batch>,
+    id: u64,
+    departed: oneshot::Receiver<Departure>,
+}
+
+impl Ticket {
+    /// Waits until the batch leaves with this entry; `None` if it left without it (the elector
+    /// then asks on its own).
+    pub(crate) async fn departed(&mut self) -> Option<Departure> {
+        (&mut self.departed).await.ok()
+    }
+
+    /// Takes the entry back if the batch has not left with it yet: whether it did.
+    pub(crate) fn withdraw(&self) -> bool {
+        let mut pending = lock(&self.batch.pending);
+        let before = pending.entries.len();
+        pending.entries.retain(|e| e.id != self.id);
+        pending.entries.len() < before
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.withdraw();
+    }
+}
+
+impl Batches {
+    /// Enters `lease` (held for `duration` per renew) in the next batch of `store`, due at
+    /// `due`, answered no later than `deadline`. `None` when the store renews lease by lease
+    /// (see [`Batches::off`]) or there is no tokio runtime.
+    pub(crate) fn enter(
+        &self,
+        store: &SeaOrmLeaseStore,
+        lease: Lease,
+        duration: Duration,
+        due: Instant,
+        deadline: Instant,
+    ) -> Option<Ticket> {
+        if self.off.load(Ordering::Relaxed)
+            || lock(&self.paused)
+                .until
+                .is_some_and(|until| crate::clock::now() < until)
+        {
+            return None;
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let batch = Arc::clone(
+            lock(&self.batches)
+                .entry(duration)
+                .or_insert_with(|| {
+                    Arc::new(Batch {
+                        lease: duration,
+                        pending: Mutex::default(),
+                        entered: Notify::new(),
+                    })
+                }),
+        );
+        let (tx, rx) = oneshot::channel();
+        let (id, start) = {
+            let mut pending = lock(&batch.pending);
+            let id = pending.next_id;
+            pending.next_id = pending.next_id.wrapping_add(1);
+            pending.entries.push(Entry {
+                id,
+                lease,
+                due,
+                deadline,
+                departed: tx,
+            });
+            let start = !pending.running;
+            pending.running = true;
+            (id, start)
+        };
+        if start {
+            runtime.spawn(send_batches(Arc::clone(&batch), store.clone()));
+        } else {
+            batch.entered.notify_one();
+        }
+        Some(Ticket {
+            batch,
+            id,
+            departed: rx,
+        })
+    }
+
+    /// A batch failed with `error`: leaders renew on their own for a while, or for good if
+    /// retrying cannot help (see [`StoreError::is_permanent`](crate::StoreError::is_permanent)).
+    fn failed(&self, error: &crate::StoreError) {
+        if error.is_permanent() {
+            if !self.off.swap(true, Ordering::Relaxed) {
+                tracing::info!(%error, "leaders renew lease by lease from now on: the store refused a batch");
+            }
+            return;
+        }
+        let mut paused = lock(&self.paused);
+        let pause = FIRST_PAUSE
+            .saturating_mul(1 << paused.failures.min(16))
+            .min(LONGEST_PAUSE);
+        paused.failures = paused.failures.saturating_add(1);
+        paused.until = crate::clock::now().checked_add(pause);
+        tracing::debug!(%error, ?pause, "a batched renew failed; leaders renew on their own meanwhile");
+    }
+
+    /// A batch was answered: the pauses start over.
+    fn answered(&self) {
+        let mut paused = lock(&self.paused);
+        if paused.failures > 0 {
+            *paused = Paused::default();
+        }
+    }
+}
+
+/// Sends `batch` each time its first entry is due, while entries wait.
+async fn send_batches(batch: Arc<Batch>, store: SeaOrmLeaseStore) {
+    let mut running = Running {
+        batch: Arc::clone(&batch),
+        ended: false,
+    };
+    loop {
+        let due = {
+            let mut pending = lock(&batch.pending);
+            match pending.entries.iter().map(|e| e.due).min() {
+                Some(due) => due,
+                None => {
+                    pending.running = false;
+                    running.ended = true;
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = crate::clock::sleep_until(due) => {}
+            // An entry came: perhaps due sooner.
+            () = batch.entered.notified() => continue,
+        }
+        let taken = std::mem::take(&mut lock(&batch.pending).entries);
+        send(&batch, &store, taken);
+    }
+}
+
+/// Clears the batch's running flag if its task is dropped (its runtime shut down): the entries
+/// waiting then are dropped too, and their electors ask on their own.
+struct Running {
+    batch: Arc<Batch>,
+    ended: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.ended {
+            let mut pending = lock(&self.batch.pending);
+            pending.running = false;
+            pending.entries.clear();
+        }
+    }
+}
+
+/// Sends one batch: every entry is told it left (with the instant taken before any statement
+/// goes out), then one statement per [`MAX_PER_STATEMENT`] entries, each on a task of its own,
+/// so no entry waits behind another's statement.
+fn send(batch: &Batch, store: &SeaOrmLeaseStore, taken: Vec<Entry>) {
+    // A resource given twice (two electors of this process that both think they lead it, a
+    // moment apart): the later entries ask on their own.
+    let mut seen = HashSet::with_capacity(taken.len());
+    let sent = crate::clock::now();
+    let mut out = Vec::with_capacity(taken.len());
+    for e in taken {
+        let (tx, answer) = oneshot::channel();
+        // An elector that is gone by now is left out.
+        if e.departed.send(Departure { sent, answer }).is_ok()
+            && seen.insert(e.lease.resource.clone())
+        {
+            out.push(Out {
+                lease: e.lease,
+                deadline: e.deadline,
+                answer: tx,
+            });
+        }
+    }
+    while !out.is_empty() {
+        let rest = if out.len() > MAX_PER_STATEMENT {
+            out.split_off(MAX_PER_STATEMENT)
+        } else {
+            Vec::new()
+        };
+        let chunk = std::mem::replace(&mut out, rest);
+        tokio::spawn(renew_chunk(store.clone(), batch.lease, chunk));
+    }
+}
+
+/// An entry on its way: the answer goes to its elector.
+struct Out {
+    lease: Lease,
+    deadline: Instant,
+    answer: oneshot::Sender<Option<Lease>>,
+}
+
+/// One statement for `chunk`, given up at the latest deadline in it (each elector gives up at
+/// its own).
+async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, chunk: Vec<Out>) {
+    let Some(until) = chunk.iter().map(|o| o.deadline).max() else {
+        return;
+    };
+    let held: Vec<Lease> = chunk.iter().map(|o| o.lease.clone()).collect();
+    let answer = crate::clock::timeout_at(until, store.renew_all(&held, lease)).await;
+    let mut renewed: HashMap<(String, String), Lease> = match answer {
+        Ok(Ok(renewals)) => {
+            if let Some(batches) = store.renew_batches() {
+                batches.answered();
+            }
+            renewals
+                .renewed
+                .into_iter()
+                .map(|l| ((l.resource.clone(), l.holder.clone()), l))
+                .collect()
+        }
+        Ok(Err(error)) => {
+            if let Some(batches) = store.renew_batches() {
+                batches.failed(&error);
+            }
+            HashMap::new()
+        }
+        Err(_) => HashMap::new(),
+    };
+    for o in chunk {
+        let mine = renewed
+            .remove(&(o.lease.resource.clone(), o.lease.holder.clone()))
+            .filter(|l| l.token == o.lease.token);
+        let _ = o.answer.send(mine);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
