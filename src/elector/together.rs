@@ -141,17 +141,13 @@ impl Batches {
             return None;
         }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let batch = Arc::clone(
-            lock(&self.batches)
-                .entry(duration)
-                .or_insert_with(|| {
-                    Arc::new(Batch {
-                        lease: duration,
-                        pending: Mutex::default(),
-                        entered: Notify::new(),
-                    })
-                }),
-        );
+        let batch = Arc::clone(lock(&self.batches).entry(duration).or_insert_with(|| {
+            Arc::new(Batch {
+                lease: duration,
+                pending: Mutex::default(),
+                entered: Notify::new(),
+            })
+        }));
         let (tx, rx) = oneshot::channel();
         let (id, start) = {
             let mut pending = lock(&batch.pending);

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use orion_beacon::{Elector, ElectorHandle, LeaderTerm, Leadership, SeaOrmLeaseStore};
+use orion_beacon::{Elector, ElectorHandle, LeaderTerm, Leadership, LeaseStore, SeaOrmLeaseStore};
 use tokio::time::Instant;
 
 use super::sql::SqlHarness;
@@ -544,6 +544,96 @@ pub async fn woken_handover(stores: &[SeaOrmLeaseStore; 3]) -> Duration {
     took
 }
 
+/// Twenty electors of one process on one store, each leading its own resource: after a round
+/// they renew in one statement (every lease carries the same `renewed_at`, the database's time
+/// of one statement, and it keeps moving); with `renew_together(false)` the stamps differ. A
+/// lease revoked under the batch is reported lost and its elector asks at once: it starts a new
+/// term with a higher token well within its deadline, while the others' terms go on untouched.
+/// A shutdown withdraws from the batch and releases every lease.
+pub async fn leaders_of_one_process_renew_together(h: &SqlHarness) {
+    const N: usize = 20;
+    let lease = Duration::from_secs(3);
+    let renew = Duration::from_millis(300);
+    for together in [true, false] {
+        let store = h.configure(SeaOrmLeaseStore::new(h.connect_again(4).await));
+        let resources: Vec<String> = (0..N).map(|_| unique("together")).collect();
+        let handles: Vec<ElectorHandle> = resources
+            .iter()
+            .map(|r| {
+                Elector::builder(store.clone())
+                    .resource(r)
+                    .candidate_id("node")
+                    .lease_duration(lease)
+                    .renew_interval(renew)
+                    .retry_interval(RETRY)
+                    .renew_together(together)
+                    .build()
+                    .unwrap()
+                    .start()
+            })
+            .collect();
+        wait_until("every elector leads", Duration::from_secs(10), || {
+            handles.iter().all(|h| h.is_leader())
+        })
+        .await;
+        // A few rounds: the leaders fall into step.
+        tokio::time::sleep(renew * 4).await;
+        let stamps = |records: &[orion_beacon::LeaseRecord]| {
+            records
+                .iter()
+                .map(|r| r.renewed_at.unwrap())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let before = store.current_all(&resources).await.unwrap();
+        assert_eq!(before.len(), N);
+        let first = stamps(&before);
+        if together {
+            assert_eq!(first.len(), 1, "one statement renewed them all: {first:?}");
+        } else {
+            assert!(first.len() > 1, "renewed lease by lease: {first:?}");
+            for h in handles {
+                h.shutdown().await;
+            }
+            continue;
+        }
+        tokio::time::sleep(renew * 2).await;
+        let later = stamps(&store.current_all(&resources).await.unwrap());
+        assert_eq!(later.len(), 1, "still one statement: {later:?}");
+        assert!(later.first() > first.first(), "the batch keeps renewing");
+
+        // A revoke under the batch: that elector alone begins a new term, long before its
+        // deadline would have ended the old one.
+        let old = handles[0].token().unwrap();
+        let revoked = Instant::now();
+        store.revoke(&resources[0]).await.unwrap().unwrap();
+        wait_until("the revoked elector's new term", lease, || {
+            handles[0].token().is_some_and(|t| t > old)
+        })
+        .await;
+        assert!(
+            revoked.elapsed() < renew * 3 + SLACK,
+            "asked at once, {:?} after the revoke",
+            revoked.elapsed()
+        );
+        let tokens: Vec<_> = before
+            .iter()
+            .map(|r| (r.resource.clone(), r.token))
+            .collect();
+        for (i, r) in resources.iter().enumerate().skip(1) {
+            let was = tokens.iter().find(|(res, _)| res == r).unwrap().1;
+            assert_eq!(handles[i].token(), Some(was), "{r}'s term goes on");
+        }
+        for h in handles {
+            h.shutdown().await;
+        }
+        let after = store.current_all(&resources).await.unwrap();
+        assert!(
+            after.iter().all(|r| !r.live),
+            "every lease released: {after:?}"
+        );
+    }
+}
+
 /// Generates the election test for a harness setup expression.
 #[macro_export]
 macro_rules! election_suite {
@@ -574,6 +664,16 @@ macro_rules! election_suite {
             use $crate::common::conformance::Harness as _;
             if let Some(h) = $setup.await {
                 $crate::common::election::a_handover_goes_to_the_named_successor(&h).await;
+                h.teardown().await;
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn leaders_of_one_process_renew_together() {
+            #[allow(unused_imports)]
+            use $crate::common::conformance::Harness as _;
+            if let Some(h) = $setup.await {
+                $crate::common::election::leaders_of_one_process_renew_together(&h).await;
                 h.teardown().await;
             }
         }
