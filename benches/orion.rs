@@ -26,10 +26,6 @@ use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 #[path = "orion/cpu.rs"]
 mod cpu;
-// The tests' store double (a file of its own, nothing else of `tests/common`).
-#[path = "../tests/common/double.rs"]
-#[allow(dead_code)]
-mod double;
 #[path = "orion/handover.rs"]
 mod handover;
 #[path = "orion/jobs.rs"]
@@ -44,8 +40,6 @@ mod scale;
 mod shards;
 #[path = "orion/throughput.rs"]
 mod throughput;
-
-use double::{Double, Intercept};
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 

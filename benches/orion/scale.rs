@@ -1,125 +1,113 @@
 //! One process holding many leases, and batched renewal per backend.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use orion_beacon::{
-    Elector, LeaseOutcome, LeaseStore, ReleaseEvents, SeaOrmLeaseStore, StoreError,
-};
+use orion_beacon::{Elector, LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::time::Instant;
 
 use super::*;
 
-#[derive(Clone)]
-pub(crate) struct Counting {
-    renews: Arc<AtomicU64>,
-    calls: Arc<AtomicU64>,
+/// The PostgreSQL's committed transactions so far (each autocommit statement is one), from
+/// `pg_stat_database`: the server reports its backends' counts up to 10 s late, so a steady
+/// window that starts 10 s after a burst reads the steady rate to within a few statements.
+async fn commits(db: &DatabaseConnection) -> Result<i64, Error> {
+    use sea_orm::{DbBackend, Statement};
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT CAST(xact_commit AS BIGINT) FROM pg_stat_database WHERE datname = current_database()",
+        ))
+        .await?
+        .ok_or("no pg_stat_database row")?;
+    Ok(row.try_get_by_index::<i64>(0)?)
 }
 
-#[async_trait]
-impl Intercept<SeaOrmLeaseStore> for Counting {
-    async fn acquire_or_renew(
-        &self,
-        inner: &SeaOrmLeaseStore,
-        r: &str,
-        c: &str,
-        lease: Duration,
-    ) -> Result<LeaseOutcome, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let out = inner.acquire_or_renew(r, c, lease).await?;
-        if matches!(out, LeaseOutcome::Renewed(_)) {
-            self.renews.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(out)
-    }
-    /// No release notifications (no listener per elector): followers poll.
-    fn release_events(&self, _inner: &SeaOrmLeaseStore) -> Option<ReleaseEvents> {
-        None
-    }
-}
-
+/// One process with `BENCH_ELECTORS` electors (default 10, 1,000 and 10,000), each leading its
+/// own resource on one store (lease 15 s, renew 5 s, pool of 16, PostgreSQL), renewing lease by
+/// lease (`renew_together(false)`) and together, side by side: the server's commits per second
+/// in a steady window of `BENCH_SCALE_SECS` (default 20), and the CPU it and this process use.
 pub(crate) async fn scale() -> Result<(), Error> {
-    let leases: usize = std::env::var("BENCH_LEASES")
+    let counts: Vec<usize> = std::env::var("BENCH_ELECTORS")
         .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10_000);
+        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10, 1_000, 10_000]);
     let d = Duration::from_secs(
         std::env::var("BENCH_SCALE_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(30),
+            .unwrap_or(20),
     );
-    let table = unique("obscale");
-    let db = connect(&pg_url(), 16, false).await?;
-    migrate(&db, &table).await?;
-    let counting = Double::over(
-        SeaOrmLeaseStore::new(db.clone()).with_table(&table)?,
-        Counting {
-            renews: Arc::default(),
-            calls: Arc::default(),
-        },
+    let server = cpu::postgres();
+    println!(
+        "\n## Electors in one process (lease 15 s, renew 5 s, pool of 16, PostgreSQL, {} s windows)\n",
+        d.as_secs()
     );
-    let mut handles = Vec::with_capacity(leases);
-    for i in 0..leases {
-        handles.push(
-            Elector::builder(counting.clone())
-                .resource(format!("shard-{i}"))
-                .candidate_id("scale-node")
-                .lease_duration(Duration::from_secs(15))
-                .renew_interval(Duration::from_secs(5))
-                .build()?
-                .start(),
-        );
-    }
-    // Everyone elected, then measure a steady window.
-    let t0 = Instant::now();
-    while handles.iter().filter(|h| h.is_leader()).count() < leases {
-        if t0.elapsed() > Duration::from_secs(120) {
-            return Err("not all leases were acquired within 120 s".into());
+    println!("| electors | renews | all leading in | server commits per second | expected lease by lease | database CPU | process CPU | still leading |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for &n in &counts {
+        for together in [false, true] {
+            let table = unique(&format!("obscale{n}"));
+            let db = connect(&pg_url(), 16, false).await?;
+            migrate(&db, &table).await?;
+            let store = SeaOrmLeaseStore::new(db.clone())
+                .with_table(&table)?
+                .with_release_notifications(false);
+            let mut handles = Vec::with_capacity(n);
+            let t0 = Instant::now();
+            for i in 0..n {
+                handles.push(
+                    Elector::builder(store.clone())
+                        .resource(format!("shard-{i}"))
+                        .candidate_id("scale-node")
+                        .lease_duration(Duration::from_secs(15))
+                        .renew_interval(Duration::from_secs(5))
+                        .renew_together(together)
+                        .build()?
+                        .start(),
+                );
+            }
+            while handles.iter().filter(|h| h.is_leader()).count() < n {
+                if t0.elapsed() > Duration::from_secs(120) {
+                    return Err("not all leases were acquired within 120 s".into());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let elected_in = t0.elapsed();
+            // The leaders fall into step within a renew interval; the server reports its
+            // backends' commits up to 10 s late, so the elections' count lands before the window.
+            tokio::time::sleep(Duration::from_secs(12)).await;
+            let (cpu0, db0, c0, t1) = (
+                cpu::process(),
+                server.map(|s| s.cpu()),
+                commits(&db).await?,
+                Instant::now(),
+            );
+            tokio::time::sleep(d).await;
+            let (cpu1, db1, c1, secs) = (
+                cpu::process(),
+                cpu::delta(server, db0),
+                commits(&db).await?,
+                t1.elapsed().as_secs_f64(),
+            );
+            let leading = handles.iter().filter(|h| h.is_leader()).count();
+            let pct = |d: Duration| format!("{:.1} %", d.as_secs_f64() / secs * 100.0);
+            println!(
+                "| {n} | {} | {:.1} s | {:.1} | {:.1} | {} | {} | {leading} / {n} |",
+                if together { "together" } else { "lease by lease" },
+                elected_in.as_secs_f64(),
+                // Less this benchmark's own two reads of the count.
+                (c1 - c0 - 1).max(0) as f64 / secs,
+                n as f64 / 5.0,
+                db1.map(pct).unwrap_or_else(|| "-".to_owned()),
+                pct(cpu1 - cpu0),
+            );
+            for h in handles {
+                h.abort().await;
+            }
+            drop(&db, &table).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let elected_in = t0.elapsed();
-    let (cpu0, renews0, t1) = (
-        cpu::process(),
-        counting.renews.load(Ordering::Relaxed),
-        Instant::now(),
-    );
-    tokio::time::sleep(d).await;
-    let (cpu1, renews1, secs) = (
-        cpu::process(),
-        counting.renews.load(Ordering::Relaxed),
-        t1.elapsed().as_secs_f64(),
-    );
-    let renews = (renews1 - renews0) as f64;
-    let leading = handles.iter().filter(|h| h.is_leader()).count();
-    println!("\n## Scale: one process, {leases} leases (lease 15 s, renew 5 s, pool of 16, PostgreSQL)\n");
-    println!("| measure | value |");
-    println!("| --- | --- |");
-    println!(
-        "| all {leases} acquired in | {:.1} s |",
-        elected_in.as_secs_f64()
-    );
-    println!(
-        "| renew statements per second | {:.0} (expected {:.0}) |",
-        renews / secs,
-        leases as f64 / 5.0
-    );
-    println!(
-        "| process CPU per renewal (elector + store + driver) | {:.1} µs |",
-        (cpu1 - cpu0).as_secs_f64() * 1e6 / renews.max(1.0)
-    );
-    println!(
-        "| process CPU | {:.1} % of one core |",
-        (cpu1 - cpu0).as_secs_f64() / secs * 100.0
-    );
-    println!("| leases still held at the end | {leading} / {leases} |");
-    for h in handles {
-        h.abort().await;
-    }
-    drop(&db, &table).await;
     Ok(())
 }
 
