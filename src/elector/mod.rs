@@ -125,11 +125,14 @@ impl ElectorBuilder {
     }
 
     /// Whether this elector's renews go out together with those of the other leaders of this
-    /// process that share its store and lease duration: one statement per round for all of
-    /// them (see [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore)'s notes on cost). A leader may
-    /// then renew before its renew interval is up, never after, and its deadline counts from
-    /// when the shared statement was sent, as for a renew of its own. Other stores renew lease
-    /// by lease. Default true.
+    /// process whose electors share its [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) (clones
+    /// of one store) and lease duration: one [`renew_all`](LeaseStore::renew_all) statement
+    /// per round for up to 1,000 of them, instead of one each. A batch goes out when its first
+    /// leader is due and takes every leader waiting then, so a leader may renew before its
+    /// renew interval is up, never after; its deadline counts from the instant the shared
+    /// statement was sent, as for a renew of its own. A lease the batch finds lost, and every
+    /// lease of a batch that failed, is asked about by its elector on its own at once. Other
+    /// stores, handovers and shutdowns renew lease by lease. Default true.
     pub fn renew_together(mut self, together: bool) -> Self {
         self.options.renew_together = Some(together);
         self
