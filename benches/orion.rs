@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo bench --all-features --bench orion                    # everything (a few minutes)
-//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards, locks, jobs
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards, shardcost, locks, jobs
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
 //!
@@ -36,6 +36,8 @@ mod locks;
 mod roundtrips;
 #[path = "orion/scale.rs"]
 mod scale;
+#[path = "orion/shard_cost.rs"]
+mod shard_cost;
 #[path = "orion/shards.rs"]
 mod shards;
 #[path = "orion/throughput.rs"]
@@ -199,6 +201,9 @@ fn main() -> Result<(), Error> {
         }
         if all || what.iter().any(|w| w == "shards") {
             shards::shards().await?;
+        }
+        if what.iter().any(|w| w == "shardcost") {
+            shard_cost::shard_cost().await?;
         }
         if all || what.iter().any(|w| w == "locks") {
             locks::locks_bench().await?;

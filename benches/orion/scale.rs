@@ -94,7 +94,11 @@ pub(crate) async fn scale() -> Result<(), Error> {
             let pct = |d: Duration| format!("{:.1} %", d.as_secs_f64() / secs * 100.0);
             println!(
                 "| {n} | {} | {:.1} s | {:.1} | {:.1} | {} | {} | {leading} / {n} |",
-                if together { "together" } else { "lease by lease" },
+                if together {
+                    "together"
+                } else {
+                    "lease by lease"
+                },
                 elected_in.as_secs_f64(),
                 // Less this benchmark's own two reads of the count.
                 (c1 - c0 - 1).max(0) as f64 / secs,

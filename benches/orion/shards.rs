@@ -59,8 +59,16 @@ fn member(i: usize) -> String {
     format!("node-{i}")
 }
 
-fn resources() -> impl Iterator<Item = String> {
-    (0..SHARDS).map(|i| format!("shard-{i}"))
+fn resources(count: usize) -> impl Iterator<Item = String> {
+    (0..count).map(|i| format!("shard-{i}"))
+}
+
+/// A node's setting from the environment (the cost benchmark sets them), else `default`.
+fn setting(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Whether this process was started as a shard-set node.
@@ -89,12 +97,21 @@ pub fn node() -> Result<(), Error> {
         let store = SeaOrmLeaseStore::new(db)
             .with_table(&table)?
             .with_member_table(format!("{table}_m"))?;
+        let count = setting("ORION_BENCH_SHARD_COUNT", SHARDS as u64) as usize;
+        let lease = Duration::from_millis(setting(
+            "ORION_BENCH_SHARD_LEASE_MS",
+            LEASE.as_millis() as u64,
+        ));
+        let interval = Duration::from_millis(setting(
+            "ORION_BENCH_SHARD_INTERVAL_MS",
+            INTERVAL.as_millis() as u64,
+        ));
         let handle = ShardSet::builder(store)
             .name("bench")
-            .resources(resources())
+            .resources(resources(count))
             .member_id(&id)
-            .lease_duration(LEASE)
-            .interval(INTERVAL)
+            .lease_duration(lease)
+            .interval(interval)
             .grace_period(GRACE)
             .slack(SLACK)
             .build()?
@@ -163,9 +180,9 @@ pub fn node() -> Result<(), Error> {
 // The parent: processes, samples, phases
 
 /// One node process and what it printed.
-struct Node {
+pub(crate) struct Node {
     id: usize,
-    child: Child,
+    pub(crate) child: Child,
     events: Arc<Mutex<Vec<(i64, bool, String)>>>,
     ready: Arc<Mutex<Option<i64>>>,
     cpu_us: Arc<Mutex<Option<u64>>>,
@@ -174,8 +191,19 @@ struct Node {
 }
 
 fn spawn(id: usize, url: &str, table: &str) -> Result<Node, Error> {
+    spawn_with(id, url, table, &[])
+}
+
+/// A node process with extra settings (`ORION_BENCH_SHARD_COUNT` and the like).
+pub(crate) fn spawn_with(
+    id: usize,
+    url: &str,
+    table: &str,
+    settings: &[(&str, String)],
+) -> Result<Node, Error> {
     let spawned = unix_us();
     let mut child = Command::new(std::env::current_exe()?)
+        .envs(settings.iter().map(|(k, v)| (*k, v.as_str())))
         .env(NODE_VAR, member(id))
         .env("ORION_BENCH_SHARD_URL", url)
         .env("ORION_BENCH_SHARD_TABLE", table)
@@ -645,7 +673,7 @@ fn dump(run: usize, t0: i64, samples: &[Sample], nodes: &[Node]) -> Result<(), E
     Ok(())
 }
 
-async fn migrate_members(db: &DatabaseConnection, table: &str) -> Result<(), Error> {
+pub(crate) async fn migrate_members(db: &DatabaseConnection, table: &str) -> Result<(), Error> {
     use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
     drop_members(db, table).await;
     CreateMemberTable::with_table(format!("{table}_m"))?
@@ -654,7 +682,7 @@ async fn migrate_members(db: &DatabaseConnection, table: &str) -> Result<(), Err
     Ok(())
 }
 
-async fn drop_members(db: &DatabaseConnection, table: &str) {
+pub(crate) async fn drop_members(db: &DatabaseConnection, table: &str) {
     use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
     if let Ok(m) = CreateMemberTable::with_table(format!("{table}_m")) {
         let _ = m.down(&SchemaManager::new(db)).await;

@@ -133,6 +133,27 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError>;
 
+    /// [`renew_all`](Self::renew_all) for a batch of electors: its wait for a row another
+    /// transaction holds locked (a leader's own fenced transaction) bounded as a single
+    /// renew's is, so that one such row fails the batch fast instead of holding up every lease
+    /// in it. The default waits as `renew_all` does (SQLite: one write lock, which a single
+    /// renew waits for too).
+    async fn renew_all_bounded(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        self.renew_all(cx, json, millis, shape).await
+    }
+
+    /// Whether electors may renew in batches here (see `elector::together`): only where a
+    /// batch's wait for a locked row is bounded.
+    fn batches_renewals(&self) -> bool {
+        true
+    }
+
     /// A statement that reads or releases (not one that grants), read to the end, on a
     /// connection checked to be outside any abandoned transaction where the backend has
     /// sessions.

@@ -353,9 +353,67 @@ impl SeaOrmLeaseStore {
 
     /// The store's backend and what its code is given, or the error every call reports when
     /// it has none (see [`choose`]).
-    /// The batches its electors' renews go out in (see `elector::together`).
+    /// The batches its electors' renews go out in (see `elector::together`); `None` where the
+    /// backend cannot bound a batch's wait for a locked row.
     pub(crate) fn renew_batches(&self) -> Option<&crate::elector::together::Batches> {
-        self.engine.as_ref().ok().map(|e| &e.renew_batches)
+        self.engine
+            .as_ref()
+            .ok()
+            .filter(|e| e.backend.batches_renewals())
+            .map(|e| &e.renew_batches)
+    }
+
+    /// The electors' batch renew: [`renew_all`](LeaseStore::renew_all) with its wait for a
+    /// locked row bounded as a single renew's is.
+    pub(crate) async fn renew_all_bounded(
+        &self,
+        held: &[Lease],
+        lease: Duration,
+    ) -> Result<Renewals, StoreError> {
+        self.renew_all_as(held, lease, true).await
+    }
+
+    /// [`renew_all`](LeaseStore::renew_all); `bounded`: its wait for a locked row bounded as a
+    /// single renew's is, where the backend can (see `LeaseBackend::renew_all_bounded`).
+    async fn renew_all_as(
+        &self,
+        held: &[Lease],
+        lease: Duration,
+        bounded: bool,
+    ) -> Result<Renewals, StoreError> {
+        let millis = validate_batch(held, lease)?;
+        let engine = self.engine()?;
+        if held.is_empty() {
+            return Ok(Renewals::default());
+        }
+        let json = statements::held_json(held);
+        let shape = engine.shape(false).await?;
+        let rows = if bounded {
+            engine
+                .backend
+                .renew_all_bounded(&engine.cx, json, millis, shape)
+                .await
+        } else {
+            engine
+                .backend
+                .renew_all(&engine.cx, json, millis, shape)
+                .await
+        };
+        let rows = engine.noting(shape, rows)?;
+        let fresh =
+            super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))?;
+        let renewals = Renewals::sort(held, fresh);
+        for lease in &renewals.renewed {
+            engine
+                .backend
+                .holding(&engine.cx, &lease.resource, &lease.holder, lease.remaining);
+        }
+        for lease in &renewals.lost {
+            engine
+                .backend
+                .ended(&engine.cx, &lease.resource, &lease.holder);
+        }
+        Ok(renewals)
     }
 
     pub(crate) fn engine(&self) -> Result<&Arc<Engine>, StoreError> {
@@ -568,32 +626,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     /// it renewed, in one transaction), with the leases bound as one JSON document; MariaDB
     /// needs 10.6 or later (`JSON_TABLE`).
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
-        let millis = validate_batch(held, lease)?;
-        let engine = self.engine()?;
-        if held.is_empty() {
-            return Ok(Renewals::default());
-        }
-        let json = statements::held_json(held);
-        let shape = engine.shape(false).await?;
-        let rows = engine
-            .backend
-            .renew_all(&engine.cx, json, millis, shape)
-            .await;
-        let rows = engine.noting(shape, rows)?;
-        let fresh =
-            super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))?;
-        let renewals = Renewals::sort(held, fresh);
-        for lease in &renewals.renewed {
-            engine
-                .backend
-                .holding(&engine.cx, &lease.resource, &lease.holder, lease.remaining);
-        }
-        for lease in &renewals.lost {
-            engine
-                .backend
-                .ended(&engine.cx, &lease.resource, &lease.holder);
-        }
-        Ok(renewals)
+        self.renew_all_as(held, lease, false).await
     }
 
     /// On PostgreSQL, `LISTEN`s on one connection of its own (opened on first use, kept while

@@ -40,6 +40,7 @@ use runner::{Runner, StepDown, Stop};
 pub struct ElectorBuilder {
     store: Arc<dyn LeaseStore>,
     fence: Option<crate::SeaOrmLeaseStore>,
+    together: Option<crate::SeaOrmLeaseStore>,
     options: Options,
     health_window: Option<Duration>,
 }
@@ -148,6 +149,7 @@ impl ElectorBuilder {
         Ok(Elector {
             store: self.store,
             fence: self.fence,
+            together: self.together,
             config: Arc::new(config),
             health_window,
         })
@@ -181,6 +183,7 @@ impl ElectorBuilder {
 pub struct Elector {
     store: Arc<dyn LeaseStore>,
     fence: Option<crate::SeaOrmLeaseStore>,
+    together: Option<crate::SeaOrmLeaseStore>,
     config: Arc<Config>,
     health_window: Duration,
 }
@@ -194,9 +197,20 @@ impl Elector {
     /// A builder over `store`, the place every candidate of the resource shares.
     pub fn builder(store: impl LeaseStore + 'static) -> ElectorBuilder {
         let fence = store.sea_orm_store().cloned();
+        // Renews go out in batches only on a `SeaOrmLeaseStore` itself: a wrapper sees every
+        // call it forwards.
+        let any: &dyn std::any::Any = &store;
+        let together = any
+            .downcast_ref::<crate::SeaOrmLeaseStore>()
+            .cloned()
+            .or_else(|| {
+                any.downcast_ref::<Arc<crate::SeaOrmLeaseStore>>()
+                    .map(|s| crate::SeaOrmLeaseStore::clone(s))
+            });
         ElectorBuilder {
             store: Arc::new(store),
             fence,
+            together,
             options: Options::default(),
             health_window: None,
         }
@@ -237,6 +251,7 @@ impl Elector {
             work_gate: work_gate.clone(),
             probe: probe.clone(),
             fence: self.fence,
+            together: self.together,
         };
         let (finished, done) = watch::channel(false);
         let supervised = probe.clone().supervise(runner.run());

@@ -20,6 +20,7 @@ use super::decision::{
 use super::handover::Handover;
 use super::health::Probe;
 use super::term::{LeaderTerm, Leadership, LossReason};
+use super::together::Reply;
 use crate::random::jittered;
 use crate::store::ReleaseEvents;
 use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseStore};
@@ -116,6 +117,9 @@ pub(crate) struct Runner {
     pub probe: Probe,
     /// The store again, where it can fence SeaORM transactions (see `LeaderTerm::fence`).
     pub fence: Option<crate::SeaOrmLeaseStore>,
+    /// The store, when the elector was built on a `SeaOrmLeaseStore` itself (not a wrapper,
+    /// whose renews must all go through it): its leaders renew together (see `together`).
+    pub together: Option<crate::SeaOrmLeaseStore>,
 }
 
 impl Drop for Runner {
@@ -136,12 +140,16 @@ struct Active {
 enum Together {
     /// The batch answered: this is the round's decision.
     Decided(Decision),
-    /// The elector asks on its own, at once: the batch left without it, reported its lease
-    /// lost, or failed.
-    AskNow,
+    /// The elector asks on its own, at once: the batch left without it, was held up, or
+    /// failed for good; or (`lost`) it committed without renewing this term's lease, which
+    /// then ends unless the elector's own answer renews it or begins a new term.
+    AskNow { lost: bool },
     /// No batch: the elector renews on its own at its time.
     Alone,
 }
+
+/// How long past its due time a leader waits for its batch to leave before it renews alone.
+const DEPARTURE_SLACK: Duration = Duration::from_millis(100);
 
 /// Why a turn of the loop ended early: a stop was requested (see [`Stop`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -495,17 +503,26 @@ impl Runner {
         let role = Role::Leader {
             token: active.term.token(),
         };
-        match self.renew_together(active, due, deadline, failures).await? {
+        let lost = match self.renew_together(active, due, deadline, failures).await? {
             Together::Decided(decision) => return Ok(decision),
-            Together::AskNow => {}
-            Together::Alone => self.stoppable(sleep_until(due)).await?,
-        }
+            Together::AskNow { lost } => lost,
+            Together::Alone => {
+                self.stoppable(sleep_until(due)).await?;
+                false
+            }
+        };
         if crate::clock::now() >= deadline {
             let next = Next::Lose(LossReason::Deadline, None, None);
             return Ok(Decision { next, failures });
         }
-        self.ask_and_decide(role, crate::clock::now(), deadline, failures)
-            .await
+        let mut decision = self
+            .ask_and_decide(role, crate::clock::now(), deadline, failures)
+            .await?;
+        // The batch said the term is gone: an error now does not keep it going.
+        if lost && matches!(decision.next, Next::Retry { .. }) {
+            decision.next = Next::Lose(LossReason::Superseded, None, None);
+        }
+        Ok(decision)
     }
 
     /// The renew in a batch with the other leaders of this process that share the store (see
@@ -517,36 +534,49 @@ impl Runner {
         deadline: Instant,
         failures: u32,
     ) -> Result<Together, Stopped> {
-        let batches = match &self.fence {
-            Some(store) if self.config.renew_together => store.renew_batches(),
-            _ => None,
+        // Stopping, or past the deadline: nothing enters a batch (the step takes it up).
+        if self.stop.abort.is_cancelled()
+            || self.stop.shutdown.is_cancelled()
+            || crate::clock::now() >= deadline
+        {
+            return Ok(Together::Alone);
+        }
+        let Some(store) = self
+            .together
+            .as_ref()
+            .filter(|_| self.config.renew_together)
+        else {
+            return Ok(Together::Alone);
         };
-        let Some(mut ticket) = batches.and_then(|b| {
-            b.enter(
-                self.fence.as_ref()?,
+        let Some(mut ticket) = store.renew_batches().and_then(|batches| {
+            batches.enter(
+                store,
                 active.granted.clone(),
-                self.config.lease,
+                (self.config.lease, self.config.renew_interval),
                 due,
                 deadline,
             )
         }) else {
             return Ok(Together::Alone);
         };
+        // The batch leaves at the latest at `due`; one that is held up (its task on a runtime
+        // that is not driven, say) is waited for a moment, then this leader renews alone.
+        let patience = later(due, DEPARTURE_SLACK).min(deadline);
         let departed = tokio::select! {
             biased;
             _ = self.stop.abort.cancelled() => return Err(Stopped::Abort),
             _ = self.stop.shutdown.cancelled() => Err(Stopped::Shutdown),
             _ = self.stop.step_down.asked.notified() => Err(Stopped::StepDown),
-            // Bounded by the deadline too: the batch's task could be held up.
-            departed = timeout_at(deadline, ticket.departed()) => Ok(departed),
+            departed = timeout_at(patience, ticket.departed()) => Ok(departed),
         };
         let departure = match departed {
             Ok(Ok(departure)) => departure,
-            // The deadline came before the batch left: the term is over.
             Ok(Err(_)) => {
-                ticket.withdraw();
-                let next = Next::Lose(LossReason::Deadline, None, None);
-                return Ok(Together::Decided(Decision { next, failures }));
+                if ticket.withdraw() {
+                    return Ok(Together::AskNow { lost: false });
+                }
+                // It left meanwhile: its answer decides this round.
+                self.abortable(ticket.departed()).await?
             }
             Err(stopped) => {
                 if ticket.withdraw() {
@@ -561,16 +591,19 @@ impl Runner {
             }
         };
         let Some(departure) = departure else {
-            return Ok(Together::AskNow);
+            return Ok(Together::AskNow { lost: false });
         };
         let sent = departure.sent;
         let answer = match self
-            .abortable(timeout_at(deadline, departure.renewed()))
+            .abortable(timeout_at(deadline, departure.reply()))
             .await?
         {
-            Ok(Some(lease)) => Ok(Ok(LeaseOutcome::Renewed(lease))),
-            // Lost, given twice, or the batch failed: this elector asks on its own, now.
-            Ok(None) => return Ok(Together::AskNow),
+            Ok(Reply::Renewed(lease)) => Ok(Ok(LeaseOutcome::Renewed(lease))),
+            Ok(Reply::Lost) => return Ok(Together::AskNow { lost: true }),
+            Ok(Reply::Failed(what)) => Ok(Err(crate::StoreError::Database(
+                sea_orm::DbErr::Custom(what).into(),
+            ))),
+            Ok(Reply::Alone) => return Ok(Together::AskNow { lost: false }),
             Err(_) => Err(NoAnswer),
         };
         let role = Role::Leader {

@@ -22,15 +22,16 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-use crate::{Lease, LeaseStore, SeaOrmLeaseStore};
+use crate::{Lease, SeaOrmLeaseStore};
 
 /// The most leases one statement renews; a larger batch sends one statement per this many.
 pub(crate) const MAX_PER_STATEMENT: usize = 1_000;
 
-/// The batches of one store, by lease duration; shared by the store's clones.
+/// The batches of one store, by lease duration and renew interval (a leader that renews often
+/// would otherwise pull the others along); shared by the store's clones.
 #[derive(Debug, Default)]
 pub(crate) struct Batches {
-    batches: Mutex<HashMap<Duration, Arc<Batch>>>,
+    batches: Mutex<HashMap<(Duration, Duration), Arc<Batch>>>,
     /// Set when the store cannot renew in batches (it refused one for a reason retrying does
     /// not mend): every leader renews on its own from then on.
     off: AtomicBool,
@@ -43,6 +44,9 @@ pub(crate) struct Batches {
 struct Paused {
     until: Option<Instant>,
     failures: u32,
+    /// The send instant of the batch whose failure counted last: one failure per batch, however
+    /// many of its statements failed.
+    counted: Option<Instant>,
 }
 
 /// The first pause after a failed batch, and the longest.
@@ -64,6 +68,8 @@ struct Pending {
     next_id: u64,
     /// Whether a task sends this batch (it ends when no entry waits).
     running: bool,
+    /// When the task means to leave next: a new entry due sooner wakes it.
+    leaves_at: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -80,14 +86,28 @@ struct Entry {
 pub(crate) struct Departure {
     /// Taken before the statement went out.
     pub(crate) sent: Instant,
-    answer: oneshot::Receiver<Option<Lease>>,
+    answer: oneshot::Receiver<Reply>,
+}
+
+/// What a batch said about one lease.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Renewed: the lease as the statement left it.
+    Renewed(Lease),
+    /// The statement committed without renewing it: no longer this term's (revoked, taken
+    /// over, expired).
+    Lost,
+    /// The statement failed with an error that trying again may mend (described here).
+    Failed(String),
+    /// Left out (given twice, past its deadline), or the batch failed for good or went away:
+    /// the elector asks on its own.
+    Alone,
 }
 
 impl Departure {
-    /// The lease as the batch renewed it; `None` when the elector must ask on its own (lost,
-    /// given twice, or the batch failed or went unanswered).
-    pub(crate) async fn renewed(self) -> Option<Lease> {
-        self.answer.await.ok().flatten()
+    /// What the batch said about this entry's lease.
+    pub(crate) async fn reply(self) -> Reply {
+        self.answer.await.unwrap_or(Reply::Alone)
     }
 }
 
@@ -129,7 +149,7 @@ impl Batches {
         &self,
         store: &SeaOrmLeaseStore,
         lease: Lease,
-        duration: Duration,
+        (duration, interval): (Duration, Duration),
         due: Instant,
         deadline: Instant,
     ) -> Option<Ticket> {
@@ -141,13 +161,17 @@ impl Batches {
             return None;
         }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let batch = Arc::clone(lock(&self.batches).entry(duration).or_insert_with(|| {
-            Arc::new(Batch {
-                lease: duration,
-                pending: Mutex::default(),
-                entered: Notify::new(),
-            })
-        }));
+        let batch = Arc::clone(
+            lock(&self.batches)
+                .entry((duration, interval))
+                .or_insert_with(|| {
+                    Arc::new(Batch {
+                        lease: duration,
+                        pending: Mutex::default(),
+                        entered: Notify::new(),
+                    })
+                }),
+        );
         let (tx, rx) = oneshot::channel();
         let (id, start) = {
             let mut pending = lock(&batch.pending);
@@ -162,12 +186,28 @@ impl Batches {
             });
             let start = !pending.running;
             pending.running = true;
-            (id, start)
+            let sooner = pending.leaves_at.is_none_or(|at| due < at);
+            (
+                id,
+                if start {
+                    Some(true)
+                } else {
+                    sooner.then_some(false)
+                },
+            )
         };
-        if start {
-            runtime.spawn(send_batches(Arc::clone(&batch), store.clone()));
-        } else {
-            batch.entered.notify_one();
+        match start {
+            // The guard goes with the task, so a task its runtime never runs still clears the
+            // flag (it is dropped with the task).
+            Some(true) => {
+                let running = Running {
+                    batch: Arc::clone(&batch),
+                    ended: false,
+                };
+                runtime.spawn(send_batches(running, store.clone()));
+            }
+            Some(false) => batch.entered.notify_one(),
+            None => {}
         }
         Some(Ticket {
             batch,
@@ -178,7 +218,7 @@ impl Batches {
 
     /// A batch failed with `error`: leaders renew on their own for a while, or for good if
     /// retrying cannot help (see [`StoreError::is_permanent`](crate::StoreError::is_permanent)).
-    fn failed(&self, error: &crate::StoreError) {
+    fn failed(&self, error: &crate::StoreError, sent: Instant) {
         if error.is_permanent() {
             if !self.off.swap(true, Ordering::Relaxed) {
                 tracing::info!(%error, "leaders renew lease by lease from now on: the store refused a batch");
@@ -186,6 +226,10 @@ impl Batches {
             return;
         }
         let mut paused = lock(&self.paused);
+        if paused.counted == Some(sent) {
+            return;
+        }
+        paused.counted = Some(sent);
         let pause = FIRST_PAUSE
             .saturating_mul(1 << paused.failures.min(16))
             .min(LONGEST_PAUSE);
@@ -197,25 +241,30 @@ impl Batches {
     /// A batch was answered: the pauses start over.
     fn answered(&self) {
         let mut paused = lock(&self.paused);
-        if paused.failures > 0 {
+        if paused.failures > 0
+            && paused
+                .until
+                .is_none_or(|until| crate::clock::now() >= until)
+        {
             *paused = Paused::default();
         }
     }
 }
 
 /// Sends `batch` each time its first entry is due, while entries wait.
-async fn send_batches(batch: Arc<Batch>, store: SeaOrmLeaseStore) {
-    let mut running = Running {
-        batch: Arc::clone(&batch),
-        ended: false,
-    };
+async fn send_batches(mut running: Running, store: SeaOrmLeaseStore) {
+    let batch = Arc::clone(&running.batch);
     loop {
         let due = {
             let mut pending = lock(&batch.pending);
             match pending.entries.iter().map(|e| e.due).min() {
-                Some(due) => due,
+                Some(due) => {
+                    pending.leaves_at = Some(due);
+                    due
+                }
                 None => {
                     pending.running = false;
+                    pending.leaves_at = None;
                     running.ended = true;
                     return;
                 }
@@ -243,6 +292,7 @@ impl Drop for Running {
         if !self.ended {
             let mut pending = lock(&self.batch.pending);
             pending.running = false;
+            pending.leaves_at = None;
             pending.entries.clear();
         }
     }
@@ -259,8 +309,10 @@ fn send(batch: &Batch, store: &SeaOrmLeaseStore, taken: Vec<Entry>) {
     let mut out = Vec::with_capacity(taken.len());
     for e in taken {
         let (tx, answer) = oneshot::channel();
-        // An elector that is gone by now is left out.
+        // An elector that is gone by now is left out; so is a lease past its deadline (its
+        // term is over: renewing it would leave a live lease nobody leads).
         if e.departed.send(Departure { sent, answer }).is_ok()
+            && e.deadline > sent
             && seen.insert(e.lease.resource.clone())
         {
             out.push(Out {
@@ -277,7 +329,7 @@ fn send(batch: &Batch, store: &SeaOrmLeaseStore, taken: Vec<Entry>) {
             Vec::new()
         };
         let chunk = std::mem::replace(&mut out, rest);
-        tokio::spawn(renew_chunk(store.clone(), batch.lease, chunk));
+        tokio::spawn(renew_chunk(store.clone(), batch.lease, sent, chunk));
     }
 }
 
@@ -285,20 +337,23 @@ fn send(batch: &Batch, store: &SeaOrmLeaseStore, taken: Vec<Entry>) {
 struct Out {
     lease: Lease,
     deadline: Instant,
-    answer: oneshot::Sender<Option<Lease>>,
+    answer: oneshot::Sender<Reply>,
 }
 
 /// One statement for `chunk`, given up at the latest deadline in it (each elector gives up at
-/// its own).
-async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, chunk: Vec<Out>) {
+/// its own). Its wait for a row another transaction holds (the leader's own fenced
+/// transaction, say) is bounded as a single renew's is, so one such row fails the batch fast
+/// instead of holding up every leader in it.
+async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, chunk: Vec<Out>) {
     let Some(until) = chunk.iter().map(|o| o.deadline).max() else {
         return;
     };
     let held: Vec<Lease> = chunk.iter().map(|o| o.lease.clone()).collect();
-    let answer = crate::clock::timeout_at(until, store.renew_all(&held, lease)).await;
+    let answer = crate::clock::timeout_at(until, store.renew_all_bounded(&held, lease)).await;
+    let batches = store.renew_batches();
     let mut renewed: HashMap<(String, String), Lease> = match answer {
         Ok(Ok(renewals)) => {
-            if let Some(batches) = store.renew_batches() {
+            if let Some(batches) = batches {
                 batches.answered();
             }
             renewals
@@ -308,18 +363,30 @@ async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, chunk: Vec<Out>) 
                 .collect()
         }
         Ok(Err(error)) => {
-            if let Some(batches) = store.renew_batches() {
-                batches.failed(&error);
+            if let Some(batches) = batches {
+                batches.failed(&error, sent);
             }
-            HashMap::new()
+            let reply = || {
+                if error.is_permanent() {
+                    Reply::Alone
+                } else {
+                    Reply::Failed(format!("a batched renew failed: {error}"))
+                }
+            };
+            for o in chunk {
+                let _ = o.answer.send(reply());
+            }
+            return;
         }
-        Err(_) => HashMap::new(),
+        // Every elector in it gave up at its deadline by now.
+        Err(_) => return,
     };
     for o in chunk {
-        let mine = renewed
-            .remove(&(o.lease.resource.clone(), o.lease.holder.clone()))
-            .filter(|l| l.token == o.lease.token);
-        let _ = o.answer.send(mine);
+        let reply = match renewed.remove(&(o.lease.resource.clone(), o.lease.holder.clone())) {
+            Some(l) if l.token == o.lease.token => Reply::Renewed(l),
+            _ => Reply::Lost,
+        };
+        let _ = o.answer.send(reply);
     }
 }
 

@@ -463,6 +463,13 @@ impl LeaseBackend for MySqlBackend {
 
     /// The batch renew and the read of what it renewed, in one transaction; the rows once it
     /// has committed.
+    /// Not here: the batch's transaction would wait for a row a leader's own fenced
+    /// transaction holds for `innodb_lock_wait_timeout` (50 s by default) with every other
+    /// lease of the batch locked behind it; electors renew lease by lease.
+    fn batches_renewals(&self) -> bool {
+        false
+    }
+
     async fn renew_all(
         &self,
         cx: &Context,

@@ -271,6 +271,19 @@ impl LeaseBackend for PgBackend {
             .await
     }
 
+    async fn renew_all_bounded(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        let update =
+            statements::renew_all_bounded(cx.dialect, &cx.table_iden(), json, millis, shape);
+        self.deciding(cx, cx.build(&update), RENEW_TRANSACTION_START_COLUMN)
+            .await
+    }
+
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
         match self.checked() {
             Some(pool) => cx.autocommitted(|| pool.rows(&stmt)).await,

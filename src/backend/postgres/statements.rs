@@ -193,6 +193,28 @@ pub(crate) fn renew_all(
         .to_owned()
 }
 
+/// [`renew_all`] with its lock waits bounded first ([`lock_wait`], for a lease of `millis`):
+/// a row another transaction holds (a leader's own fenced transaction) fails the batch with
+/// `55P03` after that wait instead of holding up every lease in it.
+pub(crate) fn renew_all_bounded(
+    d: &dyn Dialect,
+    table: &Alias,
+    json: String,
+    millis: i64,
+    shape: Shape,
+) -> UpdateStatement {
+    let settings = Query::select().expr(lock_wait(d, millis)).to_owned();
+    let mut update = renew_all(d, table, json, millis, shape);
+    update.and_where(
+        Expr::SubQuery(
+            None,
+            Box::new(sea_orm::sea_query::QueryStatementBuilder::into_sub_query_statement(settings)),
+        )
+        .is_not_null(),
+    );
+    update
+}
+
 /// The index of `transaction_timestamp()` in [`renew_all`]'s rows.
 pub(crate) const RENEW_TRANSACTION_START_COLUMN: usize = 7;
 
@@ -283,5 +305,23 @@ mod tests {
             r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#
         );
         assert_eq!(values.0.len(), 2, "{values:?}");
+    }
+
+    /// The electors' batch renew: the plain batch renew, its lock waits bounded first by the
+    /// same `set_config` a single renew's upsert makes (a subquery every row's condition
+    /// needs, so it runs before any row is locked).
+    #[test]
+    fn the_bounded_batch_renew_sets_its_lock_timeout_first() {
+        let (plain, _) = renew_all(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
+            .build(PostgresQueryBuilder);
+        let (sql, values) =
+            renew_all_bounded(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
+                .build(PostgresQueryBuilder);
+        let bound = r#" AND (SELECT set_config('lock_timeout', CAST(LEAST(200, GREATEST(10, $3 / 5)) AS text) || 'ms', TRUE)) IS NOT NULL RETURNING "#;
+        assert_eq!(sql, plain.replacen(" RETURNING ", bound, 1));
+        assert_eq!(
+            values.0.last(),
+            Some(&sea_orm::sea_query::Value::BigInt(Some(1500)))
+        );
     }
 }
