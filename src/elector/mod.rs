@@ -132,8 +132,9 @@ impl ElectorBuilder {
     /// leader is due and takes every leader waiting then, so a leader may renew before its
     /// renew interval is up, never after; its deadline counts from the instant the shared
     /// statement was sent, as for a renew of its own. A lease the batch finds lost, and every
-    /// lease of a batch that failed, is asked about by its elector on its own at once. Other
-    /// stores, handovers and shutdowns renew lease by lease. Default true.
+    /// lease of a batch that failed, is asked about by its elector on its own at once.
+    /// PostgreSQL and SQLite only: on MySQL/MariaDB, with other stores or wrappers, and in
+    /// handovers and shutdowns leaders renew lease by lease. Default true.
     pub fn renew_together(mut self, together: bool) -> Self {
         self.options.renew_together = Some(together);
         self
