@@ -101,7 +101,13 @@ async fn cell(url: &str, resources: usize, nodes: usize, window: Duration) -> Re
     for n in &mut procs {
         drop(n.child.stdin.take());
     }
+    // A graceful stop, or a kill after 30 s (a node that cannot keep up with its set).
+    let stop = Instant::now();
     for n in &mut procs {
+        while matches!(n.child.try_wait(), Ok(None)) && stop.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = n.child.kill();
         let _ = n.child.wait();
     }
     super::drop(&db, &table).await;
@@ -140,10 +146,6 @@ pub async fn shard_cost() -> Result<(), Error> {
             .unwrap_or(20),
     );
     let url = super::pg_url();
-    let mut results = Vec::new();
-    for (resources, nodes) in cells {
-        results.push(cell(&url, resources, nodes, window).await?);
-    }
     println!(
         "\n## Shard-set rounds as the work grows (PostgreSQL, lease {} s, interval {} s, {} s windows)\n",
         LEASE.as_secs(),
@@ -152,7 +154,9 @@ pub async fn shard_cost() -> Result<(), Error> {
     );
     println!("| resources | node processes | rows read per round | resources × nodes | database CPU per round | live leases at the end |");
     println!("| --- | --- | --- | --- | --- | --- |");
-    for c in &results {
+    let mut results = Vec::new();
+    for (resources, nodes) in cells {
+        let c = cell(&url, resources, nodes, window).await?;
         match &c.outcome {
             Ok((rows, cpu_ms, still)) => println!(
                 "| {} | {} | {:.0} | {} | {} | {:.0} |",
@@ -165,6 +169,7 @@ pub async fn shard_cost() -> Result<(), Error> {
             ),
             Err(why) => println!("| {} | {} | {why} | | | |", c.resources, c.nodes),
         }
+        results.push(c);
     }
     std::fs::create_dir_all("target/orion-bench")?;
     let path = std::path::PathBuf::from("target/orion-bench/shard-cost.svg");
