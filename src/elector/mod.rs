@@ -134,7 +134,13 @@ impl ElectorBuilder {
     /// statement was sent, as for a renew of its own. A lease the batch finds lost, and every
     /// lease of a batch that failed, is asked about by its elector on its own at once.
     /// PostgreSQL and SQLite only: on MySQL/MariaDB, with other stores or wrappers, and in
-    /// handovers and shutdowns leaders renew lease by lease. Default true.
+    /// handovers and shutdowns leaders renew lease by lease.
+    ///
+    /// Default false. A batch waits for every row another transaction holds, one after the
+    /// other (each wait bounded as a single renew's is on PostgreSQL): leaders that run many
+    /// short fenced transactions can hold a batch up past their deadlines all at once, where
+    /// renewing alone each waits only for its own row. Turn it on for many leaders whose fenced
+    /// transactions are rare and short.
     pub fn renew_together(mut self, together: bool) -> Self {
         self.options.renew_together = Some(together);
         self

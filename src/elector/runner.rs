@@ -505,7 +505,25 @@ impl Runner {
         };
         let lost = match self.renew_together(active, due, deadline, failures).await? {
             Together::Decided(decision) => return Ok(decision),
-            Together::AskNow { lost } => lost,
+            Together::AskNow { lost } => {
+                // Nothing is in flight: a stop asked meanwhile is taken up before asking (a
+                // term the batch found lost ends either way).
+                let stopped = if self.stop.abort.is_cancelled() {
+                    Some(Stopped::Abort)
+                } else if self.stop.shutdown.is_cancelled() {
+                    Some(Stopped::Shutdown)
+                } else {
+                    None
+                };
+                if let Some(stopped) = stopped {
+                    if lost {
+                        let next = Next::Lose(LossReason::Superseded, None, None);
+                        return Ok(Decision { next, failures });
+                    }
+                    return Err(stopped);
+                }
+                lost
+            }
             Together::Alone => {
                 self.stoppable(sleep_until(due)).await?;
                 false
@@ -561,7 +579,8 @@ impl Runner {
         };
         // The batch leaves at the latest at `due`; one that is held up (its task on a runtime
         // that is not driven, say) is waited for a moment, then this leader renews alone.
-        let patience = later(due, DEPARTURE_SLACK).min(deadline);
+        let slack = DEPARTURE_SLACK.min(deadline.saturating_duration_since(due) / 4);
+        let patience = later(due, slack).min(deadline);
         let departed = tokio::select! {
             biased;
             _ = self.stop.abort.cancelled() => return Err(Stopped::Abort),

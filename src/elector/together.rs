@@ -378,8 +378,20 @@ async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, ch
             }
             return;
         }
-        // Every elector in it gave up at its deadline by now.
-        Err(_) => return,
+        // Every elector in it gave up at its deadline by now; leaders renew on their own for a
+        // while.
+        Err(_) => {
+            if let Some(batches) = batches {
+                batches.failed(
+                    &crate::StoreError::Database(
+                        sea_orm::DbErr::Custom("a batched renew did not answer in time".into())
+                            .into(),
+                    ),
+                    sent,
+                );
+            }
+            return;
+        }
     };
     for o in chunk {
         let reply = match renewed.remove(&(o.lease.resource.clone(), o.lease.holder.clone())) {
