@@ -351,8 +351,6 @@ impl SeaOrmLeaseStore {
         &self.settings.db
     }
 
-    /// The store's backend and what its code is given, or the error every call reports when
-    /// it has none (see [`choose`]).
     /// The batches its electors' renews go out in (see `elector::together`); `None` where the
     /// backend cannot bound a batch's wait for a locked row.
     pub(crate) fn renew_batches(&self) -> Option<&crate::elector::together::Batches> {
@@ -416,6 +414,8 @@ impl SeaOrmLeaseStore {
         Ok(renewals)
     }
 
+    /// The store's backend and what its code is given, or the error every call reports when
+    /// it has none (see [`choose`]).
     pub(crate) fn engine(&self) -> Result<&Arc<Engine>, StoreError> {
         self.engine
             .as_ref()
