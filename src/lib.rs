@@ -50,7 +50,7 @@ pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
 #[doc(inline)]
 pub use locks::{Lock, LockError, LockGuard, Locks, Semaphore};
 #[doc(inline)]
-pub use membership::{Member, MembershipStore};
+pub use membership::{Holding, Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
 #[doc(inline)]
 pub use shards::{Assignment, ShardHandle, ShardSet, ShardSetBuilder, ShardStore};

@@ -35,6 +35,49 @@ pub struct Member {
     pub joined_at: Option<DateTime<Utc>>,
     /// The last heartbeat (database clock; `None` for the in-memory store).
     pub heartbeat_at: Option<DateTime<Utc>>,
+    /// What the member reported leading at its last heartbeat, if it reports it (see
+    /// [`MembershipStore::heartbeat_holding`]).
+    pub holding: Option<Holding>,
+}
+
+/// What a shard-set member leads, as it reports with its heartbeat: how many of the set's
+/// leases it renewed in its last round, and a fingerprint of its list of the set's resources
+/// (the counts of members with the same list add up to at most the list's length while no
+/// resource is free).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Holding {
+    /// The set's leases the member renewed (or took) in its last round.
+    pub leases: u64,
+    /// The fingerprint of the member's list of resources ([`Holding::fingerprint`]).
+    pub set_hash: u64,
+}
+
+impl Holding {
+    /// `leases` leases of the set whose resources are `resources`.
+    pub fn new<S: AsRef<str>>(leases: u64, resources: &[S]) -> Self {
+        Self {
+            leases,
+            set_hash: Self::fingerprint(resources),
+        }
+    }
+
+    /// The fingerprint of a list of resources, whatever its order: FNV-1a over the sorted,
+    /// deduplicated names, stable across processes and versions.
+    pub fn fingerprint<S: AsRef<str>>(resources: &[S]) -> u64 {
+        let mut names: Vec<&str> = resources.iter().map(AsRef::as_ref).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for name in names {
+            for b in name.bytes().chain([0xff]) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
 }
 
 impl Member {
@@ -52,6 +95,7 @@ impl Member {
             remaining,
             joined_at: None,
             heartbeat_at: None,
+            holding: None,
         }
     }
 }
@@ -78,6 +122,24 @@ pub trait MembershipStore: Send + Sync {
         draining: bool,
     ) -> Result<Vec<Member>, StoreError>;
 
+    /// [`heartbeat`](Self::heartbeat) that also records what the member leads, so that the
+    /// other members can tell, from the members alone, whether a resource of the set may be
+    /// free (and skip reading the set's leases when none can be). A store that keeps no such
+    /// record (the default, and a database store whose membership table lacks the columns of
+    /// the `AddMemberHolding` migration) heartbeats without it, and its members'
+    /// [`holding`](Member::holding) is `None`.
+    async fn heartbeat_holding(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        let _ = holding;
+        self.heartbeat(shard_set, member, ttl, draining).await
+    }
+
     /// Removes `member` from `shard_set` (and the set's lapsed rows); `true` if it was live.
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError>;
 
@@ -95,6 +157,19 @@ impl<S: MembershipStore + ?Sized> MembershipStore for std::sync::Arc<S> {
         draining: bool,
     ) -> Result<Vec<Member>, StoreError> {
         (**self).heartbeat(shard_set, member, ttl, draining).await
+    }
+
+    async fn heartbeat_holding(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        (**self)
+            .heartbeat_holding(shard_set, member, ttl, draining, holding)
+            .await
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {

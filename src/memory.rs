@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
+use crate::membership::{validate_heartbeat, validate_shard_set, Holding, Member, MembershipStore};
 use crate::store::{
     offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
     validate_request, validate_resource, validate_take,
@@ -21,6 +21,7 @@ use crate::{
 struct Membership {
     expires: Instant,
     draining: bool,
+    holding: Option<Holding>,
 }
 
 #[derive(Debug, Clone)]
@@ -123,11 +124,34 @@ impl InMemoryLeaseStore {
             .map(|((set, id), m)| {
                 let mut member = Member::new(set, id, m.expires - now);
                 member.draining = m.draining;
+                member.holding = m.holding;
                 member
             })
             .collect();
         live.sort_by(|a, b| a.member.cmp(&b.member));
         live
+    }
+
+    fn beat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Option<Holding>,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        let now = Instant::now();
+        let expires = now + Duration::from_millis(millis.unsigned_abs());
+        lock(&self.members).insert(
+            (shard_set.to_owned(), member.to_owned()),
+            Membership {
+                expires,
+                draining,
+                holding,
+            },
+        );
+        Ok(self.members_of(shard_set, now))
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
@@ -149,14 +173,18 @@ impl MembershipStore for InMemoryLeaseStore {
         ttl: Duration,
         draining: bool,
     ) -> Result<Vec<Member>, StoreError> {
-        let millis = validate_heartbeat(shard_set, member, ttl)?;
-        let now = Instant::now();
-        let expires = now + Duration::from_millis(millis.unsigned_abs());
-        lock(&self.members).insert(
-            (shard_set.to_owned(), member.to_owned()),
-            Membership { expires, draining },
-        );
-        Ok(self.members_of(shard_set, now))
+        self.beat(shard_set, member, ttl, draining, None)
+    }
+
+    async fn heartbeat_holding(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        self.beat(shard_set, member, ttl, draining, Some(holding))
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {

@@ -33,6 +33,12 @@ pub struct Model {
     pub heartbeat_at: DateTimeUtc,
     /// When the membership lapses without another heartbeat (database clock).
     pub expires_at: DateTimeUtc,
+    /// How many of the set's leases the node renewed in its last round (`None` from a node
+    /// that does not report it). Added by the `AddMemberHolding` migration.
+    pub leases_held: Option<i64>,
+    /// A fingerprint of the node's list of the set's resources: the counts of nodes with the
+    /// same list add up. Added by the `AddMemberHolding` migration.
+    pub set_hash: Option<i64>,
 }
 
 /// The membership table has no relations.

@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use orion_beacon_migration::{
-//!     AddLeasePayload, CreateJobRunTable, CreateLeaseTable, CreateMemberTable,
+//!     AddLeasePayload, AddMemberHolding, CreateJobRunTable, CreateLeaseTable, CreateMemberTable,
 //! };
 //! use sea_orm_migration::prelude::*;
 //!
@@ -24,6 +24,8 @@
 //!             Box::new(AddLeasePayload::new()),
 //!             // only for scheduled jobs (their run records):
 //!             Box::new(CreateJobRunTable::new()),
+//!             // shard sets: the members' counts (after the membership table):
+//!             Box::new(AddMemberHolding::new()),
 //!         ]
 //!     }
 //! }
@@ -64,6 +66,7 @@ mod m20261129_000001_create_leases;
 mod m20261201_000001_create_members;
 mod m20261203_000001_add_lease_payload;
 mod m20261204_000001_create_job_runs;
+mod m20261205_000001_add_member_holding;
 
 pub use check_down::check_down;
 pub use check_first::CheckDown;
@@ -73,6 +76,7 @@ pub use m20261129_000001_create_leases::CreateLeaseTable;
 pub use m20261201_000001_create_members::CreateMemberTable;
 pub use m20261203_000001_add_lease_payload::AddLeasePayload;
 pub use m20261204_000001_create_job_runs::CreateJobRunTable;
+pub use m20261205_000001_add_member_holding::AddMemberHolding;
 pub use orion_beacon_entity::{
     validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
 };
@@ -83,7 +87,7 @@ pub const TRACKING_TABLE: &str = "seaql_migrations_orionbeacon";
 /// orion-beacon's own migrator, for the binary in this crate (feature `cli`). It creates the
 /// default tables: the lease table (`orionbeacon_leases`), then the membership table of shard
 /// sets (`orionbeacon_members`), the payload columns and the run records of scheduled jobs
-/// (`orionbeacon_job_runs`), each its own versioned migration.
+/// (`orionbeacon_job_runs`) and the members' counts, each its own versioned migration.
 pub struct Migrator;
 
 #[async_trait::async_trait]
@@ -94,6 +98,7 @@ impl MigratorTrait for Migrator {
             Box::new(CreateMemberTable::new()),
             Box::new(AddLeasePayload::new()),
             Box::new(CreateJobRunTable::new()),
+            Box::new(AddMemberHolding::new()),
         ]
     }
 

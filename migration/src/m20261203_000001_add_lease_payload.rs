@@ -202,7 +202,7 @@ pub const DDL_LOCK_WAIT_SECONDS: u64 = 2;
 
 /// Sends one DDL statement, its wait for the table's lock bounded where the server can
 /// ([`DDL_LOCK_WAIT_SECONDS`]; MySQL waits its own `lock_wait_timeout`).
-async fn bounded_ddl<C: ConnectionTrait>(conn: &C, ddl: Statement) -> Result<(), DbErr> {
+pub(crate) async fn bounded_ddl<C: ConnectionTrait>(conn: &C, ddl: Statement) -> Result<(), DbErr> {
     let sql = match conn.get_database_backend() {
         DbBackend::Postgres => {
             // Ends with the migration's transaction (every migration here runs in one).

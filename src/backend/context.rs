@@ -40,6 +40,9 @@ pub(crate) struct Context {
     pub(crate) durability_checked: Arc<tokio::sync::OnceCell<()>>,
     /// Whether the lease table has the payload columns, as last seen.
     pub(crate) shape: ShapeSeen,
+    /// Whether the membership table has the columns of the members' counts, as last seen
+    /// ([`Shape::Payload`]: it has them).
+    pub(crate) member_counts: ShapeSeen,
 }
 
 /// The store's statements, each rendered on first use (those that read or write the payload
@@ -129,6 +132,7 @@ impl Context {
             prepared: PreparedCache::default(),
             durability_checked,
             shape: ShapeSeen::default(),
+            member_counts: ShapeSeen::default(),
         }
     }
 

@@ -60,7 +60,7 @@ impl Engine {
     }
 
     /// Whether `err` says a column the statement named does not exist.
-    fn unknown_column(&self, err: &StoreError) -> bool {
+    pub(crate) fn unknown_column(&self, err: &StoreError) -> bool {
         db_err_in(err).is_some_and(|e| self.cx.kind(e) == Kind::UnknownColumn)
     }
 

@@ -21,7 +21,7 @@ use super::dialect::Dialect;
 use super::row::Row;
 use super::statements::{returned_row, with_payload, Shape};
 use super::store::SeaOrmLeaseStore;
-use crate::membership::{validate_heartbeat, validate_shard_set, Member, MembershipStore};
+use crate::membership::{validate_heartbeat, validate_shard_set, Holding, Member, MembershipStore};
 use crate::store::validate_candidate;
 use crate::{LeaseRecord, StoreError};
 
@@ -30,8 +30,10 @@ use crate::{LeaseRecord, StoreError};
 pub(crate) const READ_CHUNK: usize = 1000;
 
 /// The heartbeat of `member`: its row, live for `millis` from the write, with its draining
-/// flag. `joined_at` restarts when the row had lapsed (a member that comes back is a new
-/// membership). It is assigned first: MySQL assigns in order and must read the old expiry.
+/// flag and, on a table with the count columns (`counts` is `Some`, `None` values writing
+/// NULLs), what it leads. `joined_at` restarts when the row had lapsed (a member that comes
+/// back is a new membership). It is assigned first: MySQL assigns in order and must read the
+/// old expiry.
 pub(crate) fn heartbeat(
     d: &dyn Dialect,
     table: &Alias,
@@ -39,46 +41,66 @@ pub(crate) fn heartbeat(
     member: &str,
     millis: i64,
     draining: bool,
+    counts: Option<Option<Holding>>,
 ) -> Result<InsertStatement, DbErr> {
     let old = |c: Column| Expr::col((table.clone(), c));
+    let mut updates = vec![
+        (
+            Column::JoinedAt,
+            Expr::case(old(Column::ExpiresAt).lte(d.now()), d.now())
+                .finally(old(Column::JoinedAt))
+                .into(),
+        ),
+        (Column::Draining, Expr::val(draining)),
+        (Column::HeartbeatAt, d.now()),
+        (Column::ExpiresAt, d.lease_end(millis)),
+    ];
+    let mut columns = vec![
+        Column::ShardSet,
+        Column::Member,
+        Column::Draining,
+        Column::JoinedAt,
+        Column::HeartbeatAt,
+        Column::ExpiresAt,
+    ];
+    let mut values = vec![
+        Expr::val(shard_set),
+        Expr::val(member),
+        Expr::val(draining),
+        d.now(),
+        d.now(),
+        d.lease_end(millis),
+    ];
+    if let Some(holding) = counts {
+        // Stored as the signed bigints of the columns; read back the same way.
+        let leases = holding.map(|h| i64::try_from(h.leases).unwrap_or(i64::MAX));
+        let hash = holding.map(|h| i64::from_ne_bytes(h.set_hash.to_ne_bytes()));
+        for (column, value) in [(Column::LeasesHeld, leases), (Column::SetHash, hash)] {
+            columns.push(column);
+            values.push(Expr::val(value));
+            updates.push((column, Expr::val(value)));
+        }
+    }
     let on_conflict = OnConflict::columns([Column::ShardSet, Column::Member])
-        .values([
-            (
-                Column::JoinedAt,
-                Expr::case(old(Column::ExpiresAt).lte(d.now()), d.now())
-                    .finally(old(Column::JoinedAt))
-                    .into(),
-            ),
-            (Column::Draining, Expr::val(draining)),
-            (Column::HeartbeatAt, d.now()),
-            (Column::ExpiresAt, d.lease_end(millis)),
-        ])
+        .values(updates)
         .to_owned();
     let mut stmt = Query::insert();
     stmt.into_table(table.clone())
-        .columns([
-            Column::ShardSet,
-            Column::Member,
-            Column::Draining,
-            Column::JoinedAt,
-            Column::HeartbeatAt,
-            Column::ExpiresAt,
-        ])
-        .values([
-            Expr::val(shard_set),
-            Expr::val(member),
-            Expr::val(draining),
-            d.now(),
-            d.now(),
-            d.lease_end(millis),
-        ])
+        .columns(columns)
+        .values(values)
         .map_err(|e| DbErr::Custom(e.to_string()))?
         .on_conflict(on_conflict);
     Ok(stmt)
 }
 
-/// The live members of `shard_set` (all sets for `None`), with their remaining time.
-pub(crate) fn live(d: &dyn Dialect, table: &Alias, shard_set: Option<&str>) -> SelectStatement {
+/// The live members of `shard_set` (all sets for `None`), with their remaining time and, on a
+/// table with the count columns (`counted`), what they lead.
+pub(crate) fn live(
+    d: &dyn Dialect,
+    table: &Alias,
+    shard_set: Option<&str>,
+    counted: bool,
+) -> SelectStatement {
     let mut select = Query::select();
     select
         .columns([
@@ -91,6 +113,9 @@ pub(crate) fn live(d: &dyn Dialect, table: &Alias, shard_set: Option<&str>) -> S
         .expr(d.remaining_millis(Expr::col(Column::ExpiresAt)))
         .from(table.clone())
         .and_where(Expr::col(Column::ExpiresAt).gt(d.now()));
+    if counted {
+        select.columns([Column::LeasesHeld, Column::SetHash]);
+    }
     if let Some(set) = shard_set {
         select.and_where(Expr::col(Column::ShardSet).eq(set));
     }
@@ -138,7 +163,7 @@ pub(crate) fn leases_of(
         .to_owned()
 }
 
-fn decode_member(row: &QueryResult) -> Result<Member, DbErr> {
+fn decode_member(row: &QueryResult, counted: bool) -> Result<Member, DbErr> {
     let remaining: i64 = row.try_get_by_index(5)?;
     let mut member = Member::new(
         row.try_get_by_index::<String>(0)?,
@@ -148,6 +173,17 @@ fn decode_member(row: &QueryResult) -> Result<Member, DbErr> {
     member.draining = row.try_get_by_index(2)?;
     member.joined_at = Some(row.try_get_by_index(3)?);
     member.heartbeat_at = Some(row.try_get_by_index(4)?);
+    if counted {
+        let leases: Option<i64> = row.try_get_by_index(6)?;
+        let hash: Option<i64> = row.try_get_by_index(7)?;
+        member.holding = match (leases.map(u64::try_from), hash) {
+            (Some(Ok(leases)), Some(hash)) => Some(Holding {
+                leases,
+                set_hash: u64::from_ne_bytes(hash.to_ne_bytes()),
+            }),
+            _ => None,
+        };
+    }
     Ok(member)
 }
 
@@ -155,17 +191,82 @@ impl SeaOrmLeaseStore {
     /// Every live member of every shard set, ordered by shard set and member id: the operator's
     /// view.
     pub async fn list_members(&self) -> Result<Vec<Member>, StoreError> {
-        self.read_members(None).await
+        let counted = self.member_counts().await?;
+        self.read_members(None, counted).await
     }
 
-    async fn read_members(&self, shard_set: Option<&str>) -> Result<Vec<Member>, StoreError> {
+    /// Whether the membership table has the count columns: as last seen, or looked at now
+    /// (a table seen without them is looked at again after a while: the migration may have
+    /// run since).
+    async fn member_counts(&self) -> Result<bool, StoreError> {
+        let engine = self.engine()?;
+        if let Some(shape) = engine.cx.member_counts.fresh(false) {
+            return Ok(shape == Shape::Payload);
+        }
+        let table = Alias::new(&*engine.cx.member_table);
+        let mut probe = live(engine.cx.dialect, &table, None, true);
+        probe.limit(0);
+        let counted = match self.members_plain(engine.cx.build(&probe)).await {
+            Ok(_) => true,
+            Err(err) if engine.unknown_column(&err) => false,
+            Err(err) => return Err(err),
+        };
+        engine.cx.member_counts.set(if counted {
+            Shape::Payload
+        } else {
+            Shape::Plain
+        });
+        Ok(counted)
+    }
+
+    /// A heartbeat with the count columns (`holding`, or NULLs) where the table has them.
+    async fn beat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: std::time::Duration,
+        draining: bool,
+        holding: Option<Holding>,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        let engine = self.engine()?;
+        let cx = &engine.cx;
+        let table = Alias::new(&*cx.member_table);
+        let counted = self.member_counts().await?;
+        let counts = counted.then_some(holding);
+        let upsert = heartbeat(
+            cx.dialect, &table, shard_set, member, millis, draining, counts,
+        )
+        .map_err(|e| StoreError::Database(e.into()))?;
+        match self.members_plain(cx.build(&upsert)).await {
+            Ok(_) => self.read_members(Some(shard_set), counted).await,
+            Err(err) if counted && engine.unknown_column(&err) => {
+                // The columns went (the migration rolled back): without them from now on.
+                tracing::info!(table = %cx.member_table, "the membership table has no count columns any more");
+                cx.member_counts.set(Shape::Plain);
+                let upsert = heartbeat(
+                    cx.dialect, &table, shard_set, member, millis, draining, None,
+                )
+                .map_err(|e| StoreError::Database(e.into()))?;
+                self.members_plain(cx.build(&upsert)).await?;
+                self.read_members(Some(shard_set), false).await
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn read_members(
+        &self,
+        shard_set: Option<&str>,
+        counted: bool,
+    ) -> Result<Vec<Member>, StoreError> {
         let cx = &self.engine()?.cx;
         let table = Alias::new(&*cx.member_table);
-        let stmt = cx.build(&live(cx.dialect, &table, shard_set));
+        let stmt = cx.build(&live(cx.dialect, &table, shard_set, counted));
         let rows = self.members_plain(stmt).await?;
         let mut members = rows
             .iter()
-            .map(decode_member)
+            .map(|row| decode_member(row, counted))
             .collect::<Result<Vec<_>, DbErr>>()
             .map_err(|source| StoreError::Decode {
                 table: self.member_table().to_string(),
@@ -238,13 +339,21 @@ impl MembershipStore for SeaOrmLeaseStore {
         ttl: std::time::Duration,
         draining: bool,
     ) -> Result<Vec<Member>, StoreError> {
-        let millis = validate_heartbeat(shard_set, member, ttl)?;
-        let cx = &self.engine()?.cx;
-        let table = Alias::new(&*cx.member_table);
-        let upsert = heartbeat(cx.dialect, &table, shard_set, member, millis, draining)
-            .map_err(|e| StoreError::Database(e.into()))?;
-        self.members_plain(cx.build(&upsert)).await?;
-        self.read_members(Some(shard_set)).await
+        self.beat(shard_set, member, ttl, draining, None).await
+    }
+
+    /// Writes `holding` into the count columns where the membership table has them (the
+    /// `AddMemberHolding` migration); a plain heartbeat otherwise.
+    async fn heartbeat_holding(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: std::time::Duration,
+        draining: bool,
+        holding: Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        self.beat(shard_set, member, ttl, draining, Some(holding))
+            .await
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
@@ -262,7 +371,8 @@ impl MembershipStore for SeaOrmLeaseStore {
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         validate_shard_set(shard_set)?;
-        self.read_members(Some(shard_set)).await
+        let counted = self.member_counts().await?;
+        self.read_members(Some(shard_set), counted).await
     }
 }
 
@@ -279,7 +389,7 @@ mod tests {
     // sea-query drops clauses a backend lacks without a word: pin the exact SQL.
     #[test]
     fn heartbeat_is_one_upsert_per_backend() {
-        let (sql, values) = heartbeat(&Postgres, &table(), "orders", "node-a", 15_000, false)
+        let (sql, values) = heartbeat(&Postgres, &table(), "orders", "node-a", 15_000, false, None)
             .unwrap()
             .build(PostgresQueryBuilder);
         assert_eq!(
@@ -294,7 +404,7 @@ mod tests {
         );
         assert_eq!(values.0.len(), 6, "{values:?}");
 
-        let (sql, _) = heartbeat(&Sqlite, &table(), "orders", "node-a", 15_000, true)
+        let (sql, _) = heartbeat(&Sqlite, &table(), "orders", "node-a", 15_000, true, None)
             .unwrap()
             .build(SqliteQueryBuilder);
         assert_eq!(
@@ -308,7 +418,7 @@ mod tests {
             )
         );
 
-        let (sql, _) = heartbeat(&MySql, &table(), "orders", "node-a", 15_000, false)
+        let (sql, _) = heartbeat(&MySql, &table(), "orders", "node-a", 15_000, false, None)
             .unwrap()
             .build(MysqlQueryBuilder);
         assert_eq!(
@@ -323,9 +433,78 @@ mod tests {
         );
     }
 
+    // The counts ride on the same upsert: two more columns, bound, set on insert and update.
+    #[test]
+    fn a_counted_heartbeat_writes_and_reads_the_counts() {
+        let holding = Holding::new(3, &["a", "b", "c", "d"]);
+        let (sql, values) = heartbeat(
+            &Postgres,
+            &table(),
+            "orders",
+            "node-a",
+            15_000,
+            false,
+            Some(Some(holding)),
+        )
+        .unwrap()
+        .build(PostgresQueryBuilder);
+        assert_eq!(
+            sql,
+            concat!(
+                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at", "leases_held", "set_hash") "#,
+                r#"VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(), clock_timestamp() + $4 * INTERVAL '1 millisecond', $5, $6) "#,
+                r#"ON CONFLICT ("shard_set", "member") DO UPDATE SET "#,
+                r#""joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_members"."joined_at" END), "#,
+                r#""draining" = $7, "heartbeat_at" = statement_timestamp(), "expires_at" = clock_timestamp() + $8 * INTERVAL '1 millisecond', "leases_held" = $9, "set_hash" = $10"#,
+            )
+        );
+        let hash = i64::from_ne_bytes(holding.set_hash.to_ne_bytes());
+        assert_eq!(values.0[4], 3i64.into());
+        assert_eq!(values.0[5], hash.into());
+        assert_eq!(values.0[8], 3i64.into());
+        assert_eq!(values.0[9], hash.into());
+        // A plain heartbeat on a counted table clears them.
+        let (sql, values) = heartbeat(
+            &MySql,
+            &table(),
+            "orders",
+            "node-a",
+            15_000,
+            false,
+            Some(None),
+        )
+        .unwrap()
+        .build(MysqlQueryBuilder);
+        assert!(
+            sql.ends_with("MICROSECOND, `leases_held` = ?, `set_hash` = ?"),
+            "{sql}"
+        );
+        assert_eq!(values.0[9], sea_orm::Value::BigInt(None));
+        let (sql, _) = live(&Sqlite, &table(), Some("orders"), true).build(SqliteQueryBuilder);
+        assert!(
+            sql.starts_with(
+                r#"SELECT "shard_set", "member", "draining", "joined_at", "heartbeat_at", "#
+            ) && sql.contains(r#", "leases_held", "set_hash" FROM "orionbeacon_members" WHERE"#),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn fingerprints_ignore_order_and_repeats() {
+        let a = Holding::fingerprint(&["x", "y", "z"]);
+        assert_eq!(a, Holding::fingerprint(&["z", "x", "y", "x"]));
+        assert_ne!(a, Holding::fingerprint(&["x", "y"]));
+        // Names never run together.
+        assert_ne!(
+            Holding::fingerprint(&["ab", "c"]),
+            Holding::fingerprint(&["a", "bc"])
+        );
+    }
+
     #[test]
     fn reads_and_deletes_are_guarded_and_bound() {
-        let (sql, values) = live(&Postgres, &table(), Some("orders")).build(PostgresQueryBuilder);
+        let (sql, values) =
+            live(&Postgres, &table(), Some("orders"), false).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
             r#"SELECT "shard_set", "member", "draining", "joined_at", "heartbeat_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT) FROM "orionbeacon_members" WHERE "expires_at" > (statement_timestamp()) AND "shard_set" = $1"#

@@ -20,6 +20,8 @@ pub(crate) struct Config {
     pub name: Arc<str>,
     pub member: Arc<str>,
     pub resources: Vec<Arc<str>>,
+    /// The fingerprint of `resources` (see [`crate::Holding::fingerprint`]).
+    pub set_hash: u64,
     pub lease: Duration,
     pub interval: Duration,
     pub step_down_margin: Duration,
@@ -113,6 +115,7 @@ impl Options {
             health_window,
             name: Arc::from(name),
             member: Arc::from(member),
+            set_hash: crate::Holding::fingerprint(&self.resources),
             resources: self.resources.into_iter().map(Arc::from).collect(),
             lease,
             interval,

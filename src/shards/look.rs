@@ -24,6 +24,42 @@ pub(crate) struct Free {
     pub abandoned: HashSet<Arc<str>>,
 }
 
+/// Whether the members' counts, as this round's heartbeat answered them, say that no resource
+/// of the set can be free, so this round's look at the set's leases can be skipped: every live
+/// member (`me` among them) reports what it leads for the same list of resources (`set_hash`),
+/// none is late with its heartbeat (more than two intervals since its last, judged by its
+/// remaining time against this node's `lease`: a member that stops heartbeating is about to
+/// leave its leases to lapse), and together they lead at least every resource.
+///
+/// Each member counts only the terms it leads at its heartbeat (never those it is handing
+/// over, nor those it acquires after it), and two members never lead one resource at once, so
+/// the sum overstates what is led only for a term that ended between its member's heartbeat
+/// and this one's: a round late at most. Any doubt means a look.
+pub(crate) fn nothing_free(
+    members: &[Member],
+    me: &str,
+    set_hash: u64,
+    resources: usize,
+    lease: Duration,
+    interval: Duration,
+) -> bool {
+    if !members.iter().any(|m| m.member == me) {
+        return false;
+    }
+    let late = interval.saturating_mul(2);
+    let mut led: u64 = 0;
+    for m in members {
+        let Some(holding) = m.holding else {
+            return false;
+        };
+        if holding.set_hash != set_hash || lease.saturating_sub(m.remaining) > late {
+            return false;
+        }
+        led = led.saturating_add(holding.leases);
+    }
+    led >= u64::try_from(resources).unwrap_or(u64::MAX)
+}
+
 /// Since when each resource has been seen free, across looks.
 #[derive(Debug, Default)]
 pub(crate) struct FreeSince(HashMap<Arc<str>, Instant>);

@@ -17,7 +17,7 @@ use crate::clock::sleep_until;
 use tracing::{debug, error, info, warn, Instrument};
 
 use super::config::Config;
-use super::look::Free;
+use super::look::{nothing_free, Free};
 use super::state::{deadline, Handover, Held, State, UNWIND};
 use super::watchdog::{recv, watchdog};
 use super::{Assignment, Control, ShardStore, Work};
@@ -166,15 +166,24 @@ impl Runner {
             return;
         }
         let draining = draining || st.stopping;
-        let heartbeat = self.store.heartbeat(
+        // Only the terms led now: those being handed over are about to go, and counting them
+        // could make another member skip the look that finds them free.
+        let holding = crate::Holding {
+            leases: u64::try_from(st.held.len()).unwrap_or(u64::MAX),
+            set_hash: self.config.set_hash,
+        };
+        let heartbeat = self.store.heartbeat_holding(
             &self.config.name,
             &self.config.member,
             self.config.lease,
             draining,
+            holding,
         );
         let sent = crate::clock::now();
+        let mut answered = false;
         match self.bounded(heartbeat).await {
             Ok(members) => {
+                answered = true;
                 self.health.answered_now();
                 st.presence.seen(&members, sent);
                 st.members = members;
@@ -196,7 +205,7 @@ impl Runner {
             }
         }
         if !st.stopping {
-            self.rebalance(st, draining && st.drain_announced, started, lost)
+            self.rebalance(st, draining && st.drain_announced, answered, started, lost)
                 .await;
         }
         self.finish_handovers(st, started + self.config.interval)
@@ -237,20 +246,17 @@ impl Runner {
         st.apply_renewals(renewals, crate::clock::now(), deadline);
     }
 
-    /// Looks at which resources are free, plans, hands over, acquires.
+    /// Looks at which resources are free, plans, hands over, acquires. The look is skipped
+    /// when this round's heartbeat `answered` and the members' counts say no resource can be
+    /// free (see [`nothing_free`]), and no acquire of this node awaits its answer.
     async fn rebalance(
         &self,
         st: &mut State,
         draining: bool,
+        answered: bool,
         started: Instant,
         lost: &Arc<Notify>,
     ) {
-        let resources: Vec<String> = self
-            .config
-            .resources
-            .iter()
-            .map(|r| r.to_string())
-            .collect();
         if self.over_budget(st, started) {
             // The renew and the heartbeat took the round's time: a slow database. No look,
             // so nothing becomes "abandoned" by the gap, and nothing taken soon after says
@@ -260,29 +266,51 @@ impl Runner {
             return;
         }
         let looked = crate::clock::now();
-        let records = match self.bounded(self.store.current_all(&resources)).await {
-            Ok(records) => records,
-            Err(err) => {
-                let Some(err) = self.transient(st, err) else {
+        let skip = answered
+            && st.uncertain.is_empty()
+            && nothing_free(
+                &st.members,
+                &self.config.member,
+                self.config.set_hash,
+                self.config.resources.len(),
+                self.config.lease,
+                self.config.interval,
+            );
+        let (records, free) = if skip {
+            // As a look that found every resource led.
+            (Vec::new(), HashSet::new())
+        } else {
+            let resources: Vec<String> = self
+                .config
+                .resources
+                .iter()
+                .map(|r| r.to_string())
+                .collect();
+            let records = match self.bounded(self.store.current_all(&resources)).await {
+                Ok(records) => records,
+                Err(err) => {
+                    let Some(err) = self.transient(st, err) else {
+                        return;
+                    };
+                    warn!(error = %err, "could not read the shard set's leases; no rebalancing this round");
+                    st.free_since.forget();
                     return;
-                };
-                warn!(error = %err, "could not read the shard set's leases; no rebalancing this round");
-                st.free_since.forget();
-                return;
-            }
+                }
+            };
+            let live: HashSet<&str> = records
+                .iter()
+                .filter(|r| r.live)
+                .map(|r| r.resource.as_str())
+                .collect();
+            let free: HashSet<Arc<str>> = self
+                .config
+                .resources
+                .iter()
+                .filter(|r| !live.contains(&***r))
+                .cloned()
+                .collect();
+            (records, free)
         };
-        let live: HashSet<&str> = records
-            .iter()
-            .filter(|r| r.live)
-            .map(|r| r.resource.as_str())
-            .collect();
-        let free: HashSet<Arc<str>> = self
-            .config
-            .resources
-            .iter()
-            .filter(|r| !live.contains(&***r))
-            .cloned()
-            .collect();
         let Free {
             free,
             orphans,

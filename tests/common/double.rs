@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use orion_beacon::store::validate_resource;
 use orion_beacon::{
-    async_trait, FencingToken, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore,
-    Member, MembershipStore, ReleaseEvents, Renewals, StoreError,
+    async_trait, FencingToken, Holding, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord,
+    LeaseStore, Member, MembershipStore, ReleaseEvents, Renewals, StoreError,
 };
 
 /// The calls of [`LeaseStore`] and [`MembershipStore`], each given the inner store first. Every
@@ -157,6 +157,20 @@ where
         draining: bool,
     ) -> Result<Vec<Member>, StoreError> {
         inner.heartbeat(shard_set, member, ttl, draining).await
+    }
+
+    async fn heartbeat_holding(
+        &self,
+        inner: &S,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        inner
+            .heartbeat_holding(shard_set, member, ttl, draining, holding)
+            .await
     }
 
     async fn leave(&self, inner: &S, shard_set: &str, member: &str) -> Result<bool, StoreError> {
@@ -298,6 +312,19 @@ where
     ) -> Result<Vec<Member>, StoreError> {
         self.intercept
             .heartbeat(&self.inner, shard_set, member, ttl, draining)
+            .await
+    }
+
+    async fn heartbeat_holding(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        self.intercept
+            .heartbeat_holding(&self.inner, shard_set, member, ttl, draining, holding)
             .await
     }
 

@@ -171,7 +171,8 @@ pub fn member_table(table: &str) -> String {
 /// ([`member_table`]) on `db`.
 pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{
-        AddLeasePayload, CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
+        AddLeasePayload, AddMemberHolding, CreateLeaseTable, CreateMemberTable, MigrationTrait,
+        SchemaManager,
     };
     let migration = CreateLeaseTable::with_table(table).expect("valid table name");
     migration
@@ -188,6 +189,11 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
         .up(&SchemaManager::new(db))
         .await
         .expect("membership migration up");
+    AddMemberHolding::with_table(member_table(table))
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("membership counts migration up");
 }
 
 /// Drops `table` and its membership table with the migrations' `down`, after deleting their

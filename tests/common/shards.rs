@@ -4,12 +4,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use orion_beacon::{
-    Assignment, LeaseOutcome, LeaseStore, MembershipStore, ShardHandle, ShardSet, StoreError,
+    Assignment, Holding, LeaseOutcome, LeaseRecord, LeaseStore, MembershipStore, ShardHandle,
+    ShardSet, StoreError,
 };
 use tokio::time::Instant;
 
 use super::conformance::{Harness, LONG, PAST_SHORT, SHORT};
+use super::double::{Double, Intercept};
 use super::unique;
 
 /// Heartbeats make members, judged by the database clock; leave removes them; draining is
@@ -257,6 +262,114 @@ where
     );
 }
 
+/// A heartbeat with what the member leads shows it to every member; a plain heartbeat clears
+/// it.
+pub async fn members_report_what_they_lead<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    let store = h.store();
+    let set = unique("set");
+    let list = ["x", "y", "z"];
+    let holding = Holding::new(2, &list);
+    let members = store
+        .heartbeat_holding(&set, "node-a", LONG, false, holding)
+        .await
+        .unwrap();
+    assert_eq!(members[0].holding, Some(holding));
+    let members = store.heartbeat(&set, "node-b", LONG, false).await.unwrap();
+    assert_eq!(
+        members.iter().map(|m| m.holding).collect::<Vec<_>>(),
+        [Some(holding), None]
+    );
+    assert_eq!(store.members(&set).await.unwrap()[0].holding, Some(holding));
+    // The largest counts and fingerprints come back as they went.
+    let big = Holding::new(u64::try_from(i64::MAX).unwrap(), &["\u{10ffff}"]);
+    store
+        .heartbeat_holding(&set, "node-a", LONG, false, big)
+        .await
+        .unwrap();
+    assert_eq!(store.members(&set).await.unwrap()[0].holding, Some(big));
+    store.heartbeat(&set, "node-a", LONG, false).await.unwrap();
+    assert_eq!(store.members(&set).await.unwrap()[0].holding, None);
+    store.leave(&set, "node-a").await.unwrap();
+    store.leave(&set, "node-b").await.unwrap();
+}
+
+/// Counts the looks at a shard set's leases (`current_all`) of the nodes over it.
+#[derive(Clone, Default)]
+pub struct CountLooks(pub Arc<AtomicUsize>);
+
+#[orion_beacon::async_trait]
+impl<S: LeaseStore + MembershipStore + 'static> Intercept<S> for CountLooks {
+    async fn current_all(
+        &self,
+        inner: &S,
+        resources: &[String],
+    ) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        inner.current_all(resources).await
+    }
+}
+
+/// Once every resource is led and the members' counts show it, the nodes stop reading the
+/// set's leases; a node that dies makes them look again, and its resources are led again.
+pub async fn a_settled_set_reads_no_leases<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    const N: usize = 8;
+    let lease = Duration::from_millis(1500);
+    let interval = Duration::from_millis(250);
+    let set = unique("settled");
+    let resources: Vec<String> = (0..N).map(|i| format!("{set}-{i}")).collect();
+    let looks = CountLooks::default();
+    let node = |store: H::Store, id: &str| {
+        ShardSet::builder(Double::over(store, looks.clone()))
+            .name(set.clone())
+            .resources(resources.clone())
+            .member_id(id)
+            .lease_duration(lease)
+            .interval(interval)
+            .slack(0)
+            .grace_period(Duration::from_millis(500))
+            .build()
+            .expect("valid shard set")
+            .start()
+    };
+    let a = node(h.separate_store().await, "node-a");
+    let b = node(h.separate_store().await, "node-b");
+    let both = [("a", &a), ("b", &b)];
+    eventually("balanced over two", Duration::from_secs(8), &both, |led| {
+        led.len() == N && counts(led).values().all(|n| *n == N / 2)
+    })
+    .await;
+    // A round for each count to show, then twelve rounds per node.
+    tokio::time::sleep(interval * 3).await;
+    let before = looks.0.load(Ordering::SeqCst);
+    tokio::time::sleep(interval * 12).await;
+    let settled = looks.0.load(Ordering::SeqCst) - before;
+    // A look every round would be about 24; a stalled heartbeat (a loaded machine) may cost
+    // one or two.
+    assert!(
+        settled <= 4,
+        "{settled} looks in 12 settled rounds of two nodes"
+    );
+    eprintln!("{settled} looks in 12 settled rounds of two nodes");
+    let b_led = b.assignment().led.len();
+    assert_eq!(b_led, N / 2);
+    b.abort().await;
+    let gap = eventually(
+        "a dead node's resources are led again",
+        lease + interval * 8,
+        &[("a", &a)],
+        |led| led.len() == N,
+    )
+    .await;
+    eprintln!("re-led {gap:?} after the kill (lease {lease:?}, interval {interval:?})");
+    a.shutdown().await;
+}
+
 /// What a node published last, for debugging.
 pub fn describe(a: &Assignment) -> String {
     format!(
@@ -274,6 +387,8 @@ macro_rules! shard_suite {
             members_heartbeat_and_leave,
             current_all_reads_many_leases,
             shard_set_spreads_rebalances_and_recovers,
+            members_report_what_they_lead,
+            a_settled_set_reads_no_leases,
         );
     };
     (@cases $setup:expr; $($case:ident),* $(,)?) => {
