@@ -2,7 +2,9 @@
 //! processes (the shard-set benchmark's nodes, `shards::node`), once all are led, in a steady
 //! window: rows the lease table's scans returned per round (`pg_stat_user_tables`: sequential
 //! and index tuples read) and the server's CPU per round, next to N × M, the rows a round reads
-//! when every node reads the whole set.
+//! when every node reads the whole set. Each cell runs twice, side by side: a membership table
+//! without the members' counts (every node reads the whole set every round) and with them
+//! (`AddMemberHolding`: a settled set skips its looks).
 
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use plotters::prelude::*;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio::time::Instant;
 
-use super::shards::{drop_members, migrate_members, spawn_with, Node};
+use super::shards::{add_member_counts, drop_members, migrate_members, spawn_with, Node};
 use super::{cpu, Error};
 
 /// Rounds are slower than the placement benchmark's, so that the largest sets fit 2 cores.
@@ -48,14 +50,24 @@ async fn live(db: &DatabaseConnection, table: &str) -> Result<i64, Error> {
 struct Cell {
     resources: usize,
     nodes: usize,
+    counted: bool,
     outcome: Result<(f64, Option<f64>, f64), String>,
 }
 
-async fn cell(url: &str, resources: usize, nodes: usize, window: Duration) -> Result<Cell, Error> {
+async fn cell(
+    url: &str,
+    resources: usize,
+    nodes: usize,
+    counted: bool,
+    window: Duration,
+) -> Result<Cell, Error> {
     let table = super::unique(&format!("obcost{resources}x{nodes}"));
     let db = super::connect(url, 2, false).await?;
     super::migrate(&db, &table).await?;
     migrate_members(&db, &table).await?;
+    if counted {
+        add_member_counts(&db, &table).await?;
+    }
     let settings = [
         ("ORION_BENCH_SHARD_COUNT", resources.to_string()),
         ("ORION_BENCH_SHARD_LEASE_MS", LEASE.as_millis().to_string()),
@@ -115,6 +127,7 @@ async fn cell(url: &str, resources: usize, nodes: usize, window: Duration) -> Re
     Ok(Cell {
         resources,
         nodes,
+        counted,
         outcome,
     })
 }
@@ -152,24 +165,45 @@ pub async fn shard_cost() -> Result<(), Error> {
         INTERVAL.as_secs(),
         window.as_secs()
     );
-    println!("| resources | node processes | rows read per round | resources × nodes | database CPU per round | live leases at the end |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| resources | node processes | resources × nodes | rows read per round, without counts | with counts | ratio | database CPU per round, without / with | live leases at the end, without / with |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut results = Vec::new();
     for (resources, nodes) in cells {
-        let c = cell(&url, resources, nodes, window).await?;
-        match &c.outcome {
-            Ok((rows, cpu_ms, still)) => println!(
-                "| {} | {} | {:.0} | {} | {} | {:.0} |",
-                c.resources,
-                c.nodes,
-                rows,
-                c.resources * c.nodes,
-                cpu_ms.map_or("-".to_owned(), |ms| format!("{ms:.0} ms")),
-                still
-            ),
-            Err(why) => println!("| {} | {} | {why} | | | |", c.resources, c.nodes),
-        }
-        results.push(c);
+        let plain = cell(&url, resources, nodes, false, window).await?;
+        let counted = cell(&url, resources, nodes, true, window).await?;
+        let rows = |c: &Cell| {
+            c.outcome
+                .as_ref()
+                .map_or_else(|why| why.clone(), |o| format!("{:.0}", o.0))
+        };
+        let cpu = |c: &Cell| {
+            c.outcome
+                .as_ref()
+                .ok()
+                .and_then(|o| o.1)
+                .map_or("-".to_owned(), |ms| format!("{ms:.0} ms"))
+        };
+        let still = |c: &Cell| {
+            c.outcome
+                .as_ref()
+                .map_or("-".to_owned(), |o| format!("{:.0}", o.2))
+        };
+        let ratio = match (&plain.outcome, &counted.outcome) {
+            (Ok(p), Ok(c)) if p.0 > 0.0 => format!("{:.3}", c.0 / p.0),
+            _ => "-".to_owned(),
+        };
+        println!(
+            "| {resources} | {nodes} | {} | {} | {} | {ratio} | {} / {} | {} / {} |",
+            resources * nodes,
+            rows(&plain),
+            rows(&counted),
+            cpu(&plain),
+            cpu(&counted),
+            still(&plain),
+            still(&counted),
+        );
+        results.push(plain);
+        results.push(counted);
     }
     std::fs::create_dir_all("target/orion-bench")?;
     let path = std::path::PathBuf::from("target/orion-bench/shard-cost.svg");
@@ -180,10 +214,10 @@ pub async fn shard_cost() -> Result<(), Error> {
 
 /// Rows read per round against resources, a line per node count.
 fn chart(cells: &[Cell], path: &std::path::Path) -> Result<(), Error> {
-    let points = |nodes: usize| -> Vec<(f64, f64)> {
+    let points = |nodes: usize, counted: bool| -> Vec<(f64, f64)> {
         cells
             .iter()
-            .filter(|c| c.nodes == nodes)
+            .filter(|c| c.nodes == nodes && c.counted == counted)
             .filter_map(|c| Some((c.resources as f64, c.outcome.as_ref().ok()?.0)))
             .collect()
     };
@@ -221,9 +255,19 @@ fn chart(cells: &[Cell], path: &std::path::Path) -> Result<(), Error> {
     for (i, nodes) in counts.into_iter().enumerate() {
         let color = colors[i % colors.len()];
         chart
-            .draw_series(LineSeries::new(points(nodes), color.stroke_width(2)))?
-            .label(format!("{nodes} node processes"))
+            .draw_series(LineSeries::new(points(nodes, false), color.stroke_width(2)))?
+            .label(format!("{nodes} node processes, every node reads the set"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        let light = color.mix(0.5);
+        chart
+            .draw_series(
+                points(nodes, true)
+                    .into_iter()
+                    .map(move |(x, y)| Circle::new((x, y), 4, light.filled())),
+            )?
+            .label(format!("{nodes} node processes, with the members' counts"))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 4, light.filled()));
+        chart.draw_series(LineSeries::new(points(nodes, true), light.stroke_width(2)))?;
     }
     chart
         .configure_series_labels()

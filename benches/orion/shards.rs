@@ -682,6 +682,15 @@ pub(crate) async fn migrate_members(db: &DatabaseConnection, table: &str) -> Res
     Ok(())
 }
 
+/// Adds the members' count columns (`AddMemberHolding`) to the membership table of `table`.
+pub(crate) async fn add_member_counts(db: &DatabaseConnection, table: &str) -> Result<(), Error> {
+    use orion_beacon_migration::{AddMemberHolding, MigrationTrait, SchemaManager};
+    AddMemberHolding::with_table(format!("{table}_m"))?
+        .up(&SchemaManager::new(db))
+        .await?;
+    Ok(())
+}
+
 pub(crate) async fn drop_members(db: &DatabaseConnection, table: &str) {
     use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
     if let Ok(m) = CreateMemberTable::with_table(format!("{table}_m")) {

@@ -24,6 +24,7 @@ impl MigratorTrait for AppMigrator {
             Box::new(CreateMemberTable::new()),
             Box::new(AddLeasePayload::new()),
             Box::new(orion_beacon_migration::CreateJobRunTable::new()),
+            Box::new(orion_beacon_migration::AddMemberHolding::new()),
         ]
     }
 }
@@ -114,7 +115,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     // step, which commits on its own and only drops the payload columns).
     let members = "SELECT COUNT(*) FROM orionbeacon_members";
     live_member(db, "").await;
-    let err = AppMigrator::down(db, Some(3))
+    let err = AppMigrator::down(db, Some(4))
         .await
         .expect_err("a live member");
     assert!(
@@ -131,7 +132,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         .unwrap();
 
     // `down -n 4` with lease rows: `check_down` refuses before any step runs...
-    let err = check_down::<AppMigrator, _>(db, Some(4))
+    let err = check_down::<AppMigrator, _>(db, Some(5))
         .await
         .expect_err("lease rows");
     assert!(
@@ -140,11 +141,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "{err}"
     );
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
-    assert!(check_down::<AppMigrator, _>(db, Some(3)).await.is_ok());
+    assert!(check_down::<AppMigrator, _>(db, Some(4)).await.is_ok());
     // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
     // -n 4` runs (also for `reset` and `refresh`, which undo every step)...
     let checked = CheckDown(AppMigrator);
-    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(4))
+    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(5))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
@@ -160,7 +161,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     // ...while sea-orm-migration alone commits the payload and membership steps first, and
     // says so.
-    let err = AppMigrator::down(db, Some(4))
+    let err = AppMigrator::down(db, Some(5))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("`up` applies them again"), "{err}");
@@ -287,6 +288,9 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         CreateLeaseTable::NAME
     );
     let members = format!("SELECT COUNT(*) FROM {prefix}orionbeacon_members");
+    let holding = format!(
+        "SELECT COUNT(*) FROM {prefix}orionbeacon_members WHERE leases_held IS NOT NULL OR set_hash IS NOT NULL"
+    );
     let payloads = format!(
         "SELECT COUNT(*) FROM {prefix}orionbeacon_leases WHERE payload IS NOT NULL OR payload_token IS NOT NULL"
     );
@@ -335,14 +339,22 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
-    // Four steps back would stop at the leases: refused before anything is dropped.
-    let said = refused_args(url, schema, &["down", "-n", "4"]);
+    // Five steps back would stop at the leases: refused before anything is dropped.
+    let said = refused_args(url, schema, &["down", "-n", "5"]);
     assert!(
         said.contains("Nothing was rolled back") && said.contains("1 lease row"),
         "{said}"
     );
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
     assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
+    // One step back removes the members' count columns; the members stay.
+    assert_eq!(count(db, &holding).await.expect("the count columns"), 0);
+    migrate(url, schema, "down");
+    assert!(
+        count(db, &holding).await.is_err(),
+        "`down` drops the count columns"
+    );
+    assert_eq!(count(db, &members).await.expect("the members stay"), 0);
     // The job-run table is kept while it records a finished run (it keeps the slot from
     // running again); without one, a step back drops it.
     let runs = format!("{prefix}orionbeacon_job_runs");
@@ -400,7 +412,9 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         0,
         "added empty"
     );
-    migrate(url, schema, "down"); // the job-run table, added again by `up`
+    assert_eq!(count(db, &holding).await.expect("`up` adds them again"), 0);
+    migrate(url, schema, "down"); // the count columns, added again by `up`
+    migrate(url, schema, "down"); // the job-run table, too
     migrate(url, schema, "down");
     // A live shard-set node keeps the membership table too.
     live_member(db, &prefix).await;
@@ -424,6 +438,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &leases).await.unwrap(), 1);
+    migrate(url, schema, "down"); // the count columns
     migrate(url, schema, "down"); // the job-run table
     migrate(url, schema, "down"); // the payload columns
     migrate(url, schema, "down"); // the membership table

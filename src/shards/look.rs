@@ -447,4 +447,45 @@ mod tests {
             keep_key(&[member("a", None)])
         );
     }
+
+    #[test]
+    fn a_look_is_skipped_only_when_every_member_counts_every_resource_led() {
+        let list = ["r0", "r1", "r2", "r3", "r4"];
+        let hash = crate::Holding::fingerprint(&list);
+        let (lease, interval) = (Duration::from_secs(10), Duration::from_secs(2));
+        let counted = |id: &str, leases: u64, remaining: Duration| {
+            let mut m = Member::new("set", id, remaining);
+            m.holding = Some(crate::Holding::new(leases, &list));
+            m
+        };
+        let fresh = lease - Duration::from_millis(100);
+        let skip =
+            |members: &[Member]| nothing_free(members, "a", hash, list.len(), lease, interval);
+        assert!(skip(&[counted("a", 3, fresh), counted("b", 2, fresh)]));
+        // Every resource led is enough; more (a term that just ended) still is.
+        assert!(skip(&[counted("a", 3, fresh), counted("b", 3, fresh)]));
+        // One resource not counted: look.
+        assert!(!skip(&[counted("a", 3, fresh), counted("b", 1, fresh)]));
+        // A member that does not report (an older node, a store without the columns).
+        let mut silent = counted("b", 2, fresh);
+        silent.holding = None;
+        assert!(!skip(&[counted("a", 3, fresh), silent]));
+        // A member with another list: its count says nothing about this one.
+        let mut other = counted("b", 2, fresh);
+        other.holding = Some(crate::Holding::new(2, &["r0", "r1"]));
+        assert!(!skip(&[counted("a", 3, fresh), other]));
+        // A member more than two intervals past its heartbeat: it may be dying.
+        let late = lease - interval * 2 - Duration::from_millis(1);
+        assert!(!skip(&[counted("a", 3, fresh), counted("b", 2, late)]));
+        assert!(skip(&[
+            counted("a", 3, fresh),
+            counted("b", 2, lease - interval * 2)
+        ]));
+        // This node's own row missing from the answer: look.
+        assert!(!skip(&[counted("b", 5, fresh)]));
+        // A draining member's count counts as any other's.
+        let mut draining = counted("b", 2, fresh);
+        draining.draining = true;
+        assert!(skip(&[counted("a", 3, fresh), draining]));
+    }
 }

@@ -168,6 +168,7 @@ where
         draining: bool,
         holding: Holding,
     ) -> Result<Vec<Member>, StoreError> {
+        // Passed on with the counts: an intercept of `heartbeat` intercepts this one too.
         inner
             .heartbeat_holding(shard_set, member, ttl, draining, holding)
             .await

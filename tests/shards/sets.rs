@@ -306,6 +306,18 @@ impl Intercept for Hanging {
         self.gate().await;
         inner.heartbeat(s, m, t, d).await
     }
+    async fn heartbeat_holding(
+        &self,
+        inner: &InMemoryLeaseStore,
+        s: &str,
+        m: &str,
+        t: Duration,
+        d: bool,
+        h: orion_beacon::Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        self.gate().await;
+        inner.heartbeat_holding(s, m, t, d, h).await
+    }
     async fn leave(
         &self,
         inner: &InMemoryLeaseStore,
