@@ -33,12 +33,17 @@ pub struct Model {
     pub heartbeat_at: DateTimeUtc,
     /// When the membership lapses without another heartbeat (database clock).
     pub expires_at: DateTimeUtc,
-    /// How many of the set's leases the node renewed in its last round (`None` from a node
-    /// that does not report it). Added by the `AddMemberHolding` migration.
+    /// How many of the set's leases the node leads at its heartbeat. It belongs to the
+    /// heartbeat at `counted_at`: read it only when that equals `heartbeat_at` (a node that
+    /// reports no counts leaves the last ones behind). Added by the `AddMemberHolding`
+    /// migration.
     pub leases_held: Option<i64>,
     /// A fingerprint of the node's list of the set's resources: the counts of nodes with the
     /// same list add up. Added by the `AddMemberHolding` migration.
     pub set_hash: Option<i64>,
+    /// The heartbeat that wrote `leases_held` and `set_hash` (database clock). Added by the
+    /// `AddMemberHolding` migration.
+    pub counted_at: Option<DateTimeUtc>,
 }
 
 /// The membership table has no relations.

@@ -6,17 +6,20 @@ use sea_orm_migration::sea_orm::DbBackend;
 use crate::m20261129_000001_create_leases::{applied_through, table_exists, take_over_from_own};
 use crate::m20261203_000001_add_lease_payload::{bounded_ddl, column_exists};
 
-/// Adds two columns to an existing membership table (`orionbeacon_members` by default), in
-/// place: `leases_held` (bigint, nullable), how many of the set's leases the node renewed in
-/// its last round, and `set_hash` (bigint, nullable), a fingerprint of the node's list of
-/// resources. Run it after [`CreateMemberTable`](crate::CreateMemberTable).
+/// Adds three columns to an existing membership table (`orionbeacon_members` by default), in
+/// place: `leases_held` (bigint, nullable), how many of the set's leases the node leads at its
+/// heartbeat, `set_hash` (bigint, nullable), a fingerprint of the node's list of resources, and
+/// `counted_at` (the table's timestamp type, nullable), the heartbeat that wrote them: a
+/// heartbeat that writes no counts (an older version's) leaves `counted_at` behind
+/// `heartbeat_at`, and the counts are not read. Run it after
+/// [`CreateMemberTable`](crate::CreateMemberTable).
 ///
 /// With them, a shard-set node reads the set's leases only in rounds where the members' counts
 /// say some resource may be free (or a member is late), instead of every round: a round's cost
 /// then grows with what changes, not with resources x nodes. Until this has run, nodes work as
 /// before and read every lease every round.
 ///
-/// `down` (one step) removes the two columns; running nodes notice and go back to reading
+/// `down` (one step) removes the three columns; running nodes notice and go back to reading
 /// every round.
 #[derive(Debug, Clone)]
 pub struct AddMemberHolding {
@@ -24,8 +27,8 @@ pub struct AddMemberHolding {
     name: String,
 }
 
-/// The two columns, in the order they are added.
-const COLUMNS: [&str; 2] = ["leases_held", "set_hash"];
+/// The columns, in the order they are added.
+const COLUMNS: [&str; 3] = ["leases_held", "set_hash", "counted_at"];
 
 impl AddMemberHolding {
     /// The migration name for the default table. It never changes.
@@ -59,13 +62,24 @@ impl AddMemberHolding {
 
     /// The `ALTER TABLE` of `up` for the columns `missing` names: one statement on PostgreSQL
     /// and MySQL, one per column on SQLite, which adds one at a time.
-    fn add_statements(&self, backend: DbBackend, missing: [bool; 2]) -> Vec<TableAlterStatement> {
+    fn add_statements(&self, backend: DbBackend, missing: [bool; 3]) -> Vec<TableAlterStatement> {
         let column = |c: Column| ColumnDef::new(c).big_integer().null().to_owned();
-        let columns: Vec<ColumnDef> = [column(Column::LeasesHeld), column(Column::SetHash)]
-            .into_iter()
-            .zip(missing)
-            .filter_map(|(column, missing)| missing.then_some(column))
-            .collect();
+        let mut counted_at = ColumnDef::new(Column::CountedAt);
+        match backend {
+            // As the table's other times (see `CreateMemberTable`).
+            DbBackend::MySql => counted_at.custom(Alias::new("DATETIME(6)")),
+            _ => counted_at.timestamp_with_time_zone(),
+        };
+        counted_at.null();
+        let columns: Vec<ColumnDef> = [
+            column(Column::LeasesHeld),
+            column(Column::SetHash),
+            counted_at,
+        ]
+        .into_iter()
+        .zip(missing)
+        .filter_map(|(column, missing)| missing.then_some(column))
+        .collect();
         let alter = || Table::alter().table(Alias::new(&self.table)).to_owned();
         if backend == DbBackend::Sqlite {
             return columns
@@ -80,15 +94,19 @@ impl AddMemberHolding {
         vec![one]
     }
 
-    /// The `ALTER TABLE`s of `down`, one per column.
-    fn drop_statements(&self) -> [TableAlterStatement; 2] {
+    /// The `ALTER TABLE`s of `down`, one per column, the last added first.
+    fn drop_statements(&self) -> [(TableAlterStatement, &'static str); 3] {
         let drop = |c: Column| {
             Table::alter()
                 .table(Alias::new(&self.table))
                 .drop_column(c)
                 .to_owned()
         };
-        [drop(Column::SetHash), drop(Column::LeasesHeld)]
+        [
+            (drop(Column::CountedAt), COLUMNS[2]),
+            (drop(Column::SetHash), COLUMNS[1]),
+            (drop(Column::LeasesHeld), COLUMNS[0]),
+        ]
     }
 }
 
@@ -126,8 +144,9 @@ impl MigrationTrait for AddMemberHolding {
         let present = [
             column_exists(conn, &self.table, COLUMNS[0]).await?,
             column_exists(conn, &self.table, COLUMNS[1]).await?,
+            column_exists(conn, &self.table, COLUMNS[2]).await?,
         ];
-        if present == [true, true] {
+        if present == [true, true, true] {
             let applied = applied_through(manager, &self.name).await?;
             if take_over_from_own(manager, &applied, &self.name, &self.table).await? {
                 return Ok(());
@@ -140,14 +159,14 @@ impl MigrationTrait for AddMemberHolding {
                 format!("recorded in {}", applied.join(" and "))
             };
             return Err(DbErr::Migration(format!(
-                "the membership table {} already has the columns leases_held and set_hash: \
-                 {how}. Apply AddMemberHolding through exactly one migrator.",
+                "the membership table {} already has the columns leases_held, set_hash and \
+                 counted_at: {how}. Apply AddMemberHolding through exactly one migrator.",
                 self.table
             )));
         }
         if present.iter().any(|p| *p) {
-            // One of the two: an interrupted run on SQLite (one statement per column), or by
-            // hand. Adds the other.
+            // Some of them: an interrupted run on SQLite (one statement per column), or by
+            // hand. Adds the others.
             tracing::info!(table = %self.table, "adding the missing membership column");
         }
         let backend = manager.get_database_backend();
@@ -157,17 +176,17 @@ impl MigrationTrait for AddMemberHolding {
         Ok(())
     }
 
-    /// Removes the two columns; the members stay. Running nodes notice at their next heartbeat
-    /// and go on without them.
+    /// Removes the three columns; the members stay. Running nodes notice at their next
+    /// heartbeat and go on without them.
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if !table_exists(manager, &self.table).await? {
             return Ok(());
         }
         let conn = manager.get_connection();
         let backend = manager.get_database_backend();
-        for (alter, column) in self.drop_statements().iter().zip([COLUMNS[1], COLUMNS[0]]) {
+        for (alter, column) in self.drop_statements() {
             if column_exists(conn, &self.table, column).await? {
-                bounded_ddl(conn, backend.build(alter)).await?;
+                bounded_ddl(conn, backend.build(&alter)).await?;
             }
         }
         Ok(())
@@ -205,7 +224,7 @@ mod tests {
     #[test]
     fn ddl_per_backend() {
         let m = AddMemberHolding::new();
-        let render = |backend: DbBackend, missing: [bool; 2]| -> Vec<String> {
+        let render = |backend: DbBackend, missing: [bool; 3]| -> Vec<String> {
             m.add_statements(backend, missing)
                 .iter()
                 .map(|s| match backend {
@@ -216,37 +235,39 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            render(DbBackend::Postgres, [true, true]),
+            render(DbBackend::Postgres, [true, true, true]),
             [
-                r#"ALTER TABLE "orionbeacon_members" ADD COLUMN "leases_held" bigint NULL, ADD COLUMN "set_hash" bigint NULL"#
+                r#"ALTER TABLE "orionbeacon_members" ADD COLUMN "leases_held" bigint NULL, ADD COLUMN "set_hash" bigint NULL, ADD COLUMN "counted_at" timestamp with time zone NULL"#
             ]
         );
         assert_eq!(
-            render(DbBackend::MySql, [true, true]),
+            render(DbBackend::MySql, [true, true, true]),
             [
-                "ALTER TABLE `orionbeacon_members` ADD COLUMN `leases_held` bigint NULL, ADD COLUMN `set_hash` bigint NULL"
+                "ALTER TABLE `orionbeacon_members` ADD COLUMN `leases_held` bigint NULL, ADD COLUMN `set_hash` bigint NULL, ADD COLUMN `counted_at` DATETIME(6) NULL"
             ]
         );
         assert_eq!(
-            render(DbBackend::Sqlite, [true, true]),
+            render(DbBackend::Sqlite, [true, true, true]),
             [
                 r#"ALTER TABLE "orionbeacon_members" ADD COLUMN "leases_held" integer NULL"#,
                 r#"ALTER TABLE "orionbeacon_members" ADD COLUMN "set_hash" integer NULL"#,
+                r#"ALTER TABLE "orionbeacon_members" ADD COLUMN "counted_at" timestamp_with_timezone_text NULL"#,
             ]
         );
         // Only what is missing (an interrupted run).
         assert_eq!(
-            render(DbBackend::Sqlite, [false, true]),
+            render(DbBackend::Sqlite, [false, true, false]),
             [r#"ALTER TABLE "orionbeacon_members" ADD COLUMN "set_hash" integer NULL"#]
         );
         let down: Vec<String> = m
             .drop_statements()
             .iter()
-            .map(|s| s.to_string(PostgresQueryBuilder))
+            .map(|(s, _)| s.to_string(PostgresQueryBuilder))
             .collect();
         assert_eq!(
             down,
             [
+                r#"ALTER TABLE "orionbeacon_members" DROP COLUMN "counted_at""#,
                 r#"ALTER TABLE "orionbeacon_members" DROP COLUMN "set_hash""#,
                 r#"ALTER TABLE "orionbeacon_members" DROP COLUMN "leases_held""#,
             ]

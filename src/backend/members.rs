@@ -72,13 +72,24 @@ pub(crate) fn heartbeat(
         d.lease_end(millis),
     ];
     if let Some(holding) = counts {
-        // Stored as the signed bigints of the columns; read back the same way.
+        // Stored as the signed bigints of the columns; read back the same way. `counted_at`
+        // takes the heartbeat's own time, so that a later heartbeat without counts (an older
+        // version's) leaves them stale, and unread.
         let leases = holding.map(|h| i64::try_from(h.leases).unwrap_or(i64::MAX));
         let hash = holding.map(|h| i64::from_ne_bytes(h.set_hash.to_ne_bytes()));
-        for (column, value) in [(Column::LeasesHeld, leases), (Column::SetHash, hash)] {
+        let at = if holding.is_some() {
+            d.now()
+        } else {
+            Expr::cust("NULL")
+        };
+        for (column, value) in [
+            (Column::LeasesHeld, Expr::val(leases)),
+            (Column::SetHash, Expr::val(hash)),
+            (Column::CountedAt, at),
+        ] {
             columns.push(column);
-            values.push(Expr::val(value));
-            updates.push((column, Expr::val(value)));
+            values.push(value.clone());
+            updates.push((column, value));
         }
     }
     let on_conflict = OnConflict::columns([Column::ShardSet, Column::Member])
@@ -114,7 +125,15 @@ pub(crate) fn live(
         .from(table.clone())
         .and_where(Expr::col(Column::ExpiresAt).gt(d.now()));
     if counted {
-        select.columns([Column::LeasesHeld, Column::SetHash]);
+        // The counts of the member's last heartbeat only.
+        let current = |c: Column| -> Expr {
+            Expr::case(
+                Expr::col(Column::CountedAt).equals(Column::HeartbeatAt),
+                Expr::col(c),
+            )
+            .into()
+        };
+        select.exprs([current(Column::LeasesHeld), current(Column::SetHash)]);
     }
     if let Some(set) = shard_set {
         select.and_where(Expr::col(Column::ShardSet).eq(set));
@@ -263,7 +282,23 @@ impl SeaOrmLeaseStore {
         let cx = &self.engine()?.cx;
         let table = Alias::new(&*cx.member_table);
         let stmt = cx.build(&live(cx.dialect, &table, shard_set, counted));
-        let rows = self.members_plain(stmt).await?;
+        let rows = match self.members_plain(stmt).await {
+            Err(err) if counted && self.engine()?.unknown_column(&err) => {
+                // The columns went (the migration rolled back): without them from now on.
+                cx.member_counts.set(Shape::Plain);
+                let stmt = cx.build(&live(cx.dialect, &table, shard_set, false));
+                return self.decoded_members(self.members_plain(stmt).await?, false);
+            }
+            rows => rows?,
+        };
+        self.decoded_members(rows, counted)
+    }
+
+    fn decoded_members(
+        &self,
+        rows: Vec<QueryResult>,
+        counted: bool,
+    ) -> Result<Vec<Member>, StoreError> {
         let mut members = rows
             .iter()
             .map(|row| decode_member(row, counted))
@@ -451,11 +486,11 @@ mod tests {
         assert_eq!(
             sql,
             concat!(
-                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at", "leases_held", "set_hash") "#,
-                r#"VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(), clock_timestamp() + $4 * INTERVAL '1 millisecond', $5, $6) "#,
+                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at", "leases_held", "set_hash", "counted_at") "#,
+                r#"VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(), clock_timestamp() + $4 * INTERVAL '1 millisecond', $5, $6, statement_timestamp()) "#,
                 r#"ON CONFLICT ("shard_set", "member") DO UPDATE SET "#,
                 r#""joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_members"."joined_at" END), "#,
-                r#""draining" = $7, "heartbeat_at" = statement_timestamp(), "expires_at" = clock_timestamp() + $8 * INTERVAL '1 millisecond', "leases_held" = $9, "set_hash" = $10"#,
+                r#""draining" = $7, "heartbeat_at" = statement_timestamp(), "expires_at" = clock_timestamp() + $8 * INTERVAL '1 millisecond', "leases_held" = $9, "set_hash" = $10, "counted_at" = statement_timestamp()"#,
             )
         );
         let hash = i64::from_ne_bytes(holding.set_hash.to_ne_bytes());
@@ -476,15 +511,16 @@ mod tests {
         .unwrap()
         .build(MysqlQueryBuilder);
         assert!(
-            sql.ends_with("MICROSECOND, `leases_held` = ?, `set_hash` = ?"),
+            sql.ends_with("MICROSECOND, `leases_held` = ?, `set_hash` = ?, `counted_at` = NULL"),
             "{sql}"
         );
         assert_eq!(values.0[9], sea_orm::Value::BigInt(None));
+        // The counts of the last heartbeat only: one without them leaves them stale, unread.
         let (sql, _) = live(&Sqlite, &table(), Some("orders"), true).build(SqliteQueryBuilder);
         assert!(
             sql.starts_with(
                 r#"SELECT "shard_set", "member", "draining", "joined_at", "heartbeat_at", "#
-            ) && sql.contains(r#", "leases_held", "set_hash" FROM "orionbeacon_members" WHERE"#),
+            ) && sql.contains(r#", (CASE WHEN ("counted_at" = "heartbeat_at") THEN "leases_held" END), (CASE WHEN ("counted_at" = "heartbeat_at") THEN "set_hash" END) FROM "orionbeacon_members" WHERE"#),
             "{sql}"
         );
     }

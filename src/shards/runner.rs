@@ -136,6 +136,7 @@ impl Runner {
                 event = recv(&mut releases) => {
                     if let Some(resource) = event {
                         let ours = self.config.resources.iter().any(|r| **r == *resource);
+                        st.look_next |= ours;
                         let room = st.held.len() < st.share.saturating_add(self.config.slack);
                         if ours && room && !st.stopping {
                             next_round = next_round.min(crate::clock::now() + RELEASE_SETTLE);
@@ -166,18 +167,12 @@ impl Runner {
             return;
         }
         let draining = draining || st.stopping;
-        // Only the terms led now: those being handed over are about to go, and counting them
-        // could make another member skip the look that finds them free.
-        let holding = crate::Holding {
-            leases: u64::try_from(st.held.len()).unwrap_or(u64::MAX),
-            set_hash: self.config.set_hash,
-        };
         let heartbeat = self.store.heartbeat_holding(
             &self.config.name,
             &self.config.member,
             self.config.lease,
             draining,
-            holding,
+            self.holding(st, draining),
         );
         let sent = crate::clock::now();
         let mut answered = false;
@@ -210,6 +205,17 @@ impl Runner {
         }
         self.finish_handovers(st, started + self.config.interval)
             .await;
+    }
+
+    /// What this node reports leading: the terms led now (those being handed over are about
+    /// to go, and counting them could make another member skip the look that finds them
+    /// free), none while draining (it hands them all over).
+    fn holding(&self, st: &State, draining: bool) -> crate::Holding {
+        let leases = if draining { 0 } else { st.held.len() };
+        crate::Holding {
+            leases: u64::try_from(leases).unwrap_or(u64::MAX),
+            set_hash: self.config.set_hash,
+        }
     }
 
     /// Removes the terms whose local deadline passed or that the watchdog ended (see
@@ -266,7 +272,9 @@ impl Runner {
             return;
         }
         let looked = crate::clock::now();
+        let announced = std::mem::take(&mut st.look_next);
         let skip = answered
+            && !announced
             && st.uncertain.is_empty()
             && nothing_free(
                 &st.members,
@@ -519,6 +527,7 @@ impl Runner {
             }
         }
         let mut releases = releases.into_iter();
+        let mut recount = false;
         for h in releases.by_ref() {
             if !self.budget_left(st, until) {
                 // Back in the list (still renewed), released at the next pass.
@@ -530,7 +539,10 @@ impl Runner {
                 break;
             }
             match self.bounded(self.store.release_lease(&h.lease)).await {
-                Ok(released) => debug!(resource = %h.lease.resource, released, "released"),
+                Ok(released) => {
+                    debug!(resource = %h.lease.resource, released, "released");
+                    recount |= released;
+                }
                 Err(err) => {
                     warn!(resource = %h.lease.resource, error = %err, "release failed; the lease lapses instead")
                 }
@@ -542,6 +554,22 @@ impl Runner {
                 cut_at: None,
                 ..h
             });
+        }
+        if recount && !st.stopping && self.budget_left(st, until) {
+            // Tell the members at once that this node leads less: without a release
+            // notification, their next round would otherwise count these leases as led until
+            // this node's next heartbeat, and skip the look that finds them free.
+            let draining = *self.control.draining.borrow();
+            let heartbeat = self.store.heartbeat_holding(
+                &self.config.name,
+                &self.config.member,
+                self.config.lease,
+                draining,
+                self.holding(st, draining),
+            );
+            if let Err(err) = self.bounded(heartbeat).await {
+                debug!(error = %err, "heartbeat after releases failed; the next round's tells");
+            }
         }
     }
 

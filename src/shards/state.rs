@@ -77,6 +77,10 @@ pub(crate) struct State {
     /// Whether the members have been told this node drains (a heartbeat said so).
     pub(crate) drain_announced: bool,
     pub(crate) stopping: bool,
+    /// A release of one of the set's resources was announced since the last look: the next
+    /// round looks whatever the members' counts say (its releaser counted it at its last
+    /// heartbeat).
+    pub(crate) look_next: bool,
     pub(crate) failed: Option<Arc<StoreError>>,
 }
 

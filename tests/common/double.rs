@@ -168,7 +168,8 @@ where
         draining: bool,
         holding: Holding,
     ) -> Result<Vec<Member>, StoreError> {
-        // Passed on with the counts: an intercept of `heartbeat` intercepts this one too.
+        // Passed on with the counts: an intercept that overrides `heartbeat` must override
+        // this one too (the shard set's rounds call this one).
         inner
             .heartbeat_holding(shard_set, member, ttl, draining, holding)
             .await

@@ -356,6 +356,22 @@ where
         "{settled} looks in 12 settled rounds of two nodes"
     );
     eprintln!("{settled} looks in 12 settled rounds of two nodes");
+    // A join: the others hand resources over, and the joiner looks when told of a release
+    // (a releaser counted them at its last heartbeat), so it leads its share about a round
+    // after the others saw it.
+    let c = node(h.separate_store().await, "node-c");
+    let all = [("a", &a), ("b", &b), ("c", &c)];
+    let took = eventually("balanced over three", Duration::from_secs(8), &all, |led| {
+        let counts = counts(led);
+        led.len() == N && counts.len() == 3 && counts.values().all(|n| (2..=3).contains(n))
+    })
+    .await;
+    eprintln!("balanced over three {took:?} after the join");
+    c.shutdown().await;
+    eventually("balanced over two again", Duration::from_secs(8), &both, |led| {
+        led.len() == N && counts(led).values().all(|n| *n == N / 2)
+    })
+    .await;
     let b_led = b.assignment().led.len();
     assert_eq!(b_led, N / 2);
     b.abort().await;
