@@ -375,9 +375,12 @@ where
         "balanced over three only {took:?} after the join (interval {interval:?})"
     );
     c.shutdown().await;
-    eventually("balanced over two again", Duration::from_secs(8), &both, |led| {
-        led.len() == N && counts(led).values().all(|n| *n == N / 2)
-    })
+    eventually(
+        "balanced over two again",
+        Duration::from_secs(8),
+        &both,
+        |led| led.len() == N && counts(led).values().all(|n| *n == N / 2),
+    )
     .await;
     let b_led = b.assignment().led.len();
     assert_eq!(b_led, N / 2);
