@@ -7,7 +7,7 @@
 //! 1. renews **every** lease it holds with one statement
 //!    ([`LeaseStore::renew_all`]); a lease that was lost ends only that resource's term;
 //! 2. heartbeats into the membership table, with how many of the set's leases it leads
-//!    ([`MembershipStore::heartbeat_holding`](crate::MembershipStore::heartbeat_holding)), and
+//!    ([`MembershipStore::heartbeat_holding`]), and
 //!    reads the live members (database clock);
 //! 3. reads which resources nobody leads (one statement per 1,000 resources), unless the
 //!    members' counts say none can be (a settled set then reads no lease rows; the counts need
