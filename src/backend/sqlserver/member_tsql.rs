@@ -17,6 +17,22 @@ pub const MEMBER_MIGRATION_NAME: &str = "m20261201_000001_create_orionbeacon_mem
 pub const MEMBER_MIGRATION_SQL: &str =
     include_str!("../../../sql/m20261201_000001_create_orionbeacon_members.sqlserver.sql");
 
+/// The version name of the members' counts migration, the same as the SeaORM migration's
+/// (`AddMemberHolding::NAME`).
+pub const HOLDING_MIGRATION_NAME: &str = "m20261205_000001_add_orionbeacon_members_holding";
+
+/// The versioned, idempotent T-SQL that adds the members' counts to the default membership
+/// table (the file `sql/m20261205_000001_add_orionbeacon_members_holding.sqlserver.sql` of this
+/// crate). With them a shard-set node skips its look at the set's leases while the members'
+/// counts say no resource can be free.
+pub const HOLDING_MIGRATION_SQL: &str =
+    include_str!("../../../sql/m20261205_000001_add_orionbeacon_members_holding.sqlserver.sql");
+
+/// [`HOLDING_MIGRATION_SQL`] for `table`.
+pub(super) fn holding_migration_sql(table: &str) -> String {
+    HOLDING_MIGRATION_SQL.replace(&quoted(DEFAULT_MEMBER_TABLE), &quoted(table))
+}
+
 /// [`MEMBER_MIGRATION_SQL`] for `table`, changed as
 /// [`migration_sql`](super::tsql::migration_sql) changes the lease table's.
 pub(super) fn member_migration_sql(table: &str) -> String {
@@ -28,11 +44,18 @@ pub(super) fn member_migration_sql(table: &str) -> String {
         )
 }
 
-/// The live members of the shard set `@P1` at `@now`, with their remaining time. `member` is
+/// The live members of the shard set `@P1` at `@now`, with their remaining time and, on a
+/// table with the count columns (`counted`), the counts their last heartbeat wrote. `member` is
 /// bracket-quoted everywhere (an ISO keyword, `MEMBER OF`).
-fn live_members_sql(t: &str) -> String {
+fn live_members_sql(t: &str, counted: bool) -> String {
+    let counts = if counted {
+        ", CASE WHEN counted_at = heartbeat_at THEN leases_held END AS leases_held, \
+         CASE WHEN counted_at = heartbeat_at THEN set_hash END AS set_hash"
+    } else {
+        ""
+    };
     format!(
-        "SELECT shard_set, [member], draining, joined_at, heartbeat_at, {remaining} AS remaining_ms \
+        "SELECT shard_set, [member], draining, joined_at, heartbeat_at, {remaining} AS remaining_ms{counts} \
          FROM {t} WHERE shard_set = @P1 AND expires_at > @now;",
         remaining = remaining_ms("expires_at"),
     )
@@ -43,10 +66,21 @@ fn live_members_sql(t: &str) -> String {
 /// both at one reading of the database clock (`@now`), so the caller is always among the
 /// members read. `joined_at` restarts when the row had lapsed (a member that comes back is a new
 /// membership). Parameters: `@P1` the shard set, `@P2` the member, `@P3` whole seconds and `@P4`
-/// the remaining milliseconds of the time to live, `@P5` draining (`bit`).
-pub(super) fn heartbeat_sql(table: &str) -> String {
+/// the remaining milliseconds of the time to live, `@P5` draining (`bit`); with `counted`, also
+/// `@P6` the leases the member leads and `@P7` its list's fingerprint (`bigint`s), written with
+/// `counted_at = @now`.
+pub(super) fn heartbeat_sql(table: &str, counted: bool) -> String {
     let t = quoted(table);
     let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now))";
+    let (set, columns, values) = if counted {
+        (
+            ", t.leases_held = @P6, t.set_hash = @P7, t.counted_at = @now",
+            ", leases_held, set_hash, counted_at",
+            ", @P6, @P7, @now",
+        )
+    } else {
+        ("", "", "")
+    };
     format!(
         "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
          MERGE {t} WITH (HOLDLOCK) AS t \
@@ -56,19 +90,19 @@ pub(super) fn heartbeat_sql(table: &str) -> String {
          t.joined_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.joined_at END, \
          t.draining = @P5, \
          t.heartbeat_at = @now, \
-         t.expires_at = {expiry} \
-         WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at) \
-         VALUES (s.shard_set, s.[member], @P5, @now, @now, {expiry}); \
+         t.expires_at = {expiry}{set} \
+         WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at{columns}) \
+         VALUES (s.shard_set, s.[member], @P5, @now, @now, {expiry}{values}); \
          {live}",
-        live = live_members_sql(&t),
+        live = live_members_sql(&t, counted),
     )
 }
 
 /// The live members of a shard set. Parameter: `@P1` the shard set.
-pub(super) fn members_sql(table: &str) -> String {
+pub(super) fn members_sql(table: &str, counted: bool) -> String {
     format!(
         "DECLARE @now datetime2(7) = SYSUTCDATETIME(); {live}",
-        live = live_members_sql(&quoted(table)),
+        live = live_members_sql(&quoted(table), counted),
     )
 }
 
@@ -93,14 +127,19 @@ pub(super) struct MemberStatements {
     pub(super) heartbeat: String,
     pub(super) members: String,
     pub(super) leave: String,
+    /// The heartbeat and the read with the members' counts.
+    pub(super) heartbeat_counted: String,
+    pub(super) members_counted: String,
 }
 
 impl MemberStatements {
     pub(super) fn new(table: &str) -> Self {
         Self {
-            heartbeat: heartbeat_sql(table),
-            members: members_sql(table),
+            heartbeat: heartbeat_sql(table, false),
+            members: members_sql(table, false),
             leave: leave_sql(table),
+            heartbeat_counted: heartbeat_sql(table, true),
+            members_counted: members_sql(table, true),
         }
     }
 }
@@ -114,7 +153,7 @@ mod tests {
     #[test]
     fn heartbeat_is_one_merge_keyed_on_set_and_member_then_the_live_members() {
         assert_eq!(
-            heartbeat_sql(DEFAULT_MEMBER_TABLE),
+            heartbeat_sql(DEFAULT_MEMBER_TABLE, false),
             concat!(
                 "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
                 "MERGE [orionbeacon_members] WITH (HOLDLOCK) AS t ",
@@ -132,7 +171,7 @@ mod tests {
                 "FROM [orionbeacon_members] WHERE shard_set = @P1 AND expires_at > @now;",
             )
         );
-        let sql = heartbeat_sql(DEFAULT_MEMBER_TABLE);
+        let sql = heartbeat_sql(DEFAULT_MEMBER_TABLE, false);
         // One MERGE, serializable on the key range; the key is in ON and nothing else is.
         assert_eq!(sql.matches("MERGE ").count(), 1);
         let on = &sql[sql.find(" ON ").unwrap()..sql.find(" WHEN MATCHED").unwrap()];
@@ -145,10 +184,55 @@ mod tests {
         assert!(sql.find("MERGE ").unwrap() < sql.find("SELECT shard_set").unwrap());
     }
 
+    // The counts ride on the same MERGE, at the same `@now`, and are read back only from the
+    // heartbeat that wrote them.
+    #[test]
+    fn a_counted_heartbeat_writes_and_reads_the_counts() {
+        let sql = heartbeat_sql(DEFAULT_MEMBER_TABLE, true);
+        assert!(
+            sql.contains(
+                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), \
+             t.leases_held = @P6, t.set_hash = @P7, t.counted_at = @now WHEN NOT MATCHED"
+            ),
+            "{sql}"
+        );
+        assert!(sql.contains(
+            "INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at, leases_held, set_hash, counted_at) \
+             VALUES (s.shard_set, s.[member], @P5, @now, @now, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), @P6, @P7, @now);"
+        ), "{sql}");
+        assert_eq!(sql.matches("SYSUTCDATETIME()").count(), 1);
+        let read = "remaining_ms, CASE WHEN counted_at = heartbeat_at THEN leases_held END AS leases_held, \
+             CASE WHEN counted_at = heartbeat_at THEN set_hash END AS set_hash FROM [orionbeacon_members]";
+        assert!(sql.contains(read), "{sql}");
+        assert!(members_sql(DEFAULT_MEMBER_TABLE, true).contains(read));
+        let statements = MemberStatements::new("shard_members");
+        for sql in [&statements.heartbeat_counted, &statements.members_counted] {
+            assert!(sql.contains("[shard_members]") && !sql.contains(DEFAULT_MEMBER_TABLE));
+        }
+        assert_eq!(
+            params(&statements.heartbeat_counted),
+            ["@P1", "@P2", "@P3", "@P4", "@P5", "@P6", "@P7"]
+        );
+        assert_eq!(params(&statements.members_counted), ["@P1"]);
+    }
+
+    #[test]
+    fn holding_migration_is_the_shipped_file() {
+        assert!(HOLDING_MIGRATION_SQL.contains(HOLDING_MIGRATION_NAME));
+        assert!(HOLDING_MIGRATION_SQL.contains(
+            "IF COL_LENGTH(N'[orionbeacon_members]', N'leases_held') IS NULL\n\
+             ALTER TABLE [orionbeacon_members] ADD leases_held bigint NULL, set_hash bigint NULL, counted_at datetime2(7) NULL;"
+        ));
+        let custom = holding_migration_sql("shard_members");
+        assert!(custom.contains("COL_LENGTH(N'[shard_members]', N'leases_held')"));
+        assert!(custom.contains("ALTER TABLE [shard_members] ADD"));
+        assert!(!custom.contains("[orionbeacon_members]"));
+    }
+
     #[test]
     fn members_and_leave_text() {
         assert_eq!(
-            members_sql(DEFAULT_MEMBER_TABLE),
+            members_sql(DEFAULT_MEMBER_TABLE, false),
             "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
              SELECT shard_set, [member], draining, joined_at, heartbeat_at, \
              DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms \

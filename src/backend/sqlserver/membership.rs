@@ -7,10 +7,11 @@ use async_trait::async_trait;
 use sea_orm::DbErr;
 use tiberius::ToSql;
 
-use super::exec::{column, split_lease, Reply, Want};
+use super::exec::{code, column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_shard_set};
 use super::SqlServerLeaseStore;
-use crate::membership::{validate_heartbeat, Member, MembershipStore};
+use crate::backend::statements::Shape;
+use crate::membership::{validate_heartbeat, Holding, Member, MembershipStore};
 use crate::StoreError;
 
 impl SqlServerLeaseStore {
@@ -20,15 +21,21 @@ impl SqlServerLeaseStore {
         &self,
         sql: &str,
         params: &[&dyn ToSql],
+        counted: bool,
     ) -> Result<Vec<Member>, StoreError> {
         let rows = match self.run(Want::Rows, sql, params).await {
             Ok(Reply::Rows(rows)) => rows,
             Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) if counted && err.code() == Some(code::INVALID_COLUMN) => {
+                // No count columns (not migrated yet, or dropped): without them for a while.
+                self.member_shape.set(Shape::Plain);
+                return Err(StoreError::Database(err.into()));
+            }
             Err(err) => return Err(self.classify_members(err)),
         };
         let mut members = rows
             .iter()
-            .map(decode_member)
+            .map(|row| decode_member(row, counted))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|source| StoreError::Decode {
                 table: self.member_table.to_string(),
@@ -39,8 +46,9 @@ impl SqlServerLeaseStore {
     }
 }
 
-/// Decodes `shard_set, member, draining, joined_at, heartbeat_at, remaining_ms`.
-fn decode_member(row: &tiberius::Row) -> Result<Member, DbErr> {
+/// Decodes `shard_set, member, draining, joined_at, heartbeat_at, remaining_ms` (and, when
+/// `counted`, `leases_held, set_hash`).
+fn decode_member(row: &tiberius::Row, counted: bool) -> Result<Member, DbErr> {
     let time = |idx, name| column::<chrono::NaiveDateTime>(row, idx, name).map(|t| t.and_utc());
     let remaining = column::<i64>(row, 5, "remaining_ms")?;
     let mut member = Member::new(
@@ -51,6 +59,21 @@ fn decode_member(row: &tiberius::Row) -> Result<Member, DbErr> {
     member.draining = column::<bool>(row, 2, "draining")?;
     member.joined_at = Some(time(3, "joined_at")?);
     member.heartbeat_at = Some(time(4, "heartbeat_at")?);
+    if counted {
+        let nullable = |idx: usize, name: &str| {
+            row.try_get::<i64, _>(idx)
+                .map_err(|e| DbErr::Type(format!("SQL Server column {name}: {e}")))
+        };
+        let leases = nullable(6, "leases_held")?;
+        let hash = nullable(7, "set_hash")?;
+        member.holding = match (leases.map(u64::try_from), hash) {
+            (Some(Ok(leases)), Some(hash)) => Some(Holding {
+                leases,
+                set_hash: u64::from_ne_bytes(hash.to_ne_bytes()),
+            }),
+            _ => None,
+        };
+    }
     Ok(member)
 }
 
@@ -74,8 +97,46 @@ impl MembershipStore for SqlServerLeaseStore {
         self.member_rows(
             &self.member_sql.heartbeat,
             &[&shard_set, &member, &seconds, &rest_ms, &draining],
+            false,
         )
         .await
+    }
+
+    /// Writes `holding` with the heartbeat where the membership table has the count columns
+    /// (see [`migrate_members`](SqlServerLeaseStore::migrate_members)); a plain heartbeat
+    /// otherwise (a table seen without them is tried again after a while).
+    async fn heartbeat_holding(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Holding,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        check_shard_set(shard_set)?;
+        check_candidate(member)?;
+        let (seconds, rest_ms) = split_lease(millis, ttl)?;
+        if self.member_shape.fresh(false) != Some(Shape::Plain) {
+            let leases = i64::try_from(holding.leases).unwrap_or(i64::MAX);
+            let hash = i64::from_ne_bytes(holding.set_hash.to_ne_bytes());
+            let counted = self
+                .member_rows(
+                    &self.member_sql.heartbeat_counted,
+                    &[
+                        &shard_set, &member, &seconds, &rest_ms, &draining, &leases, &hash,
+                    ],
+                    true,
+                )
+                .await;
+            if self.member_shape.get() != Some(Shape::Plain) || counted.is_ok() {
+                if counted.is_ok() {
+                    self.member_shape.set(Shape::Payload);
+                }
+                return counted;
+            }
+        }
+        self.heartbeat(shard_set, member, ttl, draining).await
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
@@ -101,7 +162,16 @@ impl MembershipStore for SqlServerLeaseStore {
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         check_shard_set(shard_set)?;
-        self.member_rows(&self.member_sql.members, &[&shard_set])
+        if self.member_shape.get() == Some(Shape::Payload) {
+            match self
+                .member_rows(&self.member_sql.members_counted, &[&shard_set], true)
+                .await
+            {
+                Err(_) if self.member_shape.get() == Some(Shape::Plain) => {}
+                read => return read,
+            }
+        }
+        self.member_rows(&self.member_sql.members, &[&shard_set], false)
             .await
     }
 }

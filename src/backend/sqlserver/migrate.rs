@@ -5,7 +5,7 @@
 use tiberius::error::Error as TdsError;
 
 use super::exec::{code, Want};
-use super::member_tsql::member_migration_sql;
+use super::member_tsql::{holding_migration_sql, member_migration_sql};
 use super::tsql::{migration_sql, payload_migration_sql};
 use super::SqlServerLeaseStore;
 use crate::StoreError;
@@ -49,13 +49,28 @@ impl SqlServerLeaseStore {
         Ok(())
     }
 
+    /// The versioned T-SQL that adds the members' counts to this store's membership table
+    /// ([`HOLDING_MIGRATION_SQL`](super::HOLDING_MIGRATION_SQL), migration
+    /// [`HOLDING_MIGRATION_NAME`](super::HOLDING_MIGRATION_NAME)): what
+    /// [`migrate_members`](Self::migrate_members) sends after
+    /// [`member_migration_sql`](Self::member_migration_sql).
+    pub fn holding_migration_sql(&self) -> String {
+        holding_migration_sql(&self.member_table)
+    }
+
     /// Creates the membership table of shard sets if it does not exist, as
     /// [`migrate`](Self::migrate) does the lease table (idempotent, safe to run from several
-    /// processes at once): only needed for [`MembershipStore`](crate::MembershipStore).
+    /// processes at once), then adds the members' counts if they are missing: only needed for
+    /// [`MembershipStore`](crate::MembershipStore).
     pub async fn migrate_members(&self) -> Result<(), StoreError> {
         self.create(&self.member_migration_sql())
             .await
-            .map_err(|err| self.classify_members(err))
+            .map_err(|err| self.classify_members(err))?;
+        self.create(&self.holding_migration_sql())
+            .await
+            .map_err(|err| self.classify_members(err))?;
+        self.member_shape.forget();
+        Ok(())
     }
 
     /// Sends an idempotent `IF OBJECT_ID(...) IS NULL CREATE TABLE` (or `IF COL_LENGTH(...)

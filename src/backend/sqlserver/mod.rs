@@ -35,7 +35,11 @@
 //! `shard_set` and `member` as the lease table's names are, `draining bit`, `datetime2(7)` UTC
 //! times, primary key `(shard_set, member)`. [`SqlServerLeaseStore::migrate_members`] sends it
 //! ([`SqlServerLeaseStore::member_migration_sql`] gives it for a custom table); `migrate` creates
-//! only the lease table.
+//! only the lease table. `migrate_members` then adds the members' counts
+//! (`sql/m20261205_000001_add_orionbeacon_members_holding.sqlserver.sql`,
+//! [`HOLDING_MIGRATION_SQL`], version [`HOLDING_MIGRATION_NAME`], the SeaORM
+//! `AddMemberHolding`'s): with them a shard-set node skips its look at the set's leases while the
+//! members' counts say nothing can be free; without them it looks every round.
 //!
 //! # The statements
 //!
@@ -104,7 +108,9 @@ mod pool;
 mod tsql;
 
 use member_tsql::MemberStatements;
-pub use member_tsql::{MEMBER_MIGRATION_NAME, MEMBER_MIGRATION_SQL};
+pub use member_tsql::{
+    HOLDING_MIGRATION_NAME, HOLDING_MIGRATION_SQL, MEMBER_MIGRATION_NAME, MEMBER_MIGRATION_SQL,
+};
 use pool::{Pool, DEFAULT_MAX_CONNECTIONS};
 use tsql::{fence_sql, Statements};
 pub use tsql::{MIGRATION_NAME, MIGRATION_SQL, PAYLOAD_MIGRATION_NAME, PAYLOAD_MIGRATION_SQL};
@@ -144,6 +150,9 @@ pub struct SqlServerLeaseStore {
     shape: Arc<ShapeSeen>,
     member_table: Arc<str>,
     member_sql: Arc<MemberStatements>,
+    /// Whether the membership table has the count columns, as last seen (`Shape::Payload`:
+    /// it has them).
+    member_shape: Arc<ShapeSeen>,
 }
 
 /// The backend and the tables; never the pool (its config holds the password) or the T-SQL.
@@ -195,6 +204,7 @@ impl SqlServerLeaseStore {
             shape: Arc::default(),
             member_table: Arc::from(DEFAULT_MEMBER_TABLE),
             member_sql: Arc::new(MemberStatements::new(DEFAULT_MEMBER_TABLE)),
+            member_shape: Arc::default(),
         }
     }
 
@@ -218,6 +228,7 @@ impl SqlServerLeaseStore {
         validate_table_name(table)?;
         self.member_table = Arc::from(table);
         self.member_sql = Arc::new(MemberStatements::new(table));
+        self.member_shape = Arc::default();
         Ok(self)
     }
 
