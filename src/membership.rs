@@ -50,8 +50,15 @@ pub struct Member {
 pub struct Holding {
     /// The set's leases the member renewed (or took) in its last round.
     pub leases: u64,
-    /// The fingerprint of the member's list of resources ([`Holding::fingerprint`]).
+    /// The fingerprint of the member's list of resources ([`Holding::fingerprint`]); a decimal
+    /// string in its `serde` form (JSON numbers lose precision above 2^53).
+    #[cfg_attr(feature = "serde", serde(serialize_with = "decimal"))]
     pub set_hash: u64,
+}
+
+#[cfg(feature = "serde")]
+fn decimal<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(n)
 }
 
 impl Holding {

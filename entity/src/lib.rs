@@ -16,7 +16,8 @@
 //! ```
 //!
 //! Nodes that share resources with a shard set heartbeat into the membership table
-//! (`orionbeacon_members`), whose rows are [`member::Model`].
+//! (`orionbeacon_members`), whose rows are [`member::Model`] (with the columns of the
+//! `AddMemberHolding` migration).
 //!
 //! Scheduled jobs record each slot they run in the job-run table (`orionbeacon_job_runs`),
 //! whose rows are [`job_run::Model`].

@@ -130,7 +130,7 @@ impl MigrationTrait for AddMemberHolding {
         Some(true)
     }
 
-    /// Adds the columns. A table that already has both is taken over when orion-beacon's own
+    /// Adds the columns. A table that already has all three is taken over when orion-beacon's own
     /// migrator (the command line) added them, and refused otherwise (their shape is unknown).
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if !table_exists(manager, &self.table).await? {

@@ -111,8 +111,9 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, &all_ours).await.unwrap(), 0, "every record moved");
     assert_eq!(count(db, token).await.unwrap(), 9);
 
-    // A live shard-set node: the membership table's own `down` refuses (after the payload
-    // step, which commits on its own and only drops the payload columns).
+    // A live shard-set node: the membership table's own `down` refuses (after the count,
+    // job-run and payload steps, which commit on their own: the count columns, the job-run
+    // table and the payload columns go).
     let members = "SELECT COUNT(*) FROM orionbeacon_members";
     live_member(db, "").await;
     let err = AppMigrator::down(db, Some(4))
@@ -131,7 +132,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         .await
         .unwrap();
 
-    // `down -n 4` with lease rows: `check_down` refuses before any step runs...
+    // `down -n 5` with lease rows: `check_down` refuses before any step runs...
     let err = check_down::<AppMigrator, _>(db, Some(5))
         .await
         .expect_err("lease rows");
@@ -143,7 +144,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     assert!(check_down::<AppMigrator, _>(db, Some(4)).await.is_ok());
     // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
-    // -n 4` runs (also for `reset` and `refresh`, which undo every step)...
+    // -n 5` runs (also for `reset` and `refresh`, which undo every step)...
     let checked = CheckDown(AppMigrator);
     let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(5))
         .await

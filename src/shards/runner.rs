@@ -19,7 +19,7 @@ use tracing::{debug, error, info, warn, Instrument};
 use super::config::Config;
 use super::look::{nothing_free, Free};
 use super::state::{deadline, Handover, Held, State, UNWIND};
-use super::watchdog::{recv, watchdog};
+use super::watchdog::{recv, watchdog, Released};
 use super::{Assignment, Control, ShardStore, Work};
 use crate::elector::{LeaderTerm, LossReason};
 use crate::{Lease, LeaseOutcome, StoreError};
@@ -134,15 +134,21 @@ impl Runner {
                     continue;
                 }
                 event = recv(&mut releases) => {
-                    if let Some(resource) = event {
-                        let ours = self.config.resources.iter().any(|r| **r == *resource);
-                        st.look_next |= ours;
-                        let room = st.held.len() < st.share.saturating_add(self.config.slack);
-                        if ours && room && !st.stopping {
-                            next_round = next_round.min(crate::clock::now() + RELEASE_SETTLE);
+                    let ours = match event {
+                        Released::One(resource) => {
+                            self.config.resources.iter().any(|r| **r == *resource)
                         }
-                    } else {
-                        releases = None; // closed: poll only
+                        // Dropped notifications may have named ours.
+                        Released::Missed => true,
+                        Released::Closed => {
+                            releases = None; // poll only
+                            false
+                        }
+                    };
+                    st.look_next |= ours;
+                    let room = st.held.len() < st.share.saturating_add(self.config.slack);
+                    if ours && room && !st.stopping {
+                        next_round = next_round.min(crate::clock::now() + RELEASE_SETTLE);
                     }
                     continue;
                 }
@@ -297,6 +303,7 @@ impl Runner {
             let records = match self.bounded(self.store.current_all(&resources)).await {
                 Ok(records) => records,
                 Err(err) => {
+                    st.look_next |= announced; // still owed
                     let Some(err) = self.transient(st, err) else {
                         return;
                     };
@@ -555,7 +562,9 @@ impl Runner {
                 ..h
             });
         }
-        if recount && !st.stopping && self.budget_left(st, until) {
+        let now = crate::clock::now();
+        let room = until.saturating_duration_since(now) >= self.config.interval / 2;
+        if recount && !st.stopping && room && self.budget_left(st, until) {
             // Tell the members at once that this node leads less: without a release
             // notification, their next round would otherwise count these leases as led until
             // this node's next heartbeat, and skip the look that finds them free.
@@ -567,8 +576,12 @@ impl Runner {
                 draining,
                 self.holding(st, draining),
             );
-            if let Err(err) = self.bounded(heartbeat).await {
-                debug!(error = %err, "heartbeat after releases failed; the next round's tells");
+            match self.bounded(heartbeat).await {
+                Ok(_) => self.health.answered_now(),
+                Err(err) => {
+                    st.troubled_at = Some(crate::clock::now());
+                    debug!(error = %err, "heartbeat after releases failed; the next round's tells");
+                }
             }
         }
     }

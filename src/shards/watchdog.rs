@@ -37,17 +37,24 @@ pub(crate) async fn watchdog(term: LeaderTerm, lost: Arc<Notify>) {
     }
 }
 
-/// The next release notification, or `None` once the channel is closed; pending forever
-/// without one.
-pub(crate) async fn recv(events: &mut Option<crate::ReleaseEvents>) -> Option<Arc<str>> {
+/// What the release notifications said next.
+pub(crate) enum Released {
+    /// `resource` was released.
+    One(Arc<str>),
+    /// Notifications were dropped (the channel overflowed): any resource may have been.
+    Missed,
+    /// The channel is closed: poll only from now on.
+    Closed,
+}
+
+/// The next release notification; pending forever without a channel.
+pub(crate) async fn recv(events: &mut Option<crate::ReleaseEvents>) -> Released {
     let Some(rx) = events.as_mut() else {
         return std::future::pending().await;
     };
-    loop {
-        match rx.recv().await {
-            Ok(resource) => return Some(resource),
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-        }
+    match rx.recv().await {
+        Ok(resource) => Released::One(resource),
+        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Released::Missed,
+        Err(tokio::sync::broadcast::error::RecvError::Closed) => Released::Closed,
     }
 }

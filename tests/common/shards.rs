@@ -356,23 +356,33 @@ where
         "{settled} looks in 12 settled rounds of two nodes"
     );
     eprintln!("{settled} looks in 12 settled rounds of two nodes");
-    // A join: the others hand resources over, and the joiner looks when told of a release
-    // (a releaser counted them at its last heartbeat), so it leads its share about a round
-    // after the others saw it.
+    // A join: once the others see the joiner they hand resources over, and the joiner looks
+    // when told of a release, or sees their lower counts at its next round (a releaser
+    // heartbeats its count at once), so it leads its share within about a round.
     let c = node(h.separate_store().await, "node-c");
     let all = [("a", &a), ("b", &b), ("c", &c)];
+    let seen = Instant::now();
+    while !([&a, &b]
+        .iter()
+        .all(|n| n.assignment().members.iter().any(|m| m == "node-c")))
+    {
+        assert!(
+            seen.elapsed() < Duration::from_secs(8),
+            "the joiner is never seen"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let took = eventually("balanced over three", Duration::from_secs(8), &all, |led| {
         let counts = counts(led);
         led.len() == N && counts.len() == 3 && counts.values().all(|n| (2..=3).contains(n))
     })
     .await;
-    eprintln!("balanced over three {took:?} after the join");
-    // About a round for the others to see the joiner, then the handovers: with the joiner
-    // skipping the look its release notification asked for, or the releasers' counts left
-    // high until their next heartbeat, it took up to two rounds more.
+    eprintln!("balanced over three {took:?} after both saw the joiner");
+    // With the joiner skipping the look its release notification asked for, or the
+    // releasers' counts left high until their next heartbeat, it took up to two rounds.
     assert!(
         took < interval * 2,
-        "balanced over three only {took:?} after the join (interval {interval:?})"
+        "balanced over three only {took:?} after both saw the joiner (interval {interval:?})"
     );
     c.shutdown().await;
     eventually(

@@ -129,11 +129,15 @@ impl MembershipStore for SqlServerLeaseStore {
                     true,
                 )
                 .await;
-            if self.member_shape.get() != Some(Shape::Plain) || counted.is_ok() {
-                if counted.is_ok() {
+            match counted {
+                Ok(members) => {
                     self.member_shape.set(Shape::Payload);
+                    return Ok(members);
                 }
-                return counted;
+                // This call found the columns missing (`member_rows` noted it just now): the
+                // plain heartbeat below. Any other error is the heartbeat's.
+                Err(_) if self.member_shape.fresh(false) == Some(Shape::Plain) => {}
+                Err(err) => return Err(err),
             }
         }
         self.heartbeat(shard_set, member, ttl, draining).await
