@@ -477,6 +477,8 @@ async fn one_run(url: &str, run: usize) -> Result<Run, Error> {
     let db = super::connect(url, 2, false).await?;
     super::migrate(&db, &table).await?;
     migrate_members(&db, &table).await?;
+    // With the members' counts, as a user who runs every migration has them.
+    add_member_counts(&db, &table).await?;
     let mut samples: Vec<Sample> = Vec::new();
     let mut nodes: Vec<Node> = Vec::new();
 
