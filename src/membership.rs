@@ -70,6 +70,24 @@ impl Holding {
         }
     }
 
+    /// The column values a database store keeps: the count and the fingerprint as signed
+    /// bigints (the fingerprint bit for bit, a count past `i64::MAX` as `i64::MAX`).
+    pub(crate) fn stored(self) -> (i64, i64) {
+        (
+            i64::try_from(self.leases).unwrap_or(i64::MAX),
+            i64::from_ne_bytes(self.set_hash.to_ne_bytes()),
+        )
+    }
+
+    /// The holding a store's columns hold, read back as [`stored`](Self::stored) wrote it:
+    /// `None` where either is NULL (a member that reports none) or the count is negative.
+    pub(crate) fn from_stored(leases: Option<i64>, set_hash: Option<i64>) -> Option<Self> {
+        Some(Self {
+            leases: u64::try_from(leases?).ok()?,
+            set_hash: u64::from_ne_bytes(set_hash?.to_ne_bytes()),
+        })
+    }
+
     /// The fingerprint of a list of resources, whatever its order: FNV-1a over the sorted,
     /// deduplicated names, stable across processes and versions.
     pub fn fingerprint<S: AsRef<str>>(resources: &[S]) -> u64 {

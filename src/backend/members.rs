@@ -75,8 +75,8 @@ pub(crate) fn heartbeat(
         // Stored as the signed bigints of the columns; read back the same way. `counted_at`
         // takes the heartbeat's own time, so that a later heartbeat without counts (an older
         // version's) leaves them stale, and unread.
-        let leases = holding.map(|h| i64::try_from(h.leases).unwrap_or(i64::MAX));
-        let hash = holding.map(|h| i64::from_ne_bytes(h.set_hash.to_ne_bytes()));
+        let stored = holding.map(Holding::stored);
+        let (leases, hash) = (stored.map(|s| s.0), stored.map(|s| s.1));
         let at = if holding.is_some() {
             d.now()
         } else {
@@ -193,15 +193,7 @@ fn decode_member(row: &QueryResult, counted: bool) -> Result<Member, DbErr> {
     member.joined_at = Some(row.try_get_by_index(3)?);
     member.heartbeat_at = Some(row.try_get_by_index(4)?);
     if counted {
-        let leases: Option<i64> = row.try_get_by_index(6)?;
-        let hash: Option<i64> = row.try_get_by_index(7)?;
-        member.holding = match (leases.map(u64::try_from), hash) {
-            (Some(Ok(leases)), Some(hash)) => Some(Holding {
-                leases,
-                set_hash: u64::from_ne_bytes(hash.to_ne_bytes()),
-            }),
-            _ => None,
-        };
+        member.holding = Holding::from_stored(row.try_get_by_index(6)?, row.try_get_by_index(7)?);
     }
     Ok(member)
 }

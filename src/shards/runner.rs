@@ -173,13 +173,7 @@ impl Runner {
             return;
         }
         let draining = draining || st.stopping;
-        let heartbeat = self.store.heartbeat_holding(
-            &self.config.name,
-            &self.config.member,
-            self.config.lease,
-            draining,
-            self.holding(st, draining),
-        );
+        let heartbeat = self.heartbeat(st, draining);
         let sent = crate::clock::now();
         let mut answered = false;
         match self.bounded(heartbeat).await {
@@ -213,15 +207,26 @@ impl Runner {
             .await;
     }
 
-    /// What this node reports leading: the terms led now (those being handed over are about
-    /// to go, and counting them could make another member skip the look that finds them
-    /// free), none while draining (it hands them all over).
-    fn holding(&self, st: &State, draining: bool) -> crate::Holding {
+    /// This node's heartbeat, with what it reports leading: the terms led now (those being
+    /// handed over are about to go, and counting them could make another member skip the look
+    /// that finds them free), none while draining (it hands them all over).
+    fn heartbeat(
+        &self,
+        st: &State,
+        draining: bool,
+    ) -> impl std::future::Future<Output = Result<Vec<crate::Member>, StoreError>> + '_ {
         let leases = if draining { 0 } else { st.held.len() };
-        crate::Holding {
+        let holding = crate::Holding {
             leases: u64::try_from(leases).unwrap_or(u64::MAX),
             set_hash: self.config.set_hash,
-        }
+        };
+        self.store.heartbeat_holding(
+            &self.config.name,
+            &self.config.member,
+            self.config.lease,
+            draining,
+            holding,
+        )
     }
 
     /// Removes the terms whose local deadline passed or that the watchdog ended (see
@@ -568,14 +573,7 @@ impl Runner {
             // Tell the members at once that this node leads less: without a release
             // notification, their next round would otherwise count these leases as led until
             // this node's next heartbeat, and skip the look that finds them free.
-            let draining = *self.control.draining.borrow();
-            let heartbeat = self.store.heartbeat_holding(
-                &self.config.name,
-                &self.config.member,
-                self.config.lease,
-                draining,
-                self.holding(st, draining),
-            );
+            let heartbeat = self.heartbeat(st, *self.control.draining.borrow());
             match self.bounded(heartbeat).await {
                 Ok(_) => self.health.answered_now(),
                 Err(err) => {

@@ -64,15 +64,8 @@ fn decode_member(row: &tiberius::Row, counted: bool) -> Result<Member, DbErr> {
             row.try_get::<i64, _>(idx)
                 .map_err(|e| DbErr::Type(format!("SQL Server column {name}: {e}")))
         };
-        let leases = nullable(6, "leases_held")?;
-        let hash = nullable(7, "set_hash")?;
-        member.holding = match (leases.map(u64::try_from), hash) {
-            (Some(Ok(leases)), Some(hash)) => Some(Holding {
-                leases,
-                set_hash: u64::from_ne_bytes(hash.to_ne_bytes()),
-            }),
-            _ => None,
-        };
+        member.holding =
+            Holding::from_stored(nullable(6, "leases_held")?, nullable(7, "set_hash")?);
     }
     Ok(member)
 }
@@ -118,8 +111,7 @@ impl MembershipStore for SqlServerLeaseStore {
         check_candidate(member)?;
         let (seconds, rest_ms) = split_lease(millis, ttl)?;
         if self.member_shape.fresh(false) != Some(Shape::Plain) {
-            let leases = i64::try_from(holding.leases).unwrap_or(i64::MAX);
-            let hash = i64::from_ne_bytes(holding.set_hash.to_ne_bytes());
+            let (leases, hash) = holding.stored();
             let counted = self
                 .member_rows(
                     &self.member_sql.heartbeat_counted,
