@@ -544,6 +544,31 @@ pub async fn woken_handover(stores: &[SeaOrmLeaseStore; 3]) -> Duration {
     took
 }
 
+/// An elector of candidate `node` on `store` for each of `resources`, started.
+fn start_leaders(
+    store: &SeaOrmLeaseStore,
+    resources: &[String],
+    lease: Duration,
+    renew: Duration,
+    together: bool,
+) -> Vec<ElectorHandle> {
+    resources
+        .iter()
+        .map(|r| {
+            Elector::builder(store.clone())
+                .resource(r)
+                .candidate_id("node")
+                .lease_duration(lease)
+                .renew_interval(renew)
+                .retry_interval(RETRY)
+                .renew_together(together)
+                .build()
+                .unwrap()
+                .start()
+        })
+        .collect()
+}
+
 /// Twenty electors of one process on one store, each leading its own resource: after a round
 /// they renew in one statement (every lease carries the same `renewed_at`, the database's time
 /// of one statement, and it keeps moving); with `renew_together(false)` the stamps differ. A
@@ -557,21 +582,7 @@ pub async fn leaders_of_one_process_renew_together(h: &SqlHarness) {
     for together in [true, false] {
         let store = h.configure(SeaOrmLeaseStore::new(h.connect_again(4).await));
         let resources: Vec<String> = (0..N).map(|_| unique("together")).collect();
-        let handles: Vec<ElectorHandle> = resources
-            .iter()
-            .map(|r| {
-                Elector::builder(store.clone())
-                    .resource(r)
-                    .candidate_id("node")
-                    .lease_duration(lease)
-                    .renew_interval(renew)
-                    .retry_interval(RETRY)
-                    .renew_together(together)
-                    .build()
-                    .unwrap()
-                    .start()
-            })
-            .collect();
+        let handles = start_leaders(&store, &resources, lease, renew, together);
         wait_until("every elector leads", Duration::from_secs(10), || {
             handles.iter().all(|h| h.is_leader())
         })
@@ -649,21 +660,7 @@ pub async fn a_long_fenced_transaction_holds_up_no_other_leader(h: &SqlHarness) 
     let renew = Duration::from_millis(250);
     let store = h.configure(SeaOrmLeaseStore::new(h.connect_again(4).await));
     let resources: Vec<String> = (0..N).map(|_| unique("fenced_batch")).collect();
-    let handles: Vec<ElectorHandle> = resources
-        .iter()
-        .map(|r| {
-            Elector::builder(store.clone())
-                .resource(r)
-                .candidate_id("node")
-                .lease_duration(lease)
-                .renew_interval(renew)
-                .retry_interval(RETRY)
-                .renew_together(true)
-                .build()
-                .unwrap()
-                .start()
-        })
-        .collect();
+    let handles = start_leaders(&store, &resources, lease, renew, true);
     wait_until("every elector leads", Duration::from_secs(10), || {
         handles.iter().all(|h| h.is_leader())
     })

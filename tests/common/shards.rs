@@ -156,6 +156,28 @@ fn counts(led: &HashMap<String, (String, i64)>) -> BTreeMap<String, usize> {
     counts
 }
 
+/// A node `id` of the shard set `set` over `resources`, without slack, started.
+fn start_node<S: orion_beacon::ShardStore + 'static>(
+    store: S,
+    set: &str,
+    resources: &[String],
+    id: &str,
+    lease: Duration,
+    interval: Duration,
+) -> ShardHandle {
+    ShardSet::builder(store)
+        .name(set)
+        .resources(resources.to_vec())
+        .member_id(id)
+        .lease_duration(lease)
+        .interval(interval)
+        .slack(0)
+        .grace_period(Duration::from_millis(500))
+        .build()
+        .expect("valid shard set")
+        .start()
+}
+
 /// Three nodes (separate connection pools, as processes have) spread 12 resources: a lone
 /// node leads all, joiners get their share by graceful handovers (the new term's token is
 /// higher), a killed node's resources are re-led within lease + two rounds, a drained node
@@ -169,19 +191,7 @@ where
     let interval = Duration::from_millis(250);
     let set = unique("shards");
     let resources: Vec<String> = (0..N).map(|i| format!("{set}-{i}")).collect();
-    let node = |store: H::Store, id: &str| {
-        ShardSet::builder(store)
-            .name(set.clone())
-            .resources(resources.clone())
-            .member_id(id)
-            .lease_duration(lease)
-            .interval(interval)
-            .slack(0)
-            .grace_period(Duration::from_millis(500))
-            .build()
-            .expect("valid shard set")
-            .start()
-    };
+    let node = |store: H::Store, id: &str| start_node(store, &set, &resources, id, lease, interval);
     let a = node(h.separate_store().await, "node-a");
     eventually(
         "a lone node leads everything",
@@ -325,17 +335,8 @@ where
     let resources: Vec<String> = (0..N).map(|i| format!("{set}-{i}")).collect();
     let looks = CountLooks::default();
     let node = |store: H::Store, id: &str| {
-        ShardSet::builder(Double::over(store, looks.clone()))
-            .name(set.clone())
-            .resources(resources.clone())
-            .member_id(id)
-            .lease_duration(lease)
-            .interval(interval)
-            .slack(0)
-            .grace_period(Duration::from_millis(500))
-            .build()
-            .expect("valid shard set")
-            .start()
+        let store = Double::over(store, looks.clone());
+        start_node(store, &set, &resources, id, lease, interval)
     };
     let a = node(h.separate_store().await, "node-a");
     let b = node(h.separate_store().await, "node-b");
