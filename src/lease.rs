@@ -66,6 +66,13 @@ pub struct Denial {
     /// a version), where it wrote one. Never a payload of an earlier term: a term that wrote
     /// none shows `None`.
     pub payload: Option<String>,
+    /// Set when the holder's lease has lapsed by the database clock but its session still
+    /// holds the lease row locked (a fenced transaction of a holder stopped, cut off or stuck
+    /// in a long statement) and the store did not end that session within the acquire's
+    /// bound: why (the server refused it, naming the privilege it lacks, or the lock is not one
+    /// the store may end). The resource stays held until that transaction ends; ask again
+    /// later, as for any denial.
+    pub stalled: Option<String>,
 }
 
 /// The answer to [`LeaseStore::acquire_or_renew`](crate::LeaseStore::acquire_or_renew).
@@ -162,6 +169,7 @@ impl Denial {
             remaining: Duration::ZERO,
             expires_at: None,
             payload: None,
+            stalled: None,
         }
     }
 

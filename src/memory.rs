@@ -272,6 +272,7 @@ impl LeaseStore for InMemoryLeaseStore {
                 remaining: slot.expires.saturating_duration_since(now),
                 expires_at: self.wall(slot.expires),
                 payload: slot.payload.clone(),
+                stalled: None,
             })),
         }
     }

@@ -26,10 +26,8 @@ use crate::{LeaseOutcome, StoreError};
 pub(crate) enum Takeover {
     /// No sessions to end (SQLite).
     None,
-    /// After the acquire's own bounded lock wait ran out (PostgreSQL).
-    AfterLockWait,
     /// While the acquire waits, since the server names a blocker only of a waiting statement
-    /// (MySQL, MariaDB).
+    /// (PostgreSQL, MySQL, MariaDB).
     WhileWaiting,
 }
 
@@ -246,8 +244,15 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         false
     }
 
-    /// Ends the sessions that hold `resource`'s row for a lapsed term; how many.
-    async fn end_lapsed_holders(&self, _cx: &Context, _resource: &str) -> Result<u64, StoreError> {
+    /// Ends the session that blocks a wait on `resource`'s row for a lapsed term, if it has
+    /// been stalled (idle in its transaction, or in one statement) at least `waited`, the time
+    /// the acquire's statement has waited; how many it ended.
+    async fn end_lapsed_holders(
+        &self,
+        _cx: &Context,
+        _resource: &str,
+        _waited: Duration,
+    ) -> Result<u64, StoreError> {
         Ok(0)
     }
 }

@@ -18,6 +18,10 @@ pub(crate) struct Gate(std::sync::Mutex<GateState>);
 struct GateState {
     in_flight: Option<String>,
     refused_until: Option<tokio::time::Instant>,
+    /// The server's last refusal, as said.
+    refusal: Option<String>,
+    /// Whether a refusal was warned about (once per store).
+    warned: bool,
 }
 
 impl Gate {
@@ -52,18 +56,42 @@ impl Gate {
             .is_some_and(|until| tokio::time::Instant::now() < until)
     }
 
-    /// The server refused a takeover: none for the backoff.
-    pub(crate) fn refuse(&self) {
-        self.state().refused_until = Some(tokio::time::Instant::now() + REFUSED_BACKOFF);
+    /// The server refused a takeover (`why`): none for the backoff.
+    pub(crate) fn refuse(&self, why: String) {
+        let mut st = self.state();
+        st.refused_until = Some(tokio::time::Instant::now() + REFUSED_BACKOFF);
+        st.refusal = Some(why);
     }
 
-    pub(crate) fn finish(&self, resource: &str, failed: bool) {
+    /// Whether this is the store's first refusal (to warn about once).
+    pub(crate) fn first_refusal(&self) -> bool {
+        !std::mem::replace(&mut self.state().warned, true)
+    }
+
+    /// Why a lapsed holder's session was not ended: the server's refusal within the backoff,
+    /// else that no session the store may end blocked the wait.
+    pub(crate) fn why_not_ended(&self) -> String {
+        let st = self.state();
+        let refused = st
+            .refused_until
+            .is_some_and(|until| tokio::time::Instant::now() < until);
+        match (&st.refusal, refused) {
+            (Some(why), true) => format!(
+                "the lease lapsed but its holder's session still holds the row locked, and the \
+                 server refused to end it: {why} (PostgreSQL needs the same role, or \
+                 pg_signal_backend and pg_read_all_stats; MariaDB the PROCESS privilege, and \
+                 CONNECTION ADMIN for other users' sessions)"
+            ),
+            _ => "the lease lapsed but a session still holds the row locked that the store \
+                  does not end (not a stalled fenced transaction of the lapsed term)"
+                .to_owned(),
+        }
+    }
+
+    pub(crate) fn finish(&self, resource: &str) {
         let mut st = self.state();
         if st.in_flight.as_deref() == Some(resource) {
             st.in_flight = None;
-        }
-        if failed {
-            st.refused_until = Some(tokio::time::Instant::now() + REFUSED_BACKOFF);
         }
     }
 }

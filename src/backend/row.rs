@@ -115,6 +115,7 @@ impl Row {
             expires_at: Some(self.expires_at),
             holder: Some(self.holder),
             payload: self.payload,
+            stalled: None,
         }
     }
 

@@ -7,29 +7,30 @@
 //! open. A holder that stops inside one would hold the lock, and so the resource, for as long as
 //! it is stopped (a partition: until the server notices the client is gone, hours with the
 //! defaults). So an acquire that has waited [`WAIT_BEFORE_TAKEOVER`] asks the server, on
-//! another connection of the pool, to end every session that holds the row for a term whose
-//! lease has lapsed, and asks again every [`TAKEOVER_EVERY`] while it waits. Ending such a
-//! session is always safe: its term is over by the database clock, its transaction rolls back
-//! (its commit fails), and nothing it would have written may commit any more. PostgreSQL
-//! targets only sessions marked by a fence of exactly the lapsed term; MariaDB, the
-//! transaction that holds the lapsed row against a waiting statement, unless it is running a
-//! lease statement or a commit.
+//! another connection, to end the session that blocks *its own wait on this row*, and asks
+//! again every [`TAKEOVER_EVERY`] while it waits. A session is ended only when all of these
+//! hold: it blocks a wait on exactly this table's row (found from the wait, never from a name
+//! or a printed key), the row's term has lapsed by the database clock, and the session has been
+//! stalled (idle inside its transaction, or in one statement) for the whole wait. Ending such a
+//! session is safe: its term is over, its transaction rolls back (its commit fails), and
+//! nothing it would have written may commit any more. Nothing else is ever ended: not another
+//! table's, schema's or tenant's session, not a live term's.
 //!
-//! - **PostgreSQL**: the fence also takes a shared transaction-level advisory lock keyed by a
-//!   64-bit hash of (table, resource, token), which `pg_locks` shows with its session;
-//!   `pg_terminate_backend` ends the sessions that hold the key of the lapsed row's term. That
-//!   needs the same role as the holder, or membership of `pg_signal_backend`.
-//! - **MySQL/MariaDB**: the fence locks the row `FOR UPDATE`, so its transaction has an id;
-//!   `information_schema.INNODB_LOCK_WAITS` names the transaction that blocks a wait on the
-//!   lapsed row, and `KILL CONNECTION` ends it. That needs the `PROCESS` privilege, and
-//!   `CONNECTION ADMIN` (or `SUPER`) for a holder connected as another user. MySQL 8, which
-//!   has no `INNODB_LOCK_WAITS`, gets no takeover (a warning says so).
+//! - **PostgreSQL**: `pg_blocking_pids` of the sessions queued on the row's tuple (this table's
+//!   OID, this row's `ctid`), which must also hold the fence's marker of the lapsed term (see
+//!   `postgres::takeover`); `pg_terminate_backend` ends it. That needs the same role as the
+//!   holder, or `pg_signal_backend` and `pg_read_all_stats`.
+//! - **MySQL/MariaDB**: `information_schema.INNODB_LOCK_WAITS`, in a snapshot that contains the
+//!   acquire's own wait (see `mysql::takeover`); `KILL CONNECTION` ends it. That needs the
+//!   `PROCESS` privilege, and `CONNECTION ADMIN` (or `SUPER`) for a holder connected as another
+//!   user. MySQL 8, which has no `INNODB_LOCK_WAITS`, gets no takeover.
 //!
-//! Without the privileges a warning says what is missing, and the takeover waits for the
-//! server to end the session itself (`idle_in_transaction_session_timeout`, `wait_timeout`,
-//! TCP keepalives).
+//! Without the privileges (or when the blocker is not one the store may end) the acquire is
+//! denied within its bound, the denial naming the lapsed holder and why
+//! ([`Denial::stalled`](crate::Denial::stalled)); the refusal is warned about once per store,
+//! and the resource is held until the server ends the session itself
+//! (`idle_in_transaction_session_timeout`, `wait_timeout`, TCP keepalives).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,12 +51,16 @@ fn takeover_waits(lease: Duration) -> (Duration, Duration) {
     (WAIT_BEFORE_TAKEOVER.min(fifth), TAKEOVER_EVERY.min(fifth))
 }
 
-/// Warns once per process that takeover cannot end a stalled holder's session.
-static REFUSED: AtomicBool = AtomicBool::new(false);
-
 /// Says what a takeover did; `true` when the server refused it (no privilege, no lock tables):
 /// not worth asking again soon. Any other failure (a timeout, a lost connection) is asked again.
-fn report(table: &str, resource: &str, ended: Result<u64, StoreError>, refused: bool) -> bool {
+/// A refusal is warned about once per store (and its derived stores).
+fn report(
+    engine: &Engine,
+    resource: &str,
+    ended: &Result<u64, StoreError>,
+    refused: bool,
+) -> bool {
+    let table = engine.cx.table();
     match ended {
         Ok(0) => false,
         Ok(n) => {
@@ -70,15 +75,16 @@ fn report(table: &str, resource: &str, ended: Result<u64, StoreError>, refused: 
             false
         }
         Err(error) if refused => {
-            if !REFUSED.swap(true, Ordering::Relaxed) {
+            if engine.takeovers.first_refusal() {
                 tracing::warn!(
                     table,
                     resource,
                     %error,
                     "could not look for or end a lapsed holder's session; a holder \
                      stalled inside a fenced transaction then holds the lease until \
-                     the server ends its session (PostgreSQL: the same role or \
-                     pg_signal_backend; MariaDB: the PROCESS privilege, and \
+                     the server ends its session, and acquires of it are denied with the \
+                     reason (PostgreSQL: the same role, or pg_signal_backend and \
+                     pg_read_all_stats; MariaDB: the PROCESS privilege, and \
                      CONNECTION ADMIN for other users' sessions)"
                 );
             } else {
@@ -104,18 +110,28 @@ fn lock_wait_timed_out(engine: &Engine, err: &StoreError) -> bool {
     db_err_in(err).is_some_and(|e| engine.backend.lock_wait_ran_out(e))
 }
 
-/// Ends the sessions that hold `resource`'s row for a lapsed term; how many.
-async fn end_lapsed_holders(engine: &Engine, resource: &str) -> Result<u64, StoreError> {
+/// Ends the session that blocks a wait on `resource`'s row for a lapsed term, stalled at
+/// least `waited`; how many it ended.
+async fn end_lapsed_holders(
+    engine: &Engine,
+    resource: &str,
+    waited: Duration,
+) -> Result<u64, StoreError> {
     engine
         .backend
-        .end_lapsed_holders(&engine.cx, resource)
+        .end_lapsed_holders(&engine.cx, resource, waited)
         .await
 }
 
-/// What a takeover did, said; `true` when the server refused it.
+/// What a takeover did, said; `true` when the server refused it (the refusal is kept, for the
+/// denial that names it).
 fn told(engine: &Engine, resource: &str, ended: Result<u64, StoreError>) -> bool {
     let refused = matches!(&ended, Err(e) if refused(engine, e));
-    report(engine.cx.table(), resource, ended, refused)
+    let given_up = report(engine, resource, &ended, refused);
+    if let (true, Err(error)) = (refused, &ended) {
+        engine.takeovers.refuse(error.to_string());
+    }
+    given_up
 }
 
 /// Marks a dropped acquire's takeover finished when its task ends, however it ends (the
@@ -123,19 +139,11 @@ fn told(engine: &Engine, resource: &str, ended: Result<u64, StoreError>) -> bool
 struct InFlight {
     engine: Arc<Engine>,
     resource: String,
-    failed: bool,
-}
-
-impl InFlight {
-    /// Whether the server refused it (read when the marker goes).
-    fn failed(&mut self, failed: bool) {
-        self.failed = failed;
-    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.engine.takeovers.finish(&self.resource, self.failed);
+        self.engine.takeovers.finish(&self.resource);
     }
 }
 
@@ -143,12 +151,14 @@ impl Drop for InFlight {
 /// of its statements by its interval, which can be shorter than the takeover's first wait)
 /// leaves its statement waiting on the server for the row lock. A lapsed holder stalled inside
 /// a fenced transaction would then hold the resource for as long as it is stalled, whoever
-/// asks: so the drop asks the server once, from a task of its own, to end such a holder's
-/// session, as the acquire would have had it waited on. One such task per store at a time
-/// (see [`Gate`](super::gate::Gate)), each bounded by `limit`.
+/// asks: so the drop asks the server once, from a task of its own, to end the session that
+/// blocks that statement's wait, as the acquire would have had it waited on. One such task per
+/// store at a time (see [`Gate`](super::gate::Gate)), each bounded by `limit`.
 struct TakeoverOnDrop {
     /// The store and resource, until the acquire was answered.
     armed: Option<(Arc<Engine>, String)>,
+    /// When the statement now out was sent.
+    sent: tokio::time::Instant,
     /// How long the task may take.
     limit: Duration,
 }
@@ -166,46 +176,47 @@ impl Drop for TakeoverOnDrop {
         if !engine.takeovers.start(&resource) {
             return; // one is in flight, or they fail for now
         }
-        let limit = self.limit;
+        let (limit, waited) = (self.limit, self.sent.elapsed());
         // Made before the task, so that a task dropped before it first runs (a runtime
         // shutting down) still marks the takeover finished.
-        let mut guard = InFlight {
-            engine,
-            resource,
-            failed: false,
-        };
+        let guard = InFlight { engine, resource };
         runtime.spawn(async move {
             let (engine, resource) = (&*guard.engine, guard.resource.as_str());
-            let failed =
-                match tokio::time::timeout(limit, end_lapsed_holders(engine, resource)).await {
-                    Ok(ended) => told(engine, resource, ended),
-                    Err(_) => {
-                        tracing::debug!(
-                            table = %engine.cx.table(),
-                            resource,
-                            "takeover after a dropped acquire got no answer in time"
-                        );
-                        false
-                    }
-                };
-            guard.failed(failed);
+            match tokio::time::timeout(limit, end_lapsed_holders(engine, resource, waited)).await
+            {
+                Ok(ended) => {
+                    told(engine, resource, ended);
+                }
+                Err(_) => {
+                    tracing::debug!(
+                        table = %engine.cx.table(),
+                        resource,
+                        "takeover after a dropped acquire got no answer in time"
+                    );
+                }
+            }
+            drop(guard);
         });
     }
 }
 
-/// Runs the backend's acquire of `resource` for `candidate` until it is answered. On
-/// PostgreSQL its statement (the bounded upsert, see `postgres::statements::bounded_upsert`)
-/// waits for each lock at most the takeover's first wait, then fails; the row was then held
-/// locked that long by another transaction: a lapsed term's stalled one (its session is ended
-/// and the acquire asked again at once), a live holder's fenced one (a denial that names it),
-/// or this candidate's own (asked again at once). A statement waits on the server at most two
-/// such waits, whatever the stall, so a caller that stops waiting leaves no statement behind
-/// for long that could grant it a lease later; the drop still asks for one takeover
-/// ([`TakeoverOnDrop`]).
+/// Runs the backend's acquire of `resource` for `candidate` until it is answered. Its
+/// statement waits for the row lock at most a bounded time (PostgreSQL: twice the takeover's
+/// first wait, see `postgres::statements::bounded_upsert`; MariaDB: a second, its own
+/// `innodb_lock_wait_timeout`, whole seconds), and while it waits, after `first` and then
+/// every `every`, the backend ends the session that blocks that wait if it is a lapsed term's,
+/// stalled (see the backends' `takeover`). When the wait runs out, the row was held locked
+/// that long by another transaction:
 ///
-/// On MariaDB the upsert waits at most a second (its own `innodb_lock_wait_timeout`, whole
-/// seconds; not MySQL 8's transaction form, which waits the server's), and the takeover runs
-/// while it waits (after `first`, then every `every`); then the same.
+/// - a live holder's fenced one: a denial that names it;
+/// - this candidate's own (a renew behind its own fenced transaction): asked again;
+/// - a session the takeover ended just as the wait ran out: asked again at once;
+/// - a lapsed term's that the store could not end (refused, or not one it may end): a denial
+///   that names the lapsed holder and says why ([`Denial::stalled`](crate::Denial::stalled)).
+///
+/// So every call is answered within about two statement waits, whatever the stall, and a
+/// caller that stops waiting leaves no statement behind for long that could grant it a lease
+/// later; the drop still asks for one takeover ([`TakeoverOnDrop`]).
 pub(crate) async fn acquiring(
     engine: &Arc<Engine>,
     resource: &str,
@@ -217,55 +228,51 @@ pub(crate) async fn acquiring(
     let (first, every) = takeover_waits(lease);
     let mut on_drop = TakeoverOnDrop {
         armed: Some((Arc::clone(engine), resource.to_owned())),
+        sent: tokio::time::Instant::now(),
         limit: (lease / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
     };
-    // MariaDB finds a blocker only while a statement waits on it: the takeover runs then.
     let concurrent = engine.backend.takeover() == Takeover::WhileWaiting;
     let out = loop {
         let started = tokio::time::Instant::now();
+        on_drop.sent = started;
         let attempt = engine
             .backend
             .acquire_or_renew(&engine.cx, resource, candidate, millis, write);
-        let answer = if concurrent {
+        let (answer, ended) = if concurrent {
             tokio::pin!(attempt);
-            waiting(engine, resource, first, every, &mut attempt).await
+            waiting(engine, resource, first, every, started, &mut attempt).await
         } else {
-            attempt.await
+            (attempt.await, 0)
         };
         match answer {
             Err(err) if lock_wait_timed_out(engine, &err) => {}
             out => break out,
         }
-        if !concurrent && !engine.takeovers.refused() {
-            let ended = end_lapsed_holders(engine, resource).await;
-            let some = matches!(ended, Ok(n) if n > 0);
-            if told(engine, resource, ended) {
-                engine.takeovers.refuse();
-            }
-            if some {
-                continue; // its transaction rolled back: the row is free now
-            }
+        if ended > 0 {
+            continue; // its transaction rolled back: the row is free now
         }
-        // Nobody lapsed to end: a live holder's transaction, or this candidate's own (a
-        // renew behind its own fenced transaction), or a lock no takeover ends. Asked again
-        // at once: the statement's own lock wait paces the loop, and a renew is queued for
-        // the row nearly all the time, as it would be if it waited on.
         match engine.read_row(resource).await {
             Ok(Some(row)) => {
                 let record = row.record(resource);
-                if record.live && record.holder != candidate {
-                    break Ok(LeaseOutcome::Denied(crate::Denial {
-                        resource: resource.to_owned(),
-                        holder: Some(record.holder),
-                        token: Some(record.token),
-                        remaining: record.remaining,
-                        expires_at: record.expires_at,
-                        payload: record.payload,
-                    }));
+                if record.live && record.holder == candidate {
+                    // This candidate's own renew behind its own fenced transaction: asked
+                    // again (at least the first wait between two statements; a short lease's
+                    // lock wait is short too).
+                    tokio::time::sleep_until(started + first).await;
+                    continue;
                 }
-                // At least the first wait between two statements (a short lease's lock wait
-                // is short too).
-                tokio::time::sleep_until(started + first).await;
+                let stalled = (!record.live).then(|| engine.takeovers.why_not_ended());
+                // Never naming the candidate itself (it would then follow itself).
+                let holder = (record.holder != candidate).then_some(record.holder);
+                break Ok(LeaseOutcome::Denied(crate::Denial {
+                    resource: resource.to_owned(),
+                    holder,
+                    token: Some(record.token),
+                    remaining: record.remaining,
+                    expires_at: record.expires_at,
+                    payload: record.payload,
+                    stalled,
+                }));
             }
             Ok(None) => tokio::time::sleep_until(started + first).await,
             Err(err) => break Err(err),
@@ -275,39 +282,45 @@ pub(crate) async fn acquiring(
     out
 }
 
-/// Awaits `acquire`; after `first` and then every `every`, ends the sessions of lapsed terms
-/// that hold `resource`'s row.
+/// Awaits `acquire`, sent at `sent`; after `first` and then every `every`, ends the session
+/// that blocks its wait on `resource`'s row if it is a lapsed term's. The answer, and how many
+/// sessions were ended while it waited.
 async fn waiting<T, F>(
     engine: &Engine,
     resource: &str,
     first: Duration,
     every: Duration,
+    sent: tokio::time::Instant,
     acquire: &mut std::pin::Pin<&mut F>,
-) -> Result<T, StoreError>
+) -> (Result<T, StoreError>, u64)
 where
     F: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut wait = first;
+    let mut ended_here = 0;
     loop {
         tokio::select! {
             biased;
-            out = &mut *acquire => return out,
+            out = &mut *acquire => return (out, ended_here),
             () = tokio::time::sleep(wait) => {}
         }
         if engine.takeovers.refused() {
-            return acquire.await; // refused a moment ago: not again in this call
+            // Refused a moment ago: not again in this call.
+            return (acquire.await, ended_here);
         }
-        let takeover = end_lapsed_holders(engine, resource);
+        let takeover = end_lapsed_holders(engine, resource, sent.elapsed());
         tokio::pin!(takeover);
-        let given_up = tokio::select! {
+        let ended = tokio::select! {
             biased;
-            out = &mut *acquire => return out,
-            ended = &mut takeover => told(engine, resource, ended),
+            out = &mut *acquire => return (out, ended_here),
+            ended = &mut takeover => ended,
         };
-        if given_up {
-            engine.takeovers.refuse();
+        if let Ok(n) = &ended {
+            ended_here += n;
+        }
+        if told(engine, resource, ended) {
             // Not again in this call: a refusal would only repeat.
-            return acquire.await;
+            return (acquire.await, ended_here);
         }
         wait = every;
     }

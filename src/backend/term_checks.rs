@@ -72,15 +72,14 @@ mod tests {
         let (sql, values) = update(crate::backend::postgres::takeover::statement_fence(
             &Postgres,
             &t,
-            "orionbeacon_leases",
             &term(),
         ))
         .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) AND pg_try_advisory_xact_lock_shared($7) IS NOT NULL FOR SHARE)"#
+            r#"UPDATE "jobs" SET "owner_token" = $1 WHERE "id" = $2 AND EXISTS(SELECT $3 FROM "orionbeacon_leases" WHERE "resource" = $4 AND "holder" = $5 AND "fencing_token" = $6 AND "expires_at" > (statement_timestamp()) AND (CASE WHEN "resource" = $7 AND "holder" = $8 AND "fencing_token" = $9 AND "expires_at" > (statement_timestamp()) THEN pg_try_advisory_xact_lock_shared(hashtextextended(concat_ws('/', "tableoid", "resource", "fencing_token"), 0)) IS NOT NULL ELSE FALSE END) FOR SHARE)"#
         );
-        assert_eq!(values.0.len(), 7);
+        assert_eq!(values.0.len(), 9);
         let (sql, _) = update(statement_check(&crate::backend::mysql::MySql, &t, &term()))
             .build(MysqlQueryBuilder);
         assert_eq!(
@@ -97,18 +96,14 @@ mod tests {
     #[test]
     fn fence_sql_per_backend() {
         let t = Alias::new("orionbeacon_leases");
-        let (sql, values) = crate::backend::postgres::takeover::locking_check(
-            &Postgres,
-            &t,
-            "orionbeacon_leases",
-            &term(),
-        )
+        let (sql, values) =
+            crate::backend::postgres::takeover::locking_check(&Postgres, &t, &term())
         .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT $1, pg_try_advisory_xact_lock_shared($2) FROM "orionbeacon_leases" WHERE "resource" = $3 AND "holder" = $4 AND "fencing_token" = $5 AND "expires_at" > (statement_timestamp()) FOR SHARE"#
+            r#"SELECT $1, pg_try_advisory_xact_lock_shared(hashtextextended(concat_ws('/', "tableoid", "resource", "fencing_token"), 0)) FROM "orionbeacon_leases" WHERE "resource" = $2 AND "holder" = $3 AND "fencing_token" = $4 AND "expires_at" > (statement_timestamp()) FOR SHARE"#
         );
-        assert_eq!(values.0.len(), 5);
+        assert_eq!(values.0.len(), 4);
         let (sql, _) = crate::backend::mysql::statements::locking_check(
             &crate::backend::mysql::MySql,
             &t,

@@ -454,6 +454,7 @@ async fn try_any(
             remaining: r.remaining,
             expires_at: r.expires_at,
             payload: r.payload.clone(),
+            stalled: None,
         });
     let live: HashSet<String> = records
         .into_iter()

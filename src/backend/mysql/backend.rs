@@ -17,7 +17,7 @@ use sea_orm::{
 use super::checked::{self, Transaction};
 use super::errors::{self, error_number, UNKNOWN_SYSTEM_VARIABLE};
 use super::statements::IN_TRANSACTION_COLUMN;
-use super::takeover::{blockers, still_there, KILL_WITHIN};
+use super::takeover::{blockers, still_there, transactions_now, KILL_WITHIN};
 use super::wakeups::HubCell;
 use super::{statements, MySql, MySqlUpsert};
 use crate::backend::checkout::{Begin, Checked, Source};
@@ -164,6 +164,23 @@ impl MySqlBackend {
             Some(source) => cx.autocommitted(|| checked::count(source, &stmt)).await,
             None => cx.execute(stmt).await,
         }
+    }
+
+    /// The text of `SHOW ENGINE INNODB STATUS` (sent as text: not every server prepares it),
+    /// on a connection of `source`; `None` without a pool.
+    async fn status_from(
+        &self,
+        cx: &Context,
+        source: Option<Source<'_, MySqlDb>>,
+        stmt: Statement,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(source) = source else {
+            return Ok(None);
+        };
+        let text = cx
+            .autocommitted(|| checked::text_column(source, &stmt.sql, 2))
+            .await?;
+        Ok(text)
     }
 
     /// The wake-ups, unless they are off (by setting, or on a Galera node).
@@ -613,12 +630,19 @@ impl LeaseBackend for MySqlBackend {
         errors::refusal(err)
     }
 
-    async fn end_lapsed_holders(&self, cx: &Context, resource: &str) -> Result<u64, StoreError> {
+    async fn end_lapsed_holders(
+        &self,
+        cx: &Context,
+        resource: &str,
+        waited: Duration,
+    ) -> Result<u64, StoreError> {
+        let waited_ms = i64::try_from(waited.as_millis()).unwrap_or(i64::MAX);
         let stmt = cx.build(&blockers(
             cx.dialect,
             &cx.table_iden(),
             cx.table(),
             resource,
+            waited_ms,
         ));
         // This runs while the acquire it serves still waits on one of the store's sessions: an
         // idle one if there is one at once, else the application's pool (checked), never a
@@ -627,10 +651,37 @@ impl LeaseBackend for MySqlBackend {
             (Some(own), Some(pool)) => Some(Source::IdleOwnOrShared(own, pool)),
             _ => self.source(),
         };
-        let mut ended = 0;
-        let rows = self.rows_from(cx, shared, stmt).await?;
+        let mut seen = Vec::new();
+        for row in self.rows_from(cx, shared, stmt).await? {
+            let thread: u64 = row
+                .try_get_by_index(0)
+                .map_err(|source| cx.decode_error(source))?;
+            let trx: String = row
+                .try_get_by_index(1)
+                .map_err(|source| cx.decode_error(source))?;
+            seen.push((thread, trx));
+        }
+        if seen.is_empty() {
+            return Ok(0);
+        }
+        // The INNODB_* tables may be a stale cache: only a connection still in the transaction
+        // they name (so still holding the row) is ended.
+        let status = Statement::from_string(DbBackend::MySql, "SHOW ENGINE INNODB STATUS");
+        let text: String = match self.status_from(cx, shared, status).await? {
+            Some(text) => text,
+            None => return Ok(0),
+        };
         let looked = tokio::time::Instant::now();
-        for row in rows {
+        let now = transactions_now(&text);
+        let mut ended = 0;
+        for (id, trx) in seen {
+            if now.get(&id) != Some(&trx) {
+                tracing::debug!(
+                    resource,
+                    "a lapsed holder's transaction seen in a stale lock snapshot has ended"
+                );
+                continue;
+            }
             // The blocker was seen stalled at the look: a kill sent much later could find the
             // connection back at work for a newer term. Look again instead.
             if looked.elapsed() > KILL_WITHIN {
@@ -640,9 +691,6 @@ impl LeaseBackend for MySqlBackend {
                 );
                 break;
             }
-            let id: u64 = row
-                .try_get_by_index(0)
-                .map_err(|source| cx.decode_error(source))?;
             // An id the server just gave us, as a number: no quoting to get wrong.
             let kill = Statement::from_string(DbBackend::MySql, format!("KILL CONNECTION {id}"));
             // Gone already (unknown thread id) is what we wanted; a refusal of a thread that

@@ -124,6 +124,31 @@ pub(crate) async fn rows(
     ))
 }
 
+/// A statement sent as text (the simple protocol) on a connection checked to be outside any
+/// transaction: column `column` of its first row, as text.
+pub(crate) async fn text_column(
+    source: Source<'_, sqlx::MySql>,
+    sql: &str,
+    column: usize,
+) -> Result<Checked<Option<String>>, DbErr> {
+    let Some(mut checkout) = checked_out(source).await? else {
+        return Ok(Checked::InAbandonedTransaction);
+    };
+    let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .fetch_all(checkout.conn()?)
+        .await
+        .map_err(query_err)?;
+    let text = match rows.first() {
+        Some(row) => {
+            let bytes: Vec<u8> = row.try_get_unchecked(column).map_err(query_err)?;
+            Some(String::from_utf8_lossy(&bytes).into_owned())
+        }
+        None => None,
+    };
+    checkout.clean = true;
+    Ok(Checked::Committed(text))
+}
+
 /// One statement that changes rows: how many it changed (as [`rows`]).
 pub(crate) async fn count(
     source: Source<'_, sqlx::MySql>,

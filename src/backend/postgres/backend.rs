@@ -339,7 +339,7 @@ impl LeaseBackend for PgBackend {
         conn: &dyn RawConn,
         term: &Term<'_>,
     ) -> Result<bool, StoreError> {
-        let stmt = takeover::locking_check(cx.dialect, &cx.table_iden(), cx.table(), term);
+        let stmt = takeover::locking_check(cx.dialect, &cx.table_iden(), term);
         // Read to the end, like every statement that decides something.
         let rows = conn.query_all(&stmt).await.map_err(|e| cx.classify(e))?;
         Ok(!rows.is_empty())
@@ -350,12 +350,7 @@ impl LeaseBackend for PgBackend {
         cx: &Context,
         term: &Term<'_>,
     ) -> Result<SelectStatement, FenceError> {
-        Ok(takeover::statement_fence(
-            cx.dialect,
-            &cx.table_iden(),
-            cx.table(),
-            term,
-        ))
+        Ok(takeover::statement_fence(cx.dialect, &cx.table_iden(), term))
     }
 
     fn durability_question(&self) -> (&'static str, &'static [&'static str]) {
@@ -366,7 +361,7 @@ impl LeaseBackend for PgBackend {
     }
 
     fn takeover(&self) -> Takeover {
-        Takeover::AfterLockWait
+        Takeover::WhileWaiting
     }
 
     fn lock_wait_ran_out(&self, err: &DbErr) -> bool {
@@ -377,16 +372,33 @@ impl LeaseBackend for PgBackend {
         errors::refusal(err)
     }
 
-    async fn end_lapsed_holders(&self, cx: &Context, resource: &str) -> Result<u64, StoreError> {
-        let (d, table) = (cx.dialect, cx.table_iden());
-        let lapsed = cx.build(&takeover::lapsed(d, &table, resource));
-        let Some(row) = self.rows(cx, lapsed).await?.into_iter().next() else {
-            return Ok(0); // live, or gone: nobody to end
+    /// One statement (see `takeover`), on an idle session of the store's own if one is free at
+    /// once, else on the application's pool (checked): it runs while the acquire it serves
+    /// waits on one of the store's sessions, and must not queue behind the store's other calls.
+    async fn end_lapsed_holders(
+        &self,
+        cx: &Context,
+        resource: &str,
+        waited: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        let idle_ms = i64::try_from(waited.as_millis()).unwrap_or(i64::MAX);
+        let stmt = cx.build(&takeover::takeover(
+            cx.dialect,
+            &cx.table_iden(),
+            resource,
+            idle_ms,
+        ));
+        let rows = match self.checked() {
+            Some(pool) => cx.autocommitted(|| pool.rows_beside(&stmt)).await?,
+            None => cx.read_to_end(stmt).await?,
         };
-        let token: i64 = row
-            .try_get_by_index(0)
-            .map_err(|source| cx.decode_error(source))?;
-        let stmt = cx.build(&takeover::takeover(d, &table, cx.table(), resource, token));
-        Ok(self.rows(cx, stmt).await?.len() as u64)
+        let mut ended = 0;
+        for row in rows {
+            let signalled: bool = row
+                .try_get_by_index(0)
+                .map_err(|source| cx.decode_error(source))?;
+            ended += u64::from(signalled);
+        }
+        Ok(ended)
     }
 }

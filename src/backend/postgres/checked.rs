@@ -169,6 +169,27 @@ impl<'a> Pool<'a> {
         ))
     }
 
+    /// One statement, read to the end, as [`rows`](Self::rows) but on an idle session of the
+    /// store's own only if one is free at once, else on the application's pool (checked): for
+    /// a statement that must not queue behind the store's other calls.
+    pub(crate) async fn rows_beside(self, stmt: &Statement) -> Result<Checked, DbErr> {
+        let source = match self.own {
+            Some(own) if !self.transaction_pooling => Source::IdleOwnOrShared(own, self.pool),
+            _ => return self.rows(stmt).await,
+        };
+        let Some(mut checkout) = checked_out(source).await? else {
+            return Ok(Checked::InAbandonedTransaction);
+        };
+        let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
+            .fetch_all(checkout.conn()?)
+            .await
+            .map_err(query_err)?;
+        checkout.clean = true;
+        Ok(Checked::Committed(
+            rows.into_iter().map(Into::into).collect(),
+        ))
+    }
+
     /// One statement that changes rows: how many it changed (as [`rows`](Self::rows)).
     pub(crate) async fn count(self, stmt: &Statement) -> Result<Checked<u64>, DbErr> {
         if self.transaction_pooling {

@@ -33,18 +33,29 @@ const ROW_NAMES: [&str; 6] = [
 pub(crate) const TRANSACTION_START_COLUMN: usize = 7;
 
 /// PostgreSQL: `set_config('lock_timeout', …, TRUE)`: the statement that evaluates it waits for
-/// a lock at most the takeover's first wait (a fifth of the lease `$1` in milliseconds, at most
-/// 200 ms, at least 10 ms), then fails (`55P03`), and the setting ends with its transaction.
-fn lock_wait(d: &dyn Dialect, millis: i64) -> Expr {
+/// a lock at most `waits` times the takeover's first wait (a fifth of the lease `$1` in
+/// milliseconds, at most 200 ms, at least 10 ms), then fails (`55P03`), and the setting ends
+/// with its transaction.
+fn lock_wait(d: &dyn Dialect, millis: i64, waits: u32) -> Expr {
+    let (most, least) = (
+        WAIT_BEFORE_TAKEOVER.as_millis() * u128::from(waits),
+        MIN_WAIT_BEFORE_TAKEOVER.as_millis() * u128::from(waits),
+    );
+    let share = if waits == 1 {
+        "$1 / 5".to_owned()
+    } else {
+        format!("$1 / 5 * {waits}")
+    };
     Expr::cust_with_values(
-        format!(
-            "set_config('lock_timeout', CAST(LEAST({}, GREATEST({}, $1 / 5)) AS text) || 'ms', TRUE)",
-            WAIT_BEFORE_TAKEOVER.as_millis(),
-            MIN_WAIT_BEFORE_TAKEOVER.as_millis()
-        ),
+        format!("set_config('lock_timeout', CAST(LEAST({most}, GREATEST({least}, {share})) AS text) || 'ms', TRUE)"),
         [d.lease_value(millis)],
     )
 }
+
+/// How many of the takeover's first waits an acquire's statement waits for the row lock: the
+/// takeover runs while it waits (after the first), since it ends only a session that blocks a
+/// wait on the row, and the second is left for the grant once that session has gone.
+const ACQUIRE_WAITS: u32 = 2;
 
 /// PostgreSQL: the shared upsert (`statements::upsert`), its fresh row selected from a
 /// subquery that first bounds the statement's lock waits ([`lock_wait`]). A row held locked
@@ -63,7 +74,7 @@ pub(crate) fn bounded_upsert(
     let bound = Alias::new("bound");
     let lock_timeout = Alias::new("lock_timeout");
     let settings = Query::select()
-        .expr_as(lock_wait(d, millis), lock_timeout.clone())
+        .expr_as(lock_wait(d, millis, ACQUIRE_WAITS), lock_timeout.clone())
         .to_owned();
     // The fresh row is produced (so the setting made) before the insert looks for a conflict.
     let source = Query::select()
@@ -203,7 +214,7 @@ pub(crate) fn renew_all_bounded(
     millis: i64,
     shape: Shape,
 ) -> UpdateStatement {
-    let settings = Query::select().expr(lock_wait(d, millis)).to_owned();
+    let settings = Query::select().expr(lock_wait(d, millis, 1)).to_owned();
     let mut update = renew_all(d, table, json, millis, shape);
     update.and_where(
         Expr::SubQuery(
@@ -269,7 +280,7 @@ mod tests {
             sql.starts_with(
                 "INSERT INTO \"orionbeacon_leases\" (\"resource\", \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\") \
                  SELECT $1, $2, $3, clock_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp() \
-                 FROM (SELECT set_config('lock_timeout', CAST(LEAST(200, GREATEST(10, $5 / 5)) AS text) || 'ms', TRUE) AS \"lock_timeout\") AS \"bound\" \
+                 FROM (SELECT set_config('lock_timeout', CAST(LEAST(400, GREATEST(20, $5 / 5 * 2)) AS text) || 'ms', TRUE) AS \"lock_timeout\") AS \"bound\" \
                  WHERE \"bound\".\"lock_timeout\" IS NOT NULL \
                  ON CONFLICT (\"resource\") DO UPDATE SET "
             ),

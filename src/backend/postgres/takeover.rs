@@ -1,8 +1,17 @@
-//! PostgreSQL's takeover past a stalled holder (see `takeover`): the fence also takes a shared
-//! transaction-level advisory lock keyed by a 64-bit hash of (table, resource, token), which
-//! `pg_locks` shows with its session; `pg_terminate_backend` ends the sessions that hold the
-//! key of the lapsed row's term. That needs the same role as the holder, or membership of
-//! `pg_signal_backend`.
+//! PostgreSQL's takeover past a stalled holder (see `takeover`). The fence also takes a shared
+//! transaction-level advisory lock, the session's marker, keyed by a hash of the lease row's own
+//! table OID (`tableoid`), resource and token: one key per term of one resource of one table,
+//! whatever the schema or `search_path` (two tenants' tables of the same name have different
+//! OIDs). The takeover runs while an acquire waits for the lapsed row and ends a session only
+//! when all of these hold, in one statement:
+//!
+//! - it blocks a wait on exactly this row (`pg_blocking_pids` of the sessions queued on the
+//!   row's tuple: this table's OID, this row's `ctid`);
+//! - it holds the marker of the row's term, and the row has lapsed by the database clock;
+//! - it has been idle in that transaction (or running one statement) for the whole wait.
+//!
+//! `pg_terminate_backend` needs the same role as the holder, or membership of
+//! `pg_signal_backend` (and `pg_read_all_stats` to see another role's session state).
 
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, Func, Query, SelectStatement};
@@ -11,106 +20,134 @@ use crate::backend::dialect::Dialect;
 use crate::backend::term_checks::{share_locked_check, statement_check};
 use crate::fencing::Term;
 
-/// The advisory-lock key a fence marks its session with: FNV-1a (64 bits) over
-/// the table, the resource and the token, so one key names one term of one resource.
-pub(crate) fn marker_key(table: &str, resource: &str, token: i64) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let bytes = table
-        .bytes()
-        .chain([0])
-        .chain(resource.bytes())
-        .chain([0])
-        .chain(token.to_le_bytes());
-    for byte in bytes {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash as i64
+/// The marker key of the row in `from` (a table alias, or the table itself): a 64-bit hash of
+/// its table's OID, its resource and its token, computed by the server from the row itself.
+fn marker_key(from: Option<&str>) -> Expr {
+    let col = |c: &str| match from {
+        Some(alias) => format!("\"{alias}\".\"{c}\""),
+        None => format!("\"{c}\""),
+    };
+    Expr::cust(format!(
+        "hashtextextended(concat_ws('/', {}, {}, {}), 0)",
+        col("tableoid"),
+        col("resource"),
+        col("fencing_token")
+    ))
 }
 
-/// `pg_try_advisory_xact_lock_shared(key)`: the marker a fence leaves on its
-/// session until its transaction ends (true unless someone holds the key exclusively, which
-/// nothing does; the fence never depends on the answer).
-pub(crate) fn marker(table: &str, resource: &str, token: i64) -> Expr {
+/// `pg_try_advisory_xact_lock_shared(key)`: the marker a fence leaves on its session until its
+/// transaction ends (true unless someone holds the key exclusively, which nothing does; the
+/// fence never depends on the answer).
+fn marker() -> Expr {
     Func::cust(Alias::new("pg_try_advisory_xact_lock_shared"))
-        .arg(marker_key(table, resource, token))
+        .arg(marker_key(None))
         .into()
 }
 
-/// The token of `resource`'s row if its lease has lapsed by the database clock.
-pub(crate) fn lapsed(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectStatement {
-    Query::select()
-        .column(Column::FencingToken)
-        .from(table.clone())
-        .and_where(Expr::col(Column::Resource).eq(resource))
-        .and_where(Expr::col(Column::ExpiresAt).lte(d.now()))
-        .to_owned()
-}
-
-/// Ends the sessions that hold the marker of `resource`'s term `token`, if the row
-/// is still that term, lapsed by the database clock; one row per session signalled.
+/// Ends the sessions that block a wait on `resource`'s row, hold the marker of its term, and
+/// have been idle in their transaction (or in one statement) at least `idle_ms`, if the row has
+/// lapsed by the database clock; one row per session, `true` where it was signalled.
 pub(crate) fn takeover(
     d: &dyn Dialect,
     table: &Alias,
-    table_name: &str,
     resource: &str,
-    token: i64,
+    idle_ms: i64,
 ) -> SelectStatement {
-    let l = Alias::new("l");
-    let col = |c: &str| Expr::col((l.clone(), Alias::new(c)));
-    // pg_locks shows a bigint key as its high (classid) and low (objid) 32 bits, objsubid 1.
-    let key = marker_key(table_name, resource, token) as u64;
-    let (high, low) = ((key >> 32) as i64, (key & 0xffff_ffff) as i64);
-    Query::select()
-        .expr(Func::cust(Alias::new("pg_terminate_backend")).arg(col("pid")))
-        .from_as(Alias::new("pg_locks"), l.clone())
-        .and_where(col("locktype").eq("advisory"))
-        .and_where(col("mode").eq("ShareLock"))
-        .and_where(col("granted").eq(true))
-        .and_where(col("objsubid").eq(1))
-        .and_where(col("classid").cast_as(Alias::new("bigint")).eq(high))
-        .and_where(col("objid").cast_as(Alias::new("bigint")).eq(low))
-        .and_where(
-            col("database").eq(Query::select()
-                .column(Alias::new("oid"))
-                .from(Alias::new("pg_database"))
-                .and_where(
-                    Expr::col(Alias::new("datname")).eq(Func::cust(Alias::new("current_database"))),
-                )
-                .take()),
-        )
-        .and_where(col("pid").ne(Func::cust(Alias::new("pg_backend_pid"))))
-        .and_where(Expr::exists(
-            lapsed(d, table, resource)
-                .and_where(Expr::col(Column::FencingToken).eq(token))
-                .take(),
+    let (a, r, w, m) = (
+        Alias::new("a"),
+        Alias::new("r"),
+        Alias::new("w"),
+        Alias::new("m"),
+    );
+    let c = |t: &Alias, c: &str| Expr::col((t.clone(), Alias::new(c)));
+    let this_database = || {
+        Query::select()
+            .column(Alias::new("oid"))
+            .from(Alias::new("pg_database"))
+            .and_where(
+                Expr::col(Alias::new("datname")).eq(Func::cust(Alias::new("current_database"))),
+            )
+            .take()
+    };
+    // The sessions that block one queued on exactly this row: this table (by OID, in this
+    // database), this tuple.
+    let blockers = Query::select()
+        .expr(Func::cust(Alias::new("unnest")).arg(
+            Func::cust(Alias::new("pg_blocking_pids")).arg(c(&w, "pid")),
         ))
+        .from_as(Alias::new("pg_locks"), w.clone())
+        .and_where(c(&w, "locktype").eq("tuple"))
+        .and_where(c(&w, "database").eq(this_database()))
+        .and_where(c(&w, "relation").equals((r.clone(), Alias::new("tableoid"))))
+        .and_where(Expr::cust(
+            "CAST(format('(%s,%s)', \"w\".\"page\", \"w\".\"tuple\") AS tid) = \"r\".\"ctid\"",
+        ))
+        .take();
+    // The marker of the row's term (pg_locks shows a bigint key as its high 32 bits in classid
+    // and its low 32 bits in objid, objsubid 1).
+    let key = marker_key(Some("r"));
+    let marked = Query::select()
+        .expr(Expr::val(1))
+        .from_as(Alias::new("pg_locks"), m.clone())
+        .and_where(c(&m, "pid").equals((a.clone(), Alias::new("pid"))))
+        .and_where(c(&m, "locktype").eq("advisory"))
+        .and_where(c(&m, "mode").eq("ShareLock"))
+        .and_where(c(&m, "granted").eq(true))
+        .and_where(c(&m, "objsubid").eq(1))
+        .and_where(c(&m, "database").eq(this_database()))
+        .and_where(Expr::cust_with_exprs(
+            "CAST(\"m\".\"classid\" AS bigint) = (($1 >> 32) & 4294967295)",
+            [key.clone()],
+        ))
+        .and_where(Expr::cust_with_exprs(
+            "CAST(\"m\".\"objid\" AS bigint) = ($1 & 4294967295)",
+            [key],
+        ))
+        .take();
+    let since = || {
+        Expr::cust_with_values(
+            "clock_timestamp() - make_interval(secs => $1)",
+            [idle_ms as f64 / 1000.0],
+        )
+    };
+    // Stalled for the whole wait: idle inside the transaction, or in one statement, since
+    // before the acquire began waiting.
+    let stalled = c(&a, "state")
+        .is_in(["idle in transaction", "idle in transaction (aborted)"])
+        .and(c(&a, "state_change").lte(since()))
+        .or(c(&a, "state")
+            .eq("active")
+            .and(c(&a, "query_start").lte(since())));
+    Query::select()
+        .expr(Func::cust(Alias::new("pg_terminate_backend")).arg(c(&a, "pid")))
+        .from_as(Alias::new("pg_stat_activity"), a.clone())
+        .from_as(table.clone(), r.clone())
+        .and_where(Expr::col((r.clone(), Column::Resource)).eq(resource))
+        .and_where(Expr::col((r.clone(), Column::ExpiresAt)).lte(d.now()))
+        .and_where(c(&a, "pid").in_subquery(blockers))
+        .and_where(c(&a, "pid").ne(Func::cust(Alias::new("pg_backend_pid"))))
+        .and_where(stalled)
+        .and_where(Expr::exists(marked))
         .to_owned()
 }
 
-/// The transactional fence's check: [`share_locked_check`] with the session's marker, which a
-/// takeover past a stalled holder finds it by (see `takeover`).
-pub(crate) fn locking_check(
-    d: &dyn Dialect,
-    table: &Alias,
-    table_name: &str,
-    term: &Term<'_>,
-) -> SelectStatement {
+/// The transactional fence's check: [`share_locked_check`] with the session's marker, taken
+/// for the row the check admits (a select-list expression, evaluated for matched rows only).
+pub(crate) fn locking_check(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> SelectStatement {
     let mut check = share_locked_check(d, table, term);
-    check.expr(marker(table_name, term.resource, term.token.get()));
+    check.expr(marker());
     check
 }
 
-/// The subquery of the statement-level fence: [`statement_check`] with the same marker.
-pub(crate) fn statement_fence(
-    d: &dyn Dialect,
-    table: &Alias,
-    table_name: &str,
-    term: &Term<'_>,
-) -> SelectStatement {
+/// The subquery of the statement-level fence: [`statement_check`] with the same marker, taken
+/// only when the check admits (a `CASE` is evaluated in order; never gating the fence: the
+/// marker is taken, whatever it answers).
+pub(crate) fn statement_fence(d: &dyn Dialect, table: &Alias, term: &Term<'_>) -> SelectStatement {
     let mut check = statement_check(d, table, term);
-    // Never gating the fence: the marker is taken, whatever it answers.
-    check.and_where(marker(table_name, term.resource, term.token.get()).is_not_null());
+    check.and_where(Expr::cust_with_exprs(
+        "CASE WHEN $1 THEN $2 IS NOT NULL ELSE FALSE END",
+        [term.current(d), marker()],
+    ));
     check
 }
 
@@ -121,29 +158,13 @@ mod tests {
     use sea_orm::sea_query::PostgresQueryBuilder;
 
     #[test]
-    fn the_marker_key_names_one_term_of_one_resource() {
-        let t = "orionbeacon_leases";
-        assert_eq!(marker_key(t, "r", 7), marker_key(t, "r", 7));
-        assert_ne!(marker_key(t, "r", 7), marker_key(t, "s", 7));
-        assert_ne!(marker_key(t, "r", 7), marker_key(t, "r", 8));
-        assert_ne!(marker_key(t, "r", 7), marker_key("other", "r", 7));
-        assert_ne!(marker_key("a", "bc", 1), marker_key("ab", "c", 1));
-    }
-
-    #[test]
     fn takeover_sql() {
         let t = Alias::new("orionbeacon_leases");
-        let (sql, values) =
-            takeover(&Postgres, &t, "orionbeacon_leases", "r", 7).build(PostgresQueryBuilder);
+        let (sql, values) = takeover(&Postgres, &t, "r", 200).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT pg_terminate_backend("l"."pid") FROM "pg_locks" AS "l" WHERE "l"."locktype" = $1 AND "l"."mode" = $2 AND "l"."granted" = $3 AND "l"."objsubid" = $4 AND CAST("l"."classid" AS bigint) = $5 AND CAST("l"."objid" AS bigint) = $6 AND "l"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "l"."pid" <> pg_backend_pid() AND EXISTS(SELECT "fencing_token" FROM "orionbeacon_leases" WHERE "resource" = $7 AND "expires_at" <= (statement_timestamp()) AND "fencing_token" = $8)"#
+            r#"SELECT pg_terminate_backend("a"."pid") FROM "pg_stat_activity" AS "a", "orionbeacon_leases" AS "r" WHERE "r"."resource" = $1 AND "r"."expires_at" <= (statement_timestamp()) AND "a"."pid" IN (SELECT unnest(pg_blocking_pids("w"."pid")) FROM "pg_locks" AS "w" WHERE "w"."locktype" = $2 AND "w"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "w"."relation" = "r"."tableoid" AND (CAST(format('(%s,%s)', "w"."page", "w"."tuple") AS tid) = "r"."ctid")) AND "a"."pid" <> pg_backend_pid() AND (("a"."state" IN ($3, $4) AND "a"."state_change" <= (clock_timestamp() - make_interval(secs => $5))) OR ("a"."state" = $6 AND "a"."query_start" <= (clock_timestamp() - make_interval(secs => $7)))) AND EXISTS(SELECT $8 FROM "pg_locks" AS "m" WHERE "m"."pid" = "a"."pid" AND "m"."locktype" = $9 AND "m"."mode" = $10 AND "m"."granted" = $11 AND "m"."objsubid" = $12 AND "m"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND (CAST("m"."classid" AS bigint) = ((hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) >> 32) & 4294967295)) AND (CAST("m"."objid" AS bigint) = (hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) & 4294967295)))"#
         );
-        assert_eq!(values.0.len(), 8);
-        let (sql, _) = lapsed(&Postgres, &t, "r").build(PostgresQueryBuilder);
-        assert_eq!(
-            sql,
-            r#"SELECT "fencing_token" FROM "orionbeacon_leases" WHERE "resource" = $1 AND "expires_at" <= (statement_timestamp())"#
-        );
+        assert_eq!(values.0.len(), 12);
     }
 }
