@@ -31,6 +31,16 @@ pub(crate) enum Takeover {
     WhileWaiting,
 }
 
+/// What a takeover's look did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Taken {
+    /// How many sessions it ended.
+    pub(crate) ended: u64,
+    /// A lapsed term's session blocked the wait, but the server hides what it is doing from
+    /// this role, so the store cannot tell it is stalled: which privilege would show it.
+    pub(crate) unseen: Option<&'static str>,
+}
+
 /// What a builder call changed on a store whose backend exists already.
 #[derive(Debug, Clone, Copy)]
 #[allow(dead_code)] // only PostgreSQL's backend reads them
@@ -252,8 +262,8 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         _cx: &Context,
         _resource: &str,
         _waited: Duration,
-    ) -> Result<u64, StoreError> {
-        Ok(0)
+    ) -> Result<Taken, StoreError> {
+        Ok(Taken::default())
     }
 }
 

@@ -34,7 +34,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::Takeover;
+use super::driver::{Takeover, Taken};
 use super::engine::Engine;
 use super::errors::db_err_in;
 use super::statements::Write;
@@ -57,13 +57,30 @@ fn takeover_waits(lease: Duration) -> (Duration, Duration) {
 fn report(
     engine: &Engine,
     resource: &str,
-    ended: &Result<u64, StoreError>,
+    ended: &Result<Taken, StoreError>,
     refused: bool,
 ) -> bool {
     let table = engine.cx.table();
     match ended {
-        Ok(0) => false,
-        Ok(n) => {
+        Ok(Taken {
+            unseen: Some(privilege),
+            ..
+        }) => {
+            if engine.takeovers.first_refusal() {
+                tracing::warn!(
+                    table,
+                    resource,
+                    privilege,
+                    "a lapsed holder's session holds the lease row locked, but the server \
+                     hides its state from this role, so the store cannot tell it is stalled \
+                     and does not end it; acquires of it are denied with the reason until \
+                     the server ends that session itself"
+                );
+            }
+            true
+        }
+        Ok(Taken { ended: 0, .. }) => false,
+        Ok(Taken { ended: n, .. }) => {
             tracing::warn!(
                 table,
                 resource,
@@ -116,7 +133,7 @@ async fn end_lapsed_holders(
     engine: &Engine,
     resource: &str,
     waited: Duration,
-) -> Result<u64, StoreError> {
+) -> Result<Taken, StoreError> {
     engine
         .backend
         .end_lapsed_holders(&engine.cx, resource, waited)
@@ -125,11 +142,21 @@ async fn end_lapsed_holders(
 
 /// What a takeover did, said; `true` when the server refused it (the refusal is kept, for the
 /// denial that names it).
-fn told(engine: &Engine, resource: &str, ended: Result<u64, StoreError>) -> bool {
+fn told(engine: &Engine, resource: &str, ended: Result<Taken, StoreError>) -> bool {
     let refused = matches!(&ended, Err(e) if refused(engine, e));
     let given_up = report(engine, resource, &ended, refused);
-    if let (true, Err(error)) = (refused, &ended) {
-        engine.takeovers.refuse(error.to_string());
+    match (&ended, refused) {
+        (Err(error), true) => engine.takeovers.refuse(error.to_string()),
+        (
+            Ok(Taken {
+                unseen: Some(privilege),
+                ..
+            }),
+            _,
+        ) => engine
+            .takeovers
+            .refuse(format!("the session's state is hidden; it needs {privilege}")),
+        _ => {}
     }
     given_up
 }
@@ -315,8 +342,8 @@ where
             out = &mut *acquire => return (out, ended_here),
             ended = &mut takeover => ended,
         };
-        if let Ok(n) = &ended {
-            ended_here += n;
+        if let Ok(taken) = &ended {
+            ended_here += taken.ended;
         }
         if told(engine, resource, ended) {
             // Not again in this call: a refusal would only repeat.

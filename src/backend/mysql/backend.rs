@@ -23,7 +23,7 @@ use super::{statements, MySql, MySqlUpsert};
 use crate::backend::checkout::{Begin, Checked, Source};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
-use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
+use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover, Taken};
 use crate::backend::errors::Classifier;
 use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;
@@ -635,7 +635,7 @@ impl LeaseBackend for MySqlBackend {
         cx: &Context,
         resource: &str,
         waited: Duration,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Taken, StoreError> {
         let waited_ms = i64::try_from(waited.as_millis()).unwrap_or(i64::MAX);
         let stmt = cx.build(&blockers(
             cx.dialect,
@@ -662,14 +662,14 @@ impl LeaseBackend for MySqlBackend {
             seen.push((thread, trx));
         }
         if seen.is_empty() {
-            return Ok(0);
+            return Ok(Taken::default());
         }
         // The INNODB_* tables may be a stale cache: only a connection still in the transaction
         // they name (so still holding the row) is ended.
         let status = Statement::from_string(DbBackend::MySql, "SHOW ENGINE INNODB STATUS");
         let text: String = match self.status_from(cx, shared, status).await? {
             Some(text) => text,
-            None => return Ok(0),
+            None => return Ok(Taken::default()),
         };
         let looked = tokio::time::Instant::now();
         let now = transactions_now(&text);
@@ -711,7 +711,10 @@ impl LeaseBackend for MySqlBackend {
                 }
             }
         }
-        Ok(ended)
+        Ok(Taken {
+            ended,
+            unseen: None,
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use super::{errors, statements, takeover, Postgres};
 use crate::backend::checkout::{Begin, Checked};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
-use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover};
+use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover, Taken};
 use crate::backend::errors::Classifier;
 use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;
@@ -380,7 +380,7 @@ impl LeaseBackend for PgBackend {
         cx: &Context,
         resource: &str,
         waited: std::time::Duration,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Taken, StoreError> {
         let idle_ms = i64::try_from(waited.as_millis()).unwrap_or(i64::MAX);
         let stmt = cx.build(&takeover::takeover(
             cx.dialect,
@@ -392,13 +392,22 @@ impl LeaseBackend for PgBackend {
             Some(pool) => cx.autocommitted(|| pool.rows_beside(&stmt)).await?,
             None => cx.read_to_end(stmt).await?,
         };
-        let mut ended = 0;
+        let mut taken = Taken::default();
         for row in rows {
             let signalled: bool = row
                 .try_get_by_index(0)
                 .map_err(|source| cx.decode_error(source))?;
-            ended += u64::from(signalled);
+            let hidden: bool = row
+                .try_get_by_index(1)
+                .map_err(|source| cx.decode_error(source))?;
+            taken.ended += u64::from(signalled);
+            if hidden {
+                taken.unseen = Some(
+                    "pg_read_all_stats (the server hides another role's session state), and \
+                     pg_signal_backend to end it",
+                );
+            }
         }
-        Ok(ended)
+        Ok(taken)
     }
 }

@@ -46,7 +46,8 @@ fn marker() -> Expr {
 
 /// Ends the sessions that block a wait on `resource`'s row, hold the marker of its term, and
 /// have been idle in their transaction (or in one statement) at least `idle_ms`, if the row has
-/// lapsed by the database clock; one row per session, `true` where it was signalled.
+/// lapsed by the database clock. One row per blocking session of the lapsed term: whether it
+/// was signalled, and whether its state is hidden from this role.
 pub(crate) fn takeover(
     d: &dyn Dialect,
     table: &Alias,
@@ -118,15 +119,20 @@ pub(crate) fn takeover(
         .or(c(&a, "state")
             .eq("active")
             .and(c(&a, "query_start").lte(since())));
+    // Signalled only when stalled (a CASE is evaluated in order); a session whose state the
+    // server hides from this role (another role's, without pg_read_all_stats) is reported.
     Query::select()
-        .expr(Func::cust(Alias::new("pg_terminate_backend")).arg(c(&a, "pid")))
+        .expr(Expr::cust_with_exprs(
+            "CASE WHEN $1 THEN pg_terminate_backend(\"a\".\"pid\") ELSE FALSE END",
+            [stalled],
+        ))
+        .expr(c(&a, "state").is_null())
         .from_as(Alias::new("pg_stat_activity"), a.clone())
         .from_as(table.clone(), r.clone())
         .and_where(Expr::col((r.clone(), Column::Resource)).eq(resource))
         .and_where(Expr::col((r.clone(), Column::ExpiresAt)).lte(d.now()))
         .and_where(c(&a, "pid").in_subquery(blockers))
         .and_where(c(&a, "pid").ne(Func::cust(Alias::new("pg_backend_pid"))))
-        .and_where(stalled)
         .and_where(Expr::exists(marked))
         .to_owned()
 }
@@ -163,7 +169,7 @@ mod tests {
         let (sql, values) = takeover(&Postgres, &t, "r", 200).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT pg_terminate_backend("a"."pid") FROM "pg_stat_activity" AS "a", "orionbeacon_leases" AS "r" WHERE "r"."resource" = $1 AND "r"."expires_at" <= (statement_timestamp()) AND "a"."pid" IN (SELECT unnest(pg_blocking_pids("w"."pid")) FROM "pg_locks" AS "w" WHERE "w"."locktype" = $2 AND "w"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "w"."relation" = "r"."tableoid" AND (CAST(format('(%s,%s)', "w"."page", "w"."tuple") AS tid) = "r"."ctid")) AND "a"."pid" <> pg_backend_pid() AND (("a"."state" IN ($3, $4) AND "a"."state_change" <= (clock_timestamp() - make_interval(secs => $5))) OR ("a"."state" = $6 AND "a"."query_start" <= (clock_timestamp() - make_interval(secs => $7)))) AND EXISTS(SELECT $8 FROM "pg_locks" AS "m" WHERE "m"."pid" = "a"."pid" AND "m"."locktype" = $9 AND "m"."mode" = $10 AND "m"."granted" = $11 AND "m"."objsubid" = $12 AND "m"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND (CAST("m"."classid" AS bigint) = ((hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) >> 32) & 4294967295)) AND (CAST("m"."objid" AS bigint) = (hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) & 4294967295)))"#
+            r#"SELECT CASE WHEN ("a"."state" IN ($1, $2) AND "a"."state_change" <= (clock_timestamp() - make_interval(secs => $3))) OR ("a"."state" = $4 AND "a"."query_start" <= (clock_timestamp() - make_interval(secs => $5))) THEN pg_terminate_backend("a"."pid") ELSE FALSE END, "a"."state" IS NULL FROM "pg_stat_activity" AS "a", "orionbeacon_leases" AS "r" WHERE "r"."resource" = $6 AND "r"."expires_at" <= (statement_timestamp()) AND "a"."pid" IN (SELECT unnest(pg_blocking_pids("w"."pid")) FROM "pg_locks" AS "w" WHERE "w"."locktype" = $7 AND "w"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "w"."relation" = "r"."tableoid" AND (CAST(format('(%s,%s)', "w"."page", "w"."tuple") AS tid) = "r"."ctid")) AND "a"."pid" <> pg_backend_pid() AND EXISTS(SELECT $8 FROM "pg_locks" AS "m" WHERE "m"."pid" = "a"."pid" AND "m"."locktype" = $9 AND "m"."mode" = $10 AND "m"."granted" = $11 AND "m"."objsubid" = $12 AND "m"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND (CAST("m"."classid" AS bigint) = ((hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) >> 32) & 4294967295)) AND (CAST("m"."objid" AS bigint) = (hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) & 4294967295)))"#
         );
         assert_eq!(values.0.len(), 12);
     }
