@@ -34,7 +34,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::{Takeover, Taken};
+use super::driver::{Taken, Takeover};
 use super::engine::Engine;
 use super::errors::db_err_in;
 use super::statements::Write;
@@ -153,9 +153,9 @@ fn told(engine: &Engine, resource: &str, ended: Result<Taken, StoreError>) -> bo
                 ..
             }),
             _,
-        ) => engine
-            .takeovers
-            .refuse(format!("the session's state is hidden; it needs {privilege}")),
+        ) => engine.takeovers.refuse(format!(
+            "the session's state is hidden; it needs {privilege}"
+        )),
         _ => {}
     }
     given_up
@@ -209,8 +209,7 @@ impl Drop for TakeoverOnDrop {
         let guard = InFlight { engine, resource };
         runtime.spawn(async move {
             let (engine, resource) = (&*guard.engine, guard.resource.as_str());
-            match tokio::time::timeout(limit, end_lapsed_holders(engine, resource, waited)).await
-            {
+            match tokio::time::timeout(limit, end_lapsed_holders(engine, resource, waited)).await {
                 Ok(ended) => {
                     told(engine, resource, ended);
                 }

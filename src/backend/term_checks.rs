@@ -98,7 +98,7 @@ mod tests {
         let t = Alias::new("orionbeacon_leases");
         let (sql, values) =
             crate::backend::postgres::takeover::locking_check(&Postgres, &t, &term())
-        .build(PostgresQueryBuilder);
+                .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
             r#"SELECT $1, pg_try_advisory_xact_lock_shared(hashtextextended(concat_ws('/', "tableoid", "resource", "fencing_token"), 0)) FROM "orionbeacon_leases" WHERE "resource" = $2 AND "holder" = $3 AND "fencing_token" = $4 AND "expires_at" > (statement_timestamp()) FOR SHARE"#

@@ -9,6 +9,7 @@
 mod common;
 
 mod abandoned_statements;
+mod blast_radius;
 mod fences;
 mod phantom_grants;
 mod stalled_holders;

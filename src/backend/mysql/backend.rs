@@ -23,7 +23,7 @@ use super::{statements, MySql, MySqlUpsert};
 use crate::backend::checkout::{Begin, Checked, Source};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
-use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover, Taken};
+use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
 use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;

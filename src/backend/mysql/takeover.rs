@@ -107,17 +107,19 @@ pub(crate) fn blockers(
         )
         .and_where(Expr::col((r.clone(), Column::ExpiresAt)).lte(d.now()))
         // This table, byte for byte (two tables whose names differ only in case are two).
-        .and_where(binary(c(&l, "lock_table")).eq(binary(
-            Func::cust(Alias::new("CONCAT"))
-                .args([
-                    Expr::val("`"),
-                    Func::cust(Alias::new("DATABASE")).into(),
-                    Expr::val("`.`"),
-                    Expr::val(table_name),
-                    Expr::val("`"),
-                ])
-                .into(),
-        )))
+        .and_where(
+            binary(c(&l, "lock_table")).eq(binary(
+                Func::cust(Alias::new("CONCAT"))
+                    .args([
+                        Expr::val("`"),
+                        Func::cust(Alias::new("DATABASE")).into(),
+                        Expr::val("`.`"),
+                        Expr::val(table_name),
+                        Expr::val("`"),
+                    ])
+                    .into(),
+            )),
+        )
         .and_where(c(&l, "lock_index").eq("PRIMARY"))
         // As InnoDB prints the key, byte for byte ...
         .and_where(binary(c(&l, "lock_data")).eq(binary(Expr::val(innodb_key(resource)))))

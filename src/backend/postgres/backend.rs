@@ -16,7 +16,7 @@ use super::{errors, statements, takeover, Postgres};
 use crate::backend::checkout::{Begin, Checked};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
-use crate::backend::driver::{Derived, LeaseBackend, RawConn, Takeover, Taken};
+use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
 use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;
@@ -350,7 +350,11 @@ impl LeaseBackend for PgBackend {
         cx: &Context,
         term: &Term<'_>,
     ) -> Result<SelectStatement, FenceError> {
-        Ok(takeover::statement_fence(cx.dialect, &cx.table_iden(), term))
+        Ok(takeover::statement_fence(
+            cx.dialect,
+            &cx.table_iden(),
+            term,
+        ))
     }
 
     fn durability_question(&self) -> (&'static str, &'static [&'static str]) {

@@ -73,9 +73,10 @@ pub(crate) fn takeover(
     // The sessions that block one queued on exactly this row: this table (by OID, in this
     // database), this tuple.
     let blockers = Query::select()
-        .expr(Func::cust(Alias::new("unnest")).arg(
-            Func::cust(Alias::new("pg_blocking_pids")).arg(c(&w, "pid")),
-        ))
+        .expr(
+            Func::cust(Alias::new("unnest"))
+                .arg(Func::cust(Alias::new("pg_blocking_pids")).arg(c(&w, "pid"))),
+        )
         .from_as(Alias::new("pg_locks"), w.clone())
         .and_where(c(&w, "locktype").eq("tuple"))
         .and_where(c(&w, "database").eq(this_database()))
