@@ -146,7 +146,11 @@ fn told(engine: &Engine, resource: &str, ended: Result<Taken, StoreError>) -> bo
     let refused = matches!(&ended, Err(e) if refused(engine, e));
     let given_up = report(engine, resource, &ended, refused);
     match (&ended, refused) {
-        (Err(error), true) => engine.takeovers.refuse(error.to_string()),
+        (Err(error), true) => engine.takeovers.refuse(match db_err_in(error) {
+            // The server's own words (which privilege), not only the store's wrapper.
+            Some(db) => db.to_string(),
+            None => error.to_string(),
+        }),
         (
             Ok(Taken {
                 unseen: Some(privilege),

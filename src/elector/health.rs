@@ -56,6 +56,11 @@ pub struct Health {
     /// Why the elector stopped for good, if it did: the store refused its configuration (see
     /// [`Leadership::Failed`](crate::Leadership::Failed)). Such an elector is never healthy.
     pub failure: Option<String>,
+    /// Set while the store's last answer was a denial because the previous holder's lease has
+    /// lapsed but its session still holds the lease row locked and the store did not end it
+    /// ([`Denial::stalled`](crate::Denial::stalled)): who, and why. The elector stays healthy
+    /// (the store answers), but nobody can lead until that session ends: worth an alert.
+    pub stalled_holder: Option<String>,
 }
 
 impl fmt::Display for Health {
@@ -70,12 +75,16 @@ impl fmt::Display for Health {
                 f,
                 "{status}: {role}, last store answer {age:?} ago (window {:?})",
                 self.window
-            ),
+            )?,
             None => write!(
                 f,
                 "{status}: {role}, no store answer yet (window {:?})",
                 self.window
-            ),
+            )?,
+        }
+        match &self.stalled_holder {
+            Some(stalled) => write!(f, "; stalled holder: {stalled}"),
+            None => Ok(()),
         }
     }
 }
@@ -130,6 +139,8 @@ pub(crate) struct HealthState {
     last_round_trip: Mutex<Option<Instant>>,
     /// A step-down's stay-out ends then: no round trip is due before, and none is missed.
     resting_until: Mutex<Option<Instant>>,
+    /// The stalled holder the last answer named, and why it was not ended.
+    stalled: Mutex<Option<String>>,
 }
 
 impl HealthState {
@@ -140,6 +151,7 @@ impl HealthState {
             window,
             last_round_trip: Mutex::new(None),
             resting_until: Mutex::new(None),
+            stalled: Mutex::new(None),
         }
     }
 
@@ -169,6 +181,11 @@ impl HealthState {
             // The real last round trip, also during a stay-out.
             last_round_trip: self.last().map(|at| now.saturating_duration_since(at)),
             window: self.window,
+            stalled_holder: self
+                .stalled
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
         }
     }
 
@@ -228,15 +245,37 @@ impl Probe {
     /// One acquire-or-renew call ended (`result` as the loop saw it: answered, failed, or not
     /// answered in time). `leading`: it was a leader's renew.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn store_call<T, E>(
+    pub(crate) fn store_call<E>(
         &self,
         leading: bool,
         sent: Instant,
-        result: &Result<Result<T, StoreError>, E>,
+        result: &Result<Result<crate::LeaseOutcome, StoreError>, E>,
     ) {
         let now = Instant::now();
-        if let Ok(Ok(_)) = result {
+        if let Ok(Ok(outcome)) = result {
             self.state.answered(now);
+            let stalled = match outcome {
+                crate::LeaseOutcome::Denied(denial) => denial.stalled.as_ref().map(|why| {
+                    format!(
+                        "{} (token {}): {why}",
+                        denial
+                            .holder
+                            .as_deref()
+                            .unwrap_or("this candidate's lapsed term"),
+                        denial.token.map_or(0, |t| t.get())
+                    )
+                }),
+                _ => None,
+            };
+            #[cfg(feature = "metrics")]
+            if stalled.is_some() {
+                self.metrics.stalled_denial();
+            }
+            *self
+                .state
+                .stalled
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = stalled;
         }
         #[cfg(feature = "metrics")]
         self.metrics.store_call(

@@ -29,6 +29,11 @@ pub const STORE_ERRORS: &str = "orion_beacon_store_errors_total";
 /// An elector stopped by its configuration (`Leadership::Failed`) reports `+Inf`.
 pub const SINCE_RENEW: &str = "orion_beacon_seconds_since_renew";
 
+/// Counter: denials because the previous holder's lease lapsed but its session still holds
+/// the lease row locked and the store did not end it (see
+/// [`Denial::stalled`](crate::Denial::stalled)): nobody can lead until that session ends.
+pub const STALLED_DENIALS: &str = "orion_beacon_stalled_holder_denials_total";
+
 /// Gauge: resources a shard set node leads now, by `shard_set` and `member`.
 pub const SHARDS_LED: &str = "orion_beacon_shards_led";
 /// Gauge: a shard set node's share at its last round (0 while draining), by `shard_set` and
@@ -59,6 +64,10 @@ impl Metrics {
             "Duration of the leader's acquire-or-renew calls"
         );
         metrics::describe_counter!(STORE_ERRORS, "Failed lease-store calls, by kind");
+        metrics::describe_counter!(
+            STALLED_DENIALS,
+            "Denials past a lapsed holder whose session still holds the lease row locked"
+        );
         metrics::describe_gauge!(
             SINCE_RENEW,
             Unit::Seconds,
@@ -79,6 +88,11 @@ impl Metrics {
         let mut labels: Vec<Label> = self.labels.iter().map(Label::from).collect();
         labels.push(Label::new(key, value));
         labels
+    }
+
+    /// A denial named a stalled holder the store did not end.
+    pub(crate) fn stalled_denial(&self) {
+        metrics::counter!(STALLED_DENIALS, &self.labels).increment(1);
     }
 
     pub(crate) fn store_call(&self, leading: bool, took: Duration, error: Option<&'static str>) {

@@ -434,6 +434,33 @@ mod postgres {
         let (again, took) = first_answer(&low, &resource, "b", Instant::now()).await;
         stalled_denial(&again, "a");
         assert!(took < ANSWER);
+        // An elector of that candidate stays healthy (the store answers) and says who holds
+        // the resource up, and why.
+        let elector = orion_beacon::Elector::builder(low.clone())
+            .resource(resource.clone())
+            .candidate_id("e")
+            .lease_duration(LEASE)
+            .renew_interval(Duration::from_millis(300))
+            .retry_interval(Duration::from_millis(300))
+            .build()
+            .unwrap()
+            .start();
+        let seen = async {
+            loop {
+                let health = elector.health();
+                if health.stalled_holder.is_some() {
+                    break health;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let health = tokio::time::timeout(ANSWER * 2, seen)
+            .await
+            .expect("the elector's health names the stalled holder");
+        eprintln!("{health}");
+        assert!(health.healthy, "{health}");
+        assert!(!health.leader, "{health}");
+        elector.shutdown().await;
         txn.rollback().await.unwrap();
     }
 }
