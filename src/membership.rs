@@ -70,6 +70,23 @@ impl Holding {
         }
     }
 
+    /// The holding as a store keeps it for the lease table `lease_table`: its fingerprint
+    /// mixed with the table's name, so that two groups on one membership table (the same set
+    /// name, different lease tables) never count each other's leases as theirs. Its own
+    /// inverse: a holding read back is unscoped the same way, and a holding scoped for
+    /// another table reads back as another list.
+    pub(crate) fn scoped(self, lease_table: &str) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in b"lease table\xff".iter().chain(lease_table.as_bytes()) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        Self {
+            leases: self.leases,
+            set_hash: self.set_hash ^ h,
+        }
+    }
+
     /// The column values a database store keeps: the count and the fingerprint as signed
     /// bigints (the fingerprint bit for bit, a count past `i64::MAX` as `i64::MAX`).
     pub(crate) fn stored(self) -> (i64, i64) {

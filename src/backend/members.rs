@@ -244,6 +244,8 @@ impl SeaOrmLeaseStore {
         let cx = &engine.cx;
         let table = Alias::new(&*cx.member_table);
         let counted = self.member_counts().await?;
+        // Kept scoped to this store's lease table (see `Holding::scoped`).
+        let holding = holding.map(|h| h.scoped(cx.table()));
         let counts = counted.then_some(holding);
         let upsert = heartbeat(
             cx.dialect, &table, shard_set, member, millis, draining, counts,
@@ -291,9 +293,14 @@ impl SeaOrmLeaseStore {
         rows: Vec<QueryResult>,
         counted: bool,
     ) -> Result<Vec<Member>, StoreError> {
+        let lease_table = self.engine()?.cx.table.clone();
         let mut members = rows
             .iter()
-            .map(|row| decode_member(row, counted))
+            .map(|row| {
+                let mut member = decode_member(row, counted)?;
+                member.holding = member.holding.map(|h| h.scoped(&lease_table));
+                Ok(member)
+            })
             .collect::<Result<Vec<_>, DbErr>>()
             .map_err(|source| StoreError::Decode {
                 table: self.member_table().to_string(),

@@ -23,6 +23,12 @@ pub trait Harness: Send + Sync + 'static {
     fn store(&self) -> Self::Store;
     /// A store on the same table with a connection pool of its own, as another process has.
     async fn separate_store(&self) -> Self::Store;
+    /// A store with a pool of its own on another lease table of the same database that
+    /// shares the harness's membership table (another group of the same service), where the
+    /// store can be told its tables; `None` where it cannot.
+    async fn store_on_another_lease_table(&self) -> Option<Self::Store> {
+        None
+    }
     /// Removes what the harness created.
     async fn teardown(self);
     /// How long after the write a store may measure `remaining` (a form that reads the row in

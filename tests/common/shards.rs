@@ -408,6 +408,50 @@ where
     a.shutdown().await;
 }
 
+/// Two groups of one service (the same set name and resource names, one membership table,
+/// different lease tables) each lead every resource of their own: the members' counts of one
+/// group never count as the other's (which would make every node skip its look while
+/// resources are free).
+pub async fn two_groups_on_one_membership_table_lead_everything<H: Harness>(h: &H)
+where
+    H::Store: MembershipStore,
+{
+    const N: usize = 8;
+    let lease = Duration::from_millis(1500);
+    let interval = Duration::from_millis(250);
+    let Some(first) = h.store_on_another_lease_table().await else {
+        return;
+    };
+    let set = unique("groups");
+    let resources: Vec<String> = (0..N).map(|i| format!("{set}-{i}")).collect();
+    let node = |store: H::Store, id: &str| start_node(store, &set, &resources, id, lease, interval);
+    let a1 = node(h.separate_store().await, "a-1");
+    let a2 = node(h.separate_store().await, "a-2");
+    let g1 = node(first.clone(), "g-1");
+    let g2 = node(first, "g-2");
+    // Each group sees the other's members (one membership table, one set name), so its
+    // shares are too small and it takes the rest as resources nobody led for a lease: within
+    // eight leases, whatever the churn.
+    let within = lease * 8;
+    eventually(
+        "the first group leads everything",
+        within,
+        &[("a1", &a1), ("a2", &a2)],
+        |led| led.len() == N,
+    )
+    .await;
+    eventually(
+        "the second group leads everything",
+        within,
+        &[("g1", &g1), ("g2", &g2)],
+        |led| led.len() == N,
+    )
+    .await;
+    for node in [a1, a2, g1, g2] {
+        node.shutdown().await;
+    }
+}
+
 /// What a node published last, for debugging.
 pub fn describe(a: &Assignment) -> String {
     format!(
@@ -427,6 +471,7 @@ macro_rules! shard_suite {
             shard_set_spreads_rebalances_and_recovers,
             members_report_what_they_lead,
             a_settled_set_reads_no_leases,
+            two_groups_on_one_membership_table_lead_everything,
         );
     };
     (@cases $setup:expr; $($case:ident),* $(,)?) => {

@@ -336,6 +336,13 @@ impl Harness for SqlHarness {
         self.configure(SeaOrmLeaseStore::new(self.connect_again(2).await))
     }
 
+    async fn store_on_another_lease_table(&self) -> Option<SeaOrmLeaseStore> {
+        let other = format!("{}_g", self.table);
+        super::migrate(self.direct(), &other).await;
+        let store = self.configure(SeaOrmLeaseStore::new(self.connect_again(2).await));
+        Some(store.with_table(&other).expect("valid table"))
+    }
+
     async fn teardown(self) {
         match &self.target {
             #[cfg(feature = "postgres")]

@@ -35,7 +35,11 @@ impl SqlServerLeaseStore {
         };
         let mut members = rows
             .iter()
-            .map(|row| decode_member(row, counted))
+            .map(|row| {
+                let mut member = decode_member(row, counted)?;
+                member.holding = member.holding.map(|h| h.scoped(&self.table));
+                Ok::<_, DbErr>(member)
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|source| StoreError::Decode {
                 table: self.member_table.to_string(),
@@ -111,7 +115,8 @@ impl MembershipStore for SqlServerLeaseStore {
         check_candidate(member)?;
         let (seconds, rest_ms) = split_lease(millis, ttl)?;
         if self.member_shape.fresh(false) != Some(Shape::Plain) {
-            let (leases, hash) = holding.stored();
+            // Kept scoped to this store's lease table (see `Holding::scoped`).
+            let (leases, hash) = holding.scoped(&self.table).stored();
             let counted = self
                 .member_rows(
                     &self.member_sql.heartbeat_counted,
