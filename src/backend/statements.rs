@@ -541,7 +541,7 @@ pub(crate) mod tests {
         let (sql, values) =
             crate::backend::postgres::statements::notifying(offer(&Postgres), "orionbeacon_leases")
                 .build(PostgresQueryBuilder);
-        assert_eq!(sql, "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"holder\" = $1, \"fencing_token\" = \"fencing_token\" + $2, \"acquired_at\" = statement_timestamp(), \"renewed_at\" = statement_timestamp(), \"expires_at\" = clock_timestamp() + $3 * INTERVAL '1 millisecond' WHERE \"resource\" = $4 AND \"holder\" = $5 AND \"fencing_token\" = $6 AND \"expires_at\" > (statement_timestamp()) RETURNING \"resource\") SELECT pg_notify($7, $8 || \"resource\") FROM \"released\"");
+        assert_eq!(sql, "WITH \"released\" (\"resource\", \"tableoid\") AS (UPDATE \"orionbeacon_leases\" SET \"holder\" = $1, \"fencing_token\" = \"fencing_token\" + $2, \"acquired_at\" = statement_timestamp(), \"renewed_at\" = statement_timestamp(), \"expires_at\" = clock_timestamp() + $3 * INTERVAL '1 millisecond' WHERE \"resource\" = $4 AND \"holder\" = $5 AND \"fencing_token\" = $6 AND \"expires_at\" > (statement_timestamp()) RETURNING \"resource\", \"tableoid\") SELECT pg_notify($7, $8 || \"tableoid\" || \'/\' || \"resource\") FROM \"released\"");
         assert_eq!(values.0[0], Value::from(" \u{2192}b"));
         let (sql, values) = take(&Postgres).build(PostgresQueryBuilder);
         assert_eq!(sql, "UPDATE \"orionbeacon_leases\" SET \"holder\" = $1, \"renewed_at\" = GREATEST(statement_timestamp(), \"acquired_at\" + INTERVAL '1 microsecond'), \"expires_at\" = GREATEST(clock_timestamp() + $2 * INTERVAL '1 millisecond', \"expires_at\" + INTERVAL '1 microsecond') WHERE \"resource\" = $3 AND \"holder\" = $4 AND \"fencing_token\" = $5 AND \"expires_at\" > (statement_timestamp())");
@@ -574,9 +574,9 @@ pub(crate) mod tests {
                 .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = (CASE WHEN (\"renewed_at\" < (statement_timestamp())) THEN \"renewed_at\" ELSE statement_timestamp() END) \
-             WHERE \"resource\" = $1 AND \"holder\" = $2 AND \"expires_at\" > (statement_timestamp()) AND \"fencing_token\" = $3 AND \"expires_at\" = $4 RETURNING \"resource\") \
-             SELECT pg_notify($5, $6 || \"resource\") FROM \"released\""
+            "WITH \"released\" (\"resource\", \"tableoid\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = (CASE WHEN (\"renewed_at\" < (statement_timestamp())) THEN \"renewed_at\" ELSE statement_timestamp() END) \
+             WHERE \"resource\" = $1 AND \"holder\" = $2 AND \"expires_at\" > (statement_timestamp()) AND \"fencing_token\" = $3 AND \"expires_at\" = $4 RETURNING \"resource\", \"tableoid\") \
+             SELECT pg_notify($5, $6 || \"tableoid\" || \'/\' || \"resource\") FROM \"released\""
         );
         assert_eq!(values.0[2], Value::BigInt(Some(7)));
         assert_eq!(values.0[3], Value::ChronoDateTimeUtc(Some(t)));

@@ -217,6 +217,19 @@ fn stalled_denial(out: &LeaseOutcome, holder: &str) -> Denial {
     }
 }
 
+/// Whether a release of `resource` arrives on `events` within `within`.
+#[cfg(feature = "postgres")]
+async fn heard(events: &mut orion_beacon::ReleaseEvents, resource: &str, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(until, events.recv()).await {
+            Ok(Ok(r)) if *r == *resource => return true,
+            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+            Ok(Err(_)) | Err(_) => return false,
+        }
+    }
+}
+
 /// The healthy leader's transaction commits and its row is there.
 async fn healthy_commits(txn: DatabaseTransaction, db: &DatabaseConnection, app: &str) {
     txn.commit()
@@ -323,6 +336,55 @@ mod postgres {
             .await
             .expect("a session that only holds the marker's key is left alone");
         healthy_commits(b_txn, &b_db, &b_app).await;
+    }
+
+    /// Release notifications name the table by its OID: a release in tenant A's schema never
+    /// wakes tenant B's followers of the same resource in a table of the same name, and B's own
+    /// release does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_in_one_tenant_schema_never_wakes_another_tenants_followers() {
+        use orion_beacon::LeaseStore;
+        if Server::Postgres.skipped() {
+            return;
+        }
+        let url = Server::Postgres.url();
+        let admin = connect_url(&url, 2).await;
+        let (sa, sb) = (unique("tenant_a"), unique("tenant_b"));
+        for schema in [&sa, &sb] {
+            exec(&admin, format!("CREATE SCHEMA \"{schema}\"")).await;
+        }
+        let (a_db, b_db) = (
+            tenant_pool(&url, &sa, 2).await,
+            tenant_pool(&url, &sb, 2).await,
+        );
+        migrate(&a_db, "orionbeacon_leases").await;
+        migrate(&b_db, "orionbeacon_leases").await;
+        let (a, b) = (SeaOrmLeaseStore::new(a_db), SeaOrmLeaseStore::new(b_db));
+        let mut events = b.release_events().expect("PostgreSQL notifies releases");
+        let resource = unique("nightly");
+        // B's own release is heard (the listener is up once one is).
+        let started = Instant::now();
+        loop {
+            b.acquire_or_renew(&resource, "b", LONG).await.unwrap();
+            assert!(b.release(&resource, "b").await.unwrap());
+            if heard(&mut events, &resource, Duration::from_millis(300)).await {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "B's listener never heard B's own release"
+            );
+        }
+        // A's release of the same name in its own table of the same name: not B's business.
+        a.acquire_or_renew(&resource, "a", LONG).await.unwrap();
+        assert!(a.release(&resource, "a").await.unwrap());
+        assert!(
+            !heard(&mut events, &resource, Duration::from_millis(500)).await,
+            "tenant A's release woke tenant B's followers"
+        );
+        b.acquire_or_renew(&resource, "b", LONG).await.unwrap();
+        assert!(b.release(&resource, "b").await.unwrap());
+        assert!(heard(&mut events, &resource, Duration::from_secs(2)).await);
     }
 
     /// The statement-level fence takes its marker only when it admits: a transaction that

@@ -25,7 +25,7 @@
 //!
 //! # Release notifications
 //!
-//! A release also sends `pg_notify('orionbeacon_releases', '<table>/<resource>')` in the same
+//! A release also sends `pg_notify('orionbeacon_releases', '<table>@<table OID>/<resource>')` in the same
 //! statement (delivered on commit), which wakes followers at once instead of at their next poll
 //! (a graceful handover in about 10 ms; see `docs/performance.md`). The store `LISTEN`s on one
 //! connection of its own, made with the pool's connect options and never taken from the

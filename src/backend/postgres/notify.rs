@@ -8,8 +8,11 @@
 //! store lives; [`SeaOrmLeaseStore::with_release_notifications`](crate::SeaOrmLeaseStore::with_release_notifications)
 //! turns it off.
 //!
-//! A release sends `pg_notify('orionbeacon_releases', '<table>/<resource>')` in the same
-//! statement; it is delivered on commit. If the listening connection drops, the listener
+//! A release sends `pg_notify('orionbeacon_releases', '<table>@<table OID>/<resource>')` in
+//! the same statement; it is delivered on commit. The listener learns its table's OID on the
+//! application's pool (whose sessions resolve the name as the store's statements do, through
+//! their `search_path`), so two tenants' tables of one name in two schemas never wake each
+//! other's followers. If the listening connection drops, the listener
 //! reconnects with back-off; meanwhile followers simply poll, so a lost notification costs
 //! one poll interval, never correctness.
 //!
@@ -67,10 +70,12 @@ pub(crate) fn subscribe(
             tx: broadcast::channel(256).0,
             stop: CancellationToken::new(),
         });
-        let options = (*db.get_postgres_connection_pool().connect_options()).clone();
+        let app = db.get_postgres_connection_pool().clone();
+        let options = (*app.connect_options()).clone();
         runtime.spawn(listen(
             options,
-            format!("{table}/"),
+            app,
+            Arc::clone(table),
             Arc::downgrade(&hub),
             hub.stop.clone(),
         ));
@@ -95,12 +100,52 @@ fn listener_pool(options: &PgConnectOptions) -> PgPool {
         .connect_lazy_with(options.clone())
 }
 
+/// The OID of `table` as the application's sessions resolve it, on one of its connections
+/// (back to the pool only after a complete read; closed otherwise).
+async fn table_oid(app: &PgPool, table: &str) -> Result<Option<i64>, sea_orm::sqlx::Error> {
+    let conn = app.acquire().await?;
+    let mut conn = crate::backend::checkout::Checkout::shared(conn);
+    let conn_ref = conn
+        .conn()
+        .map_err(|e| sea_orm::sqlx::Error::Protocol(e.to_string()))?;
+    let oid: Option<i64> =
+        sea_orm::sqlx::query_scalar("SELECT CAST(CAST(to_regclass($1) AS oid) AS bigint)")
+            .bind(format!("\"{table}\""))
+            .fetch_one(conn_ref)
+            .await?;
+    conn.clean = true;
+    Ok(oid)
+}
+
+/// The payload prefix of `table`'s releases, once its OID is known (asked again with back-off
+/// until the table exists); `None` once stopped.
+async fn prefix_of(app: &PgPool, table: &str, stop: &CancellationToken) -> Option<String> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match table_oid(app, table).await {
+            Ok(Some(oid)) => return Some(format!("{table}@{oid}/")),
+            Ok(None) => tracing::debug!(table, "release listener waits for its table to exist"),
+            Err(error) => tracing::debug!(%error, "release listener could not look up its table"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
 async fn listen(
     options: PgConnectOptions,
-    prefix: String,
+    app: PgPool,
+    table: Arc<str>,
     hub: Weak<ReleaseHub>,
     stop: CancellationToken,
 ) {
+    let Some(prefix) = prefix_of(&app, &table, &stop).await else {
+        return;
+    };
+    drop(app);
     let mut pool = listener_pool(&options);
     loop {
         match listen_on(&pool, &prefix, &hub, &stop).await {

@@ -15,7 +15,7 @@ use crate::backend::statements::{
 };
 use crate::backend::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
-/// The channel PostgreSQL release notifications go to; the payload is `<table>/<resource>`.
+/// The channel PostgreSQL release notifications go to; the payload is `<table>@<table OID>/<resource>`.
 pub(crate) const RELEASE_CHANNEL: &str = "orionbeacon_releases";
 
 /// The names of the returned row's columns, for the CTEs below.
@@ -163,16 +163,18 @@ pub(crate) fn release_notifying(
 /// PostgreSQL: a release `update` that also notifies followers of each row it released.
 pub(crate) fn notifying(mut update: UpdateStatement, table_name: &str) -> WithQuery {
     let released = Alias::new("released");
-    update.returning(Query::returning().column(Column::Resource));
+    update.returning(Query::returning().columns([Alias::new("resource"), Alias::new("tableoid")]));
     let cte = CommonTableExpression::new()
         .table_name(released.clone())
-        .column(Alias::new("resource"))
+        .columns([Alias::new("resource"), Alias::new("tableoid")])
         .query(update)
         .to_owned();
+    // `<table>@<table OID>/<resource>`: the OID tells apart tables of one name in other
+    // schemas (one per tenant), so their listeners never wake for each other's releases.
     let notify = Query::select()
         .expr(Expr::cust_with_values(
-            "pg_notify($1, $2 || \"resource\")",
-            [RELEASE_CHANNEL.to_owned(), format!("{table_name}/")],
+            "pg_notify($1, $2 || \"tableoid\" || '/' || \"resource\")",
+            [RELEASE_CHANNEL.to_owned(), format!("{table_name}@")],
         ))
         .from(released)
         .to_owned();
@@ -262,9 +264,9 @@ mod tests {
             .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            "WITH \"released\" (\"resource\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = (CASE WHEN (\"renewed_at\" < (statement_timestamp())) THEN \"renewed_at\" ELSE statement_timestamp() END) \
-             WHERE \"resource\" = $1 AND \"holder\" = $2 AND \"expires_at\" > (statement_timestamp()) RETURNING \"resource\") \
-             SELECT pg_notify($3, $4 || \"resource\") FROM \"released\""
+            "WITH \"released\" (\"resource\", \"tableoid\") AS (UPDATE \"orionbeacon_leases\" SET \"expires_at\" = (CASE WHEN (\"renewed_at\" < (statement_timestamp())) THEN \"renewed_at\" ELSE statement_timestamp() END) \
+             WHERE \"resource\" = $1 AND \"holder\" = $2 AND \"expires_at\" > (statement_timestamp()) RETURNING \"resource\", \"tableoid\") \
+             SELECT pg_notify($3, $4 || \"tableoid\" || \'/\' || \"resource\") FROM \"released\""
         );
         assert_eq!(values.0.len(), 4);
     }
