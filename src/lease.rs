@@ -71,7 +71,8 @@ pub struct Denial {
     /// in a long statement) and the store did not end that session within the acquire's
     /// bound: why (the server refused it, naming the privilege it lacks, or the lock is not one
     /// the store may end). The resource stays held until that transaction ends; ask again
-    /// later, as for any denial.
+    /// later, as for any denial. (Left out of the `serde` form when `None`.)
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub stalled: Option<String>,
 }
 

@@ -60,6 +60,8 @@ pub struct Health {
     /// lapsed but its session still holds the lease row locked and the store did not end it
     /// ([`Denial::stalled`](crate::Denial::stalled)): who, and why. The elector stays healthy
     /// (the store answers), but nobody can lead until that session ends: worth an alert.
+    /// (Left out of the `serde` form when `None`.)
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub stalled_holder: Option<String>,
 }
 

@@ -399,6 +399,16 @@ impl LedgerWriter {
         }
         .await;
         let now = mono_ns();
+        // A session the server ended (a takeover's terminate or kill) while the term was still
+        // current: a healthy transaction ended, which only the harness's own faults may do.
+        if let Err(e) = &result {
+            if session_ended(e) && term.is_current() {
+                self.history
+                    .lock()
+                    .unwrap()
+                    .line(&format!("ended {token} {now}"));
+            }
+        }
         // The transaction's start last: the checker counts the faults that hit inside one.
         let line = match result {
             Ok(Some(true)) => format!("write {token} {seq} {now} {started}"),
@@ -409,4 +419,25 @@ impl LedgerWriter {
         open.finished();
         self.history.lock().unwrap().line(&line);
     }
+}
+
+/// Whether `err` says the session ended under the transaction: PostgreSQL's `57P01`
+/// ("terminating connection due to administrator command", `pg_terminate_backend`); MariaDB's
+/// 1927 ("Connection was killed") or, for a connection killed while idle, the socket closed
+/// under the client (which a partition's reset looks like too: the checker leaves out the
+/// candidate's own partitions).
+fn session_ended(err: &Error) -> bool {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err.as_ref());
+    while let Some(cause) = source {
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text.contains("57P01")
+        || text.contains("administrator command")
+        || text.contains("1927")
+        || text.contains("Connection was killed")
+        || text.contains("UnexpectedEof")
+        || text.contains("Lost connection")
+        || text.contains("ConnectionReset")
 }

@@ -104,11 +104,19 @@ pub struct Record {
     /// Only the safety checks (1 to 3): the lock configurations' clients let go of a permit
     /// now and then, so a free permit is no liveness problem there.
     pub safety_only: bool,
+    /// Fenced transactions whose session the server ended (terminated, killed) while their
+    /// term was still current: (candidate, when the candidate saw it). Outside the harness's
+    /// own session-ending faults, each is a healthy transaction ended by someone's takeover.
+    pub ended_live: Vec<(String, u64)>,
 }
 
 /// Fault kinds whose window (start to end, then the bound) may leave the run leaderless: the
 /// server itself was down.
 const SERVER_DOWN: [&str; 5] = ["restart", "failover", "nodekill", "nodestop", "noderejoin"];
+
+/// How long around a harness fault that ends sessions (a connection kill, a server down) a
+/// session ended counts as the harness's doing: the candidate sees it at its next statement.
+const HARNESS_MARGIN_NS: u64 = 2_000_000_000;
 
 fn num(parts: &[&str], i: usize, line: &str) -> Result<u64, String> {
     parts
@@ -180,6 +188,11 @@ impl Record {
                     last_seen = num(&parts, 2, line)?;
                     let begun = num(&parts, 3, line)?;
                     self.transactions.push((name.clone(), begun, last_seen));
+                }
+                // A write whose session the server ended while its term was current.
+                "ended" => {
+                    last_seen = num(&parts, 2, line)?;
+                    self.ended_live.push((name.clone(), last_seen));
                 }
                 "stop" => last_seen = num(&parts, 1, line)?,
                 // Raw store calls: whether a candidate answers again after a partition heals.
@@ -284,6 +297,28 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
         }
         if reach.is_none_or(|r| i.end > r.end) {
             reach = Some(i);
+        }
+    }
+
+    // 0. Nobody's takeover ends a healthy transaction: a fenced transaction whose session the
+    // server ended while its term was current counts, unless the harness itself ended
+    // sessions then (a connection kill, a server restart or failover, a node fault, or the
+    // candidate's own partition or pause).
+    for (candidate, at) in &record.ended_live {
+        let harness = record.faults.iter().any(|f| {
+            let ends_sessions = f.kind == "connkill"
+                || SERVER_DOWN.contains(&f.kind.as_str())
+                || (matches!(f.kind.as_str(), "partition" | "pause")
+                    && f.candidate.as_deref() == Some(candidate.as_str()));
+            ends_sessions
+                && f.start.saturating_sub(HARNESS_MARGIN_NS) <= *at
+                && *at <= f.end.saturating_add(HARNESS_MARGIN_NS)
+        });
+        if !harness {
+            v.violations.push(format!(
+                "a healthy transaction was ended: {candidate}'s fenced transaction lost its \
+                 session at {at} while its term was current"
+            ));
         }
     }
 

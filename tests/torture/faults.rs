@@ -237,9 +237,12 @@ pub async fn apply(
 /// The candidate the lease table names as the live holder, if it is one of `procs`; in the
 /// shard-set configurations, the holder of a live lease of a resource drawn at random.
 async fn leader_process<'a>(s: &Setup, procs: &'a [Proc], rng: &mut Rng) -> Option<&'a Proc> {
-    let store = SeaOrmLeaseStore::new(s.admin.clone())
-        .with_table(&s.table)
-        .ok()?;
+    // Two tenants: the leader of either, drawn at random (faults on both).
+    let store = match &s.neighbour {
+        Some(n) if rng.below(2) == 1 => SeaOrmLeaseStore::new(n.admin.clone()).with_table(&n.table),
+        _ => SeaOrmLeaseStore::new(s.admin.clone()).with_table(&s.table),
+    }
+    .ok()?;
     if !s.shards.is_empty() {
         let records = store.current_all(&s.shards).await.ok()?;
         let held: Vec<&Proc> = records

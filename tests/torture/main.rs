@@ -133,6 +133,12 @@ struct Configuration {
     /// second, each attempt writing a row in the slot's fenced transaction; checked per slot
     /// from the run table and the writes table (`jobs_checker.rs`).
     jobs: bool,
+    /// Two tenants on one server: beside the run's candidates, a neighbour's (`nN`) elect the
+    /// same resource in a lease table and ledger of the same names in a schema of their own
+    /// (PostgreSQL), or of names that differ only in case (MariaDB), with faults on both; each
+    /// tenant is checked on its own, and no candidate's healthy fenced transaction may be
+    /// ended by anyone's takeover.
+    tenants: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -155,10 +161,11 @@ const PLAIN: Configuration = Configuration {
     shards: false,
     locks: None,
     jobs: false,
+    tenants: false,
 };
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 19] = [
+const CONFIGURATIONS: [Configuration; 21] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -284,6 +291,20 @@ const CONFIGURATIONS: [Configuration; 19] = [
         name: "semaphore-sqlite",
         backend: Backend::Sqlite,
         locks: Some(2),
+        ..PLAIN
+    },
+    // Two tenants on one server (a schema each on PostgreSQL, tables whose names differ only
+    // in case on MariaDB), the same resource and tokens, faults on both.
+    Configuration {
+        name: "tenants-postgres",
+        backend: Backend::Postgres,
+        tenants: true,
+        ..PLAIN
+    },
+    Configuration {
+        name: "tenants-mysql",
+        backend: Backend::MySql,
+        tenants: true,
         ..PLAIN
     },
     // Scheduled jobs: five nodes of one scheduler, a slot every second, each attempt's write

@@ -56,8 +56,24 @@ pub struct Setup {
     runs: String,
     writes: String,
     pub admin: DatabaseConnection,
+    /// The neighbour tenant of the `tenants` configurations.
+    pub neighbour: Option<Neighbour>,
     _dir: tempfile::TempDir,
     dir: PathBuf,
+}
+
+/// The neighbour tenant: its candidates' URL, the harness's connection as they see the
+/// database, and its lease table and ledger as they name them.
+pub struct Neighbour {
+    url: String,
+    pub admin: DatabaseConnection,
+    pub table: String,
+    ledger: String,
+}
+
+/// A neighbour's candidate: `nN` (and its replacements `nN-rM`).
+pub fn is_neighbour(name: &str) -> bool {
+    name.starts_with('n')
 }
 
 /// A candidate process the run started.
@@ -213,34 +229,13 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
             .to_owned();
         admin.execute(&create).await?;
     }
-    let mut create = Table::create()
-        .table(Alias::new(&ledger))
-        .col(
-            ColumnDef::new(Alias::new("id"))
-                .big_integer()
-                .not_null()
-                .auto_increment()
-                .primary_key(),
-        )
-        .to_owned();
-    if config.shards || config.locks.is_some() {
-        // The shard sets' and locks' ledger is keyed by resource.
-        create.col(
-            ColumnDef::new(Alias::new("resource"))
-                .string_len(64)
-                .not_null(),
-        );
-    }
-    let create = create
-        .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
-        .col(
-            ColumnDef::new(Alias::new("candidate"))
-                .string_len(64)
-                .not_null(),
-        )
-        .col(ColumnDef::new(Alias::new("seq")).big_integer().not_null())
-        .to_owned();
+    let create = ledger_table(&ledger, config.shards || config.locks.is_some());
     admin.execute(&create).await?;
+    let neighbour = if config.tenants {
+        Some(neighbour(backend, &url, &admin_url, &table, &ledger).await?)
+    } else {
+        None
+    };
     let resource = unique(match (config.shards, config.locks) {
         (true, _) => "set",
         (_, Some(_)) => "lock",
@@ -260,6 +255,7 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         admin_url,
         table,
         ledger,
+        neighbour,
         resource: resource.clone(),
         members,
         runs,
@@ -272,6 +268,87 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         admin,
         _dir: dir,
         dir: path,
+    })
+}
+
+/// The ledger table `name` the candidates' fenced transactions write to; keyed by resource
+/// where one run has many (shard sets, locks).
+fn ledger_table(name: &str, by_resource: bool) -> sea_orm::sea_query::TableCreateStatement {
+    let mut create = Table::create()
+        .table(Alias::new(name))
+        .col(
+            ColumnDef::new(Alias::new("id"))
+                .big_integer()
+                .not_null()
+                .auto_increment()
+                .primary_key(),
+        )
+        .to_owned();
+    if by_resource {
+        create.col(
+            ColumnDef::new(Alias::new("resource"))
+                .string_len(64)
+                .not_null(),
+        );
+    }
+    create
+        .col(ColumnDef::new(Alias::new("token")).big_integer().not_null())
+        .col(
+            ColumnDef::new(Alias::new("candidate"))
+                .string_len(64)
+                .not_null(),
+        )
+        .col(ColumnDef::new(Alias::new("seq")).big_integer().not_null())
+        .to_owned()
+}
+
+/// The neighbour tenant's tables, made as the run's: PostgreSQL, the same names in a schema of
+/// its own (its sessions' `search_path`, set in the URL); MariaDB, names that differ only in
+/// case in the same database.
+async fn neighbour(
+    backend: Backend,
+    url: &str,
+    admin_url: &str,
+    table: &str,
+    ledger: &str,
+) -> Result<Neighbour, Error> {
+    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    let (url, admin_url, table, ledger) = match backend {
+        Backend::Postgres => {
+            let schema = unique("neighbour");
+            connect(admin_url, 1)
+                .await?
+                .execute_unprepared(&format!("CREATE SCHEMA \"{schema}\""))
+                .await?;
+            let with_path = |url: &str| {
+                let join = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{join}options=-c%20search_path%3D{schema}")
+            };
+            (
+                with_path(url),
+                with_path(admin_url),
+                table.to_owned(),
+                ledger.to_owned(),
+            )
+        }
+        Backend::MySql => (
+            url.to_owned(),
+            admin_url.to_owned(),
+            table.to_uppercase(),
+            ledger.to_uppercase(),
+        ),
+        Backend::Sqlite => return Err("no tenants on SQLite".into()),
+    };
+    let admin = connect(&admin_url, 2).await?;
+    CreateLeaseTable::with_table(&table)?
+        .up(&SchemaManager::new(&admin))
+        .await?;
+    admin.execute(&ledger_table(&ledger, false)).await?;
+    Ok(Neighbour {
+        url,
+        admin,
+        table,
+        ledger,
     })
 }
 
@@ -290,6 +367,10 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
                 .unwrap_or(0);
             &s.node_urls[index % nodes]
         }
+    };
+    let (url, table, ledger) = match &s.neighbour {
+        Some(n) if is_neighbour(name) => (&n.url, &n.table, &n.ledger),
+        _ => (url, &s.table, &s.ledger),
     };
     // Every connection of the candidate goes through its proxy, so a partition cuts them all.
     let url = s.partitions.route(name, url)?;
@@ -313,9 +394,9 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
         "--url",
         &url,
         "--table",
-        &s.table,
+        table,
         "--ledger",
-        &s.ledger,
+        ledger,
         "--resource",
         &s.resource,
     ])
@@ -391,8 +472,15 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
     let offsets = ["-3h", "+5h", "-26h"];
     let mut procs: Vec<Proc> = Vec::new();
     let mut skewed = 0;
-    for i in 0..args.candidates {
-        let name = format!("c{i}");
+    // The neighbour tenant's candidates: as many, named `nN`, skewed alike.
+    let tenants = if config.tenants { 2 } else { 1 };
+    for i in 0..args.candidates * tenants {
+        let name = if i < args.candidates {
+            format!("c{i}")
+        } else {
+            format!("n{}", i - args.candidates)
+        };
+        let i = i % args.candidates;
         let offset = if skew && i % 2 == 1 {
             Some(offsets[(i / 2) % offsets.len()])
         } else {
@@ -464,7 +552,21 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         faults: std::mem::take(&mut applied.log),
         ..checker::Record::default()
     };
-    for p in &procs {
+    // The neighbour tenant, checked on its own with the same faults (taken before the run's
+    // record moves them).
+    // Each tenant's record keeps the server-wide faults and its own candidates'.
+    let neighbour_faults: Vec<checker::Fault> = record
+        .faults
+        .iter()
+        .filter(|f| f.candidate.as_deref().is_none_or(is_neighbour))
+        .cloned()
+        .collect();
+    if s.neighbour.is_some() {
+        record
+            .faults
+            .retain(|f| f.candidate.as_deref().is_none_or(|c| !is_neighbour(c)));
+    }
+    for p in procs.iter().filter(|p| !is_neighbour(&p.name)) {
         let text = std::fs::read_to_string(&p.history).unwrap_or_default();
         record.add_history(&text, applied.kills.get(&p.name).copied())?;
         if let Some(offset) = &p.offset {
@@ -493,30 +595,44 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         );
     }
     let admin = &s.admin;
-    let rows = admin
-        .query_all(
-            &Query::select()
-                .columns([
-                    Alias::new("id"),
-                    Alias::new("token"),
-                    Alias::new("candidate"),
-                    Alias::new("seq"),
-                ])
-                .from(Alias::new(&s.ledger))
-                .order_by(Alias::new("id"), sea_orm::sea_query::Order::Asc)
-                .to_owned(),
-        )
-        .await?;
-    for row in rows {
-        record.ledger.push(checker::LedgerRow {
-            id: row.try_get_by_index(0)?,
-            token: row.try_get_by_index(1)?,
-            candidate: row.try_get_by_index(2)?,
-            seq: row.try_get_by_index(3)?,
-        });
-    }
+    record.ledger = read_ledger(admin, &s.ledger).await?;
     let bound = LEASE + RETRY + RECOVERY_MARGIN;
     let mut verdict = checker::check(&record, bound.as_nanos() as u64);
+    if let Some(n) = &s.neighbour {
+        let mut theirs = checker::Record {
+            end: record.end,
+            quiesce: record.quiesce,
+            pause_blocks_store: record.pause_blocks_store,
+            no_takeover: record.no_takeover,
+            lapse_bound_ns: record.lapse_bound_ns,
+            faults: neighbour_faults,
+            ..checker::Record::default()
+        };
+        for p in procs.iter().filter(|p| is_neighbour(&p.name)) {
+            let text = std::fs::read_to_string(&p.history).unwrap_or_default();
+            theirs.add_history(&text, applied.kills.get(&p.name).copied())?;
+        }
+        theirs.ledger = read_ledger(&n.admin, &n.ledger).await?;
+        let their_verdict = checker::check(&theirs, bound.as_nanos() as u64);
+        println!(
+            "  neighbour tenant: {} terms, {} writes committed, {} refused, {} failed, {} healthy transactions ended, {} violations",
+            their_verdict.terms,
+            theirs.writes_committed,
+            theirs.writes_refused,
+            theirs.writes_failed,
+            theirs.ended_live.len(),
+            their_verdict.violations.len()
+        );
+        if their_verdict.terms == 0 {
+            run_violations.push("the neighbour tenant never had a leader".to_owned());
+        }
+        run_violations.extend(
+            their_verdict
+                .violations
+                .into_iter()
+                .map(|v| format!("neighbour tenant: {v}")),
+        );
+    }
     // A measured hazard: what the checker found is the figure, not a failure of the run.
     let measured = if config.measured {
         std::mem::take(&mut verdict.violations)
@@ -562,6 +678,37 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         .execute(&Table::drop().table(Alias::new(&s.table)).to_owned())
         .await;
     Ok(verdict.violations.is_empty() && verdict.terms > 0)
+}
+
+/// The rows of an elector run's ledger, in order.
+async fn read_ledger(
+    admin: &DatabaseConnection,
+    ledger: &str,
+) -> Result<Vec<checker::LedgerRow>, Error> {
+    let rows = admin
+        .query_all(
+            &Query::select()
+                .columns([
+                    Alias::new("id"),
+                    Alias::new("token"),
+                    Alias::new("candidate"),
+                    Alias::new("seq"),
+                ])
+                .from(Alias::new(ledger))
+                .order_by(Alias::new("id"), sea_orm::sea_query::Order::Asc)
+                .to_owned(),
+        )
+        .await?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(checker::LedgerRow {
+            id: row.try_get_by_index(0)?,
+            token: row.try_get_by_index(1)?,
+            candidate: row.try_get_by_index(2)?,
+            seq: row.try_get_by_index(3)?,
+        });
+    }
+    Ok(out)
 }
 
 /// A shard-set run's figures from the harness, for its summary.
