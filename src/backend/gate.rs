@@ -22,7 +22,13 @@ struct GateState {
     refusal: Option<String>,
     /// Whether a refusal was warned about (once per store).
     warned: bool,
+    /// The last look that found a blocker whose state the server hides, and why: that
+    /// resource's holder is not ended (others still are: no back-off).
+    unseen: Option<(String, tokio::time::Instant)>,
 }
+
+/// How long a look that could not see a blocker's state is told in denials.
+const UNSEEN_TOLD_FOR: Duration = Duration::from_secs(5);
 
 impl Gate {
     fn state(&self) -> std::sync::MutexGuard<'_, GateState> {
@@ -63,6 +69,11 @@ impl Gate {
         st.refusal = Some(why);
     }
 
+    /// A look found a blocker whose state the server hides from this role (`why`).
+    pub(crate) fn unseen(&self, why: String) {
+        self.state().unseen = Some((why, tokio::time::Instant::now()));
+    }
+
     /// Whether this is the store's first refusal (to warn about once).
     pub(crate) fn first_refusal(&self) -> bool {
         !std::mem::replace(&mut self.state().warned, true)
@@ -75,7 +86,16 @@ impl Gate {
         let refused = st
             .refused_until
             .is_some_and(|until| tokio::time::Instant::now() < until);
-        match (&st.refusal, refused) {
+        let unseen = st
+            .unseen
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < UNSEEN_TOLD_FOR)
+            .map(|(why, _)| why.clone());
+        let refusal = match (&st.refusal, refused) {
+            (Some(why), true) => Some(why.clone()),
+            _ => unseen,
+        };
+        match (&refusal, refusal.is_some()) {
             (Some(why), true) => format!(
                 "the lease lapsed but its holder's session still holds the row locked, and the \
                  server refused to end it: {why} (PostgreSQL needs the same role, or \

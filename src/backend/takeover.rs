@@ -157,7 +157,7 @@ fn told(engine: &Engine, resource: &str, ended: Result<Taken, StoreError>) -> bo
                 ..
             }),
             _,
-        ) => engine.takeovers.refuse(format!(
+        ) => engine.takeovers.unseen(format!(
             "the session's state is hidden; it needs {privilege}"
         )),
         _ => {}
@@ -338,23 +338,46 @@ where
             // Refused a moment ago: not again in this call.
             return (acquire.await, ended_here);
         }
-        let takeover = end_lapsed_holders(engine, resource, sent.elapsed());
+        // Stalled at least as long as the acquire has waited, and at least the first wait (a
+        // fenced transaction queued behind the one just ended took the row mid-wait).
+        let idle = sent.elapsed().min(first);
+        let takeover = end_lapsed_holders(engine, resource, idle);
         tokio::pin!(takeover);
-        let ended = tokio::select! {
+        let (ended, answered) = tokio::select! {
             biased;
-            out = &mut *acquire => return (out, ended_here),
-            ended = &mut takeover => ended,
+            out = &mut *acquire => {
+                // The wait ran out (or the row came free) while the takeover was out: its
+                // answer still counts (a session it ended is why the row is free now), so it
+                // gets the time of another look to finish.
+                let ended = tokio::time::timeout(every, &mut takeover).await;
+                match ended {
+                    Ok(ended) => (ended, Some(out)),
+                    Err(_) => return (out, ended_here),
+                }
+            }
+            ended = &mut takeover => (ended, None),
         };
+        let some = matches!(&ended, Ok(taken) if taken.ended > 0);
         if let Ok(taken) = &ended {
             ended_here += taken.ended;
         }
-        if told(engine, resource, ended) {
+        let given_up = told(engine, resource, ended);
+        if let Some(out) = answered {
+            return (out, ended_here);
+        }
+        if given_up {
             // Not again in this call: a refusal would only repeat.
             return (acquire.await, ended_here);
         }
-        wait = every;
+        // A session ended: the next (another of the lapsed term's fenced transactions that
+        // held the row beside it, or queued behind it) is looked for soon, within this wait.
+        wait = if some { AFTER_AN_END.min(every) } else { every };
     }
 }
+
+/// How soon after a look that ended a session the next look goes out, while the acquire
+/// still waits.
+const AFTER_AN_END: Duration = Duration::from_millis(20);
 
 #[cfg(test)]
 mod tests {

@@ -338,6 +338,63 @@ mod postgres {
         healthy_commits(b_txn, &b_db, &b_app).await;
     }
 
+    /// A holder stalled with several fenced transactions of its term open on several
+    /// connections (all holding the row `FOR SHARE`): the waiter waits on one at a time, and
+    /// each is ended in turn within the bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_stalled_in_several_fenced_transactions_is_taken_over_within_the_bound() {
+        if Server::Postgres.skipped() {
+            return;
+        }
+        let url = Server::Postgres.url();
+        let db = connect_url(&url, 2).await;
+        let table = unique("obt");
+        migrate(&db, &table).await;
+        let app = app_table(&db).await;
+        let holder_db = connect_url(&url, 5).await;
+        let holder = SeaOrmLeaseStore::new(holder_db.clone())
+            .with_table(&table)
+            .unwrap();
+        let resource = unique("several");
+        let (lease, first) = fenced(&holder, &holder_db, &app, &resource, "a", LEASE).await;
+        let mut open = vec![first];
+        for _ in 0..3 {
+            let txn = holder_db.begin().await.unwrap();
+            holder
+                .fence(
+                    &txn,
+                    Term {
+                        resource: &resource,
+                        holder: "a",
+                        token: lease.token,
+                    },
+                )
+                .await
+                .unwrap();
+            open.push(txn);
+        }
+        let lapse = Instant::now() + lease.remaining;
+        let c = SeaOrmLeaseStore::new(connect_url(&url, 2).await)
+            .with_table(&table)
+            .unwrap();
+        let (granted, after) = granted_after(&c, &resource, "c", lapse, BOUND).await;
+        eprintln!("four fenced transactions: granted {after:?} after the lapse");
+        assert!(granted.token > lease.token);
+        // One after another within one statement's wait (about 20 ms apart), not one per
+        // statement (a wait each: about 0.9 s for four).
+        let within = Duration::from_millis(700);
+        assert!(
+            after < within,
+            "granted {after:?} after the lapse (within {within:?})"
+        );
+        for txn in open {
+            assert!(
+                txn.commit().await.is_err(),
+                "every stalled transaction was ended"
+            );
+        }
+    }
+
     /// Release notifications name the table by its OID: a release in tenant A's schema never
     /// wakes tenant B's followers of the same resource in a table of the same name, and B's own
     /// release does.
@@ -415,8 +472,8 @@ mod postgres {
                 other => panic!("a grant: {other:?}"),
             }
         };
-        // A term that has lapsed (the same resource, holder and token: only its expiry fails
-        // the check), then a current one.
+        // A term that has lapsed (fenced with its own resource, holder and token: only the
+        // expiry fails the check), then the current one (a new token).
         let lapsed = grant().await;
         tokio::time::sleep(short + Duration::from_millis(100)).await;
         let current = grant().await;

@@ -651,6 +651,8 @@ impl LeaseBackend for MySqlBackend {
             (Some(own), Some(pool)) => Some(Source::IdleOwnOrShared(own, pool)),
             _ => self.source(),
         };
+        // The kill goes out within KILL_WITHIN of the look that saw the blocker stalled.
+        let looked = tokio::time::Instant::now();
         let mut seen = Vec::new();
         for row in self.rows_from(cx, shared, stmt).await? {
             let thread: u64 = row
@@ -671,7 +673,6 @@ impl LeaseBackend for MySqlBackend {
             Some(text) => text,
             None => return Ok(Taken::default()),
         };
-        let looked = tokio::time::Instant::now();
         let now = transactions_now(&text);
         let mut ended = 0;
         for (id, trx) in seen {

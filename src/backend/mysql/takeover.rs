@@ -114,13 +114,20 @@ pub(crate) fn blockers(
                         Expr::val("`"),
                         Func::cust(Alias::new("DATABASE")).into(),
                         Expr::val("`.`"),
-                        Expr::val(table_name),
+                        // As the server stores the name: in lower case where it folds them.
+                        Expr::cust_with_values(
+                            "IF(@@lower_case_table_names = 0, ?, LOWER(?))",
+                            [table_name, table_name],
+                        ),
                         Expr::val("`"),
                     ])
                     .into(),
             )),
         )
         .and_where(c(&l, "lock_index").eq("PRIMARY"))
+        // A wait for the row itself: never for the gap before it (an insert of another key).
+        .and_where(c(&l, "lock_mode").not_like("%GAP%"))
+        .and_where(c(&l, "lock_mode").not_like("%INSERT_INTENTION%"))
         // As InnoDB prints the key, byte for byte ...
         .and_where(binary(c(&l, "lock_data")).eq(binary(Expr::val(innodb_key(resource)))))
         // ... and no other row of the table prints alike.
@@ -170,33 +177,57 @@ pub(crate) fn blockers(
         .to_owned()
 }
 
-/// The transaction each connection is in now, from the text of `SHOW ENGINE INNODB STATUS`
-/// (never cached): each `---TRANSACTION <id>, ...` entry is followed by a line naming its
-/// `thread id <n>`. Transactions the text leaves out (it is truncated past a size) are absent.
+/// The read-write transaction each connection is in now, from the text of `SHOW ENGINE
+/// INNODB STATUS` (never cached): each `---TRANSACTION <id>, ACTIVE ...` entry is followed by a
+/// line that begins `MariaDB thread id <n>,` (MySQL: `MySQL thread id`). Left out: transactions
+/// not started (they hold no locks), ids at or above the `Trx id counter` (InnoDB prints a
+/// made-up id, stable per connection, for a transaction without a read-write id, so it cannot
+/// tell one transaction of the connection from the next), and a connection named twice (the
+/// text can carry a client's statement, which could imitate an entry). Transactions the text
+/// leaves out (it is truncated past a size) are absent.
 pub(crate) fn transactions_now(status: &str) -> HashMap<u64, String> {
-    let mut now = HashMap::new();
+    let mut now: HashMap<u64, String> = HashMap::new();
+    let mut twice: Vec<u64> = Vec::new();
+    let mut counter: Option<u128> = None;
     let mut trx: Option<String> = None;
     for line in status.lines() {
+        if let Some(rest) = line.strip_prefix("Trx id counter ") {
+            counter = rest.trim().parse().ok();
+            continue;
+        }
         if let Some(rest) = line.strip_prefix("---TRANSACTION ") {
-            trx = rest
-                .split(|c: char| c == ',' || c.is_whitespace())
+            let mut fields = rest.splitn(2, ',');
+            let id = fields.next().unwrap_or_default().trim();
+            let active = fields
                 .next()
-                .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-                .map(str::to_owned);
+                .is_some_and(|f| f.trim_start().starts_with("ACTIVE"));
+            let real = match (id.parse::<u128>(), counter) {
+                (Ok(id), Some(counter)) => id < counter,
+                _ => false,
+            };
+            trx = (active && real).then(|| id.to_owned());
             continue;
         }
         if line.starts_with("---") || line.starts_with("===") {
             trx = None;
             continue;
         }
-        let Some(id) = &trx else { continue };
-        if let Some((_, rest)) = line.split_once("thread id ") {
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            if let Ok(thread) = digits.parse::<u64>() {
-                now.insert(thread, id.clone());
-                trx = None;
+        let Some(rest) = line
+            .strip_prefix("MariaDB thread id ")
+            .or_else(|| line.strip_prefix("MySQL thread id "))
+        else {
+            continue;
+        };
+        let Some(id) = trx.take() else { continue };
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(thread) = digits.parse::<u64>() {
+            if now.insert(thread, id).is_some() {
+                twice.push(thread);
             }
         }
+    }
+    for thread in twice {
+        now.remove(&thread);
     }
     now
 }
@@ -249,10 +280,28 @@ END OF INNODB MONITOR OUTPUT
 ";
         let now = transactions_now(status);
         assert_eq!(now.get(&17).map(String::as_str), Some("1230"));
-        assert_eq!(now.get(&18).map(String::as_str), Some("421937"));
+        // Not started: holds nothing.
+        assert_eq!(now.get(&18), None);
         assert_eq!(now.get(&21).map(String::as_str), Some("1229"));
-        assert_eq!(now.len(), 3);
+        assert_eq!(now.len(), 2);
         assert!(transactions_now("").is_empty());
+        // A made-up id (at or above the counter), and a thread named twice (a statement's text
+        // imitating an entry): neither is taken.
+        let imitated = "\
+Trx id counter 1234
+---TRANSACTION 421938, ACTIVE 1 sec
+MariaDB thread id 30, OS thread handle 1, query id 1 localhost root
+---TRANSACTION 1100, ACTIVE 9 sec
+MariaDB thread id 31, OS thread handle 1, query id 2 localhost root
+---TRANSACTION 1101, ACTIVE 1 sec
+MariaDB thread id 31, OS thread handle 1, query id 3 localhost root
+---TRANSACTION 1102, ACTIVE 1 sec
+MariaDB thread id 32, OS thread handle 1, query id 4 localhost root
+";
+        let now = transactions_now(imitated);
+        assert_eq!(now.get(&30), None);
+        assert_eq!(now.get(&31), None);
+        assert_eq!(now.get(&32).map(String::as_str), Some("1102"));
     }
 
     #[test]
@@ -262,8 +311,8 @@ END OF INNODB MONITOR OUTPUT
             blockers(&MySql, &t, "orionbeacon_leases", "r", 200).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "SELECT DISTINCT `t`.`trx_mysql_thread_id`, CAST(`t`.`trx_id` AS CHAR) FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w` INNER JOIN `information_schema`.`INNODB_LOCKS` AS `l` ON `l`.`lock_id` = `w`.`requested_lock_id` INNER JOIN `information_schema`.`INNODB_TRX` AS `t` ON `t`.`trx_id` = `w`.`blocking_trx_id` INNER JOIN `information_schema`.`PROCESSLIST` AS `p` ON `p`.`ID` = `t`.`trx_mysql_thread_id` INNER JOIN `orionbeacon_leases` AS `r` ON `r`.`resource` = ? WHERE `r`.`expires_at` <= (UTC_TIMESTAMP(6)) AND CAST(`l`.`lock_table` AS BINARY) = CAST(CONCAT(?, DATABASE(), ?, ?, ?) AS BINARY) AND `l`.`lock_index` = ? AND CAST(`l`.`lock_data` AS BINARY) = CAST(? AS BINARY) AND (NOT EXISTS(SELECT ? FROM `orionbeacon_leases` AS `o` WHERE CAST((CONVERT(`o`.`resource` USING utf8mb3)) AS BINARY) = CAST((CONVERT(`r`.`resource` USING utf8mb3)) AS BINARY) AND CAST(`o`.`resource` AS BINARY) <> CAST(`r`.`resource` AS BINARY))) AND `w`.`blocking_trx_id` <> ? AND `t`.`trx_mysql_thread_id` <> CONNECTION_ID() AND `t`.`trx_mysql_thread_id` <> ? AND `p`.`TIME_MS` >= ? AND (`p`.`COMMAND` = ? OR (`p`.`COMMAND` <> ? AND `p`.`INFO` NOT LIKE ? AND `p`.`INFO` NOT LIKE ?)) AND (NOT EXISTS(SELECT ? FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w2` WHERE `w2`.`requested_lock_id` = `w`.`blocking_lock_id`))"
+            "SELECT DISTINCT `t`.`trx_mysql_thread_id`, CAST(`t`.`trx_id` AS CHAR) FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w` INNER JOIN `information_schema`.`INNODB_LOCKS` AS `l` ON `l`.`lock_id` = `w`.`requested_lock_id` INNER JOIN `information_schema`.`INNODB_TRX` AS `t` ON `t`.`trx_id` = `w`.`blocking_trx_id` INNER JOIN `information_schema`.`PROCESSLIST` AS `p` ON `p`.`ID` = `t`.`trx_mysql_thread_id` INNER JOIN `orionbeacon_leases` AS `r` ON `r`.`resource` = ? WHERE `r`.`expires_at` <= (UTC_TIMESTAMP(6)) AND CAST(`l`.`lock_table` AS BINARY) = CAST(CONCAT(?, DATABASE(), ?, IF(@@lower_case_table_names = 0, ?, LOWER(?)), ?) AS BINARY) AND `l`.`lock_index` = ? AND `l`.`lock_mode` NOT LIKE ? AND `l`.`lock_mode` NOT LIKE ? AND CAST(`l`.`lock_data` AS BINARY) = CAST(? AS BINARY) AND (NOT EXISTS(SELECT ? FROM `orionbeacon_leases` AS `o` WHERE CAST((CONVERT(`o`.`resource` USING utf8mb3)) AS BINARY) = CAST((CONVERT(`r`.`resource` USING utf8mb3)) AS BINARY) AND CAST(`o`.`resource` AS BINARY) <> CAST(`r`.`resource` AS BINARY))) AND `w`.`blocking_trx_id` <> ? AND `t`.`trx_mysql_thread_id` <> CONNECTION_ID() AND `t`.`trx_mysql_thread_id` <> ? AND `p`.`TIME_MS` >= ? AND (`p`.`COMMAND` = ? OR (`p`.`COMMAND` <> ? AND `p`.`INFO` NOT LIKE ? AND `p`.`INFO` NOT LIKE ?)) AND (NOT EXISTS(SELECT ? FROM `information_schema`.`INNODB_LOCK_WAITS` AS `w2` WHERE `w2`.`requested_lock_id` = `w`.`blocking_lock_id`))"
         );
-        assert_eq!(values.0.len(), 16);
+        assert_eq!(values.0.len(), 19);
     }
 }

@@ -142,12 +142,13 @@ async fn listen(
     hub: Weak<ReleaseHub>,
     stop: CancellationToken,
 ) {
-    let Some(prefix) = prefix_of(&app, &table, &stop).await else {
-        return;
-    };
-    drop(app);
     let mut pool = listener_pool(&options);
     loop {
+        // Looked up again whenever the listener starts over (the table may have been made
+        // anew, with another OID).
+        let Some(prefix) = prefix_of(&app, &table, &stop).await else {
+            break;
+        };
         match listen_on(&pool, &prefix, &hub, &stop).await {
             Ended::Stopped => break,
             Ended::Dead => {

@@ -14,7 +14,10 @@
 //! `pg_signal_backend` (and `pg_read_all_stats` to see another role's session state).
 
 use orion_beacon_entity::lease::Column;
-use sea_orm::sea_query::{Alias, Expr, ExprTrait, Func, Query, SelectStatement};
+use sea_orm::sea_query::{
+    Alias, CommonTableExpression, Expr, ExprTrait, Func, Query, SelectStatement, WithClause,
+    WithQuery,
+};
 
 use crate::backend::dialect::Dialect;
 use crate::backend::term_checks::{share_locked_check, statement_check};
@@ -48,17 +51,17 @@ fn marker() -> Expr {
 /// have been idle in their transaction (or in one statement) at least `idle_ms`, if the row has
 /// lapsed by the database clock. One row per blocking session of the lapsed term: whether it
 /// was signalled, and whether its state is hidden from this role.
-pub(crate) fn takeover(
-    d: &dyn Dialect,
-    table: &Alias,
-    resource: &str,
-    idle_ms: i64,
-) -> SelectStatement {
-    let (a, r, w, m) = (
+///
+/// The lapsed row and the blockers of its waiters are computed once each (common table
+/// expressions: `pg_blocking_pids` takes the lock manager's locks, so it runs once per waiter,
+/// not once per session of the server).
+pub(crate) fn takeover(d: &dyn Dialect, table: &Alias, resource: &str, idle_ms: i64) -> WithQuery {
+    let (a, r, w, m, b) = (
         Alias::new("a"),
         Alias::new("r"),
         Alias::new("w"),
         Alias::new("m"),
+        Alias::new("b"),
     );
     let c = |t: &Alias, c: &str| Expr::col((t.clone(), Alias::new(c)));
     let this_database = || {
@@ -70,21 +73,48 @@ pub(crate) fn takeover(
             )
             .take()
     };
-    // The sessions that block one queued on exactly this row: this table (by OID, in this
-    // database), this tuple.
+    // The lapsed row: its table's OID, its tuple, its term.
+    let lapsed = Query::select()
+        .expr_as(Expr::col(Alias::new("tableoid")), Alias::new("tableoid"))
+        .expr_as(
+            Expr::cust("(CAST(CAST(\"ctid\" AS text) AS point))[0]"),
+            Alias::new("page"),
+        )
+        .expr_as(
+            Expr::cust("(CAST(CAST(\"ctid\" AS text) AS point))[1]"),
+            Alias::new("tuple"),
+        )
+        .column(Column::Resource)
+        .column(Column::FencingToken)
+        .from(table.clone())
+        .and_where(Expr::col(Column::Resource).eq(resource))
+        .and_where(Expr::col(Column::ExpiresAt).lte(d.now()))
+        .to_owned();
+    // The sessions that block one queued on exactly that row: this table (by OID, in this
+    // database), this tuple (numbers compared: no cast that a row of another kind could fail).
     let blockers = Query::select()
-        .expr(
+        .distinct()
+        .expr_as(
             Func::cust(Alias::new("unnest"))
                 .arg(Func::cust(Alias::new("pg_blocking_pids")).arg(c(&w, "pid"))),
+            Alias::new("pid"),
         )
         .from_as(Alias::new("pg_locks"), w.clone())
+        .from(r.clone())
         .and_where(c(&w, "locktype").eq("tuple"))
         .and_where(c(&w, "database").eq(this_database()))
         .and_where(c(&w, "relation").equals((r.clone(), Alias::new("tableoid"))))
-        .and_where(Expr::cust(
-            "CAST(format('(%s,%s)', \"w\".\"page\", \"w\".\"tuple\") AS tid) = \"r\".\"ctid\"",
-        ))
-        .take();
+        .and_where(
+            c(&w, "page")
+                .cast_as(Alias::new("float8"))
+                .equals((r.clone(), Alias::new("page"))),
+        )
+        .and_where(
+            c(&w, "tuple")
+                .cast_as(Alias::new("float8"))
+                .equals((r.clone(), Alias::new("tuple"))),
+        )
+        .to_owned();
     // The marker of the row's term (pg_locks shows a bigint key as its high 32 bits in classid
     // and its low 32 bits in objid, objsubid 1).
     let key = marker_key(Some("r"));
@@ -112,8 +142,7 @@ pub(crate) fn takeover(
             [idle_ms as f64 / 1000.0],
         )
     };
-    // Stalled for the whole wait: idle inside the transaction, or in one statement, since
-    // before the acquire began waiting.
+    // Stalled: idle inside the transaction, or in one statement, at least `idle_ms`.
     let stalled = c(&a, "state")
         .is_in(["idle in transaction", "idle in transaction (aborted)"])
         .and(c(&a, "state_change").lte(since()))
@@ -122,20 +151,34 @@ pub(crate) fn takeover(
             .and(c(&a, "query_start").lte(since())));
     // Signalled only when stalled (a CASE is evaluated in order); a session whose state the
     // server hides from this role (another role's, without pg_read_all_stats) is reported.
-    Query::select()
+    let select = Query::select()
         .expr(Expr::cust_with_exprs(
             "CASE WHEN $1 THEN pg_terminate_backend(\"a\".\"pid\") ELSE FALSE END",
             [stalled],
         ))
         .expr(c(&a, "state").is_null())
         .from_as(Alias::new("pg_stat_activity"), a.clone())
-        .from_as(table.clone(), r.clone())
-        .and_where(Expr::col((r.clone(), Column::Resource)).eq(resource))
-        .and_where(Expr::col((r.clone(), Column::ExpiresAt)).lte(d.now()))
-        .and_where(c(&a, "pid").in_subquery(blockers))
+        .from(b.clone())
+        .from(r.clone())
+        .and_where(c(&b, "pid").equals((a.clone(), Alias::new("pid"))))
         .and_where(c(&a, "pid").ne(Func::cust(Alias::new("pg_backend_pid"))))
         .and_where(Expr::exists(marked))
-        .to_owned()
+        .to_owned();
+    let with = WithClause::new()
+        .cte(
+            CommonTableExpression::new()
+                .query(lapsed)
+                .table_name(r)
+                .to_owned(),
+        )
+        .cte(
+            CommonTableExpression::new()
+                .query(blockers)
+                .table_name(b)
+                .to_owned(),
+        )
+        .to_owned();
+    select.with(with)
 }
 
 /// The transactional fence's check: [`share_locked_check`] with the session's marker, taken
@@ -170,7 +213,7 @@ mod tests {
         let (sql, values) = takeover(&Postgres, &t, "r", 200).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT CASE WHEN ("a"."state" IN ($1, $2) AND "a"."state_change" <= (clock_timestamp() - make_interval(secs => $3))) OR ("a"."state" = $4 AND "a"."query_start" <= (clock_timestamp() - make_interval(secs => $5))) THEN pg_terminate_backend("a"."pid") ELSE FALSE END, "a"."state" IS NULL FROM "pg_stat_activity" AS "a", "orionbeacon_leases" AS "r" WHERE "r"."resource" = $6 AND "r"."expires_at" <= (statement_timestamp()) AND "a"."pid" IN (SELECT unnest(pg_blocking_pids("w"."pid")) FROM "pg_locks" AS "w" WHERE "w"."locktype" = $7 AND "w"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "w"."relation" = "r"."tableoid" AND (CAST(format('(%s,%s)', "w"."page", "w"."tuple") AS tid) = "r"."ctid")) AND "a"."pid" <> pg_backend_pid() AND EXISTS(SELECT $8 FROM "pg_locks" AS "m" WHERE "m"."pid" = "a"."pid" AND "m"."locktype" = $9 AND "m"."mode" = $10 AND "m"."granted" = $11 AND "m"."objsubid" = $12 AND "m"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND (CAST("m"."classid" AS bigint) = ((hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) >> 32) & 4294967295)) AND (CAST("m"."objid" AS bigint) = (hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) & 4294967295)))"#
+            r#"WITH "r" AS (SELECT "tableoid" AS "tableoid", (CAST(CAST("ctid" AS text) AS point))[0] AS "page", (CAST(CAST("ctid" AS text) AS point))[1] AS "tuple", "resource", "fencing_token" FROM "orionbeacon_leases" WHERE "resource" = $1 AND "expires_at" <= (statement_timestamp())) , "b" AS (SELECT DISTINCT unnest(pg_blocking_pids("w"."pid")) AS "pid" FROM "pg_locks" AS "w", "r" WHERE "w"."locktype" = $2 AND "w"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND "w"."relation" = "r"."tableoid" AND CAST("w"."page" AS float8) = "r"."page" AND CAST("w"."tuple" AS float8) = "r"."tuple") SELECT CASE WHEN ("a"."state" IN ($3, $4) AND "a"."state_change" <= (clock_timestamp() - make_interval(secs => $5))) OR ("a"."state" = $6 AND "a"."query_start" <= (clock_timestamp() - make_interval(secs => $7))) THEN pg_terminate_backend("a"."pid") ELSE FALSE END, "a"."state" IS NULL FROM "pg_stat_activity" AS "a", "b", "r" WHERE "b"."pid" = "a"."pid" AND "a"."pid" <> pg_backend_pid() AND EXISTS(SELECT $8 FROM "pg_locks" AS "m" WHERE "m"."pid" = "a"."pid" AND "m"."locktype" = $9 AND "m"."mode" = $10 AND "m"."granted" = $11 AND "m"."objsubid" = $12 AND "m"."database" = (SELECT "oid" FROM "pg_database" WHERE "datname" = current_database()) AND (CAST("m"."classid" AS bigint) = ((hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) >> 32) & 4294967295)) AND (CAST("m"."objid" AS bigint) = (hashtextextended(concat_ws('/', "r"."tableoid", "r"."resource", "r"."fencing_token"), 0) & 4294967295)))"#
         );
         assert_eq!(values.0.len(), 12);
     }
