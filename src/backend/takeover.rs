@@ -7,23 +7,27 @@
 //! open. A holder that stops inside one would hold the lock, and so the resource, for as long as
 //! it is stopped (a partition: until the server notices the client is gone, hours with the
 //! defaults). So an acquire that has waited [`WAIT_BEFORE_TAKEOVER`] asks the server, on
-//! another connection, to end the session that blocks *its own wait on this row*, and asks
-//! again every [`TAKEOVER_EVERY`] while it waits. A session is ended only when all of these
-//! hold: it blocks a wait on exactly this table's row (found from the wait, never from a name
-//! or a printed key), the row's term has lapsed by the database clock, and the session has been
-//! stalled (idle inside its transaction, or in one statement) for the whole wait. Ending such a
-//! session is safe: its term is over, its transaction rolls back (its commit fails), and
-//! nothing it would have written may commit any more. Nothing else is ever ended: not another
-//! table's, schema's or tenant's session, not a live term's.
+//! another connection, to end the lapsed term's sessions that block a wait on *this row* (its
+//! own, or another candidate's queued on it), and asks again every [`TAKEOVER_EVERY`] while it
+//! waits (20 ms after a look that ended one, for the next). A session is ended only when all of
+//! these hold: it blocks a wait on exactly this table's row (found from the wait, never from a
+//! name or a printed key alone), the row's term has lapsed by the database clock and the
+//! session is that term's, and it has been stalled (idle inside its transaction, or in one
+//! statement) as long as the acquire has waited, up to the first wait. Ending such a session is
+//! safe: its term is over, its transaction rolls back (its commit fails), and nothing it would
+//! have written may commit any more. Nothing else is ended: not another table's, schema's or
+//! tenant's session, not a live term's.
 //!
 //! - **PostgreSQL**: `pg_blocking_pids` of the sessions queued on the row's tuple (this table's
 //!   OID, this row's `ctid`), which must also hold the fence's marker of the lapsed term (see
-//!   `postgres::takeover`); `pg_terminate_backend` ends it. That needs the same role as the
-//!   holder, or `pg_signal_backend` and `pg_read_all_stats`.
-//! - **MySQL/MariaDB**: `information_schema.INNODB_LOCK_WAITS`, in a snapshot that contains the
-//!   acquire's own wait (see `mysql::takeover`); `KILL CONNECTION` ends it. That needs the
-//!   `PROCESS` privilege, and `CONNECTION ADMIN` (or `SUPER`) for a holder connected as another
-//!   user. MySQL 8, which has no `INNODB_LOCK_WAITS`, gets no takeover.
+//!   `postgres::takeover`); `pg_terminate_backend` ends it, in the same statement. That needs
+//!   the same role as the holder, or `pg_signal_backend` and `pg_read_all_stats`.
+//! - **MySQL/MariaDB**: `information_schema.INNODB_LOCK_WAITS` names the blocker of a wait on
+//!   the row; `SHOW ENGINE INNODB STATUS` confirms it is still in that transaction (the lock
+//!   tables may be a stale cache, see `mysql::takeover`); `KILL CONNECTION` ends it within
+//!   100 ms of the look. That needs the `PROCESS` privilege, and `CONNECTION ADMIN` (or `SUPER`)
+//!   for a holder connected as another user. MySQL 8, which has no `INNODB_LOCK_WAITS`, gets no
+//!   takeover.
 //!
 //! Without the privileges (or when the blocker is not one the store may end) the acquire is
 //! denied within its bound, the denial naming the lapsed holder and why
@@ -127,8 +131,8 @@ fn lock_wait_timed_out(engine: &Engine, err: &StoreError) -> bool {
     db_err_in(err).is_some_and(|e| engine.backend.lock_wait_ran_out(e))
 }
 
-/// Ends the session that blocks a wait on `resource`'s row for a lapsed term, stalled at
-/// least `waited`; how many it ended.
+/// Ends the lapsed term's sessions that block a wait on `resource`'s row, stalled at least
+/// `waited`; what it did.
 async fn end_lapsed_holders(
     engine: &Engine,
     resource: &str,
