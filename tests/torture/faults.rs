@@ -237,12 +237,25 @@ pub async fn apply(
 /// The candidate the lease table names as the live holder, if it is one of `procs`; in the
 /// shard-set configurations, the holder of a live lease of a resource drawn at random.
 async fn leader_process<'a>(s: &Setup, procs: &'a [Proc], rng: &mut Rng) -> Option<&'a Proc> {
-    // Two tenants: the leader of either, drawn at random (faults on both).
-    let store = match &s.neighbour {
-        Some(n) if rng.below(2) == 1 => SeaOrmLeaseStore::new(n.admin.clone()).with_table(&n.table),
-        _ => SeaOrmLeaseStore::new(s.admin.clone()).with_table(&s.table),
-    }
-    .ok()?;
+    // Two tenants: the leader of either, drawn at random (faults on both). Asked on a
+    // connection of its own, made for this look: after a failover the harness's pool can be
+    // left with connections that hang (the old primary's), and a look that waits for one finds
+    // no leader for as long as they do.
+    // (SQLite: the harness's own connection, in the run's journal mode.)
+    let (url, table) = match &s.neighbour {
+        Some(n) if rng.below(2) == 1 => (n.admin_url.clone(), n.table.clone()),
+        _ => (s.admin_url.clone(), s.table.clone()),
+    };
+    let db = if s.backend == Backend::Sqlite {
+        s.admin.clone()
+    } else {
+        crate::db::connect(&url, 1).await.ok()?
+    };
+    let store = SeaOrmLeaseStore::new(db)
+        .with_table(&table)
+        .ok()?
+        .with_lease_connections(0)
+        .ok()?;
     if !s.shards.is_empty() {
         let records = store.current_all(&s.shards).await.ok()?;
         let held: Vec<&Proc> = records

@@ -66,6 +66,8 @@ pub struct Setup {
 /// database, and its lease table and ledger as they name them.
 pub struct Neighbour {
     url: String,
+    /// The URL the harness asks the neighbour's tables on.
+    pub admin_url: String,
     pub admin: DatabaseConnection,
     pub table: String,
     ledger: String,
@@ -346,6 +348,7 @@ async fn neighbour(
     admin.execute(&ledger_table(&ledger, false)).await?;
     Ok(Neighbour {
         url,
+        admin_url,
         admin,
         table,
         ledger,
