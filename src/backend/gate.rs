@@ -95,14 +95,14 @@ impl Gate {
             (Some(why), true) => Some(why.clone()),
             _ => unseen,
         };
-        match (&refusal, refusal.is_some()) {
-            (Some(why), true) => format!(
+        match refusal {
+            Some(why) => format!(
                 "the lease lapsed but its holder's session still holds the row locked, and the \
                  server refused to end it: {why} (PostgreSQL needs the same role, or \
                  pg_signal_backend and pg_read_all_stats; MariaDB the PROCESS privilege, and \
                  CONNECTION ADMIN for other users' sessions)"
             ),
-            _ => "the lease lapsed but a session still holds the row locked that the store \
+            None => "the lease lapsed but a session still holds the row locked that the store \
                   does not end (not a stalled fenced transaction of the lapsed term)"
                 .to_owned(),
         }

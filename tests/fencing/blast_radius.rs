@@ -254,6 +254,27 @@ mod postgres {
         Database::connect(options).await.unwrap()
     }
 
+    /// Two tenants' schemas on the server at `url`, each with the default lease table made by
+    /// the migration, and a pool of `max` connections per tenant: (A's schema, B's schema,
+    /// A's pool, B's pool).
+    async fn two_tenants(
+        url: &str,
+        max: u32,
+    ) -> (String, String, DatabaseConnection, DatabaseConnection) {
+        let admin = connect_url(url, 2).await;
+        let (sa, sb) = (unique("tenant_a"), unique("tenant_b"));
+        for schema in [&sa, &sb] {
+            exec(&admin, format!("CREATE SCHEMA \"{schema}\"")).await;
+        }
+        let (a_db, b_db) = (
+            tenant_pool(url, &sa, max).await,
+            tenant_pool(url, &sb, max).await,
+        );
+        migrate(&a_db, "orionbeacon_leases").await;
+        migrate(&b_db, "orionbeacon_leases").await;
+        (sa, sb, a_db, b_db)
+    }
+
     /// Tenant A and tenant B each have their own schema with the same lease table, the same
     /// resource and (both first terms) the same token. A's holder stalls inside a fenced
     /// transaction and A's next candidate takes over; B's healthy leader, idle inside its own
@@ -266,18 +287,8 @@ mod postgres {
             return;
         }
         let url = Server::Postgres.url();
-        let admin = connect_url(&url, 2).await;
-        let (sa, sb) = (unique("tenant_a"), unique("tenant_b"));
-        for schema in [&sa, &sb] {
-            exec(&admin, format!("CREATE SCHEMA \"{schema}\"")).await;
-        }
-        let (a_db, b_db) = (
-            tenant_pool(&url, &sa, 3).await,
-            tenant_pool(&url, &sb, 3).await,
-        );
+        let (sa, sb, a_db, b_db) = two_tenants(&url, 3).await;
         let table = "orionbeacon_leases";
-        migrate(&a_db, table).await;
-        migrate(&b_db, table).await;
         let (a_app, b_app) = (app_table(&a_db).await, app_table(&b_db).await);
         let store = |db: &DatabaseConnection| SeaOrmLeaseStore::new(db.clone());
         let (a1, b1) = (store(&a_db), store(&b_db));
@@ -405,17 +416,7 @@ mod postgres {
             return;
         }
         let url = Server::Postgres.url();
-        let admin = connect_url(&url, 2).await;
-        let (sa, sb) = (unique("tenant_a"), unique("tenant_b"));
-        for schema in [&sa, &sb] {
-            exec(&admin, format!("CREATE SCHEMA \"{schema}\"")).await;
-        }
-        let (a_db, b_db) = (
-            tenant_pool(&url, &sa, 2).await,
-            tenant_pool(&url, &sb, 2).await,
-        );
-        migrate(&a_db, "orionbeacon_leases").await;
-        migrate(&b_db, "orionbeacon_leases").await;
+        let (_, _, a_db, b_db) = two_tenants(&url, 2).await;
         let (a, b) = (SeaOrmLeaseStore::new(a_db), SeaOrmLeaseStore::new(b_db));
         let mut events = b.release_events().expect("PostgreSQL notifies releases");
         let resource = unique("nightly");

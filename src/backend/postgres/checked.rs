@@ -156,17 +156,7 @@ impl<'a> Pool<'a> {
         if self.transaction_pooling {
             return in_transaction(self.pool, stmt).await;
         }
-        let Some(mut checkout) = checked_out(self.source()).await? else {
-            return Ok(Checked::InAbandonedTransaction);
-        };
-        let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
-            .fetch_all(checkout.conn()?)
-            .await
-            .map_err(query_err)?;
-        checkout.clean = true;
-        Ok(Checked::Committed(
-            rows.into_iter().map(Into::into).collect(),
-        ))
+        rows_on(self.source(), stmt).await
     }
 
     /// One statement, read to the end, as [`rows`](Self::rows) but on an idle session of the
@@ -177,17 +167,7 @@ impl<'a> Pool<'a> {
             Some(own) if !self.transaction_pooling => Source::IdleOwnOrShared(own, self.pool),
             _ => return self.rows(stmt).await,
         };
-        let Some(mut checkout) = checked_out(source).await? else {
-            return Ok(Checked::InAbandonedTransaction);
-        };
-        let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
-            .fetch_all(checkout.conn()?)
-            .await
-            .map_err(query_err)?;
-        checkout.clean = true;
-        Ok(Checked::Committed(
-            rows.into_iter().map(Into::into).collect(),
-        ))
+        rows_on(source, stmt).await
     }
 
     /// One statement that changes rows: how many it changed (as [`rows`](Self::rows)).
@@ -210,6 +190,22 @@ impl<'a> Pool<'a> {
         checkout.clean = true;
         Ok(Checked::Committed(done.rows_affected()))
     }
+}
+
+/// One statement, read to the end, on a connection of `source` checked to be outside any
+/// transaction; back to its pool only after the whole answer.
+async fn rows_on(source: Source<'_, sqlx::Postgres>, stmt: &Statement) -> Result<Checked, DbErr> {
+    let Some(mut checkout) = checked_out(source).await? else {
+        return Ok(Checked::InAbandonedTransaction);
+    };
+    let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
+        .fetch_all(checkout.conn()?)
+        .await
+        .map_err(query_err)?;
+    checkout.clean = true;
+    Ok(Checked::Committed(
+        rows.into_iter().map(Into::into).collect(),
+    ))
 }
 
 /// A transaction of the store's own on one connection of the pool, begun on a connection
