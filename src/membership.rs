@@ -244,6 +244,42 @@ fn shard_set_problem(name: &str) -> &'static str {
     }
 }
 
+/// A shard set's name as the membership table keeps it for a store on the lease table
+/// `lease_table`: the name itself on the default table, and on any other table the name behind
+/// a white space, the table's name and `/` (no valid set name starts with white space, and a
+/// table name has no `/`), so that groups on one membership table with different lease tables
+/// never see, count or prune each other's members. Refused before any SQL runs when the stored
+/// form would not fit the column.
+pub(crate) fn stored_set(shard_set: &str, lease_table: &str) -> Result<String, StoreError> {
+    validate_shard_set(shard_set)?;
+    if lease_table == orion_beacon_entity::DEFAULT_TABLE {
+        return Ok(shard_set.to_owned());
+    }
+    let stored = format!(" {lease_table}/{shard_set}");
+    if stored.chars().count() > MAX_NAME_LEN {
+        return Err(StoreError::InvalidShardSet {
+            name: shard_set.to_owned(),
+            reason: "must fit in 255 characters together with the lease table's name plus 2 \
+                     (a store on a lease table other than the default keeps its sets' members \
+                     under that table's name)",
+        });
+    }
+    Ok(stored)
+}
+
+/// The shard set a stored name is for a store on `lease_table`, as [`stored_set`] wrote it;
+/// `None` for another lease table's members.
+pub(crate) fn set_of_stored(stored: &str, lease_table: &str) -> Option<String> {
+    if lease_table == orion_beacon_entity::DEFAULT_TABLE {
+        return (!stored.starts_with(' ')).then(|| stored.to_owned());
+    }
+    stored
+        .strip_prefix(' ')?
+        .strip_prefix(lease_table)?
+        .strip_prefix('/')
+        .map(str::to_owned)
+}
+
 /// Checks a heartbeat's input and returns its time to live in milliseconds.
 pub(crate) fn validate_heartbeat(
     shard_set: &str,
@@ -258,6 +294,30 @@ pub(crate) fn validate_heartbeat(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sets_are_kept_under_their_lease_table() {
+        let default = orion_beacon_entity::DEFAULT_TABLE;
+        assert_eq!(stored_set("orders", default).unwrap(), "orders");
+        assert_eq!(stored_set("orders", "t_b").unwrap(), " t_b/orders");
+        for table in [default, "t_b", "T_B", "t"] {
+            let stored = stored_set("a/b", table).unwrap();
+            assert_eq!(set_of_stored(&stored, table).as_deref(), Some("a/b"));
+            for other in [default, "t_b", "T_B", "t"] {
+                if other != table {
+                    assert_eq!(set_of_stored(&stored, other), None, "{table} {other}");
+                }
+            }
+        }
+        // The stored form must fit the column: 255 characters with the table's name.
+        assert!(stored_set(&"x".repeat(255), default).is_ok());
+        assert!(stored_set(&"x".repeat(250), "t_b").is_ok());
+        assert!(matches!(
+            stored_set(&"x".repeat(251), "t_b"),
+            Err(StoreError::InvalidShardSet { .. })
+        ));
+        assert!(stored_set(" orders", "t_b").is_err());
+    }
 
     #[test]
     fn shard_set_names() {

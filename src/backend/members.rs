@@ -21,7 +21,9 @@ use super::dialect::Dialect;
 use super::row::Row;
 use super::statements::{returned_row, with_payload, Shape};
 use super::store::SeaOrmLeaseStore;
-use crate::membership::{validate_heartbeat, validate_shard_set, Holding, Member, MembershipStore};
+use crate::membership::{
+    set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
+};
 use crate::store::validate_candidate;
 use crate::{LeaseRecord, StoreError};
 
@@ -199,8 +201,9 @@ fn decode_member(row: &QueryResult, counted: bool) -> Result<Member, DbErr> {
 }
 
 impl SeaOrmLeaseStore {
-    /// Every live member of every shard set, ordered by shard set and member id: the operator's
-    /// view.
+    /// Every live member of every shard set of this store's lease table (another lease table's
+    /// groups on the same membership table are left out), ordered by shard set and member id:
+    /// the operator's view.
     pub async fn list_members(&self) -> Result<Vec<Member>, StoreError> {
         let counted = self.member_counts().await?;
         self.read_members(None, counted).await
@@ -242,6 +245,7 @@ impl SeaOrmLeaseStore {
         let millis = validate_heartbeat(shard_set, member, ttl)?;
         let engine = self.engine()?;
         let cx = &engine.cx;
+        let shard_set = &stored_set(shard_set, cx.table())?;
         let table = Alias::new(&*cx.member_table);
         let counted = self.member_counts().await?;
         // Kept scoped to this store's lease table (see `Holding::scoped`).
@@ -273,6 +277,7 @@ impl SeaOrmLeaseStore {
         shard_set: Option<&str>,
         counted: bool,
     ) -> Result<Vec<Member>, StoreError> {
+        // `shard_set` is the stored name (`stored_set`).
         let cx = &self.engine()?.cx;
         let table = Alias::new(&*cx.member_table);
         let stmt = cx.build(&live(cx.dialect, &table, shard_set, counted));
@@ -299,8 +304,13 @@ impl SeaOrmLeaseStore {
             .map(|row| {
                 let mut member = decode_member(row, counted)?;
                 member.holding = member.holding.map(|h| h.scoped(&lease_table));
-                Ok(member)
+                // Another lease table's members (`stored_set`) are none of this store's.
+                Ok(set_of_stored(&member.shard_set, &lease_table).map(|set| {
+                    member.shard_set = set;
+                    member
+                }))
             })
+            .filter_map(Result::transpose)
             .collect::<Result<Vec<_>, DbErr>>()
             .map_err(|source| StoreError::Decode {
                 table: self.member_table().to_string(),
@@ -391,9 +401,9 @@ impl MembershipStore for SeaOrmLeaseStore {
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
-        validate_shard_set(shard_set)?;
         validate_candidate(member)?;
         let cx = &self.engine()?.cx;
+        let shard_set = &stored_set(shard_set, cx.table())?;
         let table = Alias::new(&*cx.member_table);
         let left = self
             .members_execute(cx.build(&leave(cx.dialect, &table, shard_set, member)))
@@ -404,9 +414,9 @@ impl MembershipStore for SeaOrmLeaseStore {
     }
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
-        validate_shard_set(shard_set)?;
+        let stored = stored_set(shard_set, self.engine()?.cx.table())?;
         let counted = self.member_counts().await?;
-        self.read_members(Some(shard_set), counted).await
+        self.read_members(Some(&stored), counted).await
     }
 }
 

@@ -409,9 +409,10 @@ where
 }
 
 /// Two groups of one service (the same set name and resource names, one membership table,
-/// different lease tables) each lead every resource of their own: the members' counts of one
-/// group never count as the other's (which would make every node skip its look while
-/// resources are free).
+/// different lease tables) never see each other: each group's members are its own, each node's
+/// share is half of its group's resources, and each group leads every resource of its own (the
+/// members' counts of one group never count as the other's, which would make every node skip
+/// its look while resources are free).
 pub async fn two_groups_on_one_membership_table_lead_everything<H: Harness>(h: &H)
 where
     H::Store: MembershipStore,
@@ -425,14 +426,16 @@ where
     let set = unique("groups");
     let resources: Vec<String> = (0..N).map(|i| format!("{set}-{i}")).collect();
     let node = |store: H::Store, id: &str| start_node(store, &set, &resources, id, lease, interval);
+    let a_view = h.separate_store().await;
+    let g_view = first.clone();
     let a1 = node(h.separate_store().await, "a-1");
     let a2 = node(h.separate_store().await, "a-2");
     let g1 = node(first.clone(), "g-1");
     let g2 = node(first, "g-2");
-    // Each group sees the other's members (one membership table, one set name), so its
-    // shares are too small and it takes the rest as resources nobody led for a lease: within
-    // eight leases, whatever the churn.
-    let within = lease * 8;
+    // Seeing the other group's members would halve each share and leave the rest to be taken
+    // as resources nobody led for a lease: the shares below would fail, and "within" would
+    // only hold by that slower path.
+    let within = lease * 4;
     eventually(
         "the first group leads everything",
         within,
@@ -447,6 +450,34 @@ where
         |led| led.len() == N,
     )
     .await;
+    // Once both nodes of a group have joined, each sees exactly its group, with half the
+    // resources as its share.
+    let nodes = [
+        ("a1", &a1, ["a-1", "a-2"]),
+        ("a2", &a2, ["a-1", "a-2"]),
+        ("g1", &g1, ["g-1", "g-2"]),
+        ("g2", &g2, ["g-1", "g-2"]),
+    ];
+    let settled = || {
+        nodes.iter().all(|(_, node, group)| {
+            let seen = node.assignment();
+            seen.members == *group && seen.share == N / 2
+        })
+    };
+    let start = Instant::now();
+    while !settled() && start.elapsed() < within {
+        tokio::time::sleep(interval / 5).await;
+    }
+    for (name, node, group) in nodes {
+        let seen = node.assignment();
+        assert_eq!(seen.members, group, "{name}: {}", describe(&seen));
+        assert_eq!(seen.share, N / 2, "{name}: {}", describe(&seen));
+    }
+    let ids = |members: Vec<orion_beacon::Member>| -> Vec<String> {
+        members.into_iter().map(|m| m.member).collect()
+    };
+    assert_eq!(ids(a_view.members(&set).await.unwrap()), ["a-1", "a-2"]);
+    assert_eq!(ids(g_view.members(&set).await.unwrap()), ["g-1", "g-2"]);
     for node in [a1, a2, g1, g2] {
         node.shutdown().await;
     }

@@ -8,13 +8,24 @@ use sea_orm::DbErr;
 use tiberius::ToSql;
 
 use super::exec::{code, column, split_lease, Reply, Want};
-use super::names::{check_candidate, check_shard_set};
+use super::names::{check_candidate, check_shard_set, check_stored_set};
 use super::SqlServerLeaseStore;
 use crate::backend::statements::Shape;
-use crate::membership::{validate_heartbeat, Holding, Member, MembershipStore};
+use crate::membership::{
+    set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
+};
 use crate::StoreError;
 
 impl SqlServerLeaseStore {
+    /// The name this store keeps `shard_set`'s members under ([`stored_set`]), checked to fit
+    /// `nvarchar(255)`.
+    fn stored_set(&self, shard_set: &str) -> Result<String, StoreError> {
+        check_shard_set(shard_set)?;
+        let stored = stored_set(shard_set, &self.table)?;
+        check_stored_set(shard_set, &stored)?;
+        Ok(stored)
+    }
+
     /// Runs a membership read (or the heartbeat, which ends with one) and decodes its members,
     /// in byte order of their ids whatever the server's collation says.
     async fn member_rows(
@@ -38,8 +49,13 @@ impl SqlServerLeaseStore {
             .map(|row| {
                 let mut member = decode_member(row, counted)?;
                 member.holding = member.holding.map(|h| h.scoped(&self.table));
-                Ok::<_, DbErr>(member)
+                // Another lease table's members (`stored_set`) are none of this store's.
+                Ok::<_, DbErr>(set_of_stored(&member.shard_set, &self.table).map(|set| {
+                    member.shard_set = set;
+                    member
+                }))
             })
+            .filter_map(Result::transpose)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|source| StoreError::Decode {
                 table: self.member_table.to_string(),
@@ -88,7 +104,8 @@ impl MembershipStore for SqlServerLeaseStore {
         draining: bool,
     ) -> Result<Vec<Member>, StoreError> {
         let millis = validate_heartbeat(shard_set, member, ttl)?;
-        check_shard_set(shard_set)?;
+        let stored = self.stored_set(shard_set)?;
+        let shard_set = stored.as_str();
         check_candidate(member)?;
         let (seconds, rest_ms) = split_lease(millis, ttl)?;
         self.member_rows(
@@ -111,7 +128,7 @@ impl MembershipStore for SqlServerLeaseStore {
         holding: Holding,
     ) -> Result<Vec<Member>, StoreError> {
         let millis = validate_heartbeat(shard_set, member, ttl)?;
-        check_shard_set(shard_set)?;
+        let stored = self.stored_set(shard_set)?;
         check_candidate(member)?;
         let (seconds, rest_ms) = split_lease(millis, ttl)?;
         if self.member_shape.fresh(false) != Some(Shape::Plain) {
@@ -121,7 +138,13 @@ impl MembershipStore for SqlServerLeaseStore {
                 .member_rows(
                     &self.member_sql.heartbeat_counted,
                     &[
-                        &shard_set, &member, &seconds, &rest_ms, &draining, &leases, &hash,
+                        &stored.as_str(),
+                        &member,
+                        &seconds,
+                        &rest_ms,
+                        &draining,
+                        &leases,
+                        &hash,
                     ],
                     true,
                 )
@@ -141,7 +164,8 @@ impl MembershipStore for SqlServerLeaseStore {
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
-        check_shard_set(shard_set)?;
+        let stored = self.stored_set(shard_set)?;
+        let shard_set = stored.as_str();
         check_candidate(member)?;
         let rows = match self
             .run(Want::Rows, &self.member_sql.leave, &[&shard_set, &member])
@@ -162,7 +186,8 @@ impl MembershipStore for SqlServerLeaseStore {
     }
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
-        check_shard_set(shard_set)?;
+        let stored = self.stored_set(shard_set)?;
+        let shard_set = stored.as_str();
         if self.member_shape.get() == Some(Shape::Payload) {
             match self
                 .member_rows(&self.member_sql.members_counted, &[&shard_set], true)

@@ -45,9 +45,33 @@ pub(super) fn check_shard_set(shard_set: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Checks that `stored`, the form `shard_set` is kept under
+/// ([`stored_set`](crate::membership::stored_set)), fits `nvarchar(255)`.
+pub(super) fn check_stored_set(shard_set: &str, stored: &str) -> Result<(), StoreError> {
+    match check_utf16_len(stored) {
+        Some(reason) => Err(StoreError::InvalidShardSet {
+            name: shard_set.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_set_name_must_fit_nvarchar_255() {
+        let set = "𝄞".repeat(127);
+        let stored = crate::membership::stored_set(&set, "t").unwrap();
+        assert!(matches!(
+            check_stored_set(&set, &stored),
+            Err(StoreError::InvalidShardSet { name, .. }) if name == set
+        ));
+        let stored = crate::membership::stored_set(&"é".repeat(252), "t").unwrap();
+        assert!(check_stored_set("é", &stored).is_ok());
+    }
 
     #[test]
     fn shard_set_names_must_fit_nvarchar_255() {
