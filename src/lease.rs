@@ -240,6 +240,11 @@ pub struct Renewals {
     /// The leases not renewed, as they were given: expired, released, revoked or taken over.
     /// Their terms have ended; the other leases' terms are not affected.
     pub lost: Vec<Lease>,
+    /// The leases neither renewed nor known lost this time, as they were given: their row was
+    /// held locked by another transaction (a holder's own fenced transaction, a stuck
+    /// statement) for longer than a single renew waits, or their own renew failed. Their
+    /// terms go on until their local deadlines; ask again.
+    pub unanswered: Vec<Lease>,
 }
 
 impl Renewals {

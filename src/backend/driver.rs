@@ -132,7 +132,10 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     ) -> Result<LeaseOutcome, StoreError>;
 
     /// The batch renew of the leases in `json` on a table of `shape`: the rows it renewed,
-    /// once committed.
+    /// once committed. Where the backend locks rows, it never waits for one: a row another
+    /// transaction holds (a holder's own fenced transaction) is left out, and renewed on its
+    /// own by [`renew_bounded`](Self::renew_bounded); and it never locks a row that is not
+    /// one of the batch's.
     async fn renew_all(
         &self,
         cx: &Context,
@@ -141,12 +144,10 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError>;
 
-    /// [`renew_all`](Self::renew_all) for a batch of electors: its wait for a row another
-    /// transaction holds locked (a leader's own fenced transaction) bounded as a single
-    /// renew's is, so that one such row fails the batch fast instead of holding up every lease
-    /// in it. The default waits as `renew_all` does (SQLite: one write lock, which a single
-    /// renew waits for too).
-    async fn renew_all_bounded(
+    /// The renew of one lease the batch left out (`json` names one): its wait for the row
+    /// bounded as a single renew's upsert's is, then a retryable error. The default is the
+    /// batch itself (SQLite: one write lock, which a single renew waits for too).
+    async fn renew_bounded(
         &self,
         cx: &Context,
         json: String,

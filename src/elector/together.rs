@@ -349,18 +349,20 @@ async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, ch
         return;
     };
     let held: Vec<Lease> = chunk.iter().map(|o| o.lease.clone()).collect();
-    let answer = crate::clock::timeout_at(until, store.renew_all_bounded(&held, lease)).await;
+    let answer =
+        crate::clock::timeout_at(until, crate::LeaseStore::renew_all(&store, &held, lease)).await;
     let batches = store.renew_batches();
-    let mut renewed: HashMap<(String, String), Lease> = match answer {
+    let (mut renewed, unanswered): (HashMap<(String, String), Lease>, Vec<Lease>) = match answer {
         Ok(Ok(renewals)) => {
             if let Some(batches) = batches {
                 batches.answered();
             }
-            renewals
+            let renewed = renewals
                 .renewed
                 .into_iter()
                 .map(|l| ((l.resource.clone(), l.holder.clone()), l))
-                .collect()
+                .collect();
+            (renewed, renewals.unanswered)
         }
         Ok(Err(error)) => {
             if let Some(batches) = batches {
@@ -396,6 +398,11 @@ async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, ch
     for o in chunk {
         let reply = match renewed.remove(&(o.lease.resource.clone(), o.lease.holder.clone())) {
             Some(l) if l.token == o.lease.token => Reply::Renewed(l),
+            // Its row was busy (its own fenced transaction, say): no news, the elector asks
+            // again as after a failed renew.
+            _ if unanswered.contains(&o.lease) => {
+                Reply::Failed("its row was held locked by another transaction".to_owned())
+            }
             _ => Reply::Lost,
         };
         let _ = o.answer.send(reply);

@@ -391,6 +391,7 @@ mod tests {
                 lease("c", 3, 6_000),
             ],
             lost: vec![],
+            unanswered: vec![],
         };
         // The deadline comes from the renewed lease itself.
         st.apply_renewals(renewals, now, |l| now + l.remaining);
@@ -405,6 +406,7 @@ mod tests {
         let renewals = Renewals {
             renewed: vec![],
             lost: vec![lease("a", 9, 0), lease("b", 4, 0), lease("c", 2, 0)],
+            unanswered: vec![],
         };
         st.apply_renewals(renewals, now, |l| now + l.remaining);
         assert!(!a.is_lost() && st.held.contains_key("a"));
@@ -430,6 +432,7 @@ mod tests {
         let renewals = Renewals {
             renewed: vec![lease("a", 1, 5_000)],
             lost: vec![],
+            unanswered: vec![],
         };
         st.apply_renewals(renewals, now + Duration::from_millis(20), |_| {
             now + Duration::from_secs(5)
@@ -447,6 +450,7 @@ mod tests {
         let renewals = Renewals {
             renewed: vec![lease("a", 1, 5_000)],
             lost: vec![],
+            unanswered: vec![],
         };
         st.apply_renewals(renewals, now, |_| now + Duration::from_secs(5));
         assert_eq!(a.local_deadline(), now + Duration::from_secs(1));

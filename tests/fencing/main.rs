@@ -10,6 +10,7 @@ mod common;
 
 mod abandoned_statements;
 mod blast_radius;
+mod busy_rows;
 mod fences;
 mod phantom_grants;
 mod stalled_holders;

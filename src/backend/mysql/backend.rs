@@ -106,6 +106,87 @@ const OWN_SESSIONS: Setup<MySqlDb> = Setup {
 const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
 
 impl MySqlBackend {
+    /// The batch renew in one transaction: its live rows locked ([`statements::lock_batch`],
+    /// `busy` saying what a row another transaction holds does), the rows locked renewed, and
+    /// the read of what it renewed; the rows once it has committed. REPEATABLE READ whatever
+    /// the session's level: the locks are kept to the end, so no other renew can write one of
+    /// the rows before the read, which would report it as renewed by this call.
+    async fn renew_batch(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+        busy: statements::Busy,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        let table = cx.table_iden();
+        let lock = statements::lock_batch(&table, json, busy)
+            .map_err(|e| StoreError::Database(e.into()))?;
+        // The keys the lock read returned, as the batch's JSON document (`None`: no row).
+        let locked = |rows: &[QueryResult]| -> Result<Option<String>, DbErr> {
+            let keys = rows
+                .iter()
+                .map(|r| {
+                    Ok(serde_json::json!({
+                        "r": r.try_get_by_index::<String>(0)?,
+                        "h": r.try_get_by_index::<String>(1)?,
+                        "t": r.try_get_by_index::<i64>(2)?,
+                    }))
+                })
+                .collect::<Result<Vec<_>, DbErr>>()?;
+            Ok((!keys.is_empty()).then(|| serde_json::Value::Array(keys).to_string()))
+        };
+        let statements = |json: String| -> Result<(Statement, Statement), DbErr> {
+            let update = statements::renew_all(&table, json.clone(), millis)?;
+            let read = DbBackend::MySql.build(&statements::renewed(&table, json, shape));
+            Ok((update, read))
+        };
+        if let Some(source) = self.source() {
+            let (rows, after) = cx
+                .autocommitted(|| async {
+                    let Some(mut txn) = Transaction::begin(source, Begin::RepeatableRead).await?
+                    else {
+                        return Ok(Checked::InAbandonedTransaction);
+                    };
+                    let keys = txn.rows(&lock).await?;
+                    let Some(json) = locked(&keys)? else {
+                        txn.commit().await?;
+                        return Ok(Checked::Committed((Vec::new(), Vec::new())));
+                    };
+                    let (update, read) = statements(json)?;
+                    txn.execute(&update).await?;
+                    // The update holds the rows' locks until commit: this reads what it left.
+                    let rows = txn.rows(&read).await?;
+                    // Nothing is reported before the commit is known, and what it left is
+                    // read again.
+                    let after = txn.commit_then_rows(&read).await?;
+                    Ok(Checked::Committed((rows, after)))
+                })
+                .await?;
+            return committed_as_read(cx, rows, &after);
+        }
+        let (rows, after) = cx
+            .with_retry(|| async {
+                let txn = cx
+                    .db
+                    .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+                    .await?;
+                let keys = txn.query_all_raw(lock.clone()).await?;
+                let Some(json) = locked(&keys)? else {
+                    txn.commit().await?;
+                    return Ok((Vec::new(), Vec::new()));
+                };
+                let (update, read) = statements(json)?;
+                txn.execute_raw(update).await?;
+                let rows = txn.query_all_raw(read.clone()).await?;
+                txn.commit().await?;
+                let after = cx.db.query_all_raw(read).await?;
+                Ok((rows, after))
+            })
+            .await?;
+        committed_as_read(cx, rows, &after)
+    }
+
     pub(crate) fn new(
         db: &DatabaseConnection,
         upsert: Option<MySqlUpsert>,
@@ -494,33 +575,21 @@ impl LeaseBackend for MySqlBackend {
         millis: i64,
         shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        let table = cx.table_iden();
-        let update = statements::renew_all(&table, json.clone(), millis)
-            .map_err(|e| StoreError::Database(e.into()))?;
-        let read = statements::renewed(&table, json, shape);
-        // REPEATABLE READ whatever the session's level: the update then keeps the locks of the
-        // rows it found lapsed, so no other renew can write one of them before the read, which
-        // would report it as renewed by this call.
-        if let Some(source) = self.source() {
-            let read = DbBackend::MySql.build(&read);
-            return in_transaction(cx, source, Begin::RepeatableRead, &update, &read).await;
-        }
-        let (rows, after) = cx
-            .with_retry(|| async {
-                let txn = cx
-                    .db
-                    .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
-                    .await?;
-                txn.execute_raw(update.clone()).await?;
-                // The update holds the renewed rows' locks until commit: this reads what it
-                // left.
-                let rows = txn.query_all(&read).await?;
-                txn.commit().await?;
-                let after = cx.db.query_all(&read).await?;
-                Ok((rows, after))
-            })
-            .await?;
-        committed_as_read(cx, rows, &after)
+        self.renew_batch(cx, json, millis, shape, statements::Busy::Skip)
+            .await
+    }
+
+    /// One lease the batch left out: its row locked `NOWAIT`, so a row another transaction
+    /// still holds fails the renew at once (a retryable error) rather than wait.
+    async fn renew_bounded(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        self.renew_batch(cx, json, millis, shape, statements::Busy::Fail)
+            .await
     }
 
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {

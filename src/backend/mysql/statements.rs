@@ -4,8 +4,8 @@
 
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
-    Alias, Expr, ExprTrait, InsertStatement, MysqlQueryBuilder, OnConflict, Query, SelectStatement,
-    UpdateStatement,
+    Alias, Expr, ExprTrait, InsertStatement, LockBehavior, LockType, MysqlQueryBuilder, OnConflict,
+    Query, SelectStatement, UpdateStatement,
 };
 use sea_orm::{DbBackend, DbErr, Statement};
 
@@ -208,29 +208,92 @@ const JSON_ROWS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (\
      `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', \
      `t` BIGINT PATH '$.t')) AS `held`";
 
-/// MySQL/MariaDB have no `UPDATE ... RETURNING`: the batch renew, then (in the same
-/// transaction, before its commit) [`renewed`] reads what it renewed.
-///
-/// The batch's rows are joined (`UPDATE t JOIN JSON_TABLE(...) ON <key> SET ...`): with the
-/// shared form's `(resource, holder, fencing_token) IN (SELECT ...)` MariaDB 10.11 takes
-/// quadratic time in an `UPDATE` (60 s for 4,000 leases, so the first rows it renewed had
-/// lapsed again before it finished), while the join looks each row up by its key. sea-query
-/// has no `UPDATE ... JOIN`: the statement is its rendering of the shared renew, with the
-/// join spliced in after the table name.
-pub(crate) fn renew_all(table: &Alias, json: String, millis: i64) -> Result<Statement, DbErr> {
-    let live = Expr::col((table.clone(), Column::ExpiresAt)).gt(MySql.now());
-    let (sql, values) = renew_set(&MySql, table, millis)
-        .and_where(live)
-        .build(MysqlQueryBuilder);
+/// The batch's rows, then the lease table through its primary key: what a batch statement
+/// reads from in place of the table (`STRAIGHT_JOIN` puts the batch's rows first, and
+/// `FORCE INDEX` makes the table's rows key lookups, with [`batch_keys`] in the `WHERE`), so
+/// that no statement of the batch scans the table and locks or waits for a row that is not
+/// the batch's (a small table is otherwise scanned whole, and every row read locked, under
+/// REPEATABLE READ).
+fn batch_join(quoted: &str) -> String {
+    format!("{JSON_ROWS} STRAIGHT_JOIN {quoted} FORCE INDEX (PRIMARY)")
+}
+
+/// The condition that joins the batch's rows to their lease rows by key, and keeps the live
+/// ones.
+fn batch_keys(table: &Alias) -> Expr {
+    let held = Alias::new("held");
+    let col = |c: Column| Expr::col((table.clone(), c));
+    col(Column::Resource)
+        .equals((held.clone(), Alias::new("r")))
+        .and(col(Column::Holder).equals((held.clone(), Alias::new("h"))))
+        .and(col(Column::FencingToken).equals((held, Alias::new("t"))))
+        .and(col(Column::ExpiresAt).gt(MySql.now()))
+}
+
+/// `sql`, a statement sea-query rendered on `table`, with `from` (`FROM t` or `UPDATE t`)
+/// reading from [`batch_join`] instead.
+fn joined(sql: &str, table: &Alias, from: &str) -> Result<String, DbErr> {
     // The table name is validated (letters, digits, `_`): quoted as sea-query quotes it.
-    let quoted = format!("`{}`", sea_orm::sea_query::Iden::to_string(table));
-    let rest = sql
-        .strip_prefix(&format!("UPDATE {quoted} SET "))
-        .ok_or_else(|| DbErr::Custom(format!("unexpected update: {sql}")))?;
-    let sql = format!(
-        "UPDATE {quoted} JOIN {JSON_ROWS} ON {quoted}.`resource` = `held`.`r` \
-         AND {quoted}.`holder` = `held`.`h` AND {quoted}.`fencing_token` = `held`.`t` SET {rest}"
-    );
+    let q = format!("`{}`", sea_orm::sea_query::Iden::to_string(table));
+    let pattern = format!("{from} {q} ");
+    if sql.matches(&pattern).count() != 1 {
+        return Err(DbErr::Custom(format!("unexpected statement: {sql}")));
+    }
+    Ok(sql.replacen(&pattern, &format!("{from} {} ", batch_join(&q)), 1))
+}
+
+/// How a batch's locking read treats a row another transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Busy {
+    /// Left out (`SKIP LOCKED`): the batch.
+    Skip,
+    /// An error at once (`NOWAIT`): a lease renewed on its own.
+    Fail,
+}
+
+/// The first statement of a batch renew's transaction: the batch's live rows, each locked
+/// (`FOR UPDATE`) unless another transaction holds it ([`Busy`]); their keys (resource,
+/// holder, token) are the batch [`renew_all`] then renews.
+pub(crate) fn lock_batch(table: &Alias, json: String, busy: Busy) -> Result<Statement, DbErr> {
+    let behaviour = match busy {
+        Busy::Skip => LockBehavior::SkipLocked,
+        Busy::Fail => LockBehavior::Nowait,
+    };
+    let (sql, values) = Query::select()
+        .columns([
+            (table.clone(), Column::Resource),
+            (table.clone(), Column::Holder),
+            (table.clone(), Column::FencingToken),
+        ])
+        .from(table.clone())
+        .and_where(batch_keys(table))
+        .lock_with_behavior(LockType::Update, behaviour)
+        .build(MysqlQueryBuilder);
+    let sql = joined(&sql, table, "FROM")?;
+    let mut all = vec![sea_orm::Value::from(json)];
+    all.extend(values.0);
+    Ok(Statement::from_sql_and_values(
+        DbBackend::MySql,
+        sql,
+        sea_orm::Values(all),
+    ))
+}
+
+/// MySQL/MariaDB have no `UPDATE ... RETURNING`: the batch renew of the rows [`lock_batch`]
+/// locked, then (in the same transaction, before its commit) [`renewed`] reads what it
+/// renewed.
+///
+/// The batch's rows are joined (see `batch_join`): with the shared form's
+/// `(resource, holder, fencing_token) IN (SELECT ...)` MariaDB 10.11 takes quadratic time in
+/// an `UPDATE` (60 s for 4,000 leases, so the first rows it renewed had lapsed again before it
+/// finished), while the join looks each row up by its key. sea-query has no `UPDATE ... JOIN`:
+/// the statement is its rendering of the shared renew, with the join spliced in for the
+/// table's name.
+pub(crate) fn renew_all(table: &Alias, json: String, millis: i64) -> Result<Statement, DbErr> {
+    let (sql, values) = renew_set(&MySql, table, millis)
+        .and_where(batch_keys(table))
+        .build(MysqlQueryBuilder);
+    let sql = joined(&sql, table, "UPDATE")?;
     let mut all = vec![sea_orm::Value::from(json)];
     all.extend(values.0);
     Ok(Statement::from_sql_and_values(
@@ -349,17 +412,34 @@ mod tests {
         assert_eq!(
             stmt.sql,
             concat!(
-                "UPDATE `orionbeacon_leases` JOIN JSON_TABLE(?, '$[*]' COLUMNS (",
+                "UPDATE JSON_TABLE(?, '$[*]' COLUMNS (",
                 "`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', ",
                 "`h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', ",
                 "`t` BIGINT PATH '$.t')) AS `held` ",
-                "ON `orionbeacon_leases`.`resource` = `held`.`r` AND `orionbeacon_leases`.`holder` = `held`.`h` ",
-                "AND `orionbeacon_leases`.`fencing_token` = `held`.`t` ",
+                "STRAIGHT_JOIN `orionbeacon_leases` FORCE INDEX (PRIMARY) ",
                 "SET `expires_at` = GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND), ",
                 "`renewed_at` = GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) ",
-                "WHERE `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))",
+                "WHERE `orionbeacon_leases`.`resource` = `held`.`r` AND `orionbeacon_leases`.`holder` = `held`.`h` ",
+                "AND `orionbeacon_leases`.`fencing_token` = `held`.`t` ",
+                "AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))",
             )
         );
+        // The batch's rows are locked first, skipping a row another transaction holds (or
+        // failing at once, for a lease renewed on its own), each looked up by its key.
+        for (busy, behaviour) in [(Busy::Skip, "SKIP LOCKED"), (Busy::Fail, "NOWAIT")] {
+            let lock = lock_batch(&t, "[]".to_owned(), busy).unwrap();
+            assert_eq!(
+                lock.sql,
+                format!(
+                    "SELECT `orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token` \
+                     FROM {JSON_ROWS} STRAIGHT_JOIN `orionbeacon_leases` FORCE INDEX (PRIMARY) \
+                     WHERE `orionbeacon_leases`.`resource` = `held`.`r` AND `orionbeacon_leases`.`holder` = `held`.`h` \
+                     AND `orionbeacon_leases`.`fencing_token` = `held`.`t` \
+                     AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6)) FOR UPDATE {behaviour}"
+                )
+            );
+            assert_eq!(lock.values.map(|v| v.0), Some(vec!["[]".into()]));
+        }
         // The document first (it comes first in the text), then the lease in microseconds.
         assert_eq!(
             stmt.values.map(|v| v.0),

@@ -271,15 +271,14 @@ impl LeaseBackend for PgBackend {
             .await
     }
 
-    async fn renew_all_bounded(
+    async fn renew_bounded(
         &self,
         cx: &Context,
         json: String,
         millis: i64,
         shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        let update =
-            statements::renew_all_bounded(cx.dialect, &cx.table_iden(), json, millis, shape);
+        let update = statements::renew_bounded(cx.dialect, &cx.table_iden(), json, millis, shape);
         self.deciding(cx, cx.build(&update), RENEW_TRANSACTION_START_COLUMN)
             .await
     }

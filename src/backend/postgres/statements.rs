@@ -3,15 +3,15 @@
 
 use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{
-    Alias, CommonTableExpression, Expr, ExprTrait, InsertStatement, Query, UnionType,
-    UpdateStatement, WithClause, WithQuery,
+    Alias, CommonTableExpression, Expr, ExprTrait, InsertStatement, LockBehavior, LockType, Query,
+    UnionType, UpdateStatement, WithClause, WithQuery,
 };
 use sea_orm::DbErr;
 
 use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
-    new_row, new_row_columns, release, renew_held, renewed_row, returned_row, upsert_onto,
-    with_payload, Shape, Write, PAYLOAD_COLUMN,
+    held_rows, new_row, new_row_columns, release, renew_held, renewed_row, returned_row,
+    upsert_onto, with_payload, Shape, Write, PAYLOAD_COLUMN,
 };
 use crate::backend::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
@@ -192,7 +192,33 @@ pub(crate) fn held(json: String) -> Expr {
 /// The batch renew, returning each renewed row (see `renewed_row`) and
 /// `transaction_timestamp()` at [`RENEW_TRANSACTION_START_COLUMN`], for the check that it
 /// committed on its own (see `checkout`).
+///
+/// It never waits for a row lock: the rows it renews are first locked by a subquery
+/// `FOR NO KEY UPDATE SKIP LOCKED`, and a row another transaction holds (a holder's own fenced
+/// transaction, a stuck statement) is left out, neither renewed nor waited for; the caller
+/// renews such a row on its own ([`renew_bounded`]). A row that does not match the batch is
+/// never locked (the lock is taken above the subquery's filter). So a batch can never join a
+/// deadlock with a transaction that fences with several of its leases.
 pub(crate) fn renew_all(
+    d: &dyn Dialect,
+    table: &Alias,
+    json: String,
+    millis: i64,
+    shape: Shape,
+) -> UpdateStatement {
+    let free = Query::select()
+        .column((table.clone(), Column::Resource))
+        .from(table.clone())
+        .and_where(held_rows(d, table, held(json.clone())))
+        .lock_with_behavior(LockType::NoKeyUpdate, LockBehavior::SkipLocked)
+        .to_owned();
+    let mut update = renew_waiting(d, table, json, millis, shape);
+    update.and_where(Expr::col((table.clone(), Column::Resource)).in_subquery(free));
+    update
+}
+
+/// The batch renew as it waits for a locked row: for [`renew_bounded`].
+fn renew_waiting(
     d: &dyn Dialect,
     table: &Alias,
     json: String,
@@ -206,10 +232,10 @@ pub(crate) fn renew_all(
         .to_owned()
 }
 
-/// [`renew_all`] with its lock waits bounded first ([`lock_wait`], for a lease of `millis`):
-/// a row another transaction holds (a leader's own fenced transaction) fails the batch with
-/// `55P03` after that wait instead of holding up every lease in it.
-pub(crate) fn renew_all_bounded(
+/// The renew of a lease the batch left out because its row was locked: it waits for the row
+/// at most [`lock_wait`] (for a lease of `millis`), as a single renew's upsert does, then
+/// fails with `55P03`. Sent for one lease at a time, so it holds no other row while it waits.
+pub(crate) fn renew_bounded(
     d: &dyn Dialect,
     table: &Alias,
     json: String,
@@ -217,7 +243,7 @@ pub(crate) fn renew_all_bounded(
     shape: Shape,
 ) -> UpdateStatement {
     let settings = Query::select().expr(lock_wait(d, millis, 1)).to_owned();
-    let mut update = renew_all(d, table, json, millis, shape);
+    let mut update = renew_waiting(d, table, json, millis, shape);
     update.and_where(
         Expr::SubQuery(
             None,
@@ -308,28 +334,29 @@ mod tests {
         assert_eq!(tail(&sql), renumbered);
     }
 
-    // One statement for the whole batch, its leases in one bound JSON document.
+    // One statement for the whole batch, its leases in one bound JSON document (twice: the
+    // rows locked first, skipping any another transaction holds, then renewed).
     #[test]
     fn batch_renew_is_one_update_from_json() {
         let (sql, values) = renew_all(&Postgres, &table(), "[]".to_owned(), 1500, Shape::Plain)
             .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) AND "orionbeacon_leases"."resource" IN (SELECT "orionbeacon_leases"."resource" FROM "orionbeacon_leases" WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($3 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) FOR NO KEY UPDATE SKIP LOCKED) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#
         );
-        assert_eq!(values.0.len(), 2, "{values:?}");
+        assert_eq!(values.0.len(), 3, "{values:?}");
     }
 
-    /// The electors' batch renew: the plain batch renew, its lock waits bounded first by the
+    /// The renew of a lease the batch left out: the batch renew without its skip, its lock
+    /// waits bounded first by the
     /// same `set_config` a single renew's upsert makes (a subquery every row's condition
     /// needs, so it runs before any row is locked).
     #[test]
     fn the_bounded_batch_renew_sets_its_lock_timeout_first() {
-        let (plain, _) = renew_all(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
+        let (plain, _) = renew_waiting(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
             .build(PostgresQueryBuilder);
-        let (sql, values) =
-            renew_all_bounded(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
-                .build(PostgresQueryBuilder);
+        let (sql, values) = renew_bounded(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
+            .build(PostgresQueryBuilder);
         let bound = r#" AND (SELECT set_config('lock_timeout', CAST(LEAST(200, GREATEST(10, $3 / 5)) AS text) || 'ms', TRUE)) IS NOT NULL RETURNING "#;
         assert_eq!(sql, plain.replacen(" RETURNING ", bound, 1));
         assert_eq!(
