@@ -144,6 +144,16 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError>;
 
+    /// The statements [`renew_all`](Self::renew_all) sends for the batch `json`, in order: for
+    /// `EXPLAIN`, audits and tests.
+    fn renew_statements(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+    ) -> Result<Vec<Statement>, DbErr>;
+
     /// The renew of one lease the batch left out (`json` names one): its wait for the row
     /// bounded as a single renew's upsert's is, then a retryable error. The default is the
     /// batch itself (SQLite: one write lock, which a single renew waits for too).

@@ -476,6 +476,26 @@ impl SeaOrmLeaseStore {
         engine.backend.waiting(&engine.cx, resources, until)
     }
 
+    /// The statements [`renew_all`](LeaseStore::renew_all) sends for a batch of `held`, in
+    /// order, on this connection's backend: for `EXPLAIN`, audits and tests. One statement on
+    /// PostgreSQL and SQLite; on MySQL/MariaDB the locking read, the update and the read of
+    /// what it renewed, in one transaction (the update sent names only the rows the locking
+    /// read returned). Not included: the renews of leases the batch left out, each alone.
+    /// The values are bound parameters.
+    pub fn renew_all_statements(
+        &self,
+        held: &[Lease],
+        lease: Duration,
+    ) -> Result<Vec<sea_orm::Statement>, StoreError> {
+        let millis = validate_batch(held, lease)?;
+        let engine = self.engine()?;
+        let shape = engine.cx.shape.get().unwrap_or(Shape::Payload);
+        engine
+            .backend
+            .renew_statements(&engine.cx, statements::held_json(held), millis, shape)
+            .map_err(|e| StoreError::Database(e.into()))
+    }
+
     /// The exact statement [`release`](LeaseStore::release) sends for these arguments on this
     /// connection's backend (on PostgreSQL it also notifies followers): for `EXPLAIN`, audits
     /// and tests. The values are bound parameters.

@@ -109,7 +109,7 @@ pub async fn a_batch_renew_never_waits_for_a_fenced_row(h: &SqlHarness) {
 }
 
 /// One holder leads `a` and `b`; the application's transactions fence with both, one after
-/// the other, while the store renews both in batches every 10 ms. No transaction fails (a
+/// the other (in turn in both orders), while the store renews both in batches every 10 ms. No transaction fails (a
 /// MariaDB deadlock with the batch failed 58-61 of 100) or stalls (PostgreSQL's deadlock
 /// detection stalled each for 1 s), and no lease is lost.
 pub async fn a_fence_with_two_leases_never_deadlocks_with_the_batch(h: &SqlHarness) {
@@ -120,7 +120,7 @@ pub async fn a_fence_with_two_leases_never_deadlocks_with_the_batch(h: &SqlHarne
     let b = acquired(&store, &format!("{r}-b"), "me").await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let renewer = {
-        let (store, held, stop) = (
+        let (store, mut held, stop) = (
             h.separate_store().await,
             vec![a.clone(), b.clone()],
             stop.clone(),
@@ -128,6 +128,8 @@ pub async fn a_fence_with_two_leases_never_deadlocks_with_the_batch(h: &SqlHarne
         tokio::spawn(async move {
             let (mut renews, mut lost) = (0usize, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Both orders: the batch's own order must not matter.
+                held.reverse();
                 let renewals = store.renew_all(&held, LEASE).await.unwrap();
                 lost.extend(renewals.lost);
                 renews += 1;
@@ -140,10 +142,12 @@ pub async fn a_fence_with_two_leases_never_deadlocks_with_the_batch(h: &SqlHarne
     for round in 0..ROUNDS {
         let started = Instant::now();
         let txn = h.db().begin().await.unwrap();
+        // Both orders: whichever order the batch locks in, one of them is the other.
+        let (first, second) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
         let fenced = async {
-            store.fence(&txn, term(&a)).await?;
+            store.fence(&txn, term(first)).await?;
             tokio::time::sleep(Duration::from_millis(15)).await;
-            store.fence(&txn, term(&b)).await?;
+            store.fence(&txn, term(second)).await?;
             tokio::time::sleep(Duration::from_millis(15)).await;
             Ok::<_, orion_beacon::FenceError>(())
         }
@@ -165,12 +169,82 @@ pub async fn a_fence_with_two_leases_never_deadlocks_with_the_batch(h: &SqlHarne
     );
 }
 
+/// The statements of a batch renew lock no row that is not the batch's, on a small table (a
+/// few rows, which the planner would rather scan whole): MariaDB's locking read and update
+/// look each row up by its primary key (`eq_ref`, never `ALL`); PostgreSQL's update locks its
+/// rows in a `LockRows` step, above the filter that picks the batch's rows.
+pub async fn a_batch_renew_looks_its_rows_up_by_key(h: &SqlHarness) {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+    let store = h.store();
+    let r = unique("plan");
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(acquired(&store, &format!("{r}-{i}"), "me").await);
+    }
+    let table = store.table().to_owned();
+    let statements = store.renew_all_statements(&held[..2], LEASE).unwrap();
+    let explain = |stmt: &Statement| {
+        Statement::from_sql_and_values(
+            stmt.db_backend,
+            format!("EXPLAIN {}", stmt.sql),
+            stmt.values.clone().unwrap_or(sea_orm::Values(Vec::new())),
+        )
+    };
+    match h.db().get_database_backend() {
+        DbBackend::MySql => {
+            // The locking read and the update; the last read locks nothing.
+            assert_eq!(statements.len(), 3);
+            for stmt in &statements[..2] {
+                let rows = h.db().query_all_raw(explain(stmt)).await.unwrap();
+                let mut seen = Vec::new();
+                for row in &rows {
+                    let name: String = row.try_get("", "table").unwrap();
+                    let access: String = row.try_get("", "type").unwrap();
+                    let key: Option<String> = row.try_get("", "key").unwrap();
+                    if name == table {
+                        seen.push((access, key));
+                    }
+                }
+                assert_eq!(
+                    seen,
+                    [("eq_ref".to_owned(), Some("PRIMARY".to_owned()))],
+                    "{}",
+                    stmt.sql
+                );
+            }
+        }
+        DbBackend::Postgres => {
+            assert_eq!(statements.len(), 1);
+            let rows = h.db().query_all_raw(explain(&statements[0])).await.unwrap();
+            let plan: Vec<String> = rows
+                .iter()
+                .map(|row| row.try_get_by_index::<String>(0).unwrap())
+                .collect();
+            let plan = plan.join("\n");
+            assert!(plan.contains("LockRows"), "{plan}");
+            assert!(
+                statements[0].sql.contains("SKIP LOCKED"),
+                "{}",
+                statements[0].sql
+            );
+        }
+        other => panic!("no plan to check on {other:?}"),
+    }
+}
+
 macro_rules! busy_rows_suite {
     ($setup:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_batch_renew_never_waits_for_a_fenced_row() {
             if let Some(h) = $setup.await {
                 crate::busy_rows::a_batch_renew_never_waits_for_a_fenced_row(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_batch_renew_looks_its_rows_up_by_key() {
+            if let Some(h) = $setup.await {
+                crate::busy_rows::a_batch_renew_looks_its_rows_up_by_key(&h).await;
                 h.teardown().await;
             }
         }

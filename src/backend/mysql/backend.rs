@@ -579,6 +579,23 @@ impl LeaseBackend for MySqlBackend {
             .await
     }
 
+    /// The locking read, the update and the read of what it renewed; the update sent names
+    /// only the rows the locking read returned.
+    fn renew_statements(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+    ) -> Result<Vec<Statement>, DbErr> {
+        let table = cx.table_iden();
+        Ok(vec![
+            statements::lock_batch(&table, json.clone(), statements::Busy::Skip)?,
+            statements::renew_all(&table, json.clone(), millis)?,
+            DbBackend::MySql.build(&statements::renewed(&table, json, shape)),
+        ])
+    }
+
     /// One lease the batch left out: its row locked `NOWAIT`, so a row another transaction
     /// still holds fails the renew at once (a retryable error) rather than wait.
     async fn renew_bounded(

@@ -271,6 +271,17 @@ impl LeaseBackend for PgBackend {
             .await
     }
 
+    fn renew_statements(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+    ) -> Result<Vec<Statement>, DbErr> {
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
+        Ok(vec![cx.build(&update)])
+    }
+
     async fn renew_bounded(
         &self,
         cx: &Context,

@@ -190,6 +190,17 @@ impl LeaseBackend for SqliteBackend {
         cx.read_to_end(cx.build(&update)).await
     }
 
+    fn renew_statements(
+        &self,
+        cx: &Context,
+        json: String,
+        millis: i64,
+        shape: Shape,
+    ) -> Result<Vec<Statement>, DbErr> {
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
+        Ok(vec![cx.build(&update)])
+    }
+
     /// SQLite has no row locks: a no-op write of the row takes the database's write lock
     /// first, so no writer can slip in between the read and the revoke.
     async fn revoke(
