@@ -106,7 +106,9 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// so the versions match): rustdoc shows their desugared signatures, with boxed futures and
 /// lifetimes, but an implementation writes plain `async fn`s under the same attribute. Four
 /// methods are required; the batch ones ([`renew_all`](Self::renew_all),
-/// [`current_all`](Self::current_all)) have defaults. A wrapper that counts acquires:
+/// [`current_all`](Self::current_all)) have defaults that work on any store, statement by
+/// statement (a wrapper that forwards them keeps the inner store's one statement per batch).
+/// A wrapper that counts acquires:
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -288,15 +290,49 @@ pub trait LeaseStore: Send + Sync {
     /// committed. Bad input (an invalid name or duration, a resource given twice) is refused
     /// before any SQL runs; an empty `held` is no statement at all.
     ///
-    /// The default (for stores that cannot do this atomically) is
-    /// [`StoreError::Unsupported`], after the input checks: renewing lease by lease through
-    /// [`acquire_or_renew`](Self::acquire_or_renew) would start a term for a lapsed lease and
-    /// would not check the token.
+    /// The default (for stores without a batch statement, such as a wrapper that forwards only
+    /// the required methods) renews lease by lease, each only as given: it reads the lease
+    /// ([`current`](Self::current)) and renews it ([`acquire_or_renew`](Self::acquire_or_renew))
+    /// only while that read shows it live with the same holder and token. A lease that lapses
+    /// between the read and the renew comes back as a new term nobody asked for: that term is
+    /// released at once and the lease reported lost. A transient error leaves a lease
+    /// [`unanswered`](Renewals::unanswered); a permanent one is returned.
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
         validate_batch(held, lease)?;
-        Err(StoreError::Unsupported {
-            operation: "renew_all",
-        })
+        let mut out = Renewals::default();
+        for given in held {
+            let answer = async {
+                let same = self.current(&given.resource).await?.is_some_and(|record| {
+                    record.live && record.holder == given.holder && record.token == given.token
+                });
+                if !same {
+                    return Ok::<_, StoreError>(None);
+                }
+                match self
+                    .acquire_or_renew(&given.resource, &given.holder, lease)
+                    .await?
+                {
+                    LeaseOutcome::Renewed(renewed) if renewed.token == given.token => {
+                        Ok(Some(renewed))
+                    }
+                    LeaseOutcome::Acquired(unasked) => {
+                        // Lapsed since the read: not this term. Nobody asked for the new one.
+                        if let Err(error) = self.release_lease(&unasked).await {
+                            tracing::warn!(resource = %unasked.resource, token = %unasked.token, %error, "a term the lease-by-lease renew started by accident could not be released; it lapses with its lease");
+                        }
+                        Ok(None)
+                    }
+                    _ => Ok(None),
+                }
+            };
+            match answer.await {
+                Ok(Some(renewed)) => out.renewed.push(renewed),
+                Ok(None) => out.lost.push(given.clone()),
+                Err(error) if error.is_permanent() => return Err(error),
+                Err(_) => out.unanswered.push(given.clone()),
+            }
+        }
+        Ok(out)
     }
 
     /// The stored lease of `resource`, live or not, or `None` if it was never acquired: the row
@@ -602,27 +638,85 @@ mod tests {
         }
     }
 
-    // The default never renews lease by lease (that could start a term): it refuses.
+    /// A store whose reads always show the lease as live (a read just before it lapsed).
+    struct StaleReads(crate::InMemoryLeaseStore);
+
+    #[async_trait]
+    impl LeaseStore for StaleReads {
+        async fn acquire_or_renew(
+            &self,
+            resource: &str,
+            candidate: &str,
+            lease: Duration,
+        ) -> Result<LeaseOutcome, StoreError> {
+            self.0.acquire_or_renew(resource, candidate, lease).await
+        }
+        async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+            self.0.release(resource, candidate).await
+        }
+        async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+            self.0.release_lease(lease).await
+        }
+        async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
+            Ok(self.0.current(resource).await?.map(|mut record| {
+                record.live = true;
+                record
+            }))
+        }
+    }
+
+    fn acquired(outcome: Result<LeaseOutcome, StoreError>) -> Lease {
+        match outcome {
+            Ok(LeaseOutcome::Acquired(lease)) => lease,
+            other => panic!("a fresh lease is acquired: {other:?}"),
+        }
+    }
+
+    // The default renews lease by lease, each only as given: the same holder and token, live.
     #[tokio::test]
-    async fn the_default_batch_renew_refuses_after_checking_input() {
+    async fn the_default_batch_renew_renews_each_lease_only_as_given() {
         let store = Plain(crate::InMemoryLeaseStore::new());
-        let Ok(LeaseOutcome::Acquired(lease)) = store
-            .acquire_or_renew("r", "a", Duration::from_secs(1))
+        let secs = Duration::from_secs(5);
+        let a = acquired(store.acquire_or_renew("a", "me", secs).await);
+        let b = acquired(store.acquire_or_renew("b", "me", secs).await);
+        let c = acquired(store.acquire_or_renew("c", "me", secs).await);
+        assert!(store.release_lease(&b).await.unwrap());
+        let mut other_term = c.clone();
+        other_term.token = FencingToken::new(c.token.get() + 1);
+        let renewals = store
+            .renew_all(&[a.clone(), b.clone(), other_term.clone()], secs)
             .await
-        else {
-            panic!("a fresh lease is acquired")
-        };
-        let err = store
-            .renew_all(std::slice::from_ref(&lease), Duration::from_secs(1))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Unsupported { .. }), "{err:?}");
-        assert!(err.is_permanent());
-        let err = store
-            .renew_all(&[lease.clone(), lease], Duration::from_secs(1))
-            .await
-            .unwrap_err();
+            .unwrap();
+        assert_eq!(renewals.renewed.len(), 1, "{renewals:?}");
+        assert_eq!(renewals.renewed[0].token, a.token);
+        assert_eq!(renewals.lost, [b.clone(), other_term]);
+        assert!(renewals.unanswered.is_empty());
+        // Nothing started a term: b stays released, c keeps its token.
+        assert!(!store.current("b").await.unwrap().unwrap().live);
+        assert_eq!(store.current("c").await.unwrap().unwrap().token, c.token);
+        let err = store.renew_all(&[a.clone(), a], secs).await.unwrap_err();
         assert!(matches!(err, StoreError::InvalidResource { .. }), "{err:?}");
+    }
+
+    // A lease that lapses between the read and the renew comes back as a new term: released at
+    // once, the lease reported lost.
+    #[tokio::test]
+    async fn the_default_batch_renew_releases_a_term_it_started_by_accident() {
+        let store = StaleReads(crate::InMemoryLeaseStore::new());
+        let a = acquired(
+            store
+                .acquire_or_renew("a", "me", Duration::from_millis(20))
+                .await,
+        );
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let renewals = store
+            .renew_all(std::slice::from_ref(&a), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(renewals.renewed.is_empty(), "{renewals:?}");
+        assert_eq!(renewals.lost, [a]);
+        let record = store.0.current("a").await.unwrap().unwrap();
+        assert!(!record.live, "the accidental term was released: {record:?}");
     }
 
     #[test]

@@ -89,3 +89,49 @@ fn lost_completes_for_a_hold_whose_runtime_is_gone() {
         assert!(!guard.is_held());
     });
 }
+
+/// A wrapper store written as the `LeaseStore` docs show: the four required methods forwarded,
+/// the batch ones left to their defaults.
+struct Wrapper(InMemoryLeaseStore);
+
+#[crate::async_trait]
+impl LeaseStore for Wrapper {
+    async fn acquire_or_renew(
+        &self,
+        resource: &str,
+        candidate: &str,
+        lease: Duration,
+    ) -> Result<crate::LeaseOutcome, crate::StoreError> {
+        self.0.acquire_or_renew(resource, candidate, lease).await
+    }
+    async fn release(&self, resource: &str, candidate: &str) -> Result<bool, crate::StoreError> {
+        self.0.release(resource, candidate).await
+    }
+    async fn release_lease(&self, lease: &crate::Lease) -> Result<bool, crate::StoreError> {
+        self.0.release_lease(lease).await
+    }
+    async fn current(
+        &self,
+        resource: &str,
+    ) -> Result<Option<crate::LeaseRecord>, crate::StoreError> {
+        self.0.current(resource).await
+    }
+}
+
+// A lock on the documented wrapper is kept past several leases (the default batch renew
+// renews lease by lease); it was lost 200 ms after its grant while the default refused.
+#[tokio::test]
+async fn a_lock_on_a_documented_wrapper_store_is_kept() {
+    let locks = Locks::builder(Wrapper(InMemoryLeaseStore::new()))
+        .owner("node-a")
+        .lease_duration(Duration::from_millis(300))
+        .renew_interval(Duration::from_millis(80))
+        .build()
+        .unwrap();
+    let lock = locks.lock("x").unwrap();
+    let guard = lock.try_acquire().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert!(guard.is_held(), "held past four leases");
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    assert!(guard.release().await.unwrap());
+}

@@ -96,7 +96,7 @@ pub struct Assignment {
     /// The live members at the last round, this node included, by id.
     pub members: Vec<String>,
     /// Set when the node stopped because the store refused its configuration (a permanent
-    /// [`StoreError`](crate::StoreError), e.g. a store without batched renewal): it leads
+    /// [`StoreError`](crate::StoreError), e.g. a backend this build does not support): it leads
     /// nothing and tries nothing more.
     pub failed: Option<Arc<crate::StoreError>>,
 }
