@@ -232,6 +232,68 @@ pub async fn a_batch_renew_looks_its_rows_up_by_key(h: &SqlHarness) {
     }
 }
 
+/// Lease 1 s: the work under `b-stuck` is stuck in a long statement inside its fenced
+/// transaction, and the same `Locks` holds a healthy `a-free`. `a-free` is kept (it was lost
+/// at 0.79 s while the batch waited for `b-stuck`'s row) and a rival's `try_acquire` of it
+/// answers at once; `b-stuck` alone is lost.
+pub async fn a_stuck_statement_costs_only_its_own_lock(h: &SqlHarness) {
+    use orion_beacon::locks::Locks;
+    use sea_orm::{ConnectionTrait, DbBackend};
+    const STUCK_SECS: u64 = 3;
+    let locks = Locks::builder(h.store())
+        .lease_duration(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let r = unique("stuck");
+    let free = locks.lock(format!("{r}-a-free")).unwrap();
+    let free_guard = free.try_acquire().await.unwrap().unwrap();
+    let stuck_guard = locks
+        .lock(format!("{r}-b-stuck"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let txn = h.db().begin().await.unwrap();
+    stuck_guard.fence(&txn).await.unwrap();
+    let sleep = match h.db().get_database_backend() {
+        DbBackend::Postgres => format!("SELECT pg_sleep({STUCK_SECS})"),
+        _ => format!("SELECT SLEEP({STUCK_SECS})"),
+    };
+    let stuck = tokio::spawn(async move {
+        // Whatever becomes of it (nobody takes `b-stuck` over here): it only has to be stuck.
+        let _ = txn.execute_unprepared(&sleep).await;
+        let _ = txn.rollback().await;
+    });
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    assert!(
+        free_guard.is_held(),
+        "a healthy lock was lost beside a stuck one"
+    );
+    assert!(
+        !stuck_guard.is_held(),
+        "a lock that could not be renewed for 2 leases is held"
+    );
+    let rival = Locks::new(h.separate_store().await).unwrap();
+    let started = Instant::now();
+    let answer = rival
+        .lock(free.name())
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(answer.is_none(), "a held lock was granted to a rival");
+    assert!(
+        took < Duration::from_millis(500),
+        "a rival's try_acquire of a held lock answered after {took:?}"
+    );
+    stuck.await.unwrap();
+    assert!(free_guard.is_held());
+    free_guard.release().await.unwrap();
+}
+
 macro_rules! busy_rows_suite {
     ($setup:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,6 +307,13 @@ macro_rules! busy_rows_suite {
         async fn a_batch_renew_looks_its_rows_up_by_key() {
             if let Some(h) = $setup.await {
                 crate::busy_rows::a_batch_renew_looks_its_rows_up_by_key(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_stuck_statement_costs_only_its_own_lock() {
+            if let Some(h) = $setup.await {
+                crate::busy_rows::a_stuck_statement_costs_only_its_own_lock(&h).await;
                 h.teardown().await;
             }
         }
