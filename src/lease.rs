@@ -242,8 +242,9 @@ pub struct Renewals {
     pub lost: Vec<Lease>,
     /// The leases neither renewed nor known lost this time, as they were given: their row was
     /// held locked by another transaction (a holder's own fenced transaction, a stuck
-    /// statement) for longer than a single renew waits, or their own renew failed. Their
-    /// terms go on until their local deadlines; ask again.
+    /// statement) for longer than their renew alone waited for it, their renew failed, or
+    /// the batch's time for such leases ran out first. Their terms go on until their local
+    /// deadlines; ask again.
     pub unanswered: Vec<Lease>,
 }
 

@@ -285,9 +285,11 @@ pub trait LeaseStore: Send + Sync {
     /// lease that lapsed, was released, revoked or taken over is reported
     /// [`lost`](Renewals::lost) and only its term ends. The holders may differ.
     ///
-    /// The database stores do it in one statement per call (whatever the number of leases),
-    /// judged by the database clock in that statement, and report a renew only once it has
-    /// committed. Bad input (an invalid name or duration, a resource given twice) is refused
+    /// The database stores do it in one batch statement per call (whatever the number of
+    /// leases), judged by the database clock, and report a renew only once it has committed;
+    /// a lease the batch leaves out (its row held by another transaction) is renewed on its
+    /// own after it (see [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore)'s `renew_all`), and one
+    /// still not known then is [`unanswered`](Renewals::unanswered). Bad input (an invalid name or duration, a resource given twice) is refused
     /// before any SQL runs; an empty `held` is no statement at all.
     ///
     /// The default (for stores without a batch statement, such as a wrapper that forwards only

@@ -154,8 +154,15 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         shape: Shape,
     ) -> Result<Vec<Statement>, DbErr>;
 
+    /// The longest a [`renew_bounded`](Self::renew_bounded) for a lease of `millis` waits for
+    /// its row.
+    fn solo_wait(&self, _millis: i64) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// The renew of one lease the batch left out (`json` names one): its wait for the row
-    /// bounded as a single renew's upsert's is, then a retryable error. The default is the
+    /// bounded as a single renew's upsert's is ([`solo_wait`](Self::solo_wait)), then the
+    /// server's error. The default is the
     /// batch itself (SQLite: one write lock, which a single renew waits for too).
     async fn renew_bounded(
         &self,

@@ -92,3 +92,10 @@ pub(crate) const WAIT_BEFORE_TAKEOVER: std::time::Duration = std::time::Duration
 /// The shortest such wait (for leases under 50 ms).
 pub(crate) const MIN_WAIT_BEFORE_TAKEOVER: std::time::Duration =
     std::time::Duration::from_millis(10);
+
+/// The first wait for a lease of `millis`: a fifth of it, within [`MIN_WAIT_BEFORE_TAKEOVER`]
+/// and [`WAIT_BEFORE_TAKEOVER`] (PostgreSQL's `lock_wait` computes the same on the server).
+pub(crate) fn first_wait(millis: i64) -> std::time::Duration {
+    let fifth = std::time::Duration::from_millis(u64::try_from(millis / 5).unwrap_or(0));
+    fifth.clamp(MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER)
+}

@@ -14,16 +14,21 @@ use super::driver::{Derived, LeaseBackend, Takeover};
 use super::engine::Engine;
 use super::mysql::MySqlUpsert;
 use super::statements::{self, Shape, Write};
-use super::{DEFAULT_LEASE_CONNECTIONS, MAX_LEASE_CONNECTIONS, WAIT_BEFORE_TAKEOVER};
+use super::{DEFAULT_LEASE_CONNECTIONS, MAX_LEASE_CONNECTIONS};
 use crate::store::{
     offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
     validate_request, validate_resource, validate_take,
 };
 use crate::{FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
 
-/// How long a batch renew spends, in all, renewing the leases it left out one by one: two of
-/// a single renew's longest waits for a locked row.
-const BUSY_ROWS_BUDGET: Duration = WAIT_BEFORE_TAKEOVER.saturating_mul(2);
+/// How long a batch renew of leases of `millis` spends, in all, on the leases it left out:
+/// the read of them, and their renews one by one, of which one may wait its whole bound for
+/// its row (`solo_wait`: the first wait, a fifth of the lease and at most 200 ms; MariaDB's
+/// 1 s for leases of 5 s or more), with one more first wait to spare. At most two fifths of
+/// the lease, so a caller that gives up at its leases' deadlines has the batch's answer.
+fn solo_budget(solo_wait: Duration, millis: i64) -> Duration {
+    solo_wait.saturating_add(super::first_wait(millis))
+}
 
 /// A [`LeaseStore`] in a table of the application's database, through SeaORM.
 ///
@@ -366,10 +371,11 @@ impl SeaOrmLeaseStore {
     }
 
     /// [`renew_all`](LeaseStore::renew_all): one batch that skips rows other transactions hold
-    /// locked, then each lease it did not renew on its own, its wait for the row bounded as a
-    /// single renew's is, for at most [`BUSY_ROWS_BUDGET`] in all. A lease whose own renew
-    /// finds no live row of its term is lost; one whose renew waited out its bound, failed or
-    /// was not reached within the budget is unanswered.
+    /// locked; then one read of the leases it did not renew, and those it shows live as
+    /// given (their rows were busy) each renewed on its own, its wait for the row bounded as
+    /// a single renew's is, all within [`solo_budget`]. A lease the read shows lapsed or taken
+    /// is lost; one whose own renew waited out its bound, failed or was not reached in time is
+    /// unanswered.
     async fn renew_all_skipping(
         &self,
         held: &[Lease],
@@ -394,32 +400,9 @@ impl SeaOrmLeaseStore {
             renewed: batch.renewed,
             ..Renewals::default()
         };
-        // Left out: lapsed, taken, or held locked by another transaction. Each alone says which.
-        let started = crate::clock::now();
-        for left in batch.lost {
-            if crate::clock::now().saturating_duration_since(started) >= BUSY_ROWS_BUDGET {
-                renewals.unanswered.push(left);
-                continue;
-            }
-            let json = statements::held_json(std::slice::from_ref(&left));
-            let alone = engine
-                .backend
-                .renew_bounded(&engine.cx, json, millis, shape)
+        if !batch.lost.is_empty() {
+            self.renew_left_out(engine, batch.lost, millis, shape, &mut renewals)
                 .await;
-            let fresh = engine.noting(shape, alone).and_then(|rows| {
-                super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))
-            });
-            match fresh {
-                Ok(fresh) => {
-                    let one = Renewals::sort(std::slice::from_ref(&left), fresh);
-                    renewals.renewed.extend(one.renewed);
-                    renewals.lost.extend(one.lost);
-                }
-                Err(error) => {
-                    tracing::debug!(resource = %left.resource, %error, "a lease the batch left out could not be renewed on its own; asking again next time");
-                    renewals.unanswered.push(left);
-                }
-            }
         }
         for lease in &renewals.renewed {
             engine
@@ -432,6 +415,88 @@ impl SeaOrmLeaseStore {
                 .ended(&engine.cx, &lease.resource, &lease.holder);
         }
         Ok(renewals)
+    }
+
+    /// The leases a batch left out, sorted into `renewals`: read once (a plain read, which
+    /// waits for no lock), lost where the read shows them lapsed or another term's (MySQL
+    /// locks a row before it checks the term, so a row another term's transaction holds would
+    /// otherwise look busy), and renewed one by one where it shows them live as given.
+    async fn renew_left_out(
+        &self,
+        engine: &Engine,
+        left: Vec<Lease>,
+        millis: i64,
+        shape: Shape,
+        renewals: &mut Renewals,
+    ) {
+        let started = crate::clock::now();
+        let budget = solo_budget(engine.backend.solo_wait(millis), millis);
+        let resources: Vec<String> = left.iter().map(|l| l.resource.clone()).collect();
+        let read = crate::clock::timeout_at(
+            started.checked_add(budget).unwrap_or(started),
+            self.read_leases(&resources),
+        )
+        .await;
+        let records = match read {
+            Ok(Ok(records)) => records,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, leases = left.len(), "the leases a batch renew left out could not be read; asking again next time");
+                renewals.unanswered.extend(left);
+                return;
+            }
+            Err(_) => {
+                renewals.unanswered.extend(left);
+                return;
+            }
+        };
+        for given in left {
+            let live_as_given = records.iter().any(|r| {
+                r.resource == given.resource
+                    && r.live
+                    && r.holder == given.holder
+                    && r.token == given.token
+            });
+            if !live_as_given {
+                renewals.lost.push(given);
+                continue;
+            }
+            let until = started.checked_add(budget).unwrap_or(started);
+            if crate::clock::now() >= until {
+                renewals.unanswered.push(given);
+                continue;
+            }
+            let json = statements::held_json(std::slice::from_ref(&given));
+            // Dropped at the budget's end: its connection is closed, never handed back
+            // mid-transaction.
+            let alone = crate::clock::timeout_at(
+                until,
+                engine
+                    .backend
+                    .renew_bounded(&engine.cx, json, millis, shape),
+            )
+            .await;
+            let fresh = match alone {
+                Ok(rows) => engine.noting(shape, rows).and_then(|rows| {
+                    super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))
+                }),
+                Err(_) => {
+                    renewals.unanswered.push(given);
+                    continue;
+                }
+            };
+            match fresh {
+                Ok(fresh) => {
+                    let one = Renewals::sort(std::slice::from_ref(&given), fresh);
+                    renewals.renewed.extend(one.renewed);
+                    // Live as given at the read, and not renewed now: lapsed or taken since.
+                    renewals.lost.extend(one.lost);
+                }
+                Err(error) => {
+                    tracing::debug!(resource = %given.resource, %error, "a lease the batch left out could not be renewed on its own; asking again next time");
+                    renewals.unanswered.push(given);
+                }
+            }
+        }
     }
 
     /// The store's backend and what its code is given, or the error every call reports when
@@ -662,15 +727,19 @@ impl LeaseStore for SeaOrmLeaseStore {
         Ok(taken)
     }
 
-    /// One statement per call on every backend (MySQL/MariaDB: a locking read, the `UPDATE`
-    /// and a read of what it renewed, in one transaction), with the leases bound as one JSON
-    /// document; MariaDB needs 10.6 or later (`JSON_TABLE`, `SKIP LOCKED`). The batch never
-    /// waits for a row lock and locks no row but the batch's (PostgreSQL, MySQL/MariaDB): a
-    /// row another transaction holds (the holder's own fenced transaction, say) is left out,
-    /// and each lease the batch did not renew is then renewed on its own, its wait for the row
-    /// bounded as a single renew's is (PostgreSQL: a fifth of the lease, at most 200 ms;
-    /// MySQL/MariaDB: not at all), for at most 400 ms in all. What is still not known is
-    /// [`unanswered`](Renewals::unanswered).
+    /// One batch statement per call on every backend (MySQL/MariaDB: a locking read, the
+    /// `UPDATE` and a read of what it renewed, in one READ COMMITTED transaction), with the
+    /// leases bound as one JSON document; MariaDB needs 10.6 or later (`JSON_TABLE`,
+    /// `SKIP LOCKED`). The batch never waits for a row lock and locks no row but the batch's
+    /// (PostgreSQL, MySQL/MariaDB): a row another transaction holds (the holder's own fenced
+    /// transaction, say) is left out. The leases it did not renew are then read once (lost
+    /// where the read shows them lapsed or taken), and those still live as given renewed one
+    /// by one, each waiting for its row at most as a single renew does (a fifth of the lease,
+    /// at most 200 ms: PostgreSQL's `lock_timeout`, MySQL's `NOWAIT` asked again every 20 ms;
+    /// MariaDB, for leases of 5 s or more, 1 s in the server's lock queue), within that wait
+    /// plus one more first wait in all. What is still not known is
+    /// [`unanswered`](Renewals::unanswered). SQLite has no row locks: a fenced transaction
+    /// there holds the database's write lock, which the batch waits for as every write does.
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
         self.renew_all_skipping(held, lease).await
     }

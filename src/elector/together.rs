@@ -341,9 +341,9 @@ struct Out {
 }
 
 /// One statement for `chunk`, given up at the latest deadline in it (each elector gives up at
-/// its own). Its wait for a row another transaction holds (the leader's own fenced
-/// transaction, say) is bounded as a single renew's is, so one such row fails the batch fast
-/// instead of holding up every leader in it.
+/// its own). It never waits for a row another transaction holds (the leader's own fenced
+/// transaction, say): that lease is renewed alone with a single renew's bound, and answered
+/// as a failed renew if that does not answer either.
 async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, chunk: Vec<Out>) {
     let Some(until) = chunk.iter().map(|o| o.deadline).max() else {
         return;

@@ -106,11 +106,22 @@ const OWN_SESSIONS: Setup<MySqlDb> = Setup {
 const GALERA_QUESTION: &str = "SELECT CAST(@@GLOBAL.wsrep_on AS SIGNED)";
 
 impl MySqlBackend {
+    /// Whether a lease of `millis` the batch left out is renewed with a wait in the server's
+    /// lock queue ([`statements::Busy::Wait`]): on a server known to take `SET STATEMENT`
+    /// (the `RETURNING` form), for leases whose fifth is at least the server's one second.
+    fn solo_waits_on_server(&self, millis: i64) -> bool {
+        let second = i64::try_from(statements::LOCK_WAIT_SECONDS * 1000).unwrap_or(i64::MAX);
+        self.upsert.get() == Some(&MySqlUpsert::Returning) && millis / 5 >= second
+    }
+
     /// The batch renew in one transaction: its live rows locked ([`statements::lock_batch`],
     /// `busy` saying what a row another transaction holds does), the rows locked renewed, and
-    /// the read of what it renewed; the rows once it has committed. REPEATABLE READ whatever
-    /// the session's level: the locks are kept to the end, so no other renew can write one of
-    /// the rows before the read, which would report it as renewed by this call.
+    /// the read of what it renewed; the rows once it has committed. READ COMMITTED whatever
+    /// the session's level: the rows it renews stay locked to the end (so no other renew can
+    /// write one before the read, which would report it as renewed by this call), while a row
+    /// its condition rejects (lapsed, another term's) is not kept locked and no gap is locked.
+    /// A row it would not wait for (or waited for in vain) rolls the transaction back cleanly
+    /// and is the error.
     async fn renew_batch(
         &self,
         cx: &Context,
@@ -144,11 +155,18 @@ impl MySqlBackend {
         if let Some(source) = self.source() {
             let (rows, after) = cx
                 .autocommitted(|| async {
-                    let Some(mut txn) = Transaction::begin(source, Begin::RepeatableRead).await?
+                    let Some(mut txn) = Transaction::begin(source, Begin::ReadCommitted).await?
                     else {
                         return Ok(Checked::InAbandonedTransaction);
                     };
-                    let keys = txn.rows(&lock).await?;
+                    let keys = match txn.rows(&lock).await {
+                        Ok(keys) => keys,
+                        Err(err) if errors::row_busy(&err) => {
+                            txn.rollback().await?;
+                            return Err(err);
+                        }
+                        Err(err) => return Err(err),
+                    };
                     let Some(json) = locked(&keys)? else {
                         txn.commit().await?;
                         return Ok(Checked::Committed((Vec::new(), Vec::new())));
@@ -169,7 +187,7 @@ impl MySqlBackend {
             .with_retry(|| async {
                 let txn = cx
                     .db
-                    .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+                    .begin_with_config(Some(sea_orm::IsolationLevel::ReadCommitted), None)
                     .await?;
                 let keys = txn.query_all_raw(lock.clone()).await?;
                 let Some(json) = locked(&keys)? else {
@@ -561,9 +579,8 @@ impl LeaseBackend for MySqlBackend {
 
     /// The batch renew and the read of what it renewed, in one transaction; the rows once it
     /// has committed.
-    /// Not here: the batch's transaction would wait for a row a leader's own fenced
-    /// transaction holds for `innodb_lock_wait_timeout` (50 s by default) with every other
-    /// lease of the batch locked behind it; electors renew lease by lease.
+    /// Not here: electors renew lease by lease on MySQL/MariaDB, one statement each, where a
+    /// batch is a transaction of several round trips.
     fn batches_renewals(&self) -> bool {
         false
     }
@@ -596,8 +613,20 @@ impl LeaseBackend for MySqlBackend {
         ])
     }
 
-    /// One lease the batch left out: its row locked `NOWAIT`, so a row another transaction
-    /// still holds fails the renew at once (a retryable error) rather than wait.
+    fn solo_wait(&self, millis: i64) -> Duration {
+        if self.solo_waits_on_server(millis) {
+            Duration::from_secs(statements::LOCK_WAIT_SECONDS)
+        } else {
+            crate::backend::first_wait(millis)
+        }
+    }
+
+    /// One lease the batch left out. MariaDB (the `RETURNING` form, whose server has
+    /// `SET STATEMENT`) with a lease of 5 s or more: its row waited for at most
+    /// [`statements::LOCK_WAIT_SECONDS`] in the server's lock queue, as a single renew's upsert
+    /// waits (the server counts whole seconds, too long for a shorter lease). Otherwise
+    /// `NOWAIT`, asked again every 20 ms for the first wait (a fifth of the lease, at most
+    /// 200 ms); then the row's error.
     async fn renew_bounded(
         &self,
         cx: &Context,
@@ -605,8 +634,27 @@ impl LeaseBackend for MySqlBackend {
         millis: i64,
         shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        self.renew_batch(cx, json, millis, shape, statements::Busy::Fail)
-            .await
+        if self.solo_waits_on_server(millis) {
+            return self
+                .renew_batch(cx, json, millis, shape, statements::Busy::Wait)
+                .await;
+        }
+        let bound = crate::backend::first_wait(millis);
+        let started = crate::clock::now();
+        loop {
+            let answer = self
+                .renew_batch(cx, json.clone(), millis, shape, statements::Busy::Fail)
+                .await;
+            match answer {
+                Err(err)
+                    if crate::backend::errors::db_err_in(&err).is_some_and(errors::row_busy)
+                        && started.elapsed() < bound =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answer => return answer,
+            }
+        }
     }
 
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {

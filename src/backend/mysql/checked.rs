@@ -63,9 +63,7 @@ const OUTSIDE: &str = "SELECT CAST(@@in_transaction AS SIGNED), CAST(@@autocommi
 fn begin_sql(begin: Begin) -> &'static str {
     match begin {
         Begin::ReadWrite => "SET TRANSACTION READ WRITE; START TRANSACTION",
-        Begin::RepeatableRead => {
-            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION"
-        }
+        Begin::ReadCommitted => "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION",
     }
 }
 
@@ -224,6 +222,17 @@ impl Transaction {
         let rows = self.rows(stmt).await?;
         self.0.clean = true;
         Ok(rows)
+    }
+
+    /// Rolls back (after a statement the server refused, such as a lock it would not wait
+    /// for); the connection goes back to the pool once the server said so.
+    pub(crate) async fn rollback(mut self) -> Result<(), DbErr> {
+        sqlx::raw_sql("ROLLBACK AND NO CHAIN NO RELEASE")
+            .execute(self.0.conn()?)
+            .await
+            .map_err(query_err)?;
+        self.0.clean = true;
+        Ok(())
     }
 
     /// Commits; only then does the connection go back to the pool.

@@ -56,6 +56,23 @@ pub(crate) fn lock_wait_ran_out(err: &sea_orm::sqlx::Error) -> bool {
     sqlx_error_number(err) == Some(LOCK_WAIT_TIMEOUT)
 }
 
+/// `ER_LOCK_NOWAIT` (MySQL 8): a `NOWAIT` read found a row locked (MariaDB says 1205).
+const LOCK_NOWAIT: u16 = 3572;
+
+/// Whether a statement found a row lock it would not wait for, or gave up waiting (1205,
+/// 3572), in a `DbErr` from the store's own connections or sea-orm.
+pub(crate) fn row_busy(err: &sea_orm::DbErr) -> bool {
+    use sea_orm::{DbErr, RuntimeErr};
+    let sqlx = match err {
+        DbErr::Query(RuntimeErr::SqlxError(e)) | DbErr::Exec(RuntimeErr::SqlxError(e)) => e,
+        _ => return false,
+    };
+    matches!(
+        sqlx_error_number(sqlx),
+        Some(LOCK_WAIT_TIMEOUT | LOCK_NOWAIT)
+    )
+}
+
 /// Whether the server will not end a session for this user: access denied (1044, 1142, 1143,
 /// 1227), not the thread's owner (1095), unknown information_schema table (1109: MySQL 8 has
 /// no `INNODB_LOCK_WAITS`).

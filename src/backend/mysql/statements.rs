@@ -247,29 +247,37 @@ fn joined(sql: &str, table: &Alias, from: &str) -> Result<String, DbErr> {
 pub(crate) enum Busy {
     /// Left out (`SKIP LOCKED`): the batch.
     Skip,
-    /// An error at once (`NOWAIT`): a lease renewed on its own.
+    /// Waited for, at most [`LOCK_WAIT_SECONDS`] (MariaDB's `SET STATEMENT`): a lease
+    /// renewed on its own.
+    Wait,
+    /// An error at once (`NOWAIT`): a lease renewed on its own where the server has no
+    /// statement-level wait (MySQL).
     Fail,
 }
 
 /// The first statement of a batch renew's transaction: the batch's live rows, each locked
-/// (`FOR UPDATE`) unless another transaction holds it ([`Busy`]); their keys (resource,
-/// holder, token) are the batch [`renew_all`] then renews.
+/// (`FOR UPDATE`) as [`Busy`] says; their keys (resource, holder, token) are the batch
+/// [`renew_all`] then renews.
 pub(crate) fn lock_batch(table: &Alias, json: String, busy: Busy) -> Result<Statement, DbErr> {
-    let behaviour = match busy {
-        Busy::Skip => LockBehavior::SkipLocked,
-        Busy::Fail => LockBehavior::Nowait,
-    };
-    let (sql, values) = Query::select()
+    let mut select = Query::select();
+    select
         .columns([
             (table.clone(), Column::Resource),
             (table.clone(), Column::Holder),
             (table.clone(), Column::FencingToken),
         ])
         .from(table.clone())
-        .and_where(batch_keys(table))
-        .lock_with_behavior(LockType::Update, behaviour)
-        .build(MysqlQueryBuilder);
-    let sql = joined(&sql, table, "FROM")?;
+        .and_where(batch_keys(table));
+    match busy {
+        Busy::Skip => select.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+        Busy::Wait => select.lock(LockType::Update),
+        Busy::Fail => select.lock_with_behavior(LockType::Update, LockBehavior::Nowait),
+    };
+    let (sql, values) = select.build(MysqlQueryBuilder);
+    let mut sql = joined(&sql, table, "FROM")?;
+    if busy == Busy::Wait {
+        sql = format!("SET STATEMENT innodb_lock_wait_timeout = {LOCK_WAIT_SECONDS} FOR {sql}");
+    }
     let mut all = vec![sea_orm::Value::from(json)];
     all.extend(values.0);
     Ok(Statement::from_sql_and_values(
@@ -426,16 +434,24 @@ mod tests {
         );
         // The batch's rows are locked first, skipping a row another transaction holds (or
         // failing at once, for a lease renewed on its own), each looked up by its key.
-        for (busy, behaviour) in [(Busy::Skip, "SKIP LOCKED"), (Busy::Fail, "NOWAIT")] {
+        for (busy, start, behaviour) in [
+            (Busy::Skip, "", " SKIP LOCKED"),
+            (Busy::Fail, "", " NOWAIT"),
+            (
+                Busy::Wait,
+                "SET STATEMENT innodb_lock_wait_timeout = 1 FOR ",
+                "",
+            ),
+        ] {
             let lock = lock_batch(&t, "[]".to_owned(), busy).unwrap();
             assert_eq!(
                 lock.sql,
                 format!(
-                    "SELECT `orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token` \
+                    "{start}SELECT `orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token` \
                      FROM {JSON_ROWS} STRAIGHT_JOIN `orionbeacon_leases` FORCE INDEX (PRIMARY) \
                      WHERE `orionbeacon_leases`.`resource` = `held`.`r` AND `orionbeacon_leases`.`holder` = `held`.`h` \
                      AND `orionbeacon_leases`.`fencing_token` = `held`.`t` \
-                     AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6)) FOR UPDATE {behaviour}"
+                     AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6)) FOR UPDATE{behaviour}"
                 )
             );
             assert_eq!(lock.values.map(|v| v.0), Some(vec!["[]".into()]));

@@ -282,6 +282,10 @@ impl LeaseBackend for PgBackend {
         Ok(vec![cx.build(&update)])
     }
 
+    fn solo_wait(&self, millis: i64) -> std::time::Duration {
+        crate::backend::first_wait(millis)
+    }
+
     async fn renew_bounded(
         &self,
         cx: &Context,
