@@ -547,6 +547,21 @@ pub fn validate_batch(held: &[Lease], lease: Duration) -> Result<i64, StoreError
     Ok(millis)
 }
 
+/// What a task that runs an acquire for a caller (a lock's attempt, on a task of its own so
+/// that a dropped caller cannot cut its statement short) tells the store, and learns from it.
+pub(crate) struct ForCaller {
+    /// Changes to closed when the caller is gone: an acquire still queued for one of the
+    /// store's attempt slots then leaves the queue, nothing sent.
+    pub(crate) gone: tokio::sync::watch::Receiver<()>,
+    /// Set by the store when it gave up that way: the call sent nothing and holds nothing.
+    pub(crate) unsent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+tokio::task_local! {
+    /// The caller an acquire runs for, where a task says (see [`ForCaller`]).
+    pub(crate) static FOR_CALLER: ForCaller;
+}
+
 pub(crate) fn validate_request(
     resource: &str,
     candidate: &str,

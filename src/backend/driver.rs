@@ -154,6 +154,12 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         shape: Shape,
     ) -> Result<Vec<Statement>, DbErr>;
 
+    /// How many sessions of its own the store may open for its lease statements (0: it uses
+    /// the application's pool).
+    fn own_sessions(&self) -> usize {
+        0
+    }
+
     /// The longest a [`renew_bounded`](Self::renew_bounded) for a lease of `millis` waits for
     /// its row.
     fn solo_wait(&self, _millis: i64) -> std::time::Duration {

@@ -19,9 +19,95 @@ pub(crate) struct Engine {
     pub(crate) takeovers: std::sync::Arc<Gate>,
     /// The leaders of this process renewing together (see `elector::together`).
     pub(crate) renew_batches: crate::elector::together::Batches,
+    /// Attempts to acquire a lease this process does not hold, at most one fewer at once than
+    /// the store's own sessions (`None` where it has fewer than two, or none), so that renews
+    /// and releases always find a session free: shared by the store's clones and the stores
+    /// derived from it with the same sessions.
+    pub(crate) attempts: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+    /// The (resource, candidate) pairs the store's answers last said this process holds: an
+    /// `acquire_or_renew` of one of them is a renew, and takes no attempt slot.
+    pub(crate) held: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
 }
 
 impl Engine {
+    /// A slot for an acquire of `resource` by `candidate`: `None` (none needed) for a renew of
+    /// what this process holds, or where attempts are not limited. Waits for a slot, queued
+    /// behind the other attempts; a caller that gives up leaves the queue, nothing sent (a
+    /// task that runs the acquire for a caller says when the caller is gone: `ForCaller`).
+    pub(crate) async fn attempt(
+        &self,
+        resource: &str,
+        candidate: &str,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, StoreError> {
+        let Some(attempts) = self.attempts.as_ref() else {
+            return Ok(None);
+        };
+        if self.holds(resource, candidate) {
+            return Ok(None);
+        }
+        let slot = std::sync::Arc::clone(attempts).acquire_owned();
+        let Ok(mut gone) = crate::store::FOR_CALLER.try_with(|c| c.gone.clone()) else {
+            // The semaphore is never closed.
+            return Ok(slot.await.ok());
+        };
+        tokio::select! {
+            slot = slot => Ok(slot.ok()),
+            () = async { while gone.changed().await.is_ok() {} } => {
+                let _ = crate::store::FOR_CALLER.try_with(|c| {
+                    c.unsent.store(true, std::sync::atomic::Ordering::SeqCst);
+                });
+                Err(StoreError::Conflict {
+                    source: sea_orm::DbErr::Custom(
+                        "the caller gave up while the acquire waited for one of the store's \
+                         attempt slots; nothing was sent"
+                            .to_owned(),
+                    )
+                    .into(),
+                })
+            }
+        }
+    }
+
+    fn holds(&self, resource: &str, candidate: &str) -> bool {
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.contains(&(resource.to_owned(), candidate.to_owned()))
+    }
+
+    fn note(&self, resource: &str, candidate: &str, holds: bool) {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (resource.to_owned(), candidate.to_owned());
+        if holds {
+            held.insert(key);
+        } else {
+            held.remove(&key);
+        }
+    }
+
+    /// `candidate` holds `resource` for `remaining` (an answer of this store said so).
+    pub(crate) fn holding(&self, resource: &str, candidate: &str, remaining: std::time::Duration) {
+        self.note(resource, candidate, true);
+        self.backend
+            .holding(&self.cx, resource, candidate, remaining);
+    }
+
+    /// `candidate` was denied `resource` by `by`.
+    pub(crate) fn denied(&self, resource: &str, candidate: &str, by: &crate::Denial) {
+        self.note(resource, candidate, false);
+        self.backend.denied(&self.cx, resource, candidate, by);
+    }
+
+    /// `candidate`'s hold of `resource` ended (released, offered, lost).
+    pub(crate) fn ended(&self, resource: &str, candidate: &str) {
+        self.note(resource, candidate, false);
+        self.backend.ended(&self.cx, resource, candidate);
+    }
+
     /// A statement that reads or releases, read to the end on a checked connection.
     pub(crate) async fn plain(&self, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
         self.backend.rows(&self.cx, stmt).await

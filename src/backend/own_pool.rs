@@ -216,6 +216,11 @@ impl<DB: Database> OwnPool<DB> {
         }
     }
 
+    /// The most sessions it opens.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
     /// An idle session if there is one at once (nothing opened, nothing waited for).
     pub(crate) async fn get_idle(&self) -> Option<Object<Manager<DB>>> {
         // tokio polls the inner future before the timer: a free idle session is taken.

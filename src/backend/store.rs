@@ -153,11 +153,18 @@ fn assemble(
         old.map(|e| Arc::clone(&e.cx.durability_checked))
             .unwrap_or_default(),
     );
+    let sessions = backend.own_sessions();
+    let attempts = match old {
+        Some(old) if old.backend.own_sessions() == sessions => old.attempts.clone(),
+        _ => (sessions >= 2).then(|| Arc::new(tokio::sync::Semaphore::new(sessions - 1))),
+    };
     Arc::new(Engine {
         cx,
         backend,
         takeovers: old.map(|e| Arc::clone(&e.takeovers)).unwrap_or_default(),
         renew_batches: Default::default(),
+        attempts,
+        held: old.map(|e| Arc::clone(&e.held)).unwrap_or_default(),
     })
 }
 
@@ -405,14 +412,10 @@ impl SeaOrmLeaseStore {
                 .await;
         }
         for lease in &renewals.renewed {
-            engine
-                .backend
-                .holding(&engine.cx, &lease.resource, &lease.holder, lease.remaining);
+            engine.holding(&lease.resource, &lease.holder, lease.remaining);
         }
         for lease in &renewals.lost {
-            engine
-                .backend
-                .ended(&engine.cx, &lease.resource, &lease.holder);
+            engine.ended(&lease.resource, &lease.holder);
         }
         Ok(renewals)
     }
@@ -634,6 +637,9 @@ impl LeaseStore for SeaOrmLeaseStore {
                 })
             }
         };
+        // Waits for a slot only where the process does not hold the lease (a renew never
+        // queues behind attempts), and holds it until the answer.
+        let _slot = engine.attempt(resource, candidate).await?;
         let answer = match engine.backend.takeover() {
             Takeover::None => {
                 engine
@@ -648,12 +654,10 @@ impl LeaseStore for SeaOrmLeaseStore {
         let outcome = engine.noting(shape, answer)?;
         match &outcome {
             LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease) => {
-                engine
-                    .backend
-                    .holding(&engine.cx, resource, candidate, lease.remaining);
+                engine.holding(resource, candidate, lease.remaining);
             }
             LeaseOutcome::Denied(by) => {
-                engine.backend.denied(&engine.cx, resource, candidate, by);
+                engine.denied(resource, candidate, by);
             }
         }
         Ok(outcome)
@@ -664,7 +668,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         let engine = self.engine()?;
         let released = engine.run_release(stmt).await?;
         // After the answer: a waiter woken now finds the lease free.
-        engine.backend.ended(&engine.cx, resource, candidate);
+        engine.ended(resource, candidate);
         Ok(released)
     }
 
@@ -674,9 +678,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         };
         let engine = self.engine()?;
         let released = engine.run_release(stmt).await?;
-        engine
-            .backend
-            .ended(&engine.cx, &lease.resource, &lease.holder);
+        engine.ended(&lease.resource, &lease.holder);
         Ok(released)
     }
 
@@ -695,7 +697,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         let stmt = engine.backend.release_lease_statement(cx, update);
         let offered = engine.run_release(stmt).await?;
         if offered {
-            engine.backend.ended(cx, &lease.resource, &lease.holder);
+            engine.ended(&lease.resource, &lease.holder);
         }
         Ok(offered)
     }
@@ -722,7 +724,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         );
         let taken = engine.counted(cx.build(&update)).await? > 0;
         if taken {
-            engine.backend.holding(cx, resource, candidate, lease);
+            engine.holding(resource, candidate, lease);
         }
         Ok(taken)
     }

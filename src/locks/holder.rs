@@ -144,7 +144,7 @@ impl Holder {
         let sent = crate::clock::now();
         let answer = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let (tx, rx) = oneshot::channel();
+                let (mut tx, rx) = oneshot::channel();
                 let (store, r, c, lease, payload) = (
                     self.store.clone(),
                     resource.clone(),
@@ -153,12 +153,31 @@ impl Holder {
                     self.config.payload.clone(),
                 );
                 runtime.spawn(async move {
-                    let answer = store
-                        .acquire_or_renew_with(&r, &c, lease, payload.as_deref())
-                        .await;
+                    // The store learns when the caller is gone (an acquire still queued for
+                    // one of its attempt slots then sends nothing), and says so.
+                    let (gone_tx, gone) = tokio::sync::watch::channel(());
+                    let unsent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let for_caller = crate::store::ForCaller {
+                        gone,
+                        unsent: unsent.clone(),
+                    };
+                    let call = crate::store::FOR_CALLER.scope(
+                        for_caller,
+                        store.acquire_or_renew_with(&r, &c, lease, payload.as_deref()),
+                    );
+                    tokio::pin!(call);
+                    let answer = tokio::select! {
+                        answer = &mut call => answer,
+                        () = tx.closed() => {
+                            drop(gone_tx);
+                            call.await
+                        }
+                    };
                     if let Err(answer) = tx.send(answer) {
-                        // Nobody waits for it any more: let go of what it may have granted.
-                        if may_hold(&answer) {
+                        // Nobody waits for it any more: let go of what it may have granted
+                        // (nothing, when the store sent nothing).
+                        let sent = !unsent.load(std::sync::atomic::Ordering::SeqCst);
+                        if may_hold(&answer) && sent {
                             release_by_candidate(&*store, &r, &c, lease).await;
                         }
                     }

@@ -42,7 +42,7 @@ fn names(leases: &[Lease]) -> Vec<&str> {
     leases.iter().map(|l| l.resource.as_str()).collect()
 }
 
-/// A small table (three rows): `q` runs a healthy fenced transaction of 3 s. A batch of other
+/// A small table (three rows): `q` runs a healthy fenced transaction of 2 s. A batch of other
 /// leases is renewed at once (MariaDB scanned the small table whole and waited for `q`'s row);
 /// a batch with `q` in it renews the others at once and answers `q` as neither renewed nor
 /// lost; once the transaction is over, `q` renews again.
@@ -55,7 +55,7 @@ pub async fn a_batch_renew_never_waits_for_a_fenced_row(h: &SqlHarness) {
     let txn = h.db().begin().await.unwrap();
     store.fence(&txn, term(&q)).await.unwrap();
     let busy = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
         txn.commit().await.unwrap();
     });
 
@@ -303,7 +303,6 @@ pub async fn a_stuck_statement_costs_only_its_own_lock(h: &SqlHarness) {
 /// fences 1.2 s transactions back to back, and the same `Locks` holds an uncontended lock. The
 /// uncontended lock is kept: its renews never queue behind the waiters' attempts for the
 /// store's sessions (it was lost after 2.7-3.5 s while the attempts filled them).
-#[allow(dead_code)] // not run yet: renews still queue behind attempts
 pub async fn waiters_never_hold_up_the_renews(h: &SqlHarness) {
     use orion_beacon::locks::Locks;
     const WAITERS: usize = 64;
@@ -350,11 +349,11 @@ pub async fn waiters_never_hold_up_the_renews(h: &SqlHarness) {
     let waiters: Vec<_> = (0..WAITERS)
         .map(|_| {
             let lock = locks.lock(&busy_name).unwrap();
-            tokio::spawn(async move { lock.acquire(Duration::from_secs(7)).await.is_ok() })
+            tokio::spawn(async move { lock.acquire(Duration::from_secs(5)).await.is_ok() })
         })
         .collect();
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(7) {
+    while started.elapsed() < Duration::from_secs(5) {
         assert!(
             free.is_held(),
             "the uncontended lock was lost after {:?} beside {WAITERS} waiters",
@@ -372,6 +371,15 @@ pub async fn waiters_never_hold_up_the_renews(h: &SqlHarness) {
     fencer.await.unwrap().release().await.unwrap();
     assert!(free.is_held());
     free.release().await.unwrap();
+    let left: Vec<_> = h
+        .store()
+        .current_all(&[busy_name.clone(), format!("{r}-free")])
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|l| l.live)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// A's lease lapsed and B took the resource; B's fenced transaction holds the row. A's batch
@@ -434,6 +442,13 @@ macro_rules! busy_rows_suite {
         async fn a_lease_another_term_holds_fenced_is_lost_not_busy() {
             if let Some(h) = $setup.await {
                 crate::busy_rows::a_lease_another_term_holds_fenced_is_lost_not_busy(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn waiters_never_hold_up_the_renews() {
+            if let Some(h) = $setup.await {
+                crate::busy_rows::waiters_never_hold_up_the_renews(&h).await;
                 h.teardown().await;
             }
         }

@@ -613,6 +613,10 @@ impl LeaseBackend for MySqlBackend {
         ])
     }
 
+    fn own_sessions(&self) -> usize {
+        self.own.as_ref().map_or(0, OwnPool::max)
+    }
+
     fn solo_wait(&self, millis: i64) -> Duration {
         if self.solo_waits_on_server(millis) {
             Duration::from_secs(statements::LOCK_WAIT_SECONDS)

@@ -282,6 +282,10 @@ impl LeaseBackend for PgBackend {
         Ok(vec![cx.build(&update)])
     }
 
+    fn own_sessions(&self) -> usize {
+        self.own.as_ref().map_or(0, OwnPool::max)
+    }
+
     fn solo_wait(&self, millis: i64) -> std::time::Duration {
         crate::backend::first_wait(millis)
     }
