@@ -271,7 +271,11 @@ impl LeaseStore for SqlServerLeaseStore {
     }
 
     /// One batch for all of `held` (see `renew_all_sql`), the leases bound as one JSON
-    /// document.
+    /// document. Unlike the SeaORM store's batch, this one locks its rows (`UPDLOCK,
+    /// HOLDLOCK`) and waits for a row another transaction holds (a holder's own fenced
+    /// transaction) with the rest of the batch behind it, and it answers no lease as
+    /// [`unanswered`](crate::Renewals::unanswered): keep fenced transactions on SQL Server
+    /// short, and fence with one lease per transaction.
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
         let millis = validate_batch(held, lease)?;
         for h in held {
