@@ -121,6 +121,10 @@ struct TermState {
     /// by each successful renew.
     deadline: Mutex<Instant>,
     reason: Mutex<Option<LossReason>>,
+    /// When the holder took the grant's answer as this term (see `clock`).
+    began: Instant,
+    /// When the holder decided the term was over (see `clock`).
+    ended: Mutex<Option<Instant>>,
     /// The elector's store, where it can fence SeaORM transactions.
     fence: Option<crate::SeaOrmLeaseStore>,
 }
@@ -175,6 +179,8 @@ impl LeaderTerm {
                 cut_off: CancellationToken::new(),
                 deadline: Mutex::new(deadline),
                 reason: Mutex::new(None),
+                began: crate::clock::now(),
+                ended: Mutex::new(None),
                 fence,
             }),
         }
@@ -242,6 +248,20 @@ impl LeaderTerm {
         *lock(&self.inner.reason)
     }
 
+    /// When this process began the term: the instant it took the grant's answer as a term,
+    /// before anyone is told (a tokio instant, as [`deadline`](Self::deadline)).
+    pub fn began_at(&self) -> Instant {
+        crate::clock::timer(self.inner.began)
+    }
+
+    /// When this process ended the term, once it has: the instant it decided (a loss, a
+    /// shutdown, a handover), before the work is told and before any release is sent (a
+    /// tokio instant, as [`deadline`](Self::deadline)). A term can also be over with no end
+    /// decided yet: its deadline passed (see [`is_current`](Self::is_current)).
+    pub fn ended_at(&self) -> Option<Instant> {
+        lock(&self.inner.ended).map(crate::clock::timer)
+    }
+
     /// A cancellation token cancelled when the term ends. It is a child token: cancelling it
     /// yourself does not end the term.
     pub fn cancellation_token(&self) -> CancellationToken {
@@ -269,12 +289,14 @@ impl LeaderTerm {
     }
 
     pub(crate) fn end(&self, reason: LossReason) {
+        lock(&self.inner.ended).get_or_insert_with(crate::clock::now);
         lock(&self.inner.reason).get_or_insert(reason);
         self.inner.cancel.cancel();
     }
 
     /// Tells `run_as_leader` to drop this term's work now (after [`end`](Self::end)).
     pub(crate) fn cut_off(&self) {
+        lock(&self.inner.ended).get_or_insert_with(crate::clock::now);
         self.inner.cancel.cancel();
         self.inner.cut_off.cancel();
     }

@@ -44,21 +44,25 @@ impl Recorder {
                     let open = all
                         .iter_mut()
                         .find(|i| i.candidate == idx && i.end.is_none());
+                    // The elector's own instants (when it began and ended the term), not when
+                    // this task got to run: a watcher scheduled late must not make two terms
+                    // overlap, nor hide an overlap.
+                    let ended = |open: &Interval| open.term.ended_at().unwrap_or(now);
                     match (&state, open) {
                         (Leadership::Leader(term), Some(open)) if open.term == *term => {}
                         (Leadership::Leader(term), open) => {
                             if let Some(open) = open {
-                                open.end = Some(now);
+                                open.end = Some(ended(open));
                             }
                             all.push(Interval {
                                 candidate: idx,
                                 token: term.token().get(),
-                                start: now,
+                                start: term.began_at(),
                                 end: None,
                                 term: term.clone(),
                             });
                         }
-                        (_, Some(open)) => open.end = Some(now),
+                        (_, Some(open)) => open.end = Some(ended(open)),
                         (_, None) => {}
                     }
                 }
@@ -68,7 +72,7 @@ impl Recorder {
                         .iter_mut()
                         .find(|i| i.candidate == idx && i.end.is_none())
                     {
-                        open.end = Some(Instant::now());
+                        open.end = Some(open.term.ended_at().unwrap_or_else(Instant::now));
                     }
                     return;
                 }
@@ -87,8 +91,9 @@ impl Recorder {
     }
 
     /// Checks that believed leadership never overlapped and tokens increased term by term.
-    /// A term's end is when its channel left the leader state, or its local deadline if that
-    /// came first (after the deadline `is_leader()` is already false).
+    /// A term runs from when its elector began it to when its elector ended it (when its
+    /// channel left the leader state, for a term ended without a decision), or to its local
+    /// deadline if that came first (after the deadline `is_leader()` is already false).
     fn check(&self) -> Vec<i64> {
         let mut all = self.intervals.lock().unwrap().clone();
         all.sort_by_key(|i| i.start);
