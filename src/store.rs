@@ -281,9 +281,10 @@ pub trait LeaseStore: Send + Sync {
     }
 
     /// Renews many leases at once, each only while the store still holds it as given: the same
-    /// holder, the same token (term) and live by the store's clock. It never starts a term: a
-    /// lease that lapsed, was released, revoked or taken over is reported
-    /// [`lost`](Renewals::lost) and only its term ends. The holders may differ.
+    /// holder, the same token (term) and live by the store's clock, keeping its payload. It
+    /// starts no term (but see the default below): a lease that lapsed, was released, revoked
+    /// or taken over is reported [`lost`](Renewals::lost) and only its term ends. The holders
+    /// may differ.
     ///
     /// The database stores do it in one batch statement per call (whatever the number of
     /// leases), judged by the database clock, and report a renew only once it has committed;
@@ -297,21 +298,29 @@ pub trait LeaseStore: Send + Sync {
     /// ([`current`](Self::current)) and renews it ([`acquire_or_renew`](Self::acquire_or_renew))
     /// only while that read shows it live with the same holder and token. A lease that lapses
     /// between the read and the renew comes back as a new term nobody asked for: that term is
-    /// released at once and the lease reported lost. A transient error leaves a lease
+    /// released at once (its token is spent; a caller that stops waiting right then leaves
+    /// it to lapse) and the lease reported lost. The payload is passed on as the read showed
+    /// it. One lease after the other: two statements each, with no time bound of its own. A transient error leaves a lease
     /// [`unanswered`](Renewals::unanswered); a permanent one is returned.
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
         validate_batch(held, lease)?;
         let mut out = Renewals::default();
         for given in held {
             let answer = async {
-                let same = self.current(&given.resource).await?.is_some_and(|record| {
+                let record = self.current(&given.resource).await?.filter(|record| {
                     record.live && record.holder == given.holder && record.token == given.token
                 });
-                if !same {
+                let Some(record) = record else {
                     return Ok::<_, StoreError>(None);
-                }
+                };
+                // The term's payload kept: a renew writes the payload it is given.
                 match self
-                    .acquire_or_renew(&given.resource, &given.holder, lease)
+                    .acquire_or_renew_with(
+                        &given.resource,
+                        &given.holder,
+                        lease,
+                        record.payload.as_deref(),
+                    )
                     .await?
                 {
                     LeaseOutcome::Renewed(renewed) if renewed.token == given.token => {
@@ -319,6 +328,7 @@ pub trait LeaseStore: Send + Sync {
                     }
                     LeaseOutcome::Acquired(unasked) => {
                         // Lapsed since the read: not this term. Nobody asked for the new one.
+                        // (A caller that stops waiting here leaves it to lapse.)
                         if let Err(error) = self.release_lease(&unasked).await {
                             tracing::warn!(resource = %unasked.resource, token = %unasked.token, %error, "a term the lease-by-lease renew started by accident could not be released; it lapses with its lease");
                         }
@@ -553,13 +563,41 @@ pub(crate) struct ForCaller {
     /// Changes to closed when the caller is gone: an acquire still queued for one of the
     /// store's attempt slots then leaves the queue, nothing sent.
     pub(crate) gone: tokio::sync::watch::Receiver<()>,
-    /// Set by the store when it gave up that way: the call sent nothing and holds nothing.
-    pub(crate) unsent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Counts the acquires the store let through to be sent for the call (a wrapper may try
+    /// more than once).
+    pub(crate) sent: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    /// Set by the store when it gave an acquire up that way.
+    pub(crate) gave_up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ForCaller {
+    /// Whether the call certainly holds nothing: the store gave an acquire up unsent, and let
+    /// none through.
+    pub(crate) fn sent_nothing(
+        sent: &std::sync::atomic::AtomicU32,
+        gave_up: &std::sync::atomic::AtomicBool,
+    ) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        gave_up.load(SeqCst) && sent.load(SeqCst) == 0
+    }
 }
 
 tokio::task_local! {
     /// The caller an acquire runs for, where a task says (see [`ForCaller`]).
     pub(crate) static FOR_CALLER: ForCaller;
+
+    /// When the caller of a batch renew gives up on its answer (the crate's clock, see
+    /// `clock`): the renews of the leases the batch left out end in time for the batch's own
+    /// renewals to reach it.
+    pub(crate) static ANSWER_BY: tokio::time::Instant;
+}
+
+/// `renew` (a batch renew) for a caller that gives up at `until`, and gives up then.
+pub(crate) async fn renew_by<T>(
+    until: tokio::time::Instant,
+    renew: impl std::future::Future<Output = T>,
+) -> Result<T, tokio::time::error::Elapsed> {
+    crate::clock::timeout_at(until, ANSWER_BY.scope(until, renew)).await
 }
 
 pub(crate) fn validate_request(

@@ -172,8 +172,7 @@ impl<DB: sqlx::Database> Drop for Checkout<DB> {
 pub(crate) enum Begin {
     /// The session's isolation level (a transaction that writes).
     ReadWrite,
-    /// READ COMMITTED whatever the session's level (a batch renew: no gap locks, and no lock
-    /// kept on a row its condition rejects).
+    /// REPEATABLE READ whatever the session's level.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    ReadCommitted,
+    RepeatableRead,
 }

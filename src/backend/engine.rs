@@ -12,6 +12,9 @@ use super::row::Row;
 use super::statements::{self, Shape};
 use crate::StoreError;
 
+/// What the store's answers say this process holds, by (lease table, resource, candidate).
+pub(crate) type Held = std::sync::Mutex<std::collections::HashSet<(String, String, String)>>;
+
 pub(crate) struct Engine {
     pub(crate) cx: Context,
     pub(crate) backend: Box<dyn LeaseBackend>,
@@ -20,13 +23,14 @@ pub(crate) struct Engine {
     /// The leaders of this process renewing together (see `elector::together`).
     pub(crate) renew_batches: crate::elector::together::Batches,
     /// Attempts to acquire a lease this process does not hold, at most one fewer at once than
-    /// the store's own sessions (`None` where it has fewer than two, or none), so that renews
-    /// and releases always find a session free: shared by the store's clones and the stores
-    /// derived from it with the same sessions.
+    /// the store's own sessions (`None` where it has fewer than two of its own), so that
+    /// attempts never occupy every session: a renew or a release, which takes no slot, waits
+    /// at most for one statement to end. Shared by the store's clones and the stores derived
+    /// from it with as many sessions.
     pub(crate) attempts: Option<std::sync::Arc<tokio::sync::Semaphore>>,
-    /// The (resource, candidate) pairs the store's answers last said this process holds: an
-    /// `acquire_or_renew` of one of them is a renew, and takes no attempt slot.
-    pub(crate) held: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String)>>>,
+    /// The (lease table, resource, candidate) triples the store's answers last said this
+    /// process holds: an `acquire_or_renew` of one of them is a renew, and takes no slot.
+    pub(crate) held: std::sync::Arc<Held>,
 }
 
 impl Engine {
@@ -39,10 +43,17 @@ impl Engine {
         resource: &str,
         candidate: &str,
     ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, StoreError> {
+        let through = || {
+            let _ = crate::store::FOR_CALLER.try_with(|c| {
+                c.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        };
         let Some(attempts) = self.attempts.as_ref() else {
+            through();
             return Ok(None);
         };
         if self.holds(resource, candidate) {
+            through();
             return Ok(None);
         }
         let slot = std::sync::Arc::clone(attempts).acquire_owned();
@@ -50,11 +61,12 @@ impl Engine {
             // The semaphore is never closed.
             return Ok(slot.await.ok());
         };
+        // A caller already gone sends nothing, even with a slot free.
         tokio::select! {
-            slot = slot => Ok(slot.ok()),
+            biased;
             () = async { while gone.changed().await.is_ok() {} } => {
                 let _ = crate::store::FOR_CALLER.try_with(|c| {
-                    c.unsent.store(true, std::sync::atomic::Ordering::SeqCst);
+                    c.gave_up.store(true, std::sync::atomic::Ordering::SeqCst);
                 });
                 Err(StoreError::Conflict {
                     source: sea_orm::DbErr::Custom(
@@ -65,6 +77,10 @@ impl Engine {
                     .into(),
                 })
             }
+            slot = slot => {
+                through();
+                Ok(slot.ok())
+            }
         }
     }
 
@@ -73,7 +89,15 @@ impl Engine {
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        held.contains(&(resource.to_owned(), candidate.to_owned()))
+        held.contains(&self.key(resource, candidate))
+    }
+
+    fn key(&self, resource: &str, candidate: &str) -> (String, String, String) {
+        (
+            self.cx.table().to_owned(),
+            resource.to_owned(),
+            candidate.to_owned(),
+        )
     }
 
     fn note(&self, resource: &str, candidate: &str, holds: bool) {
@@ -81,7 +105,7 @@ impl Engine {
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = (resource.to_owned(), candidate.to_owned());
+        let key = self.key(resource, candidate);
         if holds {
             held.insert(key);
         } else {

@@ -24,8 +24,9 @@ use crate::{FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals
 /// How long a batch renew of leases of `millis` spends, in all, on the leases it left out:
 /// the read of them, and their renews one by one, of which one may wait its whole bound for
 /// its row (`solo_wait`: the first wait, a fifth of the lease and at most 200 ms; MariaDB's
-/// 1 s for leases of 5 s or more), with one more first wait to spare. At most two fifths of
-/// the lease, so a caller that gives up at its leases' deadlines has the batch's answer.
+/// 1 s for leases of 5 s or more), with one more first wait to spare; cut shorter where the
+/// caller says when it gives up (`ANSWER_BY`: locks, shard sets and electors do), so that the
+/// batch's own renewals reach it.
 fn solo_budget(solo_wait: Duration, millis: i64) -> Duration {
     solo_wait.saturating_add(super::first_wait(millis))
 }
@@ -434,12 +435,15 @@ impl SeaOrmLeaseStore {
     ) {
         let started = crate::clock::now();
         let budget = solo_budget(engine.backend.solo_wait(millis), millis);
+        let mut until = started.checked_add(budget).unwrap_or(started);
+        if let Ok(answer_by) = crate::store::ANSWER_BY.try_with(|at| *at) {
+            // Time left for the answer to reach a caller that gives up then.
+            let spare = answer_by.saturating_duration_since(started) / 4;
+            let spare = spare.min(Duration::from_millis(50));
+            until = until.min(answer_by.checked_sub(spare).unwrap_or(answer_by));
+        }
         let resources: Vec<String> = left.iter().map(|l| l.resource.clone()).collect();
-        let read = crate::clock::timeout_at(
-            started.checked_add(budget).unwrap_or(started),
-            self.read_leases(&resources),
-        )
-        .await;
+        let read = crate::clock::timeout_at(until, self.read_leases(&resources)).await;
         let records = match read {
             Ok(Ok(records)) => records,
             Ok(Err(error)) => {
@@ -463,7 +467,6 @@ impl SeaOrmLeaseStore {
                 renewals.lost.push(given);
                 continue;
             }
-            let until = started.checked_add(budget).unwrap_or(started);
             if crate::clock::now() >= until {
                 renewals.unanswered.push(given);
                 continue;
@@ -666,10 +669,11 @@ impl LeaseStore for SeaOrmLeaseStore {
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
         let stmt = self.release_statement(resource, candidate)?;
         let engine = self.engine()?;
-        let released = engine.run_release(stmt).await?;
-        // After the answer: a waiter woken now finds the lease free.
+        let released = engine.run_release(stmt).await;
+        // After the answer (an error too, which may hide a release): a waiter woken now finds
+        // the lease free.
         engine.ended(resource, candidate);
-        Ok(released)
+        released
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
@@ -677,9 +681,9 @@ impl LeaseStore for SeaOrmLeaseStore {
             return Ok(false);
         };
         let engine = self.engine()?;
-        let released = engine.run_release(stmt).await?;
+        let released = engine.run_release(stmt).await;
         engine.ended(&lease.resource, &lease.holder);
-        Ok(released)
+        released
     }
 
     /// One `UPDATE` (on PostgreSQL it also notifies followers, as a release does).
@@ -730,7 +734,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     /// One batch statement per call on every backend (MySQL/MariaDB: a locking read, the
-    /// `UPDATE` and a read of what it renewed, in one READ COMMITTED transaction), with the
+    /// `UPDATE` and a read of what it renewed, in one transaction), with the
     /// leases bound as one JSON document; MariaDB needs 10.6 or later (`JSON_TABLE`,
     /// `SKIP LOCKED`). The batch never waits for a row lock and locks no row but the batch's
     /// (PostgreSQL, MySQL/MariaDB): a row another transaction holds (the holder's own fenced

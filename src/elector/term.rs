@@ -289,15 +289,16 @@ impl LeaderTerm {
     }
 
     pub(crate) fn end(&self, reason: LossReason) {
-        lock(&self.inner.ended).get_or_insert_with(crate::clock::now);
         lock(&self.inner.reason).get_or_insert(reason);
         self.inner.cancel.cancel();
+        // After the cancel: from this instant on `is_current` is false.
+        lock(&self.inner.ended).get_or_insert_with(crate::clock::now);
     }
 
     /// Tells `run_as_leader` to drop this term's work now (after [`end`](Self::end)).
     pub(crate) fn cut_off(&self) {
-        lock(&self.inner.ended).get_or_insert_with(crate::clock::now);
         self.inner.cancel.cancel();
+        lock(&self.inner.ended).get_or_insert_with(crate::clock::now);
         self.inner.cut_off.cancel();
     }
 

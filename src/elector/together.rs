@@ -349,8 +349,11 @@ async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, ch
         return;
     };
     let held: Vec<Lease> = chunk.iter().map(|o| o.lease.clone()).collect();
-    let answer =
-        crate::clock::timeout_at(until, crate::LeaseStore::renew_all(&store, &held, lease)).await;
+    // The leases a batch left out are asked about in time for the first elector's deadline.
+    let first = chunk.iter().map(|o| o.deadline).min().unwrap_or(until);
+    let renew =
+        crate::store::ANSWER_BY.scope(first, crate::LeaseStore::renew_all(&store, &held, lease));
+    let answer = crate::clock::timeout_at(until, renew).await;
     let batches = store.renew_batches();
     let (mut renewed, unanswered): (HashMap<(String, String), Lease>, Vec<Lease>) = match answer {
         Ok(Ok(renewals)) => {

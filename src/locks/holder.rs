@@ -156,10 +156,12 @@ impl Holder {
                     // The store learns when the caller is gone (an acquire still queued for
                     // one of its attempt slots then sends nothing), and says so.
                     let (gone_tx, gone) = tokio::sync::watch::channel(());
-                    let unsent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let sent = Arc::new(std::sync::atomic::AtomicU32::new(0));
+                    let gave_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
                     let for_caller = crate::store::ForCaller {
                         gone,
-                        unsent: unsent.clone(),
+                        sent: sent.clone(),
+                        gave_up: gave_up.clone(),
                     };
                     let call = crate::store::FOR_CALLER.scope(
                         for_caller,
@@ -176,8 +178,8 @@ impl Holder {
                     if let Err(answer) = tx.send(answer) {
                         // Nobody waits for it any more: let go of what it may have granted
                         // (nothing, when the store sent nothing).
-                        let sent = !unsent.load(std::sync::atomic::Ordering::SeqCst);
-                        if may_hold(&answer) && sent {
+                        let nothing = crate::store::ForCaller::sent_nothing(&sent, &gave_up);
+                        if may_hold(&answer) && !nothing {
                             release_by_candidate(&*store, &r, &c, lease).await;
                         }
                     }
@@ -420,7 +422,7 @@ impl Holder {
         }
         let sent = crate::clock::now();
         let answer =
-            crate::clock::timeout_at(until, self.store.renew_all(&batch, self.config.lease)).await;
+            crate::store::renew_by(until, self.store.renew_all(&batch, self.config.lease)).await;
         let mut held = lock(&self.held);
         let renewals = match answer {
             Ok(Ok(renewals)) => renewals,

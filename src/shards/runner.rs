@@ -243,10 +243,10 @@ impl Runner {
             return;
         }
         let sent = crate::clock::now();
-        let renewals = match self
-            .bounded(self.store.renew_all(&leases, self.config.lease))
-            .await
-        {
+        let answer_by = sent.checked_add(self.config.interval).unwrap_or(sent);
+        let renew = crate::store::ANSWER_BY
+            .scope(answer_by, self.store.renew_all(&leases, self.config.lease));
+        let renewals = match self.bounded(renew).await {
             Ok(renewals) => {
                 self.health.answered_now();
                 renewals

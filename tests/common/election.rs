@@ -44,9 +44,9 @@ impl Recorder {
                     let open = all
                         .iter_mut()
                         .find(|i| i.candidate == idx && i.end.is_none());
-                    // The elector's own instants (when it began and ended the term), not when
-                    // this task got to run: a watcher scheduled late must not make two terms
-                    // overlap, nor hide an overlap.
+                    // The elector's own instants (when it began the term, and when it was no
+                    // longer current), not when this task got to run: a watcher scheduled late
+                    // must not make two terms look as if they overlapped.
                     let ended = |open: &Interval| open.term.ended_at().unwrap_or(now);
                     match (&state, open) {
                         (Leadership::Leader(term), Some(open)) if open.term == *term => {}

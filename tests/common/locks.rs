@@ -410,20 +410,23 @@ where
         .unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
     assert_eq!(a.held(), 0);
-    // Both statements still run (and are granted) after they were given up on...
+    // Both reach the store after they were given up on: a store that queues its attempts
+    // sends neither (their caller is gone), another sends them and they are granted...
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(counting.acquires.load(Ordering::SeqCst), 2);
-    // ...and both grants are released, not left to lapse (30 s).
+    // ...and whatever was granted is released, not left to lapse (30 s).
     for name in [&name, &name2] {
-        let got = b
+        let asked = Instant::now();
+        let _got = b
             .lock(name)
             .unwrap()
             .acquire(Duration::from_secs(5))
             .await
             .unwrap();
         assert!(
-            got.token().get() >= 2,
-            "{name}: taken from the given-up grant"
+            asked.elapsed() < Duration::from_secs(3),
+            "{name}: {:?}: released, not left to lapse (30 s)",
+            asked.elapsed()
         );
     }
 }
@@ -619,7 +622,12 @@ where
             .acquire(Duration::from_secs(10))
             .await
             .unwrap();
-        assert!(got.token().get() >= 2, "{name}: after the hidden grant");
+        // The second was given up on before it was sent where the store queues attempts.
+        let hidden = if name == &read { 2 } else { 1 };
+        assert!(
+            got.token().get() >= hidden,
+            "{name}: after the hidden grant"
+        );
         assert!(
             asked.elapsed() < Duration::from_secs(3),
             "{name}: {:?}: released, not left to lapse (30 s)",

@@ -116,12 +116,13 @@ impl MySqlBackend {
 
     /// The batch renew in one transaction: its live rows locked ([`statements::lock_batch`],
     /// `busy` saying what a row another transaction holds does), the rows locked renewed, and
-    /// the read of what it renewed; the rows once it has committed. READ COMMITTED whatever
-    /// the session's level: the rows it renews stay locked to the end (so no other renew can
-    /// write one before the read, which would report it as renewed by this call), while a row
-    /// its condition rejects (lapsed, another term's) is not kept locked and no gap is locked.
-    /// A row it would not wait for (or waited for in vain) rolls the transaction back cleanly
-    /// and is the error.
+    /// the read of what it renewed; the rows once it has committed. REPEATABLE READ whatever
+    /// the session's level (READ COMMITTED refuses writes where the binary log is
+    /// statement-based): the rows it renews stay locked to the end, so no other renew can
+    /// write one before the read, which would report it as renewed by this call. A row its
+    /// condition rejects (lapsed, another term's) stays locked as long, too: a few
+    /// milliseconds, since nothing in the transaction waits. A row it would not wait for (or
+    /// waited for in vain) rolls the transaction back cleanly and is the error.
     async fn renew_batch(
         &self,
         cx: &Context,
@@ -155,7 +156,7 @@ impl MySqlBackend {
         if let Some(source) = self.source() {
             let (rows, after) = cx
                 .autocommitted(|| async {
-                    let Some(mut txn) = Transaction::begin(source, Begin::ReadCommitted).await?
+                    let Some(mut txn) = Transaction::begin(source, Begin::RepeatableRead).await?
                     else {
                         return Ok(Checked::InAbandonedTransaction);
                     };
@@ -187,7 +188,7 @@ impl MySqlBackend {
             .with_retry(|| async {
                 let txn = cx
                     .db
-                    .begin_with_config(Some(sea_orm::IsolationLevel::ReadCommitted), None)
+                    .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
                     .await?;
                 let keys = txn.query_all_raw(lock.clone()).await?;
                 let Some(json) = locked(&keys)? else {

@@ -63,7 +63,9 @@ const OUTSIDE: &str = "SELECT CAST(@@in_transaction AS SIGNED), CAST(@@autocommi
 fn begin_sql(begin: Begin) -> &'static str {
     match begin {
         Begin::ReadWrite => "SET TRANSACTION READ WRITE; START TRANSACTION",
-        Begin::ReadCommitted => "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION",
+        Begin::RepeatableRead => {
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION"
+        }
     }
 }
 

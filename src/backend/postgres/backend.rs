@@ -283,6 +283,9 @@ impl LeaseBackend for PgBackend {
     }
 
     fn own_sessions(&self) -> usize {
+        if self.transaction_pooling {
+            return 0; // every statement goes through the application's pool
+        }
         self.own.as_ref().map_or(0, OwnPool::max)
     }
 

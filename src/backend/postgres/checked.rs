@@ -92,8 +92,8 @@ fn begin_sql(begin: Begin) -> &'static str {
             "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 250; \
              SELECT transaction_timestamp() = statement_timestamp()"
         }
-        Begin::ReadCommitted => {
-            "BEGIN ISOLATION LEVEL READ COMMITTED; \
+        Begin::RepeatableRead => {
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; \
              SET LOCAL idle_in_transaction_session_timeout = 250; \
              SELECT transaction_timestamp() = statement_timestamp()"
         }
