@@ -16,6 +16,36 @@ fn example(name: &str) -> PathBuf {
     profile_dir.join("examples").join(name)
 }
 
+/// Runs `command` to its end, killed after `limit`: a hung example fails the test with what it
+/// printed instead of holding up the whole run (it prints a few lines, so its pipes never fill
+/// while it runs).
+#[cfg(feature = "sqlite")]
+fn run_bounded(mut command: Command, limit: std::time::Duration) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the example");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait for the example").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let out = child
+                .wait_with_output()
+                .expect("the killed example's output");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
+            panic!(
+                "the example did not end within {limit:?}; the last lines it wrote:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.wait_with_output().expect("the example's output")
+}
+
 #[cfg(feature = "sqlite")]
 #[test]
 fn the_example_app_runs_a_fenced_job_as_leader() {
@@ -25,7 +55,7 @@ fn the_example_app_runs_a_fenced_job_as_leader() {
         "{} was not built (cargo test builds examples; run `cargo build --examples --all-features`)",
         path.display()
     );
-    let out = Command::new(&path).output().expect("run the example");
+    let out = run_bounded(Command::new(&path), std::time::Duration::from_secs(90));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "example failed:\n{stdout}\n{stderr}");
