@@ -12,6 +12,62 @@ use super::row::Row;
 use super::statements::{self, Shape};
 use crate::StoreError;
 
+/// The store's attempts to acquire leases the process does not hold: at most `slots` at once,
+/// and one at a time per lease (the others of that lease wait their turn without a slot), so
+/// that many waiters for one busy lease do not keep every other lease's attempt waiting.
+pub(crate) struct Attempts {
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    turns: std::sync::Mutex<TurnMap>,
+}
+
+type TurnMap = std::collections::HashMap<(String, String), std::sync::Arc<tokio::sync::Mutex<()>>>;
+
+/// An attempt's turn on its lease and its slot, for as long as it is held.
+pub(crate) struct Slot {
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Attempts {
+    /// At most `slots` attempts at once (at least one).
+    pub(crate) fn new(slots: usize) -> Self {
+        Self {
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(slots.max(1))),
+            turns: std::sync::Mutex::new(TurnMap::new()),
+        }
+    }
+
+    /// The turn of an attempt on `resource` of `table`, then a slot; cancel-safe (a caller
+    /// that stops waiting leaves both queues).
+    async fn slot(&self, table: &str, resource: &str) -> Option<Slot> {
+        let turn = {
+            let mut turns = self
+                .turns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if turns.len() > 1024 {
+                // Leases nobody is attempting now.
+                turns.retain(|_, turn| std::sync::Arc::strong_count(turn) > 1);
+            }
+            std::sync::Arc::clone(
+                turns
+                    .entry((table.to_owned(), resource.to_owned()))
+                    .or_default(),
+            )
+        };
+        let turn = turn.lock_owned().await;
+        // The semaphore is never closed.
+        let slot = std::sync::Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .ok();
+        Some(Slot {
+            _turn: turn,
+            _slot: slot,
+        })
+    }
+}
+
 /// What the store's answers say this process holds, by (lease table, resource, candidate).
 pub(crate) type Held = std::sync::Mutex<std::collections::HashSet<(String, String, String)>>;
 
@@ -27,7 +83,7 @@ pub(crate) struct Engine {
     /// attempts never occupy every session: a renew or a release, which takes no slot, waits
     /// at most for one statement to end. Shared by the store's clones and the stores derived
     /// from it with as many sessions.
-    pub(crate) attempts: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+    pub(crate) attempts: Option<std::sync::Arc<Attempts>>,
     /// The (lease table, resource, candidate) triples the store's answers last said this
     /// process holds: an `acquire_or_renew` of one of them is a renew, and takes no slot.
     pub(crate) held: std::sync::Arc<Held>,
@@ -42,7 +98,7 @@ impl Engine {
         &self,
         resource: &str,
         candidate: &str,
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, StoreError> {
+    ) -> Result<Option<Slot>, StoreError> {
         let through = || {
             let _ = crate::store::FOR_CALLER.try_with(|c| {
                 c.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -56,10 +112,9 @@ impl Engine {
             through();
             return Ok(None);
         }
-        let slot = std::sync::Arc::clone(attempts).acquire_owned();
+        let slot = attempts.slot(self.cx.table(), resource);
         let Ok(mut gone) = crate::store::FOR_CALLER.try_with(|c| c.gone.clone()) else {
-            // The semaphore is never closed.
-            return Ok(slot.await.ok());
+            return Ok(slot.await);
         };
         // A caller already gone sends nothing, even with a slot free.
         tokio::select! {
@@ -79,7 +134,7 @@ impl Engine {
             }
             slot = slot => {
                 through();
-                Ok(slot.ok())
+                Ok(slot)
             }
         }
     }

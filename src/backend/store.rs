@@ -157,7 +157,7 @@ fn assemble(
     let sessions = backend.own_sessions();
     let attempts = match old {
         Some(old) if old.backend.own_sessions() == sessions => old.attempts.clone(),
-        _ => (sessions >= 2).then(|| Arc::new(tokio::sync::Semaphore::new(sessions - 1))),
+        _ => (sessions >= 2).then(|| Arc::new(super::engine::Attempts::new(sessions - 1))),
     };
     Arc::new(Engine {
         cx,

@@ -304,7 +304,8 @@ pub async fn a_stuck_statement_costs_only_its_own_lock(h: &SqlHarness) {
 /// Lease 3 s: 64 tasks of one `Locks` wait for a busy lock whose holder (another process)
 /// fences 1.2 s transactions back to back, and the same `Locks` holds an uncontended lock. The
 /// uncontended lock is kept: its renews never queue behind the waiters' attempts for the
-/// store's sessions (it was lost after 2.7-3.5 s while the attempts filled them).
+/// store's sessions (it was lost after 2.7-3.5 s while the attempts filled them); and a free
+/// lock's `try_acquire` answers at once.
 pub async fn waiters_never_hold_up_the_renews(h: &SqlHarness) {
     use orion_beacon::locks::Locks;
     const WAITERS: usize = 64;
@@ -354,6 +355,23 @@ pub async fn waiters_never_hold_up_the_renews(h: &SqlHarness) {
             tokio::spawn(async move { lock.acquire(Duration::from_secs(4)).await.is_ok() })
         })
         .collect();
+    // An unrelated lock of the same process is answered at once, not behind the waiters'
+    // attempts on the busy one (one attempt at a time per lock takes a session).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = Instant::now();
+    let other = locks
+        .lock(format!("{r}-other"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_millis(600),
+        "a free lock's try_acquire waited {took:?} behind {WAITERS} waiters of another"
+    );
+    other.release().await.unwrap();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(4) {
         assert!(
