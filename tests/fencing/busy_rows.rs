@@ -368,7 +368,7 @@ pub async fn waiters_never_hold_up_the_renews(h: &SqlHarness) {
         .expect("a free lock");
     let took = asked.elapsed();
     assert!(
-        took < Duration::from_millis(600),
+        took < Duration::from_secs(1),
         "a free lock's try_acquire waited {took:?} behind {WAITERS} waiters of another"
     );
     other.release().await.unwrap();
@@ -430,7 +430,7 @@ pub async fn a_lease_another_term_holds_fenced_is_lost_not_busy(h: &SqlHarness) 
     txn.commit().await.unwrap();
     assert_eq!(renewals.lost, [a], "{renewals:?}");
     assert!(
-        took < Duration::from_millis(300),
+        took < Duration::from_secs(1),
         "a lost lease took {took:?} to be reported"
     );
 }
