@@ -47,12 +47,15 @@ impl SqliteBackend {
     /// past the busy timeout makes lease statements fail; with several processes on one file,
     /// open it with [`connect_options`](super::connect_options) (WAL, a 5 s busy timeout).
     async fn check_journal(&self, cx: &Context) {
-        self.journal_checked
-            .get_or_init(|| async {
+        let _ = self
+            .journal_checked
+            .get_or_try_init(|| async {
                 let stmt = Statement::from_string(DbBackend::Sqlite, "PRAGMA journal_mode");
                 let mode = match cx.db.query_one_raw(stmt).await {
                     Ok(Some(row)) => row.try_get_by_index::<String>(0).unwrap_or_default(),
-                    _ => return, // the lease statement will report the error
+                    // Not looked at: asked again with the next statement (the lease statement
+                    // reports any error of its own).
+                    _ => return Err(()),
                 };
                 // `memory`: an in-memory database, one process; `wal`/`wal2`: fine.
                 if !mode.eq_ignore_ascii_case("memory")
@@ -67,6 +70,7 @@ impl SqliteBackend {
                          (orion_beacon::backend::sqlite::connect_options does)"
                     );
                 }
+                Ok(())
             })
             .await;
     }
