@@ -669,8 +669,19 @@ pub(crate) fn validate_take(
 mod tests {
     use super::*;
 
-    /// A store that keeps the trait's defaults, forwarding the required methods.
-    struct Plain(crate::InMemoryLeaseStore);
+    /// A store that keeps the trait's defaults, forwarding the required methods; with
+    /// `stale_reads`, its reads always show the lease as live (a read just before it lapsed).
+    struct Plain(crate::InMemoryLeaseStore, bool);
+
+    impl Plain {
+        fn new() -> Self {
+            Self(crate::InMemoryLeaseStore::new(), false)
+        }
+
+        fn with_stale_reads() -> Self {
+            Self(crate::InMemoryLeaseStore::new(), true)
+        }
+    }
 
     #[async_trait]
     impl LeaseStore for Plain {
@@ -689,32 +700,8 @@ mod tests {
             self.0.release_lease(lease).await
         }
         async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
-            self.0.current(resource).await
-        }
-    }
-
-    /// A store whose reads always show the lease as live (a read just before it lapsed).
-    struct StaleReads(crate::InMemoryLeaseStore);
-
-    #[async_trait]
-    impl LeaseStore for StaleReads {
-        async fn acquire_or_renew(
-            &self,
-            resource: &str,
-            candidate: &str,
-            lease: Duration,
-        ) -> Result<LeaseOutcome, StoreError> {
-            self.0.acquire_or_renew(resource, candidate, lease).await
-        }
-        async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
-            self.0.release(resource, candidate).await
-        }
-        async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
-            self.0.release_lease(lease).await
-        }
-        async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
             Ok(self.0.current(resource).await?.map(|mut record| {
-                record.live = true;
+                record.live |= self.1;
                 record
             }))
         }
@@ -730,7 +717,7 @@ mod tests {
     // The default renews lease by lease, each only as given: the same holder and token, live.
     #[tokio::test]
     async fn the_default_batch_renew_renews_each_lease_only_as_given() {
-        let store = Plain(crate::InMemoryLeaseStore::new());
+        let store = Plain::new();
         let secs = Duration::from_secs(5);
         let a = acquired(store.acquire_or_renew("a", "me", secs).await);
         let b = acquired(store.acquire_or_renew("b", "me", secs).await);
@@ -757,7 +744,7 @@ mod tests {
     // once, the lease reported lost.
     #[tokio::test]
     async fn the_default_batch_renew_releases_a_term_it_started_by_accident() {
-        let store = StaleReads(crate::InMemoryLeaseStore::new());
+        let store = Plain::with_stale_reads();
         let a = acquired(
             store
                 .acquire_or_renew("a", "me", Duration::from_millis(20))
