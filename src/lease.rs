@@ -271,17 +271,3 @@ impl Renewals {
         out
     }
 }
-
-/// The local deadline of a lease granted or renewed by a statement sent at `sent`: the time
-/// the database granted (at most the lease asked for), less the step-down margin. Every holder
-/// (a shard set's terms, a lock's guards) trusts its lease until then and no longer.
-pub(crate) fn local_deadline(
-    lease: &Lease,
-    sent: tokio::time::Instant,
-    asked: std::time::Duration,
-    margin: std::time::Duration,
-) -> tokio::time::Instant {
-    let granted = lease.remaining.min(asked);
-    let trusted = granted.saturating_sub(margin);
-    sent.checked_add(trusted).unwrap_or(sent)
-}

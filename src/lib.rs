@@ -12,6 +12,7 @@ pub mod elector;
 mod error;
 mod fencing;
 pub mod guide;
+mod hold;
 pub mod jobs;
 mod lease;
 pub mod locks;

@@ -180,7 +180,7 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         self.renew_all(cx, json, millis, shape).await
     }
 
-    /// Whether electors may renew in batches here (see `elector::together`): only where a
+    /// Whether electors may renew in batches here (see `hold::renewer`): only where a
     /// batch's wait for a locked row is bounded.
     fn batches_renewals(&self) -> bool {
         true

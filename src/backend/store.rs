@@ -368,9 +368,9 @@ impl SeaOrmLeaseStore {
         &self.settings.db
     }
 
-    /// The batches its electors' renews go out in (see `elector::together`); `None` where the
+    /// The batches its electors' renews go out in (see `hold::renewer`); `None` where the
     /// backend cannot bound a batch's wait for a locked row.
-    pub(crate) fn renew_batches(&self) -> Option<&crate::elector::together::Batches> {
+    pub(crate) fn renew_batches(&self) -> Option<&crate::hold::renewer::Batches> {
         self.engine
             .as_ref()
             .ok()

@@ -3,153 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::random::random_u64;
-use crate::store::{lease_millis, validate_candidate, validate_resource};
-use crate::StoreError;
-
-/// Default lease duration (15 s).
-pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
-/// Default renew interval (5 s).
-pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(5);
-/// Default follower retry interval (2 s).
-pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(2);
-/// Default grace period for leader work to return after its term ends (5 s).
-pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
-/// Default jitter on follower retries (±10 %).
-pub const DEFAULT_JITTER: f64 = 0.1;
-/// The longest renew interval, retry interval, grace period or health window accepted (366
-/// days, the longest lease): anything longer is a bug, and bounded options keep every deadline
-/// computed from them far from overflow.
-pub const MAX_INTERVAL: Duration = crate::store::MAX_LEASE;
-/// The smallest step-down margin accepted, whatever the lease: 1 ms.
-pub const MIN_STEP_DOWN_MARGIN: Duration = Duration::from_millis(1);
-/// The largest clock-rate difference the margin must absorb (0.1 %): a leader counts its
-/// deadline on the host's monotonic clock, so if that clock runs slow against the database's
-/// the deadline comes later, in database time, by up to this fraction of the lease. Hence
-/// `step_down_margin` must be at least `lease_duration / 1000` (and [`MIN_STEP_DOWN_MARGIN`]).
-pub const MAX_CLOCK_RATE_DIFFERENCE: f64 = 1e-3;
-
-/// The smallest step-down margin accepted for `lease`: [`MIN_STEP_DOWN_MARGIN`], or the time
-/// the database's clock can gain on the host's over one lease at [`MAX_CLOCK_RATE_DIFFERENCE`]
-/// (the rule `margin >= rho * lease`, which the model check of the protocol derives and checks:
-/// see `model/tests/model_election.rs`), whichever is larger.
-pub fn min_step_down_margin(lease: Duration) -> Duration {
-    lease
-        .mul_f64(MAX_CLOCK_RATE_DIFFERENCE)
-        .max(MIN_STEP_DOWN_MARGIN)
-}
-
-/// A bad elector option, reported by [`ElectorBuilder::build`](crate::ElectorBuilder::build).
-#[derive(thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// No resource name was given.
-    #[error("no resource name: call .resource(\"...\")")]
-    MissingResource,
-    /// The resource name or candidate id was refused, the lease duration is out of range, or
-    /// the store cannot work with its connection (a backend this build does not support).
-    #[error(transparent)]
-    Invalid(#[from] StoreError),
-    /// A duration option was zero.
-    #[error(
-        "{option} must not be zero: leave it unset for the default, or give a positive duration"
-    )]
-    Zero {
-        /// The option.
-        option: &'static str,
-    },
-    /// A duration option was longer than [`MAX_INTERVAL`].
-    #[error("{option} {value:?} is too long: at most {max:?} would do")]
-    TooLong {
-        /// The option.
-        option: &'static str,
-        /// The value given.
-        value: Duration,
-        /// The largest value accepted.
-        max: Duration,
-    },
-    /// The step-down margin is below what clock-rate differences need (see
-    /// [`min_step_down_margin`]).
-    #[error(
-        "step_down_margin {margin:?} is too small for lease_duration {lease:?}: at least {minimum:?} \
-         (the database's clock may run fast against the host's over one lease)"
-    )]
-    MarginTooSmall {
-        /// The margin.
-        margin: Duration,
-        /// The lease duration.
-        lease: Duration,
-        /// The smallest margin accepted for this lease.
-        minimum: Duration,
-    },
-    /// The renew interval leaves no room for a retry inside the lease.
-    #[error(
-        "{option} {renew:?} leaves no room for a retry: twice it must fit in lease_duration \
-         {lease:?} minus the step-down margin {margin:?}; {option} {fits:?} or less would do \
-         (or a longer lease_duration)",
-        fits = renew_that_fits(*lease, *margin)
-    )]
-    RenewTooSlow {
-        /// The option (`renew_interval`, or a shard set's `interval`).
-        option: &'static str,
-        /// The renew interval.
-        renew: Duration,
-        /// The lease duration.
-        lease: Duration,
-        /// The step-down margin.
-        margin: Duration,
-    },
-    /// The step-down margin is half the lease or more.
-    #[error(
-        "step_down_margin {margin:?} must be less than half of lease_duration {lease:?}; the \
-         default is a tenth of it ({default:?})",
-        default = *lease / 10
-    )]
-    MarginTooLarge {
-        /// The margin.
-        margin: Duration,
-        /// The lease duration.
-        lease: Duration,
-    },
-    /// Jitter outside `0.0..=0.5`.
-    #[error("jitter {0} must be between 0.0 and 0.5 (the default is 0.1)")]
-    Jitter(f64),
-    /// A shard set without a name: call `.name("...")`.
-    #[error("no shard set name: call .name(\"...\")")]
-    MissingShardSet,
-    /// A shard set without resources.
-    #[error("the shard set has no resources: give at least one with .resources(...)")]
-    EmptyResourceSet,
-    /// A resource given twice to one shard set.
-    #[error("resource {name:?} appears more than once in the shard set")]
-    DuplicateResource {
-        /// The resource.
-        name: String,
-    },
-    /// More slack than the shard set has resources.
-    #[error(
-        "slack {slack} is more than the shard set's {resources} resources: {resources} or less \
-         would do (the default is 1; 0 balances exactly)"
-    )]
-    SlackTooLarge {
-        /// The slack asked for.
-        slack: usize,
-        /// How many resources the set has.
-        resources: usize,
-    },
-    /// Two preferred members for one resource.
-    #[error("more than one preferred member is given for {name:?}")]
-    DuplicatePreference {
-        /// The resource.
-        name: String,
-    },
-    /// A preference for a resource that is not in the shard set.
-    #[error("a preferred member is given for {name:?}, which is not in the shard set")]
-    UnknownResource {
-        /// The resource.
-        name: String,
-    },
-}
+use crate::hold::default_candidate_id;
+use crate::hold::timing::{
+    check_timing, ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER, DEFAULT_LEASE_DURATION,
+    DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL, MAX_INTERVAL,
+};
+use crate::store::{validate_candidate, validate_resource};
 
 /// Validated elector settings.
 #[derive(Debug, Clone)]
@@ -236,103 +95,11 @@ impl Options {
     }
 }
 
-/// The host name as the system reports it (`HOSTNAME`, else the kernel's), or `host`.
-/// Checks the options every lease holder shares (an elector, a shard set): none zero or too
-/// long, the lease in the store's bounds, the step-down margin in its bounds (default a tenth
-/// of the lease), and room for one retried renew. Returns the margin.
-pub(crate) fn check_timing(
-    lease: Duration,
-    (renew_option, renew_interval): (&'static str, Duration),
-    step_down_margin: Option<Duration>,
-    grace_period: Duration,
-) -> Result<Duration, ConfigError> {
-    for (option, value) in [
-        ("lease_duration", lease),
-        ("renew_interval", renew_interval),
-    ] {
-        if value.is_zero() {
-            return Err(ConfigError::Zero { option });
-        }
-    }
-    for (option, value) in [
-        (renew_option, renew_interval),
-        ("grace_period", grace_period),
-    ] {
-        if value > MAX_INTERVAL {
-            return Err(ConfigError::TooLong {
-                option,
-                value,
-                max: MAX_INTERVAL,
-            });
-        }
-    }
-    lease_millis(lease)?;
-    let step_down_margin = step_down_margin.unwrap_or(lease / 10);
-    let minimum = min_step_down_margin(lease);
-    if step_down_margin < minimum {
-        return Err(ConfigError::MarginTooSmall {
-            margin: step_down_margin,
-            lease,
-            minimum,
-        });
-    }
-    if step_down_margin >= lease / 2 {
-        return Err(ConfigError::MarginTooLarge {
-            margin: step_down_margin,
-            lease,
-        });
-    }
-    if renew_interval.saturating_mul(2) > lease.saturating_sub(step_down_margin) {
-        return Err(ConfigError::RenewTooSlow {
-            option: renew_option,
-            renew: renew_interval,
-            lease,
-            margin: step_down_margin,
-        });
-    }
-    Ok(step_down_margin)
-}
-
-impl std::fmt::Debug for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        crate::error::debug_chain(f, "ConfigError", self)
-    }
-}
-
-/// The longest renew interval that [`check_timing`] accepts for `lease` and `margin`, to the
-/// millisecond: what `RenewTooSlow` suggests.
-fn renew_that_fits(lease: Duration, margin: Duration) -> Duration {
-    let half = lease.saturating_sub(margin) / 2;
-    Duration::from_millis(u64::try_from(half.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn host_name() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".to_owned())
-}
-
-/// Host name + process id + a random suffix: unique per elector, readable in `leases` output.
-pub(crate) fn default_candidate_id() -> String {
-    let host: String = host_name()
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(200)
-        .collect();
-    format!(
-        "{}-{}-{:08x}",
-        host.trim(),
-        std::process::id(),
-        random_u64() as u32
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hold::timing::{min_step_down_margin, renew_that_fits};
+    use crate::StoreError;
 
     fn opts() -> Options {
         Options {
@@ -385,21 +152,6 @@ mod tests {
             o.renew_interval = Some(Duration::from_millis(4501));
         })
         .is_err());
-    }
-
-    /// The default id is `<host>-<pid>-<8 hex>`, with the host name as the system reports it
-    /// (control characters dropped).
-    #[test]
-    fn default_id_names_the_host() {
-        let host = host_name();
-        let id = default_candidate_id();
-        let expected = format!("{}-{}-", host.trim(), std::process::id());
-        assert!(
-            id.starts_with(&expected),
-            "{id} should start with {expected}"
-        );
-        assert_eq!(id.len(), expected.len() + 8, "{id}");
-        assert!(!id.chars().any(char::is_control));
     }
 
     /// The values the errors suggest are accepted.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::config::{Config, MAX_INTERVAL};
-use super::term::LossReason;
+use super::config::Config;
+use crate::hold::LossReason;
 use crate::{Denial, FencingToken, Lease, LeaseOutcome, StoreError};
 
 /// A follower told that the lease ends in `remaining` tries again this long after it.
@@ -191,12 +191,10 @@ fn grant(lease: Lease, sent: Instant, config: &Config) -> Grant {
     }
 }
 
-/// The local deadline of a grant: the send instant plus the lease time the store said was
-/// left, minus the margin. The store measured from a moment after `sent`, so this is earlier
-/// than the store's expiry by at least the margin.
+/// The local deadline of a grant (the one rule every hold has, see
+/// [`timing::local_deadline`](crate::hold::timing::local_deadline)).
 pub(super) fn local_deadline(lease: &Lease, sent: Instant, config: &Config) -> Instant {
-    let granted = lease.remaining.min(config.lease);
-    later(sent, granted.saturating_sub(config.step_down_margin))
+    crate::hold::timing::local_deadline(lease, sent, config.lease, config.step_down_margin)
 }
 
 /// Expiry-aware: a lease that ends before the next regular retry is retried right after it
@@ -217,13 +215,7 @@ pub(super) fn backoff(failures: u32, cap: Duration) -> Duration {
     FIRST_BACKOFF.saturating_mul(1 << exp).min(cap)
 }
 
-/// `t + d`, checked: the options are bounded (see `MAX_INTERVAL`), so this never saturates in
-/// practice, but no option value can make the loop panic.
-pub(super) fn later(t: Instant, d: Duration) -> Instant {
-    t.checked_add(d)
-        .or_else(|| t.checked_add(MAX_INTERVAL))
-        .unwrap_or(t)
-}
+pub(super) use crate::hold::timing::later;
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use metrics::{Label, Unit};
 
-use super::term::LossReason;
+use crate::hold::LossReason;
 use crate::StoreError;
 
 /// Gauge: 1 while this candidate leads the resource, 0 otherwise.
@@ -34,11 +34,8 @@ pub const SINCE_RENEW: &str = "orion_beacon_seconds_since_renew";
 /// [`Denial::stalled`](crate::Denial::stalled)): nobody can lead until that session ends.
 pub const STALLED_DENIALS: &str = "orion_beacon_stalled_holder_denials_total";
 
-/// Gauge: resources a shard set node leads now, by `shard_set` and `member`.
-pub const SHARDS_LED: &str = "orion_beacon_shards_led";
-/// Gauge: a shard set node's share at its last round (0 while draining), by `shard_set` and
-/// `member`.
-pub const SHARD_SHARE: &str = "orion_beacon_shard_share";
+#[doc(no_inline)]
+pub use crate::shards::metrics::{SHARDS_LED, SHARD_SHARE};
 
 /// How often the time-since-last-round-trip gauge is refreshed.
 pub(crate) const REPORT_EVERY: Duration = Duration::from_secs(1);

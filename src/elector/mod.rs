@@ -8,8 +8,6 @@ mod health;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 mod runner;
-mod term;
-pub(crate) mod together;
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -19,19 +17,16 @@ use tokio::sync::{watch, RwLock};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{
+pub use crate::hold::health::{Health, HEALTH_WINDOW_FACTOR};
+pub use crate::hold::timing::{
     min_step_down_margin, ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER,
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
     MAX_CLOCK_RATE_DIFFERENCE, MAX_INTERVAL, MIN_STEP_DOWN_MARGIN,
 };
+pub use crate::hold::{LeaderTerm, Leadership, LossReason};
 pub use handover::Handover;
-pub(crate) use health::HealthState;
-pub use health::{Health, HEALTH_WINDOW_FACTOR};
-pub use term::{LeaderTerm, Leadership, LossReason};
 
-pub(crate) use crate::random::jittered;
 use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
-pub(crate) use config::{check_timing, default_candidate_id};
 use config::{Config, Options};
 use runner::{Runner, StepDown, Stop};
 

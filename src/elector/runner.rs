@@ -19,8 +19,8 @@ use super::decision::{
 };
 use super::handover::Handover;
 use super::health::Probe;
-use super::term::{LeaderTerm, Leadership, LossReason};
-use super::together::Reply;
+use crate::hold::renewer::Reply;
+use crate::hold::{LeaderTerm, Leadership, LossReason};
 use crate::random::jittered;
 use crate::store::ReleaseEvents;
 use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseStore};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::elector::LossReason;
+use crate::hold::LossReason;
 use crate::{ErrorKind, StoreError};
 
 /// Why a lock or a permit was not had, or was lost before its work returned.
@@ -45,7 +45,7 @@ pub enum LockError {
         /// The most a semaphore has.
         max: u32,
     },
-    /// A timeout longer than [`MAX_INTERVAL`](crate::elector::MAX_INTERVAL).
+    /// A timeout longer than [`MAX_INTERVAL`](crate::hold::timing::MAX_INTERVAL).
     #[error("a lock timeout of {timeout:?} is too long: at most {max:?}")]
     TimeoutTooLong {
         /// The timeout given.

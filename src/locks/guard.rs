@@ -7,7 +7,7 @@ use std::future::Future;
 
 use super::holder::Holder;
 use super::LockError;
-use crate::elector::LeaderTerm;
+use crate::hold::LeaderTerm;
 use crate::FencingToken;
 
 /// A lock or a semaphore permit this process holds, renewed in the background until it is
@@ -118,7 +118,7 @@ impl LockGuard {
                     () = crate::clock::sleep_until(deadline) => {
                         // Renewed meanwhile: the deadline moved on.
                         if term.local_deadline() <= crate::clock::now() {
-                            term.end(crate::elector::LossReason::Deadline);
+                            term.end(crate::hold::LossReason::Deadline);
                             term.cut_off();
                             return;
                         }

@@ -1,6 +1,6 @@
 //! What one [`Locks`](super::Locks) holds, and the one background task that renews all of it:
 //! every guard and permit of a `Locks` is renewed by one `renew_all` per round, trusted until
-//! the same local deadline an elector's term is (`lease::local_deadline`), and ended when that
+//! the same local deadline an elector's term is (`hold::timing::local_deadline`), and ended when that
 //! deadline passes without a renew.
 //!
 //! Every hold has a candidate id of its own (`owner/<random>-<n>`, never used for anything
@@ -16,8 +16,8 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
-use crate::elector::{LeaderTerm, LossReason};
-use crate::lease::local_deadline;
+use crate::hold::timing::local_deadline;
+use crate::hold::{LeaderTerm, LossReason};
 use crate::{Denial, Lease, LeaseOutcome, LeaseStore, StoreError};
 
 /// The options of one [`Locks`](super::Locks), validated.

@@ -60,7 +60,8 @@ pub use error::LockError;
 pub use guard::LockGuard;
 use holder::{Attempt, Config, Holder};
 
-use crate::elector::{ConfigError, LeaderTerm, LossReason, MAX_INTERVAL};
+use crate::hold::timing::{check_timing, ConfigError, MAX_INTERVAL};
+use crate::hold::{default_candidate_id, LeaderTerm, LossReason};
 use crate::store::validate_resource;
 use crate::{Denial, LeaseStore, StoreError};
 
@@ -223,9 +224,7 @@ impl LocksBuilder {
     /// Checks the options (the elector's rules: no zero or overlong duration, a margin in its
     /// bounds, room for a retried renew) and makes the locks.
     pub fn build(self) -> Result<Locks, ConfigError> {
-        let owner = self
-            .owner
-            .unwrap_or_else(crate::elector::config::default_candidate_id);
+        let owner = self.owner.unwrap_or_else(default_candidate_id);
         if owner.chars().count() > 200 {
             return Err(ConfigError::Invalid(StoreError::InvalidCandidate {
                 name: owner,
@@ -249,7 +248,7 @@ impl LocksBuilder {
                 max: MAX_INTERVAL,
             });
         }
-        let step_down_margin = crate::elector::config::check_timing(
+        let step_down_margin = check_timing(
             lease,
             ("renew_interval", renew_interval),
             self.step_down_margin,

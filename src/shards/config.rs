@@ -4,7 +4,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::elector::{ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_LEASE_DURATION};
+use crate::hold::health::HEALTH_WINDOW_FACTOR;
+use crate::hold::timing::{
+    check_timing, ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_LEASE_DURATION,
+};
 use crate::membership::validate_shard_set;
 use crate::store::{validate_candidate, validate_resource};
 
@@ -54,7 +57,7 @@ impl Options {
         validate_shard_set(&name)?;
         let member = self
             .member
-            .unwrap_or_else(crate::elector::default_candidate_id);
+            .unwrap_or_else(crate::hold::default_candidate_id);
         validate_candidate(&member)?;
         if self.resources.is_empty() {
             return Err(ConfigError::EmptyResourceSet);
@@ -89,28 +92,16 @@ impl Options {
         let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
         let interval = self.interval.unwrap_or(DEFAULT_SHARD_INTERVAL);
         let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
-        let step_down_margin = crate::elector::check_timing(
+        let step_down_margin = check_timing(
             lease,
             ("interval", interval),
             self.step_down_margin,
             grace_period,
         )?;
-        let health_window = match self.health_window {
-            Some(window) if window.is_zero() => {
-                return Err(ConfigError::Zero {
-                    option: "health_window",
-                })
-            }
-            Some(window) if window > crate::elector::MAX_INTERVAL => {
-                return Err(ConfigError::TooLong {
-                    option: "health_window",
-                    value: window,
-                    max: crate::elector::MAX_INTERVAL,
-                })
-            }
-            Some(window) => window,
-            None => interval.saturating_mul(crate::elector::HEALTH_WINDOW_FACTOR),
-        };
+        let health_window = crate::hold::health::window(
+            self.health_window,
+            interval.saturating_mul(HEALTH_WINDOW_FACTOR),
+        )?;
         Ok(Config {
             health_window,
             name: Arc::from(name),

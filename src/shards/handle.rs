@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use super::config::Config;
 use super::{Assignment, Control, Running, Work};
-use crate::elector::LeaderTerm;
+use crate::hold::LeaderTerm;
 
 /// A running node of a shard set. Dropping it stops the node gracefully without waiting;
 /// [`shutdown`](Self::shutdown) waits.
@@ -43,7 +43,7 @@ pub struct ShardHandle {
     pub(super) control: Control,
     pub(super) work: Arc<Work>,
     pub(super) done: watch::Receiver<bool>,
-    pub(super) health: Arc<crate::elector::HealthState>,
+    pub(super) health: Arc<crate::hold::health::HealthState>,
 }
 
 impl ShardHandle {

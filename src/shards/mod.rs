@@ -57,6 +57,9 @@
 mod config;
 mod handle;
 mod look;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod plan;
 mod runner;
 mod state;
@@ -72,7 +75,8 @@ use tokio_util::sync::CancellationToken;
 pub use config::{DEFAULT_SHARD_INTERVAL, DEFAULT_SLACK};
 pub use handle::ShardHandle;
 
-use crate::elector::{ConfigError, LeaderTerm};
+use crate::hold::timing::ConfigError;
+use crate::hold::LeaderTerm;
 use crate::{LeaseStore, MembershipStore};
 use config::{Config, Options};
 
@@ -191,7 +195,7 @@ impl ShardSetBuilder {
 
     /// How long the node may go without a store answer (its heartbeat or its batched renew)
     /// before [`ShardHandle::health`] reports it unhealthy. Default: three rounds
-    /// ([`interval`](Self::interval) × [`HEALTH_WINDOW_FACTOR`](crate::elector::HEALTH_WINDOW_FACTOR)).
+    /// ([`interval`](Self::interval) × [`HEALTH_WINDOW_FACTOR`](crate::hold::health::HEALTH_WINDOW_FACTOR)).
     pub fn health_window(mut self, window: Duration) -> Self {
         self.options.health_window = Some(window);
         self
@@ -300,7 +304,7 @@ impl Drop for Running {
 /// The round interval, spread a little below `interval` so nodes started together do not run
 /// their rounds in lockstep (never above it: the timing rules are checked for `interval`).
 pub(crate) fn jittered_interval(interval: Duration) -> Duration {
-    crate::elector::jittered(interval.mul_f64(0.95), 0.05)
+    crate::random::jittered(interval.mul_f64(0.95), 0.05)
 }
 
 /// How the node was asked to stop, and whether it drains.
@@ -336,7 +340,9 @@ impl ShardSet {
             draining: watch::channel(false).0,
         };
         let work = Arc::new(Work::default());
-        let health = Arc::new(crate::elector::HealthState::new(self.config.health_window));
+        let health = Arc::new(crate::hold::health::HealthState::new(
+            self.config.health_window,
+        ));
         let runner = runner::Runner {
             health: health.clone(),
             store: self.store,

@@ -21,7 +21,7 @@ use super::look::{nothing_free, Free};
 use super::state::{deadline, Handover, Held, State, UNWIND};
 use super::watchdog::{recv, watchdog, Released};
 use super::{Assignment, Control, ShardStore, Work};
-use crate::elector::{LeaderTerm, LossReason};
+use crate::hold::{LeaderTerm, LossReason};
 use crate::{Lease, LeaseOutcome, StoreError};
 
 /// How long after a release notification a node waits for more before its round: one round for
@@ -52,7 +52,7 @@ pub(crate) struct Runner {
     pub work: Arc<Work>,
     pub fence: Option<crate::SeaOrmLeaseStore>,
     /// When the store last answered a heartbeat or a batched renew, for `health()`.
-    pub health: Arc<crate::elector::HealthState>,
+    pub health: Arc<crate::hold::health::HealthState>,
 }
 
 impl Runner {
@@ -68,7 +68,7 @@ impl Runner {
     async fn run_inner(self) {
         #[cfg(feature = "metrics")]
         {
-            use crate::elector::metrics::{SHARDS_LED, SHARD_SHARE};
+            use super::metrics::{SHARDS_LED, SHARD_SHARE};
             metrics::describe_gauge!(SHARDS_LED, "Resources this shard set node leads now");
             metrics::describe_gauge!(SHARD_SHARE, "This shard set node's share at its last round");
         }
@@ -650,9 +650,8 @@ impl Runner {
                 ("shard_set", self.config.name.to_string()),
                 ("member", self.config.member.to_string()),
             ];
-            metrics::gauge!(crate::elector::metrics::SHARDS_LED, &labels)
-                .set(assignment.led.len() as f64);
-            metrics::gauge!(crate::elector::metrics::SHARD_SHARE, &labels).set(st.share as f64);
+            metrics::gauge!(super::metrics::SHARDS_LED, &labels).set(assignment.led.len() as f64);
+            metrics::gauge!(super::metrics::SHARD_SHARE, &labels).set(st.share as f64);
         }
         self.state.send_if_modified(|old| {
             let changed = old.led != assignment.led

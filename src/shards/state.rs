@@ -13,7 +13,7 @@ use super::config::Config;
 use super::look::{keeps, FreeSince, Keeps, Presence};
 use super::plan::{plan, Plan, View};
 use super::Assignment;
-use crate::elector::{LeaderTerm, LossReason};
+use crate::hold::{LeaderTerm, LossReason};
 use crate::{Lease, Member, Renewals, StoreError};
 
 /// How long cut-off work gets to be dropped; work still running then keeps its lease
@@ -84,7 +84,7 @@ pub(crate) struct State {
     pub(crate) failed: Option<Arc<StoreError>>,
 }
 
-pub(crate) use crate::lease::local_deadline as deadline;
+pub(crate) use crate::hold::timing::local_deadline as deadline;
 
 impl State {
     /// Removes the terms whose local deadline passed by `now` or that the watchdog ended: they

@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 use tracing::warn;
 
 use crate::clock::sleep_until;
-use crate::elector::{LeaderTerm, LossReason};
+use crate::hold::{LeaderTerm, LossReason};
 
 /// The longest a watchdog sleeps before it looks at its term's deadline again.
 const WATCHDOG_SLICE: Duration = Duration::from_secs(1);
