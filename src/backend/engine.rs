@@ -77,7 +77,7 @@ pub(crate) struct Engine {
     /// The takeovers asked for by dropped acquires (see `takeover`): one at a time per store.
     pub(crate) takeovers: std::sync::Arc<Gate>,
     /// The leaders of this process renewing together (see `hold::renewer`).
-    pub(crate) renew_batches: crate::hold::renewer::Batches,
+    pub(crate) renewer: crate::hold::renewer::Renewer,
     /// Attempts to acquire a lease this process does not hold, at most one fewer at once than
     /// the store's own sessions (`None` where it has fewer than two of its own), so that
     /// attempts never occupy every session: a renew or a release, which takes no slot, waits

@@ -163,7 +163,7 @@ fn assemble(
         cx,
         backend,
         takeovers: old.map(|e| Arc::clone(&e.takeovers)).unwrap_or_default(),
-        renew_batches: Default::default(),
+        renewer: Default::default(),
         attempts,
         held: old.map(|e| Arc::clone(&e.held)).unwrap_or_default(),
     })
@@ -368,14 +368,17 @@ impl SeaOrmLeaseStore {
         &self.settings.db
     }
 
-    /// The batches its electors' renews go out in (see `hold::renewer`); `None` where the
-    /// backend cannot bound a batch's wait for a locked row.
-    pub(crate) fn renew_batches(&self) -> Option<&crate::hold::renewer::Batches> {
+    /// The renewer of every hold on this store (see `hold::renewer`); `None` when the store
+    /// has no backend.
+    pub(crate) fn renewer(&self) -> Option<crate::hold::renewer::Renewer> {
+        self.engine.as_ref().ok().map(|e| e.renewer.clone())
+    }
+
+    /// Whether electors may renew together here: where a batch is one statement.
+    pub(crate) fn batches_renewals(&self) -> bool {
         self.engine
             .as_ref()
-            .ok()
-            .filter(|e| e.backend.batches_renewals())
-            .map(|e| &e.renew_batches)
+            .is_ok_and(|e| e.backend.batches_renewals())
     }
 
     /// [`renew_all`](LeaseStore::renew_all): one batch that skips rows other transactions hold

@@ -35,7 +35,7 @@ use runner::{Runner, StepDown, Stop};
 pub struct ElectorBuilder {
     store: Arc<dyn LeaseStore>,
     fence: Option<crate::SeaOrmLeaseStore>,
-    together: Option<crate::SeaOrmLeaseStore>,
+    renewer: Option<crate::hold::renewer::Renewer>,
     options: Options,
     health_window: Option<Duration>,
 }
@@ -151,7 +151,7 @@ impl ElectorBuilder {
         Ok(Elector {
             store: self.store,
             fence: self.fence,
-            together: self.together,
+            renewer: self.renewer,
             config: Arc::new(config),
             health_window,
         })
@@ -185,7 +185,7 @@ impl ElectorBuilder {
 pub struct Elector {
     store: Arc<dyn LeaseStore>,
     fence: Option<crate::SeaOrmLeaseStore>,
-    together: Option<crate::SeaOrmLeaseStore>,
+    renewer: Option<crate::hold::renewer::Renewer>,
     config: Arc<Config>,
     health_window: Duration,
 }
@@ -201,18 +201,11 @@ impl Elector {
         let fence = store.sea_orm_store().cloned();
         // Renews go out in batches only on a `SeaOrmLeaseStore` itself: a wrapper sees every
         // call it forwards.
-        let any: &dyn std::any::Any = &store;
-        let together = any
-            .downcast_ref::<crate::SeaOrmLeaseStore>()
-            .cloned()
-            .or_else(|| {
-                any.downcast_ref::<Arc<crate::SeaOrmLeaseStore>>()
-                    .map(|s| crate::SeaOrmLeaseStore::clone(s))
-            });
+        let renewer = crate::hold::renewer::Renewer::for_electors(&store);
         ElectorBuilder {
             store: Arc::new(store),
             fence,
-            together,
+            renewer,
             options: Options::default(),
             health_window: None,
         }
@@ -253,7 +246,7 @@ impl Elector {
             work_gate: work_gate.clone(),
             probe: probe.clone(),
             fence: self.fence,
-            together: self.together,
+            renewer: self.renewer,
         };
         let (finished, done) = watch::channel(false);
         let supervised = probe.clone().supervise(runner.run());

@@ -117,9 +117,9 @@ pub(crate) struct Runner {
     pub probe: Probe,
     /// The store again, where it can fence SeaORM transactions (see `LeaderTerm::fence`).
     pub fence: Option<crate::SeaOrmLeaseStore>,
-    /// The store, when the elector was built on a `SeaOrmLeaseStore` itself (not a wrapper,
-    /// whose renews must all go through it): its leaders renew together (see `together`).
-    pub together: Option<crate::SeaOrmLeaseStore>,
+    /// The store's renewer, when the elector was built on a `SeaOrmLeaseStore` itself (see
+    /// `hold::renewer`): with `renew_together`, its renews go out with the store's other holds.
+    pub renewer: Option<crate::hold::renewer::Renewer>,
 }
 
 impl Drop for Runner {
@@ -559,22 +559,16 @@ impl Runner {
         {
             return Ok(Together::Alone);
         }
-        let Some(store) = self
-            .together
-            .as_ref()
-            .filter(|_| self.config.renew_together)
-        else {
+        let Some(renewer) = self.renewer.as_ref().filter(|_| self.config.renew_together) else {
             return Ok(Together::Alone);
         };
-        let Some(mut ticket) = store.renew_batches().and_then(|batches| {
-            batches.enter(
-                store,
-                active.granted.clone(),
-                (self.config.lease, self.config.renew_interval),
-                due,
-                deadline,
-            )
-        }) else {
+        let Some(mut ticket) = renewer.enter(
+            &self.store,
+            active.granted.clone(),
+            (self.config.lease, self.config.renew_interval),
+            due,
+            deadline,
+        ) else {
             return Ok(Together::Alone);
         };
         // The batch leaves at the latest at `due`; one that is held up (its task on a runtime
@@ -622,7 +616,11 @@ impl Runner {
             Ok(Reply::Failed(what)) => Ok(Err(crate::StoreError::Database(
                 sea_orm::DbErr::Custom(what).into(),
             ))),
-            Ok(Reply::Alone) => return Ok(Together::AskNow { lost: false }),
+            Ok(Reply::Busy) => Ok(Err(crate::StoreError::Database(
+                sea_orm::DbErr::Custom("its row was held locked by another transaction".to_owned())
+                    .into(),
+            ))),
+            Ok(Reply::Alone | Reply::Refused(_)) => return Ok(Together::AskNow { lost: false }),
             Err(_) => Err(NoAnswer),
         };
         let role = Role::Leader {

@@ -1,8 +1,11 @@
-//! Leaders of one process renewing together: the electors that share a
-//! [`SeaOrmLeaseStore`] (and a lease duration) send one `renew_all` per round, not one renew
-//! each.
+//! The one renewer of a store: every hold of the process on it (electors' terms that renew
+//! together, locks' guards and permits, shard sets' terms) is renewed by a
+//! [`renew_all`](crate::LeaseStore::renew_all) that takes every hold waiting with the same
+//! lease duration and renew interval, one statement per round (per [`MAX_PER_STATEMENT`]).
+//! A [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) has one renewer, shared by its clones and by
+//! every primitive built on it; a primitive on another store has one of its own.
 //!
-//! Right after each renew, a leader enters its next one: its lease, when it is due (its renew
+//! Right after each renew, a holder enters its next one: its lease, when it is due (its renew
 //! time, or its deadline if that is sooner) and its deadline. A batch leaves when its first
 //! entry is due and takes every entry waiting then, so a leader may renew early, never late;
 //! after one round the leaders of a process renew in step, one statement per round (per
@@ -22,15 +25,21 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-use crate::{Lease, SeaOrmLeaseStore};
+use crate::{Lease, LeaseStore, Renewals, StoreError};
 
 /// The most leases one statement renews; a larger batch sends one statement per this many.
 pub(crate) const MAX_PER_STATEMENT: usize = 1_000;
 
-/// The batches of one store, by lease duration and renew interval (a leader that renews often
-/// would otherwise pull the others along); shared by the store's clones.
+/// The renewer of one store (see the module's notes). Cheap to clone; clones share the batches.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Renewer {
+    batches: Arc<Batches>,
+}
+
+/// The batches of one store, by lease duration and renew interval (a holder that renews often
+/// would otherwise pull the others along).
 #[derive(Debug, Default)]
-pub(crate) struct Batches {
+struct Batches {
     batches: Mutex<HashMap<(Duration, Duration), Arc<Batch>>>,
     /// Set when the store cannot renew in batches (it refused one for a reason retrying does
     /// not mend): every leader renews on its own from then on.
@@ -99,8 +108,16 @@ pub(crate) enum Reply {
     Lost,
     /// The statement failed with an error that trying again may mend (described here).
     Failed(String),
-    /// Left out (given twice, past its deadline), or the batch failed for good or went away:
-    /// the elector asks on its own.
+    /// The statement committed without an answer for it: its row was held locked by another
+    /// transaction (its own fenced transaction, say) for longer than its renew waited. No news:
+    /// its term goes on to its deadline.
+    Busy,
+    /// The store refused the statement for good (see
+    /// [`StoreError::is_permanent`](crate::StoreError::is_permanent)): an elector asks on its
+    /// own (its own call says the same), other holds end.
+    Refused(Arc<StoreError>),
+    /// Left out (given twice, past its deadline), or the batch went away: the holder asks on
+    /// its own.
     Alone,
 }
 
@@ -141,20 +158,38 @@ impl Drop for Ticket {
     }
 }
 
-impl Batches {
-    /// Enters `lease` (held for `duration` per renew) in the next batch of `store`, due at
-    /// `due`, answered no later than `deadline`. `None` when the store renews lease by lease
-    /// (see [`Batches::off`]) or there is no tokio runtime.
+impl Renewer {
+    /// The renewer `store` shares with every primitive built on it, when it is a
+    /// [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) itself (not a wrapper, whose renews must
+    /// all go through it); a renewer of its own otherwise.
+    pub(crate) fn of(store: &dyn std::any::Any) -> Self {
+        sea_orm_store(store)
+            .and_then(crate::SeaOrmLeaseStore::renewer)
+            .unwrap_or_default()
+    }
+
+    /// The shared renewer of `store` (see [`Renewer::of`]) where electors renew together: a
+    /// backend whose batch is one statement.
+    pub(crate) fn for_electors(store: &dyn std::any::Any) -> Option<Self> {
+        sea_orm_store(store)
+            .filter(|s| s.batches_renewals())
+            .and_then(crate::SeaOrmLeaseStore::renewer)
+    }
+
+    /// Enters `lease` (held for `duration` per renew) in the next batch, sent on `store`, due
+    /// at `due`, answered no later than `deadline`. `None` when the store renews lease by lease
+    /// for now (a batch failed) or there is no tokio runtime.
     pub(crate) fn enter(
         &self,
-        store: &SeaOrmLeaseStore,
+        store: &Arc<dyn LeaseStore>,
         lease: Lease,
         (duration, interval): (Duration, Duration),
         due: Instant,
         deadline: Instant,
     ) -> Option<Ticket> {
-        if self.off.load(Ordering::Relaxed)
-            || lock(&self.paused)
+        let batches = &self.batches;
+        if batches.off.load(Ordering::Relaxed)
+            || lock(&batches.paused)
                 .until
                 .is_some_and(|until| crate::clock::now() < until)
         {
@@ -162,7 +197,7 @@ impl Batches {
         }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let batch = Arc::clone(
-            lock(&self.batches)
+            lock(&batches.batches)
                 .entry((duration, interval))
                 .or_insert_with(|| {
                     Arc::new(Batch {
@@ -204,7 +239,7 @@ impl Batches {
                     batch: Arc::clone(&batch),
                     ended: false,
                 };
-                runtime.spawn(send_batches(running, store.clone()));
+                runtime.spawn(send_batches(running, self.clone(), store.clone()));
             }
             Some(false) => batch.entered.notify_one(),
             None => {}
@@ -216,9 +251,100 @@ impl Batches {
         })
     }
 
+    /// Renews `leases` (each held for `duration` per renew, renewed every `interval`) now, in
+    /// one batch with whatever else of this store waits with the same timing; given up at
+    /// `deadline`. A lease the batch left out (given twice, say) or that could not go out in a
+    /// batch is renewed with the others of that kind by one `renew_all` of its own. An error
+    /// when the store refused the batch for good, or nothing was answered and the batch
+    /// failed; `None` when nothing was answered by `deadline`.
+    pub(crate) async fn renew_now(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        leases: &[Lease],
+        timing: (Duration, Duration),
+        deadline: Instant,
+    ) -> Result<Option<Renewals>, Arc<StoreError>> {
+        let now = crate::clock::now();
+        let mut out = Renewals::default();
+        let mut alone = Vec::new();
+        let mut tickets = Vec::with_capacity(leases.len());
+        for lease in leases {
+            match self.enter(store, lease.clone(), timing, now, deadline) {
+                Some(ticket) => tickets.push((lease, ticket)),
+                None => alone.push(lease.clone()),
+            }
+        }
+        let mut failed = None;
+        let mut refused = None;
+        // Whether the store answered anything (a busy row is an answer: the batch committed).
+        let mut busy = false;
+        let mut waiting = tickets.into_iter();
+        let answered = crate::clock::timeout_at(deadline, async {
+            for (lease, mut ticket) in waiting.by_ref() {
+                let reply = match ticket.departed().await {
+                    Some(departure) => departure.reply().await,
+                    None => Reply::Alone,
+                };
+                match reply {
+                    Reply::Renewed(renewed) => out.renewed.push(renewed),
+                    Reply::Lost => out.lost.push(lease.clone()),
+                    Reply::Busy => {
+                        busy = true;
+                        out.unanswered.push(lease.clone());
+                    }
+                    Reply::Failed(what) => {
+                        failed = Some(what);
+                        out.unanswered.push(lease.clone());
+                    }
+                    Reply::Refused(err) => refused = Some(err),
+                    Reply::Alone => alone.push(lease.clone()),
+                }
+            }
+        })
+        .await;
+        if answered.is_err() {
+            // Not answered by the deadline: the rest are no news.
+            out.unanswered
+                .extend(waiting.map(|(lease, _)| lease.clone()));
+        }
+        if let Some(err) = refused {
+            return Err(err);
+        }
+        let heard =
+            |busy: bool, out: &Renewals| busy || !out.renewed.is_empty() || !out.lost.is_empty();
+        if let Some(what) = failed {
+            if !heard(busy, &out) && alone.is_empty() {
+                return Err(Arc::new(StoreError::Database(
+                    sea_orm::DbErr::Custom(what).into(),
+                )));
+            }
+        }
+        if !alone.is_empty() {
+            let renew = crate::store::renew_by(deadline, store.renew_all(&alone, timing.0));
+            match renew.await {
+                Ok(Ok(renewals)) => {
+                    busy = true;
+                    out.renewed.extend(renewals.renewed);
+                    out.lost.extend(renewals.lost);
+                    out.unanswered.extend(renewals.unanswered);
+                }
+                Ok(Err(err)) => {
+                    if !heard(busy, &out) || err.is_permanent() {
+                        return Err(Arc::new(err));
+                    }
+                    out.unanswered.extend(alone);
+                }
+                Err(_) => out.unanswered.extend(alone),
+            }
+        }
+        Ok(heard(busy, &out).then_some(out))
+    }
+}
+
+impl Batches {
     /// A batch failed with `error`: leaders renew on their own for a while, or for good if
     /// retrying cannot help (see [`StoreError::is_permanent`](crate::StoreError::is_permanent)).
-    fn failed(&self, error: &crate::StoreError, sent: Instant) {
+    fn failed(&self, error: &StoreError, sent: Instant) {
         if error.is_permanent() {
             if !self.off.swap(true, Ordering::Relaxed) {
                 tracing::info!(%error, "leaders renew lease by lease from now on: the store refused a batch");
@@ -252,7 +378,7 @@ impl Batches {
 }
 
 /// Sends `batch` each time its first entry is due, while entries wait.
-async fn send_batches(mut running: Running, store: SeaOrmLeaseStore) {
+async fn send_batches(mut running: Running, renewer: Renewer, store: Arc<dyn LeaseStore>) {
     let batch = Arc::clone(&running.batch);
     loop {
         let due = {
@@ -276,7 +402,7 @@ async fn send_batches(mut running: Running, store: SeaOrmLeaseStore) {
             () = batch.entered.notified() => continue,
         }
         let taken = std::mem::take(&mut lock(&batch.pending).entries);
-        send(&batch, &store, taken);
+        send(&batch, &renewer, &store, taken);
     }
 }
 
@@ -301,7 +427,7 @@ impl Drop for Running {
 /// Sends one batch: every entry is told it left (with the instant taken before any statement
 /// goes out), then one statement per [`MAX_PER_STATEMENT`] entries, each on a task of its own,
 /// so no entry waits behind another's statement.
-fn send(batch: &Batch, store: &SeaOrmLeaseStore, taken: Vec<Entry>) {
+fn send(batch: &Batch, renewer: &Renewer, store: &Arc<dyn LeaseStore>, taken: Vec<Entry>) {
     // A resource given twice (two electors of this process that both think they lead it, a
     // moment apart): the later entries ask on their own.
     let mut seen = HashSet::with_capacity(taken.len());
@@ -329,7 +455,13 @@ fn send(batch: &Batch, store: &SeaOrmLeaseStore, taken: Vec<Entry>) {
             Vec::new()
         };
         let chunk = std::mem::replace(&mut out, rest);
-        tokio::spawn(renew_chunk(store.clone(), batch.lease, sent, chunk));
+        tokio::spawn(renew_chunk(
+            Arc::clone(&renewer.batches),
+            store.clone(),
+            batch.lease,
+            sent,
+            chunk,
+        ));
     }
 }
 
@@ -344,39 +476,38 @@ struct Out {
 /// its own). It never waits for a row another transaction holds (the leader's own fenced
 /// transaction, say): that lease is renewed alone with a single renew's bound, and answered
 /// as a failed renew if that does not answer either.
-async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, chunk: Vec<Out>) {
+async fn renew_chunk(
+    batches: Arc<Batches>,
+    store: Arc<dyn LeaseStore>,
+    lease: Duration,
+    sent: Instant,
+    chunk: Vec<Out>,
+) {
     let Some(until) = chunk.iter().map(|o| o.deadline).max() else {
         return;
     };
     let held: Vec<Lease> = chunk.iter().map(|o| o.lease.clone()).collect();
     // The leases a batch left out are asked about in time for the first elector's deadline.
     let first = chunk.iter().map(|o| o.deadline).min().unwrap_or(until);
-    let renew =
-        crate::store::ANSWER_BY.scope(first, crate::LeaseStore::renew_all(&store, &held, lease));
+    let renew = crate::store::ANSWER_BY.scope(first, store.renew_all(&held, lease));
     let answer = crate::clock::timeout_at(until, renew).await;
-    let batches = store.renew_batches();
-    let (mut renewed, unanswered): (HashMap<(String, String), Lease>, Vec<Lease>) = match answer {
+    let (mut renewed, lost, unanswered): (HashMap<(String, String), Lease>, _, _) = match answer {
         Ok(Ok(renewals)) => {
-            if let Some(batches) = batches {
-                batches.answered();
-            }
+            batches.answered();
             let renewed = renewals
                 .renewed
                 .into_iter()
                 .map(|l| ((l.resource.clone(), l.holder.clone()), l))
                 .collect();
-            (renewed, renewals.unanswered)
+            (renewed, renewals.lost, renewals.unanswered)
         }
         Ok(Err(error)) => {
-            if let Some(batches) = batches {
-                batches.failed(&error, sent);
-            }
-            let reply = || {
-                if error.is_permanent() {
-                    Reply::Alone
-                } else {
-                    Reply::Failed(format!("a batched renew failed: {error}"))
-                }
+            batches.failed(&error, sent);
+            let what = format!("a batched renew failed: {error}");
+            let refused = error.is_permanent().then(|| Arc::new(error));
+            let reply = || match &refused {
+                Some(error) => Reply::Refused(Arc::clone(error)),
+                None => Reply::Failed(what.clone()),
             };
             for o in chunk {
                 let _ = o.answer.send(reply());
@@ -386,30 +517,38 @@ async fn renew_chunk(store: SeaOrmLeaseStore, lease: Duration, sent: Instant, ch
         // Every elector in it gave up at its deadline by now; leaders renew on their own for a
         // while.
         Err(_) => {
-            if let Some(batches) = batches {
-                batches.failed(
-                    &crate::StoreError::Database(
-                        sea_orm::DbErr::Custom("a batched renew did not answer in time".into())
-                            .into(),
-                    ),
-                    sent,
-                );
-            }
+            batches.failed(
+                &StoreError::Database(
+                    sea_orm::DbErr::Custom("a batched renew did not answer in time".into()).into(),
+                ),
+                sent,
+            );
             return;
         }
     };
     for o in chunk {
         let reply = match renewed.remove(&(o.lease.resource.clone(), o.lease.holder.clone())) {
             Some(l) if l.token == o.lease.token => Reply::Renewed(l),
+            Some(_) => Reply::Lost,
             // Its row was busy (its own fenced transaction, say): no news, the elector asks
             // again as after a failed renew.
-            _ if unanswered.contains(&o.lease) => {
-                Reply::Failed("its row was held locked by another transaction".to_owned())
-            }
-            _ => Reply::Lost,
+            None if unanswered.contains(&o.lease) => Reply::Busy,
+            None if lost.contains(&o.lease) => Reply::Lost,
+            // An answer that says nothing of it (a store that left it out): its holder asks
+            // on its own.
+            None => Reply::Alone,
         };
         let _ = o.answer.send(reply);
     }
+}
+
+/// `store` as a `SeaOrmLeaseStore`, when it is one (or an `Arc` of one).
+fn sea_orm_store(store: &dyn std::any::Any) -> Option<&crate::SeaOrmLeaseStore> {
+    store.downcast_ref::<crate::SeaOrmLeaseStore>().or_else(|| {
+        store
+            .downcast_ref::<Arc<crate::SeaOrmLeaseStore>>()
+            .map(|s| &**s)
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

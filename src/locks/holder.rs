@@ -50,6 +50,8 @@ pub(super) enum Attempt {
 
 pub(super) struct Holder {
     pub store: Arc<dyn LeaseStore>,
+    /// The store's renewer: every hold's renew goes out through it.
+    renewer: crate::hold::renewer::Renewer,
     pub fence: Option<crate::SeaOrmLeaseStore>,
     pub config: Config,
     held: Mutex<BTreeMap<Arc<str>, Held>>,
@@ -75,11 +77,13 @@ impl Drop for Holder {
 impl Holder {
     pub(super) fn new(
         store: Arc<dyn LeaseStore>,
+        renewer: crate::hold::renewer::Renewer,
         fence: Option<crate::SeaOrmLeaseStore>,
         config: Config,
     ) -> Self {
         Self {
             store,
+            renewer,
             fence,
             config,
             held: Mutex::default(),
@@ -421,11 +425,23 @@ impl Holder {
             return;
         }
         let sent = crate::clock::now();
-        let answer =
-            crate::store::renew_by(until, self.store.renew_all(&batch, self.config.lease)).await;
+        let timing = (self.config.lease, self.config.renew_interval);
+        let answer = crate::clock::timeout_at(
+            until,
+            self.renewer.renew_now(&self.store, &batch, timing, until),
+        )
+        .await;
         let mut held = lock(&self.held);
         let renewals = match answer {
-            Ok(Ok(renewals)) => renewals,
+            Ok(Ok(Some(renewals))) => renewals,
+            Ok(Ok(None)) => {
+                warn!(
+                    leases = batch.len(),
+                    "renewing the held locks did not answer before the first deadline"
+                );
+                self.retry_soon(&mut held, &batch, sent);
+                return;
+            }
             Ok(Err(err)) if err.is_permanent() => {
                 error!(leases = batch.len(), error = %err, "the store cannot renew locks: every hold it was asked for ends");
                 // Only the holds in this batch: one granted meanwhile was not asked about.

@@ -103,6 +103,7 @@ impl Locks {
     /// Locks on `store`, options to follow.
     pub fn builder<S: LeaseStore + 'static>(store: S) -> LocksBuilder {
         LocksBuilder {
+            renewer: crate::hold::renewer::Renewer::of(&store),
             store: Arc::new(store),
             owner: None,
             lease: None,
@@ -156,6 +157,7 @@ impl Locks {
 #[must_use]
 pub struct LocksBuilder {
     store: Arc<dyn LeaseStore>,
+    renewer: crate::hold::renewer::Renewer,
     owner: Option<String>,
     lease: Option<Duration>,
     renew_interval: Option<Duration>,
@@ -268,7 +270,7 @@ impl LocksBuilder {
             step_down_margin,
         };
         Ok(Locks {
-            holder: Arc::new(Holder::new(self.store, fence, config)),
+            holder: Arc::new(Holder::new(self.store, self.renewer, fence, config)),
         })
     }
 }

@@ -116,6 +116,7 @@ impl Assignment {
 #[must_use]
 pub struct ShardSetBuilder {
     store: Arc<dyn ShardStore>,
+    renewer: crate::hold::renewer::Renewer,
     fence: Option<crate::SeaOrmLeaseStore>,
     options: Options,
 }
@@ -209,6 +210,7 @@ impl ShardSetBuilder {
         self.store.validate()?;
         Ok(ShardSet {
             store: self.store,
+            renewer: self.renewer,
             fence: self.fence,
             config: Arc::new(config),
         })
@@ -240,6 +242,7 @@ impl ShardSetBuilder {
 /// ```
 pub struct ShardSet {
     store: Arc<dyn ShardStore>,
+    renewer: crate::hold::renewer::Renewer,
     fence: Option<crate::SeaOrmLeaseStore>,
     config: Arc<Config>,
 }
@@ -320,6 +323,7 @@ impl ShardSet {
     pub fn builder(store: impl ShardStore + 'static) -> ShardSetBuilder {
         let fence = store.sea_orm_store().cloned();
         ShardSetBuilder {
+            renewer: crate::hold::renewer::Renewer::of(&store),
             store: Arc::new(store),
             fence,
             options: Options::default(),
@@ -346,6 +350,7 @@ impl ShardSet {
         let runner = runner::Runner {
             health: health.clone(),
             store: self.store,
+            renewer: self.renewer,
             config: self.config.clone(),
             state,
             control: control.clone(),

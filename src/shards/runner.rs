@@ -31,7 +31,7 @@ const RELEASE_SETTLE: Duration = Duration::from_millis(20);
 /// Why a bounded store call failed.
 #[derive(Debug)]
 enum Bounded {
-    Store(StoreError),
+    Store(Arc<StoreError>),
     Timeout(Duration),
 }
 
@@ -46,6 +46,8 @@ impl std::fmt::Display for Bounded {
 
 pub(crate) struct Runner {
     pub store: Arc<dyn ShardStore>,
+    /// The store's renewer: the batched renews go out through it.
+    pub renewer: crate::hold::renewer::Renewer,
     pub config: Arc<Config>,
     pub state: watch::Sender<Assignment>,
     pub control: Control,
@@ -244,9 +246,15 @@ impl Runner {
         }
         let sent = crate::clock::now();
         let answer_by = sent.checked_add(self.config.interval).unwrap_or(sent);
-        let renew = crate::store::ANSWER_BY
-            .scope(answer_by, self.store.renew_all(&leases, self.config.lease));
-        let renewals = match self.bounded(renew).await {
+        let store: Arc<dyn crate::LeaseStore> = self.store.clone();
+        let timing = (self.config.lease, self.config.interval);
+        let renew = self.renewer.renew_now(&store, &leases, timing, answer_by);
+        let answer = match self.bounded(renew).await {
+            Ok(None) => Err(Bounded::Timeout(self.config.interval)),
+            Ok(Some(renewals)) => Ok(renewals),
+            Err(err) => Err(err),
+        };
+        let renewals = match answer {
             Ok(renewals) => {
                 self.health.answered_now();
                 renewals
@@ -608,7 +616,7 @@ impl Runner {
 
     /// A permanent store error (the node's configuration): every term ends, nothing more is
     /// tried.
-    fn fail(&self, st: &mut State, err: StoreError) {
+    fn fail(&self, st: &mut State, err: Arc<StoreError>) {
         error!(error = %err, "the store refused this shard set node's configuration; it stops");
         st.fail(err);
     }
@@ -627,12 +635,12 @@ impl Runner {
 
     /// A store call, given at most one interval: a round never hangs on the database (terms
     /// end at their deadlines meanwhile, see [`watchdog`]).
-    async fn bounded<T>(
+    async fn bounded<T, E: Into<Arc<StoreError>>>(
         &self,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
+        call: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<T, Bounded> {
         match tokio::time::timeout(self.config.interval, call).await {
-            Ok(result) => result.map_err(Bounded::Store),
+            Ok(result) => result.map_err(|err| Bounded::Store(err.into())),
             Err(_) => Err(Bounded::Timeout(self.config.interval)),
         }
     }

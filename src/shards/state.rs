@@ -293,7 +293,7 @@ impl State {
 
     /// A permanent store error (the node's configuration): every term ends, nothing more is
     /// tried.
-    pub(crate) fn fail(&mut self, err: StoreError) {
+    pub(crate) fn fail(&mut self, err: Arc<StoreError>) {
         for (_, h) in std::mem::take(&mut self.held) {
             h.term.end(LossReason::Failed);
             h.term.cut_off();
@@ -302,7 +302,7 @@ impl State {
             h.term.cut_off();
         }
         self.share = 0;
-        self.failed = Some(Arc::new(err));
+        self.failed = Some(err);
     }
 
     /// An abort: every term ends and its work is cut off at once, nothing released.
@@ -476,10 +476,10 @@ mod tests {
             );
             let b = held(&mut st, "b", 1, now + Duration::from_secs(1));
             if fail {
-                st.fail(StoreError::MissingTable {
+                st.fail(Arc::new(StoreError::MissingTable {
                     table: "t".into(),
                     source: sea_orm::DbErr::Custom("gone".into()).into(),
-                });
+                }));
                 assert!(st.failed.is_some());
                 assert_eq!(b.loss_reason(), Some(LossReason::Failed));
             } else {
