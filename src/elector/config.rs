@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::hold::default_candidate_id;
 use crate::hold::timing::{
-    check_timing, ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER, DEFAULT_LEASE_DURATION,
-    DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL, MAX_INTERVAL,
+    check_interval, ConfigError, Timing, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER,
+    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
 };
 use crate::store::{validate_candidate, validate_resource};
 
@@ -15,10 +15,9 @@ use crate::store::{validate_candidate, validate_resource};
 pub(crate) struct Config {
     pub resource: Arc<str>,
     pub candidate: Arc<str>,
-    pub lease: Duration,
-    pub renew_interval: Duration,
+    /// The lease, the renew interval and the step-down margin.
+    pub timing: Timing,
     pub retry_interval: Duration,
-    pub step_down_margin: Duration,
     pub grace_period: Duration,
     pub jitter: f64,
     pub release_on_shutdown: bool,
@@ -57,19 +56,8 @@ impl Options {
         let renew_interval = self.renew_interval.unwrap_or(DEFAULT_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_RETRY_INTERVAL);
         let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
-        if retry_interval.is_zero() {
-            return Err(ConfigError::Zero {
-                option: "retry_interval",
-            });
-        }
-        if retry_interval > MAX_INTERVAL {
-            return Err(ConfigError::TooLong {
-                option: "retry_interval",
-                value: retry_interval,
-                max: MAX_INTERVAL,
-            });
-        }
-        let step_down_margin = check_timing(
+        check_interval("retry_interval", retry_interval)?;
+        let timing = Timing::check(
             lease,
             ("renew_interval", renew_interval),
             self.step_down_margin,
@@ -82,10 +70,8 @@ impl Options {
         Ok(Config {
             resource: Arc::from(resource),
             candidate: Arc::from(candidate),
-            lease,
-            renew_interval,
+            timing,
             retry_interval,
-            step_down_margin,
             grace_period,
             jitter,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
@@ -98,7 +84,7 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hold::timing::{min_step_down_margin, renew_that_fits};
+    use crate::hold::timing::{min_step_down_margin, renew_that_fits, MAX_INTERVAL};
     use crate::StoreError;
 
     fn opts() -> Options {
@@ -111,10 +97,10 @@ mod tests {
     #[test]
     fn defaults() {
         let c = opts().validate().unwrap();
-        assert_eq!(c.lease, Duration::from_secs(15));
-        assert_eq!(c.renew_interval, Duration::from_secs(5));
+        assert_eq!(c.timing.lease, Duration::from_secs(15));
+        assert_eq!(c.timing.renew_interval, Duration::from_secs(5));
         assert_eq!(c.retry_interval, Duration::from_secs(2));
-        assert_eq!(c.step_down_margin, Duration::from_millis(1500));
+        assert_eq!(c.timing.step_down_margin, Duration::from_millis(1500));
         assert!(c.release_on_shutdown);
         assert!(c.candidate.contains(&std::process::id().to_string()));
         assert_ne!(default_candidate_id(), default_candidate_id());
@@ -138,7 +124,7 @@ mod tests {
             o.step_down_margin = Some(min_step_down_margin(Duration::from_secs(10)));
         })
         .unwrap();
-        assert_eq!(c.step_down_margin, min_step_down_margin(lease));
+        assert_eq!(c.timing.step_down_margin, min_step_down_margin(lease));
         // 2 × renew == lease - margin: exactly room for one retry
         assert!(at(|o| {
             o.lease = Some(Duration::from_secs(10));

@@ -155,7 +155,7 @@ pub(super) fn decide(
             let failures = failures.saturating_add(1);
             let cap = match role {
                 Role::Follower { .. } => config.retry_interval,
-                Role::Leader { .. } => config.renew_interval,
+                Role::Leader { .. } => config.timing.renew_interval,
             };
             let wait = backoff(failures, cap);
             let setback = Setback::Error { error, wait };
@@ -186,7 +186,7 @@ fn release(lease: Lease, now: Instant) -> Next {
 fn grant(lease: Lease, sent: Instant, config: &Config) -> Grant {
     Grant {
         deadline: local_deadline(&lease, sent, config),
-        next_renew: later(sent, config.renew_interval),
+        next_renew: later(sent, config.timing.renew_interval),
         lease,
     }
 }
@@ -194,7 +194,7 @@ fn grant(lease: Lease, sent: Instant, config: &Config) -> Grant {
 /// The local deadline of a grant (the one rule every hold has, see
 /// [`timing::local_deadline`](crate::hold::timing::local_deadline)).
 pub(super) fn local_deadline(lease: &Lease, sent: Instant, config: &Config) -> Instant {
-    crate::hold::timing::local_deadline(lease, sent, config.lease, config.step_down_margin)
+    config.timing.deadline(lease, sent)
 }
 
 /// Expiry-aware: a lease that ends before the next regular retry is retried right after it

@@ -28,6 +28,7 @@ impl ElectorBuilder {
 /// The window from the builder option, or the default for `config`.
 pub(crate) fn window(option: Option<Duration>, config: &Config) -> Result<Duration, ConfigError> {
     let default = config
+        .timing
         .renew_interval
         .max(config.retry_interval)
         .saturating_mul(HEALTH_WINDOW_FACTOR);

@@ -545,11 +545,11 @@ impl ElectorHandle {
                     return Err(ConfigError::Zero { option: "within" });
                 }
                 // A dead successor costs `within` without a leader: never more than a lease.
-                if within > self.config.lease {
+                if within > self.config.timing.lease {
                     return Err(ConfigError::TooLong {
                         option: "within",
                         value: within,
-                        max: self.config.lease,
+                        max: self.config.timing.lease,
                     });
                 }
                 crate::store::lease_millis(within)?;

@@ -235,8 +235,8 @@ impl Runner {
                                     // Left to lapse (its work may still run): coming back
                                     // before then would find it ours and release it under
                                     // that work.
-                                    until =
-                                        until.max(later(crate::clock::now(), self.config.lease));
+                                    until = until
+                                        .max(later(crate::clock::now(), self.config.timing.lease));
                                     Some(Handover::Ended)
                                 }
                             }
@@ -396,7 +396,7 @@ impl Runner {
     /// Offers the lease of `granted` to `to` for `within` (see `LeaseStore::offer`).
     async fn offer(&self, granted: &Lease, to: &str, within: Duration) -> Offered {
         let call = self.store.offer(granted, to, within);
-        match timeout(self.config.lease, call).await {
+        match timeout(self.config.timing.lease, call).await {
             Ok(Ok(true)) => {
                 info!(successor = to, ?within, "offered the lease");
                 Offered::Yes
@@ -430,7 +430,7 @@ impl Runner {
         if led.is_some_and(|led| token <= led) {
             return Ok(fallback);
         }
-        let lease = self.config.lease;
+        let lease = self.config.timing.lease;
         let sent = crate::clock::now();
         let call =
             self.store
@@ -482,7 +482,7 @@ impl Runner {
         };
         let sent = crate::clock::now();
         let decision = self
-            .ask_and_decide(role, sent, later(sent, self.config.lease), failures)
+            .ask_and_decide(role, sent, later(sent, self.config.timing.lease), failures)
             .await?;
         // A lease offered to this candidate (a planned handover): take it.
         if let Next::Follow { denial, .. } = &decision.next {
@@ -565,7 +565,7 @@ impl Runner {
         let Some(mut ticket) = renewer.enter(
             &self.store,
             active.granted.clone(),
-            (self.config.lease, self.config.renew_interval),
+            (self.config.timing.lease, self.config.timing.renew_interval),
             due,
             deadline,
         ) else {
@@ -659,7 +659,7 @@ impl Runner {
         let call = self.store.acquire_or_renew_with(
             &self.config.resource,
             &self.config.candidate,
-            self.config.lease,
+            self.config.timing.lease,
             self.config.payload.as_deref(),
         );
         let answer = self.abortable(timeout_at(until, call)).await?;
@@ -806,7 +806,7 @@ impl Runner {
                 log_store_error(error, failures, *wait, "store error while contending")
             }
             Setback::NoAnswer => {
-                warn!(after = ?self.config.lease, "store did not answer while contending")
+                warn!(after = ?self.config.timing.lease, "store did not answer while contending")
             }
         }
         self.note_follower_without_answer();
@@ -865,13 +865,13 @@ impl Runner {
                     active
                         .term
                         .extend(local_deadline(&lease, sent, &self.config));
-                    active.next_renew = later(sent, self.config.renew_interval);
+                    active.next_renew = later(sent, self.config.timing.renew_interval);
                     debug!(token = %lease.token, "renewed while leader work winds down");
                     active.granted = lease;
                 }
                 Ok(Err(err)) => {
                     *failures += 1;
-                    let wait = backoff(*failures, self.config.renew_interval);
+                    let wait = backoff(*failures, self.config.timing.renew_interval);
                     log_store_error(&err, *failures, wait, "store error while renewing");
                     active.next_renew = later(crate::clock::now(), wait);
                 }
@@ -937,7 +937,7 @@ impl Runner {
     /// Whether the store released it.
     async fn release(&self, granted: &Lease) -> bool {
         let call = self.store.release_lease(granted);
-        match timeout(self.config.lease, call).await {
+        match timeout(self.config.timing.lease, call).await {
             Ok(Ok(true)) => {
                 info!("released the lease");
                 return true;

@@ -10,7 +10,41 @@ pub(crate) mod timing;
 
 pub use term::{LeaderTerm, Leadership, LossReason};
 
+use tokio::time::Instant;
+
 use crate::random::random_u64;
+use crate::Lease;
+
+/// A lease this process holds: the term its work sees, and the store's last answer for it
+/// (the write a release ends).
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) term: LeaderTerm,
+    pub(crate) lease: Lease,
+}
+
+impl Held {
+    /// Whether `lease` (a renew's answer for this hold's resource) is this hold's term.
+    pub(crate) fn names(&self, lease: &Lease) -> bool {
+        self.term.token() == lease.token
+    }
+
+    /// The store renewed this hold's lease as `lease`, trusted until `deadline` (its local
+    /// deadline). A current term is trusted until then; one that ended (its deadline passed, or
+    /// its owner ended it) stays ended, and its release names this write.
+    pub(crate) fn renewed(&mut self, lease: Lease, deadline: Instant) {
+        if self.term.is_current() {
+            self.term.extend(deadline);
+        }
+        self.lease = lease;
+    }
+
+    /// Ends the term for `reason` and tells its work to stop.
+    pub(crate) fn end(&self, reason: LossReason) {
+        self.term.end(reason);
+        self.term.cut_off();
+    }
+}
 
 /// The host name as the system reports it (`HOSTNAME`, else the kernel's), or `host`.
 fn host_name() -> String {

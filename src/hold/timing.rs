@@ -221,6 +221,59 @@ pub(crate) fn renew_that_fits(lease: Duration, margin: Duration) -> Duration {
     Duration::from_millis(u64::try_from(half.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// The timing of one kind of hold, checked (see [`Timing::check`]): the lease asked for, how
+/// often it is renewed, and the step-down margin its local deadline keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    pub(crate) lease: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) step_down_margin: Duration,
+}
+
+impl Timing {
+    /// Checks the options every hold shares (see [`check_timing`]): the margin defaults to a
+    /// tenth of the lease.
+    pub(crate) fn check(
+        lease: Duration,
+        renew: (&'static str, Duration),
+        step_down_margin: Option<Duration>,
+        grace_period: Duration,
+    ) -> Result<Self, ConfigError> {
+        let step_down_margin = check_timing(lease, renew, step_down_margin, grace_period)?;
+        Ok(Self {
+            lease,
+            renew_interval: renew.1,
+            step_down_margin,
+        })
+    }
+
+    /// The local deadline of a lease granted or renewed by a statement sent at `sent` (see
+    /// [`local_deadline`]).
+    pub(crate) fn deadline(&self, lease: &Lease, sent: Instant) -> Instant {
+        local_deadline(lease, sent, self.lease, self.step_down_margin)
+    }
+
+    /// The renewer's batch key: holds with the same lease and renew interval renew together.
+    pub(crate) fn renew_key(&self) -> (Duration, Duration) {
+        (self.lease, self.renew_interval)
+    }
+}
+
+/// Checks an interval option: not zero, at most [`MAX_INTERVAL`].
+pub(crate) fn check_interval(option: &'static str, value: Duration) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        return Err(ConfigError::Zero { option });
+    }
+    if value > MAX_INTERVAL {
+        return Err(ConfigError::TooLong {
+            option,
+            value,
+            max: MAX_INTERVAL,
+        });
+    }
+    Ok(())
+}
+
 /// The local deadline of a lease granted or renewed by a statement sent at `sent`: the time
 /// the database granted (at most the `asked` lease), less the step-down margin. The store
 /// measured from a moment after `sent`, so this is earlier than the store's expiry by at least
@@ -241,4 +294,34 @@ pub(crate) fn later(t: Instant, d: Duration) -> Instant {
     t.checked_add(d)
         .or_else(|| t.checked_add(MAX_INTERVAL))
         .unwrap_or(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FencingToken;
+
+    fn lease(remaining_ms: u64) -> Lease {
+        Lease::new(
+            "a",
+            "me",
+            FencingToken::new(1),
+            Duration::from_millis(remaining_ms),
+        )
+    }
+
+    #[test]
+    fn the_deadline_trusts_the_granted_time_less_the_margin() {
+        let sent = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            local_deadline(&lease(800), sent, ms(1_000), ms(100)),
+            sent + ms(700)
+        );
+        assert_eq!(
+            local_deadline(&lease(5_000), sent, ms(1_000), ms(100)),
+            sent + ms(900)
+        );
+        assert_eq!(local_deadline(&lease(50), sent, ms(1_000), ms(100)), sent);
+    }
 }

@@ -1,6 +1,6 @@
 //! What one [`Locks`](super::Locks) holds, and the one background task that renews all of it:
 //! every guard and permit of a `Locks` is renewed by one `renew_all` per round, trusted until
-//! the same local deadline an elector's term is (`hold::timing::local_deadline`), and ended when that
+//! the same local deadline an elector's term is (`hold::timing::Timing::deadline`), and ended when that
 //! deadline passes without a renew.
 //!
 //! Every hold has a candidate id of its own (`owner/<random>-<n>`, never used for anything
@@ -16,7 +16,6 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
-use crate::hold::timing::local_deadline;
 use crate::hold::{LeaderTerm, LossReason};
 use crate::{Denial, Lease, LeaseOutcome, LeaseStore, StoreError};
 
@@ -24,18 +23,16 @@ use crate::{Denial, Lease, LeaseOutcome, LeaseStore, StoreError};
 #[derive(Debug, Clone)]
 pub(super) struct Config {
     pub owner: Arc<str>,
-    pub lease: Duration,
-    pub renew_interval: Duration,
+    /// The lease, the renew interval and the step-down margin of every hold.
+    pub timing: crate::hold::timing::Timing,
     pub retry_interval: Duration,
-    pub step_down_margin: Duration,
     /// Written into every hold's lease by its grant.
     pub payload: Option<Arc<str>>,
 }
 
 /// A lease this process holds for a guard or a permit.
 struct Held {
-    term: LeaderTerm,
-    lease: Lease,
+    hold: crate::hold::Held,
     /// When this lease is due for its next renew.
     renew_at: Instant,
 }
@@ -153,7 +150,7 @@ impl Holder {
                     self.store.clone(),
                     resource.clone(),
                     candidate.clone(),
-                    self.config.lease,
+                    self.config.timing.lease,
                     self.config.payload.clone(),
                 );
                 runtime.spawn(async move {
@@ -193,7 +190,7 @@ impl Holder {
                     store: &self.store,
                     resource,
                     candidate,
-                    lease: self.config.lease,
+                    lease: self.config.timing.lease,
                 };
                 let answer = match waiting.rx.as_mut() {
                     Some(rx) => rx.await,
@@ -211,7 +208,7 @@ impl Holder {
                     .acquire_or_renew_with(
                         resource,
                         candidate,
-                        self.config.lease,
+                        self.config.timing.lease,
                         self.config.payload.as_deref(),
                     )
                     .await
@@ -233,12 +230,7 @@ impl Holder {
                 return Err(err);
             }
         };
-        let deadline = local_deadline(
-            &lease,
-            sent,
-            self.config.lease,
-            self.config.step_down_margin,
-        );
+        let deadline = self.config.timing.deadline(&lease, sent);
         if deadline <= crate::clock::now() {
             debug!(resource = %resource, "a grant answered too late to be trusted; releasing it");
             self.release_quietly(resource, candidate);
@@ -252,21 +244,22 @@ impl Holder {
             self.fence.clone(),
         );
         let renew_at = sent
-            .checked_add(self.config.renew_interval)
+            .checked_add(self.config.timing.renew_interval)
             .unwrap_or(deadline);
         let replaced = lock(&self.held).insert(
             resource.clone(),
             Held {
-                term: term.clone(),
-                lease,
+                hold: crate::hold::Held {
+                    term: term.clone(),
+                    lease,
+                },
                 renew_at,
             },
         );
         if let Some(old) = replaced {
             // The store gave the lock to this new hold, so the old one is over (its lease
             // ended there before the renewer saw its deadline).
-            old.term.end(LossReason::Superseded);
-            old.term.cut_off();
+            old.hold.end(LossReason::Superseded);
         }
         self.start_renewer();
         self.wake.notify_one();
@@ -293,7 +286,7 @@ impl Holder {
     pub(super) fn take(&self, resource: &str, term: &LeaderTerm) -> bool {
         let ours = {
             let mut held = lock(&self.held);
-            let ours = held.get(resource).is_some_and(|h| h.term == *term);
+            let ours = held.get(resource).is_some_and(|h| h.hold.term == *term);
             if ours {
                 held.remove(resource);
             }
@@ -319,7 +312,7 @@ impl Holder {
             self.store.clone(),
             resource.to_owned(),
             term.candidate().to_owned(),
-            self.config.lease,
+            self.config.timing.lease,
         );
         let call = runtime.spawn(async move {
             let answer = tokio::time::timeout(lease, store.release(&r, &c)).await;
@@ -345,7 +338,7 @@ impl Holder {
             self.store.clone(),
             resource.to_owned(),
             candidate.to_owned(),
-            self.config.lease,
+            self.config.timing.lease,
         );
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move { release_by_candidate(&*store, &r, &c, lease).await });
@@ -382,25 +375,24 @@ impl Holder {
         let mut held = lock(&self.held);
         let ended: Vec<Arc<str>> = held
             .iter()
-            .filter(|(_, h)| h.term.local_deadline() <= now || h.term.is_lost())
+            .filter(|(_, h)| h.hold.term.local_deadline() <= now || h.hold.term.is_lost())
             .map(|(r, _)| r.clone())
             .collect();
         for resource in ended {
             if let Some(h) = held.remove(&resource) {
-                if h.term.is_lost() {
+                if h.hold.term.is_lost() {
                     // Ended already (its `lost()` saw the deadline first): let go of it now.
-                    debug!(resource = %resource, token = %h.lease.token, "an ended hold is released");
+                    debug!(resource = %resource, token = %h.hold.lease.token, "an ended hold is released");
                 } else {
-                    warn!(resource = %resource, token = %h.lease.token, "no renew before the lock's deadline: the lock is lost");
+                    warn!(resource = %resource, token = %h.hold.lease.token, "no renew before the lock's deadline: the lock is lost");
                 }
-                h.term.end(LossReason::Deadline);
-                h.term.cut_off();
+                h.hold.end(LossReason::Deadline);
                 // A renew that answered late may have kept it live in the store.
-                self.release_quietly(&resource, h.term.candidate());
+                self.release_quietly(&resource, h.hold.term.candidate());
             }
         }
         held.values()
-            .map(|h| h.renew_at.min(h.term.local_deadline()))
+            .map(|h| h.renew_at.min(h.hold.term.local_deadline()))
             .min()
     }
 
@@ -411,12 +403,12 @@ impl Holder {
             if !held.values().any(|h| h.renew_at <= now) {
                 return;
             }
-            let until = held.values().map(|h| h.term.local_deadline()).min();
+            let until = held.values().map(|h| h.hold.term.local_deadline()).min();
             // An ended hold is not renewed: `expire` releases it.
             let batch: Vec<Lease> = held
                 .values()
-                .filter(|h| !h.term.is_lost())
-                .map(|h| h.lease.clone())
+                .filter(|h| !h.hold.term.is_lost())
+                .map(|h| h.hold.lease.clone())
                 .collect();
             (batch, until)
         };
@@ -425,7 +417,7 @@ impl Holder {
             return;
         }
         let sent = crate::clock::now();
-        let timing = (self.config.lease, self.config.renew_interval);
+        let timing = self.config.timing.renew_key();
         let answer = crate::clock::timeout_at(
             until,
             self.renewer.renew_now(&self.store, &batch, timing, until),
@@ -448,14 +440,13 @@ impl Holder {
                 for lease in &batch {
                     let same = held
                         .get(lease.resource.as_str())
-                        .is_some_and(|h| h.term.token() == lease.token);
+                        .is_some_and(|h| h.hold.names(lease));
                     if !same {
                         continue; // released and taken again meanwhile: another hold
                     }
                     if let Some(h) = held.remove(lease.resource.as_str()) {
-                        h.term.end(LossReason::Failed);
-                        h.term.cut_off();
-                        self.release_quietly(&lease.resource, h.term.candidate());
+                        h.hold.end(LossReason::Failed);
+                        self.release_quietly(&lease.resource, h.hold.term.candidate());
                     }
                 }
                 return;
@@ -479,32 +470,26 @@ impl Holder {
             answered.insert(lease.resource.clone());
             if let Some(h) = held
                 .get_mut(lease.resource.as_str())
-                .filter(|h| h.term.token() == lease.token)
+                .filter(|h| h.hold.names(&lease))
             {
                 // A term whose deadline passed stays ended although its lease was renewed:
                 // the next look releases it.
-                if h.term.is_current() {
-                    h.term.extend(local_deadline(
-                        &lease,
-                        sent,
-                        self.config.lease,
-                        self.config.step_down_margin,
-                    ));
-                }
-                h.renew_at = sent.checked_add(self.config.renew_interval).unwrap_or(sent);
-                h.lease = lease;
+                let deadline = self.config.timing.deadline(&lease, sent);
+                h.hold.renewed(lease, deadline);
+                h.renew_at = sent
+                    .checked_add(self.config.timing.renew_interval)
+                    .unwrap_or(sent);
             }
         }
         for lost in renewals.lost {
             answered.insert(lost.resource.clone());
             let same = held
                 .get(lost.resource.as_str())
-                .is_some_and(|h| h.term.token() == lost.token);
+                .is_some_and(|h| h.hold.names(&lost));
             if same {
                 if let Some(h) = held.remove(lost.resource.as_str()) {
                     warn!(resource = %lost.resource, token = %lost.token, "lock lost (lapsed, revoked or taken)");
-                    h.term.end(LossReason::Denied);
-                    h.term.cut_off();
+                    h.hold.end(LossReason::Denied);
                 }
             }
         }
@@ -525,12 +510,12 @@ impl Holder {
     /// After a renew that did not answer for `leases`: ask again soon, well before their
     /// deadlines.
     fn retry_soon(&self, held: &mut BTreeMap<Arc<str>, Held>, leases: &[Lease], sent: Instant) {
-        let again = (self.config.renew_interval / 4).max(Duration::from_millis(10));
+        let again = (self.config.timing.renew_interval / 4).max(Duration::from_millis(10));
         let at = sent.checked_add(again).unwrap_or(sent);
         for lease in leases {
             if let Some(h) = held
                 .get_mut(lease.resource.as_str())
-                .filter(|h| h.term.token() == lease.token)
+                .filter(|h| h.hold.names(lease))
             {
                 h.renew_at = at;
             }

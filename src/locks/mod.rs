@@ -60,7 +60,7 @@ pub use error::LockError;
 pub use guard::LockGuard;
 use holder::{Attempt, Config, Holder};
 
-use crate::hold::timing::{check_timing, ConfigError, MAX_INTERVAL};
+use crate::hold::timing::{check_interval, ConfigError, Timing, MAX_INTERVAL};
 use crate::hold::{default_candidate_id, LeaderTerm, LossReason};
 use crate::store::validate_resource;
 use crate::{Denial, LeaseStore, StoreError};
@@ -88,7 +88,7 @@ impl std::fmt::Debug for Locks {
         let c = &self.holder.config;
         f.debug_struct("Locks")
             .field("owner", &&*c.owner)
-            .field("lease", &c.lease)
+            .field("lease", &c.timing.lease)
             .field("held", &self.holder.held_count())
             .finish_non_exhaustive()
     }
@@ -238,19 +238,8 @@ impl LocksBuilder {
         let lease = self.lease.unwrap_or(DEFAULT_LOCK_LEASE);
         let renew_interval = self.renew_interval.unwrap_or(DEFAULT_LOCK_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_LOCK_RETRY_INTERVAL);
-        if retry_interval.is_zero() {
-            return Err(ConfigError::Zero {
-                option: "retry_interval",
-            });
-        }
-        if retry_interval > MAX_INTERVAL {
-            return Err(ConfigError::TooLong {
-                option: "retry_interval",
-                value: retry_interval,
-                max: MAX_INTERVAL,
-            });
-        }
-        let step_down_margin = check_timing(
+        check_interval("retry_interval", retry_interval)?;
+        let timing = Timing::check(
             lease,
             ("renew_interval", renew_interval),
             self.step_down_margin,
@@ -264,10 +253,8 @@ impl LocksBuilder {
         let config = Config {
             payload: self.payload.map(Arc::from),
             owner: Arc::from(owner),
-            lease,
-            renew_interval,
+            timing,
             retry_interval,
-            step_down_margin,
         };
         Ok(Locks {
             holder: Arc::new(Holder::new(self.store, self.renewer, fence, config)),

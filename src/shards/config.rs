@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::hold::health::HEALTH_WINDOW_FACTOR;
-use crate::hold::timing::{
-    check_timing, ConfigError, DEFAULT_GRACE_PERIOD, DEFAULT_LEASE_DURATION,
-};
+use crate::hold::timing::{ConfigError, Timing, DEFAULT_GRACE_PERIOD, DEFAULT_LEASE_DURATION};
 use crate::membership::validate_shard_set;
 use crate::store::{validate_candidate, validate_resource};
 
@@ -25,9 +23,10 @@ pub(crate) struct Config {
     pub resources: Vec<Arc<str>>,
     /// The fingerprint of `resources` (see [`crate::Holding::fingerprint`]).
     pub set_hash: u64,
-    pub lease: Duration,
+    /// The lease, the renew interval (the round interval) and the step-down margin.
+    pub timing: Timing,
+    /// The round interval: every round renews the node's leases.
     pub interval: Duration,
-    pub step_down_margin: Duration,
     pub grace_period: Duration,
     pub slack: usize,
     pub prefer: HashMap<Arc<str>, Arc<str>>,
@@ -92,7 +91,7 @@ impl Options {
         let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
         let interval = self.interval.unwrap_or(DEFAULT_SHARD_INTERVAL);
         let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
-        let step_down_margin = check_timing(
+        let timing = Timing::check(
             lease,
             ("interval", interval),
             self.step_down_margin,
@@ -108,9 +107,8 @@ impl Options {
             member: Arc::from(member),
             set_hash: crate::Holding::fingerprint(&self.resources),
             resources: self.resources.into_iter().map(Arc::from).collect(),
-            lease,
+            timing,
             interval,
-            step_down_margin,
             grace_period,
             slack,
             prefer,
@@ -189,7 +187,7 @@ mod tests {
     fn defaults() {
         let c = opts(&["a", "b"]).validate().unwrap();
         assert_eq!(c.interval, Duration::from_secs(2));
-        assert_eq!(c.lease, Duration::from_secs(15));
+        assert_eq!(c.timing.lease, Duration::from_secs(15));
         assert_eq!(c.slack, 1);
         assert!(c.release_on_shutdown);
     }

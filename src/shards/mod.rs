@@ -390,7 +390,7 @@ impl std::fmt::Debug for ShardSet {
             .field("name", &&*self.config.name)
             .field("member", &&*self.config.member)
             .field("resources", &self.config.resources.len())
-            .field("lease", &self.config.lease)
+            .field("lease", &self.config.timing.lease)
             .field("interval", &self.config.interval)
             .field("backend", &self.fence.as_ref().map(|s| s.backend_name()))
             .finish_non_exhaustive()

@@ -18,7 +18,7 @@ use tracing::{debug, error, info, warn, Instrument};
 
 use super::config::Config;
 use super::look::{nothing_free, Free};
-use super::state::{deadline, Handover, Held, State, UNWIND};
+use super::state::{Handover, Held, State, UNWIND};
 use super::watchdog::{recv, watchdog, Released};
 use super::{Assignment, Control, ShardStore, Work};
 use crate::hold::{LeaderTerm, LossReason};
@@ -225,7 +225,7 @@ impl Runner {
         self.store.heartbeat_holding(
             &self.config.name,
             &self.config.member,
-            self.config.lease,
+            self.config.timing.lease,
             draining,
             holding,
         )
@@ -247,7 +247,7 @@ impl Runner {
         let sent = crate::clock::now();
         let answer_by = sent.checked_add(self.config.interval).unwrap_or(sent);
         let store: Arc<dyn crate::LeaseStore> = self.store.clone();
-        let timing = (self.config.lease, self.config.interval);
+        let timing = self.config.timing.renew_key();
         let renew = self.renewer.renew_now(&store, &leases, timing, answer_by);
         let answer = match self.bounded(renew).await {
             Ok(None) => Err(Bounded::Timeout(self.config.interval)),
@@ -300,7 +300,7 @@ impl Runner {
                 &self.config.member,
                 self.config.set_hash,
                 self.config.resources.len(),
-                self.config.lease,
+                self.config.timing.lease,
                 self.config.interval,
             );
         let (records, free) = if skip {
@@ -345,7 +345,7 @@ impl Runner {
             abandoned,
         } = st
             .free_since
-            .look(free, looked, self.config.interval, self.config.lease);
+            .look(free, looked, self.config.interval, self.config.timing.lease);
         self.release_strays(st, &records, looked).await;
         let p = st.plan_round(&self.config, &free, &orphans, &abandoned, looked, draining);
         st.share = p.target;
@@ -364,9 +364,9 @@ impl Runner {
                 return;
             }
             let sent = crate::clock::now();
-            let acquire = self
-                .store
-                .acquire_or_renew(&r, &self.config.member, self.config.lease);
+            let acquire =
+                self.store
+                    .acquire_or_renew(&r, &self.config.member, self.config.timing.lease);
             match self.bounded(acquire).await {
                 Ok(LeaseOutcome::Acquired(lease)) => {
                     let deadline = self.deadline(&lease, sent);
@@ -394,8 +394,12 @@ impl Runner {
                     });
                     if abandoned.contains(&r) {
                         let may_keep = st.telling(&self.config.member, &r, Duration::ZERO, sent);
-                        st.keeps
-                            .taken(r.clone(), crate::clock::now(), self.config.lease, may_keep);
+                        st.keeps.taken(
+                            r.clone(),
+                            crate::clock::now(),
+                            self.config.timing.lease,
+                            may_keep,
+                        );
                     }
                     st.held.insert(r, Held { term, lease });
                     self.publish(st);
@@ -450,7 +454,7 @@ impl Runner {
             return;
         }
         // An unanswered acquire that waited this long for a lock is given up on.
-        let horizon = self.config.lease.saturating_mul(2);
+        let horizon = self.config.timing.lease.saturating_mul(2);
         st.uncertain
             .retain(|_, sent| looked.saturating_duration_since(*sent) < horizon);
         for record in records {
@@ -647,7 +651,7 @@ impl Runner {
 
     /// The local deadline of a lease granted or renewed by a statement sent at `sent`.
     fn deadline(&self, lease: &Lease, sent: Instant) -> Instant {
-        deadline(lease, sent, self.config.lease, self.config.step_down_margin)
+        self.config.timing.deadline(lease, sent)
     }
 
     fn publish(&self, st: &State) {

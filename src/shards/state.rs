@@ -21,10 +21,7 @@ use crate::{Lease, Member, Renewals, StoreError};
 pub(crate) const UNWIND: Duration = Duration::from_millis(100);
 
 /// A resource this node leads: its term and the store's last answer for it.
-pub(crate) struct Held {
-    pub(crate) term: LeaderTerm,
-    pub(crate) lease: Lease,
-}
+pub(crate) use crate::hold::Held;
 
 /// A term that ended for a handover or a shutdown (or whose lease outlived it): renewed until
 /// its work returned (or the grace period passed), then released.
@@ -84,8 +81,6 @@ pub(crate) struct State {
     pub(crate) failed: Option<Arc<StoreError>>,
 }
 
-pub(crate) use crate::hold::timing::local_deadline as deadline;
-
 impl State {
     /// Removes the terms whose local deadline passed by `now` or that the watchdog ended: they
     /// are not renewed any more. Their leases may still be live in the store (a renew that was
@@ -100,8 +95,7 @@ impl State {
             .collect();
         for r in ended {
             if let Some(h) = self.held.remove(&r) {
-                h.term.end(LossReason::Deadline);
-                h.term.cut_off();
+                h.end(LossReason::Deadline);
                 self.handing.push(Handover {
                     give_up: now,
                     cut_at: Some(now),
@@ -139,22 +133,18 @@ impl State {
     ) {
         for lease in renewals.renewed {
             let deadline = deadline(&lease);
-            let same = |term: &LeaderTerm| term.token() == lease.token;
             if let Some(h) = self
                 .held
                 .get_mut(&*lease.resource)
-                .filter(|h| same(&h.term))
+                .filter(|h| h.names(&lease))
             {
                 // A term whose deadline passed stays ended, even though its lease was renewed:
                 // expire() releases that lease.
-                if h.term.is_current() {
-                    h.term.extend(deadline);
-                }
-                h.lease = lease;
+                h.renewed(lease, deadline);
             } else if let Some(h) = self
                 .handing
                 .iter_mut()
-                .find(|h| h.lease.resource == lease.resource && same(&h.term))
+                .find(|h| h.lease.resource == lease.resource && h.term.token() == lease.token)
             {
                 if h.term.local_deadline() > now {
                     h.term.extend(deadline);
@@ -164,10 +154,9 @@ impl State {
         }
         for lost in renewals.lost {
             let same = |term: &LeaderTerm| term.token() == lost.token;
-            if let Some(h) = self.held.get(&*lost.resource).filter(|h| same(&h.term)) {
+            if let Some(h) = self.held.get(&*lost.resource).filter(|h| h.names(&lost)) {
                 warn!(resource = %lost.resource, token = %lost.token, "lease lost (lapsed, revoked or taken): the term ends");
-                h.term.end(LossReason::Denied);
-                h.term.cut_off();
+                h.end(LossReason::Denied);
                 self.held.remove(&*lost.resource);
             }
             // A handover's lease is gone too: its work must stop now, not at the grace period.
@@ -232,7 +221,7 @@ impl State {
         // sees that (the first to see it free for a whole lease takes it, and the others have
         // looked since at most a round later), so they agree on how often it happens. Only
         // what says something about the others counts (see `look::keeps`).
-        let long_free = config.lease / 2;
+        let long_free = config.timing.lease / 2;
         let telling: HashSet<Arc<str>> = free
             .iter()
             .filter(|r| self.telling(&config.member, r, long_free, looked))
@@ -242,12 +231,12 @@ impl State {
         // round to see it.
         let handover = config.grace_period.saturating_add(config.interval);
         self.keeps
-            .look(free, &telling, looked, config.lease, handover);
+            .look(free, &telling, looked, config.timing.lease, handover);
         let (keep, returning) = self.keeps.sorted(&held, looked);
         // A view of the members older than a lease is no view: they may all have changed.
         let fresh = self
             .members_at
-            .is_some_and(|at| looked.saturating_duration_since(at) < config.lease);
+            .is_some_and(|at| looked.saturating_duration_since(at) < config.timing.lease);
         plan(&View {
             me: &config.member,
             members: fresh.then_some(self.members.as_slice()),
@@ -295,8 +284,7 @@ impl State {
     /// tried.
     pub(crate) fn fail(&mut self, err: Arc<StoreError>) {
         for (_, h) in std::mem::take(&mut self.held) {
-            h.term.end(LossReason::Failed);
-            h.term.cut_off();
+            h.end(LossReason::Failed);
         }
         for h in std::mem::take(&mut self.handing) {
             h.term.cut_off();
@@ -308,8 +296,7 @@ impl State {
     /// An abort: every term ends and its work is cut off at once, nothing released.
     pub(crate) fn abort(&mut self) {
         for (_, h) in std::mem::take(&mut self.held) {
-            h.term.end(LossReason::Aborted);
-            h.term.cut_off();
+            h.end(LossReason::Aborted);
         }
         for h in std::mem::take(&mut self.handing) {
             h.term.cut_off();
@@ -516,21 +503,6 @@ mod tests {
         let batch = st.renew_batch();
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].token, a.token());
-    }
-
-    #[test]
-    fn the_deadline_trusts_the_granted_time_less_the_margin() {
-        let sent = Instant::now();
-        let ms = Duration::from_millis;
-        assert_eq!(
-            deadline(&lease("a", 1, 800), sent, ms(1_000), ms(100)),
-            sent + ms(700)
-        );
-        assert_eq!(
-            deadline(&lease("a", 1, 5_000), sent, ms(1_000), ms(100)),
-            sent + ms(900)
-        );
-        assert_eq!(deadline(&lease("a", 1, 50), sent, ms(1_000), ms(100)), sent);
     }
 
     #[tokio::test(start_paused = true)]

@@ -273,6 +273,22 @@ async fn leader_process<'a>(s: &Setup, procs: &'a [Proc], rng: &mut Rng) -> Opti
         if held.is_empty() {
             return None;
         }
+        // Lock clients: a holder inside a fenced transaction (its transaction's marker file
+        // exists; only a holder opens one), when one is within two seconds, so pauses and
+        // partitions land where a stalled holder keeps its lease rows locked.
+        if s.config.locks.is_some() {
+            for _ in 0..200 {
+                let inside: Vec<&Proc> = procs
+                    .iter()
+                    .filter(|p| p.child.id().is_some())
+                    .filter(|p| crate::lock_node::marker(&p.history).exists())
+                    .collect();
+                if !inside.is_empty() {
+                    return Some(inside[rng.below(inside.len() as u64) as usize]);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
         return Some(held[rng.below(held.len() as u64) as usize]);
     }
     let rec = store.current(&s.resource).await.ok()??;

@@ -82,7 +82,7 @@ pub fn is_neighbour(name: &str) -> bool {
 pub struct Proc {
     pub name: String,
     pub child: Child,
-    history: PathBuf,
+    pub history: PathBuf,
     pid: Option<u32>,
     skewed: bool,
     /// The libfaketime offset it runs under (`-3h`), if skewed.
@@ -760,6 +760,19 @@ async fn finish_shards(
         }
     }
     stalls_inside_transactions(&record.faults, &record.transactions, &mut run_violations);
+    if s.config.locks.is_some() {
+        // Lock runs aim their pauses and partitions at holders inside a fenced transaction
+        // (see `faults::leader_process`): most must land there.
+        for kind in ["pause", "partition"] {
+            let (inside, of) =
+                checker::inside_transactions(&record.faults, &record.transactions, kind);
+            if of >= 4 && inside * 2 < of {
+                run_violations.push(format!(
+                    "only {inside} of {of} {kind} faults hit a holder inside a fenced transaction"
+                ));
+            }
+        }
+    }
     if applied.counts.contains_key("pause")
         && record.writes_refused + record.writes_aborted == 0
         && record.writes_failed == 0
@@ -807,11 +820,12 @@ async fn finish_shards(
         SHARD_SLACK,
     );
     verdict.violations.extend(run_violations);
-    if let Some(permits) = s.config.locks {
-        let most = permits.max(1) as usize;
+    if s.config.locks.is_some() {
+        // One per lease row (the lock and its pair, or each permit).
+        let most = s.shards.len();
         if verdict.most_at_once > most {
             verdict.violations.push(format!(
-                "{} holds believed at one moment, of {most} permits",
+                "{} holds believed at one moment, of {most} lease rows",
                 verdict.most_at_once
             ));
         }

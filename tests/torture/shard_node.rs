@@ -388,64 +388,121 @@ pub(crate) struct Ledger {
 
 impl Ledger {
     pub(crate) async fn write(&self, term: &LeaderTerm) {
-        let (resource, token) = (term.resource(), term.token());
-        let seq: i64 = {
+        self.write_all(&[term], Duration::ZERO, None).await
+    }
+
+    /// One fenced transaction for every term of `terms` (a client holding two locks fences
+    /// its write with both): each term's fence, a row for each, then `hold` of the
+    /// application's work before the commit. While it is open, `marker` exists (the fault
+    /// scheduler aims its pauses and partitions at holders inside one). Each term gets its
+    /// line: `write` when it committed, `refused` for the term whose fence refused (and
+    /// `aborted` for the others), `aborted`/`failed` otherwise.
+    pub(crate) async fn write_all(
+        &self,
+        terms: &[&LeaderTerm],
+        hold: Duration,
+        marker: Option<&std::path::Path>,
+    ) {
+        let seqs: Vec<i64> = {
             let mut all = self.sequences.lock().unwrap_or_else(|p| p.into_inner());
-            let next = all.entry((resource.to_owned(), token.get())).or_insert(0);
-            *next += 1;
-            *next
+            terms
+                .iter()
+                .map(|term| {
+                    let key = (term.resource().to_owned(), term.token().get());
+                    let next = all.entry(key).or_insert(0);
+                    *next += 1;
+                    *next
+                })
+                .collect()
         };
         let started = mono_ns();
         // A write its term's end drops (a paused node's, when it wakes) says so too.
-        let mut open = crate::candidate::Unfinished::new(
-            self.history.clone(),
-            format!("dropped {resource} {token}"),
-            started,
-        );
-        let result: Result<Option<bool>, Error> = async {
+        let mut open: Vec<_> = terms
+            .iter()
+            .map(|term| {
+                crate::candidate::Unfinished::new(
+                    self.history.clone(),
+                    format!("dropped {} {}", term.resource(), term.token()),
+                    started,
+                )
+            })
+            .collect();
+        let _marker = marker.map(Marker::new);
+        // Which term's fence refused, if one did.
+        let mut refused_by = None;
+        let result: Result<bool, Error> = async {
             let txn = self.db.begin().await?;
-            match term.fence(&txn).await {
-                Ok(()) => {}
-                Err(e) if e.is_fenced() => {
-                    txn.rollback().await?;
-                    return Ok(Some(false));
+            for (i, term) in terms.iter().enumerate() {
+                match term.fence(&txn).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_fenced() => {
+                        txn.rollback().await?;
+                        refused_by = Some(i);
+                        return Ok(false);
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) => return Err(e.into()),
             }
-            let insert = Query::insert()
-                .into_table(Alias::new(&self.table))
-                .columns([
-                    Alias::new("resource"),
-                    Alias::new("token"),
-                    Alias::new("candidate"),
-                    Alias::new("seq"),
-                ])
-                .values([
-                    resource.into(),
-                    token.get().into(),
-                    self.me.clone().into(),
-                    seq.into(),
-                ])?
-                .to_owned();
-            txn.execute(&insert).await?;
+            for (term, seq) in terms.iter().zip(&seqs) {
+                let insert = Query::insert()
+                    .into_table(Alias::new(&self.table))
+                    .columns([
+                        Alias::new("resource"),
+                        Alias::new("token"),
+                        Alias::new("candidate"),
+                        Alias::new("seq"),
+                    ])
+                    .values([
+                        term.resource().into(),
+                        term.token().get().into(),
+                        self.me.clone().into(),
+                        (*seq).into(),
+                    ])?
+                    .to_owned();
+                txn.execute(&insert).await?;
+            }
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
             if let Err(e) = txn.commit().await {
                 let text = e.to_string();
                 if text.contains("Deadlock") || text.contains("40001") {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 return Err(e.into());
             }
-            Ok(Some(true))
+            Ok(true)
         }
         .await;
         let now = mono_ns();
-        let text = match result {
-            Ok(Some(true)) => format!("write {resource} {token} {seq} {now} {started}"),
-            Ok(Some(false)) => format!("refused {resource} {token} {now} {started}"),
-            Ok(None) => format!("aborted {resource} {token} {now} {started}"),
-            Err(_) => format!("failed {resource} {token} {now} {started}"),
-        };
-        open.finished();
-        line(&self.history, &text);
+        for (i, ((term, seq), open)) in terms.iter().zip(&seqs).zip(&mut open).enumerate() {
+            let (resource, token) = (term.resource(), term.token());
+            let text = match &result {
+                Ok(true) => format!("write {resource} {token} {seq} {now} {started}"),
+                Ok(false) if refused_by == Some(i) => {
+                    format!("refused {resource} {token} {now} {started}")
+                }
+                Ok(false) => format!("aborted {resource} {token} {now} {started}"),
+                Err(_) => format!("failed {resource} {token} {now} {started}"),
+            };
+            open.finished();
+            line(&self.history, &text);
+        }
+    }
+}
+
+/// A file that exists while a fenced transaction is open (see [`Ledger::write_all`]).
+struct Marker<'a>(&'a std::path::Path);
+
+impl<'a> Marker<'a> {
+    fn new(path: &'a std::path::Path) -> Self {
+        let _ = std::fs::write(path, b"");
+        Self(path)
+    }
+}
+
+impl Drop for Marker<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
     }
 }
