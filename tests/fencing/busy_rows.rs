@@ -402,6 +402,74 @@ pub async fn waiters_never_hold_up_the_renews(h: &SqlHarness) {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// Every attempt slot of a `Locks`'s store is taken by acquires that wait on rows other
+/// processes' fenced transactions hold; an acquire of a free lock queued behind them, whose
+/// caller stops waiting (a timeout around `try_acquire`), is never sent: once the slots come
+/// free, the free lock's row was never written (sent, it would have been granted to a hold
+/// nobody has, then released: a row with a token).
+pub async fn a_queued_acquire_whose_caller_left_is_never_sent(h: &SqlHarness) {
+    use orion_beacon::locks::Locks;
+    // More busy locks than the store has sessions: every slot waits on a busy row.
+    const BUSY: usize = 6;
+    let locks = Locks::builder(h.store()).build().unwrap();
+    let holder = Locks::builder(h.separate_store().await).build().unwrap();
+    let r = unique("queued");
+    let mut held = Vec::new();
+    for i in 0..BUSY {
+        let guard = holder
+            .lock(format!("{r}-busy-{i}"))
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap();
+        held.push(guard);
+    }
+    // Each busy lock's holder fences a transaction that holds its row for 3 s.
+    let mut fences = Vec::new();
+    for guard in &held {
+        let txn = h.db().begin().await.unwrap();
+        guard.fence(&txn).await.unwrap();
+        fences.push(txn);
+    }
+    let waiters: Vec<_> = (0..BUSY)
+        .map(|i| {
+            let lock = locks.lock(format!("{r}-busy-{i}")).unwrap();
+            tokio::spawn(async move { lock.acquire(Duration::from_secs(5)).await.ok() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let free = format!("{r}-free");
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        locks.lock(&free).unwrap().try_acquire(),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the free lock's acquire waited behind the busy ones: {gave_up:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    for txn in fences {
+        txn.commit().await.unwrap();
+    }
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    for waiter in waiters {
+        if let Some(guard) = waiter.await.unwrap() {
+            guard.release().await.unwrap();
+        }
+    }
+    // Time for an attempt that was sent after all to be granted and released.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let row = h.store().current(&free).await.unwrap();
+    assert!(
+        row.is_none(),
+        "the acquire given up while queued was sent: {row:?}"
+    );
+}
+
 /// A's lease lapsed and B took the resource; B's fenced transaction holds the row. A's batch
 /// renew reports A's lease lost at once, not as busy (MySQL/MariaDB lock a row before they
 /// check its term, so A's own renew of it would find the row busy, not gone).
@@ -462,6 +530,13 @@ macro_rules! busy_rows_suite {
         async fn a_lease_another_term_holds_fenced_is_lost_not_busy() {
             if let Some(h) = $setup.await {
                 crate::busy_rows::a_lease_another_term_holds_fenced_is_lost_not_busy(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_queued_acquire_whose_caller_left_is_never_sent() {
+            if let Some(h) = $setup.await {
+                crate::busy_rows::a_queued_acquire_whose_caller_left_is_never_sent(&h).await;
                 h.teardown().await;
             }
         }
