@@ -568,6 +568,9 @@ pub(crate) struct ForCaller {
     pub(crate) sent: std::sync::Arc<std::sync::atomic::AtomicU32>,
     /// Set by the store when it gave an acquire up that way.
     pub(crate) gave_up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A try (`try_acquire`): it never waits behind this process's other attempts of the same
+    /// lease; while one is in flight the store answers a denial naming no holder, nothing sent.
+    pub(crate) once: bool,
 }
 
 impl ForCaller {

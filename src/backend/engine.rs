@@ -22,6 +22,14 @@ pub(crate) struct Attempts {
 
 type TurnMap = std::collections::HashMap<(String, String), std::sync::Arc<tokio::sync::Mutex<()>>>;
 
+/// What an acquire may do (see [`Engine::attempt`]).
+pub(crate) enum Attempt {
+    /// Be sent, holding this slot (if any) until its answer.
+    Go(Option<Slot>),
+    /// Nothing: a try while another attempt of the process has the lease's turn.
+    Busy,
+}
+
 /// An attempt's turn on its lease and its slot, for as long as it is held.
 pub(crate) struct Slot {
     _turn: tokio::sync::OwnedMutexGuard<()>,
@@ -38,8 +46,9 @@ impl Attempts {
     }
 
     /// The turn of an attempt on `resource` of `table`, then a slot; cancel-safe (a caller
-    /// that stops waiting leaves both queues).
-    async fn slot(&self, table: &str, resource: &str) -> Option<Slot> {
+    /// that stops waiting leaves both queues). `None` for a try (`once`) while another attempt
+    /// of the lease has the turn.
+    async fn slot(&self, table: &str, resource: &str, once: bool) -> Option<Slot> {
         let turn = {
             let mut turns = self
                 .turns
@@ -55,7 +64,11 @@ impl Attempts {
                     .or_default(),
             )
         };
-        let turn = turn.lock_owned().await;
+        let turn = if once {
+            turn.try_lock_owned().ok()?
+        } else {
+            turn.lock_owned().await
+        };
         // The semaphore is never closed.
         let slot = std::sync::Arc::clone(&self.slots)
             .acquire_owned()
@@ -90,15 +103,16 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// A slot for an acquire of `resource` by `candidate`: `None` (none needed) for a renew of
-    /// what this process holds, or where attempts are not limited. Waits for a slot, queued
+    /// A slot for an acquire of `resource` by `candidate`: `Go(None)` (none needed) for a renew
+    /// of what this process holds, or where attempts are not limited. Waits for a slot, queued
     /// behind the other attempts; a caller that gives up leaves the queue, nothing sent (a
-    /// task that runs the acquire for a caller says when the caller is gone: `ForCaller`).
+    /// task that runs the acquire for a caller says when the caller is gone: `ForCaller`); a
+    /// try (`ForCaller::once`) is `Busy` at once while another attempt of the lease has its turn.
     pub(crate) async fn attempt(
         &self,
         resource: &str,
         candidate: &str,
-    ) -> Result<Option<Slot>, StoreError> {
+    ) -> Result<Attempt, StoreError> {
         let through = || {
             let _ = crate::store::FOR_CALLER.try_with(|c| {
                 c.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -106,15 +120,18 @@ impl Engine {
         };
         let Some(attempts) = self.attempts.as_ref() else {
             through();
-            return Ok(None);
+            return Ok(Attempt::Go(None));
         };
         if self.holds(resource, candidate) {
             through();
-            return Ok(None);
+            return Ok(Attempt::Go(None));
         }
-        let slot = attempts.slot(self.cx.table(), resource);
+        let once = crate::store::FOR_CALLER
+            .try_with(|c| c.once)
+            .unwrap_or(false);
+        let slot = attempts.slot(self.cx.table(), resource, once);
         let Ok(mut gone) = crate::store::FOR_CALLER.try_with(|c| c.gone.clone()) else {
-            return Ok(slot.await);
+            return Ok(slot.await.map_or(Attempt::Busy, |s| Attempt::Go(Some(s))));
         };
         // A caller already gone sends nothing, even with a slot free.
         tokio::select! {
@@ -132,9 +149,12 @@ impl Engine {
                     .into(),
                 })
             }
-            slot = slot => {
-                through();
-                Ok(slot)
+            slot = slot => match slot {
+                Some(slot) => {
+                    through();
+                    Ok(Attempt::Go(Some(slot)))
+                }
+                None => Ok(Attempt::Busy),
             }
         }
     }

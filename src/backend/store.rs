@@ -645,7 +645,14 @@ impl LeaseStore for SeaOrmLeaseStore {
         };
         // Waits for a slot only where the process does not hold the lease (a renew never
         // queues behind attempts), and holds it until the answer.
-        let _slot = engine.attempt(resource, candidate).await?;
+        let _slot = match engine.attempt(resource, candidate).await? {
+            super::engine::Attempt::Go(slot) => slot,
+            // A try while another acquire of this process asks for the lease: that one gets
+            // it if it is free; this one is denied, nothing sent.
+            super::engine::Attempt::Busy => {
+                return Ok(LeaseOutcome::Denied(crate::Denial::new(resource)))
+            }
+        };
         let answer = match engine.backend.takeover() {
             Takeover::None => {
                 engine

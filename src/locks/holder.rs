@@ -141,6 +141,7 @@ impl Holder {
         self: &Arc<Self>,
         resource: &Arc<str>,
         candidate: &Arc<str>,
+        once: bool,
     ) -> Result<Attempt, StoreError> {
         let sent = crate::clock::now();
         let answer = match tokio::runtime::Handle::try_current() {
@@ -163,6 +164,7 @@ impl Holder {
                         gone,
                         sent: sent.clone(),
                         gave_up: gave_up.clone(),
+                        once,
                     };
                     let call = crate::store::FOR_CALLER.scope(
                         for_caller,

@@ -286,7 +286,7 @@ impl Lock {
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
         need_runtime()?;
         let candidate = self.holder.candidate();
-        match self.holder.attempt(&self.name, &candidate).await? {
+        match self.holder.attempt(&self.name, &candidate, true).await? {
             Attempt::Granted(term) => Ok(Some(self.guard(term))),
             Attempt::Denied(_) => Ok(None),
         }
@@ -351,7 +351,7 @@ impl Semaphore {
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
         need_runtime()?;
         let candidate = self.holder.candidate();
-        match try_any(&self.holder, &self.resources, &candidate).await? {
+        match try_any(&self.holder, &self.resources, &candidate, true).await? {
             Attempt::Granted(term) => Ok(Some(self.guard(term))),
             Attempt::Denied(_) => Ok(None),
         }
@@ -424,9 +424,10 @@ async fn try_any(
     holder: &Arc<Holder>,
     resources: &[Arc<str>],
     candidate: &Arc<str>,
+    once: bool,
 ) -> Result<Attempt, StoreError> {
     if let [only] = resources {
-        return holder.attempt(only, candidate).await;
+        return holder.attempt(only, candidate, once).await;
     }
     let names: Vec<String> = resources.iter().map(|r| r.to_string()).collect();
     let records = holder.store.current_all(&names).await?;
@@ -456,7 +457,7 @@ async fn try_any(
         free.swap(i, j);
     }
     for resource in free {
-        match holder.attempt(resource, candidate).await? {
+        match holder.attempt(resource, candidate, once).await? {
             Attempt::Granted(term) => return Ok(Attempt::Granted(term)),
             // The denial whose lease ends first, to wait for.
             Attempt::Denied(Some(denial)) => {
@@ -521,9 +522,10 @@ async fn wait_for(
     loop {
         // Bounded by the timeout: a hung store must not hold the caller past it (an attempt
         // cut off here releases whatever it is granted).
-        let attempt = crate::clock::timeout_at(give_up, try_any(holder, resources, &candidate))
-            .await
-            .unwrap_or(Ok(Attempt::Denied(None)));
+        let attempt =
+            crate::clock::timeout_at(give_up, try_any(holder, resources, &candidate, false))
+                .await
+                .unwrap_or(Ok(Attempt::Denied(None)));
         let soonest = match attempt {
             Ok(Attempt::Granted(term)) => return Ok((term, waited)),
             Ok(Attempt::Denied(None)) => {

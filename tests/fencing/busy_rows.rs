@@ -470,6 +470,55 @@ pub async fn a_queued_acquire_whose_caller_left_is_never_sent(h: &SqlHarness) {
     );
 }
 
+/// Tasks of one `Locks` wait for a lock whose holder (another process) runs a 3 s fenced
+/// transaction; a `try_acquire` of that lock from the same `Locks` answers at once (`None`:
+/// another acquire of this process is asking for it), not after the waiters' attempts ahead of
+/// it (each of which waits for the row). It took the whole transaction before.
+pub async fn a_try_beside_waiters_of_the_same_lock_answers_at_once(h: &SqlHarness) {
+    use orion_beacon::locks::Locks;
+    let locks = Locks::builder(h.store())
+        .retry_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let holder = Locks::builder(h.separate_store().await).build().unwrap();
+    let name = unique("tried");
+    let busy = holder
+        .lock(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let txn = h.db().begin().await.unwrap();
+    busy.fence(&txn).await.unwrap();
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let lock = locks.lock(&name).unwrap();
+            tokio::spawn(async move { lock.acquire(Duration::from_secs(6)).await.ok() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    let tried = locks.lock(&name).unwrap().try_acquire().await.unwrap();
+    let took = asked.elapsed();
+    assert!(tried.is_none(), "the lock is held");
+    assert!(
+        took < Duration::from_secs(1),
+        "a try beside 8 waiters of the same lock took {took:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(2_700).saturating_sub(asked.elapsed())).await;
+    txn.commit().await.unwrap();
+    busy.release().await.unwrap();
+    let mut got = 0;
+    for waiter in waiters {
+        if let Some(guard) = waiter.await.unwrap() {
+            got += 1;
+            guard.release().await.unwrap();
+        }
+    }
+    assert!(got >= 1, "a waiter took the lock once it came free");
+}
+
 /// A's lease lapsed and B took the resource; B's fenced transaction holds the row. A's batch
 /// renew reports A's lease lost at once, not as busy (MySQL/MariaDB lock a row before they
 /// check its term, so A's own renew of it would find the row busy, not gone).
@@ -537,6 +586,13 @@ macro_rules! busy_rows_suite {
         async fn a_queued_acquire_whose_caller_left_is_never_sent() {
             if let Some(h) = $setup.await {
                 crate::busy_rows::a_queued_acquire_whose_caller_left_is_never_sent(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_try_beside_waiters_of_the_same_lock_answers_at_once() {
+            if let Some(h) = $setup.await {
+                crate::busy_rows::a_try_beside_waiters_of_the_same_lock_answers_at_once(&h).await;
                 h.teardown().await;
             }
         }
