@@ -148,8 +148,7 @@ enum Together {
     Alone,
 }
 
-/// How long past its due time a leader waits for its batch to leave before it renews alone.
-const DEPARTURE_SLACK: Duration = Duration::from_millis(100);
+use crate::hold::renewer::DEPARTURE_SLACK;
 
 /// Why a turn of the loop ended early: a stop was requested (see [`Stop`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

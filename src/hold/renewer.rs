@@ -25,10 +25,14 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::hold::timing::later;
 use crate::{Lease, LeaseStore, Renewals, StoreError};
 
 /// The most leases one statement renews; a larger batch sends one statement per this many.
 pub(crate) const MAX_PER_STATEMENT: usize = 1_000;
+
+/// How long past its due time a holder waits for its batch to leave before it renews alone.
+pub(crate) const DEPARTURE_SLACK: Duration = Duration::from_millis(100);
 
 /// The renewer of one store (see the module's notes). Cheap to clone; clones share the batches.
 #[derive(Debug, Clone, Default)]
@@ -274,24 +278,32 @@ impl Renewer {
                 None => alone.push(lease.clone()),
             }
         }
+        // The batch leaves at once (its entries are due now); one held up (its task on a
+        // runtime that is not driven, say) is waited for a moment, then these leases renew
+        // alone and batches pause, as after a failed batch.
+        let patience = later(now, DEPARTURE_SLACK).min(deadline);
         let mut failed = None;
         let mut refused = None;
-        // Whether the store answered anything (a busy row is an answer: the batch committed).
-        let mut busy = false;
         let mut waiting = tickets.into_iter();
         let answered = crate::clock::timeout_at(deadline, async {
             for (lease, mut ticket) in waiting.by_ref() {
-                let reply = match ticket.departed().await {
+                let departed = match crate::clock::timeout_at(patience, ticket.departed()).await {
+                    Ok(departed) => departed,
+                    Err(_) if ticket.withdraw() => {
+                        self.batches.held_up(now);
+                        None
+                    }
+                    // It left meanwhile.
+                    Err(_) => ticket.departed().await,
+                };
+                let reply = match departed {
                     Some(departure) => departure.reply().await,
                     None => Reply::Alone,
                 };
                 match reply {
                     Reply::Renewed(renewed) => out.renewed.push(renewed),
                     Reply::Lost => out.lost.push(lease.clone()),
-                    Reply::Busy => {
-                        busy = true;
-                        out.unanswered.push(lease.clone());
-                    }
+                    Reply::Busy => out.unanswered.push(lease.clone()),
                     Reply::Failed(what) => {
                         failed = Some(what);
                         out.unanswered.push(lease.clone());
@@ -310,38 +322,53 @@ impl Renewer {
         if let Some(err) = refused {
             return Err(err);
         }
-        let heard =
-            |busy: bool, out: &Renewals| busy || !out.renewed.is_empty() || !out.lost.is_empty();
+        // What tells that the store answered: a lease it renewed or found lost. (A lease left
+        // unanswered may stand for an error a store put there.)
+        let heard = |out: &Renewals| !out.renewed.is_empty() || !out.lost.is_empty();
         if let Some(what) = failed {
-            if !heard(busy, &out) && alone.is_empty() {
+            if !heard(&out) && alone.is_empty() {
                 return Err(Arc::new(StoreError::Database(
                     sea_orm::DbErr::Custom(what).into(),
                 )));
             }
         }
-        if !alone.is_empty() {
+        // Past the deadline nothing is sent: a renew nobody reads would keep a lease live that
+        // nobody holds.
+        if !alone.is_empty() && crate::clock::now() < deadline {
             let renew = crate::store::renew_by(deadline, store.renew_all(&alone, timing.0));
             match renew.await {
                 Ok(Ok(renewals)) => {
-                    busy = true;
                     out.renewed.extend(renewals.renewed);
                     out.lost.extend(renewals.lost);
                     out.unanswered.extend(renewals.unanswered);
                 }
                 Ok(Err(err)) => {
-                    if !heard(busy, &out) || err.is_permanent() {
+                    if !heard(&out) || err.is_permanent() {
                         return Err(Arc::new(err));
                     }
                     out.unanswered.extend(alone);
                 }
                 Err(_) => out.unanswered.extend(alone),
             }
+        } else {
+            out.unanswered.extend(alone);
         }
-        Ok(heard(busy, &out).then_some(out))
+        Ok(heard(&out).then_some(out))
     }
 }
 
 impl Batches {
+    /// A batch entered at `entered` did not leave in time: holders renew on their own for a
+    /// while, as after a failed batch.
+    fn held_up(&self, entered: Instant) {
+        self.failed(
+            &StoreError::Database(
+                sea_orm::DbErr::Custom("a batch did not leave in time".into()).into(),
+            ),
+            entered,
+        );
+    }
+
     /// A batch failed with `error`: leaders renew on their own for a while, or for good if
     /// retrying cannot help (see [`StoreError::is_permanent`](crate::StoreError::is_permanent)).
     fn failed(&self, error: &StoreError, sent: Instant) {
@@ -472,10 +499,11 @@ struct Out {
     answer: oneshot::Sender<Reply>,
 }
 
-/// One statement for `chunk`, given up at the latest deadline in it (each elector gives up at
-/// its own). It never waits for a row another transaction holds (the leader's own fenced
-/// transaction, say): that lease is renewed alone with a single renew's bound, and answered
-/// as a failed renew if that does not answer either.
+/// One statement for `chunk`, given up at the first deadline in it (every holder in it then
+/// renews on its own). It never waits for a row another transaction holds (a holder's own
+/// fenced transaction, say): that lease is renewed alone with a single renew's bound, and
+/// answered as busy if that does not answer either. A busy lease's renew delays the answers
+/// of the others in its statement by at most that bound.
 async fn renew_chunk(
     batches: Arc<Batches>,
     store: Arc<dyn LeaseStore>,
@@ -483,14 +511,15 @@ async fn renew_chunk(
     sent: Instant,
     chunk: Vec<Out>,
 ) {
-    let Some(until) = chunk.iter().map(|o| o.deadline).max() else {
+    let Some(first) = chunk.iter().map(|o| o.deadline).min() else {
         return;
     };
     let held: Vec<Lease> = chunk.iter().map(|o| o.lease.clone()).collect();
-    // The leases a batch left out are asked about in time for the first elector's deadline.
-    let first = chunk.iter().map(|o| o.deadline).min().unwrap_or(until);
+    // The leases a batch left out are asked about in time for the first holder's deadline.
     let renew = crate::store::ANSWER_BY.scope(first, store.renew_all(&held, lease));
-    let answer = crate::clock::timeout_at(until, renew).await;
+    // Given up at the first deadline: a holder that gave up on its answer then must not have
+    // its lease renewed unseen (a release naming its last write would no longer match).
+    let answer = crate::clock::timeout_at(first, renew).await;
     let (mut renewed, lost, unanswered): (HashMap<(String, String), Lease>, _, _) = match answer {
         Ok(Ok(renewals)) => {
             batches.answered();
@@ -553,4 +582,157 @@ fn sea_orm_store(store: &dyn std::any::Any) -> Option<&crate::SeaOrmLeaseStore> 
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::{InMemoryLeaseStore, LeaseOutcome, LeaseRecord};
+
+    /// The in-memory store, counting batched renews; `unanswered` answers every lease of them
+    /// as unanswered (as a store that put its errors there would).
+    #[derive(Default)]
+    struct Counting {
+        inner: InMemoryLeaseStore,
+        renews: AtomicUsize,
+        unanswered: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl LeaseStore for Counting {
+        async fn acquire_or_renew(
+            &self,
+            resource: &str,
+            candidate: &str,
+            lease: Duration,
+        ) -> Result<LeaseOutcome, StoreError> {
+            self.inner
+                .acquire_or_renew(resource, candidate, lease)
+                .await
+        }
+        async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+            self.inner.release(resource, candidate).await
+        }
+        async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
+            self.inner.release_lease(lease).await
+        }
+        async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
+            self.inner.current(resource).await
+        }
+        async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
+            self.renews.fetch_add(1, Ordering::SeqCst);
+            if self.unanswered.load(Ordering::SeqCst) {
+                return Ok(Renewals {
+                    unanswered: held.to_vec(),
+                    ..Renewals::default()
+                });
+            }
+            self.inner.renew_all(held, lease).await
+        }
+    }
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const TIMING: (Duration, Duration) = (LEASE, Duration::from_secs(3));
+
+    async fn setup() -> (Arc<Counting>, Arc<dyn LeaseStore>, Vec<Lease>) {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn LeaseStore> = counting.clone();
+        let mut leases = Vec::new();
+        for r in ["a", "b"] {
+            match store.acquire_or_renew(r, "me", LEASE).await.unwrap() {
+                LeaseOutcome::Acquired(lease) => leases.push(lease),
+                other => panic!("{other:?}"),
+            }
+        }
+        (counting, store, leases)
+    }
+
+    #[tokio::test]
+    async fn holds_of_one_timing_renew_in_one_statement() {
+        let (counting, store, leases) = setup().await;
+        let renewer = Renewer::default();
+        let deadline = crate::clock::now() + Duration::from_secs(5);
+        let renewals = renewer
+            .renew_now(&store, &leases, TIMING, deadline)
+            .await
+            .unwrap()
+            .expect("answered");
+        assert_eq!(renewals.renewed.len(), 2);
+        assert_eq!(counting.renews.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_sent_past_the_deadline() {
+        let (counting, store, leases) = setup().await;
+        let renewer = Renewer::default();
+        let answer = renewer
+            .renew_now(&store, &leases, TIMING, crate::clock::now())
+            .await
+            .unwrap();
+        assert!(answer.is_none(), "{answer:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(counting.renews.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_renew_that_renewed_nothing_and_lost_nothing_is_no_answer() {
+        let (counting, store, leases) = setup().await;
+        counting.unanswered.store(true, Ordering::SeqCst);
+        let renewer = Renewer::default();
+        let deadline = crate::clock::now() + Duration::from_secs(5);
+        let answer = renewer
+            .renew_now(&store, &leases, TIMING, deadline)
+            .await
+            .unwrap();
+        assert!(answer.is_none(), "{answer:?}");
+    }
+
+    /// A batch whose task is never run (its runtime is not driven) holds nobody up: after a
+    /// moment the leases renew alone, and batches pause.
+    #[test]
+    fn a_batch_held_up_is_left_after_a_moment() {
+        let stuck = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let driven = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (counting, store, leases) = driven.block_on(setup());
+        let renewer = Renewer::default();
+        // An entry of the stuck runtime starts the batch task there.
+        let first = {
+            let _in = stuck.enter();
+            let deadline = crate::clock::now() + Duration::from_secs(5);
+            renewer.enter(
+                &store,
+                leases[0].clone(),
+                TIMING,
+                crate::clock::now(),
+                deadline,
+            )
+        };
+        assert!(first.is_some());
+        let renewals = driven.block_on(async {
+            let started = crate::clock::now();
+            let deadline = started + Duration::from_secs(5);
+            let renewals = renewer
+                .renew_now(&store, &leases[1..], TIMING, deadline)
+                .await
+                .unwrap()
+                .expect("answered");
+            assert!(started.elapsed() < Duration::from_secs(1));
+            renewals
+        });
+        assert_eq!(renewals.renewed.len(), 1);
+        assert_eq!(counting.renews.load(Ordering::SeqCst), 1);
+        let now = crate::clock::now();
+        assert!(
+            lock(&renewer.batches.paused).until.is_some_and(|u| u > now),
+            "batches pause"
+        );
+    }
 }
