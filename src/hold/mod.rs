@@ -4,6 +4,7 @@
 //! hold of a store together.
 
 pub(crate) mod health;
+pub(crate) mod keeper;
 pub(crate) mod renewer;
 mod term;
 pub(crate) mod timing;

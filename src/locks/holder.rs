@@ -1,23 +1,23 @@
-//! What one [`Locks`](super::Locks) holds, and the one background task that renews all of it:
-//! every guard and permit of a `Locks` is renewed by one `renew_all` per round, trusted until
-//! the same local deadline an elector's term is (`hold::timing::Timing::deadline`), and ended when that
-//! deadline passes without a renew.
+//! What one [`Locks`](super::Locks) holds: the lock policy on the hold core. Its guards and
+//! permits are kept by a `hold::keeper::Keeper` (renewed through the store's renewer, trusted
+//! until the local deadline every hold has, ended when that passes without a renew); here are
+//! the candidate ids, the acquire attempts and the releases.
 //!
 //! Every hold has a candidate id of its own (`owner/<random>-<n>`, never used for anything
 //! else), so it is released by that id: whatever write of the hold the store has last (a renew
 //! whose answer never came included) is the one released, and no other holder's.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 
+use crate::hold::keeper::{Keeper, OnEnd};
 use crate::hold::{LeaderTerm, LossReason};
-use crate::{Denial, Lease, LeaseOutcome, LeaseStore, StoreError};
+use crate::{Denial, LeaseOutcome, LeaseStore, StoreError};
 
 /// The options of one [`Locks`](super::Locks), validated.
 #[derive(Debug, Clone)]
@@ -30,13 +30,6 @@ pub(super) struct Config {
     pub payload: Option<Arc<str>>,
 }
 
-/// A lease this process holds for a guard or a permit.
-struct Held {
-    hold: crate::hold::Held,
-    /// When this lease is due for its next renew.
-    renew_at: Instant,
-}
-
 /// What one acquire attempt came to. `Denied(None)`: not granted, and whatever the attempt
 /// may have been granted is being released under its candidate id, which the caller must not
 /// use again.
@@ -47,28 +40,18 @@ pub(super) enum Attempt {
 
 pub(super) struct Holder {
     pub store: Arc<dyn LeaseStore>,
-    /// The store's renewer: every hold's renew goes out through it.
-    renewer: crate::hold::renewer::Renewer,
     pub fence: Option<crate::SeaOrmLeaseStore>,
     pub config: Config,
-    held: Mutex<BTreeMap<Arc<str>, Held>>,
-    /// Wakes the renewer: a new lease, or the last handle gone.
-    wake: Arc<Notify>,
-    /// Whether a renewer task runs (it clears this when it ends, also when its runtime shuts
-    /// down), so the next acquire starts one again.
-    renewing: Arc<AtomicBool>,
+    /// Every guard's and permit's lease, renewed through the store's renewer; one that ends
+    /// there (its deadline passed, or the store refused it for good) is released by its
+    /// candidate id.
+    keeper: Arc<Keeper>,
     /// Locks (and semaphores) by name that this process let go of after waiting for them, and
     /// until when its own next acquire of them stays out of the way (see [`Self::yielded`]).
     yields: Mutex<std::collections::HashMap<Arc<str>, Instant>>,
     /// This `Locks`'s random part of every candidate id, and the count after it.
     instance: u64,
     next_candidate: AtomicU64,
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        self.wake.notify_one();
-    }
 }
 
 impl Holder {
@@ -78,15 +61,34 @@ impl Holder {
         fence: Option<crate::SeaOrmLeaseStore>,
         config: Config,
     ) -> Self {
+        let on_end: OnEnd = {
+            let (store, lease) = (store.clone(), config.timing.lease);
+            Box::new(move |hold: &crate::hold::Held, reason: LossReason| {
+                // Past its deadline a late renew may have kept it live; refused for good, it
+                // may still be. Lost or replaced, it is another hold's now.
+                if matches!(reason, LossReason::Deadline | LossReason::Failed) {
+                    release_in_background(
+                        &store,
+                        &hold.lease.resource,
+                        hold.term.candidate(),
+                        lease,
+                    );
+                }
+            })
+        };
+        let keeper = Arc::new(Keeper::new(
+            store.clone(),
+            renewer,
+            config.timing,
+            "lock",
+            on_end,
+        ));
         Self {
             store,
-            renewer,
             fence,
             config,
-            held: Mutex::default(),
+            keeper,
             yields: Mutex::default(),
-            wake: Arc::new(Notify::new()),
-            renewing: Arc::new(AtomicBool::new(false)),
             // Two `Locks` with one owner (or a restarted process) never share a candidate id.
             instance: crate::random::random_u64(),
             next_candidate: AtomicU64::new(1),
@@ -130,7 +132,7 @@ impl Holder {
 
     /// How many leases this process holds through these locks.
     pub(super) fn held_count(&self) -> usize {
-        lock(&self.held).len()
+        self.keeper.count()
     }
 
     /// One acquire of `resource` for `candidate`. A grant is recorded (and renewed from then
@@ -245,26 +247,7 @@ impl Holder {
             deadline,
             self.fence.clone(),
         );
-        let renew_at = sent
-            .checked_add(self.config.timing.renew_interval)
-            .unwrap_or(deadline);
-        let replaced = lock(&self.held).insert(
-            resource.clone(),
-            Held {
-                hold: crate::hold::Held {
-                    term: term.clone(),
-                    lease,
-                },
-                renew_at,
-            },
-        );
-        if let Some(old) = replaced {
-            // The store gave the lock to this new hold, so the old one is over (its lease
-            // ended there before the renewer saw its deadline).
-            old.hold.end(LossReason::Superseded);
-        }
-        self.start_renewer();
-        self.wake.notify_one();
+        self.keeper.keep(term.clone(), lease, sent);
         Ok(Attempt::Granted(term))
     }
 
@@ -286,14 +269,7 @@ impl Holder {
     /// here. Taken out of the map first, so the renewer never sees it ended and releases it
     /// itself.
     pub(super) fn take(&self, resource: &str, term: &LeaderTerm) -> bool {
-        let ours = {
-            let mut held = lock(&self.held);
-            let ours = held.get(resource).is_some_and(|h| h.hold.term == *term);
-            if ours {
-                held.remove(resource);
-            }
-            ours
-        };
+        let ours = self.keeper.take(resource, term);
         term.end(LossReason::Released);
         term.cut_off();
         ours
@@ -336,192 +312,27 @@ impl Holder {
     /// Releases `candidate`'s lease of `resource` in the background, where a runtime runs;
     /// otherwise it lapses.
     fn release_quietly(&self, resource: &str, candidate: &str) {
-        let (store, r, c, lease) = (
-            self.store.clone(),
-            resource.to_owned(),
-            candidate.to_owned(),
-            self.config.timing.lease,
-        );
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { release_by_candidate(&*store, &r, &c, lease).await });
-        }
+        release_in_background(&self.store, resource, candidate, self.config.timing.lease);
     }
 
-    /// Starts the renewer on the current runtime unless one runs: after the first grant, and
-    /// again whenever a guard is looked at, so holds outlive the runtime that took them (its
-    /// shutdown ends the renewer task).
-    pub(super) fn start_renewer(self: &Arc<Self>) {
-        if self.renewing.load(Ordering::SeqCst) {
-            return;
-        }
-        // The runtime first: a caller outside one must not hold the flag even for a moment
-        // (a caller on a runtime would skip starting it meanwhile).
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            debug!("no tokio runtime to renew the locks on: they end at their deadlines");
-            return;
-        };
-        if self.renewing.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let (weak, wake, running) = (
-            Arc::downgrade(self),
-            self.wake.clone(),
-            Running(self.renewing.clone()),
-        );
-        runtime.spawn(renew_loop(weak, wake, running));
+    /// Starts the keeper's renewing on the current runtime unless it runs (see
+    /// [`Keeper::start`]).
+    pub(super) fn start_renewer(&self) {
+        self.keeper.start();
     }
+}
 
-    /// Ends the holds whose local deadline passed by `now` (no renew came in time) and lets
-    /// their leases go. Returns when the next renew or deadline is due, if anything is held.
-    fn expire(&self, now: Instant) -> Option<Instant> {
-        let mut held = lock(&self.held);
-        let ended: Vec<Arc<str>> = held
-            .iter()
-            .filter(|(_, h)| h.hold.term.local_deadline() <= now || h.hold.term.is_lost())
-            .map(|(r, _)| r.clone())
-            .collect();
-        for resource in ended {
-            if let Some(h) = held.remove(&resource) {
-                if h.hold.term.is_lost() {
-                    // Ended already (its `lost()` saw the deadline first): let go of it now.
-                    debug!(resource = %resource, token = %h.hold.lease.token, "an ended hold is released");
-                } else {
-                    warn!(resource = %resource, token = %h.hold.lease.token, "no renew before the lock's deadline: the lock is lost");
-                }
-                h.hold.end(LossReason::Deadline);
-                // A renew that answered late may have kept it live in the store.
-                self.release_quietly(&resource, h.hold.term.candidate());
-            }
-        }
-        held.values()
-            .map(|h| h.renew_at.min(h.hold.term.local_deadline()))
-            .min()
-    }
-
-    /// One batched renew of everything held, when anything is due at `now`.
-    async fn renew_round(&self, now: Instant) {
-        let (batch, until) = {
-            let held = lock(&self.held);
-            if !held.values().any(|h| h.renew_at <= now) {
-                return;
-            }
-            let until = held.values().map(|h| h.hold.term.local_deadline()).min();
-            // An ended hold is not renewed: `expire` releases it.
-            let batch: Vec<Lease> = held
-                .values()
-                .filter(|h| !h.hold.term.is_lost())
-                .map(|h| h.hold.lease.clone())
-                .collect();
-            (batch, until)
-        };
-        let Some(until) = until else { return };
-        if batch.is_empty() {
-            return;
-        }
-        let sent = crate::clock::now();
-        let timing = self.config.timing.renew_key();
-        let answer = crate::clock::timeout_at(
-            until,
-            self.renewer.renew_now(&self.store, &batch, timing, until),
-        )
-        .await;
-        let mut held = lock(&self.held);
-        let renewals = match answer {
-            Ok(Ok(Some(renewals))) => renewals,
-            Ok(Ok(None)) => {
-                warn!(
-                    leases = batch.len(),
-                    "renewing the held locks did not answer before the first deadline"
-                );
-                self.retry_soon(&mut held, &batch, sent);
-                return;
-            }
-            Ok(Err(err)) if err.is_permanent() => {
-                error!(leases = batch.len(), error = %err, "the store cannot renew locks: every hold it was asked for ends");
-                // Only the holds in this batch: one granted meanwhile was not asked about.
-                for lease in &batch {
-                    let same = held
-                        .get(lease.resource.as_str())
-                        .is_some_and(|h| h.hold.names(lease));
-                    if !same {
-                        continue; // released and taken again meanwhile: another hold
-                    }
-                    if let Some(h) = held.remove(lease.resource.as_str()) {
-                        h.hold.end(LossReason::Failed);
-                        self.release_quietly(&lease.resource, h.hold.term.candidate());
-                    }
-                }
-                return;
-            }
-            Ok(Err(err)) => {
-                warn!(leases = batch.len(), error = %err, "renewing the held locks failed; trying again");
-                self.retry_soon(&mut held, &batch, sent);
-                return;
-            }
-            Err(_) => {
-                warn!(
-                    leases = batch.len(),
-                    "renewing the held locks did not answer before the first deadline"
-                );
-                self.retry_soon(&mut held, &batch, sent);
-                return;
-            }
-        };
-        let mut answered = std::collections::HashSet::new();
-        for lease in renewals.renewed {
-            answered.insert(lease.resource.clone());
-            if let Some(h) = held
-                .get_mut(lease.resource.as_str())
-                .filter(|h| h.hold.names(&lease))
-            {
-                // A term whose deadline passed stays ended although its lease was renewed:
-                // the next look releases it.
-                let deadline = self.config.timing.deadline(&lease, sent);
-                h.hold.renewed(lease, deadline);
-                h.renew_at = sent
-                    .checked_add(self.config.timing.renew_interval)
-                    .unwrap_or(sent);
-            }
-        }
-        for lost in renewals.lost {
-            answered.insert(lost.resource.clone());
-            let same = held
-                .get(lost.resource.as_str())
-                .is_some_and(|h| h.hold.names(&lost));
-            if same {
-                if let Some(h) = held.remove(lost.resource.as_str()) {
-                    warn!(resource = %lost.resource, token = %lost.token, "lock lost (lapsed, revoked or taken)");
-                    h.hold.end(LossReason::Denied);
-                }
-            }
-        }
-        // A lease the answer did not mention is tried again soon, as after a failure.
-        let unanswered: Vec<Lease> = batch
-            .into_iter()
-            .filter(|l| !answered.contains(&l.resource))
-            .collect();
-        if !unanswered.is_empty() {
-            warn!(
-                leases = unanswered.len(),
-                "the batched renew did not answer for every lease"
-            );
-            self.retry_soon(&mut held, &unanswered, sent);
-        }
-    }
-
-    /// After a renew that did not answer for `leases`: ask again soon, well before their
-    /// deadlines.
-    fn retry_soon(&self, held: &mut BTreeMap<Arc<str>, Held>, leases: &[Lease], sent: Instant) {
-        let again = (self.config.timing.renew_interval / 4).max(Duration::from_millis(10));
-        let at = sent.checked_add(again).unwrap_or(sent);
-        for lease in leases {
-            if let Some(h) = held
-                .get_mut(lease.resource.as_str())
-                .filter(|h| h.hold.names(lease))
-            {
-                h.renew_at = at;
-            }
-        }
+/// Releases `candidate`'s lease of `resource` in the background, where a runtime runs;
+/// otherwise it lapses.
+fn release_in_background(
+    store: &Arc<dyn LeaseStore>,
+    resource: &str,
+    candidate: &str,
+    lease: Duration,
+) {
+    let (store, r, c) = (store.clone(), resource.to_owned(), candidate.to_owned());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { release_by_candidate(&*store, &r, &c, lease).await });
     }
 }
 
@@ -536,40 +347,6 @@ async fn release_by_candidate(
         Ok(Ok(_)) => {}
         Ok(Err(err)) => debug!(resource, error = %err, "release failed; the lease lapses"),
         Err(_) => debug!(resource, "release did not answer; the lease lapses"),
-    }
-}
-
-/// Clears the renewer flag when the renewer ends, however it ends.
-struct Running(Arc<AtomicBool>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
-
-/// Renews every lease of one `Locks` until its last handle and guard are gone.
-async fn renew_loop(holder: Weak<Holder>, wake: Arc<Notify>, _running: Running) {
-    loop {
-        let next = match holder.upgrade() {
-            Some(h) => {
-                // Expired holds first: one past its deadline must not cut the batch's wait.
-                h.expire(crate::clock::now());
-                h.renew_round(crate::clock::now()).await;
-                h.expire(crate::clock::now())
-            }
-            None => return,
-        };
-        // No strong reference while waiting: dropping the last handle ends this task.
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    () = crate::clock::sleep_until(at) => {}
-                    () = wake.notified() => {}
-                }
-            }
-            None => wake.notified().await,
-        }
     }
 }
 
