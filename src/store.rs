@@ -571,6 +571,9 @@ pub(crate) struct ForCaller {
     /// A try (`try_acquire`): it never waits behind this process's other attempts of the same
     /// lease; while one is in flight the store answers a denial naming no holder, nothing sent.
     pub(crate) once: bool,
+    /// When the store first let an acquire of the call through to be sent (after any wait for
+    /// an attempt slot): a grant's local deadline counts from here, not from before that wait.
+    pub(crate) let_through: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl ForCaller {

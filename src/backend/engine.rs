@@ -116,6 +116,10 @@ impl Engine {
         let through = || {
             let _ = crate::store::FOR_CALLER.try_with(|c| {
                 c.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                c.let_through
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get_or_insert_with(crate::clock::now);
             });
         };
         let Some(attempts) = self.attempts.as_ref() else {

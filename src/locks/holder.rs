@@ -145,16 +145,20 @@ impl Holder {
         candidate: &Arc<str>,
         once: bool,
     ) -> Result<Attempt, StoreError> {
-        let sent = crate::clock::now();
+        let mut sent = crate::clock::now();
+        // When the store let the acquire through (after waiting for one of its attempt slots,
+        // if it did): the statement went out after that, so the grant counts from there.
+        let let_through: Arc<Mutex<Option<Instant>>> = Arc::default();
         let answer = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let (mut tx, rx) = oneshot::channel();
-                let (store, r, c, lease, payload) = (
+                let (store, r, c, lease, payload, through) = (
                     self.store.clone(),
                     resource.clone(),
                     candidate.clone(),
                     self.config.timing.lease,
                     self.config.payload.clone(),
+                    let_through.clone(),
                 );
                 runtime.spawn(async move {
                     // The store learns when the caller is gone (an acquire still queued for
@@ -167,6 +171,7 @@ impl Holder {
                         sent: sent.clone(),
                         gave_up: gave_up.clone(),
                         once,
+                        let_through: through,
                     };
                     let call = crate::store::FOR_CALLER.scope(
                         for_caller,
@@ -234,6 +239,9 @@ impl Holder {
                 return Err(err);
             }
         };
+        if let Some(through) = *lock(&let_through) {
+            sent = sent.max(through);
+        }
         let deadline = self.config.timing.deadline(&lease, sent);
         if deadline <= crate::clock::now() {
             debug!(resource = %resource, "a grant answered too late to be trusted; releasing it");

@@ -519,6 +519,65 @@ pub async fn a_try_beside_waiters_of_the_same_lock_answers_at_once(h: &SqlHarnes
     assert!(got >= 1, "a waiter took the lock once it came free");
 }
 
+/// MariaDB, lease 1 s: every attempt slot of a `Locks`'s store is taken for 2.5 s by acquires that wait
+/// on rows other processes' fenced transactions hold; an acquire of a free lock waits that
+/// long for a slot, then is granted. The grant is kept, token 1: its deadline counts from when
+/// its statement went out, not from before the wait (which had used up the lease: the grant
+/// was released as too late and asked for again, token 2).
+pub async fn a_grant_after_a_long_wait_for_a_slot_is_kept(h: &SqlHarness) {
+    use orion_beacon::locks::Locks;
+    const BUSY: usize = 6;
+    let locks = Locks::builder(h.store())
+        .lease_duration(Duration::from_secs(1))
+        .renew_interval(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let holder = Locks::builder(h.separate_store().await).build().unwrap();
+    let r = unique("slow");
+    let mut held = Vec::new();
+    let mut fences = Vec::new();
+    for i in 0..BUSY {
+        let guard = holder
+            .lock(format!("{r}-busy-{i}"))
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap();
+        let txn = h.db().begin().await.unwrap();
+        guard.fence(&txn).await.unwrap();
+        fences.push(txn);
+        held.push(guard);
+    }
+    let waiters: Vec<_> = (0..BUSY)
+        .map(|i| {
+            let lock = locks.lock(format!("{r}-busy-{i}")).unwrap();
+            tokio::spawn(async move { lock.try_acquire().await.ok().flatten() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let free = locks.lock(format!("{r}-free")).unwrap();
+    let acquire = tokio::spawn(async move { free.acquire(Duration::from_secs(8)).await });
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    for txn in fences {
+        txn.commit().await.unwrap();
+    }
+    let guard = acquire.await.unwrap().unwrap();
+    assert_eq!(
+        guard.token().get(),
+        1,
+        "the first grant was kept, not released as too late and asked for again"
+    );
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    for waiter in waiters {
+        assert!(waiter.await.unwrap().is_none(), "the busy locks are held");
+    }
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+}
+
 /// A's lease lapsed and B took the resource; B's fenced transaction holds the row. A's batch
 /// renew reports A's lease lost at once, not as busy (MySQL/MariaDB lock a row before they
 /// check its term, so A's own renew of it would find the row busy, not gone).
@@ -613,6 +672,21 @@ macro_rules! busy_rows_suite {
     };
 }
 
+/// The grant after a long wait for a slot (MariaDB: there an acquire waits for a busy row
+/// until its transaction ends, so the slots stay taken; PostgreSQL answers such an acquire
+/// within its bound, and the queue never grows past a lease).
+macro_rules! slow_slot_suite {
+    ($setup:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_grant_after_a_long_wait_for_a_slot_is_kept() {
+            if let Some(h) = $setup.await {
+                crate::busy_rows::a_grant_after_a_long_wait_for_a_slot_is_kept(&h).await;
+                h.teardown().await;
+            }
+        }
+    };
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
@@ -624,10 +698,12 @@ mod postgres {
 mod mariadb {
     use super::*;
     busy_rows_suite!(SqlHarness::mysql(orion_beacon::MySqlUpsert::Returning));
+    slow_slot_suite!(SqlHarness::mysql(orion_beacon::MySqlUpsert::Returning));
 }
 
 #[cfg(feature = "mysql")]
 mod mariadb_transaction_form {
     use super::*;
     busy_rows_suite!(SqlHarness::mysql(orion_beacon::MySqlUpsert::Transaction));
+    slow_slot_suite!(SqlHarness::mysql(orion_beacon::MySqlUpsert::Transaction));
 }
