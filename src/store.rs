@@ -573,6 +573,9 @@ pub(crate) struct ForCaller {
     pub(crate) once: bool,
     /// When the store first let an acquire of the call through to be sent (after any wait for
     /// an attempt slot): a grant's local deadline counts from here, not from before that wait.
+    /// This holds while every statement of the call goes through that acquire (as the
+    /// store's own and the documented wrappers' do): a wrapper that granted through another
+    /// path first would make the deadline too late by the wait.
     pub(crate) let_through: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 

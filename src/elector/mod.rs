@@ -131,11 +131,11 @@ impl ElectorBuilder {
     /// PostgreSQL and SQLite only: on MySQL/MariaDB, with other stores or wrappers, and in
     /// handovers and shutdowns leaders renew lease by lease.
     ///
-    /// Default false. A batch waits for every row another transaction holds, one after the
-    /// other (each wait bounded as a single renew's is on PostgreSQL): leaders that run many
-    /// short fenced transactions can hold a batch up past their deadlines all at once, where
-    /// renewing alone each waits only for its own row. Turn it on for many leaders whose fenced
-    /// transactions are rare and short.
+    /// Default false. A batch never waits for a row another transaction holds (a leader's own
+    /// fenced transaction): it leaves that lease out and renews it alone right after, with a
+    /// single renew's bound, so leaders that run many fenced transactions cost the batch one
+    /// more statement each per round. Turn it on for many leaders whose fenced transactions are
+    /// rare.
     pub fn renew_together(mut self, together: bool) -> Self {
         self.options.renew_together = Some(together);
         self

@@ -138,27 +138,32 @@ impl Keeper {
     /// Ends the holds whose local deadline passed by `now` (no renew came in time) or that
     /// their owner ended. Returns when the next renew or deadline is due, if anything is held.
     fn expire(&self, now: Instant) -> Option<Instant> {
-        let mut held = lock(&self.held);
-        let ended: Vec<Arc<str>> = held
-            .iter()
-            .filter(|(_, k)| k.hold.term.local_deadline() <= now || k.hold.term.is_lost())
-            .map(|(r, _)| r.clone())
-            .collect();
-        for resource in ended {
-            if let Some(k) = held.remove(&resource) {
-                let token = k.hold.lease.token;
-                if k.hold.term.is_lost() {
-                    debug!(what = self.what, resource = %resource, %token, "an ended hold is let go");
-                } else {
-                    warn!(what = self.what, resource = %resource, %token, "no renew before the hold's deadline: it is lost");
-                }
-                k.hold.end(LossReason::Deadline);
-                (self.on_end)(&k.hold, LossReason::Deadline);
+        let (ended, next) = {
+            let mut held = lock(&self.held);
+            let ended: Vec<Arc<str>> = held
+                .iter()
+                .filter(|(_, k)| k.hold.term.local_deadline() <= now || k.hold.term.is_lost())
+                .map(|(r, _)| r.clone())
+                .collect();
+            let ended: Vec<Kept> = ended.iter().filter_map(|r| held.remove(r)).collect();
+            let next = held
+                .values()
+                .map(|k| k.renew_at.min(k.hold.term.local_deadline()))
+                .min();
+            (ended, next)
+        };
+        // The owner hears of them with nothing locked here.
+        for k in ended {
+            let (resource, token) = (&k.hold.lease.resource, k.hold.lease.token);
+            if k.hold.term.is_lost() {
+                debug!(what = self.what, %resource, %token, "an ended hold is let go");
+            } else {
+                warn!(what = self.what, %resource, %token, "no renew before the hold's deadline: it is lost");
             }
+            k.hold.end(LossReason::Deadline);
+            (self.on_end)(&k.hold, LossReason::Deadline);
         }
-        held.values()
-            .map(|k| k.renew_at.min(k.hold.term.local_deadline()))
-            .min()
+        next
     }
 
     /// One batched renew of everything held, when anything is due at `now`, given up at the
@@ -187,26 +192,46 @@ impl Keeper {
             .renewer
             .renew_now(&self.store, &batch, self.timing.renew_key(), until);
         let answer = crate::clock::timeout_at(until, renew).await;
+        // Holds that ended here: their owner hears of them once nothing is locked here.
+        let mut ended: Vec<(Held, LossReason)> = Vec::new();
+        self.apply(answer, &batch, sent, &mut ended);
+        for (hold, reason) in ended {
+            hold.end(reason);
+            (self.on_end)(&hold, reason);
+        }
+    }
+
+    /// What a batched renew of `batch` sent at `sent` answered: renewed holds move their
+    /// deadlines, the others are asked again soon; those that ended go to `ended`.
+    fn apply(
+        &self,
+        answer: Result<
+            Result<Option<crate::Renewals>, Arc<crate::StoreError>>,
+            tokio::time::error::Elapsed,
+        >,
+        batch: &[Lease],
+        sent: Instant,
+        ended: &mut Vec<(Held, LossReason)>,
+    ) {
         let mut held = lock(&self.held);
         let renewals = match answer {
             Ok(Ok(Some(renewals))) => renewals,
             Ok(Err(err)) if err.is_permanent() => {
                 error!(what = self.what, leases = batch.len(), error = %err, "the store cannot renew: every hold it was asked for ends");
                 // Only the holds in this batch: one kept meanwhile was not asked about.
-                for lease in &batch {
+                for lease in batch {
                     let same = held
                         .get(lease.resource.as_str())
                         .is_some_and(|k| k.hold.names(lease));
                     if let Some(k) = same.then(|| held.remove(lease.resource.as_str())).flatten() {
-                        k.hold.end(LossReason::Failed);
-                        (self.on_end)(&k.hold, LossReason::Failed);
+                        ended.push((k.hold, LossReason::Failed));
                     }
                 }
                 return;
             }
             Ok(Err(err)) => {
                 warn!(what = self.what, leases = batch.len(), error = %err, "renewing the holds failed; trying again");
-                self.retry_soon(&mut held, &batch, sent);
+                self.retry_soon(&mut held, batch, sent);
                 return;
             }
             Ok(Ok(None)) | Err(_) => {
@@ -215,7 +240,7 @@ impl Keeper {
                     leases = batch.len(),
                     "renewing the holds did not answer before the first deadline"
                 );
-                self.retry_soon(&mut held, &batch, sent);
+                self.retry_soon(&mut held, batch, sent);
                 return;
             }
         };
@@ -240,14 +265,14 @@ impl Keeper {
                 .is_some_and(|k| k.hold.names(&lost));
             if let Some(k) = same.then(|| held.remove(lost.resource.as_str())).flatten() {
                 warn!(what = self.what, resource = %lost.resource, token = %lost.token, "hold lost (lapsed, revoked or taken)");
-                k.hold.end(LossReason::Denied);
-                (self.on_end)(&k.hold, LossReason::Denied);
+                ended.push((k.hold, LossReason::Denied));
             }
         }
         // A lease the answer did not mention is tried again soon, as after a failure.
         let unanswered: Vec<Lease> = batch
-            .into_iter()
+            .iter()
             .filter(|l| !answered.contains(&l.resource))
+            .cloned()
             .collect();
         if !unanswered.is_empty() {
             debug!(

@@ -281,8 +281,10 @@ impl Lock {
         &self.name
     }
 
-    /// Takes the lock if it is free now; `None` if someone holds it (or, rarely, when the
-    /// grant answered too late to be trusted: it is released, and the next try may succeed).
+    /// Takes the lock if it is free now; `None` if someone holds it, or another acquire of this
+    /// process is asking for it at this moment (it gets the lock if it is free), or, rarely,
+    /// when the grant answered too late to be trusted (it is released, and the next try may
+    /// succeed).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
         need_runtime()?;
         let candidate = self.holder.candidate();
@@ -346,8 +348,8 @@ impl Semaphore {
         u32::try_from(self.resources.len()).unwrap_or(MAX_PERMITS)
     }
 
-    /// Takes a free permit if there is one now; `None` if all are held (or, rarely, as for
-    /// [`Lock::try_acquire`]).
+    /// Takes a free permit if there is one now; `None` if all are held or being asked for by
+    /// other acquires of this process (or, rarely, as for [`Lock::try_acquire`]).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
         need_runtime()?;
         let candidate = self.holder.candidate();
