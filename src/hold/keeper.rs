@@ -4,6 +4,7 @@
 //! keeper renews them, from the first hold until the keeper is dropped. What becomes of a hold
 //! that ended here (released, left to lapse) is its owner's: the `on_end` it was built with.
 
+use crate::hold::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -332,8 +333,4 @@ async fn keep_renewing(keeper: Weak<Keeper>, wake: Arc<Notify>, _running: Runnin
             None => wake.notified().await,
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -17,6 +17,7 @@
 //! before its batch leaves withdraws its entry; once the batch left, it waits for the answer
 //! (a renew sent is never left unread, so a release that follows finds the last write).
 
+use crate::hold::lock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -578,10 +579,6 @@ fn sea_orm_store(store: &dyn std::any::Any) -> Option<&crate::SeaOrmLeaseStore> 
             .downcast_ref::<Arc<crate::SeaOrmLeaseStore>>()
             .map(|s| &**s)
     })
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Leadership as the elector sees it: the state on the watch channel, and one term.
 
+use crate::hold::lock;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -323,8 +324,4 @@ impl PartialEq for LeaderTerm {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

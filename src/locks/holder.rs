@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::hold::keeper::{Keeper, OnEnd};
-use crate::hold::{LeaderTerm, LossReason};
+use crate::hold::{lock, LeaderTerm, LossReason};
 use crate::{Denial, LeaseOutcome, LeaseStore, StoreError};
 
 /// The options of one [`Locks`](super::Locks), validated.
@@ -396,8 +396,4 @@ impl Drop for Waiting<'_> {
 /// renew, or an error (the write may have committed before the answer was lost).
 fn may_hold(answer: &Result<LeaseOutcome, StoreError>) -> bool {
     !matches!(answer, Ok(LeaseOutcome::Denied(_)))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
