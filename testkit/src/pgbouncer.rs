@@ -88,6 +88,8 @@ impl PgbouncerBuilder<'_> {
                     "extra_float_digits,options".into(),
                 ),
             ];
+            // A setting given to the builder replaces the default of that name.
+            settings.retain(|(k, _)| !self.settings.iter().any(|(name, _)| name == k));
             settings.extend(self.settings.iter().cloned());
             let b = Pgbouncer {
                 config: dir.join("pgbouncer.ini"),

@@ -88,6 +88,10 @@ impl Cluster {
         let bouncer = Pgbouncer::builder(&primary)
             .pool_mode(PoolMode::Session)
             .setting("server_login_retry", "1")
+            // One server connection per client (session pooling): enough for every
+            // candidate's pool and the harness's looks, which would otherwise wait in
+            // PgBouncer's queue past their timeout and find no leader to fault.
+            .setting("default_pool_size", "150")
             .start()?;
         Ok(Self {
             primary,
