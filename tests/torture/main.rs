@@ -583,6 +583,9 @@ fn main() {
 async fn run_configurations(args: Args) -> i32 {
     let mut passed = 0;
     let mut failed = 0;
+    let started = std::time::Instant::now();
+    // Each configuration's wall time (servers, run, checks), printed at the end.
+    let mut times: Vec<(String, f64)> = Vec::new();
     let base_seed = args.seed.unwrap_or_else(Rng::seed_from_time);
     let skip = std::env::var("ORION_BEACON_SKIP").unwrap_or_default();
     if skip.split(',').any(|s| s.trim() == "torture") {
@@ -612,7 +615,10 @@ async fn run_configurations(args: Args) -> i32 {
             continue;
         }
         let seed = base_seed.wrapping_add(i as u64);
-        match run::run_backend(config, &args, seed).await {
+        let config_started = std::time::Instant::now();
+        let outcome = run::run_backend(config, &args, seed).await;
+        times.push((name.clone(), config_started.elapsed().as_secs_f64()));
+        match outcome {
             Ok(true) => passed += 1,
             Ok(false) => failed += 1,
             Err(e) => {
@@ -622,6 +628,18 @@ async fn run_configurations(args: Args) -> i32 {
         }
     }
     println!("torture: {passed} passed, {failed} failed");
+    if !times.is_empty() {
+        println!("torture: seconds per configuration:");
+        for (name, secs) in &times {
+            println!("  {secs:7.1}  {name}");
+        }
+    }
+    // In libtest's words, so the test command's summary lists this binary's time with the others.
+    println!(
+        "test result: {}. {passed} passed; {failed} failed; finished in {:.2}s",
+        if failed > 0 { "FAILED" } else { "ok" },
+        started.elapsed().as_secs_f64()
+    );
     if failed > 0 {
         1
     } else {
