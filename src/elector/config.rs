@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::hold::default_candidate_id;
 use crate::hold::timing::{
-    check_interval, ConfigError, Timing, DEFAULT_GRACE_PERIOD, DEFAULT_JITTER,
-    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
+    check_interval, ConfigError, Timing, TimingDefaults, TimingOptions, DEFAULT_GRACE_PERIOD,
+    DEFAULT_JITTER, DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
 };
 use crate::store::{validate_candidate, validate_resource};
 
@@ -15,10 +15,9 @@ use crate::store::{validate_candidate, validate_resource};
 pub(crate) struct Config {
     pub resource: Arc<str>,
     pub candidate: Arc<str>,
-    /// The lease, the renew interval and the step-down margin.
+    /// The lease, the renew interval, the step-down margin and the grace period.
     pub timing: Timing,
     pub retry_interval: Duration,
-    pub grace_period: Duration,
     pub jitter: f64,
     pub release_on_shutdown: bool,
     /// Written into the lease by every acquire and renew.
@@ -32,11 +31,9 @@ pub(crate) struct Config {
 pub(crate) struct Options {
     pub resource: Option<String>,
     pub candidate: Option<String>,
-    pub lease: Option<Duration>,
-    pub renew_interval: Option<Duration>,
+    /// The lease, the renew interval, the step-down margin and the grace period.
+    pub timing: TimingOptions,
     pub retry_interval: Option<Duration>,
-    pub step_down_margin: Option<Duration>,
-    pub grace_period: Option<Duration>,
     pub jitter: Option<f64>,
     pub release_on_shutdown: Option<bool>,
     pub payload: Option<String>,
@@ -52,17 +49,13 @@ impl Options {
         if let Some(payload) = &self.payload {
             crate::store::validate_payload(payload)?;
         }
-        let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
-        let renew_interval = self.renew_interval.unwrap_or(DEFAULT_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_RETRY_INTERVAL);
-        let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
         check_interval("retry_interval", retry_interval)?;
-        let timing = Timing::check(
-            lease,
-            ("renew_interval", renew_interval),
-            self.step_down_margin,
-            grace_period,
-        )?;
+        let timing = self.timing.check(TimingDefaults {
+            lease: DEFAULT_LEASE_DURATION,
+            renew: ("renew_interval", DEFAULT_RENEW_INTERVAL),
+            grace_period: DEFAULT_GRACE_PERIOD,
+        })?;
         let jitter = self.jitter.unwrap_or(DEFAULT_JITTER);
         if !(0.0..=0.5).contains(&jitter) {
             return Err(ConfigError::Jitter(jitter));
@@ -72,7 +65,6 @@ impl Options {
             candidate: Arc::from(candidate),
             timing,
             retry_interval,
-            grace_period,
             jitter,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
             payload: self.payload.map(Arc::from),
@@ -114,28 +106,28 @@ mod tests {
             f(&mut o);
             o.validate()
         };
-        assert!(at(|o| o.grace_period = Some(MAX_INTERVAL)).is_ok());
+        assert!(at(|o| o.timing.grace_period = Some(MAX_INTERVAL)).is_ok());
         assert!(at(|o| o.retry_interval = Some(MAX_INTERVAL)).is_ok());
         // margin == the minimum the rule allows
         let lease = Duration::from_secs(10);
         let c = at(|o| {
-            o.lease = Some(Duration::from_secs(10));
-            o.renew_interval = Some(Duration::from_secs(3));
-            o.step_down_margin = Some(min_step_down_margin(Duration::from_secs(10)));
+            o.timing.lease = Some(Duration::from_secs(10));
+            o.timing.renew_interval = Some(Duration::from_secs(3));
+            o.timing.step_down_margin = Some(min_step_down_margin(Duration::from_secs(10)));
         })
         .unwrap();
         assert_eq!(c.timing.step_down_margin, min_step_down_margin(lease));
         // 2 × renew == lease - margin: exactly room for one retry
         assert!(at(|o| {
-            o.lease = Some(Duration::from_secs(10));
-            o.step_down_margin = Some(Duration::from_secs(1));
-            o.renew_interval = Some(Duration::from_millis(4500));
+            o.timing.lease = Some(Duration::from_secs(10));
+            o.timing.step_down_margin = Some(Duration::from_secs(1));
+            o.timing.renew_interval = Some(Duration::from_millis(4500));
         })
         .is_ok());
         assert!(at(|o| {
-            o.lease = Some(Duration::from_secs(10));
-            o.step_down_margin = Some(Duration::from_secs(1));
-            o.renew_interval = Some(Duration::from_millis(4501));
+            o.timing.lease = Some(Duration::from_secs(10));
+            o.timing.step_down_margin = Some(Duration::from_secs(1));
+            o.timing.renew_interval = Some(Duration::from_millis(4501));
         })
         .is_err());
     }
@@ -145,8 +137,11 @@ mod tests {
     fn suggested_values_work() {
         let with = |lease: u64, renew: u64| Options {
             resource: Some("r".into()),
-            lease: Some(Duration::from_millis(lease)),
-            renew_interval: Some(Duration::from_millis(renew)),
+            timing: TimingOptions {
+                lease: Some(Duration::from_millis(lease)),
+                renew_interval: Some(Duration::from_millis(renew)),
+                ..TimingOptions::default()
+            },
             ..Options::default()
         };
         for (lease, renew) in [(15_000, 10_000), (10_000, 5_000), (1_001, 999), (333, 200)] {
@@ -169,7 +164,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"));
         }
         let mut o = opts();
-        o.step_down_margin = Some(Duration::from_secs(10));
+        o.timing.step_down_margin = Some(Duration::from_secs(10));
         let err = o.validate().unwrap_err();
         assert!(
             err.to_string()
@@ -198,13 +193,13 @@ mod tests {
             ConfigError::Invalid(StoreError::InvalidCandidate { .. })
         ));
         assert!(matches!(
-            bad(|o| o.lease = Some(Duration::ZERO)),
+            bad(|o| o.timing.lease = Some(Duration::ZERO)),
             ConfigError::Zero {
                 option: "lease_duration"
             }
         ));
         assert!(matches!(
-            bad(|o| o.renew_interval = Some(Duration::ZERO)),
+            bad(|o| o.timing.renew_interval = Some(Duration::ZERO)),
             ConfigError::Zero { .. }
         ));
         assert!(matches!(
@@ -212,31 +207,31 @@ mod tests {
             ConfigError::Zero { .. }
         ));
         assert!(matches!(
-            bad(|o| o.renew_interval = Some(Duration::from_secs(7))),
+            bad(|o| o.timing.renew_interval = Some(Duration::from_secs(7))),
             ConfigError::RenewTooSlow { .. }
         ));
         assert!(matches!(
-            bad(|o| o.renew_interval = Some(Duration::from_secs(15))),
+            bad(|o| o.timing.renew_interval = Some(Duration::from_secs(15))),
             ConfigError::RenewTooSlow { .. }
         ));
         assert!(matches!(
-            bad(|o| o.step_down_margin = Some(Duration::from_secs(8))),
+            bad(|o| o.timing.step_down_margin = Some(Duration::from_secs(8))),
             ConfigError::MarginTooLarge { .. }
         ));
         assert!(matches!(
-            bad(|o| o.lease = Some(Duration::from_secs(400 * 86400))),
+            bad(|o| o.timing.lease = Some(Duration::from_secs(400 * 86400))),
             ConfigError::Invalid(StoreError::InvalidLeaseDuration { .. })
         ));
         assert!(matches!(
-            bad(|o| o.step_down_margin = Some(Duration::ZERO)),
+            bad(|o| o.timing.step_down_margin = Some(Duration::ZERO)),
             ConfigError::MarginTooSmall { .. }
         ));
         assert!(matches!(
-            bad(|o| o.step_down_margin = Some(Duration::from_millis(14))),
+            bad(|o| o.timing.step_down_margin = Some(Duration::from_millis(14))),
             ConfigError::MarginTooSmall { minimum, .. } if minimum == Duration::from_millis(15)
         ));
         assert!(matches!(
-            bad(|o| o.grace_period = Some(Duration::MAX)),
+            bad(|o| o.timing.grace_period = Some(Duration::MAX)),
             ConfigError::TooLong {
                 option: "grace_period",
                 ..

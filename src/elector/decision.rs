@@ -234,10 +234,13 @@ mod tests {
         Options {
             resource: Some("r".into()),
             candidate: Some("me".into()),
-            lease: Some(ms(10_000)),
-            renew_interval: Some(ms(3_000)),
+            timing: crate::hold::timing::TimingOptions {
+                lease: Some(ms(10_000)),
+                renew_interval: Some(ms(3_000)),
+                step_down_margin: Some(ms(1_000)),
+                ..Default::default()
+            },
             retry_interval: Some(ms(2_000)),
-            step_down_margin: Some(ms(1_000)),
             ..Options::default()
         }
         .validate()

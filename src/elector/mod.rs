@@ -26,6 +26,7 @@ pub use crate::hold::timing::{
 pub use crate::hold::{LeaderTerm, Leadership, LossReason};
 pub use handover::Handover;
 
+use crate::hold::timing::timing_setter;
 use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
 use config::{Config, Options};
 use runner::{Runner, StepDown, Stop};
@@ -66,18 +67,16 @@ impl ElectorBuilder {
         self
     }
 
-    /// How long a granted lease lasts without a renew. Default 15 s.
-    pub fn lease_duration(mut self, lease: Duration) -> Self {
-        self.options.lease = Some(lease);
-        self
-    }
+    timing_setter!(
+        /// How long a granted lease lasts without a renew. Default 15 s.
+        lease_duration(lease) => options.timing.lease
+    );
 
-    /// How often the leader renews. Default 5 s; twice it must fit in the lease minus the
-    /// step-down margin, so one failed renew can be retried in time.
-    pub fn renew_interval(mut self, interval: Duration) -> Self {
-        self.options.renew_interval = Some(interval);
-        self
-    }
+    timing_setter!(
+        /// How often the leader renews. Default 5 s; twice it must fit in the lease minus the
+        /// step-down margin, so one failed renew can be retried in time.
+        renew_interval(interval) => options.timing.renew_interval
+    );
 
     /// How often a follower tries to acquire. Default 2 s. A follower told that the lease ends
     /// sooner tries right after it ends instead.
@@ -86,26 +85,24 @@ impl ElectorBuilder {
         self
     }
 
-    /// How long before its last grant would run out (counted from when that request was sent)
-    /// the leader steps down if it could not renew. Default: a tenth of the lease.
-    ///
-    /// The margin must cover how much the database's clock can gain on the host's monotonic
-    /// clock over one lease (the host's clock running slow makes the deadline come later), plus
-    /// the time between a `is_leader()` check and the action it guards. At least [`min_step_down_margin`] (`lease / 1000`, and 1 ms), less
-    /// than half the lease.
-    pub fn step_down_margin(mut self, margin: Duration) -> Self {
-        self.options.step_down_margin = Some(margin);
-        self
-    }
+    timing_setter!(
+        /// How long before its last grant would run out (counted from when that request was sent)
+        /// the leader steps down if it could not renew. Default: a tenth of the lease.
+        ///
+        /// The margin must cover how much the database's clock can gain on the host's monotonic
+        /// clock over one lease (the host's clock running slow makes the deadline come later), plus
+        /// the time between a `is_leader()` check and the action it guards. At least [`min_step_down_margin`] (`lease / 1000`, and 1 ms), less
+        /// than half the lease.
+        step_down_margin(margin) => options.timing.step_down_margin
+    );
 
-    /// How long leader work ([`ElectorHandle::run_as_leader`]) may take to return after a
-    /// shutdown is requested, while the elector keeps renewing the lease; then it is dropped and
-    /// the lease released. Work of a term that was lost (not shut down) is dropped at once,
-    /// since the lease no longer covers it. Default 5 s, at most [`MAX_INTERVAL`].
-    pub fn grace_period(mut self, grace: Duration) -> Self {
-        self.options.grace_period = Some(grace);
-        self
-    }
+    timing_setter!(
+        /// How long leader work ([`ElectorHandle::run_as_leader`]) may take to return after a
+        /// shutdown is requested, while the elector keeps renewing the lease; then it is dropped and
+        /// the lease released. Work of a term that was lost (not shut down) is dropped at once,
+        /// since the lease no longer covers it. Default 5 s, at most [`MAX_INTERVAL`].
+        grace_period(grace) => options.timing.grace_period
+    );
 
     /// Random spread of follower retries, as a fraction (0.0 to 0.5). Default 0.1 (±10 %).
     pub fn jitter(mut self, jitter: f64) -> Self {

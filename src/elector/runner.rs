@@ -819,7 +819,7 @@ impl Runner {
     /// the work is cut off at once; if the work does not stop when cut off, the lease is left
     /// to lapse on its own rather than released under it.
     async fn drain(&self, active: &mut Active, failures: &mut u32) -> bool {
-        let grace_end = later(crate::clock::now(), self.config.grace_period);
+        let grace_end = later(crate::clock::now(), self.config.timing.grace_period);
         loop {
             let deadline = active.term.local_deadline();
             if crate::clock::now() >= deadline {
@@ -836,7 +836,7 @@ impl Runner {
                 _ = self.work_gate.write() => return true,
                 _ = sleep_until(grace_end) => {
                     active.term.cut_off();
-                    warn!(grace = ?self.config.grace_period, "leader work did not finish within the grace period; dropped");
+                    warn!(grace = ?self.config.timing.grace_period, "leader work did not finish within the grace period; dropped");
                     // A dropped future lets go at once; give it a moment to unwind.
                     if timeout(UNWIND, self.work_gate.write()).await.is_ok() {
                         return true;

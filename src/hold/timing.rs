@@ -222,12 +222,60 @@ pub(crate) fn renew_that_fits(lease: Duration, margin: Duration) -> Duration {
 }
 
 /// The timing of one kind of hold, checked (see [`Timing::check`]): the lease asked for, how
-/// often it is renewed, and the step-down margin its local deadline keeps.
+/// often it is renewed, the step-down margin its local deadline keeps, and how long its work
+/// may take to return once its term ended for a shutdown or a handover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Timing {
     pub(crate) lease: Duration,
     pub(crate) renew_interval: Duration,
     pub(crate) step_down_margin: Duration,
+    pub(crate) grace_period: Duration,
+}
+
+/// The timing options as a builder was given them (`None`: not set), one struct for the
+/// elector's, the shard sets' and the locks' builders; [`check`](Self::check) fills in the
+/// defaults of the kind of hold and checks them once.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TimingOptions {
+    pub(crate) lease: Option<Duration>,
+    pub(crate) renew_interval: Option<Duration>,
+    pub(crate) step_down_margin: Option<Duration>,
+    pub(crate) grace_period: Option<Duration>,
+}
+
+/// A kind of hold's timing defaults, and the name its builder gives the renew interval (in
+/// errors).
+pub(crate) struct TimingDefaults {
+    pub(crate) lease: Duration,
+    pub(crate) renew: (&'static str, Duration),
+    pub(crate) grace_period: Duration,
+}
+
+/// A builder's setter of one of its [`TimingOptions`], with the builder's own docs:
+/// `timing_setter!(/// docs
+/// lease_duration(lease) => options.timing.lease);`.
+macro_rules! timing_setter {
+    ($(#[$doc:meta])* $name:ident($arg:ident) => $($field:ident).+) => {
+        $(#[$doc])*
+        pub fn $name(mut self, $arg: std::time::Duration) -> Self {
+            self.$($field).+ = Some($arg);
+            self
+        }
+    };
+}
+pub(crate) use timing_setter;
+
+impl TimingOptions {
+    /// The options with `defaults` for what was not set, checked (see [`check_timing`]).
+    pub(crate) fn check(self, defaults: TimingDefaults) -> Result<Timing, ConfigError> {
+        let (renew_option, renew_default) = defaults.renew;
+        Timing::check(
+            self.lease.unwrap_or(defaults.lease),
+            (renew_option, self.renew_interval.unwrap_or(renew_default)),
+            self.step_down_margin,
+            self.grace_period.unwrap_or(defaults.grace_period),
+        )
+    }
 }
 
 impl Timing {
@@ -244,6 +292,7 @@ impl Timing {
             lease,
             renew_interval: renew.1,
             step_down_margin,
+            grace_period,
         })
     }
 

@@ -60,7 +60,9 @@ pub use error::LockError;
 pub use guard::LockGuard;
 use holder::{Attempt, Config, Holder};
 
-use crate::hold::timing::{check_interval, ConfigError, Timing, MAX_INTERVAL};
+use crate::hold::timing::{
+    check_interval, timing_setter, ConfigError, TimingDefaults, TimingOptions, MAX_INTERVAL,
+};
 use crate::hold::{default_candidate_id, LeaderTerm, LossReason};
 use crate::store::validate_resource;
 use crate::{Denial, LeaseStore, StoreError};
@@ -106,10 +108,8 @@ impl Locks {
             renewer: crate::hold::renewer::Renewer::of(&store),
             store: Arc::new(store),
             owner: None,
-            lease: None,
-            renew_interval: None,
+            timing: TimingOptions::default(),
             retry_interval: None,
-            step_down_margin: None,
             payload: None,
         }
     }
@@ -159,10 +159,10 @@ pub struct LocksBuilder {
     store: Arc<dyn LeaseStore>,
     renewer: crate::hold::renewer::Renewer,
     owner: Option<String>,
-    lease: Option<Duration>,
-    renew_interval: Option<Duration>,
+    /// The lease, the renew interval and the step-down margin (no grace period: a lock's
+    /// work is the caller's, not ours to wait for).
+    timing: TimingOptions,
     retry_interval: Option<Duration>,
-    step_down_margin: Option<Duration>,
     payload: Option<String>,
 }
 
@@ -170,8 +170,7 @@ impl std::fmt::Debug for LocksBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocksBuilder")
             .field("owner", &self.owner)
-            .field("lease", &self.lease)
-            .field("renew_interval", &self.renew_interval)
+            .field("timing", &self.timing)
             .field("retry_interval", &self.retry_interval)
             .finish_non_exhaustive()
     }
@@ -186,18 +185,16 @@ impl LocksBuilder {
         self
     }
 
-    /// How long a hold lasts without a renew (default [`DEFAULT_LOCK_LEASE`]).
-    pub fn lease_duration(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
+    timing_setter!(
+        /// How long a hold lasts without a renew (default [`DEFAULT_LOCK_LEASE`]).
+        lease_duration(lease) => timing.lease
+    );
 
-    /// How often the holds are renewed, all in one statement (default
-    /// [`DEFAULT_LOCK_RENEW_INTERVAL`]); twice it must fit in the lease less the margin.
-    pub fn renew_interval(mut self, interval: Duration) -> Self {
-        self.renew_interval = Some(interval);
-        self
-    }
+    timing_setter!(
+        /// How often the holds are renewed, all in one statement (default
+        /// [`DEFAULT_LOCK_RENEW_INTERVAL`]); twice it must fit in the lease less the margin.
+        renew_interval(interval) => timing.renew_interval
+    );
 
     /// How often a waiting acquire asks again when nothing wakes it sooner (default
     /// [`DEFAULT_LOCK_RETRY_INTERVAL`]).
@@ -206,12 +203,11 @@ impl LocksBuilder {
         self
     }
 
-    /// How long before the lease's end a hold stops counting as held (default a tenth of the
-    /// lease), as an elector's.
-    pub fn step_down_margin(mut self, margin: Duration) -> Self {
-        self.step_down_margin = Some(margin);
-        self
-    }
+    timing_setter!(
+        /// How long before the lease's end a hold stops counting as held (default a tenth of the
+        /// lease), as an elector's.
+        step_down_margin(margin) => timing.step_down_margin
+    );
 
     /// A payload written into every hold's lease by the statement that grants it (this
     /// process's address, say; at most [`MAX_PAYLOAD_LEN`](crate::store::MAX_PAYLOAD_LEN)
@@ -235,16 +231,13 @@ impl LocksBuilder {
         }
         crate::store::validate_candidate(&owner)?;
         crate::store::validate_candidate(&format!("{owner}/{:016x}-{}", u64::MAX, u64::MAX))?;
-        let lease = self.lease.unwrap_or(DEFAULT_LOCK_LEASE);
-        let renew_interval = self.renew_interval.unwrap_or(DEFAULT_LOCK_RENEW_INTERVAL);
         let retry_interval = self.retry_interval.unwrap_or(DEFAULT_LOCK_RETRY_INTERVAL);
         check_interval("retry_interval", retry_interval)?;
-        let timing = Timing::check(
-            lease,
-            ("renew_interval", renew_interval),
-            self.step_down_margin,
-            Duration::ZERO,
-        )?;
+        let timing = self.timing.check(TimingDefaults {
+            lease: DEFAULT_LOCK_LEASE,
+            renew: ("renew_interval", DEFAULT_LOCK_RENEW_INTERVAL),
+            grace_period: Duration::ZERO,
+        })?;
         if let Some(payload) = &self.payload {
             crate::store::validate_payload(payload)?;
         }

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::hold::health::HEALTH_WINDOW_FACTOR;
-use crate::hold::timing::{ConfigError, Timing, DEFAULT_GRACE_PERIOD, DEFAULT_LEASE_DURATION};
+use crate::hold::timing::{
+    ConfigError, Timing, TimingDefaults, TimingOptions, DEFAULT_GRACE_PERIOD,
+    DEFAULT_LEASE_DURATION,
+};
 use crate::membership::validate_shard_set;
 use crate::store::{validate_candidate, validate_resource};
 
@@ -23,11 +26,9 @@ pub(crate) struct Config {
     pub resources: Vec<Arc<str>>,
     /// The fingerprint of `resources` (see [`crate::Holding::fingerprint`]).
     pub set_hash: u64,
-    /// The lease, the renew interval (the round interval) and the step-down margin.
+    /// The lease, the renew interval (the round interval: every round renews the node's
+    /// leases), the step-down margin and the grace period.
     pub timing: Timing,
-    /// The round interval: every round renews the node's leases.
-    pub interval: Duration,
-    pub grace_period: Duration,
     pub slack: usize,
     pub prefer: HashMap<Arc<str>, Arc<str>>,
     pub release_on_shutdown: bool,
@@ -40,14 +41,19 @@ pub(crate) struct Options {
     pub name: Option<String>,
     pub member: Option<String>,
     pub resources: Vec<String>,
-    pub lease: Option<Duration>,
-    pub interval: Option<Duration>,
-    pub step_down_margin: Option<Duration>,
-    pub grace_period: Option<Duration>,
+    /// The lease, the round interval, the step-down margin and the grace period.
+    pub timing: TimingOptions,
     pub slack: Option<usize>,
     pub prefer: Vec<(String, String)>,
     pub release_on_shutdown: Option<bool>,
     pub health_window: Option<Duration>,
+}
+
+impl Config {
+    /// The round interval: every round renews the node's leases.
+    pub(crate) fn interval(&self) -> Duration {
+        self.timing.renew_interval
+    }
 }
 
 impl Options {
@@ -88,18 +94,14 @@ impl Options {
                 return Err(ConfigError::DuplicatePreference { name: resource });
             }
         }
-        let lease = self.lease.unwrap_or(DEFAULT_LEASE_DURATION);
-        let interval = self.interval.unwrap_or(DEFAULT_SHARD_INTERVAL);
-        let grace_period = self.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD);
-        let timing = Timing::check(
-            lease,
-            ("interval", interval),
-            self.step_down_margin,
-            grace_period,
-        )?;
+        let timing = self.timing.check(TimingDefaults {
+            lease: DEFAULT_LEASE_DURATION,
+            renew: ("interval", DEFAULT_SHARD_INTERVAL),
+            grace_period: DEFAULT_GRACE_PERIOD,
+        })?;
         let health_window = crate::hold::health::window(
             self.health_window,
-            interval.saturating_mul(HEALTH_WINDOW_FACTOR),
+            timing.renew_interval.saturating_mul(HEALTH_WINDOW_FACTOR),
         )?;
         Ok(Config {
             health_window,
@@ -108,8 +110,6 @@ impl Options {
             set_hash: crate::Holding::fingerprint(&self.resources),
             resources: self.resources.into_iter().map(Arc::from).collect(),
             timing,
-            interval,
-            grace_period,
             slack,
             prefer,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
@@ -176,7 +176,7 @@ mod tests {
             Err(ConfigError::Invalid(StoreError::InvalidShardSet { .. }))
         ));
         let mut o = opts(&["a"]);
-        o.interval = Some(Duration::from_secs(7));
+        o.timing.renew_interval = Some(Duration::from_secs(7));
         assert!(matches!(
             o.validate(),
             Err(ConfigError::RenewTooSlow { .. })
@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn defaults() {
         let c = opts(&["a", "b"]).validate().unwrap();
-        assert_eq!(c.interval, Duration::from_secs(2));
+        assert_eq!(c.timing.renew_interval, Duration::from_secs(2));
         assert_eq!(c.timing.lease, Duration::from_secs(15));
         assert_eq!(c.slack, 1);
         assert!(c.release_on_shutdown);

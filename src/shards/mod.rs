@@ -75,7 +75,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::{DEFAULT_SHARD_INTERVAL, DEFAULT_SLACK};
 pub use handle::ShardHandle;
 
-use crate::hold::timing::ConfigError;
+use crate::hold::timing::{timing_setter, ConfigError};
 use crate::hold::LeaderTerm;
 use crate::{LeaseStore, MembershipStore};
 use config::{Config, Options};
@@ -146,33 +146,29 @@ impl ShardSetBuilder {
         self
     }
 
-    /// How long a lease (and a membership heartbeat) lasts without a renew. Default 15 s.
-    pub fn lease_duration(mut self, lease: Duration) -> Self {
-        self.options.lease = Some(lease);
-        self
-    }
+    timing_setter!(
+        /// How long a lease (and a membership heartbeat) lasts without a renew. Default 15 s.
+        lease_duration(lease) => options.timing.lease
+    );
 
-    /// How often a node runs its round (heartbeat, batched renew, rebalancing). Default 2 s;
-    /// twice it must fit in the lease minus the step-down margin.
-    pub fn interval(mut self, interval: Duration) -> Self {
-        self.options.interval = Some(interval);
-        self
-    }
+    timing_setter!(
+        /// How often a node runs its round (heartbeat, batched renew, rebalancing). Default 2 s;
+        /// twice it must fit in the lease minus the step-down margin.
+        interval(interval) => options.timing.renew_interval
+    );
 
-    /// How long before a lease would run out (counted from when its renew was sent) a
-    /// resource's term ends if it could not be renewed. Default: a tenth of the lease (see
-    /// [`ElectorBuilder::step_down_margin`](crate::ElectorBuilder::step_down_margin)).
-    pub fn step_down_margin(mut self, margin: Duration) -> Self {
-        self.options.step_down_margin = Some(margin);
-        self
-    }
+    timing_setter!(
+        /// How long before a lease would run out (counted from when its renew was sent) a
+        /// resource's term ends if it could not be renewed. Default: a tenth of the lease (see
+        /// [`ElectorBuilder::step_down_margin`](crate::ElectorBuilder::step_down_margin)).
+        step_down_margin(margin) => options.timing.step_down_margin
+    );
 
-    /// How long a resource's work may take to return once its term ended for a handover or a
-    /// shutdown (the lease is kept renewed meanwhile, then released). Default 5 s.
-    pub fn grace_period(mut self, grace: Duration) -> Self {
-        self.options.grace_period = Some(grace);
-        self
-    }
+    timing_setter!(
+        /// How long a resource's work may take to return once its term ended for a handover or a
+        /// shutdown (the lease is kept renewed meanwhile, then released). Default 5 s.
+        grace_period(grace) => options.timing.grace_period
+    );
 
     /// How many resources above its share a node may lead before it hands some over: against
     /// flapping while members come and go. Default 1; at most the number of resources.
@@ -391,7 +387,7 @@ impl std::fmt::Debug for ShardSet {
             .field("member", &&*self.config.member)
             .field("resources", &self.config.resources.len())
             .field("lease", &self.config.timing.lease)
-            .field("interval", &self.config.interval)
+            .field("interval", &self.config.timing.renew_interval)
             .field("backend", &self.fence.as_ref().map(|s| s.backend_name()))
             .finish_non_exhaustive()
     }

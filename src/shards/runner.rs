@@ -96,7 +96,7 @@ impl Runner {
                 // A round that is due goes before handover passes: nothing delays a renew.
                 _ = sleep_until(next_round) => {
                     let started = crate::clock::now();
-                    next_round = started + super::jittered_interval(self.config.interval);
+                    next_round = started + super::jittered_interval(self.config.interval());
                     let draining = *draining.borrow();
                     // An abort stops a round at once (as if the process died).
                     tokio::select! {
@@ -189,7 +189,7 @@ impl Runner {
                 // to see it.
                 if draining && !st.drain_announced {
                     st.drain_announced = true;
-                    self.finish_handovers(st, started + self.config.interval)
+                    self.finish_handovers(st, started + self.config.interval())
                         .await;
                     return;
                 }
@@ -205,7 +205,7 @@ impl Runner {
             self.rebalance(st, draining && st.drain_announced, answered, started, lost)
                 .await;
         }
-        self.finish_handovers(st, started + self.config.interval)
+        self.finish_handovers(st, started + self.config.interval())
             .await;
     }
 
@@ -245,12 +245,12 @@ impl Runner {
             return;
         }
         let sent = crate::clock::now();
-        let answer_by = sent.checked_add(self.config.interval).unwrap_or(sent);
+        let answer_by = sent.checked_add(self.config.interval()).unwrap_or(sent);
         let store: Arc<dyn crate::LeaseStore> = self.store.clone();
         let timing = self.config.timing.renew_key();
         let renew = self.renewer.renew_now(&store, &leases, timing, answer_by);
         let answer = match self.bounded(renew).await {
-            Ok(None) => Err(Bounded::Timeout(self.config.interval)),
+            Ok(None) => Err(Bounded::Timeout(self.config.interval())),
             Ok(Some(renewals)) => Ok(renewals),
             Err(err) => Err(err),
         };
@@ -301,7 +301,7 @@ impl Runner {
                 self.config.set_hash,
                 self.config.resources.len(),
                 self.config.timing.lease,
-                self.config.interval,
+                self.config.interval(),
             );
         let (records, free) = if skip {
             // As a look that found every resource led.
@@ -343,9 +343,12 @@ impl Runner {
             free,
             orphans,
             abandoned,
-        } = st
-            .free_since
-            .look(free, looked, self.config.interval, self.config.timing.lease);
+        } = st.free_since.look(
+            free,
+            looked,
+            self.config.interval(),
+            self.config.timing.lease,
+        );
         self.release_strays(st, &records, looked).await;
         let p = st.plan_round(&self.config, &free, &orphans, &abandoned, looked, draining);
         st.share = p.target;
@@ -488,12 +491,12 @@ impl Runner {
     /// Whether the round has used its time: it must not delay the next renew (one interval
     /// after the round began) nor come close to a held term's deadline.
     fn over_budget(&self, st: &State, started: Instant) -> bool {
-        !self.budget_left(st, started + self.config.interval)
+        !self.budget_left(st, started + self.config.interval())
     }
 
     /// Whether there is time before `until` for one more statement that is not a renew.
     fn budget_left(&self, st: &State, until: Instant) -> bool {
-        st.budget_left(crate::clock::now(), until, self.config.interval)
+        st.budget_left(crate::clock::now(), until, self.config.interval())
     }
 
     fn hand_over(&self, st: &mut State, h: Held, reason: LossReason, release: bool) {
@@ -501,7 +504,7 @@ impl Runner {
             h,
             reason,
             release,
-            crate::clock::now() + self.config.grace_period,
+            crate::clock::now() + self.config.timing.grace_period,
         );
     }
 
@@ -580,7 +583,7 @@ impl Runner {
             });
         }
         let now = crate::clock::now();
-        let room = until.saturating_duration_since(now) >= self.config.interval / 2;
+        let room = until.saturating_duration_since(now) >= self.config.interval() / 2;
         if recount && !st.stopping && room && self.budget_left(st, until) {
             // Tell the members at once that this node leads less: without a release
             // notification, their next round would otherwise count these leases as led until
@@ -643,9 +646,9 @@ impl Runner {
         &self,
         call: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<T, Bounded> {
-        match tokio::time::timeout(self.config.interval, call).await {
+        match tokio::time::timeout(self.config.interval(), call).await {
             Ok(result) => result.map_err(|err| Bounded::Store(err.into())),
-            Err(_) => Err(Bounded::Timeout(self.config.interval)),
+            Err(_) => Err(Bounded::Timeout(self.config.interval())),
         }
     }
 

@@ -229,7 +229,7 @@ impl State {
             .collect();
         // A handed-over resource is released once its work returned: the grace period, and a
         // round to see it.
-        let handover = config.grace_period.saturating_add(config.interval);
+        let handover = config.timing.grace_period.saturating_add(config.interval());
         self.keeps
             .look(free, &telling, looked, config.timing.lease, handover);
         let (keep, returning) = self.keeps.sorted(&held, looked);
