@@ -161,10 +161,7 @@ pub(crate) fn check_timing(
     step_down_margin: Option<Duration>,
     grace_period: Duration,
 ) -> Result<Duration, ConfigError> {
-    for (option, value) in [
-        ("lease_duration", lease),
-        ("renew_interval", renew_interval),
-    ] {
+    for (option, value) in [("lease_duration", lease), (renew_option, renew_interval)] {
         if value.is_zero() {
             return Err(ConfigError::Zero { option });
         }

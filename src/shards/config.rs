@@ -179,7 +179,17 @@ mod tests {
         o.timing.renew_interval = Some(Duration::from_secs(7));
         assert!(matches!(
             o.validate(),
-            Err(ConfigError::RenewTooSlow { .. })
+            Err(ConfigError::RenewTooSlow {
+                option: "interval",
+                ..
+            })
+        ));
+        // Errors name the builder's own option.
+        let mut o = opts(&["a"]);
+        o.timing.renew_interval = Some(Duration::ZERO);
+        assert!(matches!(
+            o.validate(),
+            Err(ConfigError::Zero { option: "interval" })
         ));
     }
 
