@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::process::{
-    command, free_port, from_template, new_dir, run, run_as, secs, with_port_retries, DirGuard,
-    Instance, Probe, RunAs, Spec,
+    chown_tree, command, free_port, from_template, new_dir, run, run_as, secs, with_port_retries,
+    DirGuard, Instance, Probe, RunAs, Spec,
 };
 use crate::{report, Error};
 
@@ -92,12 +92,26 @@ impl Binaries {
     }
 }
 
+/// A temporary directory of the instance's own (`dir/tmp`), as a `--tmpdir=` option. Every
+/// `mariadbd` start (the bootstraps too) deletes every `#sql*` file in its tmpdir, so servers
+/// that shared `/tmp` deleted each other's temporary tables while starting ("Could not remove
+/// temporary table", then a failed `mariadb-install-db`).
+fn own_tmpdir(dir: &Path, who: Option<RunAs>) -> Result<String, Error> {
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
+    chown_tree(&tmp, who)?;
+    Ok(format!("--tmpdir={}", tmp.display()))
+}
+
 /// `mariadb-install-db` and a `test` database, into `dest`.
 pub(crate) fn init_template(bin: &Binaries, who: Option<RunAs>, dest: &Path) -> Result<(), Error> {
+    let tmp = own_tmpdir(dest.parent().unwrap_or(dest), who)?;
     run(
         command(&bin.install_db, who)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dest.display()))
+            .arg(&tmp)
             .args([
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
@@ -109,6 +123,7 @@ pub(crate) fn init_template(bin: &Binaries, who: Option<RunAs>, dest: &Path) -> 
         .arg("--no-defaults")
         .arg("--bootstrap")
         .arg(format!("--datadir={}", dest.display()))
+        .arg(&tmp)
         .arg("--innodb-log-file-size=16M")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -276,6 +291,7 @@ impl MariaDb {
             format!("--socket={}", socket.display()).into(),
             format!("--pid-file={}", dir.join("mariadbd.pid").display()).into(),
             format!("--port={port}").into(),
+            own_tmpdir(&dir, who)?.into(),
         ];
         all.extend(DEFAULTS.iter().map(OsString::from));
         all.extend(args.iter().map(OsString::from));
