@@ -218,7 +218,7 @@ pub(crate) fn renew_that_fits(lease: Duration, margin: Duration) -> Duration {
     Duration::from_millis(u64::try_from(half.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The timing of one kind of hold, checked (see [`Timing::check`]): the lease asked for, how
+/// The timing of one kind of hold, checked (see [`TimingOptions::check`]): the lease asked for, how
 /// often it is renewed, the step-down margin its local deadline keeps, and how long its work
 /// may take to return once its term ended for a shutdown or a handover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,36 +263,29 @@ macro_rules! timing_setter {
 pub(crate) use timing_setter;
 
 impl TimingOptions {
-    /// The options with `defaults` for what was not set, checked (see [`check_timing`]).
+    /// The options with `defaults` for what was not set, checked (see [`check_timing`]; the
+    /// margin defaults to a tenth of the lease).
     pub(crate) fn check(self, defaults: TimingDefaults) -> Result<Timing, ConfigError> {
         let (renew_option, renew_default) = defaults.renew;
-        Timing::check(
-            self.lease.unwrap_or(defaults.lease),
-            (renew_option, self.renew_interval.unwrap_or(renew_default)),
-            self.step_down_margin,
-            self.grace_period.unwrap_or(defaults.grace_period),
-        )
-    }
-}
-
-impl Timing {
-    /// Checks the options every hold shares (see [`check_timing`]): the margin defaults to a
-    /// tenth of the lease.
-    pub(crate) fn check(
-        lease: Duration,
-        renew: (&'static str, Duration),
-        step_down_margin: Option<Duration>,
-        grace_period: Duration,
-    ) -> Result<Self, ConfigError> {
-        let step_down_margin = check_timing(lease, renew, step_down_margin, grace_period)?;
-        Ok(Self {
+        let lease = self.lease.unwrap_or(defaults.lease);
+        let renew_interval = self.renew_interval.unwrap_or(renew_default);
+        let grace_period = self.grace_period.unwrap_or(defaults.grace_period);
+        let step_down_margin = check_timing(
             lease,
-            renew_interval: renew.1,
+            (renew_option, renew_interval),
+            self.step_down_margin,
+            grace_period,
+        )?;
+        Ok(Timing {
+            lease,
+            renew_interval,
             step_down_margin,
             grace_period,
         })
     }
+}
 
+impl Timing {
     /// The local deadline of a lease granted or renewed by a statement sent at `sent` (see
     /// [`local_deadline`]).
     pub(crate) fn deadline(&self, lease: &Lease, sent: Instant) -> Instant {
