@@ -561,7 +561,7 @@ impl Runner {
         let Some(renewer) = self.renewer.as_ref().filter(|_| self.config.renew_together) else {
             return Ok(Together::Alone);
         };
-        let Some(mut ticket) = renewer.enter(
+        let Some(mut ticket) = renewer.enter_leader(
             &self.store,
             active.granted.clone(),
             (self.config.timing.lease, self.config.timing.renew_interval),

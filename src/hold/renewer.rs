@@ -92,6 +92,9 @@ struct Entry {
     lease: Lease,
     due: Instant,
     deadline: Instant,
+    /// A leader, whose own renew is one statement: it renews on its own when nothing else of
+    /// the store goes with it (see `send`).
+    leader: bool,
     departed: oneshot::Sender<Departure>,
 }
 
@@ -188,9 +191,35 @@ impl Renewer {
         &self,
         store: &Arc<dyn LeaseStore>,
         lease: Lease,
+        timing: (Duration, Duration),
+        due: Instant,
+        deadline: Instant,
+    ) -> Option<Ticket> {
+        self.enter_as(store, lease, timing, due, deadline, false)
+    }
+
+    /// [`enter`](Self::enter) for an elector's term: a batch that would leave with this lease
+    /// alone answers [`Reply::Alone`] instead, and the leader renews with its own statement
+    /// (one, where a batch of one whose row a fenced transaction holds costs three).
+    pub(crate) fn enter_leader(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        lease: Lease,
+        timing: (Duration, Duration),
+        due: Instant,
+        deadline: Instant,
+    ) -> Option<Ticket> {
+        self.enter_as(store, lease, timing, due, deadline, true)
+    }
+
+    fn enter_as(
+        &self,
+        store: &Arc<dyn LeaseStore>,
+        lease: Lease,
         (duration, interval): (Duration, Duration),
         due: Instant,
         deadline: Instant,
+        leader: bool,
     ) -> Option<Ticket> {
         let batches = &self.batches;
         if batches.off.load(Ordering::Relaxed)
@@ -222,6 +251,7 @@ impl Renewer {
                 lease,
                 due,
                 deadline,
+                leader,
                 departed: tx,
             });
             let start = !pending.running;
@@ -472,9 +502,18 @@ fn send(batch: &Batch, renewer: &Renewer, store: &Arc<dyn LeaseStore>, taken: Ve
             out.push(Out {
                 lease: e.lease,
                 deadline: e.deadline,
+                leader: e.leader,
                 answer: tx,
             });
         }
+    }
+    // A leader with nothing to go with renews on its own: its acquire-or-renew is one
+    // statement, a batch of one up to three (the batch, the read, the single renew).
+    if out.len() == 1 && out[0].leader {
+        if let Some(only) = out.pop() {
+            let _ = only.answer.send(Reply::Alone);
+        }
+        return;
     }
     while !out.is_empty() {
         let rest = if out.len() > MAX_PER_STATEMENT {
@@ -497,6 +536,7 @@ fn send(batch: &Batch, renewer: &Renewer, store: &Arc<dyn LeaseStore>, taken: Ve
 struct Out {
     lease: Lease,
     deadline: Instant,
+    leader: bool,
     answer: oneshot::Sender<Reply>,
 }
 
@@ -684,6 +724,36 @@ mod tests {
             .await
             .unwrap();
         assert!(answer.is_none(), "{answer:?}");
+    }
+
+    /// A leader's term renews in a batch only with other holds: alone, it is answered `Alone`
+    /// (its elector renews with its own statement) and nothing is sent.
+    #[tokio::test]
+    async fn a_leader_alone_renews_on_its_own_and_with_others_in_the_batch() {
+        let (counting, store, leases) = setup().await;
+        let renewer = Renewer::default();
+        let now = crate::clock::now();
+        let deadline = now + Duration::from_secs(5);
+        let mut ticket = renewer
+            .enter_leader(&store, leases[0].clone(), TIMING, now, deadline)
+            .expect("a batch");
+        let departure = ticket.departed().await.expect("it left");
+        assert!(matches!(departure.reply().await, Reply::Alone));
+        assert_eq!(counting.renews.load(Ordering::SeqCst), 0);
+
+        let now = crate::clock::now();
+        let mut ticket = renewer
+            .enter_leader(&store, leases[0].clone(), TIMING, now, deadline)
+            .expect("a batch");
+        let renewals = renewer
+            .renew_now(&store, &leases[1..], TIMING, deadline)
+            .await
+            .unwrap()
+            .expect("answered");
+        assert_eq!(renewals.renewed.len(), 1);
+        let departure = ticket.departed().await.expect("it left");
+        assert!(matches!(departure.reply().await, Reply::Renewed(_)));
+        assert_eq!(counting.renews.load(Ordering::SeqCst), 1);
     }
 
     /// A batch whose task is never run (its runtime is not driven) holds nobody up: after a

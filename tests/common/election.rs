@@ -555,28 +555,32 @@ fn start_leaders(
     resources: &[String],
     lease: Duration,
     renew: Duration,
-    together: bool,
+    together: Option<bool>,
 ) -> Vec<ElectorHandle> {
     resources
         .iter()
         .map(|r| {
-            Elector::builder(store.clone())
+            let builder = Elector::builder(store.clone())
                 .resource(r)
                 .candidate_id("node")
                 .lease_duration(lease)
                 .renew_interval(renew)
-                .retry_interval(RETRY)
-                .renew_together(together)
-                .build()
-                .unwrap()
-                .start()
+                .retry_interval(RETRY);
+            match together {
+                Some(together) => builder.renew_together(together),
+                None => builder,
+            }
+            .build()
+            .unwrap()
+            .start()
         })
         .collect()
 }
 
 /// Twenty electors of one process on one store, each leading its own resource: after a round
-/// they renew in one statement (every lease carries the same `renewed_at`, the database's time
-/// of one statement, and it keeps moving); with `renew_together(false)` the stamps differ. A
+/// they renew in one statement by default (every lease carries the same `renewed_at`, the
+/// database's time of one statement, and it keeps moving); with `renew_together(false)` the
+/// stamps differ. A
 /// lease revoked under the batch is reported lost and its elector asks at once: it starts a new
 /// term with a higher token well within its deadline, while the others' terms go on untouched.
 /// A shutdown withdraws from the batch and releases every lease.
@@ -584,10 +588,12 @@ pub async fn leaders_of_one_process_renew_together(h: &SqlHarness) {
     const N: usize = 20;
     let lease = Duration::from_secs(3);
     let renew = Duration::from_millis(300);
-    for together in [true, false] {
+    // `None`: the default, which renews together.
+    for chosen in [None, Some(false)] {
+        let together = chosen.unwrap_or(true);
         let store = h.configure(SeaOrmLeaseStore::new(h.connect_again(4).await));
         let resources: Vec<String> = (0..N).map(|_| unique("together")).collect();
-        let handles = start_leaders(&store, &resources, lease, renew, together);
+        let handles = start_leaders(&store, &resources, lease, renew, chosen);
         wait_until("every elector leads", Duration::from_secs(10), || {
             handles.iter().all(|h| h.is_leader())
         })
@@ -665,7 +671,7 @@ pub async fn a_long_fenced_transaction_holds_up_no_other_leader(h: &SqlHarness) 
     let renew = Duration::from_millis(250);
     let store = h.configure(SeaOrmLeaseStore::new(h.connect_again(4).await));
     let resources: Vec<String> = (0..N).map(|_| unique("fenced_batch")).collect();
-    let handles = start_leaders(&store, &resources, lease, renew, true);
+    let handles = start_leaders(&store, &resources, lease, renew, Some(true));
     wait_until("every elector leads", Duration::from_secs(10), || {
         handles.iter().all(|h| h.is_leader())
     })
