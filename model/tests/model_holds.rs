@@ -74,11 +74,14 @@ struct Params {
     max_orphans: usize,
     /// Explore this many steps from the start (`None`: every reachable state).
     depth: Option<usize>,
-    /// Planted bugs, each for a negative check: a batch's deadlines counted from its answer
-    /// instead of its send; a fence that checks only the first hold it names; a release that
+    /// Planted bugs, each for a negative check: a batch's deadlines (not a grant's) counted from
+    /// its answer instead of its send; a fence that checks only the first hold it names; a release that
     /// names only the holder where one id holds again.
     deadline_from_answer: bool,
     fence_checks_first_only: bool,
+    /// Planted: an acquire answered `Renewed` (a live lease of the asker's own id) begins a
+    /// hold, as the elector's first rule did.
+    renewed_begins_holds: bool,
     release_names_holder_only: bool,
 }
 
@@ -114,6 +117,7 @@ impl Params {
             depth: None,
             deadline_from_answer: false,
             fence_checks_first_only: false,
+            renewed_begins_holds: false,
             release_names_holder_only: false,
         }
     }
@@ -416,7 +420,7 @@ impl Holds {
         for c in s.clients.iter_mut() {
             if let Some(call) = c.acquire.as_mut() {
                 // Any send this long ago gives a deadline that has passed; a denial needs none.
-                let timed = !self.p.deadline_from_answer && call.answer != Some(Answer::Denied);
+                let timed = call.answer != Some(Answer::Denied);
                 call.sent = if timed { call.sent.max(-self.slow) } else { 0 };
             }
             if let Some(batch) = c.batch.as_mut() {
@@ -607,6 +611,9 @@ impl Model for Holds {
                         Some(Answer::Acquired(_)) => {
                             actions.extend(self.spans().map(|w| Action::AcquireAnswer(c, w)))
                         }
+                        Some(Answer::Renewed(_)) if self.p.renewed_begins_holds => {
+                            actions.extend(self.spans().map(|w| Action::AcquireAnswer(c, w)))
+                        }
                         Some(_) => actions.push(Action::AcquireAnswer(c, 0)),
                         None => {}
                     }
@@ -728,13 +735,14 @@ impl Model for Holds {
             Action::AcquireAnswer(c, span) => {
                 let call = s.clients[c].acquire.take()?;
                 let r = call.row as usize;
-                let base = if self.p.deadline_from_answer {
-                    0
-                } else {
-                    call.sent
+                let deadline = (call.sent + span).max(0);
+                let answer = match call.answer? {
+                    Answer::Renewed(token) if self.p.renewed_begins_holds => {
+                        Answer::Acquired(token)
+                    }
+                    answer => answer,
                 };
-                let deadline = (base + span).max(0);
-                match call.answer? {
+                match answer {
                     Answer::Acquired(token) if deadline > 0 => {
                         match s.rows[r].as_mut() {
                             Some(row) if row.holder == call.id && row.token == token => {
@@ -1178,6 +1186,19 @@ fn a_fence_that_checks_one_of_its_holds_fails() {
             ..Params::of("two locks", 2, true, 1, 0)
         },
         FENCE_ORDER,
+    );
+}
+
+/// A `Renewed` taken up as a new hold (the elector's first rule) begins a hold on a token a
+/// hold already began on, where one id per process asks again.
+#[test]
+fn a_renewed_taken_up_as_a_hold_reuses_its_token() {
+    assert_unsafe(
+        Params {
+            renewed_begins_holds: true,
+            ..Params::of("shard terms", 1, false, 2, 2)
+        },
+        NEW_TOKEN,
     );
 }
 

@@ -128,12 +128,13 @@ impl ElectorBuilder {
     /// PostgreSQL and SQLite only: on MySQL/MariaDB, with other stores or wrappers, and in
     /// handovers and shutdowns leaders renew lease by lease.
     ///
-    /// Default true. A leader with nothing to renew with (no other hold of the store due
-    /// then) renews with its own statement, as with `false`. A batch never waits for a row
-    /// another transaction holds (a leader's own fenced transaction): it leaves that lease out
-    /// and renews it alone right after, with a single renew's bound, so leaders that run many
-    /// fenced transactions at once cost the batch a statement more each round than renewing
-    /// lease by lease; `false` renews lease by lease always.
+    /// Default false. A leader with nothing to go with (no other hold of the store due then)
+    /// renews with its own statement, as with `false`. A batch never waits for a row another
+    /// transaction holds (a leader's own fenced transaction): it leaves that lease out, reads
+    /// it, and renews it alone right after with a shorter wait than a renew of its own, so
+    /// leaders that run many fenced transactions cost the batch statements and may be
+    /// answered busy where their own renew would have waited. Turn it on for many leaders
+    /// whose fenced transactions are rare.
     pub fn renew_together(mut self, together: bool) -> Self {
         self.options.renew_together = Some(together);
         self
