@@ -124,6 +124,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration as StdDuration, Instant};
 
+use orion_beacon_model::{counted, place, rule_margin};
 use stateright::{Checker, Expectation, HasDiscoveries, Model, Property};
 
 // ---------------------------------------------------------------------------------------------
@@ -181,21 +182,6 @@ struct Params {
     /// only the token and liveness, and followers taking any open offer they are denied by,
     /// not only one to them. Only for the negative check.
     take_names_no_holder: bool,
-}
-
-/// Ticks of a clock that loses (`sign = -1`) or gains (`+1`) one tick per `k` database ticks,
-/// counted over `w` database ticks, at the extreme.
-fn counted(w: i16, k: u8, sign: i16) -> i16 {
-    if k == 0 {
-        w
-    } else {
-        w + sign * (w + k as i16 - 1) / k as i16
-    }
-}
-
-/// The derived rule, in ticks: the smallest safe margin for `lease` and rho = 1/`k`.
-fn rule_margin(lease: i8, k: u8) -> i8 {
-    (lease as i16 - counted(lease as i16, k, -1)) as i8
 }
 
 impl Params {
@@ -765,16 +751,7 @@ impl Election {
             .collect();
         starts.sort_unstable();
         starts.dedup();
-        let n = starts.len() as i8;
-        let place = |t: i8| -> i8 {
-            if t >= 0 {
-                return t;
-            }
-            match starts.binary_search(&t) {
-                Ok(i) => -2 * (n - i as i8),
-                Err(i) => -2 * (n - i as i8) - 1,
-            }
-        };
+        let place = |t: i8| place(&starts, t);
         if let Some(r) = s.row.as_mut() {
             r.expires = place(r.expires);
             r.acquired = place(r.acquired);

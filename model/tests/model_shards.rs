@@ -94,6 +94,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration as StdDuration, Instant};
 
+use orion_beacon_model::{counted, place, rule_margin};
 use stateright::{Checker, Expectation, HasDiscoveries, Model, Property};
 
 // ---------------------------------------------------------------------------------------------
@@ -156,22 +157,6 @@ struct Params {
     /// Tokens by rank, processes and resources in a canonical order. Off for readable traces,
     /// where the search is bounded by depth anyway.
     canonical: bool,
-}
-
-/// Ticks of a clock that loses (`sign = -1`) or gains (`+1`) one tick per `k` database ticks,
-/// counted over `w` database ticks, at the extreme.
-fn counted(w: i16, k: u8, sign: i16) -> i16 {
-    if k == 0 {
-        w
-    } else {
-        w + sign * (w + k as i16 - 1) / k as i16
-    }
-}
-
-/// The smallest safe margin for `lease` and rho = 1/`k`: `ceil(lease / k)` (see
-/// model/tests/model_election.rs, "the margin rule").
-fn rule_margin(lease: i8, k: u8) -> i8 {
-    (lease as i16 - counted(lease as i16, k, -1)) as i8
 }
 
 impl Params {
@@ -933,15 +918,7 @@ impl Shards {
         points.sort_unstable();
         points.dedup();
         let n = points.len() as i8;
-        let place = |t: i8| -> i8 {
-            if t >= 0 {
-                return t;
-            }
-            match points.binary_search(&t) {
-                Ok(i) => -2 * (n - i as i8),
-                Err(i) => -2 * (n - i as i8) - 1,
-            }
-        };
+        let place = |t: i8| place(&points, t);
         for r in 0..R {
             let Some(row) = s.rows[r].as_mut() else {
                 continue;
