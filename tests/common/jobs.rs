@@ -83,7 +83,7 @@ impl Tables {
     }
 
     /// The run records: slot -> (state, attempts, claimed token, finished token, error).
-    pub async fn records(&self, db: &DatabaseConnection) -> BTreeMap<i64, Record> {
+    pub async fn records(&self, db: &impl ConnectionTrait) -> BTreeMap<i64, Record> {
         let rows = db
             .query_all(
                 &Query::select()
@@ -120,7 +120,7 @@ impl Tables {
     }
 
     /// The fenced writes: slot -> the tokens that wrote it.
-    pub async fn writes(&self, db: &DatabaseConnection) -> BTreeMap<i64, Vec<i64>> {
+    pub async fn writes(&self, db: &impl ConnectionTrait) -> BTreeMap<i64, Vec<i64>> {
         let rows = db
             .query_all(
                 &Query::select()
@@ -142,8 +142,14 @@ impl Tables {
     /// Exactly once per slot: every finished slot has exactly one write, by the term that
     /// finished it; no other slot has any. Returns the finished slots.
     pub async fn assert_exactly_once(&self, db: &DatabaseConnection) -> usize {
-        let records = self.records(db).await;
-        let writes = self.writes(db).await;
+        // One snapshot for both reads: a run whose write and mark commit between two reads
+        // would look half done (seen on Galera). SQLite's read transaction is one snapshot.
+        let isolation = (db.get_database_backend() != sea_orm::DbBackend::Sqlite)
+            .then_some(sea_orm::IsolationLevel::RepeatableRead);
+        let txn = db.begin_with_config(isolation, None).await.unwrap();
+        let records = self.records(&txn).await;
+        let writes = self.writes(&txn).await;
+        txn.commit().await.unwrap();
         let mut finished = 0;
         for (slot, rec) in &records {
             let w = writes.get(slot).cloned().unwrap_or_default();
