@@ -561,12 +561,13 @@ impl Runner {
         let Some(renewer) = self.renewer.as_ref().filter(|_| self.config.renew_together) else {
             return Ok(Together::Alone);
         };
-        let Some(mut ticket) = renewer.enter_leader(
+        let Some(mut ticket) = renewer.enter(
             &self.store,
             active.granted.clone(),
             (self.config.timing.lease, self.config.timing.renew_interval),
             due,
             deadline,
+            true,
         ) else {
             return Ok(Together::Alone);
         };

@@ -186,33 +186,11 @@ impl Renewer {
 
     /// Enters `lease` (held for `duration` per renew) in the next batch, sent on `store`, due
     /// at `due`, answered no later than `deadline`. `None` when the store renews lease by lease
-    /// for now (a batch failed) or there is no tokio runtime.
+    /// for now (a batch failed) or there is no tokio runtime. A `leader` (an elector's term,
+    /// whose own renew is one statement) is answered [`Reply::Alone`] when the batch would
+    /// leave with it alone, and renews with its own statement (a batch of one whose row a
+    /// fenced transaction holds costs three).
     pub(crate) fn enter(
-        &self,
-        store: &Arc<dyn LeaseStore>,
-        lease: Lease,
-        timing: (Duration, Duration),
-        due: Instant,
-        deadline: Instant,
-    ) -> Option<Ticket> {
-        self.enter_as(store, lease, timing, due, deadline, false)
-    }
-
-    /// [`enter`](Self::enter) for an elector's term: a batch that would leave with this lease
-    /// alone answers [`Reply::Alone`] instead, and the leader renews with its own statement
-    /// (one, where a batch of one whose row a fenced transaction holds costs three).
-    pub(crate) fn enter_leader(
-        &self,
-        store: &Arc<dyn LeaseStore>,
-        lease: Lease,
-        timing: (Duration, Duration),
-        due: Instant,
-        deadline: Instant,
-    ) -> Option<Ticket> {
-        self.enter_as(store, lease, timing, due, deadline, true)
-    }
-
-    fn enter_as(
         &self,
         store: &Arc<dyn LeaseStore>,
         lease: Lease,
@@ -304,7 +282,7 @@ impl Renewer {
         let mut alone = Vec::new();
         let mut tickets = Vec::with_capacity(leases.len());
         for lease in leases {
-            match self.enter(store, lease.clone(), timing, now, deadline) {
+            match self.enter(store, lease.clone(), timing, now, deadline, false) {
                 Some(ticket) => tickets.push((lease, ticket)),
                 None => alone.push(lease.clone()),
             }
@@ -735,7 +713,7 @@ mod tests {
         let now = crate::clock::now();
         let deadline = now + Duration::from_secs(5);
         let mut ticket = renewer
-            .enter_leader(&store, leases[0].clone(), TIMING, now, deadline)
+            .enter(&store, leases[0].clone(), TIMING, now, deadline, true)
             .expect("a batch");
         let departure = ticket.departed().await.expect("it left");
         assert!(matches!(departure.reply().await, Reply::Alone));
@@ -743,7 +721,7 @@ mod tests {
 
         let now = crate::clock::now();
         let mut ticket = renewer
-            .enter_leader(&store, leases[0].clone(), TIMING, now, deadline)
+            .enter(&store, leases[0].clone(), TIMING, now, deadline, true)
             .expect("a batch");
         let renewals = renewer
             .renew_now(&store, &leases[1..], TIMING, deadline)
@@ -780,6 +758,7 @@ mod tests {
                 TIMING,
                 crate::clock::now(),
                 deadline,
+                false,
             )
         };
         assert!(first.is_some());
