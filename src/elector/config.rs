@@ -68,7 +68,7 @@ impl Options {
             jitter,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
             payload: self.payload.map(Arc::from),
-            renew_together: self.renew_together.unwrap_or(false),
+            renew_together: self.renew_together.unwrap_or(true),
         })
     }
 }

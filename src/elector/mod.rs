@@ -128,13 +128,15 @@ impl ElectorBuilder {
     /// PostgreSQL and SQLite only: on MySQL/MariaDB, with other stores or wrappers, and in
     /// handovers and shutdowns leaders renew lease by lease.
     ///
-    /// Default false. A leader with nothing to go with (no other hold of the store due then)
-    /// renews with its own statement, as with `false`. A batch never waits for a row another
-    /// transaction holds (a leader's own fenced transaction): it leaves that lease out, reads
-    /// it, and renews it alone right after with a shorter wait than a renew of its own, so
-    /// leaders that run many fenced transactions cost the batch statements and may be
-    /// answered busy where their own renew would have waited. Turn it on for many leaders
-    /// whose fenced transactions are rare.
+    /// Default true. A leader with nothing to go with (no other hold of the store due then)
+    /// renews with its own statement. A batch never waits for a row another transaction holds
+    /// (a leader's own fenced transaction): it leaves that lease out, reads it, and tries it
+    /// once more on its own with a short wait; a leader still answered busy then renews at once
+    /// with its own acquire-or-renew and that renew's whole wait, so renewing together never
+    /// answers a leader busy where renewing alone would have renewed it. What it costs such a
+    /// leader is up to three statements more in that round (the batch's read, its renew of
+    /// the row, the leader's own) and the short wait; set false for a leader whose fenced
+    /// transactions hold its row through most of its renews.
     pub fn renew_together(mut self, together: bool) -> Self {
         self.options.renew_together = Some(together);
         self

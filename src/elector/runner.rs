@@ -616,11 +616,13 @@ impl Runner {
             Ok(Reply::Failed(what)) => Ok(Err(crate::StoreError::Database(
                 sea_orm::DbErr::Custom(what).into(),
             ))),
-            Ok(Reply::Busy) => Ok(Err(crate::StoreError::Database(
-                sea_orm::DbErr::Custom("its row was held locked by another transaction".to_owned())
-                    .into(),
-            ))),
-            Ok(Reply::Alone | Reply::Refused(_)) => return Ok(Together::AskNow { lost: false }),
+            // Busy: its row was held locked (its own fenced transaction, say) for longer than
+            // the batch waits for a row it left out. Its own acquire-or-renew, sent at once,
+            // waits its whole bound, so renewing together never answers a leader busy where
+            // renewing alone would have renewed it.
+            Ok(Reply::Alone | Reply::Busy | Reply::Refused(_)) => {
+                return Ok(Together::AskNow { lost: false })
+            }
             Err(_) => Err(NoAnswer),
         };
         let role = Role::Leader {

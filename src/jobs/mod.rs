@@ -287,6 +287,13 @@ impl JobsBuilder {
         self
     }
 
+    /// Whether the elector's renews go out with the store's other holds (see
+    /// [`ElectorBuilder::renew_together`]). Default true.
+    pub fn renew_together(mut self, together: bool) -> Self {
+        self.elector = self.elector.renew_together(together);
+        self
+    }
+
     /// The run table (created by `CreateJobRunTable::with_table`). Default
     /// [`DEFAULT_JOB_RUN_TABLE`].
     pub fn runs_table(mut self, table: impl Into<String>) -> Self {

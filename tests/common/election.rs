@@ -578,8 +578,8 @@ fn start_leaders(
 }
 
 /// Twenty electors of one process on one store, each leading its own resource: after a round
-/// they renew in one statement with `renew_together(true)` (every lease carries the same
-/// `renewed_at`, the database's time of one statement, and it keeps moving); by default
+/// they renew in one statement by default (every lease carries the same `renewed_at`, the
+/// database's time of one statement, and it keeps moving); with `renew_together(false)`
 /// (lease by lease) the stamps differ. A
 /// lease revoked under the batch is reported lost and its elector asks at once: it starts a new
 /// term with a higher token well within its deadline, while the others' terms go on untouched.
@@ -588,9 +588,9 @@ pub async fn leaders_of_one_process_renew_together(h: &SqlHarness) {
     const N: usize = 20;
     let lease = Duration::from_secs(3);
     let renew = Duration::from_millis(300);
-    // `None`: the default, lease by lease.
-    for chosen in [Some(true), None] {
-        let together = chosen.unwrap_or(false);
+    // `None`: the default, together.
+    for chosen in [None, Some(false)] {
+        let together = chosen.unwrap_or(true);
         let store = h.configure(SeaOrmLeaseStore::new(h.connect_again(4).await));
         let resources: Vec<String> = (0..N).map(|_| unique("together")).collect();
         let handles = start_leaders(&store, &resources, lease, renew, chosen);
@@ -671,7 +671,7 @@ pub async fn a_long_fenced_transaction_holds_up_no_other_leader(h: &SqlHarness) 
     let renew = Duration::from_millis(250);
     let store = h.configure(SeaOrmLeaseStore::new(h.connect_again(4).await));
     let resources: Vec<String> = (0..N).map(|_| unique("fenced_batch")).collect();
-    let handles = start_leaders(&store, &resources, lease, renew, Some(true));
+    let handles = start_leaders(&store, &resources, lease, renew, None);
     wait_until("every elector leads", Duration::from_secs(10), || {
         handles.iter().all(|h| h.is_leader())
     })

@@ -426,3 +426,87 @@ async fn job_runs_are_counted_with_their_lateness_and_duration() {
         assert!(described.iter().any(|d| d == name), "{name} described");
     }
 }
+
+/// Two leaders of one process on PostgreSQL renewing together (the default); one of them runs
+/// fenced transactions back to back, each holding its lease row 260-350 ms: longer than the
+/// batch waits for a row it left out (200 ms), shorter than a renew of its own waits (400 ms). A
+/// leader the batch answers busy renews at once on its own, so none of its renews fails
+/// (`STORE_ERRORS` stays 0) and its term goes on. (Taking the batch's busy answer as a failed
+/// renew counts an error in about half the rounds.)
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_leader_busy_in_its_fenced_transactions_renews_on_its_own() {
+    use crate::common::conformance::Harness as _;
+    use sea_orm::TransactionTrait;
+
+    let recorder = TestRecorder::default();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let Some(h) = common::sql::SqlHarness::server(common::Server::Postgres).await else {
+        return;
+    };
+    let store = h.configure(orion_beacon::SeaOrmLeaseStore::new(
+        h.connect_again(4).await,
+    ));
+    let resources = [
+        common::unique("busy_together"),
+        common::unique("busy_together"),
+    ];
+    let handles: Vec<ElectorHandle> = resources
+        .iter()
+        .map(|r| {
+            Elector::builder(store.clone())
+                .resource(r)
+                .candidate_id("node")
+                .lease_duration(Duration::from_secs(3))
+                .renew_interval(Duration::from_millis(300))
+                .retry_interval(Duration::from_millis(200))
+                .build()
+                .unwrap()
+                .start()
+        })
+        .collect();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !handles.iter().all(|h| h.is_leader()) {
+        assert!(std::time::Instant::now() < until, "both lead");
+        sleep(Duration::from_millis(20)).await;
+    }
+    let token = handles[0].token();
+    let term = handles[0].watch().borrow().term().cloned().unwrap();
+    let before = store.current(&resources[0]).await.unwrap().unwrap();
+    let started = std::time::Instant::now();
+    let mut committed = 0;
+    // Lengths that vary, so the renews do not fall into step with the transactions.
+    let lengths = [350, 280, 330, 260, 340, 300, 320];
+    while started.elapsed() < Duration::from_secs(6) {
+        let txn = h.db().begin().await.unwrap();
+        term.fence(&txn)
+            .await
+            .expect("the term goes on through its fenced transactions");
+        sleep(Duration::from_millis(lengths[committed % lengths.len()])).await;
+        txn.commit().await.unwrap();
+        committed += 1;
+    }
+    assert!(committed >= 15, "{committed} fenced transactions");
+    assert_eq!(handles[0].token(), token, "the busy leader's term went on");
+    let after = store.current(&resources[0]).await.unwrap().unwrap();
+    assert!(
+        after.renewed_at > before.renewed_at,
+        "renewed through its transactions"
+    );
+    let label = format!("resource={}}}", resources[0]);
+    let errors: Vec<(String, u64)> = recorder
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with(STORE_ERRORS) && k.contains(&label))
+        .map(|k| {
+            let n = recorder.counter(&k);
+            (k, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert!(errors.is_empty(), "renews that failed: {errors:?}");
+    for h in handles {
+        h.shutdown().await;
+    }
+    h.teardown().await;
+}
