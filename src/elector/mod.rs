@@ -132,11 +132,11 @@ impl ElectorBuilder {
     /// renews with its own statement. A batch never waits for a row another transaction holds
     /// (a leader's own fenced transaction): it leaves that lease out, reads it, and tries it
     /// once more on its own with a short wait; a leader still answered busy then renews at once
-    /// with its own acquire-or-renew and that renew's whole wait, so renewing together never
-    /// answers a leader busy where renewing alone would have renewed it. What it costs such a
-    /// leader is up to three statements more in that round (the batch's read, its renew of
-    /// the row, the leader's own) and the short wait; set false for a leader whose fenced
-    /// transactions hold its row through most of its renews.
+    /// with its own acquire-or-renew, which waits for the row as a renew alone does, so
+    /// renewing together never answers a leader busy where renewing alone would have renewed
+    /// it. Such a round costs the batch a read and a renew of that row, and holds back the
+    /// answers of the others in it by the short wait (up to about 400 ms); set false for a
+    /// leader whose fenced transactions hold its row through most of its renews.
     pub fn renew_together(mut self, together: bool) -> Self {
         self.options.renew_together = Some(together);
         self

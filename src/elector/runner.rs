@@ -511,6 +511,8 @@ impl Runner {
                     Some(Stopped::Abort)
                 } else if self.stop.shutdown.is_cancelled() {
                     Some(Stopped::Shutdown)
+                } else if self.step_down_asked().await {
+                    Some(Stopped::StepDown)
                 } else {
                     None
                 };
@@ -540,6 +542,15 @@ impl Runner {
             decision.next = Next::Lose(LossReason::Superseded, None, None);
         }
         Ok(decision)
+    }
+
+    /// Whether a step-down was asked and not yet taken up (its notice is taken now).
+    async fn step_down_asked(&self) -> bool {
+        let mut asked = std::pin::pin!(self.stop.step_down.asked.notified());
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(asked.as_mut(), cx).is_ready())
+        })
+        .await
     }
 
     /// The renew in a batch with the other leaders of this process that share the store (see
@@ -618,8 +629,8 @@ impl Runner {
             ))),
             // Busy: its row was held locked (its own fenced transaction, say) for longer than
             // the batch waits for a row it left out. Its own acquire-or-renew, sent at once,
-            // waits its whole bound, so renewing together never answers a leader busy where
-            // renewing alone would have renewed it.
+            // waits for the row as a renew alone does (up to its deadline), so renewing
+            // together never answers a leader busy where renewing alone would have renewed it.
             Ok(Reply::Alone | Reply::Busy | Reply::Refused(_)) => {
                 return Ok(Together::AskNow { lost: false })
             }

@@ -578,8 +578,8 @@ async fn renew_chunk(
         let reply = match renewed.remove(&(o.lease.resource.clone(), o.lease.holder.clone())) {
             Some(l) if l.token == o.lease.token => Reply::Renewed(l),
             Some(_) => Reply::Lost,
-            // Its row was busy (its own fenced transaction, say): no news, the elector asks
-            // again as after a failed renew.
+            // Its row was busy (its own fenced transaction, say): no news. An elector renews
+            // on its own at once; other holds ask again as after a failed renew.
             None if unanswered.contains(&o.lease) => Reply::Busy,
             None if lost.contains(&o.lease) => Reply::Lost,
             // An answer that says nothing of it (a store that left it out): its holder asks

@@ -427,12 +427,12 @@ async fn job_runs_are_counted_with_their_lateness_and_duration() {
     }
 }
 
-/// Two leaders of one process on PostgreSQL renewing together (the default); one of them runs
-/// fenced transactions back to back, each holding its lease row 260-350 ms: longer than the
-/// batch waits for a row it left out (200 ms), shorter than a renew of its own waits (400 ms). A
-/// leader the batch answers busy renews at once on its own, so none of its renews fails
+/// Two leaders of one process on PostgreSQL renewing together; one of them runs fenced
+/// transactions back to back, each holding its lease row 260-350 ms: longer than the batch
+/// waits for a row it left out (200 ms), shorter than a renew of its own waits for it. A leader
+/// the batch answers busy renews at once on its own, so none of its renews fails
 /// (`STORE_ERRORS` stays 0) and its term goes on. (Taking the batch's busy answer as a failed
-/// renew counts an error in about half the rounds.)
+/// renew counted 3-5 errors in each of 5 runs.)
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "current_thread")]
 async fn a_leader_busy_in_its_fenced_transactions_renews_on_its_own() {
@@ -460,6 +460,7 @@ async fn a_leader_busy_in_its_fenced_transactions_renews_on_its_own() {
                 .lease_duration(Duration::from_secs(3))
                 .renew_interval(Duration::from_millis(300))
                 .retry_interval(Duration::from_millis(200))
+                .renew_together(true)
                 .build()
                 .unwrap()
                 .start()
@@ -486,7 +487,7 @@ async fn a_leader_busy_in_its_fenced_transactions_renews_on_its_own() {
         txn.commit().await.unwrap();
         committed += 1;
     }
-    assert!(committed >= 15, "{committed} fenced transactions");
+    assert!(committed >= 10, "{committed} fenced transactions");
     assert_eq!(handles[0].token(), token, "the busy leader's term went on");
     let after = store.current(&resources[0]).await.unwrap().unwrap();
     assert!(

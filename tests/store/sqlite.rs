@@ -28,7 +28,6 @@ mod rollback_journal {
 
 /// A file in SQLite's rollback-journal mode gets one warning per store (commits wait for
 /// readers there); a file in WAL mode gets none.
-#[cfg(feature = "cli")] // tracing-subscriber, to read the warnings
 #[tokio::test(flavor = "current_thread")]
 async fn rollback_journal_is_warned_about_once() {
     use std::sync::{Arc, Mutex};

@@ -424,7 +424,7 @@ impl Runs<'_> {
 /// Whether the database said the table is not there: PostgreSQL's and MySQL's SQLSTATE, or
 /// SQLite's message (its code is a plain `SQLITE_ERROR`).
 fn missing_table(err: &DbErr) -> bool {
-    #[cfg(sqlx_driver)]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     {
         use sea_orm::RuntimeErr;
         if let DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)) = err

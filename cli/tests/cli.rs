@@ -1,7 +1,7 @@
 //! The `orion-beacon` command line, run as a real binary against SQLite and PostgreSQL: its
 //! output and its exit codes, bad input included.
-#![cfg(feature = "cli")]
-
+// The crate's shared test support (private servers, tables, harnesses).
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::Write;
