@@ -331,12 +331,6 @@ pub enum FenceError {
     Unsupported,
 }
 
-impl std::fmt::Debug for FenceError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        debug_chain(f, "FenceError", self)
-    }
-}
-
 impl FenceError {
     /// Whether this is [`FenceError::Fenced`]: the caller is not the leader (any more).
     pub fn is_fenced(&self) -> bool {
@@ -361,17 +355,19 @@ pub(crate) fn debug_chain(
     Ok(())
 }
 
-impl std::fmt::Debug for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        debug_chain(f, "StoreError", self)
-    }
+/// `Debug` for error types, through [`debug_chain`].
+macro_rules! debug_as_chain {
+    ($($ty:ident),+) => {$(
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                $crate::error::debug_chain(f, stringify!($ty), self)
+            }
+        }
+    )+};
 }
+pub(crate) use debug_as_chain;
 
-impl std::fmt::Debug for BackendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        debug_chain(f, "BackendError", self)
-    }
-}
+debug_as_chain!(FenceError, StoreError, BackendError);
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,7 @@ mod lease;
 pub mod locks;
 pub mod membership;
 mod memory;
+mod mutex;
 mod random;
 pub mod shards;
 pub mod store;

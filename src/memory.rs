@@ -1,5 +1,6 @@
 //! The process-local lease store.
 
+use crate::mutex::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -157,11 +158,6 @@ impl InMemoryLeaseStore {
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
         lock(&self.slots)
     }
-}
-
-// No code path panics while holding a lock, but never let poison take the store down.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]

@@ -38,11 +38,7 @@ pub struct Watch<T> {
 #[non_exhaustive]
 pub struct WatchClosed;
 
-impl fmt::Debug for WatchClosed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        crate::error::debug_chain(f, "WatchClosed", self)
-    }
-}
+crate::error::debug_as_chain!(WatchClosed);
 
 impl<T: Clone> Watch<T> {
     pub(crate) fn new(inner: watch::Receiver<T>) -> Self {

@@ -3,6 +3,7 @@
 //! a backend; the backend is asked for its clock ([`Dialect`]) and its error codes once, when the
 //! store is made.
 
+use crate::mutex::lock;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -66,10 +67,7 @@ pub(crate) const LOOK_AGAIN_FOR_PAYLOAD: Duration = Duration::from_secs(1);
 
 impl ShapeSeen {
     fn seen(&self) -> Option<(Shape, std::time::Instant)> {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *lock(&self.0)
     }
 
     /// The shape last seen, if any, however long ago.
@@ -95,20 +93,13 @@ impl ShapeSeen {
     }
 
     pub(crate) fn set(&self, shape: Shape) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some((shape, std::time::Instant::now()));
+        *lock(&self.0) = Some((shape, std::time::Instant::now()));
     }
 
     /// Looks again at the next statement (a statement of the payload shape failed: the
     /// migration may have been rolled back).
     pub(crate) fn forget(&self) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *lock(&self.0) = None;
     }
 }
 

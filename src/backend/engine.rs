@@ -1,6 +1,7 @@
 //! A store's backend and what its code is given, made once per store (and shared by its
 //! clones).
 
+use crate::mutex::lock;
 use sea_orm::{QueryResult, Statement};
 
 use super::context::Context;
@@ -50,10 +51,7 @@ impl Attempts {
     /// of the lease has the turn.
     async fn slot(&self, table: &str, resource: &str, once: bool) -> Option<Slot> {
         let turn = {
-            let mut turns = self
-                .turns
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut turns = lock(&self.turns);
             if turns.len() > 1024 {
                 // Leases nobody is attempting now.
                 turns.retain(|_, turn| std::sync::Arc::strong_count(turn) > 1);
@@ -116,10 +114,7 @@ impl Engine {
         let through = || {
             let _ = crate::store::FOR_CALLER.try_with(|c| {
                 c.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                c.let_through
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .get_or_insert_with(crate::clock::now);
+                lock(&c.let_through).get_or_insert_with(crate::clock::now);
             });
         };
         let Some(attempts) = self.attempts.as_ref() else {
@@ -164,10 +159,7 @@ impl Engine {
     }
 
     fn holds(&self, resource: &str, candidate: &str) -> bool {
-        let held = self
-            .held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = lock(&self.held);
         held.contains(&self.key(resource, candidate))
     }
 
@@ -180,10 +172,7 @@ impl Engine {
     }
 
     fn note(&self, resource: &str, candidate: &str, holds: bool) {
-        let mut held = self
-            .held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = lock(&self.held);
         let key = self.key(resource, candidate);
         if holds {
             held.insert(key);

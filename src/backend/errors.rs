@@ -32,15 +32,22 @@ pub(crate) fn classify(err: DbErr, kind: Kind, table: &str) -> StoreError {
     }
 }
 
+/// The driver error inside `err`.
+#[cfg(sqlx_driver)]
+pub(crate) fn sqlx_error(err: &DbErr) -> Option<&sea_orm::sqlx::Error> {
+    use sea_orm::RuntimeErr;
+    match err {
+        DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)) => {
+            Some(e.as_ref())
+        }
+        _ => None,
+    }
+}
+
 /// The driver's database error inside `err`, if the server answered with one.
 #[cfg(sqlx_driver)]
 pub(crate) fn database_error(err: &DbErr) -> Option<&dyn sea_orm::sqlx::error::DatabaseError> {
-    use sea_orm::RuntimeErr;
-    let (DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))) = err
-    else {
-        return None;
-    };
-    e.as_database_error()
+    sqlx_error(err)?.as_database_error()
 }
 
 /// The database's own error inside a store error, through every wrapper, if there is one.

@@ -1,6 +1,7 @@
 //! One takeover at a time per store, and none for a while after the server refused one (see
 //! `takeover`).
 
+use crate::mutex::lock;
 use std::time::Duration;
 
 /// How long after the server refused a takeover (no privileges, MySQL 8) dropped acquires do
@@ -33,9 +34,7 @@ const UNSEEN_TOLD_FOR: Duration = Duration::from_secs(5);
 impl Gate {
     fn state(&self) -> std::sync::MutexGuard<'_, GateState> {
         // Nothing in it can be left half-changed by a panic: use it as it is.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.0)
     }
 
     /// Whether a takeover of `resource` may start now; if so, it is in flight until

@@ -3,6 +3,7 @@
 //! Each turn waits, asks the store, and hands the answer to [`decide`], which says what comes
 //! next; the loop carries that out (terms, the watch channel, logs, metrics).
 
+use crate::mutex::lock;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,7 +78,7 @@ enum LeftLease {
 
 impl StepDownRequests {
     pub(crate) fn ask(&self, request: StepDown) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = lock(&self.pending);
         if pending.0 {
             // The loop has ended: dropped here, the caller hears `false` at once.
             return;
@@ -90,16 +91,12 @@ impl StepDownRequests {
     }
 
     fn take(&self) -> Option<StepDown> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .take()
+        lock(&self.pending).1.take()
     }
 
     /// The loop has ended: a waiting request and every later one hear `false`.
     fn close(&self) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = lock(&self.pending);
         pending.0 = true;
         pending.1 = None;
     }

@@ -8,6 +8,7 @@
 //! and nothing else looks wrong. Ages are measured on [`tokio::time::Instant`], never the wall
 //! clock.
 
+use crate::mutex::lock;
 use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -143,10 +144,7 @@ impl HealthState {
     /// No store call is due until `until` (a step-down's stay-out): the time until then counts
     /// as heard from.
     pub(crate) fn resting_until(&self, until: Instant) {
-        *self
-            .resting_until
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(until);
+        *lock(&self.resting_until) = Some(until);
     }
 
     /// The store answered now.
@@ -166,37 +164,23 @@ impl HealthState {
             // The real last round trip, also during a stay-out.
             last_round_trip: self.last().map(|at| now.saturating_duration_since(at)),
             window: self.window,
-            stalled_holder: self
-                .stalled
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .clone(),
+            stalled_holder: lock(&self.stalled).clone(),
         }
     }
 
     fn last(&self) -> Option<Instant> {
-        *self
-            .last_round_trip
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        *lock(&self.last_round_trip)
     }
 
     /// The last round trip, or the time up to now a stay-out covered, whichever is later:
     /// what health is judged by.
     fn heard(&self) -> Option<Instant> {
-        let resting = self
-            .resting_until
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .map(|until| until.min(Instant::now()));
+        let resting = lock(&self.resting_until).map(|until| until.min(Instant::now()));
         self.last().max(resting)
     }
 
     pub(crate) fn answered(&self, at: Instant) {
-        *self
-            .last_round_trip
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(at);
+        *lock(&self.last_round_trip) = Some(at);
     }
 
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -206,9 +190,6 @@ impl HealthState {
 
     /// The stalled holder the last answer named (and why it was not ended), if any.
     pub(crate) fn stalled(&self, stalled: Option<String>) {
-        *self
-            .stalled
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = stalled;
+        *lock(&self.stalled) = stalled;
     }
 }

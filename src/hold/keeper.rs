@@ -4,7 +4,7 @@
 //! keeper renews them, from the first hold until the keeper is dropped. What becomes of a hold
 //! that ended here (released, left to lapse) is its owner's: the `on_end` it was built with.
 
-use crate::hold::lock;
+use crate::mutex::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};

@@ -16,11 +16,6 @@ use tokio::time::Instant;
 use crate::random::random_u64;
 use crate::Lease;
 
-/// `m`'s guard, also after a panic elsewhere poisoned it (the data it guards stays usable).
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// A lease this process holds: the term its work sees, and the store's last answer for it
 /// (the write a release ends).
 #[derive(Debug)]

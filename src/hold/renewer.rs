@@ -17,7 +17,7 @@
 //! before its batch leaves withdraws its entry; once the batch left, it waits for the answer
 //! (a renew sent is never left unread, so a release that follows finds the last write).
 
-use crate::hold::lock;
+use crate::mutex::lock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,6 @@
 //! Leadership as the elector sees it: the state on the watch channel, and one term.
 
-use crate::hold::lock;
+use crate::mutex::lock;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 

@@ -205,11 +205,7 @@ pub(crate) fn check_timing(
     Ok(step_down_margin)
 }
 
-impl std::fmt::Debug for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        crate::error::debug_chain(f, "ConfigError", self)
-    }
-}
+crate::error::debug_as_chain!(ConfigError);
 
 /// The longest renew interval that [`check_timing`] accepts for `lease` and `margin`, to the
 /// millisecond: what `RenewTooSlow` suggests.

@@ -113,8 +113,4 @@ impl JobError {
     }
 }
 
-impl std::fmt::Debug for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        crate::error::debug_chain(f, "JobError", self)
-    }
-}
+crate::error::debug_as_chain!(JobError);

@@ -81,8 +81,4 @@ impl LockError {
     }
 }
 
-impl std::fmt::Debug for LockError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        crate::error::debug_chain(f, "LockError", self)
-    }
-}
+crate::error::debug_as_chain!(LockError);

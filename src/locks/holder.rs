@@ -16,7 +16,8 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::hold::keeper::{Keeper, OnEnd};
-use crate::hold::{lock, LeaderTerm, LossReason};
+use crate::hold::{LeaderTerm, LossReason};
+use crate::mutex::lock;
 use crate::{Denial, LeaseOutcome, LeaseStore, StoreError};
 
 /// The options of one [`Locks`](super::Locks), validated.

@@ -65,6 +65,7 @@ mod runner;
 mod state;
 mod watchdog;
 
+use crate::mutex::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -252,7 +253,7 @@ pub(crate) struct Work {
 
 impl Work {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Arc<str>, i64), usize>> {
-        self.running.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.running)
     }
 
     fn key(term: &LeaderTerm) -> (Arc<str>, i64) {

@@ -98,37 +98,24 @@ impl Runner {
                     let started = crate::clock::now();
                     next_round = started + super::jittered_interval(self.config.interval());
                     let draining = *draining.borrow();
-                    // An abort stops a round at once (as if the process died).
-                    tokio::select! {
-                        biased;
-                        _ = self.control.abort.cancelled() => {
-                            self.abort(&mut st);
-                            return;
-                        }
-                        _ = self.round(&mut st, draining, started, &lost) => {}
+                    if self.aborted(self.round(&mut st, draining, started, &lost)).await {
+                        self.abort(&mut st);
+                        return;
                     }
                 }
                 _ = lost.notified() => {
                     self.expire(&mut st);
                 }
                 _ = self.work.changed.notified(), if !st.handing.is_empty() => {
-                    tokio::select! {
-                        biased;
-                        _ = self.control.abort.cancelled() => {
-                            self.abort(&mut st);
-                            return;
-                        }
-                        _ = self.finish_handovers(&mut st, next_round) => {}
+                    if self.aborted(self.finish_handovers(&mut st, next_round)).await {
+                        self.abort(&mut st);
+                        return;
                     }
                 }
                 _ = sleep_until(next_handover.unwrap_or(next_round)), if next_handover.is_some() => {
-                    tokio::select! {
-                        biased;
-                        _ = self.control.abort.cancelled() => {
-                            self.abort(&mut st);
-                            return;
-                        }
-                        _ = self.finish_handovers(&mut st, next_round) => {}
+                    if self.aborted(self.finish_handovers(&mut st, next_round)).await {
+                        self.abort(&mut st);
+                        return;
                     }
                 }
                 _ = draining.changed() => {
@@ -626,6 +613,16 @@ impl Runner {
     fn fail(&self, st: &mut State, err: Arc<StoreError>) {
         error!(error = %err, "the store refused this shard set node's configuration; it stops");
         st.fail(err);
+    }
+
+    /// Runs `work` unless an abort comes first: an abort stops a round or a handover at once,
+    /// as if the process died. Whether it did.
+    async fn aborted(&self, work: impl std::future::Future<Output = ()>) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.control.abort.cancelled() => true,
+            _ = work => false,
+        }
     }
 
     fn abort(&self, st: &mut State) {

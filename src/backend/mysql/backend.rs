@@ -757,12 +757,7 @@ impl LeaseBackend for MySqlBackend {
     }
 
     fn lock_wait_ran_out(&self, err: &DbErr) -> bool {
-        use sea_orm::RuntimeErr;
-        matches!(
-            err,
-            DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e))
-                if errors::lock_wait_ran_out(e)
-        )
+        crate::backend::errors::sqlx_error(err).is_some_and(errors::lock_wait_ran_out)
     }
 
     fn takeover_refused(&self, err: &DbErr) -> bool {

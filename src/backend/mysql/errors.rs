@@ -62,13 +62,8 @@ const LOCK_NOWAIT: u16 = 3572;
 /// Whether a statement found a row lock it would not wait for, or gave up waiting (1205,
 /// 3572), in a `DbErr` from the store's own connections or sea-orm.
 pub(crate) fn row_busy(err: &sea_orm::DbErr) -> bool {
-    use sea_orm::{DbErr, RuntimeErr};
-    let sqlx = match err {
-        DbErr::Query(RuntimeErr::SqlxError(e)) | DbErr::Exec(RuntimeErr::SqlxError(e)) => e,
-        _ => return false,
-    };
     matches!(
-        sqlx_error_number(sqlx),
+        crate::backend::errors::sqlx_error(err).and_then(sqlx_error_number),
         Some(LOCK_WAIT_TIMEOUT | LOCK_NOWAIT)
     )
 }

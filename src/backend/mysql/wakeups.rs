@@ -51,6 +51,7 @@
 //! on the server after [`SESSION_IDLE_SECS`] seconds idle, so one the network cut off does not
 //! keep its names.
 
+use crate::mutex::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -160,10 +161,7 @@ impl Drop for Waiting {
         let Some(hub) = self.hub.upgrade() else {
             return;
         };
-        let mut watches = hub
-            .watches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut watches = lock(&hub.watches);
         for resource in &self.resources {
             if let Some(wanted) = watches.get_mut(resource) {
                 if let Some(i) = wanted.ends.iter().position(|end| *end == self.until) {
@@ -248,10 +246,7 @@ impl HubCell {
         if !matches!(db.inner, DatabaseConnectionType::SqlxMySqlPoolConnection(_)) {
             return None;
         }
-        let mut state = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = lock(&self.0);
         match &*state {
             State::Running(hub) => return Some(Arc::clone(hub)),
             State::Off => return None,
@@ -266,10 +261,7 @@ impl HubCell {
 
     /// Wake-ups are off for good (a Galera node).
     pub(crate) fn turn_off(&self) {
-        let mut state = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = lock(&self.0);
         if !matches!(*state, State::Off) {
             tracing::debug!("MySQL wake-ups off: a Galera node");
         }
@@ -410,10 +402,7 @@ impl Hub {
     /// release just missed is then taken at once, and a holder that signals nothing costs each
     /// waiting process one more attempt per term, not one per poll.
     fn denied_by(&self, resource: &str, by: &crate::Denial) {
-        let mut denials = self
-            .denials
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut denials = lock(&self.denials);
         if let Some(last) = denials.get(resource) {
             if last.holder == by.holder && last.token == by.token {
                 return;
@@ -435,10 +424,7 @@ impl Hub {
     /// Whether a watch that first finds `resource`'s name free wakes its waiters: once per
     /// denying term (see [`Hub::denied_by`]).
     fn free_since_denial(&self, resource: &str) -> bool {
-        let mut denials = self
-            .denials
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut denials = lock(&self.denials);
         match denials.get_mut(resource) {
             Some(last) if !last.woken => {
                 last.woken = true;
@@ -461,10 +447,7 @@ impl Hub {
         }
         let mut start = Vec::new();
         {
-            let mut watches = self
-                .watches
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut watches = lock(&self.watches);
             let mut running = watches.values().filter(|w| w.task.is_some()).count();
             for resource in resources {
                 let wanted = watches.entry(Arc::clone(resource)).or_default();
@@ -499,10 +482,7 @@ impl Hub {
     /// waiter waits; otherwise the task's watch ends here (under the same lock as every
     /// registration, so a new waiter either extends this watch or starts a new one).
     fn watched_until(&self, resource: &Arc<str>, task: u64) -> Option<Instant> {
-        let mut watches = self
-            .watches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut watches = lock(&self.watches);
         let wanted = watches.get_mut(resource)?;
         if wanted.task != Some(task) {
             return None;
@@ -521,10 +501,7 @@ impl Hub {
 
     /// Watch `task` of `resource` ended (if it still was its watch).
     fn unwatch(&self, resource: &Arc<str>, task: u64) {
-        let mut watches = self
-            .watches
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut watches = lock(&self.watches);
         if let Some(wanted) = watches.get_mut(resource) {
             if wanted.task == Some(task) {
                 wanted.task = None;

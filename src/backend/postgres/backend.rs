@@ -136,17 +136,6 @@ impl PgBackend {
     }
 }
 
-/// The driver error inside `err`.
-fn sqlx_error(err: &DbErr) -> Option<&sea_orm::sqlx::Error> {
-    use sea_orm::RuntimeErr;
-    match err {
-        DbErr::Exec(RuntimeErr::SqlxError(e)) | DbErr::Query(RuntimeErr::SqlxError(e)) => {
-            Some(e.as_ref())
-        }
-        _ => None,
-    }
-}
-
 #[async_trait]
 impl LeaseBackend for PgBackend {
     fn name(&self) -> &'static str {
@@ -390,7 +379,7 @@ impl LeaseBackend for PgBackend {
     }
 
     fn lock_wait_ran_out(&self, err: &DbErr) -> bool {
-        sqlx_error(err).is_some_and(errors::lock_wait_ran_out)
+        crate::backend::errors::sqlx_error(err).is_some_and(errors::lock_wait_ran_out)
     }
 
     fn takeover_refused(&self, err: &DbErr) -> bool {

@@ -22,6 +22,7 @@
 //! after [`MOST`]), at most one every [`MIN_GAP`]. Every write counts, the application's own
 //! to other tables included.
 
+use crate::mutex::lock;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
@@ -100,10 +101,7 @@ pub(crate) fn subscribe(
         return None;
     }
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let mut state = cell
-        .0
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut state = lock(&cell.0);
     match &*state {
         State::Running(hub) => return Some(hub.tx.subscribe()),
         State::Off => return None,

@@ -181,18 +181,8 @@ impl LeaseStore for SqlServerLeaseStore {
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
         check_resource(resource)?;
         check_candidate(candidate)?;
-        match self
-            .run(
-                Want::RowsAffected,
-                &self.sql.release,
-                &[&resource, &candidate],
-            )
+        self.changed(&self.sql.release, &[&resource, &candidate])
             .await
-        {
-            Ok(Reply::RowsAffected(n)) => Ok(n > 0),
-            Ok(Reply::Rows(rows)) => Ok(!rows.is_empty()),
-            Err(err) => Err(self.classify(err)),
-        }
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<bool, StoreError> {
@@ -202,23 +192,16 @@ impl LeaseStore for SqlServerLeaseStore {
             return Ok(false);
         };
         let (expires_at, token) = (expires_at.naive_utc(), lease.token.get());
-        match self
-            .run(
-                Want::RowsAffected,
-                &self.sql.release_write,
-                &[
-                    &lease.resource.as_str(),
-                    &lease.holder.as_str(),
-                    &token,
-                    &expires_at,
-                ],
-            )
-            .await
-        {
-            Ok(Reply::RowsAffected(n)) => Ok(n > 0),
-            Ok(Reply::Rows(rows)) => Ok(!rows.is_empty()),
-            Err(err) => Err(self.classify(err)),
-        }
+        self.changed(
+            &self.sql.release_write,
+            &[
+                &lease.resource.as_str(),
+                &lease.holder.as_str(),
+                &token,
+                &expires_at,
+            ],
+        )
+        .await
     }
 
     async fn offer(&self, lease: &Lease, to: &str, within: Duration) -> Result<bool, StoreError> {

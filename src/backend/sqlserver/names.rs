@@ -6,55 +6,47 @@ use crate::store::{validate_candidate, validate_resource, MAX_NAME_LEN};
 use crate::StoreError;
 
 /// SQL Server counts `nvarchar(255)` in UTF-16 code units: a character outside the Basic
-/// Multilingual Plane takes two. Refuse names that would not fit before any SQL runs.
-fn check_utf16_len(name: &str) -> Option<&'static str> {
-    (name.encode_utf16().count() > MAX_NAME_LEN)
-        .then_some("must be at most 255 UTF-16 code units on SQL Server (characters outside the Basic Multilingual Plane count twice)")
+/// Multilingual Plane takes two. `stored` (the form `name` is kept under) that would not fit is
+/// refused, before any SQL runs, with the error `invalid` makes of `name` and the reason.
+fn fits(
+    name: &str,
+    stored: &str,
+    invalid: fn(String, &'static str) -> StoreError,
+) -> Result<(), StoreError> {
+    if stored.encode_utf16().count() > MAX_NAME_LEN {
+        return Err(invalid(
+            name.to_owned(),
+            "must be at most 255 UTF-16 code units on SQL Server (characters outside the Basic Multilingual Plane count twice)",
+        ));
+    }
+    Ok(())
 }
 
 pub(super) fn check_resource(resource: &str) -> Result<(), StoreError> {
     validate_resource(resource)?;
-    match check_utf16_len(resource) {
-        Some(reason) => Err(StoreError::InvalidResource {
-            name: resource.to_owned(),
-            reason,
-        }),
-        None => Ok(()),
-    }
+    fits(resource, resource, |name, reason| {
+        StoreError::InvalidResource { name, reason }
+    })
 }
 
 pub(super) fn check_candidate(candidate: &str) -> Result<(), StoreError> {
     validate_candidate(candidate)?;
-    match check_utf16_len(candidate) {
-        Some(reason) => Err(StoreError::InvalidCandidate {
-            name: candidate.to_owned(),
-            reason,
-        }),
-        None => Ok(()),
-    }
+    fits(candidate, candidate, |name, reason| {
+        StoreError::InvalidCandidate { name, reason }
+    })
 }
 
 pub(super) fn check_shard_set(shard_set: &str) -> Result<(), StoreError> {
     validate_shard_set(shard_set)?;
-    match check_utf16_len(shard_set) {
-        Some(reason) => Err(StoreError::InvalidShardSet {
-            name: shard_set.to_owned(),
-            reason,
-        }),
-        None => Ok(()),
-    }
+    check_stored_set(shard_set, shard_set)
 }
 
 /// Checks that `stored`, the form `shard_set` is kept under
 /// ([`stored_set`](crate::membership::stored_set)), fits `nvarchar(255)`.
 pub(super) fn check_stored_set(shard_set: &str, stored: &str) -> Result<(), StoreError> {
-    match check_utf16_len(stored) {
-        Some(reason) => Err(StoreError::InvalidShardSet {
-            name: shard_set.to_owned(),
-            reason,
-        }),
-        None => Ok(()),
-    }
+    fits(shard_set, stored, |name, reason| {
+        StoreError::InvalidShardSet { name, reason }
+    })
 }
 
 #[cfg(test)]
