@@ -43,7 +43,7 @@ pub async fn connect(url: &str, timeout: Duration) -> Result<DatabaseConnection,
     };
     if !compiled {
         return Err(CliError::BadInput(
-            format!("this build of orion-beacon has no {backend} support: rebuild it with `--features cli,{feature}`"),
+            format!("this build of orion-beacon has no {backend} support: rebuild orion-beacon-cli with `--features {feature}`"),
         ));
     }
     let url = &driver_url(url);
@@ -134,7 +134,8 @@ fn sqlite_options(url: &str) -> Result<sea_orm::ConnectOptions, CliError> {
 #[cfg(not(feature = "sqlite"))]
 fn sqlite_options(_url: &str) -> Result<sea_orm::ConnectOptions, CliError> {
     Err(CliError::BadInput(
-        "this build of orion-beacon has no SQLite support: rebuild it with `--features cli,sqlite`",
+        "this build of orion-beacon has no SQLite support: rebuild orion-beacon-cli with `--features sqlite`"
+            .to_owned(),
     ))
 }
 
