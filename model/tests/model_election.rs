@@ -1913,7 +1913,13 @@ fn a_take_that_names_no_holder_lets_two_lead() {
         ONE_LEADER,
     );
     assert!(failed.contains(&AGREES), "{failed:?}");
-    assert!(failed.contains(&NEW_TOKEN), "{failed:?}");
+    // The second leader begins its term on a token already led on. Which of the two token
+    // properties the search reaches before it stops depends on the order its threads explore
+    // states in (one run saw only `TOKEN_ORDER`).
+    assert!(
+        failed.contains(&NEW_TOKEN) || failed.contains(&TOKEN_ORDER),
+        "{failed:?}"
+    );
     assert!(trace.contains("take of the offer"), "{trace}");
 }
 

@@ -508,7 +508,9 @@ impl Runner {
                     Some(Stopped::Abort)
                 } else if self.stop.shutdown.is_cancelled() {
                     Some(Stopped::Shutdown)
-                } else if self.step_down_asked().await {
+                // Taking a step-down's notice only where the term goes on: after a loss the
+                // follower's turn takes it up.
+                } else if !lost && self.step_down_asked().await {
                     Some(Stopped::StepDown)
                 } else {
                     None
