@@ -338,6 +338,18 @@ impl FenceError {
     }
 }
 
+/// `err` and its sources, `: `-separated (for a health report).
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// The `Debug` of this crate's errors: what `main` returning `Err` and `unwrap()` print. It
 /// reads like `Display`, names the crate and the type, and lists the sources, the way `anyhow`
 /// shows an error chain; match on the value (or [`StoreError::kind`]) rather than on this text.

@@ -237,6 +237,11 @@ impl Engine {
         Ok(shape)
     }
 
+    /// Whether `err` says a table the statement named does not exist.
+    pub(crate) fn missing_table(&self, err: &sea_orm::DbErr) -> bool {
+        self.cx.kind(err) == Kind::MissingTable
+    }
+
     /// Whether `err` says a column the statement named does not exist.
     pub(crate) fn unknown_column(&self, err: &StoreError) -> bool {
         db_err_in(err).is_some_and(|e| self.cx.kind(e) == Kind::UnknownColumn)

@@ -75,6 +75,7 @@ mod takeover;
 mod term_checks;
 
 pub use durability::Durability;
+pub(crate) use store::begin_whole;
 pub use store::SeaOrmLeaseStore;
 
 /// Sessions of its own a store opens at most for its lease statements (PostgreSQL,

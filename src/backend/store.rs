@@ -510,6 +510,17 @@ impl SeaOrmLeaseStore {
 
     /// The store's backend and what its code is given, or the error every call reports when
     /// it has none (see [`choose`]).
+    /// A transaction on the application's pool whose `BEGIN` is never cut off half way. sqlx
+    /// 0.9 gives a connection back to its pool inside the transaction its `BEGIN` opened when
+    /// the future waiting for that `BEGIN` is dropped (see `checkout`); so the `BEGIN` runs in
+    /// a task of its own that finishes it whatever becomes of the caller, and a transaction
+    /// nobody waits for any more is dropped there. From then on a dropped transaction rolls
+    /// back: SeaORM queues the `ROLLBACK` and sqlx sends it before the connection is used
+    /// again. For the transactions the store begins for its users' work (a job's run).
+    pub(crate) async fn begin_whole(&self) -> Result<sea_orm::DatabaseTransaction, sea_orm::DbErr> {
+        begin_whole(self.connection()).await
+    }
+
     pub(crate) fn engine(&self) -> Result<&Arc<Engine>, StoreError> {
         self.engine
             .as_ref()
@@ -829,4 +840,17 @@ mod tests {
             &other.engine().unwrap().takeovers
         ));
     }
+}
+
+/// [`SeaOrmLeaseStore::begin_whole`] on `db`.
+pub(crate) async fn begin_whole(
+    db: &DatabaseConnection,
+) -> Result<sea_orm::DatabaseTransaction, sea_orm::DbErr> {
+    use sea_orm::TransactionTrait;
+    let db = db.clone();
+    tokio::spawn(async move { db.begin().await })
+        .await
+        .map_err(|e| {
+            sea_orm::DbErr::Custom(format!("the transaction's BEGIN did not finish: {e}"))
+        })?
 }

@@ -90,18 +90,6 @@ impl fmt::Display for Health {
     }
 }
 
-/// `err` and its sources, `: `-separated.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// The health window from the builder option (checked), or `default`.
 pub(crate) fn window(option: Option<Duration>, default: Duration) -> Result<Duration, ConfigError> {
     match option {
@@ -156,7 +144,7 @@ impl HealthState {
     pub(crate) fn health(&self, failure: Option<&StoreError>, leader: bool) -> Health {
         let now = Instant::now();
         let age = now.saturating_duration_since(self.heard().unwrap_or(self.started));
-        let failure = failure.map(|err| error_chain(err));
+        let failure = failure.map(|err| crate::error::chain(err));
         Health {
             healthy: age <= self.window && failure.is_none(),
             failure,

@@ -68,6 +68,15 @@ pub enum JobError {
         /// The slot (milliseconds since the Unix epoch).
         slot: i64,
     },
+    /// The run table does not exist in the lease database: its migration has not run.
+    #[error("the job run table {table:?} does not exist: add `orion_beacon_migration::CreateJobRunTable{}` to your application's Migrator and run it (e.g. `sea-orm-cli migrate up`)", hint(table))]
+    MissingRunTable {
+        /// The run table looked for.
+        table: String,
+        /// The database's error.
+        #[source]
+        source: crate::BackendError,
+    },
     /// The scheduler's elector options were refused.
     #[error(transparent)]
     Config(crate::ConfigError),
@@ -108,8 +117,18 @@ impl JobError {
             JobError::Fence(e) if e.is_fenced() => ErrorKind::Lost,
             JobError::Fence(_) => ErrorKind::Unsupported,
             JobError::Store(e) => e.kind(),
+            JobError::MissingRunTable { .. } => ErrorKind::MissingTable,
             JobError::Database(_) => ErrorKind::Database,
         }
+    }
+}
+
+/// The migration's constructor for `table`.
+fn hint(table: &str) -> String {
+    if table == orion_beacon_entity::DEFAULT_JOB_RUN_TABLE {
+        "::new()".to_owned()
+    } else {
+        format!("::with_table(\"{table}\")?")
     }
 }
 

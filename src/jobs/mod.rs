@@ -75,6 +75,10 @@ pub const DEFAULT_RESOURCE: &str = "orion-beacon/jobs";
 pub const MAX_CATCH_UP: usize = 10_000;
 /// The most attempts per slot that can be configured.
 pub const MAX_ATTEMPTS: u32 = 1_000;
+/// The shortest starting deadline: how late a look at the run table can come after a slot's
+/// time on a busy node (a timer's wake-up, the reads before the decision). A shorter deadline
+/// would refuse slots for the scheduler's own lateness, not for a missed slot.
+pub const MIN_STARTING_DEADLINE: Duration = Duration::from_secs(1);
 /// The longest starting deadline, back-off and poll interval.
 pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 
@@ -93,6 +97,7 @@ pub struct Job {
     pub(crate) max_catch_up: usize,
     pub(crate) max_attempts: u32,
     pub(crate) backoff: (Duration, Duration),
+    pub(crate) renamed_from: Vec<String>,
     pub(crate) work: Work,
 }
 
@@ -130,6 +135,7 @@ impl Job {
             max_catch_up: 100,
             max_attempts: 5,
             backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+            renamed_from: Vec::new(),
             work,
         }
     }
@@ -148,8 +154,9 @@ impl Job {
         self
     }
 
-    /// How late after its time a slot still starts when it is the job's first ever, or under
-    /// [`MissedSlots::Skip`]. Default 60 s; at most [`MAX_WAIT`].
+    /// How late after its time a slot still starts under [`MissedSlots::Skip`], and for a
+    /// slot before the job was first seen by the leader (a new job's first slot after that
+    /// runs however late). Default 60 s; [`MIN_STARTING_DEADLINE`] to [`MAX_WAIT`].
     pub fn starting_deadline(mut self, deadline: Duration) -> Self {
         self.starting_deadline = deadline;
         self
@@ -176,6 +183,16 @@ impl Job {
         self
     }
 
+    /// An earlier name of this job, whose run records still count as this job's history: its
+    /// newest recorded slot is where this job goes on from, so a slot finished under the old
+    /// name never runs again under the new one. Call it once per earlier name; keep it for as
+    /// long as a node that runs the old name may lead. Retries the old name still owed are
+    /// not taken over: let them finish, or give them up, before the rename.
+    pub fn renamed_from(mut self, old_name: impl Into<String>) -> Self {
+        self.renamed_from.push(old_name.into());
+        self
+    }
+
     /// The job's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -197,6 +214,14 @@ impl Job {
             }
             Ok(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         };
+        if self.starting_deadline < MIN_STARTING_DEADLINE {
+            return Err(JobError::InvalidOption {
+                option: "starting_deadline",
+                value: format!("{:?}", self.starting_deadline),
+                bounds: "at least 1 s: the scheduler's own look can come that late after a \
+                         slot's time on a busy node",
+            });
+        }
         if !(1..=MAX_CATCH_UP).contains(&self.max_catch_up) {
             return Err(JobError::InvalidOption {
                 option: "max_catch_up",
@@ -217,6 +242,13 @@ impl Job {
                 value: self.schedule.describe(),
                 bounds: "at most 255 bytes as recorded",
             });
+        }
+        for old in &self.renamed_from {
+            crate::store::validate_resource(old).map_err(|_| JobError::InvalidName {
+                name: old.clone(),
+                reason: "(an earlier name) must be 1 to 255 characters, without control \
+                         characters or white space at either end",
+            })?;
         }
         let (first, max) = self.backoff;
         if first > max {
@@ -327,6 +359,14 @@ impl JobsBuilder {
             }
             jobs.push(runner::Registered::new(job, policy));
         }
+        // An earlier name belongs to one job, and to no job of this scheduler now.
+        for reg in &jobs {
+            for old in &reg.job.renamed_from {
+                if !names.insert(old.clone()) {
+                    return Err(JobError::DuplicateJob(old.clone()));
+                }
+            }
+        }
         let elector = self
             .elector
             .resource(self.resource)
@@ -339,6 +379,7 @@ impl JobsBuilder {
                 table: self.table.into(),
                 poll: self.poll,
                 jobs,
+                problem: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -368,8 +409,13 @@ impl Jobs {
     pub fn start(self) -> JobsHandle {
         let elector = self.elector.start();
         let shared = self.shared;
-        let work = elector.run_as_leader(move |term| runner::lead(shared.clone(), term));
-        JobsHandle { elector, work }
+        let for_terms = shared.clone();
+        let work = elector.run_as_leader(move |term| runner::lead(for_terms.clone(), term));
+        JobsHandle {
+            elector,
+            work,
+            shared,
+        }
     }
 }
 
@@ -379,12 +425,54 @@ impl Jobs {
 pub struct JobsHandle {
     elector: ElectorHandle,
     work: tokio::task::JoinHandle<()>,
+    shared: Arc<runner::Shared>,
+}
+
+/// The answer to [`JobsHandle::health`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobsHealth {
+    /// The elector is healthy and, on the leader, the last look at the run table succeeded.
+    pub healthy: bool,
+    /// The scheduler's elector's health.
+    pub elector: crate::Health,
+    /// Why the leader's last look at the run table failed, while it does (its error and
+    /// sources): a missing run table, a refused statement.
+    pub scheduling: Option<String>,
+}
+
+impl std::fmt::Display for JobsHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.scheduling {
+            Some(problem) if self.elector.healthy => {
+                write!(
+                    f,
+                    "UNHEALTHY: {}; job scheduling fails: {problem}",
+                    self.elector
+                )
+            }
+            Some(problem) => write!(f, "{}; job scheduling fails: {problem}", self.elector),
+            None => self.elector.fmt(f),
+        }
+    }
 }
 
 impl JobsHandle {
     /// The scheduler's elector: whether this node leads, its term, its health.
     pub fn elector(&self) -> &ElectorHandle {
         &self.elector
+    }
+
+    /// For a readiness or liveness probe: the elector's health, and why the leader's last
+    /// look at the run table failed while it does (a missing run table names its migration).
+    pub fn health(&self) -> JobsHealth {
+        let elector = self.elector.health();
+        let scheduling = crate::mutex::lock(&self.shared.problem).clone();
+        JobsHealth {
+            healthy: elector.healthy && scheduling.is_none(),
+            elector,
+            scheduling,
+        }
     }
 
     /// Stops the scheduler: nothing new is claimed, running slots get the elector's grace
@@ -429,10 +517,18 @@ pub async fn mark(
         Mark::Rerun => plan::State::Rerun,
         Mark::GiveUp => plan::State::GivenUp,
     };
-    let rows = db
-        .execute(&records::mark(table, job, slot, to))
-        .await?
-        .rows_affected();
+    // In a transaction of its own, begun whole and committed before the answer: a mark
+    // answered `true` has committed (a lone statement on a pooled connection left inside a
+    // transaction would join it and never commit).
+    let txn = crate::backend::begin_whole(db).await?;
+    let rows = match txn.execute(&records::mark(table, job, slot, to)).await {
+        Ok(done) => done.rows_affected(),
+        Err(e) => {
+            let _ = txn.rollback().await;
+            return Err(e.into());
+        }
+    };
+    txn.commit().await?;
     Ok(rows > 0)
 }
 

@@ -83,8 +83,15 @@ pub(crate) struct View<'a> {
     pub latest: Option<i64>,
     /// The job's records that are not final, oldest first.
     pub open: &'a [Open],
-    /// The slots of this job that run in this process under the current term.
+    /// The slots of this job whose closure runs in this process under the current term (what
+    /// overlap is judged by).
     pub running: &'a BTreeSet<i64>,
+    /// The slots of this job with an attempt in this process, closure returned or not (their
+    /// end may not be written yet): never reclaimed from here.
+    pub here: &'a BTreeSet<i64>,
+    /// The database's now when this term first looked at the job: the job's deploy, as far as
+    /// this term knows. The first slot at or after it runs however late the look is.
+    pub first_look_ms: i64,
 }
 
 /// One decision.
@@ -113,6 +120,14 @@ pub(crate) fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     }
 }
 
+/// The later of two optional times.
+pub(crate) fn latest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The planner. `now_ms` is the database's now.
 pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
     let policy = view.policy;
@@ -124,7 +139,7 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
 
     // Retries and operator marks first, oldest slot first.
     for open in view.open {
-        if view.running.contains(&open.slot) {
+        if view.here.contains(&open.slot) {
             continue;
         }
         match open.state {
@@ -163,8 +178,13 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
     };
     let on_time = now_ms.saturating_sub(due) <= policy.starting_deadline_ms;
     let new: Vec<i64> = match (view.latest, policy.missed) {
-        // Nothing recorded yet: history is never replayed unasked.
-        (None, _) => on_time.then_some(due).into_iter().collect(),
+        // Nothing recorded yet: history is never replayed unasked, but the first slot since
+        // the job was deployed runs however late this look is (judged at the look, a short
+        // deadline would otherwise refuse every slot of a new job, as nothing gets recorded).
+        (None, _) => (on_time || due >= view.first_look_ms)
+            .then_some(due)
+            .into_iter()
+            .collect(),
         (Some(latest), _) if due <= latest => Vec::new(),
         (Some(_), MissedSlots::RunLatest) => vec![due],
         (Some(_), MissedSlots::Skip) => on_time.then_some(due).into_iter().collect(),
@@ -221,6 +241,8 @@ mod tests {
                 latest,
                 open,
                 running: &running,
+                here: &running,
+                first_look_ms: i64::MAX,
             },
             now,
         )
@@ -439,6 +461,55 @@ mod tests {
                 prior: Some(hand_made)
             }]
         );
+    }
+
+    #[test]
+    fn a_new_jobs_first_slot_after_its_deploy_runs_however_late_the_look() {
+        let every = Schedule::every(Duration::from_secs(1)).unwrap();
+        let tight = Policy {
+            starting_deadline_ms: 0,
+            ..policy()
+        };
+        let none = BTreeSet::new();
+        let view = |first_look_ms| View {
+            schedule: &every,
+            policy: &tight,
+            latest: None,
+            open: &[],
+            running: &none,
+            here: &none,
+            first_look_ms,
+        };
+        // Deployed at 10.5 s; the look for the 11 s slot comes 40 ms late: it still runs.
+        assert_eq!(plan(&view(10_500), 11_040).actions, vec![start(11_000)]);
+        // A slot before the deploy is history: judged by the deadline, not replayed.
+        assert_eq!(plan(&view(10_500), 10_600).actions, vec![]);
+    }
+
+    #[test]
+    fn a_returned_run_whose_end_is_not_written_neither_skips_nor_is_reclaimed() {
+        let every = Schedule::every(Duration::from_secs(1)).unwrap();
+        let ending = Open {
+            slot: 10_000,
+            state: State::Running,
+            attempts: 1,
+            claimed_at_ms: Some(10_001),
+        };
+        let here: BTreeSet<i64> = [10_000].into();
+        let p = plan(
+            &View {
+                schedule: &every,
+                policy: &policy(),
+                latest: Some(10_000),
+                open: std::slice::from_ref(&ending),
+                running: &BTreeSet::new(),
+                here: &here,
+                first_look_ms: 0,
+            },
+            // Past the retry's back-off: a record of a run elsewhere would be claimed again.
+            12_050,
+        );
+        assert_eq!(p.actions, vec![start(12_000)]);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DatabaseTransaction, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseTransaction};
 use tokio::time::Instant;
 
 use super::plan::State;
@@ -114,7 +114,9 @@ impl JobRun {
     /// shutdown began, the term's `lost` has fired but its lease is still renewed for the
     /// grace period, and writes may commit.
     async fn fenced_transaction(&self) -> Result<DatabaseTransaction, JobError> {
-        let txn = self.inner.store.connection().begin().await?;
+        // Begun whole: a run dropped half way (its term ended) never leaves the application's
+        // pool a connection inside a transaction.
+        let txn = self.inner.store.begin_whole().await?;
         match self.inner.term.fence(&txn).await {
             Ok(()) => Ok(txn),
             Err(e) => {

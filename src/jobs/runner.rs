@@ -2,12 +2,13 @@
 //! (`plan::plan`), claim what starts in one fenced transaction, run each claimed slot in its
 //! own task, and sleep until the next slot, retry or poll.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
+use sea_orm::{ConnectionTrait, DbBackend};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -15,6 +16,7 @@ use super::plan::{self, Action, Open, Policy, State, View};
 use super::records::{self, Claimant};
 use super::run::{JobRun, RunState};
 use super::{Job, JobError};
+use crate::mutex::lock;
 use crate::{LeaderTerm, SeaOrmLeaseStore};
 
 /// What every term's loop shares.
@@ -23,6 +25,8 @@ pub(crate) struct Shared {
     pub table: Arc<str>,
     pub poll: Duration,
     pub jobs: Vec<Registered>,
+    /// Why the leader's last look failed, while it does (cleared by the next good one).
+    pub problem: Mutex<Option<String>>,
 }
 
 /// A job as the scheduler keeps it.
@@ -52,15 +56,60 @@ const MIN_SLEEP: Duration = Duration::from_millis(5);
 /// lock) and the leader's own renews wait for it; the rest wait for the next look.
 const MAX_CLAIMS_PER_LOOK: usize = 100;
 
+/// What this term runs, per job: the slots whose closure runs (overlap is judged by them),
+/// and the slots with an attempt here whose end may not be written yet (never reclaimed).
+struct Here {
+    running: Vec<BTreeSet<i64>>,
+    attempts: Vec<BTreeSet<i64>>,
+    /// The attempt each task runs, to clear it however the task ends.
+    tasks: HashMap<tokio::task::Id, (usize, i64)>,
+}
+
+impl Here {
+    /// A closure returned (or its task ended): the job may start its next slot.
+    fn returned(&mut self, job: usize, slot: i64) {
+        if let Some(set) = self.running.get_mut(job) {
+            set.remove(&slot);
+        }
+    }
+
+    /// A task ended: its attempt's end is written (or it never will be from here).
+    fn ended(&mut self, id: tokio::task::Id) {
+        if let Some((job, slot)) = self.tasks.remove(&id) {
+            self.returned(job, slot);
+            if let Some(set) = self.attempts.get_mut(job) {
+                set.remove(&slot);
+            }
+        }
+    }
+}
+
 /// One term's loop. Returns when the term ends (the elector drops it at once when the lease no
 /// longer covers it, and with it every run it started).
 pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
     let names: Vec<String> = shared.jobs.iter().map(|j| j.name.to_string()).collect();
-    let mut running: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); shared.jobs.len()];
+    // Each job's names whose records are its history: its own and its earlier ones.
+    let history: Vec<(String, usize)> = shared
+        .jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, j)| {
+            std::iter::once((j.name.to_string(), i))
+                .chain(j.job.renamed_from.iter().map(move |old| (old.clone(), i)))
+        })
+        .collect();
+    let mut here = Here {
+        running: vec![BTreeSet::new(); names.len()],
+        attempts: vec![BTreeSet::new(); names.len()],
+        tasks: HashMap::new(),
+    };
     let mut tasks: JoinSet<()> = JoinSet::new();
-    // What each task runs, to clear it from `running` however the task ends.
-    let mut slots: HashMap<tokio::task::Id, (usize, i64)> = HashMap::new();
-    let mut latest: Option<Vec<Option<i64>>> = None;
+    let (returned_tx, mut returned) = mpsc::unbounded_channel::<(usize, i64)>();
+    let mut look = Look {
+        latest: None,
+        first_look: vec![None; names.len()],
+        cursor: 0,
+    };
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
         if term.is_lost() {
@@ -74,24 +123,36 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => continue,
             }
         }
+        // Everything that ended since the last look, not one of it per look: a run that
+        // returned before its job's next slot never makes that slot skipped.
+        while let Ok((job, slot)) = returned.try_recv() {
+            here.returned(job, slot);
+        }
+        while let Some(done) = tasks.try_join_next_with_id() {
+            here.ended(task_id(&done));
+        }
         let looked = tick(
             &shared,
             &term,
-            &names,
-            &mut latest,
-            &mut running,
+            (&names, &history),
+            &mut look,
+            &mut here,
             &mut tasks,
-            &mut slots,
+            &returned_tx,
         )
         .await;
         // A refused fence included: the elector, not this loop, decides when the term ends (a
         // loop that returned while the term went on would run nothing until the next term).
         let sleep = match looked {
-            Ok(sleep) => sleep,
+            Ok(sleep) => {
+                *lock(&shared.problem) = None;
+                sleep
+            }
             Err(e) => {
                 // Read the newest slots again: a claim whose commit failed may have committed.
-                latest = None;
+                look.latest = None;
                 tracing::warn!(error = %e, "job scheduling failed; looking again");
+                *lock(&shared.problem) = Some(crate::error::chain(&e));
                 AFTER_ERROR
             }
         };
@@ -99,14 +160,12 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         let lost = tokio::select! {
             _ = term.lost() => true,
             _ = tokio::time::sleep_until(wake) => false,
+            Some((job, slot)) = returned.recv() => {
+                here.returned(job, slot);
+                false
+            }
             Some(done) = tasks.join_next_with_id() => {
-                let id = match &done {
-                    Ok((id, ())) => *id,
-                    Err(e) => e.id(),
-                };
-                if let Some((job, slot)) = slots.remove(&id) {
-                    running[job].remove(&slot);
-                }
+                here.ended(task_id(&done));
                 false
             }
         };
@@ -126,35 +185,52 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
     while tasks.join_next().await.is_some() {}
 }
 
+fn task_id(done: &Result<(tokio::task::Id, ()), tokio::task::JoinError>) -> tokio::task::Id {
+    match done {
+        Ok((id, ())) => *id,
+        Err(e) => e.id(),
+    }
+}
+
+/// What a term's looks carry from one to the next.
+struct Look {
+    /// The newest recorded slot per job, read once per term (and after a failed look): while
+    /// it leads, this term is the only one that adds records (its claims are fenced;
+    /// operators only mark existing ones).
+    latest: Option<Vec<Option<i64>>>,
+    /// The database's now at this term's first look, per job (see `View::first_look_ms`).
+    first_look: Vec<Option<i64>>,
+    /// Which job's actions come first in the next look's round robin.
+    cursor: usize,
+}
+
 /// One look: plan, claim, start. Returns how long to sleep.
 async fn tick(
     shared: &Arc<Shared>,
     term: &LeaderTerm,
-    names: &[String],
-    latest: &mut Option<Vec<Option<i64>>>,
-    running: &mut [BTreeSet<i64>],
+    (names, history): (&[String], &[(String, usize)]),
+    look: &mut Look,
+    here: &mut Here,
     tasks: &mut JoinSet<()>,
-    slots: &mut HashMap<tokio::task::Id, (usize, i64)>,
+    returned: &mpsc::UnboundedSender<(usize, i64)>,
 ) -> Result<Duration, JobError> {
-    let db = shared.store.connection();
-    let backend = db.get_database_backend();
+    let backend = shared.store.connection().get_database_backend();
     let table = &*shared.table;
-    // The newest recorded slot per job, read once per term: while it leads, this term is the
-    // only one that adds records (its claims are fenced; operators only mark existing ones).
-    if latest.is_none() {
-        let rows = db.query_all(&records::latest_slots(table, names)).await?;
+    if look.latest.is_none() {
+        let all: Vec<String> = history.iter().map(|(n, _)| n.clone()).collect();
+        let rows = read(shared, &records::latest_slots(table, &all)).await?;
         let mut found = vec![None; names.len()];
         for row in rows {
             let job: String = row.try_get_by_index(0)?;
             let slot: Option<i64> = row.try_get_by_index(1)?;
-            if let Some(i) = names.iter().position(|n| *n == job) {
-                found[i] = slot;
+            if let Some((_, i)) = history.iter().find(|(n, _)| *n == job) {
+                found[*i] = plan::latest(found[*i], slot);
             }
         }
-        *latest = Some(found);
+        look.latest = Some(found);
     }
     let mut open: Vec<Vec<Open>> = vec![Vec::new(); names.len()];
-    for row in db.query_all(&records::open_runs(table, names)).await? {
+    for row in read(shared, &records::open_runs(table, names)).await? {
         match records::decode_open(&row) {
             Ok(Some((job, record))) => {
                 if let Some(i) = names.iter().position(|n| *n == job) {
@@ -166,41 +242,48 @@ async fn tick(
             Err(e) => tracing::warn!(error = %e, "a run record could not be read; left alone"),
         }
     }
-    let now_ms = database_now(db, backend).await?;
+    let now_ms = database_now(shared, backend).await?;
     let read_at = Instant::now();
-    let latest_now = latest
+    let latest_now = look
+        .latest
         .as_mut()
         .ok_or_else(|| JobError::Database(sea_orm::DbErr::Custom("no latest slots".to_owned())))?;
 
     let mut wake_ms: Option<i64> = None;
-    let mut per_job: Vec<std::collections::VecDeque<(usize, Action)>> = Vec::new();
+    let mut queues: Vec<VecDeque<(usize, Action)>> = Vec::with_capacity(names.len());
     for (i, reg) in shared.jobs.iter().enumerate() {
+        let first_look_ms = *look.first_look[i].get_or_insert(now_ms);
         let p = plan::plan(
             &View {
                 schedule: &reg.job.schedule,
                 policy: &reg.policy,
                 latest: latest_now[i],
                 open: &open[i],
-                running: &running[i],
+                running: &here.running[i],
+                here: &here.attempts[i],
+                first_look_ms,
             },
             now_ms,
         );
         wake_ms = plan::earliest(wake_ms, p.wake_ms);
-        per_job.push(p.actions.into_iter().map(|a| (i, a)).collect());
+        queues.push(p.actions.into_iter().map(|a| (i, a)).collect());
     }
-    // Round robin over the jobs (each job's own actions stay in order), so that one job's
-    // long catch-up cannot take every claim of a look.
+    // Round robin over the jobs (each job's own actions stay in order), starting one job
+    // further on each look, so that neither one job's long catch-up nor the order the jobs
+    // were added in decides who gets the claims of a look.
     let mut decided: Vec<(usize, Action)> = Vec::new();
-    let mut queues: Vec<std::collections::VecDeque<(usize, Action)>> = per_job;
-    while queues.iter().any(|q| !q.is_empty()) {
-        for q in queues.iter_mut() {
-            if let Some(action) = q.pop_front() {
+    let n = queues.len();
+    let first = if n == 0 { 0 } else { look.cursor % n };
+    look.cursor = look.cursor.wrapping_add(1);
+    while decided.len() <= MAX_CLAIMS_PER_LOOK && queues.iter().any(|q| !q.is_empty()) {
+        for k in 0..n {
+            if let Some(action) = queues[(first + k) % n].pop_front() {
                 decided.push(action);
             }
         }
     }
 
-    let more = decided.len() > MAX_CLAIMS_PER_LOOK;
+    let more = decided.len() > MAX_CLAIMS_PER_LOOK || queues.iter().any(|q| !q.is_empty());
     decided.truncate(MAX_CLAIMS_PER_LOOK);
     if !decided.is_empty() {
         let claimed = claim(shared, term, backend, &decided).await?;
@@ -212,9 +295,10 @@ async fn tick(
                     let lateness_ms = now_ms.saturating_sub(slot).max(0) as u64;
                     let lateness =
                         Duration::from_millis(lateness_ms).saturating_add(read_at.elapsed());
-                    running[i].insert(slot);
-                    let id = start(shared, term, i, slot, attempt, lateness, tasks);
-                    slots.insert(id, (i, slot));
+                    here.running[i].insert(slot);
+                    here.attempts[i].insert(slot);
+                    let id = start(shared, term, i, slot, attempt, lateness, tasks, returned);
+                    here.tasks.insert(id, (i, slot));
                 }
                 Action::Skip { slot } => {
                     latest_now[i] = Some(latest_now[i].map_or(slot, |l| l.max(slot)));
@@ -245,14 +329,44 @@ async fn tick(
     Ok(sleep.max(MIN_SLEEP))
 }
 
+/// A read of the run table through the store's checked path: on a connection known to be
+/// outside any transaction somebody abandoned, read to the end.
+async fn read(
+    shared: &Shared,
+    query: &sea_orm::sea_query::SelectStatement,
+) -> Result<Vec<sea_orm::QueryResult>, JobError> {
+    let stmt = shared
+        .store
+        .connection()
+        .get_database_backend()
+        .build(query);
+    match shared.store.engine()?.plain(stmt).await {
+        Ok(rows) => Ok(rows),
+        Err(crate::StoreError::MissingTable { source, .. }) => Err(JobError::MissingRunTable {
+            table: shared.table.to_string(),
+            source,
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A run-table statement's error: a missing table named as such.
+fn runs_error(shared: &Shared, err: sea_orm::DbErr) -> JobError {
+    match shared.store.engine() {
+        Ok(engine) if engine.missing_table(&err) => JobError::MissingRunTable {
+            table: shared.table.to_string(),
+            source: err.into(),
+        },
+        _ => err.into(),
+    }
+}
+
 /// The database clock, in milliseconds since the Unix epoch.
-async fn database_now(
-    db: &sea_orm::DatabaseConnection,
-    backend: DbBackend,
-) -> Result<i64, JobError> {
-    let row = db
-        .query_one(&records::clock(backend))
+async fn database_now(shared: &Shared, backend: DbBackend) -> Result<i64, JobError> {
+    let row = read(shared, &records::clock(backend))
         .await?
+        .into_iter()
+        .next()
         .ok_or_else(|| JobError::Database(sea_orm::DbErr::RecordNotFound("now".to_owned())))?;
     let now: chrono::DateTime<chrono::Utc> = row.try_get_by_index(0)?;
     Ok(now.timestamp_millis())
@@ -271,7 +385,7 @@ async fn claim(
         // A shutdown began during this look: nothing new starts.
         return Ok(Vec::new());
     }
-    let txn = shared.store.connection().begin().await?;
+    let txn = shared.store.begin_whole().await?;
     if let Err(e) = term.fence(&txn).await {
         let _ = txn.rollback().await;
         // Refused: nothing is claimed; the loop looks again, and the elector ends the term.
@@ -326,7 +440,7 @@ async fn claim(
             }
             Err(e) => {
                 let _ = txn.rollback().await;
-                return Err(e.into());
+                return Err(runs_error(shared, e));
             }
         }
     }
@@ -334,7 +448,9 @@ async fn claim(
     Ok(done)
 }
 
-/// Runs one claimed attempt in its own task (a panic fails the attempt), then ends it.
+/// Runs one claimed attempt in its own task (a panic fails the attempt, whether it comes from
+/// the closure or from its future), then ends it.
+#[allow(clippy::too_many_arguments)]
 fn start(
     shared: &Arc<Shared>,
     term: &LeaderTerm,
@@ -343,6 +459,7 @@ fn start(
     attempt: i32,
     lateness: Duration,
     tasks: &mut JoinSet<()>,
+    returned: &mpsc::UnboundedSender<(usize, i64)>,
 ) -> tokio::task::Id {
     let reg = &shared.jobs[i];
     let run = JobRun {
@@ -364,23 +481,40 @@ fn start(
     tracing::info!(job = %reg.name, slot, attempt, token = %term.token(), lateness_ms = lateness.as_millis() as u64, "job run starts");
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
+    let returned = returned.clone();
     tasks
         .spawn(async move {
-            // The work in a task of its own, so that a panic fails only this attempt; aborted when
-            // this task is (the term ended).
-            let handle = tokio::spawn((work)(run.clone()));
+            // The closure is called inside the work's own task, so that a panic in it (before
+            // its future exists) fails this attempt like a panic inside the future; aborted
+            // when this task is (the term ended).
+            let closure_run = run.clone();
+            let handle = tokio::spawn(async move { (work)(closure_run).await });
             let guard = AbortOnDrop(handle.abort_handle());
             let result = handle.await;
             drop(guard);
+            // The job may start its next slot now; this attempt's end follows.
+            let _ = returned.send((i, slot));
             let error = match result {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e.to_string()),
-                Err(e) if e.is_panic() => Some("the job panicked".to_owned()),
+                Err(e) if e.is_panic() => Some(panic_text(e.into_panic())),
                 Err(_) => Some("the job was cancelled".to_owned()),
             };
             finish(&run, error, max_attempts).await;
         })
         .id()
+}
+
+/// What a panic said, as the record keeps it.
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned());
+    match message {
+        Some(m) => format!("the job panicked: {m}"),
+        None => "the job panicked".to_owned(),
+    }
 }
 
 /// Ends an attempt after its closure returned.
@@ -423,13 +557,19 @@ async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
             }
         }
         Err(e) => {
-            let outcome = if e.kind() == crate::ErrorKind::Lost {
-                "superseded"
-            } else {
-                "unmarked"
+            let (outcome, next) = match e.kind() {
+                crate::ErrorKind::Lost => ("superseded", "the next leader claims the slot again"),
+                crate::ErrorKind::Conflict => (
+                    "unmarked",
+                    "its record no longer names this attempt (given up or marked meanwhile)",
+                ),
+                _ => (
+                    "unmarked",
+                    "the slot is claimed again by the leader of the time",
+                ),
             };
             super::metrics_hook::finished(&job, outcome, duration);
-            tracing::warn!(%job, slot, error = %e, "job run could not be marked; the slot is claimed again by the leader of the time");
+            tracing::warn!(%job, slot, error = %e, "job run could not be marked; {next}");
         }
     }
 }

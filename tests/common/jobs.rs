@@ -683,6 +683,20 @@ pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrm
             .build()
             .err(),
         builder()
+            .job(noop("a").starting_deadline(Duration::ZERO))
+            .build()
+            .err(),
+        builder()
+            .job(noop("a").starting_deadline(Duration::from_millis(999)))
+            .build()
+            .err(),
+        builder()
+            .job(noop("a").renamed_from("b"))
+            .job(noop("b"))
+            .build()
+            .err(),
+        builder().job(noop("a").renamed_from(" old")).build().err(),
+        builder()
             .runs_table("runs; DROP TABLE x")
             .job(noop("a"))
             .build()
@@ -712,6 +726,285 @@ pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrm
     t.drop(&db).await;
 }
 
+/// The run records of every job: (job, slot) -> state.
+async fn states(t: &Tables, db: &DatabaseConnection) -> BTreeMap<(String, i64), String> {
+    let rows = db
+        .query_all(
+            &Query::select()
+                .columns(["job", "slot", "state"].map(Alias::new))
+                .from(Alias::new(&t.runs))
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            (
+                (
+                    r.try_get_by_index::<String>(0).unwrap(),
+                    r.try_get_by_index::<i64>(1).unwrap(),
+                ),
+                r.try_get_by_index::<String>(2).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Many jobs whose runs return well before their next slot (`Overlap::Skip`, the default):
+/// no slot is ever recorded skipped, however many runs end at once.
+pub async fn a_run_that_returned_never_makes_its_next_slot_skipped<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    const JOBS: usize = 100;
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let jobs: Vec<Job> = (0..JOBS)
+        .map(|i| {
+            Job::new(
+                format!("j{i}"),
+                Schedule::every(SECOND).unwrap(),
+                |run| async move {
+                    // Returns 400 ms before the next slot (by the slot's own time).
+                    tokio::time::sleep(Duration::from_millis(600).saturating_sub(run.lateness()))
+                        .await;
+                    Ok::<(), JobError>(())
+                },
+            )
+        })
+        .collect();
+    let node = t.start(&h.store(), "a", jobs);
+    let deadline = Instant::now() + 20 * SECOND;
+    let states = loop {
+        let states = states(&t, &db).await;
+        let finished = states.values().filter(|s| *s == "finished").count();
+        if finished >= 3 * JOBS || Instant::now() > deadline {
+            break states;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    node.shutdown().await;
+    let skipped: Vec<_> = states.iter().filter(|(_, s)| *s == "skipped").collect();
+    assert!(
+        skipped.is_empty(),
+        "{} slots skipped though their previous run had returned: {:?}",
+        skipped.len(),
+        skipped.iter().take(5).collect::<Vec<_>>()
+    );
+    let finished = states.values().filter(|s| *s == "finished").count();
+    assert!(finished >= 3 * JOBS, "only {finished} runs finished");
+    t.drop(&db).await;
+}
+
+/// A new job with the shortest starting deadline the builder takes runs every slot from its
+/// deploy on, under each missed-slot policy.
+pub async fn a_new_job_with_the_shortest_deadline_runs_every_slot<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    use orion_beacon::jobs::{MissedSlots, MIN_STARTING_DEADLINE};
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let policies = [
+        ("latest", MissedSlots::RunLatest),
+        ("all", MissedSlots::RunAll),
+        ("skip", MissedSlots::Skip),
+    ];
+    let jobs = policies
+        .iter()
+        .map(|(name, missed)| {
+            Job::new(*name, Schedule::every(SECOND).unwrap(), |_run| async {
+                Ok::<(), JobError>(())
+            })
+            .missed_slots(*missed)
+            .starting_deadline(MIN_STARTING_DEADLINE)
+        })
+        .collect();
+    let node = t.start(&h.store(), "a", jobs);
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    node.shutdown().await;
+    let states = states(&t, &db).await;
+    for (name, _) in policies {
+        let ran: Vec<_> = states
+            .iter()
+            .filter(|((job, _), s)| job == name && *s == "finished")
+            .collect();
+        assert!(
+            ran.len() >= 3,
+            "{name}: {} runs in 4.5 s: {states:?}",
+            ran.len()
+        );
+        assert!(
+            states
+                .iter()
+                .all(|((job, _), s)| job != name || s == "finished"),
+            "{name}: every slot ran: {states:?}"
+        );
+    }
+    t.drop(&db).await;
+}
+
+/// A closure that panics before it returns its future fails the attempt with the panic's
+/// message, as a panic inside the future does; neither is left `running`.
+pub async fn a_panicking_job_fails_with_its_message<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    #[allow(unreachable_code)]
+    let early = Job::new("early", Schedule::every(SECOND).unwrap(), |_run| {
+        panic!("boom before the future");
+        async { Ok::<(), JobError>(()) }
+    })
+    .retry_backoff(Duration::from_secs(60), Duration::from_secs(60));
+    let inside = Job::new("inside", Schedule::every(SECOND).unwrap(), |_run| async {
+        if true {
+            panic!("boom inside the future");
+        }
+        Ok::<(), JobError>(())
+    })
+    .retry_backoff(Duration::from_secs(60), Duration::from_secs(60));
+    let node = t.start(&h.store(), "a", vec![early, inside]);
+    let deadline = Instant::now() + 5 * SECOND;
+    let rows = loop {
+        let rows = db
+            .query_all(
+                &Query::select()
+                    .columns(["job", "state", "attempts", "error"].map(Alias::new))
+                    .from(Alias::new(&t.runs))
+                    .to_owned(),
+            )
+            .await
+            .unwrap();
+        let failed: Vec<(String, String, i32, Option<String>)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.try_get_by_index(0).unwrap(),
+                    r.try_get_by_index(1).unwrap(),
+                    r.try_get_by_index(2).unwrap(),
+                    r.try_get_by_index(3).unwrap(),
+                )
+            })
+            .collect();
+        let done = ["early", "inside"].iter().all(|j| {
+            failed
+                .iter()
+                .any(|(job, state, ..)| job == j && state == "failed")
+        });
+        if done || Instant::now() > deadline {
+            break failed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    node.abort().await;
+    for (job, text) in [
+        ("early", "boom before the future"),
+        ("inside", "boom inside the future"),
+    ] {
+        let rec = rows.iter().find(|(j, ..)| j == job);
+        let Some((_, state, attempts, error)) = rec else {
+            panic!("{job}: no record: {rows:?}");
+        };
+        assert_eq!(
+            (state.as_str(), *attempts),
+            ("failed", 1),
+            "{job}: {rows:?}"
+        );
+        let error = error.as_deref().unwrap_or("");
+        assert!(
+            error.contains("panicked") && error.contains(text),
+            "{job}: the panic's message is recorded: {error:?}"
+        );
+    }
+    t.drop(&db).await;
+}
+
+/// A job renamed between two deploys goes on from its old name's history: the slot the old
+/// name finished never runs again under the new one.
+pub async fn a_renamed_job_never_runs_a_finished_slot_again<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    // A slot a minute: the deploys fall between two slots.
+    let minute = Duration::from_secs(60);
+    let job = |name: &str| {
+        let writes = t.writes.clone();
+        Job::new(name, Schedule::every(minute).unwrap(), move |run| {
+            let writes = writes.clone();
+            async move {
+                let txn = write(&run, &writes).await?;
+                run.commit(txn).await
+            }
+        })
+    };
+    let old = t.start(&h.store(), "a", vec![job("daily-report")]);
+    let records = t
+        .wait_for(&db, 5 * SECOND, "the old name's slot finished", |r| {
+            r.values().any(|r| r.state == "finished")
+        })
+        .await;
+    let slot = *records.keys().next().unwrap();
+    old.shutdown().await;
+    let new = t.start(
+        &h.store(),
+        "b",
+        vec![job("report-daily").renamed_from("daily-report")],
+    );
+    tokio::time::sleep(2 * SECOND).await;
+    new.shutdown().await;
+    let states = states(&t, &db).await;
+    assert!(
+        !states.contains_key(&("report-daily".to_owned(), slot)),
+        "the finished slot ran again under the new name: {states:?}"
+    );
+    let writes = t.writes(&db).await;
+    assert_eq!(writes[&slot].len(), 1, "the slot's writes once: {writes:?}");
+    t.drop(&db).await;
+}
+
+/// A scheduler whose run table was never made says so, naming the migration, in its health
+/// (and its log), rather than failing each look in silence.
+pub async fn a_missing_run_table_names_its_migration<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
+    let db = h.store().connection().clone();
+    let resource = super::unique("jobs");
+    let runs = super::unique("no_runs");
+    let node = Jobs::builder(h.store())
+        .candidate_id("a")
+        .resource(&resource)
+        .lease_duration(LEASE)
+        .renew_interval(RENEW)
+        .retry_interval(RETRY)
+        .runs_table(&runs)
+        .job(Job::new(
+            "j",
+            Schedule::every(SECOND).unwrap(),
+            |_run| async { Ok::<(), JobError>(()) },
+        ))
+        .build()
+        .unwrap()
+        .start();
+    let deadline = Instant::now() + 5 * SECOND;
+    let health = loop {
+        let health = node.health();
+        if health.scheduling.is_some() || Instant::now() > deadline {
+            break health;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    node.shutdown().await;
+    assert!(!health.healthy, "{health}");
+    let problem = health.scheduling.unwrap_or_default();
+    assert!(
+        problem.contains("CreateJobRunTable") && problem.contains(&runs),
+        "names the migration and the table: {problem}"
+    );
+    drop(db);
+}
+
 #[macro_export]
 macro_rules! job_suite {
     (#[ignore = $why:literal] $setup:expr) => {
@@ -731,6 +1024,11 @@ macro_rules! job_suite {
             a_shutdown_lets_the_running_slot_finish,
             a_begin_after_the_closure_returned_is_refused,
             bad_input_is_refused_before_anything_runs,
+            a_run_that_returned_never_makes_its_next_slot_skipped,
+            a_new_job_with_the_shortest_deadline_runs_every_slot,
+            a_panicking_job_fails_with_its_message,
+            a_renamed_job_never_runs_a_finished_slot_again,
+            a_missing_run_table_names_its_migration,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {
