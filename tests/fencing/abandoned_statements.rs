@@ -860,6 +860,120 @@ mod cut_off {
         crate::common::drop_table(migrate_on, &table).await;
     }
 
+    /// A job's fenced transaction (`JobRun::begin`) cut off at random points, inside a run on
+    /// `db` (a pool of one, which the scheduler's own transactions also use): after each, the
+    /// pooled connection is outside any transaction.
+    pub async fn job_begins(name: &str, db: DatabaseConnection, migrate_on: &DatabaseConnection) {
+        use orion_beacon::jobs::{Job, JobError, Jobs, Schedule};
+        use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+        const BEGINS: usize = 300;
+        let seed = seed();
+        eprintln!("{name}: seed {seed}");
+        let table = crate::common::unique("cutjob");
+        migrate(migrate_on, &table).await;
+        let runs = crate::common::unique("cutruns");
+        CreateJobRunTable::with_table(&runs)
+            .unwrap()
+            .up(&SchemaManager::new(migrate_on))
+            .await
+            .unwrap();
+        let store = SeaOrmLeaseStore::new(db.clone())
+            .with_table(&table)
+            .unwrap()
+            .with_release_notifications(false);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let probe = db.clone();
+        let job = Job::new(
+            "cut",
+            Schedule::every(Duration::from_secs(3600)).unwrap(),
+            move |run| {
+                let (tx, db) = (tx.clone(), probe.clone());
+                async move {
+                    let mut rng = Rng::new(seed);
+                    let (mut cut, mut left_open) = (0, Vec::new());
+                    let mut longest = Duration::from_micros(500);
+                    for case in 0..BEGINS {
+                        let after = Duration::from_micros(
+                            rng.below(longest.as_micros() as u64 * 3 / 2 + 1),
+                        );
+                        let started = std::time::Instant::now();
+                        match cut_at(started + after, run.begin()).await {
+                            Some(txn) => {
+                                longest = longest.max(started.elapsed());
+                                drop(txn);
+                            }
+                            None => cut += 1,
+                        }
+                        match in_transaction(&db, Duration::from_secs(15)).await {
+                            Some(false) => {}
+                            Some(true) => {
+                                left_open.push(format!("case {case}: cut off after {after:?}"));
+                                roll_back(&db).await;
+                            }
+                            None => {
+                                left_open.push(format!("case {case}: the pool is wedged"));
+                                break;
+                            }
+                        }
+                    }
+                    let _ = tx.send((cut, left_open));
+                    Ok::<(), JobError>(())
+                }
+            },
+        )
+        // The hour's slot runs at once, however far into the hour.
+        .starting_deadline(Duration::from_secs(7200));
+        let node = Jobs::builder(store)
+            .candidate_id("a")
+            .resource(crate::common::unique("cutjobs"))
+            .runs_table(&runs)
+            .job(job)
+            .build()
+            .unwrap()
+            .start();
+        let (cut, left_open) = tokio::time::timeout(Duration::from_secs(120), rx.recv())
+            .await
+            .expect("the run reports within 120 s")
+            .expect("the run reports");
+        node.abort().await;
+        eprintln!(
+            "{name}: {BEGINS} begins, {cut} cut off; {} left a transaction open",
+            left_open.len()
+        );
+        assert!(cut > 0, "{name}: nothing was cut off");
+        assert!(
+            left_open.is_empty(),
+            "{name} (seed {seed}): {} of {BEGINS} job begins ({cut} cut off) left the pooled \
+             connection inside a transaction: {left_open:#?}",
+            left_open.len()
+        );
+        crate::common::drop_table(migrate_on, &table).await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_job_begins_leave_no_transaction_open_postgres() {
+        use crate::common::Server;
+        if Server::Postgres.skipped() {
+            return;
+        }
+        let db = Server::Postgres.connect(1).await;
+        let admin = Server::Postgres.connect(2).await;
+        job_begins("postgres", db, &admin).await;
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_job_begins_leave_no_transaction_open_mariadb() {
+        use crate::common::Server;
+        if Server::MySql.skipped() {
+            return;
+        }
+        let db = Server::MySql.connect(1).await;
+        let admin = Server::MySql.connect(2).await;
+        job_begins("mariadb", db, &admin).await;
+    }
+
     fn configure(name: &str, store: SeaOrmLeaseStore) -> SeaOrmLeaseStore {
         #[cfg(feature = "postgres")]
         if name == "pgbouncer" {
