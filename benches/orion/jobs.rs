@@ -74,7 +74,8 @@ fn job(name: String, work: Arc<str>, probe: Arc<Probe>) -> Result<Job, Error> {
                     .values_panic([run.job().into(), run.slot_millis().into()])
                     .to_owned();
                 txn.execute(&insert).await?;
-                run.commit(txn).await
+                run.commit(txn).await?;
+                Ok(())
             }
         },
     ))

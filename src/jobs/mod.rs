@@ -33,7 +33,8 @@
 //!         |run| async move {
 //!             let txn = run.begin().await?; // fenced by the term that claimed the slot
 //!             // ... the report's rows, written with `&txn` ...
-//!             run.commit(txn).await // the rows and the "finished" mark, together
+//!             run.commit(txn).await?; // the rows and the "finished" mark, together
+//!             Ok(())
 //!         },
 //!     ))
 //!     .build()?
@@ -82,7 +83,8 @@ pub const MIN_STARTING_DEADLINE: Duration = Duration::from_secs(1);
 /// The longest starting deadline, back-off and poll interval.
 pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// What a job's closure fails with: any error, boxed (what `?` converts to).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Work =
     Arc<dyn Fn(JobRun) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
 
@@ -116,16 +118,16 @@ impl Job {
     /// A job named `name` (1 to 255 characters, checked by [`JobsBuilder::build`]) that runs
     /// `work` for each slot of `schedule`. `work` gets the slot's [`JobRun`]; an `Err` (or a
     /// panic) fails the attempt, which is retried.
-    pub fn new<F, Fut, E>(name: impl Into<String>, schedule: Schedule, work: F) -> Self
+    ///
+    /// The closure's future ends in a [`BoxError`], so `?` takes any error (a `DbErr`, a
+    /// [`JobError`], your own) and `Ok(())` needs no annotation:
+    /// `|run| async move { let txn = run.begin().await?; /* ... */ run.commit(txn).await?; Ok(()) }`.
+    pub fn new<F, Fut>(name: impl Into<String>, schedule: Schedule, work: F) -> Self
     where
         F: Fn(JobRun) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), E>> + Send + 'static,
-        E: Into<BoxError> + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        let work: Work = Arc::new(move |run| {
-            let fut = work(run);
-            Box::pin(async move { fut.await.map_err(Into::into) })
-        });
+        let work: Work = Arc::new(move |run| Box::pin(work(run)));
         Self {
             name: name.into(),
             schedule,

@@ -226,7 +226,8 @@ pub fn writer(name: &str, writes: &str) -> Job {
         let writes = writes.clone();
         async move {
             let txn = write(&run, &writes).await?;
-            run.commit(txn).await
+            run.commit(txn).await?;
+            Ok(())
         }
     })
     .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
@@ -310,7 +311,8 @@ where
                 std::future::pending::<()>().await;
             }
             let txn = write(&run, &writes).await?;
-            run.commit(txn).await
+            run.commit(txn).await?;
+            Ok(())
         }
     })
     .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
@@ -471,13 +473,10 @@ pub async fn failed_attempts_are_retried_then_given_up<H: Harness<Store = SeaOrm
             let txn = write(&run, &writes).await?;
             if f.load(Ordering::SeqCst) {
                 drop(txn); // rolled back: nothing of the failed attempt stays
-                return Err(JobError::InvalidOption {
-                    option: "boom",
-                    value: String::new(),
-                    bounds: "",
-                });
+                return Err("boom".into());
             }
-            run.commit(txn).await
+            run.commit(txn).await?;
+            Ok(())
         }
     })
     .max_attempts(3)
@@ -540,7 +539,8 @@ pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLease
             tokio::time::sleep(Duration::from_millis(1_600)).await;
             r.fetch_sub(1, Ordering::SeqCst);
             let txn = write(&run, &writes).await?;
-            run.commit(txn).await
+            run.commit(txn).await?;
+            Ok(())
         }
     });
     let node = t.start(&h.store(), "a", vec![job]);
@@ -571,7 +571,8 @@ pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLe
         async move {
             tokio::time::sleep(Duration::from_millis(700)).await;
             let txn = write(&run, &writes).await?;
-            run.commit(txn).await
+            run.commit(txn).await?;
+            Ok(())
         }
     });
     let node = t.start(&h.store(), "a", vec![job]);
@@ -612,7 +613,7 @@ pub async fn a_begin_after_the_closure_returned_is_refused<H: Harness<Store = Se
         let tx = tx.clone();
         async move {
             let _ = tx.send(run);
-            Ok::<(), JobError>(())
+            Ok(())
         }
     });
     let node = t.start(&h.store(), "a", vec![job]);
@@ -641,7 +642,7 @@ pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrm
     let t = Tables::create(&db).await;
     let noop = |name: &str| {
         Job::new(name, Schedule::every(SECOND).unwrap(), |_run| async {
-            Ok::<(), JobError>(())
+            Ok(())
         })
     };
     for (err, what) in [
@@ -769,7 +770,7 @@ pub async fn a_run_that_returned_never_makes_its_next_slot_skipped<
                     // Returns 400 ms before the next slot (by the slot's own time).
                     tokio::time::sleep(Duration::from_millis(600).saturating_sub(run.lateness()))
                         .await;
-                    Ok::<(), JobError>(())
+                    Ok(())
                 },
             )
         })
@@ -816,7 +817,7 @@ pub async fn a_new_job_with_the_shortest_deadline_runs_every_slot<
         .iter()
         .map(|(name, missed)| {
             Job::new(*name, Schedule::every(SECOND).unwrap(), |_run| async {
-                Ok::<(), JobError>(())
+                Ok(())
             })
             .missed_slots(*missed)
             .starting_deadline(MIN_STARTING_DEADLINE)
@@ -854,14 +855,14 @@ pub async fn a_panicking_job_fails_with_its_message<H: Harness<Store = SeaOrmLea
     #[allow(unreachable_code)]
     let early = Job::new("early", Schedule::every(SECOND).unwrap(), |_run| {
         panic!("boom before the future");
-        async { Ok::<(), JobError>(()) }
+        async { Ok(()) }
     })
     .retry_backoff(Duration::from_secs(60), Duration::from_secs(60));
     let inside = Job::new("inside", Schedule::every(SECOND).unwrap(), |_run| async {
         if true {
             panic!("boom inside the future");
         }
-        Ok::<(), JobError>(())
+        Ok(())
     })
     .retry_backoff(Duration::from_secs(60), Duration::from_secs(60));
     let node = t.start(&h.store(), "a", vec![early, inside]);
@@ -937,7 +938,8 @@ pub async fn a_renamed_job_never_runs_a_finished_slot_again<
             let writes = writes.clone();
             async move {
                 let txn = write(&run, &writes).await?;
-                run.commit(txn).await
+                run.commit(txn).await?;
+                Ok(())
             }
         })
     };
@@ -982,7 +984,7 @@ pub async fn a_missing_run_table_names_its_migration<H: Harness<Store = SeaOrmLe
         .job(Job::new(
             "j",
             Schedule::every(SECOND).unwrap(),
-            |_run| async { Ok::<(), JobError>(()) },
+            |_run| async { Ok(()) },
         ))
         .build()
         .unwrap()

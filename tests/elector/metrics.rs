@@ -367,7 +367,7 @@ async fn shard_set_nodes_report_resources_led() {
 #[tokio::test(flavor = "current_thread")]
 async fn job_runs_are_counted_with_their_lateness_and_duration() {
     use orion_beacon::jobs::metrics::{DURATION, LATENESS, RUNS};
-    use orion_beacon::jobs::{Job, JobError, Jobs, Schedule};
+    use orion_beacon::jobs::{Job, Jobs, Schedule};
     use orion_beacon::SeaOrmLeaseStore;
     use orion_beacon_migration::{Migrator, MigratorTrait};
 
@@ -381,10 +381,10 @@ async fn job_runs_are_counted_with_their_lateness_and_duration() {
     Migrator::up(&db, None).await.unwrap();
     let second = Duration::from_secs(1);
     let ok = Job::new("ok", Schedule::every(second).unwrap(), |_run| async {
-        Ok::<(), JobError>(())
+        Ok(())
     });
     let bad = Job::new("bad", Schedule::every(second).unwrap(), |_run| async {
-        Err::<(), _>(std::io::Error::other("boom"))
+        Err(std::io::Error::other("boom").into())
     })
     .max_attempts(1);
     let jobs = Jobs::builder(SeaOrmLeaseStore::new(db))

@@ -864,7 +864,7 @@ mod cut_off {
     /// `db` (a pool of one, which the scheduler's own transactions also use): after each, the
     /// pooled connection is outside any transaction.
     pub async fn job_begins(name: &str, db: DatabaseConnection, migrate_on: &DatabaseConnection) {
-        use orion_beacon::jobs::{Job, JobError, Jobs, Schedule};
+        use orion_beacon::jobs::{Job, Jobs, Schedule};
         use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
         const BEGINS: usize = 300;
         let seed = seed();
@@ -917,7 +917,7 @@ mod cut_off {
                         }
                     }
                     let _ = tx.send((cut, left_open));
-                    Ok::<(), JobError>(())
+                    Ok(())
                 }
             },
         )
