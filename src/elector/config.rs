@@ -22,6 +22,10 @@ pub(crate) struct Config {
     pub release_on_shutdown: bool,
     /// Written into the lease by every acquire and renew.
     pub payload: Option<Arc<str>>,
+    /// The payload is left out, rather than every acquire refused, on a table without the
+    /// payload columns (a payload the elector's own user never asked for: a scheduler's job
+    /// set).
+    pub payload_optional: bool,
     /// Renews go out with other leaders' of the process (see `together`).
     pub renew_together: bool,
 }
@@ -37,6 +41,7 @@ pub(crate) struct Options {
     pub jitter: Option<f64>,
     pub release_on_shutdown: Option<bool>,
     pub payload: Option<String>,
+    pub payload_optional: bool,
     pub renew_together: Option<bool>,
 }
 
@@ -68,6 +73,7 @@ impl Options {
             jitter,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
             payload: self.payload.map(Arc::from),
+            payload_optional: self.payload_optional,
             renew_together: self.renew_together.unwrap_or(true),
         })
     }

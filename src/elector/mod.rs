@@ -67,6 +67,14 @@ impl ElectorBuilder {
         self
     }
 
+    /// A payload written where the lease table has the payload columns, and left out where
+    /// it has not (instead of every acquire refused).
+    pub(crate) fn payload_if_possible(mut self, payload: impl Into<String>) -> Self {
+        self.options.payload = Some(payload.into());
+        self.options.payload_optional = true;
+        self
+    }
+
     timing_setter!(
         /// How long a granted lease lasts without a renew. Default 15 s.
         lease_duration(lease) => options.timing.lease
@@ -248,6 +256,7 @@ impl Elector {
             probe: probe.clone(),
             fence: self.fence,
             renewer: self.renewer,
+            payload_left_out: std::sync::atomic::AtomicBool::new(false),
         };
         let (finished, done) = watch::channel(false);
         let supervised = probe.clone().supervise(runner.run());

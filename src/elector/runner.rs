@@ -117,6 +117,8 @@ pub(crate) struct Runner {
     /// The store's renewer, when the elector was built on a `SeaOrmLeaseStore` itself (see
     /// `hold::renewer`): with `renew_together`, its renews go out with the store's other holds.
     pub renewer: Option<crate::hold::renewer::Renewer>,
+    /// Set once the table turned out to have no payload columns, for an optional payload.
+    pub payload_left_out: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Runner {
@@ -668,12 +670,37 @@ impl Runner {
 
     /// One acquire-or-renew, given up at `until` (a leader's deadline, a follower's lease).
     async fn ask_store(&self, until: Instant) -> Result<Answer, Stopped> {
-        let call = self.store.acquire_or_renew_with(
-            &self.config.resource,
-            &self.config.candidate,
-            self.config.timing.lease,
-            self.config.payload.as_deref(),
-        );
+        use std::sync::atomic::Ordering;
+        let call = async {
+            let ask = |payload| {
+                self.store.acquire_or_renew_with(
+                    &self.config.resource,
+                    &self.config.candidate,
+                    self.config.timing.lease,
+                    payload,
+                )
+            };
+            let payload = self
+                .config
+                .payload
+                .as_deref()
+                .filter(|_| !self.payload_left_out.load(Ordering::Relaxed));
+            match ask(payload).await {
+                Err(crate::StoreError::MissingPayloadColumn { table })
+                    if payload.is_some() && self.config.payload_optional =>
+                {
+                    self.payload_left_out.store(true, Ordering::Relaxed);
+                    tracing::info!(
+                        %table,
+                        resource = %self.config.resource,
+                        "the lease table has no payload columns (AddLeasePayload): the \
+                         elector's payload is left out"
+                    );
+                    ask(None).await
+                }
+                other => other,
+            }
+        };
         let answer = self.abortable(timeout_at(until, call)).await?;
         Ok(answer.map_err(|_| NoAnswer))
     }

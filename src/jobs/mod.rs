@@ -290,8 +290,11 @@ impl JobsBuilder {
         self
     }
 
-    /// The resource whose leader runs the jobs. Default [`DEFAULT_RESOURCE`]; schedulers with
-    /// different resources run their jobs independently (give their jobs different names).
+    /// The resource whose leader runs the jobs. Default [`DEFAULT_RESOURCE`]. One resource is
+    /// one job set: services with different jobs need a resource each (their schedulers then
+    /// run independently; give their jobs different names). The leader publishes its job set
+    /// in the lease's payload (where the table has the payload columns), and a node whose jobs
+    /// differ warns and says so in [`JobsHandle::health`].
     pub fn resource(mut self, resource: impl Into<String>) -> Self {
         self.resource = resource.into();
         self
@@ -369,9 +372,12 @@ impl JobsBuilder {
                 }
             }
         }
+        let job_set = job_set(&jobs);
         let elector = self
             .elector
             .resource(self.resource)
+            // The leader's job set, for the other nodes to compare with theirs.
+            .payload_if_possible(job_set.clone())
             .build()
             .map_err(JobError::Config)?;
         Ok(Jobs {
@@ -382,6 +388,8 @@ impl JobsBuilder {
                 poll: self.poll,
                 jobs,
                 problem: std::sync::Mutex::new(None),
+                job_set,
+                other_job_set: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -413,10 +421,89 @@ impl Jobs {
         let shared = self.shared;
         let for_terms = shared.clone();
         let work = elector.run_as_leader(move |term| runner::lead(for_terms.clone(), term));
+        tokio::spawn(compare_job_sets(elector.watch(), shared.clone()));
         JobsHandle {
             elector,
             work,
             shared,
+        }
+    }
+}
+
+/// How a leader's job set starts in its lease's payload.
+const JOB_SET_PREFIX: &str = "orion-beacon jobs ";
+
+/// The job set as the leader publishes it: a digest of the job names (FNV-1a, stable across
+/// builds and platforms), then, for people, how many and the first names.
+fn job_set(jobs: &[runner::Registered]) -> String {
+    let mut names: Vec<&str> = jobs.iter().map(|j| &*j.name).collect();
+    names.sort_unstable();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for name in &names {
+        for byte in name.bytes().chain([0]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    let mut text = format!("{JOB_SET_PREFIX}{hash:016x} ({} jobs:", names.len());
+    for name in names {
+        if text.len() + name.len() + 6 > crate::store::MAX_PAYLOAD_LEN {
+            text.push_str(" ...");
+            break;
+        }
+        text.push(' ');
+        text.push_str(name);
+    }
+    text.push(')');
+    text
+}
+
+/// The digest part of a published job set.
+fn job_set_digest(payload: &str) -> Option<&str> {
+    payload.strip_prefix(JOB_SET_PREFIX)?.split(' ').next()
+}
+
+/// Follows the scheduler's elector: while another node leads with a different job set, warns
+/// (once per leader and set) and says so in [`JobsHandle::health`]: this node's jobs that the
+/// leader lacks do not run until a node that has them leads.
+async fn compare_job_sets(mut watch: crate::Watch<crate::Leadership>, shared: Arc<runner::Shared>) {
+    let ours = job_set_digest(&shared.job_set).map(str::to_owned);
+    let mut warned: Option<(String, String)> = None;
+    loop {
+        let state = watch.borrow_and_update();
+        let other = match &state {
+            crate::Leadership::Follower {
+                leader: Some(leader),
+                payload: Some(payload),
+            } if job_set_digest(payload).is_some()
+                && job_set_digest(payload) != ours.as_deref() =>
+            {
+                Some((leader.clone(), payload.clone()))
+            }
+            _ => None,
+        };
+        match &other {
+            Some((leader, theirs)) => {
+                if warned.as_ref() != Some(&(leader.clone(), theirs.clone())) {
+                    tracing::warn!(
+                        %leader,
+                        leader_jobs = %theirs,
+                        our_jobs = %shared.job_set,
+                        "the scheduler's leader runs another job set: jobs it lacks do not run \
+                         until a node that has them leads (during a rolling deploy this ends \
+                         with it; otherwise give each job set a resource of its own)"
+                    );
+                }
+                *crate::mutex::lock(&shared.other_job_set) = Some(format!(
+                    "{leader} leads with {theirs}; this node has {}",
+                    shared.job_set
+                ));
+            }
+            None => *crate::mutex::lock(&shared.other_job_set) = None,
+        }
+        warned = other;
+        if watch.changed().await.is_err() {
+            return;
         }
     }
 }
@@ -441,6 +528,10 @@ pub struct JobsHealth {
     /// Why the leader's last look at the run table failed, while it does (its error and
     /// sources): a missing run table, a refused statement.
     pub scheduling: Option<String>,
+    /// Set while another node leads the scheduler's resource with a different set of jobs:
+    /// this node's jobs that the leader lacks do not run meanwhile. (It leaves `healthy` as
+    /// it is: a rolling deploy that adds a job shows it for a while.)
+    pub other_job_set: Option<String>,
 }
 
 impl std::fmt::Display for JobsHealth {
@@ -455,6 +546,10 @@ impl std::fmt::Display for JobsHealth {
             }
             Some(problem) => write!(f, "{}; job scheduling fails: {problem}", self.elector),
             None => self.elector.fmt(f),
+        }?;
+        match &self.other_job_set {
+            Some(other) => write!(f, "; another job set leads: {other}"),
+            None => Ok(()),
         }
     }
 }
@@ -470,10 +565,12 @@ impl JobsHandle {
     pub fn health(&self) -> JobsHealth {
         let elector = self.elector.health();
         let scheduling = crate::mutex::lock(&self.shared.problem).clone();
+        let other_job_set = crate::mutex::lock(&self.shared.other_job_set).clone();
         JobsHealth {
             healthy: elector.healthy && scheduling.is_none(),
             elector,
             scheduling,
+            other_job_set,
         }
     }
 

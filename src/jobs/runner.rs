@@ -27,6 +27,10 @@ pub(crate) struct Shared {
     pub jobs: Vec<Registered>,
     /// Why the leader's last look failed, while it does (cleared by the next good one).
     pub problem: Mutex<Option<String>>,
+    /// The job set as published in the lease's payload.
+    pub job_set: String,
+    /// Another job set's leader, while one leads (see `compare_job_sets`).
+    pub other_job_set: Mutex<Option<String>>,
 }
 
 /// A job as the scheduler keeps it.

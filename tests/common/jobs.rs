@@ -1007,6 +1007,50 @@ pub async fn a_missing_run_table_names_its_migration<H: Harness<Store = SeaOrmLe
     drop(db);
 }
 
+/// Two services (different job sets) on one resource: the node whose jobs the leader lacks
+/// says so (health, and a warning), and a node with the leader's own set does not.
+pub async fn a_follower_with_another_job_set_says_so<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let noop = |name: &str| {
+        Job::new(name, Schedule::every(SECOND).unwrap(), |_run| async {
+            Ok(())
+        })
+    };
+    let leader = t.start(&h.store(), "a", vec![noop("nightly-cleanup")]);
+    leader_of(std::slice::from_ref(&leader), 5 * SECOND).await;
+    let same = t.start(&h.store(), "b", vec![noop("nightly-cleanup")]);
+    let other = t.start(&h.store(), "c", vec![noop("nightly-report")]);
+    let deadline = Instant::now() + 5 * SECOND;
+    let health = loop {
+        let health = other.health();
+        if health.other_job_set.is_some() || Instant::now() > deadline {
+            break health;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let seen = health.other_job_set.clone().unwrap_or_default();
+    assert!(
+        seen.contains("nightly-cleanup") && seen.contains("nightly-report") && seen.contains('a'),
+        "the other set's node says who leads with what: {health}"
+    );
+    assert!(
+        health.to_string().contains("another job set leads"),
+        "{health}"
+    );
+    assert_eq!(
+        same.health().other_job_set,
+        None,
+        "the same set: {}",
+        same.health()
+    );
+    assert_eq!(leader.health().other_job_set, None);
+    for node in [&other, &same, &leader] {
+        node.shutdown().await;
+    }
+    t.drop(&db).await;
+}
+
 #[macro_export]
 macro_rules! job_suite {
     (#[ignore = $why:literal] $setup:expr) => {
@@ -1031,6 +1075,7 @@ macro_rules! job_suite {
             a_panicking_job_fails_with_its_message,
             a_renamed_job_never_runs_a_finished_slot_again,
             a_missing_run_table_names_its_migration,
+            a_follower_with_another_job_set_says_so,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

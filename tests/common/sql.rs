@@ -666,6 +666,77 @@ impl SqlHarness {
 }
 
 /// Tests specific to the SQL store, for a harness setup expression.
+/// A scheduler on a lease table made before the payload columns still leads and runs its
+/// jobs: the job set it publishes in the payload is left out there.
+pub async fn a_scheduler_runs_on_a_table_without_the_payload_columns(h: &SqlHarness) {
+    use orion_beacon::jobs::{Job, Jobs, Schedule};
+    use orion_beacon_migration::{
+        CreateJobRunTable, CreateLeaseTable, MigrationTrait, SchemaManager,
+    };
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    use sea_orm::ConnectionTrait;
+    use std::time::Duration;
+    let table = unique("pre_payload_jobs");
+    let runs = unique("runs");
+    let db = h.db();
+    CreateLeaseTable::with_table(&table)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    CreateJobRunTable::with_table(&runs)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    let store = h
+        .configure(SeaOrmLeaseStore::new(db.clone()))
+        .with_table(&table)
+        .unwrap();
+    let node = Jobs::builder(store)
+        .candidate_id("a")
+        .resource(unique("jobs"))
+        .runs_table(&runs)
+        .job(Job::new(
+            "j",
+            Schedule::every(Duration::from_secs(1)).unwrap(),
+            |_run| async { Ok(()) },
+        ))
+        .build()
+        .unwrap()
+        .start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let finished = loop {
+        let rows = db
+            .query_all(
+                &Query::select()
+                    .expr(Expr::val(1))
+                    .from(Alias::new(&runs))
+                    .and_where(Expr::col(Alias::new("state")).eq("finished"))
+                    .to_owned(),
+            )
+            .await
+            .unwrap();
+        if !rows.is_empty() || tokio::time::Instant::now() > deadline {
+            break rows.len();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let health = node.health();
+    node.shutdown().await;
+    assert!(finished > 0, "no slot ran within 5 s: {health}");
+    for t in [&table, &runs] {
+        db.execute(
+            &sea_orm::sea_query::Table::drop()
+                .table(Alias::new(t))
+                .if_exists()
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+    }
+}
+
 #[macro_export]
 macro_rules! sql_store_suite {
     ($setup:expr) => {
@@ -675,6 +746,7 @@ macro_rules! sql_store_suite {
             entity_reads_what_the_store_writes,
             a_table_from_before_the_payload_upgrades_in_place,
             a_term_that_wrote_no_payload_shows_none,
+            a_scheduler_runs_on_a_table_without_the_payload_columns,
         );
     };
     (@cases $setup:expr; $($case:ident),* $(,)?) => {
