@@ -1205,6 +1205,41 @@ async fn jobs_list_runs_and_marks(t: &Target) {
             "{out:#?}"
         );
     }
+
+    // A scheduler's lease (its leader's payload names its job set): `jobs` shows who leads
+    // with which jobs, and `show` on a job's name points at that lease.
+    use orion_beacon::LeaseStore;
+    let scheduler = common::unique("sched");
+    let set = format!(
+        "{}0123456789abcdef (2 jobs: {cleanup} {report})",
+        orion_beacon::jobs::JOB_SET_PREFIX
+    );
+    t.store
+        .acquire_or_renew_with(
+            &scheduler,
+            "node-a",
+            std::time::Duration::from_secs(60),
+            Some(&set),
+        )
+        .await
+        .unwrap();
+    let out = t.jobs(&[]).await;
+    assert_code(&out, 0);
+    assert!(
+        out.stdout.contains(&format!(
+            "scheduler lease {scheduler:?}: led by node-a (token 1, "
+        )) && out.stdout.contains("; 2 jobs: cleanup report\n"),
+        "{out:#?}"
+    );
+    let show = t.run(&["show", report]).await;
+    assert_code(&show, UNKNOWN_RESOURCE);
+    assert!(
+        show.stderr.contains(&format!(
+            "\"report\" is a scheduled job, not a lease: its scheduler's lease is {scheduler:?}"
+        )),
+        "{show:#?}"
+    );
+    t.store.release(&scheduler, "node-a").await.unwrap();
 }
 
 // ---- SQLite ----

@@ -6,13 +6,17 @@ use crate::{ErrorKind, FenceError, StoreError};
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum JobError {
-    /// A cron expression that does not parse (five fields, or six with seconds first).
+    /// A cron expression that does not parse (five fields, or six with seconds first), or
+    /// that never matches.
     #[error("cron expression {expression:?} is not valid: {reason}")]
     InvalidCron {
         /// The expression as given.
         expression: String,
-        /// What the parser said.
+        /// What is wrong with it.
         reason: String,
+        /// The cron parser's own error, where it gave one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// A time zone the IANA database does not know.
     #[error("time zone {0:?} is not an IANA time zone name (e.g. \"Europe/Berlin\", \"UTC\")")]

@@ -331,6 +331,15 @@ impl JobsBuilder {
         self
     }
 
+    /// How long running slots may take to finish after [`JobsHandle::shutdown`] (the
+    /// elector's [`grace_period`](ElectorBuilder::grace_period): it keeps the lease renewed
+    /// meanwhile); a run still going then is dropped and run again by the next leader. Default
+    /// 5 s. Give it the longest run you want a deploy to wait for.
+    pub fn grace_period(mut self, grace: Duration) -> Self {
+        self.elector = self.elector.grace_period(grace);
+        self
+    }
+
     /// The run table (created by `CreateJobRunTable::with_table`). Default
     /// [`DEFAULT_JOB_RUN_TABLE`].
     pub fn runs_table(mut self, table: impl Into<String>) -> Self {
@@ -430,8 +439,10 @@ impl Jobs {
     }
 }
 
-/// How a leader's job set starts in its lease's payload.
-const JOB_SET_PREFIX: &str = "orion-beacon jobs ";
+/// How a scheduler's leader's lease payload starts: its job set (a digest of the job names,
+/// then how many and their names), what `orion-beacon jobs` and `show` find a job's scheduler
+/// by.
+pub const JOB_SET_PREFIX: &str = "orion-beacon jobs ";
 
 /// The job set as the leader publishes it: a digest of the job names (FNV-1a, stable across
 /// builds and platforms), then, for people, how many and the first names.

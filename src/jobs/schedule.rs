@@ -74,21 +74,42 @@ impl Schedule {
             .parse()
             .map_err(|_| JobError::UnknownTimeZone(zone.to_owned()))?;
         let trimmed = expression.trim();
+        let invalid =
+            |reason: String, source: Option<croner::errors::CronError>| JobError::InvalidCron {
+                expression: expression.to_owned(),
+                reason,
+                source: source.map(|e| e.into()),
+            };
+        let fields = trimmed.split_whitespace().count();
+        if !trimmed.starts_with('@') && !(5..=6).contains(&fields) {
+            return Err(invalid(
+                format!(
+                    "it has {fields} field(s): give 5 (minute hour day-of-month month \
+                     day-of-week) or 6 (seconds first), or a nickname such as @daily"
+                ),
+                None,
+            ));
+        }
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
             .build()
             .parse(trimmed)
-            .map_err(|e| JobError::InvalidCron {
-                expression: expression.to_owned(),
-                reason: e.to_string(),
+            .map_err(|e| {
+                invalid(
+                    "a field is out of its range or not understood (minute 0-59, hour 0-23, \
+                     day 1-31, month 1-12 or JAN-DEC, day-of-week 0-7 or SUN-SAT; *, lists, \
+                     ranges and steps)"
+                        .to_owned(),
+                    Some(e),
+                )
             })?;
         // An expression that never matches (30 February) is refused now, not at its first slot.
         let probe = zone.from_utc_datetime(&Utc::now().naive_utc());
         if let Err(e) = cron.find_next_occurrence(&probe, false) {
-            return Err(JobError::InvalidCron {
-                expression: expression.to_owned(),
-                reason: e.to_string(),
-            });
+            return Err(invalid(
+                "it never matches (a day no month has, such as 30 February)".to_owned(),
+                Some(e),
+            ));
         }
         Ok(Self {
             kind: Kind::Cron {
@@ -135,6 +156,7 @@ impl Schedule {
                 .ok_or_else(|| JobError::InvalidCron {
                     expression: text.to_owned(),
                     reason: "not an interval in milliseconds".to_owned(),
+                    source: None,
                 })?;
             return Self::every(Duration::from_millis(millis));
         }
@@ -144,6 +166,7 @@ impl Schedule {
             None => Err(JobError::InvalidCron {
                 expression: text.to_owned(),
                 reason: "no time zone".to_owned(),
+                source: None,
             }),
         }
     }
@@ -246,6 +269,33 @@ mod tests {
         Utc.with_ymd_and_hms(y, mo, d, h, mi, s)
             .unwrap()
             .timestamp_millis()
+    }
+
+    #[test]
+    fn cron_errors_say_what_is_wrong_in_our_words() {
+        let text = |e: &str| Schedule::cron(e, "UTC").unwrap_err().to_string();
+        let four = text("0 2 * *");
+        assert!(
+            four.contains("4 field(s)") && four.contains("give 5"),
+            "{four}"
+        );
+        let seven = text("0 0 2 * * * 2026");
+        assert!(seven.contains("7 field(s)"), "{seven}");
+        let never = Schedule::cron("0 0 30 2 *", "UTC").unwrap_err();
+        assert!(never.to_string().contains("never matches"), "{never}");
+        assert!(
+            std::error::Error::source(&never).is_some(),
+            "croner's error as the source"
+        );
+        let range = Schedule::cron("61 2 * * *", "UTC").unwrap_err();
+        assert!(range.to_string().contains("out of its range"), "{range}");
+        assert!(std::error::Error::source(&range).is_some());
+        for e in [four, seven] {
+            assert!(
+                !e.contains("Pattern must"),
+                "croner's text stays in the source: {e}"
+            );
+        }
     }
 
     #[test]

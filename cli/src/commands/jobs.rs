@@ -126,6 +126,32 @@ impl Runs<'_> {
                 if latest.len() == 1 { "" } else { "s" },
                 time(Some(now)),
             ));
+            // The schedulers' leases: who leads, with which jobs (their leaders' payloads).
+            for lease in self.ctx.store.list().await.unwrap_or_default() {
+                let Some(set) = lease
+                    .payload
+                    .as_deref()
+                    .and_then(|p| p.strip_prefix(orion_beacon::jobs::JOB_SET_PREFIX))
+                else {
+                    continue;
+                };
+                let jobs = set.split_once(" (").map_or(set, |(_, rest)| rest);
+                let who = if lease.live {
+                    format!(
+                        "led by {} (token {}, {} left)",
+                        lease.holder,
+                        lease.token,
+                        human(lease.remaining)
+                    )
+                } else {
+                    format!("no leader (last {}, token {})", lease.holder, lease.token)
+                };
+                text.push_str(&format!(
+                    "scheduler lease {:?}: {who}; {}\n",
+                    lease.resource,
+                    jobs.trim_end_matches(')')
+                ));
+            }
         }
         emit(&text);
         Ok(())

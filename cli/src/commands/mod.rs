@@ -142,12 +142,27 @@ pub fn store_failure_in(ctx: &Ctx, which: Table, err: StoreError) -> CliError {
 
 /// No lease row for `resource`, with the closest name there is as a hint (a typo, likely).
 pub async fn unknown_resource(ctx: &Ctx, resource: &str) -> CliError {
-    let names: Vec<String> = ctx
-        .store
-        .list()
-        .await
-        .map(|all| all.into_iter().map(|r| r.resource).collect())
-        .unwrap_or_default();
+    let all = ctx.store.list().await.unwrap_or_default();
+    // A job's name is no lease: its scheduler's lease names it in its payload.
+    let scheduler = all.iter().find(|r| {
+        r.payload
+            .as_deref()
+            .and_then(|p| p.strip_prefix(orion_beacon::jobs::JOB_SET_PREFIX))
+            .and_then(|p| p.split_once(" jobs:"))
+            .is_some_and(|(_, jobs)| {
+                jobs.trim_end_matches(')')
+                    .split(' ')
+                    .any(|job| job == resource)
+            })
+    });
+    if let Some(scheduler) = scheduler {
+        return CliError::UnknownResource(format!(
+            "{resource:?} is a scheduled job, not a lease: its scheduler's lease is {:?} \
+             (`orion-beacon show {}`); its runs: `orion-beacon jobs runs {resource}`",
+            scheduler.resource, scheduler.resource
+        ));
+    }
+    let names: Vec<String> = all.into_iter().map(|r| r.resource).collect();
     let hint = match closest(resource, &names) {
         Some(name) => format!("did you mean {name:?}? "),
         None => String::new(),
