@@ -1,5 +1,6 @@
 //! A job node process: one `Jobs` scheduler over the real store, its elector leading the run's
-//! resource, with one job, `tick`, every second. Each attempt at a slot opens the slot's fenced
+//! resource, with one fenced job, `tick`, every second, beside 300 load jobs (see
+//! `LOAD_JOBS`). Each attempt at a slot opens the slot's fenced
 //! transaction (`run.begin()`), inserts a row `(job, slot, token, writer)` into the run's
 //! writes table (no key: a slot written twice shows as two rows), stays open 0-300 ms (so
 //! kills, pauses and partitions land inside it) and commits with `run.commit(txn)`, which
@@ -24,7 +25,7 @@
 
 use std::time::Duration;
 
-use orion_beacon::jobs::{Job, JobError, JobRun, Jobs, Schedule};
+use orion_beacon::jobs::{Job, JobError, JobRun, Jobs, MissedSlots, Schedule};
 use orion_beacon::{Leadership, SeaOrmLeaseStore};
 use sea_orm::sea_query::{Alias, Query};
 use sea_orm::ConnectionTrait;
@@ -36,10 +37,19 @@ use crate::db::{connect, connect_rollback_journal};
 use crate::shard_node::{line, open_history, History};
 use crate::{Args, Error, LEASE, RENEW, RETRY, ROLLBACK_BUSY_TIMEOUT};
 
-/// The one job of the run.
+/// The fenced job of the run.
 pub const JOB: &str = "tick";
 /// Its schedule: a slot every second.
 pub const EVERY: Duration = Duration::from_secs(1);
+/// Beside it, this many load jobs (`load-000`...): every `LOAD_EVERY`, under
+/// `MissedSlots::RunAll` and the default `Overlap::Skip`, each run returning after at most
+/// `LOAD_WORK_MS`, long before its next slot. So every slot of theirs must have a record
+/// (missed ones are caught up) and none may be `skipped` (a run that returned never makes its
+/// next slot skipped).
+pub const LOAD_JOBS: usize = 300;
+pub const LOAD_PREFIX: &str = "load-";
+pub const LOAD_EVERY: Duration = Duration::from_secs(2);
+const LOAD_WORK_MS: std::ops::Range<u64> = 0..200;
 /// How long an attempt keeps its fenced transaction open after its insert (ms, drawn per
 /// attempt).
 const WORK_MS: std::ops::Range<u64> = 0..300;
@@ -139,7 +149,24 @@ pub async fn run(args: Args) -> Result<(), Error> {
     })
     .retry_backoff(BACKOFF.0, BACKOFF.1)
     .max_attempts(MAX_ATTEMPTS);
-    let handle = Jobs::builder(store)
+    let load = (0..LOAD_JOBS).map(|i| {
+        Job::new(
+            format!("{LOAD_PREFIX}{i:03}"),
+            Schedule::every(LOAD_EVERY).expect("a valid interval"),
+            |_run| async {
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(LOAD_WORK_MS))).await;
+                Ok(())
+            },
+        )
+        .missed_slots(MissedSlots::RunAll)
+        .retry_backoff(BACKOFF.0, BACKOFF.1)
+        .max_attempts(MAX_ATTEMPTS)
+    });
+    let mut builder = Jobs::builder(store);
+    for job in load {
+        builder = builder.job(job);
+    }
+    let handle = builder
         .resource(&args.resource)
         .candidate_id(&name)
         .lease_duration(LEASE)

@@ -15,6 +15,11 @@
 //! 6. Liveness: at least one finished slot per two seconds of the run.
 //! 7. Slots come from the database clock: no slot is claimed before its time by that clock,
 //!    and no first attempt more than 10 s after it (two nodes run with wall clocks hours off).
+//! 8. The load jobs (`job_node::LOAD_JOBS`, `MissedSlots::RunAll`, runs far shorter than their
+//!    interval): every slot between a load job's first and last record has a record (missed
+//!    slots are caught up), and none is `skipped` (a run that returned never makes its next
+//!    slot skipped). Their catch-up may come late, so rule 7 checks only "not before its time"
+//!    for them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -150,6 +155,9 @@ pub struct JobVerdict {
     /// Slot times between the first and the last record that have no record at all (missed
     /// while nobody led: `MissedSlots::RunLatest` runs only the latest).
     pub missed: usize,
+    /// The load jobs' records, and those of them that are not finished yet (failed, running).
+    pub load_records: usize,
+    pub load_unfinished: usize,
     /// The fewest finished slots the run must show.
     pub liveness_bound: usize,
     /// Finished slots whose commit no node was told succeeded (the commit's answer was lost:
@@ -157,11 +165,53 @@ pub struct JobVerdict {
     pub unacknowledged: usize,
 }
 
-/// Checks the rules above for `job`, whose slots are `every_ms` apart, over a run of
-/// `duration_secs`.
+/// Rule 8 for the load jobs (names starting with `prefix`, slots `every_ms` apart).
+fn check_load(prefix: &str, every_ms: i64, records: &[RunRecord], v: &mut JobVerdict) {
+    let mut slots: BTreeMap<&str, BTreeSet<i64>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.job.starts_with(prefix)) {
+        v.load_records += 1;
+        if r.state != "finished" {
+            v.load_unfinished += 1;
+        }
+        if r.state == "skipped" {
+            v.violations.push(format!(
+                "slot {} of {} was skipped, though each of its runs returns long before the next slot",
+                r.slot, r.job
+            ));
+        }
+        if let Some(at) = r.claimed_at_ms {
+            if at < r.slot {
+                v.violations.push(format!(
+                    "slot {} of {} claimed {} ms before its time (database clock)",
+                    r.slot,
+                    r.job,
+                    r.slot - at
+                ));
+            }
+        }
+        slots.entry(&r.job).or_default().insert(r.slot);
+    }
+    for (job, slots) in slots {
+        let (Some(first), Some(last)) = (slots.first(), slots.last()) else {
+            continue;
+        };
+        let mut at = *first;
+        while at < *last {
+            if !slots.contains(&at) {
+                v.violations.push(format!(
+                    "slot {at} of {job} has no record, though its policy (RunAll) runs every slot"
+                ));
+            }
+            at += every_ms;
+        }
+    }
+}
+
+/// Checks the rules above for `job`, whose slots are `every_ms` apart, and the load jobs
+/// (`load`: their name prefix and interval), over a run of `duration_secs`.
 pub fn check(
-    job: &str,
-    every_ms: i64,
+    (job, every_ms): (&str, i64),
+    load: (&str, i64),
     records: &[RunRecord],
     writes: &[WriteRow],
     histories: &JobHistories,
@@ -171,6 +221,13 @@ pub fn check(
         liveness_bound: (duration_secs / 2) as usize,
         ..JobVerdict::default()
     };
+    check_load(load.0, load.1, records, &mut v);
+    let records: Vec<RunRecord> = records
+        .iter()
+        .filter(|r| !r.job.starts_with(load.0))
+        .cloned()
+        .collect();
+    let records = records.as_slice();
     // 1. One record per slot (the primary key's promise), and at most one write per slot.
     let mut by_slot: BTreeMap<(&str, i64), &RunRecord> = BTreeMap::new();
     for r in records {

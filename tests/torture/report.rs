@@ -350,7 +350,7 @@ impl JobSummary<'_> {
             .collect();
         kinds.sort();
         println!(
-            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} faults: {} violations={}",
+            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} load jobs: records={} (not finished {}) faults: {} violations={}",
             self.label,
             self.seed,
             self.duration_ns as f64 / 1e9,
@@ -376,6 +376,8 @@ impl JobSummary<'_> {
             h.killed_inside,
             h.terms.len(),
             self.last_token,
+            v.load_records,
+            v.load_unfinished,
             kinds.join(" "),
             v.violations.len(),
         );

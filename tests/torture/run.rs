@@ -1022,8 +1022,14 @@ async fn finish_jobs(
         });
     }
     let mut verdict = jobs_checker::check(
-        crate::job_node::JOB,
-        crate::job_node::EVERY.as_millis() as i64,
+        (
+            crate::job_node::JOB,
+            crate::job_node::EVERY.as_millis() as i64,
+        ),
+        (
+            crate::job_node::LOAD_PREFIX,
+            crate::job_node::LOAD_EVERY.as_millis() as i64,
+        ),
         &records,
         &writes,
         &histories,
