@@ -350,7 +350,7 @@ impl JobSummary<'_> {
             .collect();
         kinds.sort();
         println!(
-            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} load jobs: records={} (not finished {}) faults: {} violations={}",
+            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} load jobs: records={} (not finished {}, skipped {}) faults: {} violations={}",
             self.label,
             self.seed,
             self.duration_ns as f64 / 1e9,
@@ -378,6 +378,7 @@ impl JobSummary<'_> {
             self.last_token,
             v.load_records,
             v.load_unfinished,
+            v.load_skipped,
             kinds.join(" "),
             v.violations.len(),
         );

@@ -982,6 +982,7 @@ async fn finish_jobs(
                     col("claimed_by"),
                     col("finished_token"),
                     col("claimed_at"),
+                    col("finished_at"),
                 ])
                 .from(Alias::new(&s.runs))
                 .order_by(col("slot"), sea_orm::sea_query::Order::Asc)
@@ -1000,6 +1001,9 @@ async fn finish_jobs(
             finished_token: row.try_get_by_index(6)?,
             claimed_at_ms: row
                 .try_get_by_index::<Option<chrono::DateTime<chrono::Utc>>>(7)?
+                .map(|t| t.timestamp_millis()),
+            finished_at_ms: row
+                .try_get_by_index::<Option<chrono::DateTime<chrono::Utc>>>(8)?
                 .map(|t| t.timestamp_millis()),
         });
     }
