@@ -974,6 +974,26 @@ mod cut_off {
         job_begins("mariadb", db, &admin).await;
     }
 
+    #[cfg(feature = "sqlite")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_job_begins_leave_no_transaction_open_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let db = crate::common::connect_sqlite(&path, 1).await;
+        job_begins("sqlite", db.clone(), &db).await;
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_off_job_begins_leave_no_transaction_open_sqlite_rollback_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let db =
+            crate::common::sql::connect_sqlite_rollback_journal(&path, 1, Duration::from_secs(5))
+                .await;
+        job_begins("sqlite_rollback_journal", db.clone(), &db).await;
+    }
+
     fn configure(name: &str, store: SeaOrmLeaseStore) -> SeaOrmLeaseStore {
         #[cfg(feature = "postgres")]
         if name == "pgbouncer" {
