@@ -1211,7 +1211,7 @@ async fn jobs_list_runs_and_marks(t: &Target) {
     use orion_beacon::LeaseStore;
     let scheduler = common::unique("sched");
     let set = format!(
-        "{}0123456789abcdef (2 jobs: {cleanup} {report})",
+        "{}0123456789abcdef (2 jobs) [\"{cleanup}\",\"{report}\"]",
         orion_beacon::jobs::JOB_SET_PREFIX
     );
     t.store
@@ -1228,7 +1228,7 @@ async fn jobs_list_runs_and_marks(t: &Target) {
     assert!(
         out.stdout.contains(&format!(
             "scheduler lease {scheduler:?}: led by node-a (token 1, "
-        )) && out.stdout.contains("; 2 jobs: cleanup report\n"),
+        )) && out.stdout.contains("; 2 jobs: cleanup, report\n"),
         "{out:#?}"
     );
     let show = t.run(&["show", report]).await;

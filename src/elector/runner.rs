@@ -117,7 +117,8 @@ pub(crate) struct Runner {
     /// The store's renewer, when the elector was built on a `SeaOrmLeaseStore` itself (see
     /// `hold::renewer`): with `renew_together`, its renews go out with the store's other holds.
     pub renewer: Option<crate::hold::renewer::Renewer>,
-    /// Set once the table turned out to have no payload columns, for an optional payload.
+    /// Set once the table turned out to have no payload columns, for an optional payload (said
+    /// once in the log).
     pub payload_left_out: std::sync::atomic::AtomicBool,
 }
 
@@ -680,22 +681,22 @@ impl Runner {
                     payload,
                 )
             };
-            let payload = self
-                .config
-                .payload
-                .as_deref()
-                .filter(|_| !self.payload_left_out.load(Ordering::Relaxed));
+            // Asked with the payload every time: on a table without its columns the store
+            // refuses it before sending anything (it looks at the table's columns again now
+            // and then, so a migration run later is picked up).
+            let payload = self.config.payload.as_deref();
             match ask(payload).await {
                 Err(crate::StoreError::MissingPayloadColumn { table })
                     if payload.is_some() && self.config.payload_optional =>
                 {
-                    self.payload_left_out.store(true, Ordering::Relaxed);
-                    tracing::info!(
+                    if !self.payload_left_out.swap(true, Ordering::Relaxed) {
+                        tracing::info!(
                         %table,
                         resource = %self.config.resource,
                         "the lease table has no payload columns (AddLeasePayload): the \
                          elector's payload is left out"
-                    );
+                        );
+                    }
                     ask(None).await
                 }
                 other => other,

@@ -440,12 +440,14 @@ impl Jobs {
 }
 
 /// How a scheduler's leader's lease payload starts: its job set (a digest of the job names,
-/// then how many and their names), what `orion-beacon jobs` and `show` find a job's scheduler
-/// by.
+/// then how many, then the names as a JSON array, as many as fit in a payload), what
+/// `orion-beacon jobs` and `show` find a job's scheduler by.
 pub const JOB_SET_PREFIX: &str = "orion-beacon jobs ";
 
 /// The job set as the leader publishes it: a digest of the job names (FNV-1a, stable across
-/// builds and platforms), then, for people, how many and the first names.
+/// builds and platforms), then, for people and the command line, how many and the names as a
+/// JSON array of strings (as many as fit; a name has no control characters, so only `"` and
+/// `\` need escaping): `orion-beacon jobs 0123456789abcdef (2 jobs) ["cleanup","report"]`.
 fn job_set(jobs: &[runner::Registered]) -> String {
     let mut names: Vec<&str> = jobs.iter().map(|j| &*j.name).collect();
     names.sort_unstable();
@@ -456,16 +458,19 @@ fn job_set(jobs: &[runner::Registered]) -> String {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    let mut text = format!("{JOB_SET_PREFIX}{hash:016x} ({} jobs:", names.len());
-    for name in names {
-        if text.len() + name.len() + 6 > crate::store::MAX_PAYLOAD_LEN {
-            text.push_str(" ...");
+    let mut text = format!("{JOB_SET_PREFIX}{hash:016x} ({} jobs) [", names.len());
+    for (i, name) in names.iter().enumerate() {
+        let quoted = format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""));
+        // Room for this name, its comma and the closing bracket.
+        if text.len() + quoted.len() + 2 > crate::store::MAX_PAYLOAD_LEN {
             break;
         }
-        text.push(' ');
-        text.push_str(name);
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(&quoted);
     }
-    text.push(')');
+    text.push(']');
     text
 }
 
@@ -649,4 +654,51 @@ fn validate_runs_table(option: &'static str, table: &str) -> Result<(), JobError
         value: format!("{table:?} ({e})"),
         bounds: "1 to 63 ASCII letters, digits and '_', not starting with a digit",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registered(name: &str) -> runner::Registered {
+        let job = Job::new(
+            name,
+            Schedule::every(Duration::from_secs(1)).expect("an interval"),
+            |_run| async { Ok(()) },
+        );
+        let policy = job.policy().expect("valid");
+        runner::Registered::new(job, policy)
+    }
+
+    #[test]
+    fn the_job_set_is_a_digest_and_the_names_as_json() {
+        let set = job_set(&[registered("report \"daily\""), registered("a\\b")]);
+        let digest = job_set_digest(&set).expect("a digest");
+        assert_eq!(digest.len(), 16);
+        assert!(
+            set.ends_with(r#"(2 jobs) ["a\\b","report \"daily\""]"#),
+            "{set}"
+        );
+        // The order jobs were added in does not change it.
+        let again = job_set(&[registered("a\\b"), registered("report \"daily\"")]);
+        assert_eq!(set, again);
+        assert_ne!(
+            job_set_digest(&job_set(&[registered("a\\b")])),
+            Some(digest)
+        );
+    }
+
+    #[test]
+    fn a_large_job_set_fits_a_payload_and_keeps_its_array_whole() {
+        let jobs: Vec<_> = (0..300)
+            .map(|i| registered(&format!("{i:03}-{}", "x".repeat(40))))
+            .collect();
+        let set = job_set(&jobs);
+        assert!(set.len() <= crate::store::MAX_PAYLOAD_LEN, "{}", set.len());
+        crate::store::validate_payload(&set).expect("a valid payload");
+        assert!(
+            set.contains("(300 jobs) [\"000-") && set.ends_with("\"]"),
+            "{set}"
+        );
+    }
 }

@@ -177,6 +177,14 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
         return plan;
     };
     let on_time = now_ms.saturating_sub(due) <= policy.starting_deadline_ms;
+    if policy.missed == MissedSlots::RunAll
+        && view.latest.is_some_and(|latest| due > latest)
+        && !may_start(started)
+    {
+        // A catch-up that cannot start now waits (it is never skipped): no need to list its
+        // slots (up to `max_catch_up` cron computations) on every look.
+        return plan;
+    }
     let new: Vec<i64> = match (view.latest, policy.missed) {
         // Nothing recorded yet: history is never replayed unasked, but the first slot since
         // the job was deployed runs however late this look is (judged at the look, a short

@@ -61,36 +61,85 @@ const MIN_SLEEP: Duration = Duration::from_millis(5);
 const MAX_CLAIMS_PER_LOOK: usize = 100;
 
 /// What this term runs, per job: the slots whose closure runs (overlap is judged by them),
-/// and the slots with an attempt here whose end may not be written yet (never reclaimed).
+/// and the slots with an attempt here whose end may not be written yet (never reclaimed);
+/// the attempts' tasks, and the channel on which each says its closure returned.
 struct Here {
     running: Vec<BTreeSet<i64>>,
     attempts: Vec<BTreeSet<i64>>,
     /// The attempt each task runs, to clear it however the task ends.
     tasks: HashMap<tokio::task::Id, (usize, i64)>,
+    set: JoinSet<()>,
+    returned_tx: mpsc::UnboundedSender<tokio::task::Id>,
+    returned_rx: mpsc::UnboundedReceiver<tokio::task::Id>,
+}
+
+/// What woke the loop.
+enum Woke {
+    Lost,
+    Timer,
+    Returned(tokio::task::Id),
+    Ended(tokio::task::Id),
 }
 
 impl Here {
-    /// A closure returned (or its task ended): the job may start its next slot.
-    fn returned(&mut self, job: usize, slot: i64) {
-        if let Some(set) = self.running.get_mut(job) {
-            set.remove(&slot);
+    fn new(jobs: usize) -> Self {
+        let (returned_tx, returned_rx) = mpsc::unbounded_channel();
+        Self {
+            running: vec![BTreeSet::new(); jobs],
+            attempts: vec![BTreeSet::new(); jobs],
+            tasks: HashMap::new(),
+            set: JoinSet::new(),
+            returned_tx,
+            returned_rx,
         }
     }
 
-    /// A task ended: its attempt's end is written (or it never will be from here).
+    /// The closure of task `id` returned: its job may start its next slot. (A message of a
+    /// task that has ended since is stale: the slot may be another attempt's by now.)
+    fn returned(&mut self, id: tokio::task::Id) {
+        if let Some(&(job, slot)) = self.tasks.get(&id) {
+            if let Some(set) = self.running.get_mut(job) {
+                set.remove(&slot);
+            }
+        }
+    }
+
+    /// Task `id` ended: its attempt's end is written (or it never will be from here).
     fn ended(&mut self, id: tokio::task::Id) {
+        self.returned(id);
         if let Some((job, slot)) = self.tasks.remove(&id) {
-            self.returned(job, slot);
             if let Some(set) = self.attempts.get_mut(job) {
                 set.remove(&slot);
             }
         }
+    }
+
+    /// Takes in everything that returned or ended so far, not one of it per look: a run that
+    /// returned before its job's next slot never makes that slot skipped.
+    fn catch_up(&mut self) {
+        while let Ok(id) = self.returned_rx.try_recv() {
+            self.returned(id);
+        }
+        while let Some(done) = self.set.try_join_next_with_id() {
+            self.ended(task_id(&done));
+        }
+    }
+}
+
+/// Clears the scheduler's reported problem when the term's loop ends, however it ends: a
+/// node that no longer leads has no look that fails.
+struct ClearProblem<'a>(&'a Shared);
+
+impl Drop for ClearProblem<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.problem) = None;
     }
 }
 
 /// One term's loop. Returns when the term ends (the elector drops it at once when the lease no
 /// longer covers it, and with it every run it started).
 pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
+    let _clear = ClearProblem(&shared);
     let names: Vec<String> = shared.jobs.iter().map(|j| j.name.to_string()).collect();
     // Each job's names whose records are its history: its own and its earlier ones.
     let history: Vec<(String, usize)> = shared
@@ -102,13 +151,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
                 .chain(j.job.renamed_from.iter().map(move |old| (old.clone(), i)))
         })
         .collect();
-    let mut here = Here {
-        running: vec![BTreeSet::new(); names.len()],
-        attempts: vec![BTreeSet::new(); names.len()],
-        tasks: HashMap::new(),
-    };
-    let mut tasks: JoinSet<()> = JoinSet::new();
-    let (returned_tx, mut returned) = mpsc::unbounded_channel::<(usize, i64)>();
+    let mut here = Here::new(names.len());
     let mut look = Look {
         latest: None,
         first_look: vec![None; names.len()],
@@ -127,24 +170,8 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => continue,
             }
         }
-        // Everything that ended since the last look, not one of it per look: a run that
-        // returned before its job's next slot never makes that slot skipped.
-        while let Ok((job, slot)) = returned.try_recv() {
-            here.returned(job, slot);
-        }
-        while let Some(done) = tasks.try_join_next_with_id() {
-            here.ended(task_id(&done));
-        }
-        let looked = tick(
-            &shared,
-            &term,
-            (&names, &history),
-            &mut look,
-            &mut here,
-            &mut tasks,
-            &returned_tx,
-        )
-        .await;
+        here.catch_up();
+        let looked = tick(&shared, &term, (&names, &history), &mut look, &mut here).await;
         // A refused fence included: the elector, not this loop, decides when the term ends (a
         // loop that returned while the term went on would run nothing until the next term).
         let sleep = match looked {
@@ -161,32 +188,29 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
             }
         };
         let wake = Instant::now() + sleep;
-        let lost = tokio::select! {
-            _ = term.lost() => true,
-            _ = tokio::time::sleep_until(wake) => false,
-            Some((job, slot)) = returned.recv() => {
-                here.returned(job, slot);
-                false
-            }
-            Some(done) = tasks.join_next_with_id() => {
-                here.ended(task_id(&done));
-                false
-            }
+        let woke = tokio::select! {
+            _ = term.lost() => Woke::Lost,
+            _ = tokio::time::sleep_until(wake) => Woke::Timer,
+            Some(id) = here.returned_rx.recv() => Woke::Returned(id),
+            Some(done) = here.set.join_next_with_id() => Woke::Ended(task_id(&done)),
         };
-        if lost {
-            break;
+        match woke {
+            Woke::Lost => break,
+            Woke::Timer => {}
+            Woke::Returned(id) => here.returned(id),
+            Woke::Ended(id) => here.ended(id),
         }
     }
     // A shutdown or handover: nothing new is claimed, and the runs under way get the grace
     // period to finish (on every other end of the term this future is dropped at once, and
     // the runs with it).
-    if !tasks.is_empty() {
+    if !here.set.is_empty() {
         tracing::info!(
-            runs = tasks.len(),
+            runs = here.set.len(),
             "term ending: letting the running slots finish"
         );
     }
-    while tasks.join_next().await.is_some() {}
+    while here.set.join_next().await.is_some() {}
 }
 
 fn task_id(done: &Result<(tokio::task::Id, ()), tokio::task::JoinError>) -> tokio::task::Id {
@@ -215,8 +239,6 @@ async fn tick(
     (names, history): (&[String], &[(String, usize)]),
     look: &mut Look,
     here: &mut Here,
-    tasks: &mut JoinSet<()>,
-    returned: &mpsc::UnboundedSender<(usize, i64)>,
 ) -> Result<Duration, JobError> {
     let backend = shared.store.connection().get_database_backend();
     let table = &*shared.table;
@@ -248,6 +270,8 @@ async fn tick(
     }
     let now_ms = database_now(shared, backend).await?;
     let read_at = Instant::now();
+    // Runs that returned during the reads count as returned for this look's plan.
+    here.catch_up();
     let latest_now = look
         .latest
         .as_mut()
@@ -272,23 +296,8 @@ async fn tick(
         wake_ms = plan::earliest(wake_ms, p.wake_ms);
         queues.push(p.actions.into_iter().map(|a| (i, a)).collect());
     }
-    // Round robin over the jobs (each job's own actions stay in order), starting one job
-    // further on each look, so that neither one job's long catch-up nor the order the jobs
-    // were added in decides who gets the claims of a look.
-    let mut decided: Vec<(usize, Action)> = Vec::new();
-    let n = queues.len();
-    let first = if n == 0 { 0 } else { look.cursor % n };
-    look.cursor = look.cursor.wrapping_add(1);
-    while decided.len() <= MAX_CLAIMS_PER_LOOK && queues.iter().any(|q| !q.is_empty()) {
-        for k in 0..n {
-            if let Some(action) = queues[(first + k) % n].pop_front() {
-                decided.push(action);
-            }
-        }
-    }
-
-    let more = decided.len() > MAX_CLAIMS_PER_LOOK || queues.iter().any(|q| !q.is_empty());
-    decided.truncate(MAX_CLAIMS_PER_LOOK);
+    let (decided, next_first, more) = interleave(queues, look.cursor, MAX_CLAIMS_PER_LOOK);
+    look.cursor = next_first;
     if !decided.is_empty() {
         let claimed = claim(shared, term, backend, &decided).await?;
         for (i, action) in claimed {
@@ -301,7 +310,7 @@ async fn tick(
                         Duration::from_millis(lateness_ms).saturating_add(read_at.elapsed());
                     here.running[i].insert(slot);
                     here.attempts[i].insert(slot);
-                    let id = start(shared, term, i, slot, attempt, lateness, tasks, returned);
+                    let id = start(shared, term, i, slot, attempt, lateness, here);
                     here.tasks.insert(id, (i, slot));
                 }
                 Action::Skip { slot } => {
@@ -331,6 +340,31 @@ async fn tick(
         None => poll,
     };
     Ok(sleep.max(MIN_SLEEP))
+}
+
+/// Round robin over the jobs' queues (each job's own actions stay in order), at most `max`,
+/// starting with queue `first`: one action of each queue in turn. Returns them, the queue the
+/// next look starts with (the one after the last served), and whether any was left. So that
+/// neither one job's long catch-up nor the order the jobs were added in decides who gets the
+/// claims of a look: a job left out of one look is among the first of the next.
+fn interleave<T>(mut queues: Vec<VecDeque<T>>, first: usize, max: usize) -> (Vec<T>, usize, bool) {
+    let n = queues.len();
+    let mut taken = Vec::new();
+    if n == 0 {
+        return (taken, 0, false);
+    }
+    let mut left: usize = queues.iter().map(VecDeque::len).sum();
+    let mut at = first % n;
+    let mut next = at;
+    while taken.len() < max && left > 0 {
+        if let Some(action) = queues[at].pop_front() {
+            taken.push(action);
+            left -= 1;
+            next = (at + 1) % n;
+        }
+        at = (at + 1) % n;
+    }
+    (taken, next, left > 0)
 }
 
 /// A read of the run table through the store's checked path: on a connection known to be
@@ -454,7 +488,6 @@ async fn claim(
 
 /// Runs one claimed attempt in its own task (a panic fails the attempt, whether it comes from
 /// the closure or from its future), then ends it.
-#[allow(clippy::too_many_arguments)]
 fn start(
     shared: &Arc<Shared>,
     term: &LeaderTerm,
@@ -462,8 +495,7 @@ fn start(
     slot: i64,
     attempt: i32,
     lateness: Duration,
-    tasks: &mut JoinSet<()>,
-    returned: &mpsc::UnboundedSender<(usize, i64)>,
+    here: &mut Here,
 ) -> tokio::task::Id {
     let reg = &shared.jobs[i];
     let run = JobRun {
@@ -485,8 +517,8 @@ fn start(
     tracing::info!(job = %reg.name, slot, attempt, token = %term.token(), lateness_ms = lateness.as_millis() as u64, "job run starts");
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
-    let returned = returned.clone();
-    tasks
+    let returned = here.returned_tx.clone();
+    here.set
         .spawn(async move {
             // The closure is called inside the work's own task, so that a panic in it (before
             // its future exists) fails this attempt like a panic inside the future; aborted
@@ -497,7 +529,7 @@ fn start(
             let result = handle.await;
             drop(guard);
             // The job may start its next slot now; this attempt's end follows.
-            let _ = returned.send((i, slot));
+            let _ = returned.send(tokio::task::id());
             let error = match result {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e.to_string()),
@@ -583,5 +615,56 @@ struct AbortOnDrop(tokio::task::AbortHandle);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interleave;
+    use std::collections::VecDeque;
+
+    fn queues(sizes: &[usize]) -> Vec<VecDeque<(usize, usize)>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(q, &n)| (0..n).map(|i| (q, i)).collect())
+            .collect()
+    }
+
+    #[test]
+    fn one_of_each_in_turn_each_queue_in_order() {
+        let (taken, next, more) = interleave(queues(&[3, 1, 2]), 0, 10);
+        assert_eq!(taken, [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1), (0, 2)]);
+        assert!(!more);
+        assert_eq!(next, 1);
+    }
+
+    #[test]
+    fn a_job_left_out_of_one_look_comes_first_in_the_next() {
+        // 300 jobs with a backlog each, 100 claims a look: every job gets its first claim
+        // within three looks, whatever the others' backlogs.
+        let mut state = queues(&[5; 300]);
+        let mut first = 0;
+        let mut served_at = vec![None; 300];
+        for look in 0..3 {
+            let (taken, next, more) = interleave(state.clone(), first, 100);
+            assert_eq!(taken.len(), 100);
+            assert!(more);
+            for (q, _) in &taken {
+                served_at[*q].get_or_insert(look);
+                state[*q].pop_front();
+            }
+            first = next;
+        }
+        assert!(served_at.iter().all(Option::is_some), "{served_at:?}");
+    }
+
+    #[test]
+    fn nothing_to_take() {
+        assert_eq!(
+            interleave(Vec::<VecDeque<u8>>::new(), 7, 100),
+            (vec![], 0, false)
+        );
+        assert_eq!(interleave(queues(&[0, 0]), 1, 100), (vec![], 1, false));
     }
 }

@@ -128,14 +128,10 @@ impl Runs<'_> {
             ));
             // The schedulers' leases: who leads, with which jobs (their leaders' payloads).
             for lease in self.ctx.store.list().await.unwrap_or_default() {
-                let Some(set) = lease
-                    .payload
-                    .as_deref()
-                    .and_then(|p| p.strip_prefix(orion_beacon::jobs::JOB_SET_PREFIX))
-                else {
+                let Some((count, names)) = super::job_set(lease.payload.as_deref()) else {
                     continue;
                 };
-                let jobs = set.split_once(" (").map_or(set, |(_, rest)| rest);
+                let jobs = format!("{count}: {}", names.join(", "));
                 let who = if lease.live {
                     format!(
                         "led by {} (token {}, {} left)",
@@ -147,9 +143,8 @@ impl Runs<'_> {
                     format!("no leader (last {}, token {})", lease.holder, lease.token)
                 };
                 text.push_str(&format!(
-                    "scheduler lease {:?}: {who}; {}\n",
-                    lease.resource,
-                    jobs.trim_end_matches(')')
+                    "scheduler lease {:?}: {who}; {jobs}\n",
+                    lease.resource
                 ));
             }
         }

@@ -145,15 +145,7 @@ pub async fn unknown_resource(ctx: &Ctx, resource: &str) -> CliError {
     let all = ctx.store.list().await.unwrap_or_default();
     // A job's name is no lease: its scheduler's lease names it in its payload.
     let scheduler = all.iter().find(|r| {
-        r.payload
-            .as_deref()
-            .and_then(|p| p.strip_prefix(orion_beacon::jobs::JOB_SET_PREFIX))
-            .and_then(|p| p.split_once(" jobs:"))
-            .is_some_and(|(_, jobs)| {
-                jobs.trim_end_matches(')')
-                    .split(' ')
-                    .any(|job| job == resource)
-            })
+        job_set(r.payload.as_deref()).is_some_and(|(_, jobs)| jobs.iter().any(|j| j == resource))
     });
     if let Some(scheduler) = scheduler {
         return CliError::UnknownResource(format!(
@@ -172,6 +164,17 @@ pub async fn unknown_resource(ctx: &Ctx, resource: &str) -> CliError {
          {hint}`orion-beacon leases` lists the resources",
         ctx.store.table()
     ))
+}
+
+/// A scheduler's job set, from its leader's lease payload (`orion_beacon::jobs::JOB_SET_PREFIX`,
+/// a digest, how many, the names as a JSON array): how many as written (`2 jobs`), and the
+/// names it lists (all that fit in a payload).
+pub fn job_set(payload: Option<&str>) -> Option<(String, Vec<String>)> {
+    let rest = payload?.strip_prefix(orion_beacon::jobs::JOB_SET_PREFIX)?;
+    let (_digest, rest) = rest.split_once(" (")?;
+    let (count, names) = rest.split_once(") ")?;
+    let names: Vec<String> = serde_json::from_str(names).ok()?;
+    Some((count.to_owned(), names))
 }
 
 /// The name closest to `typed`, if one is close enough to be a typo of it.
