@@ -997,8 +997,13 @@ pub async fn a_missing_run_table_names_its_migration<H: Harness<Store = SeaOrmLe
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    // A node that no longer leads has no failing look to report.
+    // A node that no longer leads has no failing look to report (the aborted loop ends at
+    // its task's next poll).
     node.abort().await;
+    let deadline = Instant::now() + 2 * SECOND;
+    while node.health().scheduling.is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(node.health().scheduling, None, "{}", node.health());
     assert!(!health.healthy, "{health}");
     let problem = health.scheduling.unwrap_or_default();
