@@ -67,6 +67,46 @@ pub mod reliability {}
 
 #[cfg(test)]
 mod tests {
+    /// The README's `Migrator` lists every step of ours, in order: its list, built from the
+    /// README's text, names the same migrations as `orion_beacon_migration::Migrator`.
+    #[test]
+    fn the_readmes_migrator_lists_every_step_in_order() {
+        use orion_beacon_migration::{
+            AddLeasePayload, AddMemberHolding, CreateJobRunTable, CreateLeaseTable,
+            CreateMemberTable, MigrationName, MigrationTrait, MigratorTrait,
+        };
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("impl MigratorTrait for Migrator")
+            .expect("the README shows a Migrator");
+        let block = &readme[start..];
+        let block = &block[..block.find("```").expect("the code block ends")];
+        let listed: Vec<Box<dyn MigrationTrait>> = block
+            .match_indices("Box::new(")
+            .map(|(at, _)| {
+                let rest = &block[at + "Box::new(".len()..];
+                let ty = &rest[..rest.find("::").expect("Type::new()")];
+                let step: Box<dyn MigrationTrait> = match ty {
+                    "CreateLeaseTable" => Box::new(CreateLeaseTable::new()),
+                    "CreateMemberTable" => Box::new(CreateMemberTable::new()),
+                    "AddLeasePayload" => Box::new(AddLeasePayload::new()),
+                    "CreateJobRunTable" => Box::new(CreateJobRunTable::new()),
+                    "AddMemberHolding" => Box::new(AddMemberHolding::new()),
+                    other => panic!("the README lists {other}, which this test does not know"),
+                };
+                step
+            })
+            .collect();
+        let names = |steps: &[Box<dyn MigrationTrait>]| -> Vec<String> {
+            steps.iter().map(|m| m.name().to_owned()).collect()
+        };
+        assert_eq!(
+            names(&listed),
+            names(&orion_beacon_migration::Migrator::migrations()),
+            "the README's Migrator and ours"
+        );
+    }
+
     /// Every page, and the README, as the crate's docs include them.
     const PAGES: [(&str, &str); 9] = [
         ("README.md", include_str!("../../README.md")),
