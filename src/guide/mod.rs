@@ -73,7 +73,7 @@ mod tests {
     fn the_readmes_migrator_lists_every_step_in_order() {
         use orion_beacon_migration::{
             AddLeasePayload, AddMemberHolding, CreateJobRunTable, CreateLeaseTable,
-            CreateMemberTable, MigrationName, MigrationTrait, MigratorTrait,
+            CreateMemberTable, MigrationTrait, MigratorTrait,
         };
         let readme = include_str!("../../README.md");
         let start = readme
