@@ -491,9 +491,7 @@ async fn compare_job_sets(mut watch: crate::Watch<crate::Leadership>, shared: Ar
             crate::Leadership::Follower {
                 leader: Some(leader),
                 payload: Some(payload),
-            } if job_set_digest(payload).is_some()
-                && job_set_digest(payload) != ours.as_deref() =>
-            {
+            } if matches!(job_set_digest(payload), Some(theirs) if Some(theirs) != ours.as_deref()) => {
                 Some((leader.clone(), payload.clone()))
             }
             _ => None,

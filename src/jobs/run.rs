@@ -114,16 +114,9 @@ impl JobRun {
     /// shutdown began, the term's `lost` has fired but its lease is still renewed for the
     /// grace period, and writes may commit.
     async fn fenced_transaction(&self) -> Result<DatabaseTransaction, JobError> {
-        // Begun whole: a run dropped half way (its term ended) never leaves the application's
-        // pool a connection inside a transaction.
-        let txn = self.inner.store.begin_whole().await?;
-        match self.inner.term.fence(&txn).await {
-            Ok(()) => Ok(txn),
-            Err(e) => {
-                let _ = txn.rollback().await;
-                Err(self.fenced(e))
-            }
-        }
+        begin_fenced(&self.inner.store, &self.inner.term)
+            .await?
+            .map_err(|e| self.fenced(e))
     }
 
     /// Marks the slot finished inside `txn` and commits it: the job's writes and the mark
@@ -224,6 +217,24 @@ impl JobRun {
     pub(crate) fn committed(&self) -> bool {
         self.inner.committed.load(Ordering::SeqCst)
     }
+}
+
+/// A transaction on the lease database whose first statement is `term`'s fence: the
+/// scheduler's claims, a run's writes and its end. Begun whole: a caller dropped half way (its
+/// term ended) never leaves the application's pool a connection inside a transaction.
+/// `Ok(Err(_))` when the fence refused (the transaction rolled back).
+pub(crate) async fn begin_fenced(
+    store: &SeaOrmLeaseStore,
+    term: &LeaderTerm,
+) -> Result<Result<DatabaseTransaction, crate::FenceError>, sea_orm::DbErr> {
+    let txn = store.begin_whole().await?;
+    Ok(match term.fence(&txn).await {
+        Ok(()) => Ok(txn),
+        Err(e) => {
+            let _ = txn.rollback().await;
+            Err(e)
+        }
+    })
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::plan::{self, Action, Open, Policy, State, View};
 use super::records::{self, Claimant};
-use super::run::{JobRun, RunState};
+use super::run::{begin_fenced, JobRun, RunState};
 use super::{Job, JobError};
 use crate::mutex::lock;
 use crate::{LeaderTerm, SeaOrmLeaseStore};
@@ -170,7 +170,6 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
                 _ = tokio::time::sleep(Duration::from_millis(20)) => continue,
             }
         }
-        here.catch_up();
         let looked = tick(&shared, &term, (&names, &history), &mut look, &mut here).await;
         // A refused fence included: the elector, not this loop, decides when the term ends (a
         // loop that returned while the term went on would run nothing until the next term).
@@ -270,7 +269,8 @@ async fn tick(
     }
     let now_ms = database_now(shared, backend).await?;
     let read_at = Instant::now();
-    // Runs that returned during the reads count as returned for this look's plan.
+    // Everything that returned or ended so far, up to the end of the reads, counts for this
+    // look's plan: a run that returned before its job's next slot never makes it skipped.
     here.catch_up();
     let latest_now = look
         .latest
@@ -423,12 +423,9 @@ async fn claim(
         // A shutdown began during this look: nothing new starts.
         return Ok(Vec::new());
     }
-    let txn = shared.store.begin_whole().await?;
-    if let Err(e) = term.fence(&txn).await {
-        let _ = txn.rollback().await;
-        // Refused: nothing is claimed; the loop looks again, and the elector ends the term.
-        return Err(e.into());
-    }
+    // Refused by the fence: nothing is claimed; the loop looks again, and the elector ends the
+    // term.
+    let txn = begin_fenced(&shared.store, term).await??;
     let mut done = Vec::with_capacity(decided.len());
     for (i, action) in decided {
         let reg = &shared.jobs[*i];
