@@ -727,6 +727,24 @@ pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrm
     t.drop(&db).await;
 }
 
+/// `read`'s answer once `done` holds of it, or its last answer after `within` (the caller
+/// asserts on it), asked every `every`.
+async fn poll<T, Fut: std::future::Future<Output = T>>(
+    within: Duration,
+    every: Duration,
+    mut read: impl FnMut() -> Fut,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        let value = read().await;
+        if done(&value) || Instant::now() > deadline {
+            return value;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// The run records of every job: (job, slot) -> state.
 async fn states(t: &Tables, db: &DatabaseConnection) -> BTreeMap<(String, i64), String> {
     let rows = db
@@ -776,15 +794,13 @@ pub async fn a_run_that_returned_never_makes_its_next_slot_skipped<
         })
         .collect();
     let node = t.start(&h.store(), "a", jobs);
-    let deadline = Instant::now() + 20 * SECOND;
-    let states = loop {
-        let states = states(&t, &db).await;
-        let finished = states.values().filter(|s| *s == "finished").count();
-        if finished >= 3 * JOBS || Instant::now() > deadline {
-            break states;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let states = poll(
+        20 * SECOND,
+        Duration::from_millis(100),
+        || states(&t, &db),
+        |states| states.values().filter(|s| *s == "finished").count() >= 3 * JOBS,
+    )
+    .await;
     node.shutdown().await;
     let skipped: Vec<_> = states.iter().filter(|(_, s)| *s == "skipped").collect();
     assert!(
@@ -866,8 +882,7 @@ pub async fn a_panicking_job_fails_with_its_message<H: Harness<Store = SeaOrmLea
     })
     .retry_backoff(Duration::from_secs(60), Duration::from_secs(60));
     let node = t.start(&h.store(), "a", vec![early, inside]);
-    let deadline = Instant::now() + 5 * SECOND;
-    let rows = loop {
+    let read = || async {
         let rows = db
             .query_all(
                 &Query::select()
@@ -877,8 +892,7 @@ pub async fn a_panicking_job_fails_with_its_message<H: Harness<Store = SeaOrmLea
             )
             .await
             .unwrap();
-        let failed: Vec<(String, String, i32, Option<String>)> = rows
-            .iter()
+        rows.iter()
             .map(|r| {
                 (
                     r.try_get_by_index(0).unwrap(),
@@ -887,17 +901,15 @@ pub async fn a_panicking_job_fails_with_its_message<H: Harness<Store = SeaOrmLea
                     r.try_get_by_index(3).unwrap(),
                 )
             })
-            .collect();
-        let done = ["early", "inside"].iter().all(|j| {
-            failed
-                .iter()
-                .any(|(job, state, ..)| job == j && state == "failed")
-        });
-        if done || Instant::now() > deadline {
-            break failed;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+            .collect::<Vec<(String, String, i32, Option<String>)>>()
     };
+    let rows = poll(5 * SECOND, Duration::from_millis(50), read, |rows| {
+        ["early", "inside"].iter().all(|j| {
+            rows.iter()
+                .any(|(job, state, ..)| job == j && state == "failed")
+        })
+    })
+    .await;
     node.abort().await;
     for (job, text) in [
         ("early", "boom before the future"),
@@ -989,22 +1001,24 @@ pub async fn a_missing_run_table_names_its_migration<H: Harness<Store = SeaOrmLe
         .build()
         .unwrap()
         .start();
-    let deadline = Instant::now() + 5 * SECOND;
-    let health = loop {
-        let health = node.health();
-        if health.scheduling.is_some() || Instant::now() > deadline {
-            break health;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let health = poll(
+        5 * SECOND,
+        Duration::from_millis(50),
+        || async { node.health() },
+        |health| health.scheduling.is_some(),
+    )
+    .await;
     // A node that no longer leads has no failing look to report (the aborted loop ends at
     // its task's next poll).
     node.abort().await;
-    let deadline = Instant::now() + 2 * SECOND;
-    while node.health().scheduling.is_some() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(node.health().scheduling, None, "{}", node.health());
+    let after = poll(
+        2 * SECOND,
+        Duration::from_millis(20),
+        || async { node.health() },
+        |health| health.scheduling.is_none(),
+    )
+    .await;
+    assert_eq!(after.scheduling, None, "{after}");
     assert!(!health.healthy, "{health}");
     let problem = health.scheduling.unwrap_or_default();
     assert!(
@@ -1028,14 +1042,13 @@ pub async fn a_follower_with_another_job_set_says_so<H: Harness<Store = SeaOrmLe
     leader_of(std::slice::from_ref(&leader), 5 * SECOND).await;
     let same = t.start(&h.store(), "b", vec![noop("nightly-cleanup")]);
     let other = t.start(&h.store(), "c", vec![noop("nightly-report")]);
-    let deadline = Instant::now() + 5 * SECOND;
-    let health = loop {
-        let health = other.health();
-        if health.other_job_set.is_some() || Instant::now() > deadline {
-            break health;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let health = poll(
+        5 * SECOND,
+        Duration::from_millis(50),
+        || async { other.health() },
+        |health| health.other_job_set.is_some(),
+    )
+    .await;
     let seen = health.other_job_set.clone().unwrap_or_default();
     assert!(
         seen.contains("nightly-cleanup") && seen.contains("nightly-report") && seen.contains('a'),

@@ -442,6 +442,23 @@ pub async fn entity_reads_what_the_store_writes(h: &SqlHarness) {
     assert_eq!(row.acquired_at, row.renewed_at);
 }
 
+/// A lease table made before the payload columns (`CreateLeaseTable` alone), and the
+/// harness's store on it.
+async fn table_without_payload(h: &SqlHarness, prefix: &str) -> (String, SeaOrmLeaseStore) {
+    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    let table = unique(prefix);
+    CreateLeaseTable::with_table(&table)
+        .unwrap()
+        .up(&SchemaManager::new(h.db()))
+        .await
+        .unwrap();
+    let store = h
+        .configure(SeaOrmLeaseStore::new(h.db().clone()))
+        .with_table(&table)
+        .unwrap();
+    (table, store)
+}
+
 /// A lease table made before the payload columns: the store works on it without payloads,
 /// refuses a payload with a typed error (writing nothing), and picks the columns up once
 /// `AddLeasePayload` has run, which keeps every row and token; that step's `down` removes only
@@ -452,17 +469,8 @@ pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
     use orion_beacon_migration::{
         AddLeasePayload, CreateLeaseTable, MigrationTrait, SchemaManager,
     };
-    let table = unique("pre_payload");
     let db = h.db();
-    CreateLeaseTable::with_table(&table)
-        .unwrap()
-        .up(&SchemaManager::new(db))
-        .await
-        .unwrap();
-    let store = h
-        .configure(SeaOrmLeaseStore::new(db.clone()))
-        .with_table(&table)
-        .unwrap();
+    let (table, store) = table_without_payload(h, "pre_payload").await;
     let r = unique("r");
     let first = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
     let first = first.lease().expect("granted").clone();
@@ -670,28 +678,17 @@ impl SqlHarness {
 /// jobs: the job set it publishes in the payload is left out there.
 pub async fn a_scheduler_runs_on_a_table_without_the_payload_columns(h: &SqlHarness) {
     use orion_beacon::jobs::{Job, Jobs, Schedule};
-    use orion_beacon_migration::{
-        CreateJobRunTable, CreateLeaseTable, MigrationTrait, SchemaManager,
-    };
+    use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
     use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
     use sea_orm::ConnectionTrait;
     use std::time::Duration;
-    let table = unique("pre_payload_jobs");
     let runs = unique("runs");
     let db = h.db();
-    CreateLeaseTable::with_table(&table)
-        .unwrap()
-        .up(&SchemaManager::new(db))
-        .await
-        .unwrap();
+    let (table, store) = table_without_payload(h, "pre_payload_jobs").await;
     CreateJobRunTable::with_table(&runs)
         .unwrap()
         .up(&SchemaManager::new(db))
         .await
-        .unwrap();
-    let store = h
-        .configure(SeaOrmLeaseStore::new(db.clone()))
-        .with_table(&table)
         .unwrap();
     let node = Jobs::builder(store)
         .candidate_id("a")

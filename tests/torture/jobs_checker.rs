@@ -179,6 +179,18 @@ pub fn run_all(job: &str) -> bool {
         .is_some_and(|digit| digit.is_ascii_digit() && (digit - b'0').is_multiple_of(2))
 }
 
+/// Rule 7's first half: a slot claimed before its time by the database clock.
+fn claimed_early(r: &RunRecord, v: &mut JobVerdict) {
+    if let Some(at) = r.claimed_at_ms.filter(|at| *at < r.slot) {
+        v.violations.push(format!(
+            "slot {} of {} claimed {} ms before its time (database clock)",
+            r.slot,
+            r.job,
+            r.slot - at
+        ));
+    }
+}
+
 /// A slot recorded skipped whose previous slot's run had ended (by the database clock) before
 /// the slot's time: a run that returned never makes the next slot skipped.
 fn false_skips(by_slot: &BTreeMap<(&str, i64), &RunRecord>, every_ms: i64, v: &mut JobVerdict) {
@@ -208,16 +220,7 @@ fn check_load(prefix: &str, every_ms: i64, records: &[RunRecord], v: &mut JobVer
         if r.state == "skipped" {
             v.load_skipped += 1;
         }
-        if let Some(at) = r.claimed_at_ms {
-            if at < r.slot {
-                v.violations.push(format!(
-                    "slot {} of {} claimed {} ms before its time (database clock)",
-                    r.slot,
-                    r.job,
-                    r.slot - at
-                ));
-            }
-        }
+        claimed_early(r, v);
         slots.entry(&r.job).or_default().insert(r.slot);
     }
     let by_slot: BTreeMap<(&str, i64), &RunRecord> = records
@@ -303,15 +306,8 @@ pub fn check(
                     at - r.slot
                 ));
             }
-            if at < r.slot {
-                v.violations.push(format!(
-                    "slot {} of {} claimed {} ms before its time (database clock)",
-                    r.slot,
-                    r.job,
-                    r.slot - at
-                ));
-            }
         }
+        claimed_early(r, &mut v);
         if r.attempts > 1 {
             v.reruns += i64::from(r.attempts - 1);
             v.retried_slots += 1;
