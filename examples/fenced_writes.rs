@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use orion_beacon::{FenceError, LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
+use orion_beacon::{store::LeaseOutcome, FenceError, LeaseStore, SeaOrmLeaseStore, Term};
 use orion_beacon_migration::{Migrator, MigratorTrait};
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 

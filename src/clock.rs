@@ -153,7 +153,7 @@ mod tests {
     /// tokio's instant alone.
     #[tokio::test(start_paused = true)]
     async fn a_leader_resumed_from_a_suspend_past_its_lease_no_longer_leads() {
-        use crate::{Elector, Leadership};
+        use crate::{elector::Elector, hold::Leadership};
         let lease = Duration::from_secs(3);
         let renew = Duration::from_secs(1);
         let handle = Elector::builder_in_memory()

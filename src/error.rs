@@ -308,7 +308,7 @@ pub enum FenceError {
         /// The candidate whose term was checked.
         holder: String,
         /// The token that was checked.
-        token: crate::FencingToken,
+        token: crate::fencing::FencingToken,
     },
     /// The check itself failed (database error, missing table, bad input).
     #[error(transparent)]
@@ -434,7 +434,7 @@ mod tests {
         let fenced = FenceError::Fenced {
             resource: "nightly".to_owned(),
             holder: "node-a".to_owned(),
-            token: crate::FencingToken::new(7),
+            token: crate::fencing::FencingToken::new(7),
         };
         let text = format!("{fenced:?}");
         assert!(

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::FencingToken;
+use crate::fencing::FencingToken;
 
 /// A lease this candidate holds, as the store just granted or renewed it.
 ///

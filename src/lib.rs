@@ -24,10 +24,10 @@ pub mod shards;
 pub mod store;
 mod watch;
 
-// The main types, on the crate root (inlined: their pages live here, not only in the modules).
-/// The attribute [`LeaseStore`] and [`MembershipStore`] are written with, for implementations
-/// (the same version as ours).
-pub use async_trait::async_trait;
+// The crate root is the public face only: what a user of the elector, locks, shard sets and
+// jobs needs (inlined: their pages live here). What store implementations need (`LeaseOutcome`,
+// `Renewals`, `async_trait`, ...) lives in `store`; the crate's own modules import from the
+// module that defines a thing, never through this root.
 #[doc(inline)]
 pub use backend::fence::FenceError;
 #[doc(inline)]
@@ -48,7 +48,7 @@ pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
 #[doc(inline)]
 pub use jobs::{Job, JobError, JobRun, Jobs, JobsHandle, Schedule};
-pub use lease::{Denial, Lease, LeaseOutcome, LeaseRecord, Renewals};
+pub use lease::{Lease, LeaseRecord};
 #[doc(inline)]
 pub use locks::{Lock, LockError, LockGuard, Locks, Semaphore};
 #[doc(inline)]
@@ -57,7 +57,7 @@ pub use memory::InMemoryLeaseStore;
 #[doc(inline)]
 pub use shards::{Assignment, ShardHandle, ShardSet, ShardSetBuilder, ShardStore};
 #[doc(inline)]
-pub use store::{LeaseStore, ReleaseEvents, MAX_OFFER_TARGET_LEN};
+pub use store::LeaseStore;
 pub use watch::{Watch, WatchClosed};
 
 /// The lease row as a SeaORM entity (re-exported from `orion-beacon-entity`).

@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use crate::error::StoreError;
 use crate::store::{lease_millis, validate_candidate, MAX_NAME_LEN};
-use crate::StoreError;
 
 /// One live member of a shard set, as the store judged it by its clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,7 +150,7 @@ impl Member {
 /// before any SQL runs.
 ///
 /// Implemented like [`LeaseStore`](crate::LeaseStore): plain `async fn`s under
-/// [`async_trait`](crate::async_trait) (rustdoc shows the desugared signatures).
+/// [`async_trait`](crate::store::async_trait) (rustdoc shows the desugared signatures).
 #[async_trait]
 pub trait MembershipStore: Send + Sync {
     /// Records that `member` of `shard_set` is alive for `ttl` from now (by the store's

@@ -15,7 +15,8 @@ use crate::store::{
     validate_request, validate_resource, validate_take,
 };
 use crate::{
-    Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError,
+    error::StoreError, fencing::FencingToken, lease::Denial, lease::Lease, lease::LeaseOutcome,
+    lease::LeaseRecord, lease::Renewals, store::LeaseStore,
 };
 
 #[derive(Debug, Clone)]

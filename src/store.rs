@@ -2,9 +2,13 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
+/// The attribute [`LeaseStore`] and [`MembershipStore`](crate::MembershipStore) are written
+/// with, for implementations (the same version as ours).
+pub use async_trait::async_trait;
 
-use crate::{FencingToken, Lease, LeaseOutcome, LeaseRecord, Renewals, StoreError};
+// The values a store's methods take and answer, for implementations and direct callers.
+pub use crate::lease::{Denial, LeaseOutcome, Renewals};
+use crate::{error::StoreError, fencing::FencingToken, lease::Lease, lease::LeaseRecord};
 
 /// The longest resource name or candidate id, in characters (the columns are 255 wide).
 pub const MAX_NAME_LEN: usize = 255;
@@ -102,7 +106,7 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 ///
 /// # Implementing it
 ///
-/// The methods are `async fn`s through [`async_trait`](crate::async_trait) (re-exported here,
+/// The methods are `async fn`s through [`async_trait`](crate::store::async_trait) (re-exported here,
 /// so the versions match): rustdoc shows their desugared signatures, with boxed futures and
 /// lifetimes, but an implementation writes plain `async fn`s under the same attribute. Four
 /// methods are required; the batch ones ([`renew_all`](Self::renew_all),
@@ -183,7 +187,7 @@ pub trait LeaseStore: Send + Sync {
     /// version; at most [`MAX_PAYLOAD_LEN`] bytes, no NUL character) into the lease, in the same
     /// statement that grants or renews it. Each grant or renew writes the payload it is given:
     /// `None` (and plain [`acquire_or_renew`](Self::acquire_or_renew)) clears it. A denial
-    /// changes nothing and reports the holder's payload in [`Denial::payload`](crate::Denial::payload);
+    /// changes nothing and reports the holder's payload in [`Denial::payload`](crate::store::Denial::payload);
     /// [`current`](Self::current) shows it too. A payload belongs to the term that wrote it: a
     /// later term that wrote none shows `None`, never the earlier term's. A batch renew
     /// ([`renew_all`](Self::renew_all)) keeps the payload as it is.
@@ -247,7 +251,7 @@ pub trait LeaseStore: Send + Sync {
     /// term ends and a new one begins, its token one higher, held *for* `to` until `within`
     /// from the write. Only `to` can take it ([`take_offer`](Self::take_offer)); every other
     /// candidate is denied until it is taken or lapses (the denial's holder is the offer's
-    /// marker, see [`Denial::offered_to`](crate::Denial::offered_to)). An offer nobody takes
+    /// marker, see [`Denial::offered_to`](crate::store::Denial::offered_to)). An offer nobody takes
     /// lapses like any lease, after `within`, and the next grant's token is higher still.
     /// Whether the offer was made (`false`: the term had ended already, nothing changed).
     ///
@@ -390,7 +394,7 @@ pub trait LeaseStore: Send + Sync {
     /// forwards to one): the store an elector's or shard set's terms fence SeaORM transactions
     /// with. The default is `None`; a wrapper that forwards to a SeaORM store should forward
     /// this too.
-    fn sea_orm_store(&self) -> Option<&crate::SeaOrmLeaseStore> {
+    fn sea_orm_store(&self) -> Option<&crate::backend::SeaOrmLeaseStore> {
         None
     }
 }
@@ -463,7 +467,7 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
         (**self).validate()
     }
 
-    fn sea_orm_store(&self) -> Option<&crate::SeaOrmLeaseStore> {
+    fn sea_orm_store(&self) -> Option<&crate::backend::SeaOrmLeaseStore> {
         (**self).sea_orm_store()
     }
 }
@@ -680,15 +684,15 @@ mod tests {
 
     /// A store that keeps the trait's defaults, forwarding the required methods; with
     /// `stale_reads`, its reads always show the lease as live (a read just before it lapsed).
-    struct Plain(crate::InMemoryLeaseStore, bool);
+    struct Plain(crate::memory::InMemoryLeaseStore, bool);
 
     impl Plain {
         fn new() -> Self {
-            Self(crate::InMemoryLeaseStore::new(), false)
+            Self(crate::memory::InMemoryLeaseStore::new(), false)
         }
 
         fn with_stale_reads() -> Self {
-            Self(crate::InMemoryLeaseStore::new(), true)
+            Self(crate::memory::InMemoryLeaseStore::new(), true)
         }
     }
 

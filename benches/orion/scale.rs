@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use orion_beacon::{Elector, LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+use orion_beacon::{store::LeaseOutcome, Elector, LeaseStore, SeaOrmLeaseStore};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::time::Instant;
 

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use orion_beacon::{LeaseOutcome, LeaseStore, MembershipStore, SeaOrmLeaseStore};
+use orion_beacon::{store::LeaseOutcome, LeaseStore, MembershipStore, SeaOrmLeaseStore};
 
 const BIN: &str = env!("CARGO_BIN_EXE_orion-beacon");
 const LONG: Duration = Duration::from_secs(120);

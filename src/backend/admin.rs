@@ -14,7 +14,7 @@ use super::row::Row;
 use super::statements::{self, returned_row, with_payload, Shape};
 use super::store::SeaOrmLeaseStore;
 use crate::store::validate_resource;
-use crate::{LeaseRecord, StoreError};
+use crate::{error::StoreError, lease::LeaseRecord};
 
 /// Every lease row with its remaining time, ordered by resource. The resource comes last so the
 /// first six columns decode as a [`Row`].

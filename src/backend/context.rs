@@ -17,7 +17,7 @@ use super::dialect::Dialect;
 use super::errors::{classify, Classifier, Kind};
 use super::prepared::Prepared;
 use super::statements::Shape;
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// How often a statement is tried when the database reports a conflict with a concurrent
 /// transaction (serialization failure, deadlock, busy SQLite file). Such a failure means the
@@ -173,7 +173,7 @@ impl Context {
 
     /// Runs a statement as SeaORM runs any statement, read to the end (for backends without
     /// further checks: SQLite, and connections SeaORM fakes; the others check their
-    /// connection first, see `checkout`).
+    /// connection first, see `sessions`).
     ///
     /// A driver that stops after the first row never sees what the statement did afterwards:
     /// SQLite sends `RETURNING` rows before it commits (and a commit that cannot get its lock
@@ -290,9 +290,9 @@ impl Context {
     pub(crate) async fn autocommitted<T, F, Fut>(&self, mut run: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<super::checkout::Checked<T>, DbErr>>,
+        Fut: std::future::Future<Output = Result<super::sessions::Checked<T>, DbErr>>,
     {
-        use super::checkout::Checked;
+        use super::sessions::Checked;
         for attempt in 1..=ATTEMPTS {
             match self.with_retry(&mut run).await? {
                 Checked::Committed(rows) => return Ok(rows),
@@ -326,7 +326,7 @@ mod tests {
 
     use super::{Context, ATTEMPTS};
     use crate::backend::errors::{Classifier, Kind};
-    use crate::StoreError;
+    use crate::error::StoreError;
 
     /// A database error with a SQLSTATE of our choosing.
     #[derive(Debug)]

@@ -17,7 +17,7 @@ use super::statements::{self, Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::store::ReleaseEvents;
-use crate::{LeaseOutcome, StoreError};
+use crate::{error::StoreError, lease::LeaseOutcome};
 
 /// How a backend ends the session of a lapsed term that holds the lease row locked (see
 /// `takeover`).
@@ -220,7 +220,8 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     fn holding(&self, _cx: &Context, _resource: &str, _candidate: &str, _remaining: Duration) {}
 
     /// `candidate` was denied `resource` by `by` (the holder the answer named).
-    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str, _by: &crate::Denial) {}
+    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str, _by: &crate::lease::Denial) {
+    }
 
     /// A waiter of this process waits for a release of `resources` until `until` (its next
     /// attempt): a backend whose wake-ups need to know what is waited for watches them while

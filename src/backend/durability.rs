@@ -10,7 +10,7 @@
 use sea_orm::Statement;
 
 use super::store::SeaOrmLeaseStore;
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// What the server's settings say about the durability of a commit, as this session sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use super::gate::Gate;
 use super::prepared::Prepared;
 use super::row::Row;
 use super::statements::{self, Shape};
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// The store's attempts to acquire leases the process does not hold: at most `slots` at once,
 /// and one at a time per lease (the others of that lease wait their turn without a slot), so
@@ -189,7 +189,7 @@ impl Engine {
     }
 
     /// `candidate` was denied `resource` by `by`.
-    pub(crate) fn denied(&self, resource: &str, candidate: &str, by: &crate::Denial) {
+    pub(crate) fn denied(&self, resource: &str, candidate: &str, by: &crate::lease::Denial) {
         self.note(resource, candidate, false);
         self.backend.denied(&self.cx, resource, candidate, by);
     }

@@ -3,7 +3,7 @@
 
 use sea_orm::DbErr;
 
-use crate::StoreError;
+use crate::error::StoreError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -55,7 +55,9 @@ pub(crate) fn db_err_in(err: &StoreError) -> Option<&DbErr> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {
         // `BackendError` is transparent: its `source()` skips the `DbErr` it holds.
-        if let Some(crate::BackendError::SeaOrm(db)) = e.downcast_ref::<crate::BackendError>() {
+        if let Some(crate::error::BackendError::SeaOrm(db)) =
+            e.downcast_ref::<crate::error::BackendError>()
+        {
             return Some(db);
         }
         if let Some(db) = e.downcast_ref::<DbErr>() {

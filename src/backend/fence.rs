@@ -28,8 +28,8 @@ use sea_orm::{ConnectionTrait, StatementBuilder};
 use super::driver::{Conn, RawConn};
 use super::store::SeaOrmLeaseStore;
 use super::term_checks::current_check;
+use crate::error::StoreError;
 use crate::store::{validate_candidate, validate_resource};
-use crate::StoreError;
 
 pub use crate::error::FenceError;
 // The term a fence checks is defined next to `FencingToken`, and the elector converts its

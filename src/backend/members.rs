@@ -6,7 +6,7 @@
 //! live members. Membership decides no grant (the leases do), but a heartbeat, a leave and the
 //! read of the members decide a shard set's share, so they run like every statement of the
 //! store: on PostgreSQL and MariaDB on a pooled connection checked to be outside any abandoned
-//! transaction (`checkout`; behind a transaction-pooling proxy, unnamed in a transaction of
+//! transaction (`sessions`; behind a transaction-pooling proxy, unnamed in a transaction of
 //! their own), with the store's retry.
 
 use async_trait::async_trait;
@@ -25,7 +25,7 @@ use crate::membership::{
     set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
 };
 use crate::store::validate_candidate;
-use crate::{LeaseRecord, StoreError};
+use crate::{error::StoreError, lease::LeaseRecord};
 
 /// Resources read by one statement of [`current_all`](crate::LeaseStore::current_all): far
 /// below every backend's limit on bound parameters.

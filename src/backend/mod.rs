@@ -4,7 +4,7 @@
 //! its code is given (`context`: the connection, the tables, the retry, rows read to the end),
 //! the statements of the common shape (`statements`: PostgreSQL and SQLite run the same
 //! `INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING`), statements rendered once
-//! (`prepared`), the checked pooled connection (`checkout`), the takeover loop (`takeover`) and
+//! (`prepared`), the checked pooled connection and the store's own sessions (`sessions`), the takeover loop (`takeover`) and
 //! the error kinds (`errors`). On top of it, the public store ([`SeaOrmLeaseStore`], `store`,
 //! the one place the backend is chosen from the connection), its fenced writes (`fence`), its
 //! membership table (`members`), its operator's tools (`admin`) and its durability look.
@@ -49,8 +49,6 @@
 //!   statement tells `Acquired` from `Renewed`.
 
 mod admin;
-#[cfg(checked_pool)]
-mod checkout;
 mod context;
 mod dialect;
 mod driver;
@@ -61,11 +59,11 @@ pub mod fence;
 mod gate;
 mod members;
 pub mod mysql;
-#[cfg(checked_pool)]
-mod own_pool;
 pub mod postgres;
 mod prepared;
 mod row;
+#[cfg(checked_pool)]
+mod sessions;
 pub mod sqlite;
 #[cfg(feature = "sqlserver")]
 pub mod sqlserver;

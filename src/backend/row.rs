@@ -7,7 +7,9 @@ use chrono::{DateTime, Utc};
 use sea_orm::{DbErr, QueryResult};
 
 use super::statements::{Shape, PAYLOAD_COLUMN};
-use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord};
+use crate::{
+    fencing::FencingToken, lease::Denial, lease::Lease, lease::LeaseOutcome, lease::LeaseRecord,
+};
 
 /// The leases in rows of [`renewed_row`](super::statements::renewed_row); a row that is not live (a lease shorter than the
 /// database's rounding) renews nothing.

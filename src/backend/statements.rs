@@ -9,7 +9,7 @@ use sea_orm::sea_query::{
 use sea_orm::DbErr;
 
 use super::dialect::Dialect;
-use crate::Lease;
+use crate::lease::Lease;
 
 /// The columns every lease statement returns, in this order; `remaining_millis` follows.
 const ROW: [Column; 5] = [
@@ -440,8 +440,8 @@ pub(crate) fn held_json(held: &[Lease]) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::fencing::FencingToken;
     use crate::fencing::Term;
-    use crate::FencingToken;
     use chrono::{DateTime, Utc};
     use std::time::Duration;
 

@@ -19,7 +19,10 @@ use crate::store::{
     offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
     validate_request, validate_resource, validate_take,
 };
-use crate::{FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError};
+use crate::{
+    error::StoreError, fencing::FencingToken, lease::Lease, lease::LeaseOutcome,
+    lease::LeaseRecord, lease::Renewals, store::LeaseStore,
+};
 
 /// How long a batch renew of leases of `millis` spends, in all, on the leases it left out:
 /// the read of them, and their renews one by one, of which one may wait its whole bound for
@@ -97,7 +100,7 @@ impl From<Refused> for StoreError {
 ///
 /// SQLite needs nothing of its driver beyond what SeaORM runs, so it works in every build;
 /// PostgreSQL and MySQL need their driver's own connection type for the check that a grant
-/// committed outside any transaction (see `checkout`), which only their cargo features compile
+/// committed outside any transaction (see `sessions`), which only their cargo features compile
 /// in. Without it they are refused when the store is made (reported by every call, and by
 /// [`LeaseStore::validate`]), rather than run without that check.
 fn choose(settings: &Settings) -> Result<Box<dyn LeaseBackend>, Refused> {
@@ -512,7 +515,7 @@ impl SeaOrmLeaseStore {
     /// it has none (see [`choose`]).
     /// A transaction on the application's pool whose `BEGIN` is never cut off half way. sqlx
     /// 0.9 gives a connection back to its pool inside the transaction its `BEGIN` opened when
-    /// the future waiting for that `BEGIN` is dropped (see `checkout`); so the `BEGIN` runs in
+    /// the future waiting for that `BEGIN` is dropped (see `sessions`); so the `BEGIN` runs in
     /// a task of its own that finishes it whatever becomes of the caller, and a transaction
     /// nobody waits for any more is dropped there. From then on a dropped transaction rolls
     /// back: SeaORM queues the `ROLLBACK` and sqlx sends it before the connection is used
@@ -661,7 +664,7 @@ impl LeaseStore for SeaOrmLeaseStore {
             // A try while another acquire of this process asks for the lease: that one gets
             // it if it is free; this one is denied, nothing sent.
             super::engine::Attempt::Busy => {
-                return Ok(LeaseOutcome::Denied(crate::Denial::new(resource)))
+                return Ok(LeaseOutcome::Denied(crate::lease::Denial::new(resource)))
             }
         };
         let answer = match engine.backend.takeover() {

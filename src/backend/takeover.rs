@@ -31,7 +31,7 @@
 //!
 //! Without the privileges (or when the blocker is not one the store may end) the acquire is
 //! denied within its bound, the denial naming the lapsed holder and why
-//! ([`Denial::stalled`](crate::Denial::stalled)); the refusal is warned about once per store,
+//! ([`Denial::stalled`](crate::store::Denial::stalled)); the refusal is warned about once per store,
 //! and the resource is held until the server ends the session itself
 //! (`idle_in_transaction_session_timeout`, `wait_timeout`, TCP keepalives).
 
@@ -42,7 +42,7 @@ use super::driver::{Taken, Takeover};
 use super::engine::Engine;
 use super::errors::db_err_in;
 use super::statements::Write;
-use crate::{LeaseOutcome, StoreError};
+use crate::{error::StoreError, lease::LeaseOutcome};
 
 use super::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
@@ -246,7 +246,7 @@ impl Drop for TakeoverOnDrop {
 /// - this candidate's own (a renew behind its own fenced transaction): asked again;
 /// - a session the takeover ended just as the wait ran out: asked again at once;
 /// - a lapsed term's that the store could not end (refused, or not one it may end): a denial
-///   that names the lapsed holder and says why ([`Denial::stalled`](crate::Denial::stalled)).
+///   that names the lapsed holder and says why ([`Denial::stalled`](crate::store::Denial::stalled)).
 ///
 /// So every call is answered within about two statement waits, whatever the stall, and a
 /// caller that stops waiting leaves no statement behind for long that could grant it a lease
@@ -298,7 +298,7 @@ pub(crate) async fn acquiring(
                 let stalled = (!record.live).then(|| engine.takeovers.why_not_ended());
                 // Never naming the candidate itself (it would then follow itself).
                 let holder = (record.holder != candidate).then_some(record.holder);
-                break Ok(LeaseOutcome::Denied(crate::Denial {
+                break Ok(LeaseOutcome::Denied(crate::lease::Denial {
                     resource: resource.to_owned(),
                     holder,
                     token: Some(record.token),

@@ -82,8 +82,8 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::StoreError;
     use crate::hold::timing::{min_step_down_margin, renew_that_fits, MAX_INTERVAL};
-    use crate::StoreError;
 
     fn opts() -> Options {
         Options {

@@ -8,7 +8,9 @@ use tokio::time::Instant;
 
 use super::config::Config;
 use crate::hold::LossReason;
-use crate::{Denial, FencingToken, Lease, LeaseOutcome, StoreError};
+use crate::{
+    error::StoreError, fencing::FencingToken, lease::Denial, lease::Lease, lease::LeaseOutcome,
+};
 
 /// A follower told that the lease ends in `remaining` tries again this long after it.
 const AFTER_EXPIRY: Duration = Duration::from_millis(15);
@@ -221,7 +223,7 @@ pub(super) use crate::hold::timing::later;
 mod tests {
     use super::*;
     use crate::elector::config::Options;
-    use crate::BackendError;
+    use crate::error::BackendError;
 
     const ME: FencingToken = FencingToken::new(7);
 

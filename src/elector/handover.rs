@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::{FencingToken, LeaseStore};
+use crate::{fencing::FencingToken, store::LeaseStore};
 
 /// How a [`hand_over_to`](crate::ElectorHandle::hand_over_to) (or a step-down) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

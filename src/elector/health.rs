@@ -9,9 +9,9 @@ use tokio::time::Instant;
 
 use super::config::Config;
 use super::{ConfigError, ElectorBuilder};
+use crate::error::StoreError;
 use crate::hold::health::{Health, HealthState, HEALTH_WINDOW_FACTOR};
 use crate::hold::LossReason;
-use crate::StoreError;
 
 impl ElectorBuilder {
     /// How long the elector may go without completing a store round trip before
@@ -64,13 +64,13 @@ impl Probe {
         &self,
         leading: bool,
         sent: Instant,
-        result: &Result<Result<crate::LeaseOutcome, StoreError>, E>,
+        result: &Result<Result<crate::lease::LeaseOutcome, StoreError>, E>,
     ) {
         let now = Instant::now();
         if let Ok(Ok(outcome)) = result {
             self.state.answered(now);
             let stalled = match outcome {
-                crate::LeaseOutcome::Denied(denial) => denial.stalled.as_ref().map(|why| {
+                crate::lease::LeaseOutcome::Denied(denial) => denial.stalled.as_ref().map(|why| {
                     format!(
                         "{} (token {}): {why}",
                         denial

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use metrics::{Label, Unit};
 
+use crate::error::StoreError;
 use crate::hold::LossReason;
-use crate::StoreError;
 
 /// Gauge: 1 while this candidate leads the resource, 0 otherwise.
 pub const IS_LEADER: &str = "orion_beacon_is_leader";
@@ -31,7 +31,7 @@ pub const SINCE_RENEW: &str = "orion_beacon_seconds_since_renew";
 
 /// Counter: denials because the previous holder's lease lapsed but its session still holds
 /// the lease row locked and the store did not end it (see
-/// [`Denial::stalled`](crate::Denial::stalled)): nobody can lead until that session ends.
+/// [`Denial::stalled`](crate::store::Denial::stalled)): nobody can lead until that session ends.
 pub const STALLED_DENIALS: &str = "orion_beacon_stalled_holder_denials_total";
 
 #[doc(no_inline)]

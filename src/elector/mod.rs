@@ -27,7 +27,7 @@ pub use crate::hold::{LeaderTerm, Leadership, LossReason};
 pub use handover::Handover;
 
 use crate::hold::timing::timing_setter;
-use crate::{FencingToken, InMemoryLeaseStore, LeaseStore};
+use crate::{fencing::FencingToken, memory::InMemoryLeaseStore, store::LeaseStore};
 use config::{Config, Options};
 use runner::{Runner, StepDown, Stop};
 
@@ -35,7 +35,7 @@ use runner::{Runner, StepDown, Stop};
 #[must_use]
 pub struct ElectorBuilder {
     store: Arc<dyn LeaseStore>,
-    fence: Option<crate::SeaOrmLeaseStore>,
+    fence: Option<crate::backend::SeaOrmLeaseStore>,
     renewer: Option<crate::hold::renewer::Renewer>,
     options: Options,
     health_window: Option<Duration>,
@@ -193,7 +193,7 @@ impl ElectorBuilder {
 /// ```
 pub struct Elector {
     store: Arc<dyn LeaseStore>,
-    fence: Option<crate::SeaOrmLeaseStore>,
+    fence: Option<crate::backend::SeaOrmLeaseStore>,
     renewer: Option<crate::hold::renewer::Renewer>,
     config: Arc<Config>,
     health_window: Duration,
@@ -307,8 +307,8 @@ pub struct ElectorHandle {
 impl ElectorHandle {
     /// The leadership state as it changes. Reads return copies, so a reader never holds up
     /// the elector (see [`Watch`](crate::Watch)).
-    pub fn watch(&self) -> crate::Watch<Leadership> {
-        crate::Watch::new(self.receiver.clone())
+    pub fn watch(&self) -> crate::watch::Watch<Leadership> {
+        crate::watch::Watch::new(self.receiver.clone())
     }
 
     /// The state now.
@@ -511,7 +511,7 @@ impl ElectorHandle {
     /// offer was made, or [`Handover::NotLeader`]. Give `within` a little more than the
     /// successor's `retry_interval` where the store wakes no followers.
     ///
-    /// `to` must be a valid candidate id of at most [`MAX_OFFER_TARGET_LEN`](crate::MAX_OFFER_TARGET_LEN)
+    /// `to` must be a valid candidate id of at most [`MAX_OFFER_TARGET_LEN`](crate::store::MAX_OFFER_TARGET_LEN)
     /// characters other than this one's, and `within` between 1 ms and the lease duration:
     /// refused before anything happens. If the store cannot make the offer (it failed, or a
     /// wrapper store does not forward [`LeaseStore::offer`]), the lease is released as by a
@@ -546,10 +546,12 @@ impl ElectorHandle {
             .map_err(ConfigError::from)
             .and_then(|()| {
                 if *to == *self.config.candidate {
-                    return Err(ConfigError::Invalid(crate::StoreError::InvalidCandidate {
-                        name: to.to_owned(),
-                        reason: "a handover names another candidate than this one",
-                    }));
+                    return Err(ConfigError::Invalid(
+                        crate::error::StoreError::InvalidCandidate {
+                            name: to.to_owned(),
+                            reason: "a handover names another candidate than this one",
+                        },
+                    ));
                 }
                 if within.is_zero() {
                     return Err(ConfigError::Zero { option: "within" });

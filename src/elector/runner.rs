@@ -24,7 +24,9 @@ use crate::hold::renewer::Reply;
 use crate::hold::{LeaderTerm, Leadership, LossReason};
 use crate::random::jittered;
 use crate::store::ReleaseEvents;
-use crate::{Denial, FencingToken, Lease, LeaseOutcome, LeaseStore};
+use crate::{
+    fencing::FencingToken, lease::Denial, lease::Lease, lease::LeaseOutcome, store::LeaseStore,
+};
 
 /// How long dropped leader work gets to let go of the work gate before shutdown gives up on it.
 const UNWIND: Duration = Duration::from_millis(100);
@@ -113,7 +115,7 @@ pub(crate) struct Runner {
     /// Health and metrics: store round trips and term changes.
     pub probe: Probe,
     /// The store again, where it can fence SeaORM transactions (see `LeaderTerm::fence`).
-    pub fence: Option<crate::SeaOrmLeaseStore>,
+    pub fence: Option<crate::backend::SeaOrmLeaseStore>,
     /// The store's renewer, when the elector was built on a `SeaOrmLeaseStore` itself (see
     /// `hold::renewer`): with `renew_together`, its renews go out with the store's other holds.
     pub renewer: Option<crate::hold::renewer::Renewer>,
@@ -626,7 +628,7 @@ impl Runner {
         {
             Ok(Reply::Renewed(lease)) => Ok(Ok(LeaseOutcome::Renewed(lease))),
             Ok(Reply::Lost) => return Ok(Together::AskNow { lost: true }),
-            Ok(Reply::Failed(what)) => Ok(Err(crate::StoreError::Database(
+            Ok(Reply::Failed(what)) => Ok(Err(crate::error::StoreError::Database(
                 sea_orm::DbErr::Custom(what).into(),
             ))),
             // Busy: its row was held locked (its own fenced transaction, say) for longer than
@@ -686,7 +688,7 @@ impl Runner {
             // and then, so a migration run later is picked up).
             let payload = self.config.payload.as_deref();
             match ask(payload).await {
-                Err(crate::StoreError::MissingPayloadColumn { table })
+                Err(crate::error::StoreError::MissingPayloadColumn { table })
                     if payload.is_some() && self.config.payload_optional =>
                 {
                     if !self.payload_left_out.swap(true, Ordering::Relaxed) {
@@ -998,7 +1000,7 @@ impl Runner {
 /// A store error: at warn when retrying may help (a database error, a conflict), at error when
 /// it is likely a setup problem (a missing table, an unreadable row), which is retried anyway
 /// in case it clears up (a migration still running, a restore).
-fn log_store_error(err: &crate::StoreError, failures: u32, retry_in: Duration, what: &str) {
+fn log_store_error(err: &crate::error::StoreError, failures: u32, retry_in: Duration, what: &str) {
     if err.is_retryable() {
         warn!(error = %err, failures, ?retry_in, "{what}");
     } else {

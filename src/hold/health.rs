@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::timing::{ConfigError, MAX_INTERVAL};
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// The default health window is this many times the longer of the renew and retry intervals.
 pub const HEALTH_WINDOW_FACTOR: u32 = 3;
@@ -57,7 +57,7 @@ pub struct Health {
     pub failure: Option<String>,
     /// Set while the store's last answer was a denial because the previous holder's lease has
     /// lapsed but its session still holds the lease row locked and the store did not end it
-    /// ([`Denial::stalled`](crate::Denial::stalled)): who, and why. The elector stays healthy
+    /// ([`Denial::stalled`](crate::store::Denial::stalled)): who, and why. The elector stays healthy
     /// (the store answers), but nobody can lead until that session ends: worth an alert.
     /// (Left out of the `serde` form when `None`.)
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]

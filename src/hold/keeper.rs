@@ -17,7 +17,7 @@ use tracing::{debug, error, warn};
 use super::renewer::Renewer;
 use super::timing::Timing;
 use super::{Held, LeaderTerm, LossReason};
-use crate::{Lease, LeaseStore};
+use crate::{lease::Lease, store::LeaseStore};
 
 /// What the owner does with a hold that ended here, and why it ended: `Deadline` (no renew in
 /// time; a late renew may have kept its lease live), `Failed` (refused for good), `Denied`
@@ -207,7 +207,7 @@ impl Keeper {
     fn apply(
         &self,
         answer: Result<
-            Result<Option<crate::Renewals>, Arc<crate::StoreError>>,
+            Result<Option<crate::lease::Renewals>, Arc<crate::error::StoreError>>,
             tokio::time::error::Elapsed,
         >,
         batch: &[Lease],

@@ -13,8 +13,8 @@ pub use term::{LeaderTerm, Leadership, LossReason};
 
 use tokio::time::Instant;
 
+use crate::lease::Lease;
 use crate::random::random_u64;
-use crate::Lease;
 
 /// A lease this process holds: the term its work sees, and the store's last answer for it
 /// (the write a release ends).

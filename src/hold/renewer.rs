@@ -27,7 +27,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::hold::timing::later;
-use crate::{Lease, LeaseStore, Renewals, StoreError};
+use crate::{error::StoreError, lease::Lease, lease::Renewals, store::LeaseStore};
 
 /// The most leases one statement renews; a larger batch sends one statement per this many.
 pub(crate) const MAX_PER_STATEMENT: usize = 1_000;
@@ -172,7 +172,7 @@ impl Renewer {
     /// all go through it); a renewer of its own otherwise.
     pub(crate) fn of(store: &dyn std::any::Any) -> Self {
         sea_orm_store(store)
-            .and_then(crate::SeaOrmLeaseStore::renewer)
+            .and_then(crate::backend::SeaOrmLeaseStore::renewer)
             .unwrap_or_default()
     }
 
@@ -181,7 +181,7 @@ impl Renewer {
     pub(crate) fn for_electors(store: &dyn std::any::Any) -> Option<Self> {
         sea_orm_store(store)
             .filter(|s| s.batches_renewals())
-            .and_then(crate::SeaOrmLeaseStore::renewer)
+            .and_then(crate::backend::SeaOrmLeaseStore::renewer)
     }
 
     /// Enters `lease` (held for `duration` per renew) in the next batch, sent on `store`, due
@@ -591,12 +591,14 @@ async fn renew_chunk(
 }
 
 /// `store` as a `SeaOrmLeaseStore`, when it is one (or an `Arc` of one).
-fn sea_orm_store(store: &dyn std::any::Any) -> Option<&crate::SeaOrmLeaseStore> {
-    store.downcast_ref::<crate::SeaOrmLeaseStore>().or_else(|| {
-        store
-            .downcast_ref::<Arc<crate::SeaOrmLeaseStore>>()
-            .map(|s| &**s)
-    })
+fn sea_orm_store(store: &dyn std::any::Any) -> Option<&crate::backend::SeaOrmLeaseStore> {
+    store
+        .downcast_ref::<crate::backend::SeaOrmLeaseStore>()
+        .or_else(|| {
+            store
+                .downcast_ref::<Arc<crate::backend::SeaOrmLeaseStore>>()
+                .map(|s| &**s)
+        })
 }
 
 #[cfg(test)]
@@ -604,7 +606,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
-    use crate::{InMemoryLeaseStore, LeaseOutcome, LeaseRecord};
+    use crate::{lease::LeaseOutcome, lease::LeaseRecord, memory::InMemoryLeaseStore};
 
     /// The in-memory store, counting batched renews; `unanswered` answers every lease of them
     /// as unanswered (as a store that put its errors there would).

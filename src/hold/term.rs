@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::FencingToken;
+use crate::fencing::FencingToken;
 
 /// What one elector believes about its resource, published on [`ElectorHandle::watch`](crate::ElectorHandle::watch).
 #[derive(Debug, Clone)]
@@ -30,7 +30,7 @@ pub enum Leadership {
     /// does not support, a refused name). It is logged at error level and
     /// [`health`](crate::ElectorHandle::health) reports it. A missing lease table is not such
     /// an error: it is logged at error level and retried.
-    Failed(Arc<crate::StoreError>),
+    Failed(Arc<crate::error::StoreError>),
 }
 
 impl Leadership {
@@ -127,7 +127,7 @@ struct TermState {
     /// When the holder decided the term was over (see `clock`).
     ended: Mutex<Option<Instant>>,
     /// The elector's store, where it can fence SeaORM transactions.
-    fence: Option<crate::SeaOrmLeaseStore>,
+    fence: Option<crate::backend::SeaOrmLeaseStore>,
 }
 
 /// One leadership term of this candidate: from the store's grant until it is lost.
@@ -169,7 +169,7 @@ impl LeaderTerm {
         resource: Arc<str>,
         candidate: Arc<str>,
         deadline: Instant,
-        fence: Option<crate::SeaOrmLeaseStore>,
+        fence: Option<crate::backend::SeaOrmLeaseStore>,
     ) -> Self {
         Self {
             inner: Arc::new(TermState {
@@ -197,10 +197,10 @@ impl LeaderTerm {
     pub async fn fence<C: sea_orm::ConnectionTrait>(
         &self,
         txn: &C,
-    ) -> Result<(), crate::FenceError> {
+    ) -> Result<(), crate::error::FenceError> {
         match &self.inner.fence {
             Some(store) => store.fence(txn, self).await,
-            None => Err(crate::FenceError::Unsupported),
+            None => Err(crate::error::FenceError::Unsupported),
         }
     }
 
@@ -310,9 +310,9 @@ impl LeaderTerm {
 }
 
 /// What a fence checks of this term: `store.fence(&txn, &term)`.
-impl<'a> From<&'a LeaderTerm> for crate::Term<'a> {
+impl<'a> From<&'a LeaderTerm> for crate::fencing::Term<'a> {
     fn from(term: &'a LeaderTerm) -> Self {
-        crate::Term {
+        crate::fencing::Term {
             resource: term.resource(),
             holder: term.candidate(),
             token: term.token(),

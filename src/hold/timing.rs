@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::store::lease_millis;
-use crate::{Lease, StoreError};
+use crate::{error::StoreError, lease::Lease};
 
 /// Default lease duration (15 s).
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -334,7 +334,7 @@ pub(crate) fn later(t: Instant, d: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FencingToken;
+    use crate::fencing::FencingToken;
 
     fn lease(remaining_ms: u64) -> Lease {
         Lease::new(

@@ -1,6 +1,6 @@
 //! What scheduling a job can fail with.
 
-use crate::{ErrorKind, FenceError, StoreError};
+use crate::{error::ErrorKind, error::FenceError, error::StoreError};
 
 /// Why a job could not be set up, a slot not claimed or a run not marked.
 #[derive(thiserror::Error)]
@@ -79,11 +79,11 @@ pub enum JobError {
         table: String,
         /// The database's error.
         #[source]
-        source: crate::BackendError,
+        source: crate::error::BackendError,
     },
     /// The scheduler's elector options were refused.
     #[error(transparent)]
-    Config(crate::ConfigError),
+    Config(crate::hold::timing::ConfigError),
     /// The fence could not be checked.
     #[error(transparent)]
     Fence(FenceError),

@@ -66,8 +66,8 @@ pub use error::JobError;
 pub use run::JobRun;
 pub use schedule::{MissedSlots, Overlap, Schedule, MAX_INTERVAL, MIN_INTERVAL};
 
+use crate::backend::SeaOrmLeaseStore;
 use crate::elector::{Elector, ElectorBuilder, ElectorHandle};
-use crate::SeaOrmLeaseStore;
 pub use orion_beacon_entity::DEFAULT_JOB_RUN_TABLE;
 
 /// The resource a scheduler's elector leads by default.
@@ -482,13 +482,16 @@ fn job_set_digest(payload: &str) -> Option<&str> {
 /// Follows the scheduler's elector: while another node leads with a different job set, warns
 /// (once per leader and set) and says so in [`JobsHandle::health`]: this node's jobs that the
 /// leader lacks do not run until a node that has them leads.
-async fn compare_job_sets(mut watch: crate::Watch<crate::Leadership>, shared: Arc<runner::Shared>) {
+async fn compare_job_sets(
+    mut watch: crate::watch::Watch<crate::hold::Leadership>,
+    shared: Arc<runner::Shared>,
+) {
     let ours = job_set_digest(&shared.job_set).map(str::to_owned);
     let mut warned: Option<(String, String)> = None;
     loop {
         let state = watch.borrow_and_update();
         let other = match &state {
-            crate::Leadership::Follower {
+            crate::hold::Leadership::Follower {
                 leader: Some(leader),
                 payload: Some(payload),
             } if matches!(job_set_digest(payload), Some(theirs) if Some(theirs) != ours.as_deref()) => {
@@ -538,7 +541,7 @@ pub struct JobsHealth {
     /// The elector is healthy and, on the leader, the last look at the run table succeeded.
     pub healthy: bool,
     /// The scheduler's elector's health.
-    pub elector: crate::Health,
+    pub elector: crate::hold::health::Health,
     /// Why the leader's last look at the run table failed, while it does (its error and
     /// sources): a missing run table, a refused statement.
     pub scheduling: Option<String>,

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::plan::State;
 use super::records::{self, Ending};
 use super::JobError;
-use crate::{FencingToken, LeaderTerm, SeaOrmLeaseStore};
+use crate::{backend::SeaOrmLeaseStore, fencing::FencingToken, hold::LeaderTerm};
 
 /// One attempt at one slot of a job, handed to the job's closure.
 ///
@@ -149,7 +149,7 @@ impl JobRun {
         }
     }
 
-    fn fenced(&self, e: crate::FenceError) -> JobError {
+    fn fenced(&self, e: crate::error::FenceError) -> JobError {
         if e.is_fenced() {
             self.superseded()
         } else {
@@ -226,7 +226,7 @@ impl JobRun {
 pub(crate) async fn begin_fenced(
     store: &SeaOrmLeaseStore,
     term: &LeaderTerm,
-) -> Result<Result<DatabaseTransaction, crate::FenceError>, sea_orm::DbErr> {
+) -> Result<Result<DatabaseTransaction, crate::error::FenceError>, sea_orm::DbErr> {
     let txn = store.begin_whole().await?;
     Ok(match term.fence(&txn).await {
         Ok(()) => Ok(txn),

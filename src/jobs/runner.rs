@@ -17,7 +17,7 @@ use super::records::{self, Claimant};
 use super::run::{begin_fenced, JobRun, RunState};
 use super::{Job, JobError};
 use crate::mutex::lock;
-use crate::{LeaderTerm, SeaOrmLeaseStore};
+use crate::{backend::SeaOrmLeaseStore, hold::LeaderTerm};
 
 /// What every term's loop shares.
 pub(crate) struct Shared {
@@ -380,10 +380,12 @@ async fn read(
         .build(query);
     match shared.store.engine()?.plain(stmt).await {
         Ok(rows) => Ok(rows),
-        Err(crate::StoreError::MissingTable { source, .. }) => Err(JobError::MissingRunTable {
-            table: shared.table.to_string(),
-            source,
-        }),
+        Err(crate::error::StoreError::MissingTable { source, .. }) => {
+            Err(JobError::MissingRunTable {
+                table: shared.table.to_string(),
+                source,
+            })
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -591,8 +593,10 @@ async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
         }
         Err(e) => {
             let (outcome, next) = match e.kind() {
-                crate::ErrorKind::Lost => ("superseded", "the next leader claims the slot again"),
-                crate::ErrorKind::Conflict => (
+                crate::error::ErrorKind::Lost => {
+                    ("superseded", "the next leader claims the slot again")
+                }
+                crate::error::ErrorKind::Conflict => (
                     "unmarked",
                     "its record no longer names this attempt (given up or marked meanwhile)",
                 ),

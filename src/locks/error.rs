@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::hold::LossReason;
-use crate::{ErrorKind, StoreError};
+use crate::{error::ErrorKind, error::StoreError};
 
 /// Why a lock or a permit was not had, or was lost before its work returned.
 #[derive(thiserror::Error)]

@@ -7,8 +7,8 @@ use std::future::Future;
 
 use super::holder::Holder;
 use super::LockError;
+use crate::fencing::FencingToken;
 use crate::hold::LeaderTerm;
-use crate::FencingToken;
 
 /// A lock or a semaphore permit this process holds, renewed in the background until it is
 /// released, dropped or lost.
@@ -143,7 +143,7 @@ impl LockGuard {
     pub async fn fence<C: sea_orm::ConnectionTrait>(
         &self,
         txn: &C,
-    ) -> Result<(), crate::FenceError> {
+    ) -> Result<(), crate::error::FenceError> {
         self.term.fence(txn).await
     }
 

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use crate::hold::keeper::{Keeper, OnEnd};
 use crate::hold::{LeaderTerm, LossReason};
 use crate::mutex::lock;
-use crate::{Denial, LeaseOutcome, LeaseStore, StoreError};
+use crate::{error::StoreError, lease::Denial, lease::LeaseOutcome, store::LeaseStore};
 
 /// The options of one [`Locks`](super::Locks), validated.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ pub(super) enum Attempt {
 
 pub(super) struct Holder {
     pub store: Arc<dyn LeaseStore>,
-    pub fence: Option<crate::SeaOrmLeaseStore>,
+    pub fence: Option<crate::backend::SeaOrmLeaseStore>,
     pub config: Config,
     /// Every guard's and permit's lease, renewed through the store's renewer; one that ends
     /// there (its deadline passed, or the store refused it for good) is released by its
@@ -59,7 +59,7 @@ impl Holder {
     pub(super) fn new(
         store: Arc<dyn LeaseStore>,
         renewer: crate::hold::renewer::Renewer,
-        fence: Option<crate::SeaOrmLeaseStore>,
+        fence: Option<crate::backend::SeaOrmLeaseStore>,
         config: Config,
     ) -> Self {
         let on_end: OnEnd = {

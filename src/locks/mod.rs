@@ -65,7 +65,7 @@ use crate::hold::timing::{
 };
 use crate::hold::{default_candidate_id, LeaderTerm, LossReason};
 use crate::store::validate_resource;
-use crate::{Denial, LeaseStore, StoreError};
+use crate::{error::StoreError, lease::Denial, store::LeaseStore};
 
 /// The default lease of a lock or permit (15 s, as an elector's).
 pub const DEFAULT_LOCK_LEASE: Duration = Duration::from_secs(15);

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{LockError, Locks};
-use crate::{ErrorKind, InMemoryLeaseStore, LeaseStore};
+use crate::{error::ErrorKind, memory::InMemoryLeaseStore, store::LeaseStore};
 
 fn locks() -> Locks {
     Locks::builder(InMemoryLeaseStore::new())
@@ -94,26 +94,33 @@ fn lost_completes_for_a_hold_whose_runtime_is_gone() {
 /// the batch ones left to their defaults.
 struct Wrapper(InMemoryLeaseStore);
 
-#[crate::async_trait]
+#[async_trait::async_trait]
 impl LeaseStore for Wrapper {
     async fn acquire_or_renew(
         &self,
         resource: &str,
         candidate: &str,
         lease: Duration,
-    ) -> Result<crate::LeaseOutcome, crate::StoreError> {
+    ) -> Result<crate::lease::LeaseOutcome, crate::error::StoreError> {
         self.0.acquire_or_renew(resource, candidate, lease).await
     }
-    async fn release(&self, resource: &str, candidate: &str) -> Result<bool, crate::StoreError> {
+    async fn release(
+        &self,
+        resource: &str,
+        candidate: &str,
+    ) -> Result<bool, crate::error::StoreError> {
         self.0.release(resource, candidate).await
     }
-    async fn release_lease(&self, lease: &crate::Lease) -> Result<bool, crate::StoreError> {
+    async fn release_lease(
+        &self,
+        lease: &crate::lease::Lease,
+    ) -> Result<bool, crate::error::StoreError> {
         self.0.release_lease(lease).await
     }
     async fn current(
         &self,
         resource: &str,
-    ) -> Result<Option<crate::LeaseRecord>, crate::StoreError> {
+    ) -> Result<Option<crate::lease::LeaseRecord>, crate::error::StoreError> {
         self.0.current(resource).await
     }
 }

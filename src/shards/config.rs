@@ -107,7 +107,7 @@ impl Options {
             health_window,
             name: Arc::from(name),
             member: Arc::from(member),
-            set_hash: crate::Holding::fingerprint(&self.resources),
+            set_hash: crate::membership::Holding::fingerprint(&self.resources),
             resources: self.resources.into_iter().map(Arc::from).collect(),
             timing,
             slack,
@@ -120,7 +120,7 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::StoreError;
+    use crate::error::StoreError;
 
     fn opts(resources: &[&str]) -> Options {
         Options {

@@ -49,8 +49,8 @@ pub struct ShardHandle {
 impl ShardHandle {
     /// What this node leads, as it changes. Reads return copies, so a reader never holds up
     /// the node's rounds (see [`Watch`](crate::Watch)).
-    pub fn watch(&self) -> crate::Watch<Assignment> {
-        crate::Watch::new(self.receiver.clone())
+    pub fn watch(&self) -> crate::watch::Watch<Assignment> {
+        crate::watch::Watch::new(self.receiver.clone())
     }
 
     /// What this node leads now.
@@ -183,7 +183,7 @@ impl ShardHandle {
     /// # node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub fn health(&self) -> crate::Health {
+    pub fn health(&self) -> crate::hold::health::Health {
         let (failed, leads) = {
             let assignment = self.receiver.borrow();
             let leads = assignment.current().next().is_some();

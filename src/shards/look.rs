@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::Member;
+use crate::membership::Member;
 
 /// The free resources at one look, by how long they have been free.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -451,11 +451,11 @@ mod tests {
     #[test]
     fn a_look_is_skipped_only_when_every_member_counts_every_resource_led() {
         let list = ["r0", "r1", "r2", "r3", "r4"];
-        let hash = crate::Holding::fingerprint(&list);
+        let hash = crate::membership::Holding::fingerprint(&list);
         let (lease, interval) = (Duration::from_secs(10), Duration::from_secs(2));
         let counted = |id: &str, leases: u64, remaining: Duration| {
             let mut m = Member::new("set", id, remaining);
-            m.holding = Some(crate::Holding::new(leases, &list));
+            m.holding = Some(crate::membership::Holding::new(leases, &list));
             m
         };
         let fresh = lease - Duration::from_millis(100);
@@ -472,7 +472,7 @@ mod tests {
         assert!(!skip(&[counted("a", 3, fresh), silent]));
         // A member with another list: its count says nothing about this one.
         let mut other = counted("b", 2, fresh);
-        other.holding = Some(crate::Holding::new(2, &["r0", "r1"]));
+        other.holding = Some(crate::membership::Holding::new(2, &["r0", "r1"]));
         assert!(!skip(&[counted("a", 3, fresh), other]));
         // A member more than two intervals past its heartbeat: it may be dying.
         let late = lease - interval * 2 - Duration::from_millis(1);

@@ -78,7 +78,7 @@ pub use handle::ShardHandle;
 
 use crate::hold::timing::{timing_setter, ConfigError};
 use crate::hold::LeaderTerm;
-use crate::{LeaseStore, MembershipStore};
+use crate::{membership::MembershipStore, store::LeaseStore};
 use config::{Config, Options};
 
 /// A store a shard set can run on: leases and membership (both database stores and the
@@ -103,7 +103,7 @@ pub struct Assignment {
     /// Set when the node stopped because the store refused its configuration (a permanent
     /// [`StoreError`](crate::StoreError), e.g. a backend this build does not support): it leads
     /// nothing and tries nothing more.
-    pub failed: Option<Arc<crate::StoreError>>,
+    pub failed: Option<Arc<crate::error::StoreError>>,
 }
 
 impl Assignment {
@@ -118,7 +118,7 @@ impl Assignment {
 pub struct ShardSetBuilder {
     store: Arc<dyn ShardStore>,
     renewer: crate::hold::renewer::Renewer,
-    fence: Option<crate::SeaOrmLeaseStore>,
+    fence: Option<crate::backend::SeaOrmLeaseStore>,
     options: Options,
 }
 
@@ -240,7 +240,7 @@ impl ShardSetBuilder {
 pub struct ShardSet {
     store: Arc<dyn ShardStore>,
     renewer: crate::hold::renewer::Renewer,
-    fence: Option<crate::SeaOrmLeaseStore>,
+    fence: Option<crate::backend::SeaOrmLeaseStore>,
     config: Arc<Config>,
 }
 

@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::Member;
+use crate::membership::Member;
 
 /// One node's view at one tick.
 #[derive(Debug, Clone, Copy)]

@@ -22,7 +22,7 @@ use super::state::{Handover, Held, State, UNWIND};
 use super::watchdog::{recv, watchdog, Released};
 use super::{Assignment, Control, ShardStore, Work};
 use crate::hold::{LeaderTerm, LossReason};
-use crate::{Lease, LeaseOutcome, StoreError};
+use crate::{error::StoreError, lease::Lease, lease::LeaseOutcome};
 
 /// How long after a release notification a node waits for more before its round: one round for
 /// a burst of releases (a drain, a shutdown).
@@ -52,7 +52,7 @@ pub(crate) struct Runner {
     pub state: watch::Sender<Assignment>,
     pub control: Control,
     pub work: Arc<Work>,
-    pub fence: Option<crate::SeaOrmLeaseStore>,
+    pub fence: Option<crate::backend::SeaOrmLeaseStore>,
     /// When the store last answered a heartbeat or a batched renew, for `health()`.
     pub health: Arc<crate::hold::health::HealthState>,
 }
@@ -203,9 +203,10 @@ impl Runner {
         &self,
         st: &State,
         draining: bool,
-    ) -> impl std::future::Future<Output = Result<Vec<crate::Member>, StoreError>> + '_ {
+    ) -> impl std::future::Future<Output = Result<Vec<crate::membership::Member>, StoreError>> + '_
+    {
         let leases = if draining { 0 } else { st.held.len() };
-        let holding = crate::Holding {
+        let holding = crate::membership::Holding {
             leases: u64::try_from(leases).unwrap_or(u64::MAX),
             set_hash: self.config.set_hash,
         };
@@ -233,7 +234,7 @@ impl Runner {
         }
         let sent = crate::clock::now();
         let answer_by = sent.checked_add(self.config.interval()).unwrap_or(sent);
-        let store: Arc<dyn crate::LeaseStore> = self.store.clone();
+        let store: Arc<dyn crate::store::LeaseStore> = self.store.clone();
         let timing = self.config.timing.renew_key();
         let renew = self.renewer.renew_now(&store, &leases, timing, answer_by);
         let answer = match self.bounded(renew).await {
@@ -437,7 +438,7 @@ impl Runner {
     async fn release_strays(
         &self,
         st: &mut State,
-        records: &[crate::LeaseRecord],
+        records: &[crate::lease::LeaseRecord],
         looked: Instant,
     ) {
         if st.uncertain.is_empty() {

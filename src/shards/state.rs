@@ -14,7 +14,7 @@ use super::look::{keeps, FreeSince, Keeps, Presence};
 use super::plan::{plan, Plan, View};
 use super::Assignment;
 use crate::hold::{LeaderTerm, LossReason};
-use crate::{Lease, Member, Renewals, StoreError};
+use crate::{error::StoreError, lease::Lease, lease::Renewals, membership::Member};
 
 /// How long cut-off work gets to be dropped; work still running then keeps its lease
 /// unreleased, to lapse.
@@ -308,7 +308,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FencingToken;
+    use crate::fencing::FencingToken;
 
     fn lease(resource: &str, token: i64, remaining_ms: u64) -> Lease {
         Lease {

@@ -48,7 +48,7 @@ pub(crate) enum Released {
 }
 
 /// The next release notification; pending forever without a channel.
-pub(crate) async fn recv(events: &mut Option<crate::ReleaseEvents>) -> Released {
+pub(crate) async fn recv(events: &mut Option<crate::store::ReleaseEvents>) -> Released {
     let Some(rx) = events.as_mut() else {
         return std::future::pending().await;
     };

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orion_beacon::{FencingToken, Lease, LeaseOutcome, LeaseStore, StoreError};
+use orion_beacon::{store::LeaseOutcome, FencingToken, Lease, LeaseStore, StoreError};
 
 use super::{unique, Rng};
 
@@ -857,7 +857,7 @@ pub async fn a_bad_payload_is_refused_before_sql<H: Harness>(h: &H) {
     );
 }
 
-fn denial(outcome: &LeaseOutcome) -> &orion_beacon::Denial {
+fn denial(outcome: &LeaseOutcome) -> &orion_beacon::store::Denial {
     match outcome {
         LeaseOutcome::Denied(denial) => denial,
         other => panic!("expected Denied, got {other:?}"),
@@ -958,7 +958,7 @@ pub async fn bad_offers_are_refused_before_sql<H: Harness>(h: &H) {
     let r = unique("bad_offer");
     let granted = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
     let lease = granted.lease().unwrap().clone();
-    let too_long = "x".repeat(orion_beacon::MAX_OFFER_TARGET_LEN + 1);
+    let too_long = "x".repeat(orion_beacon::store::MAX_OFFER_TARGET_LEN + 1);
     for (to, within) in [
         ("", LONG),
         (" b", LONG),

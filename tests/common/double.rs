@@ -35,8 +35,9 @@ use std::time::Duration;
 
 use orion_beacon::store::validate_resource;
 use orion_beacon::{
-    async_trait, FencingToken, Holding, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord,
-    LeaseStore, Member, MembershipStore, ReleaseEvents, Renewals, StoreError,
+    store::async_trait, store::LeaseOutcome, store::ReleaseEvents, store::Renewals, FencingToken,
+    Holding, InMemoryLeaseStore, Lease, LeaseRecord, LeaseStore, Member, MembershipStore,
+    StoreError,
 };
 
 /// The calls of [`LeaseStore`] and [`MembershipStore`], each given the inner store first. Every

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use orion_beacon::locks::{LockError, Locks, MAX_PERMITS};
 use orion_beacon::{
-    async_trait, ConfigError, ErrorKind, LeaseOutcome, LeaseRecord, LeaseStore, MembershipStore,
-    Renewals, StoreError,
+    store::async_trait, store::LeaseOutcome, store::Renewals, ConfigError, ErrorKind, LeaseRecord,
+    LeaseStore, MembershipStore, StoreError,
 };
 use tokio::time::Instant;
 

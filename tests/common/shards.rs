@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use orion_beacon::{
-    Assignment, Holding, LeaseOutcome, LeaseRecord, LeaseStore, MembershipStore, ShardHandle,
-    ShardSet, StoreError,
+    store::LeaseOutcome, Assignment, Holding, LeaseRecord, LeaseStore, MembershipStore,
+    ShardHandle, ShardSet, StoreError,
 };
 use tokio::time::Instant;
 
@@ -310,7 +310,7 @@ where
 #[derive(Clone, Default)]
 pub struct CountLooks(pub Arc<AtomicUsize>);
 
-#[orion_beacon::async_trait]
+#[orion_beacon::store::async_trait]
 impl<S: LeaseStore + MembershipStore + 'static> Intercept<S> for CountLooks {
     async fn current_all(
         &self,

@@ -465,7 +465,7 @@ async fn table_without_payload(h: &SqlHarness, prefix: &str) -> (String, SeaOrmL
 /// the columns, and the store goes on without them.
 pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
     use super::conformance::LONG;
-    use orion_beacon::{ErrorKind, LeaseOutcome, LeaseStore, StoreError};
+    use orion_beacon::{store::LeaseOutcome, ErrorKind, LeaseStore, StoreError};
     use orion_beacon_migration::{
         AddLeasePayload, CreateLeaseTable, MigrationTrait, SchemaManager,
     };
@@ -648,7 +648,7 @@ pub async fn a_term_that_wrote_no_payload_shows_none(h: &SqlHarness) {
         .unwrap();
     assert_eq!(denied.token(), None);
     match denied {
-        orion_beacon::LeaseOutcome::Denied(d) => assert_eq!(d.payload, None, "{d:?}"),
+        orion_beacon::store::LeaseOutcome::Denied(d) => assert_eq!(d.payload, None, "{d:?}"),
         other => panic!("expected a denial: {other:?}"),
     }
     // The entity reads the same rule.

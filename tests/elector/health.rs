@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::double::{Double, Intercept};
 use orion_beacon::{
-    ConfigError, Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseStore,
-    ReleaseEvents, StoreError,
+    store::LeaseOutcome, store::ReleaseEvents, ConfigError, Elector, ElectorHandle,
+    InMemoryLeaseStore, Leadership, LeaseStore, StoreError,
 };
 use tokio::time::{sleep, sleep_until, Instant};
 

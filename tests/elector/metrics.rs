@@ -18,8 +18,8 @@ use orion_beacon::elector::metrics::{
     IS_LEADER, RENEW_DURATION, SHARDS_LED, SHARD_SHARE, SINCE_RENEW, STORE_ERRORS, TERM_CHANGES,
 };
 use orion_beacon::{
-    Elector, ElectorHandle, InMemoryLeaseStore, Leadership, LeaseOutcome, LeaseStore,
-    ReleaseEvents, StoreError,
+    store::LeaseOutcome, store::ReleaseEvents, Elector, ElectorHandle, InMemoryLeaseStore,
+    Leadership, LeaseStore, StoreError,
 };
 use tokio::time::sleep;
 

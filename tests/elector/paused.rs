@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::double::{Double, Intercept};
 use orion_beacon::{
-    ConfigError, Elector, InMemoryLeaseStore, Leadership, Lease, LeaseOutcome, LeaseRecord,
-    LeaseStore, LossReason, ReleaseEvents, StoreError,
+    store::LeaseOutcome, store::ReleaseEvents, ConfigError, Elector, InMemoryLeaseStore,
+    Leadership, Lease, LeaseRecord, LeaseStore, LossReason, StoreError,
 };
 use tokio::time::Instant;
 
@@ -690,7 +690,7 @@ async fn a_denial_naming_ourselves_is_not_a_leader() {
             c: &str,
             _lease: Duration,
         ) -> Result<LeaseOutcome, StoreError> {
-            let mut denial = orion_beacon::Denial::new(r);
+            let mut denial = orion_beacon::store::Denial::new(r);
             denial.holder = Some(c.to_owned());
             denial.token = Some(orion_beacon::FencingToken::new(4));
             denial.remaining = Duration::from_secs(1);

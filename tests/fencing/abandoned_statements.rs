@@ -87,7 +87,7 @@ mod abandoned {
     use std::time::Duration;
 
     use orion_beacon::{
-        Lease, LeaseOutcome, LeaseStore, MembershipStore, MySqlUpsert, SeaOrmLeaseStore,
+        store::LeaseOutcome, Lease, LeaseStore, MembershipStore, MySqlUpsert, SeaOrmLeaseStore,
     };
     use sea_orm::{ConnectionTrait, DatabaseConnection};
 

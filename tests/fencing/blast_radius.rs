@@ -11,7 +11,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use orion_beacon::{Denial, Lease, LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
+use orion_beacon::{store::Denial, store::LeaseOutcome, Lease, LeaseStore, SeaOrmLeaseStore, Term};
 use sea_orm::sea_query::{Alias, ColumnDef, Query, Table};
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend,
@@ -219,7 +219,11 @@ fn stalled_denial(out: &LeaseOutcome, holder: &str) -> Denial {
 
 /// Whether a release of `resource` arrives on `events` within `within`.
 #[cfg(feature = "postgres")]
-async fn heard(events: &mut orion_beacon::ReleaseEvents, resource: &str, within: Duration) -> bool {
+async fn heard(
+    events: &mut orion_beacon::store::ReleaseEvents,
+    resource: &str,
+    within: Duration,
+) -> bool {
     let until = Instant::now() + within;
     loop {
         match tokio::time::timeout_at(until, events.recv()).await {

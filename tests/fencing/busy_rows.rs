@@ -10,7 +10,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use orion_beacon::{Lease, LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
+use orion_beacon::{store::LeaseOutcome, Lease, LeaseStore, SeaOrmLeaseStore, Term};
 use sea_orm::TransactionTrait;
 use tokio::time::Instant;
 

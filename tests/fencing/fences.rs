@@ -4,7 +4,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use orion_beacon::{FenceError, FencingToken, LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
+use orion_beacon::{
+    store::LeaseOutcome, FenceError, FencingToken, LeaseStore, SeaOrmLeaseStore, Term,
+};
 use sea_orm::sea_query::{Alias, ColumnDef, Expr, ExprTrait, Query, Table};
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 use tokio::time::Instant;

@@ -6,7 +6,7 @@
 mod sqlite_rollback_journal {
     use std::time::Duration;
 
-    use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore, StoreError};
+    use orion_beacon::{store::LeaseOutcome, LeaseStore, SeaOrmLeaseStore, StoreError};
     use sea_orm::{ConnectionTrait, TransactionTrait};
     use tokio::sync::oneshot;
 
@@ -109,7 +109,7 @@ mod sqlite_rollback_journal {
 mod mariadb_sql_mode {
     use std::time::Duration;
 
-    use orion_beacon::{LeaseOutcome, LeaseStore, MySqlUpsert, SeaOrmLeaseStore};
+    use orion_beacon::{store::LeaseOutcome, LeaseStore, MySqlUpsert, SeaOrmLeaseStore};
 
     use crate::common::sql::connect_mysql_with_session;
     use crate::common::{drop_table, migrate, unique, Server};
@@ -186,7 +186,7 @@ mod mariadb_sql_mode {
 mod abandoned_transaction {
     use std::time::Duration;
 
-    use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+    use orion_beacon::{store::LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
     use sea_orm::ConnectionTrait;
 
     use crate::common::{drop_table, migrate, unique, Server};

@@ -10,7 +10,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use orion_beacon::{FencingToken, LeaseOutcome, LeaseStore, SeaOrmLeaseStore, Term};
+use orion_beacon::{store::LeaseOutcome, FencingToken, LeaseStore, SeaOrmLeaseStore, Term};
 use sea_orm::sea_query::{Alias, ColumnDef, InsertStatement, Query, Table};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
 use tokio::time::Instant;

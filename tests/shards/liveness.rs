@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::double::{Double, Intercept};
 use orion_beacon::{
-    InMemoryLeaseStore, Lease, LeaseOutcome, LeaseStore, LossReason, ReleaseEvents, Renewals,
-    ShardHandle, ShardSet, StoreError,
+    store::LeaseOutcome, store::ReleaseEvents, store::Renewals, InMemoryLeaseStore, Lease,
+    LeaseStore, LossReason, ShardHandle, ShardSet, StoreError,
 };
 use tokio::time::{sleep, Instant};
 

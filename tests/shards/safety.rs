@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::double::{Double, Intercept};
 use orion_beacon::{
-    InMemoryLeaseStore, LeaseOutcome, LeaseStore, LossReason, ReleaseEvents, ShardHandle, ShardSet,
-    StoreError,
+    store::LeaseOutcome, store::ReleaseEvents, InMemoryLeaseStore, LeaseStore, LossReason,
+    ShardHandle, ShardSet, StoreError,
 };
 use tokio::time::{sleep, Instant};
 

@@ -11,8 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::double::{Double, Intercept};
 use orion_beacon::{
-    ConfigError, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore, LossReason,
-    Member, MembershipStore, ReleaseEvents, Renewals, ShardHandle, ShardSet, StoreError,
+    store::LeaseOutcome, store::ReleaseEvents, store::Renewals, ConfigError, InMemoryLeaseStore,
+    Lease, LeaseRecord, LeaseStore, LossReason, Member, MembershipStore, ShardHandle, ShardSet,
+    StoreError,
 };
 use tokio::time::{sleep, Instant};
 

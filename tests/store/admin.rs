@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::conformance::{Harness, LONG, PAST_SHORT, SHORT};
 use common::sql::SqlHarness;
-use orion_beacon::{LeaseOutcome, LeaseStore, StoreError};
+use orion_beacon::{store::LeaseOutcome, LeaseStore, StoreError};
 
 fn token(out: &LeaseOutcome) -> i64 {
     out.token().expect("held").get()

@@ -29,7 +29,7 @@ lock_suite!(async { Some(Memory(InMemoryLeaseStore::new())) });
 /// Expiry follows tokio's clock, so it can be tested with paused time.
 #[tokio::test(start_paused = true)]
 async fn expiry_follows_paused_tokio_time() {
-    use orion_beacon::{LeaseOutcome, LeaseStore};
+    use orion_beacon::{store::LeaseOutcome, LeaseStore};
     use std::time::Duration;
     let store = InMemoryLeaseStore::new();
     let lease = Duration::from_secs(15);
@@ -56,7 +56,7 @@ async fn expiry_follows_paused_tokio_time() {
 /// stay denied. Each renew's remaining time is its new expiry's.
 #[tokio::test(start_paused = true)]
 async fn a_late_release_never_ends_a_renew_at_the_same_instant() {
-    use orion_beacon::{Lease, LeaseOutcome, LeaseStore};
+    use orion_beacon::{store::LeaseOutcome, Lease, LeaseStore};
     use std::time::Duration;
     let grant = |out: LeaseOutcome| -> Lease {
         match out {

@@ -98,7 +98,7 @@ mod simultaneous_assignment {
 /// Without an override the store asks the server, and MariaDB gets the one-statement form.
 #[tokio::test]
 async fn detects_mariadb_and_works_without_override() {
-    use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+    use orion_beacon::{store::LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
     let Some(h) = SqlHarness::server(Server::MySql).await else {
         return;
     };

@@ -65,7 +65,7 @@ async fn release_notifications_only_on_a_direct_session() {
 /// schema's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_sessions_use_the_applications_search_path() {
-    use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+    use orion_beacon::{store::LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
     use sea_orm::ConnectionTrait;
     if Server::Postgres.skipped() {
         return;

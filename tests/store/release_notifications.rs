@@ -183,7 +183,7 @@ async fn a_listener_a_partition_left_half_open_listens_again() {
     // A release from `a` reaches `b`'s followers: released and heard within `WELL_UNDER`.
     async fn heard(
         store_a: &SeaOrmLeaseStore,
-        events: &mut orion_beacon::ReleaseEvents,
+        events: &mut orion_beacon::store::ReleaseEvents,
         within: Duration,
     ) -> bool {
         use orion_beacon::LeaseStore;

@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+use orion_beacon::{store::LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, LockType, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use orion_beacon::{
-    Denial, Elector, FencingToken, InMemoryLeaseStore, Lease, LeaseOutcome, LeaseRecord, LeaseStore,
+    store::Denial, store::LeaseOutcome, Elector, FencingToken, InMemoryLeaseStore, Lease,
+    LeaseRecord, LeaseStore,
 };
 use serde_json::json;
 

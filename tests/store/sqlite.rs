@@ -182,7 +182,7 @@ async fn a_late_release_never_ends_a_renew_made_in_the_same_millisecond() {
     use std::time::Duration;
 
     use chrono::{DateTime, TimeDelta, Utc};
-    use orion_beacon::{Lease, LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+    use orion_beacon::{store::LeaseOutcome, Lease, LeaseStore, SeaOrmLeaseStore};
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("app.db");

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::{connect_url, migrate, unique, Server};
-use orion_beacon::{LeaseOutcome, LeaseStore, MySqlUpsert, SeaOrmLeaseStore, StoreError};
+use orion_beacon::{store::LeaseOutcome, LeaseStore, MySqlUpsert, SeaOrmLeaseStore, StoreError};
 use orion_beacon_testkit::Galera;
 
 const LONG: Duration = Duration::from_secs(60);

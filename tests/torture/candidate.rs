@@ -47,12 +47,13 @@ impl Intercept<SeaOrmLeaseStore> for Logged {
         r: &str,
         c: &str,
         lease: Duration,
-    ) -> Result<orion_beacon::LeaseOutcome, orion_beacon::StoreError> {
+    ) -> Result<orion_beacon::store::LeaseOutcome, orion_beacon::StoreError> {
         let t0 = mono_ns();
         let out = inner.acquire_or_renew(r, c, lease).await;
         let t1 = mono_ns();
         if let Ok(
-            orion_beacon::LeaseOutcome::Acquired(l) | orion_beacon::LeaseOutcome::Renewed(l),
+            orion_beacon::store::LeaseOutcome::Acquired(l)
+            | orion_beacon::store::LeaseOutcome::Renewed(l),
         ) = &out
         {
             self.asked
@@ -62,15 +63,15 @@ impl Intercept<SeaOrmLeaseStore> for Logged {
                 .or_insert(t1);
         }
         let what = match &out {
-            Ok(orion_beacon::LeaseOutcome::Acquired(l)) => format!(
+            Ok(orion_beacon::store::LeaseOutcome::Acquired(l)) => format!(
                 "acquired {} rem={:?} acq={:?} exp={:?}",
                 l.token, l.remaining, l.acquired_at, l.expires_at
             ),
-            Ok(orion_beacon::LeaseOutcome::Renewed(l)) => format!(
+            Ok(orion_beacon::store::LeaseOutcome::Renewed(l)) => format!(
                 "renewed {} rem={:?} acq={:?} exp={:?}",
                 l.token, l.remaining, l.acquired_at, l.expires_at
             ),
-            Ok(orion_beacon::LeaseOutcome::Denied(d)) => {
+            Ok(orion_beacon::store::LeaseOutcome::Denied(d)) => {
                 format!("denied {:?} {:?} rem={:?}", d.holder, d.token, d.remaining)
             }
             Err(e) => {

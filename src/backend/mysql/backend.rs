@@ -20,26 +20,26 @@ use super::statements::IN_TRANSACTION_COLUMN;
 use super::takeover::{blockers, still_there, transactions_now, KILL_WITHIN};
 use super::wakeups::HubCell;
 use super::{statements, MySql, MySqlUpsert};
-use crate::backend::checkout::{Begin, Checked, Source};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;
+use crate::backend::sessions::{Begin, Checked, Source};
+use crate::backend::sessions::{OwnPool, Setup};
 use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::store::ReleaseEvents;
-use crate::{LeaseOutcome, StoreError};
+use crate::{error::StoreError, lease::LeaseOutcome};
 
 /// The MySQL/MariaDB backend of one store.
 pub(crate) struct MySqlBackend {
     /// The application's pool, where the store can take one connection and check it; `None`
     /// for connections it cannot (SeaORM's mock and proxy connections).
     pool: Option<MySqlPool>,
-    /// The store's own sessions for its lease statements (`own_pool`); `None` when told to
+    /// The store's own sessions for its lease statements (`sessions`); `None` when told to
     /// use the application's pool.
     own: Option<OwnPool<sea_orm::sqlx::MySql>>,
     /// Which upsert form the server takes, detected once (or set).
@@ -50,7 +50,7 @@ pub(crate) struct MySqlBackend {
     wakeups: Option<HubCell>,
 }
 
-/// How the store's own sessions are made like the application's (see `own_pool`): the
+/// How the store's own sessions are made like the application's (see `sessions`): the
 /// settings that bear on its statements, copied; autocommit on whatever the server's default
 /// (`autocommit = 0`, or an `init_connect`), so each statement commits when it ends.
 const OWN_SESSIONS: Setup<MySqlDb> = Setup {
@@ -396,7 +396,7 @@ impl MySqlBackend {
                             .unwrap_or(0)
                             != 0
                     }
-                    Err(StoreError::Database(crate::BackendError::SeaOrm(e)))
+                    Err(StoreError::Database(crate::error::BackendError::SeaOrm(e)))
                         if error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) =>
                     {
                         false
@@ -491,7 +491,7 @@ impl LeaseBackend for MySqlBackend {
         }
     }
 
-    fn denied(&self, cx: &Context, resource: &str, candidate: &str, by: &crate::Denial) {
+    fn denied(&self, cx: &Context, resource: &str, candidate: &str, by: &crate::lease::Denial) {
         if let Some(w) = self.wakeups() {
             w.denied(&cx.db, &cx.table, resource, candidate, by);
         }
@@ -854,7 +854,7 @@ impl LeaseBackend for MySqlBackend {
 }
 
 /// `write` then `read` in a transaction of the store's own, on a pooled connection checked to
-/// be outside any transaction (see `checkout`): the rows of `read` once `COMMIT` succeeded. A
+/// be outside any transaction (see `sessions`): the rows of `read` once `COMMIT` succeeded. A
 /// call dropped anywhere before closes the connection (the server rolls back) instead of
 /// handing it back to the pool mid-transaction, which SeaORM's `begin()` cannot promise.
 async fn in_transaction(

@@ -11,7 +11,7 @@ use sea_orm::{DbErr, QueryResult, Statement};
 use super::errors::{
     lock_wait_ran_out, sqlx_error_number, CANT_CHANGE_TX_CHARACTERISTICS, UNKNOWN_SYSTEM_VARIABLE,
 };
-use crate::backend::checkout::{query_err, values, Begin, Checked, Checkout, Source};
+use crate::backend::sessions::{query_err, values, Begin, Checked, Checkout, Source};
 
 /// Runs `stmt` (whose last returned column is `@@in_transaction`) on one pooled connection,
 /// read to the end.

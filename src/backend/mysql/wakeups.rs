@@ -207,7 +207,7 @@ pub(crate) struct Hub {
 #[derive(Debug)]
 struct DeniedBy {
     holder: Option<String>,
-    token: Option<crate::FencingToken>,
+    token: Option<crate::fencing::FencingToken>,
     /// A watch found nobody signalling since this denial and woke the waiters once.
     woken: bool,
 }
@@ -300,7 +300,7 @@ impl HubCell {
         table: &Arc<str>,
         resource: &str,
         candidate: &str,
-        by: &crate::Denial,
+        by: &crate::lease::Denial,
     ) {
         if let Some(hub) = self.hub(db, table) {
             hub.let_go(resource, candidate);
@@ -401,7 +401,7 @@ impl Hub {
     /// off). It cannot tell the two apart, so it wakes the waiters once per denying term: a
     /// release just missed is then taken at once, and a holder that signals nothing costs each
     /// waiting process one more attempt per term, not one per poll.
-    fn denied_by(&self, resource: &str, by: &crate::Denial) {
+    fn denied_by(&self, resource: &str, by: &crate::lease::Denial) {
         let mut denials = lock(&self.denials);
         if let Some(last) = denials.get(resource) {
             if last.holder == by.holder && last.token == by.token {

@@ -13,18 +13,18 @@ use super::checked::{self, Pool, Transaction};
 use super::notify::{self, HubCell};
 use super::statements::{RENEW_TRANSACTION_START_COLUMN, TRANSACTION_START_COLUMN};
 use super::{errors, statements, takeover, Postgres};
-use crate::backend::checkout::{Begin, Checked};
 use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::own_pool::{OwnPool, Setup};
 use crate::backend::row::Row;
+use crate::backend::sessions::{Begin, Checked};
+use crate::backend::sessions::{OwnPool, Setup};
 use crate::backend::statements::{Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::store::ReleaseEvents;
-use crate::{Denial, LeaseOutcome, StoreError};
+use crate::{error::StoreError, lease::Denial, lease::LeaseOutcome};
 
 /// How the store's own sessions are made like the application's (see `own_pool`): its
 /// `search_path` (SeaORM's `set_schema_search_path` sets it in an `after_connect` hook), so an

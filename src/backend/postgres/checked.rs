@@ -11,8 +11,8 @@ use sea_orm::sqlx::{self, Row};
 use sea_orm::{DbErr, QueryResult, Statement};
 
 use super::errors::{in_failed_transaction, lock_wait_ran_out};
-use crate::backend::checkout::{query_err, values, Begin, Checked, Checkout, Source};
-use crate::backend::own_pool::OwnPool;
+use crate::backend::sessions::OwnPool;
+use crate::backend::sessions::{query_err, values, Begin, Checked, Checkout, Source};
 
 /// Runs `stmt` (whose last returned column is `transaction_timestamp()`) on one connection,
 /// read to the end. On the application's pool it then compares that with a fresh

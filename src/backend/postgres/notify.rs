@@ -104,7 +104,7 @@ fn listener_pool(options: &PgConnectOptions) -> PgPool {
 /// (back to the pool only after a complete read; closed otherwise).
 async fn table_oid(app: &PgPool, table: &str) -> Result<Option<i64>, sea_orm::sqlx::Error> {
     let conn = app.acquire().await?;
-    let mut conn = crate::backend::checkout::Checkout::shared(conn);
+    let mut conn = crate::backend::sessions::Checkout::shared(conn);
     let conn_ref = conn
         .conn()
         .map_err(|e| sea_orm::sqlx::Error::Protocol(e.to_string()))?;

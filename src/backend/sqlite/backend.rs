@@ -16,7 +16,7 @@ use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
-use crate::{Denial, LeaseOutcome, StoreError};
+use crate::{error::StoreError, lease::Denial, lease::LeaseOutcome};
 
 /// The SQLite backend of one store.
 pub(crate) struct SqliteBackend {

@@ -11,7 +11,7 @@ use tiberius::{FromSql, ToSql};
 
 use super::pool::{keeps_connection, Connection};
 use super::SqlServerLeaseStore;
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// How often a statement is tried when SQL Server picks it as a deadlock victim (1205) or
 /// reports a duplicate key (2627). Either way the statement had no effect.

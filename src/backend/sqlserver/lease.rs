@@ -16,7 +16,8 @@ use crate::store::{
     offer_holder, validate_batch, validate_offer, validate_payload, validate_request, validate_take,
 };
 use crate::{
-    Denial, FencingToken, Lease, LeaseOutcome, LeaseRecord, LeaseStore, Renewals, StoreError,
+    error::StoreError, fencing::FencingToken, lease::Denial, lease::Lease, lease::LeaseOutcome,
+    lease::LeaseRecord, lease::Renewals, store::LeaseStore,
 };
 
 impl SqlServerLeaseStore {
@@ -257,7 +258,7 @@ impl LeaseStore for SqlServerLeaseStore {
     /// document. Unlike the SeaORM store's batch, this one locks its rows (`UPDLOCK,
     /// HOLDLOCK`) and waits for a row another transaction holds (a holder's own fenced
     /// transaction) with the rest of the batch behind it, and it answers no lease as
-    /// [`unanswered`](crate::Renewals::unanswered): keep fenced transactions on SQL Server
+    /// [`unanswered`](crate::store::Renewals::unanswered): keep fenced transactions on SQL Server
     /// short, and fence with one lease per transaction.
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
         let millis = validate_batch(held, lease)?;

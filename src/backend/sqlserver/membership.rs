@@ -11,10 +11,10 @@ use super::exec::{code, column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_shard_set, check_stored_set};
 use super::SqlServerLeaseStore;
 use crate::backend::statements::Shape;
+use crate::error::StoreError;
 use crate::membership::{
     set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
 };
-use crate::StoreError;
 
 impl SqlServerLeaseStore {
     /// The name this store keeps `shard_set`'s members under ([`stored_set`]), checked to fit

@@ -8,7 +8,7 @@ use super::exec::{code, Want};
 use super::member_tsql::{holding_migration_sql, member_migration_sql};
 use super::tsql::{migration_sql, payload_migration_sql};
 use super::SqlServerLeaseStore;
-use crate::StoreError;
+use crate::error::StoreError;
 
 impl SqlServerLeaseStore {
     /// The versioned T-SQL ([`MIGRATION_SQL`](super::MIGRATION_SQL), migration

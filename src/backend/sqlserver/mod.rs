@@ -96,7 +96,7 @@ use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TAB
 use tiberius::Config;
 
 use crate::backend::context::ShapeSeen;
-use crate::StoreError;
+use crate::error::StoreError;
 
 mod exec;
 mod lease;

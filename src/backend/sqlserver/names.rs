@@ -1,9 +1,9 @@
 //! Names on SQL Server: `nvarchar(255)` counts UTF-16 code units, so a name the common checks
 //! accept can still be too long here; such a name is refused before any SQL runs.
 
+use crate::error::StoreError;
 use crate::membership::validate_shard_set;
 use crate::store::{validate_candidate, validate_resource, MAX_NAME_LEN};
-use crate::StoreError;
 
 /// SQL Server counts `nvarchar(255)` in UTF-16 code units: a character outside the Basic
 /// Multilingual Plane takes two. `stored` (the form `name` is kept under) that would not fit is
