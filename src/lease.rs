@@ -177,7 +177,7 @@ impl Denial {
     /// The candidate the holder's term was offered to, when the lease is an open offer (see
     /// [`LeaseStore::offer`](crate::LeaseStore::offer)): only that candidate can take it.
     pub fn offered_to(&self) -> Option<&str> {
-        crate::store::offered_to(self.holder.as_deref()?)
+        offered_to(self.holder.as_deref()?)
     }
 }
 
@@ -186,7 +186,7 @@ impl LeaseRecord {
     /// [`LeaseStore::offer`](crate::LeaseStore::offer)): open while [`live`](Self::live), lapsed
     /// otherwise.
     pub fn offered_to(&self) -> Option<&str> {
-        crate::store::offered_to(&self.holder)
+        offered_to(&self.holder)
     }
 
     /// A stored lease of `holder` on `resource` with `token`, not live, no database times (set
@@ -270,4 +270,18 @@ impl Renewals {
         }
         out
     }
+}
+
+/// What an offer's holder starts with (two characters): a white space no candidate id can start
+/// with (see `store::validate_candidate`), then an arrow.
+pub(crate) const OFFER_MARKER: &str = " \u{2192}";
+
+/// The holder an offer to `to` is stored under.
+pub(crate) fn offer_holder(to: &str) -> String {
+    format!("{OFFER_MARKER}{to}")
+}
+
+/// The candidate an offer's holder names, if `holder` is one.
+pub(crate) fn offered_to(holder: &str) -> Option<&str> {
+    holder.strip_prefix(OFFER_MARKER)
 }

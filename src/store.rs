@@ -627,19 +627,7 @@ pub(crate) fn validate_request(
 /// the id behind a two-character marker, in a column of [`MAX_NAME_LEN`] characters.
 pub const MAX_OFFER_TARGET_LEN: usize = MAX_NAME_LEN - 2;
 
-/// What an offer's holder starts with (two characters): a white space no candidate id can start
-/// with (see [`validate_candidate`]), then an arrow.
-pub(crate) const OFFER_MARKER: &str = " \u{2192}";
-
-/// The holder an offer to `to` is stored under.
-pub(crate) fn offer_holder(to: &str) -> String {
-    format!("{OFFER_MARKER}{to}")
-}
-
-/// The candidate an offer's holder names, if `holder` is one.
-pub(crate) fn offered_to(holder: &str) -> Option<&str> {
-    holder.strip_prefix(OFFER_MARKER)
-}
+pub(crate) use crate::lease::offer_holder;
 
 /// Checks a candidate id an offer names: a valid id, short enough for the marker.
 pub(crate) fn validate_offer_target(to: &str) -> Result<(), StoreError> {

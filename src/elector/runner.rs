@@ -788,7 +788,7 @@ impl Runner {
         // planned handover) has no leader yet.
         let leader = leader
             .filter(|holder| **holder != *self.config.candidate)
-            .filter(|holder| crate::store::offered_to(holder).is_none());
+            .filter(|holder| crate::lease::offered_to(holder).is_none());
         let payload = leader.as_ref().and(payload);
         self.state
             .send_replace(Leadership::Follower { leader, payload });

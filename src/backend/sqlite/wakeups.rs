@@ -279,7 +279,7 @@ async fn ended(
     let mut live = HashMap::with_capacity(rows.len());
     let mut ended: Vec<String> = Vec::new();
     for (resource, is_live, holder) in rows {
-        let offered = crate::store::offered_to(&holder).is_some()
+        let offered = crate::lease::offered_to(&holder).is_some()
             && seen.live.get(&resource) != Some(&holder);
         if is_live && offered {
             ended.push(resource.clone());
