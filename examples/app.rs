@@ -3,8 +3,8 @@
 //! the elector and its fenced writes, a nightly job run by the leader only.
 //!
 //! ```sh
-//! cargo run --example app                                   # a fresh SQLite file
-//! cargo run --example app -- sqlite:///tmp/app.db?mode=rwc  # or any URL of a compiled-in backend
+//! cargo run --example app --features sqlite                              # a fresh SQLite file
+//! cargo run --example app --features sqlite -- sqlite:///tmp/app.db?mode=rwc  # or any URL of a compiled-in backend
 //! ```
 //!
 //! Two instances of the app run in this one process (`node-a`, `node-b`), as two processes

@@ -2,9 +2,9 @@
 //! (no release) to show failover, then the next one shuts down gracefully to show handover.
 //!
 //! ```sh
-//! cargo run --example election                                   # SQLite file in a temp dir
-//! cargo run --example election --features postgres -- --database-url postgres://postgres@127.0.0.1/test
-//! cargo run --example election --features mysql -- --database-url mysql://root@127.0.0.1/test
+//! cargo run --example election --features sqlite                               # SQLite file in a temp dir
+//! cargo run --example election --features sqlite,postgres -- --database-url postgres://postgres@127.0.0.1/test
+//! cargo run --example election --features sqlite,mysql -- --database-url mysql://root@127.0.0.1/test
 //! ```
 //!
 //! The example re-executes itself with `--candidate NAME` for each candidate process.

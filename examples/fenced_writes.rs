@@ -1,7 +1,7 @@
 //! A paused leader's write is refused while the new leader's goes through.
 //!
 //! ```sh
-//! cargo run --example fenced_writes
+//! cargo run --example fenced_writes --features sqlite
 //! ```
 //!
 //! Leader A takes the lease, then "pauses" (think GC or SIGSTOP) past its lease. B takes over

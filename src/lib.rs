@@ -13,6 +13,8 @@ mod error;
 mod fencing;
 pub mod guide;
 mod hold;
+#[cfg(feature = "jobs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "jobs")))]
 pub mod jobs;
 mod lease;
 pub mod locks;
@@ -46,6 +48,7 @@ pub use elector::{
 };
 pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
+#[cfg(feature = "jobs")]
 #[doc(inline)]
 pub use jobs::{Job, JobError, JobRun, Jobs, JobsHandle, Schedule};
 pub use lease::{Lease, LeaseRecord};

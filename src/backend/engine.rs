@@ -237,6 +237,7 @@ impl Engine {
         Ok(shape)
     }
 
+    #[cfg(feature = "jobs")]
     /// Whether `err` says a table the statement named does not exist.
     pub(crate) fn missing_table(&self, err: &sea_orm::DbErr) -> bool {
         self.cx.kind(err) == Kind::MissingTable

@@ -73,6 +73,7 @@ mod takeover;
 mod term_checks;
 
 pub use durability::Durability;
+#[cfg(feature = "jobs")]
 pub(crate) use store::begin_whole;
 pub use store::SeaOrmLeaseStore;
 

@@ -511,8 +511,6 @@ impl SeaOrmLeaseStore {
         }
     }
 
-    /// The store's backend and what its code is given, or the error every call reports when
-    /// it has none (see [`choose`]).
     /// A transaction on the application's pool whose `BEGIN` is never cut off half way. sqlx
     /// 0.9 gives a connection back to its pool inside the transaction its `BEGIN` opened when
     /// the future waiting for that `BEGIN` is dropped (see `sessions`); so the `BEGIN` runs in
@@ -520,10 +518,13 @@ impl SeaOrmLeaseStore {
     /// nobody waits for any more is dropped there. From then on a dropped transaction rolls
     /// back: SeaORM queues the `ROLLBACK` and sqlx sends it before the connection is used
     /// again. For the transactions the store begins for its users' work (a job's run).
+    #[cfg(feature = "jobs")]
     pub(crate) async fn begin_whole(&self) -> Result<sea_orm::DatabaseTransaction, sea_orm::DbErr> {
         begin_whole(self.connection()).await
     }
 
+    /// The store's backend and what its code is given, or the error every call reports when
+    /// it has none (see [`choose`]).
     pub(crate) fn engine(&self) -> Result<&Arc<Engine>, StoreError> {
         self.engine
             .as_ref()
@@ -846,6 +847,7 @@ mod tests {
 }
 
 /// [`SeaOrmLeaseStore::begin_whole`] on `db`.
+#[cfg(feature = "jobs")]
 pub(crate) async fn begin_whole(
     db: &DatabaseConnection,
 ) -> Result<sea_orm::DatabaseTransaction, sea_orm::DbErr> {

@@ -67,6 +67,7 @@ impl ElectorBuilder {
         self
     }
 
+    #[cfg(feature = "jobs")]
     /// A payload written where the lease table has the payload columns, and left out where
     /// it has not (instead of every acquire refused).
     pub(crate) fn payload_if_possible(mut self, payload: impl Into<String>) -> Self {

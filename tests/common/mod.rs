@@ -7,8 +7,15 @@ pub mod conformance;
 pub mod double;
 #[macro_use]
 pub mod election;
+#[cfg(feature = "jobs")]
 #[macro_use]
 pub mod jobs;
+/// Without the `jobs` feature the job suite is nothing.
+#[cfg(not(feature = "jobs"))]
+#[macro_export]
+macro_rules! job_suite {
+    ($($t:tt)*) => {};
+}
 #[macro_use]
 pub mod locks;
 pub mod partition;

@@ -676,6 +676,7 @@ impl SqlHarness {
 /// Tests specific to the SQL store, for a harness setup expression.
 /// A scheduler on a lease table made before the payload columns still leads and runs its
 /// jobs: the job set it publishes in the payload is left out there.
+#[cfg(feature = "jobs")]
 pub async fn a_scheduler_runs_on_a_table_without_the_payload_columns(h: &SqlHarness) {
     use orion_beacon::jobs::{Job, Jobs, Schedule};
     use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
@@ -743,6 +744,9 @@ macro_rules! sql_store_suite {
             entity_reads_what_the_store_writes,
             a_table_from_before_the_payload_upgrades_in_place,
             a_term_that_wrote_no_payload_shows_none,
+        );
+        #[cfg(feature = "jobs")]
+        $crate::sql_store_suite!(@cases $setup;
             a_scheduler_runs_on_a_table_without_the_payload_columns,
         );
     };

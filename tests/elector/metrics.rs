@@ -363,7 +363,7 @@ async fn shard_set_nodes_report_resources_led() {
 
 /// Scheduled jobs: each ended attempt is counted by outcome, and each start's lateness and each
 /// attempt's duration are recorded, per job.
-#[cfg(feature = "sqlite")]
+#[cfg(all(feature = "sqlite", feature = "jobs"))]
 #[tokio::test(flavor = "current_thread")]
 async fn job_runs_are_counted_with_their_lateness_and_duration() {
     use orion_beacon::jobs::metrics::{DURATION, LATENESS, RUNS};

@@ -863,6 +863,7 @@ mod cut_off {
     /// A job's fenced transaction (`JobRun::begin`) cut off at random points, inside a run on
     /// `db` (a pool of one, which the scheduler's own transactions also use): after each, the
     /// pooled connection is outside any transaction.
+    #[cfg(feature = "jobs")]
     pub async fn job_begins(name: &str, db: DatabaseConnection, migrate_on: &DatabaseConnection) {
         use orion_beacon::jobs::{Job, Jobs, Schedule};
         use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
@@ -950,7 +951,7 @@ mod cut_off {
         crate::common::drop_table(migrate_on, &table).await;
     }
 
-    #[cfg(feature = "postgres")]
+    #[cfg(all(feature = "postgres", feature = "jobs"))]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cut_off_job_begins_leave_no_transaction_open_postgres() {
         use crate::common::Server;
@@ -962,7 +963,7 @@ mod cut_off {
         job_begins("postgres", db, &admin).await;
     }
 
-    #[cfg(feature = "mysql")]
+    #[cfg(all(feature = "mysql", feature = "jobs"))]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cut_off_job_begins_leave_no_transaction_open_mariadb() {
         use crate::common::Server;
@@ -974,7 +975,7 @@ mod cut_off {
         job_begins("mariadb", db, &admin).await;
     }
 
-    #[cfg(feature = "sqlite")]
+    #[cfg(all(feature = "sqlite", feature = "jobs"))]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cut_off_job_begins_leave_no_transaction_open_sqlite() {
         let dir = tempfile::tempdir().unwrap();
@@ -983,7 +984,7 @@ mod cut_off {
         job_begins("sqlite", db.clone(), &db).await;
     }
 
-    #[cfg(feature = "sqlite")]
+    #[cfg(all(feature = "sqlite", feature = "jobs"))]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cut_off_job_begins_leave_no_transaction_open_sqlite_rollback_journal() {
         let dir = tempfile::tempdir().unwrap();
