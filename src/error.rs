@@ -128,30 +128,40 @@ pub enum StoreError {
     /// error, ...).
     #[error("lease store database error")]
     Database(#[source] BackendError),
-    /// SQL Server: tiberius' parser refused the ADO.NET connection string.
-    #[cfg(feature = "sqlserver")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
-    #[error("invalid SQL Server connection string (ADO.NET, e.g. `Server=localhost;Database=app;User Id=sa;Password=...;TrustServerCertificate=True`)")]
+    /// A store's driver refused its connection string (e.g. the SQL Server store's ADO.NET
+    /// string).
+    #[error("invalid connection string ({expected})")]
     InvalidConnectionString {
-        /// tiberius' parse error.
+        /// The form the store expects, with an example.
+        expected: &'static str,
+        /// The driver's parse error.
         #[source]
-        source: tiberius::error::Error,
+        source: BoxError,
     },
 }
 
+/// An error of a store's own driver, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// The database error under a [`StoreError`]: SeaORM's for [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore),
-/// tiberius' for the SQL Server store.
+/// the driver's own for a store on another driver (tiberius' for `orion-beacon-sqlserver`).
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
     /// An error of SeaORM (and the sqlx driver under it).
     #[error(transparent)]
     SeaOrm(#[from] DbErr),
-    /// An error of tiberius, the SQL Server driver.
-    #[cfg(feature = "sqlserver")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlserver")))]
-    #[error(transparent)]
-    SqlServer(#[from] tiberius::error::Error),
+    /// An error of another store's driver.
+    #[error("{driver} error")]
+    Driver {
+        /// The driver (e.g. `tiberius`).
+        driver: &'static str,
+        /// How that store's tables are made (named by a missing-table error).
+        migration: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl BackendError {
@@ -179,11 +189,7 @@ impl BackendError {
                      <DATABASE_URL>` makes the default tables"
                 )
             }
-            #[cfg(feature = "sqlserver")]
-            BackendError::SqlServer(_) => "`SqlServerLeaseStore::migrate()` (`migrate_members()` \
-                 for the membership table), or the T-SQL in \
-                 `orion_beacon::backend::sqlserver::MIGRATION_SQL` (`MEMBER_MIGRATION_SQL`)"
-                .to_owned(),
+            BackendError::Driver { migration, .. } => (*migration).to_owned(),
         }
     }
 }
@@ -197,8 +203,8 @@ fn payload_hint(table: &str) -> String {
     };
     format!(
         "add {add} to your application's Migrator after the lease table's and run it; without a \
-         Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`; on SQL Server, \
-         `SqlServerLeaseStore::migrate()`"
+         Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`; on SQL Server \
+         (`orion-beacon-sqlserver`), `SqlServerLeaseStore::migrate()`"
     )
 }
 
@@ -261,7 +267,6 @@ impl StoreError {
             | StoreError::InvalidTableName(_)
             | StoreError::InvalidPayload { .. }
             | StoreError::InvalidSetting { .. } => ErrorKind::InvalidInput,
-            #[cfg(feature = "sqlserver")]
             StoreError::InvalidConnectionString { .. } => ErrorKind::InvalidInput,
             StoreError::UnsupportedBackend { .. }
             | StoreError::Unsupported { .. }

@@ -251,7 +251,7 @@ pub struct Renewals {
 impl Renewals {
     /// Sorts `held` into renewed and lost: a lease is renewed when `fresh` has a lease of the
     /// same resource, holder and token (the store's answer for it), and lost otherwise.
-    pub(crate) fn sort(held: &[Lease], fresh: Vec<Lease>) -> Self {
+    pub fn sort(held: &[Lease], fresh: Vec<Lease>) -> Self {
         let mut fresh: std::collections::HashMap<(String, String, i64), Lease> = fresh
             .into_iter()
             .map(|f| ((f.resource.clone(), f.holder.clone(), f.token.get()), f))
@@ -274,10 +274,10 @@ impl Renewals {
 
 /// What an offer's holder starts with (two characters): a white space no candidate id can start
 /// with (see `store::validate_candidate`), then an arrow.
-pub(crate) const OFFER_MARKER: &str = " \u{2192}";
+pub const OFFER_MARKER: &str = " \u{2192}";
 
 /// The holder an offer to `to` is stored under.
-pub(crate) fn offer_holder(to: &str) -> String {
+pub fn offer_holder(to: &str) -> String {
     format!("{OFFER_MARKER}{to}")
 }
 

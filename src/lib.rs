@@ -34,9 +34,6 @@ mod watch;
 pub use backend::fence::FenceError;
 #[doc(inline)]
 pub use backend::mysql::MySqlUpsert;
-#[cfg(feature = "sqlserver")]
-#[doc(inline)]
-pub use backend::sqlserver::SqlServerLeaseStore;
 #[doc(inline)]
 pub use backend::{Durability, SeaOrmLeaseStore};
 #[doc(inline)]
@@ -46,7 +43,7 @@ pub use elector::{
     ConfigError, Elector, ElectorBuilder, ElectorHandle, Handover, LeaderTerm, Leadership,
     LossReason,
 };
-pub use error::{BackendError, ErrorKind, StoreError, TableNameError};
+pub use error::{BackendError, BoxError, ErrorKind, StoreError, TableNameError};
 pub use fencing::{FencingToken, Term};
 #[cfg(feature = "jobs")]
 #[doc(inline)]

@@ -75,7 +75,7 @@ impl Holding {
     /// name, different lease tables) never count each other's leases as theirs. Its own
     /// inverse: a holding read back is unscoped the same way, and a holding scoped for
     /// another table reads back as another list.
-    pub(crate) fn scoped(self, lease_table: &str) -> Self {
+    pub fn scoped(self, lease_table: &str) -> Self {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in b"lease table\xff".iter().chain(lease_table.as_bytes()) {
             h ^= u64::from(*b);
@@ -89,7 +89,7 @@ impl Holding {
 
     /// The column values a database store keeps: the count and the fingerprint as signed
     /// bigints (the fingerprint bit for bit, a count past `i64::MAX` as `i64::MAX`).
-    pub(crate) fn stored(self) -> (i64, i64) {
+    pub fn stored(self) -> (i64, i64) {
         (
             i64::try_from(self.leases).unwrap_or(i64::MAX),
             i64::from_ne_bytes(self.set_hash.to_ne_bytes()),
@@ -98,7 +98,7 @@ impl Holding {
 
     /// The holding a store's columns hold, read back as [`stored`](Self::stored) wrote it:
     /// `None` where either is NULL (a member that reports none) or the count is negative.
-    pub(crate) fn from_stored(leases: Option<i64>, set_hash: Option<i64>) -> Option<Self> {
+    pub fn from_stored(leases: Option<i64>, set_hash: Option<i64>) -> Option<Self> {
         Some(Self {
             leases: u64::try_from(leases?).ok()?,
             set_hash: u64::from_ne_bytes(set_hash?.to_ne_bytes()),
@@ -250,7 +250,7 @@ fn shard_set_problem(name: &str) -> &'static str {
 /// table name has no `/`), so that groups on one membership table with different lease tables
 /// never see, count or prune each other's members. Refused before any SQL runs when the stored
 /// form would not fit the column.
-pub(crate) fn stored_set(shard_set: &str, lease_table: &str) -> Result<String, StoreError> {
+pub fn stored_set(shard_set: &str, lease_table: &str) -> Result<String, StoreError> {
     validate_shard_set(shard_set)?;
     if lease_table == orion_beacon_entity::DEFAULT_TABLE {
         return Ok(shard_set.to_owned());
@@ -269,7 +269,7 @@ pub(crate) fn stored_set(shard_set: &str, lease_table: &str) -> Result<String, S
 
 /// The shard set a stored name is for a store on `lease_table`, as [`stored_set`] wrote it;
 /// `None` for another lease table's members.
-pub(crate) fn set_of_stored(stored: &str, lease_table: &str) -> Option<String> {
+pub fn set_of_stored(stored: &str, lease_table: &str) -> Option<String> {
     if lease_table == orion_beacon_entity::DEFAULT_TABLE {
         return (!stored.starts_with(' ')).then(|| stored.to_owned());
     }
@@ -281,11 +281,7 @@ pub(crate) fn set_of_stored(stored: &str, lease_table: &str) -> Option<String> {
 }
 
 /// Checks a heartbeat's input and returns its time to live in milliseconds.
-pub(crate) fn validate_heartbeat(
-    shard_set: &str,
-    member: &str,
-    ttl: Duration,
-) -> Result<i64, StoreError> {
+pub fn validate_heartbeat(shard_set: &str, member: &str, ttl: Duration) -> Result<i64, StoreError> {
     validate_shard_set(shard_set)?;
     validate_candidate(member)?;
     lease_millis(ttl)

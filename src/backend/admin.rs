@@ -10,7 +10,7 @@ use sea_orm::sea_query::{
 };
 
 use super::dialect::Dialect;
-use super::row::Row;
+use super::row::{Decode as _, Row};
 use super::statements::{self, returned_row, with_payload, Shape};
 use super::store::SeaOrmLeaseStore;
 use crate::store::validate_resource;

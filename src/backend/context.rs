@@ -3,8 +3,7 @@
 //! a backend; the backend is asked for its clock ([`Dialect`]) and its error codes once, when the
 //! store is made.
 
-use crate::mutex::lock;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sea_orm::sea_query::Alias;
@@ -55,53 +54,7 @@ pub(crate) struct PreparedCache {
     pub(crate) current: [OnceLock<Prepared>; 2],
 }
 
-/// What the store last saw of the lease table's payload columns, and when.
-#[derive(Debug, Default)]
-pub(crate) struct ShapeSeen(Mutex<Option<(Shape, std::time::Instant)>>);
-
-/// How long a table seen without the payload columns counts as such: then the store looks
-/// again, so a migration run meanwhile is picked up without a restart.
-pub(crate) const LOOK_AGAIN: Duration = Duration::from_secs(10);
-/// The same for a request that carries a payload: it is refused without a look for this long.
-pub(crate) const LOOK_AGAIN_FOR_PAYLOAD: Duration = Duration::from_secs(1);
-
-impl ShapeSeen {
-    fn seen(&self) -> Option<(Shape, std::time::Instant)> {
-        *lock(&self.0)
-    }
-
-    /// The shape last seen, if any, however long ago.
-    pub(crate) fn get(&self) -> Option<Shape> {
-        self.seen().map(|(shape, _)| shape)
-    }
-
-    /// The shape to use without looking again, for a request with or without a payload: the
-    /// payload columns once seen (until a statement finds them gone), their absence for
-    /// [`LOOK_AGAIN`] ([`LOOK_AGAIN_FOR_PAYLOAD`] for a request with a payload).
-    pub(crate) fn fresh(&self, wants_payload: bool) -> Option<Shape> {
-        match self.seen()? {
-            (Shape::Payload, _) => Some(Shape::Payload),
-            (Shape::Plain, at) => {
-                let within = if wants_payload {
-                    LOOK_AGAIN_FOR_PAYLOAD
-                } else {
-                    LOOK_AGAIN
-                };
-                (at.elapsed() < within).then_some(Shape::Plain)
-            }
-        }
-    }
-
-    pub(crate) fn set(&self, shape: Shape) {
-        *lock(&self.0) = Some((shape, std::time::Instant::now()));
-    }
-
-    /// Looks again at the next statement (a statement of the payload shape failed: the
-    /// migration may have been rolled back).
-    pub(crate) fn forget(&self) {
-        *lock(&self.0) = None;
-    }
-}
+pub(crate) use crate::store::support::ShapeSeen;
 
 impl Context {
     pub(crate) fn new(

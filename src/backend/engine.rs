@@ -9,7 +9,7 @@ use super::driver::LeaseBackend;
 use super::errors::{db_err_in, Kind};
 use super::gate::Gate;
 use super::prepared::Prepared;
-use super::row::Row;
+use super::row::{Decode as _, Row};
 use super::statements::{self, Shape};
 use crate::error::StoreError;
 

@@ -18,7 +18,7 @@ use sea_orm::sea_query::{
 use sea_orm::{DbErr, QueryResult};
 
 use super::dialect::Dialect;
-use super::row::Row;
+use super::row::{Decode as _, Row};
 use super::statements::{returned_row, with_payload, Shape};
 use super::store::SeaOrmLeaseStore;
 use crate::membership::{

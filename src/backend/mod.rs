@@ -12,7 +12,8 @@
 //! Each backend's folder owns its backend: its clock (`Dialect`), its statements, how the store
 //! runs them there (the checks of pooled connections, transaction pooling, notifications), its
 //! fence and takeover, and its error codes: [`postgres`], [`mysql`] (MySQL and MariaDB),
-//! [`sqlite`], and `sqlserver` (its own store over TDS, since SeaORM has no SQL Server driver).
+//! [`sqlite`]. SQL Server has a store of its own over TDS (the `orion-beacon-sqlserver` crate),
+//! since SeaORM has no SQL Server driver.
 //!
 //! # What every SeaORM backend does
 //!
@@ -65,8 +66,6 @@ mod row;
 #[cfg(checked_pool)]
 mod sessions;
 pub mod sqlite;
-#[cfg(feature = "sqlserver")]
-pub mod sqlserver;
 mod statements;
 mod store;
 mod takeover;

@@ -20,26 +20,6 @@ const ROW: [Column; 5] = [
     Column::RenewedAt,
 ];
 
-/// Whether the lease table has the payload columns (the `AddLeasePayload` migration ran):
-/// statements read and write them only then, so a table made before them keeps working.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Shape {
-    /// No payload columns.
-    Plain,
-    /// `payload` and `payload_token`.
-    Payload,
-}
-
-impl Shape {
-    /// The index of this shape's statements in a cache of both.
-    pub(crate) fn index(self) -> usize {
-        match self {
-            Shape::Plain => 0,
-            Shape::Payload => 1,
-        }
-    }
-}
-
 /// What a grant or renew writes into the payload columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Write<'a> {
@@ -66,10 +46,6 @@ impl<'a> Write<'a> {
         }
     }
 }
-
-/// The name of the column that carries the row's payload in every lease statement's rows (of
-/// the [`Shape::Payload`] form): the last one.
-pub(crate) const PAYLOAD_COLUMN: &str = "current_payload";
 
 /// The payload of the row's current term, as [`PAYLOAD_COLUMN`]: the stored payload only
 /// while the term that wrote it is the row's (a term that wrote none, say an older release's
@@ -427,15 +403,7 @@ pub(crate) fn renewed_row(d: &dyn Dialect, shape: Shape) -> Vec<Expr> {
     with_payload(exprs, shape)
 }
 
-/// The leases of a batch as one JSON document, bound as a single parameter:
-/// `[{"r": resource, "h": holder, "t": token}, ...]`.
-pub(crate) fn held_json(held: &[Lease]) -> String {
-    let rows: Vec<serde_json::Value> = held
-        .iter()
-        .map(|l| serde_json::json!({"r": l.resource, "h": l.holder, "t": l.token.get()}))
-        .collect();
-    serde_json::Value::Array(rows).to_string()
-}
+pub(crate) use crate::store::support::{held_json, Shape, PAYLOAD_COLUMN};
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -83,8 +83,7 @@ pub const MIN_STARTING_DEADLINE: Duration = Duration::from_secs(1);
 /// The longest starting deadline, back-off and poll interval.
 pub const MAX_WAIT: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// What a job's closure fails with: any error, boxed (what `?` converts to).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::BoxError;
 type Work =
     Arc<dyn Fn(JobRun) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
 

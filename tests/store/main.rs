@@ -20,4 +20,3 @@ mod release_races;
 mod serde_forms;
 mod small_pools;
 mod sqlite;
-mod sqlserver;

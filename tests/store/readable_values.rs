@@ -251,26 +251,6 @@ async fn option_errors_name_the_crate_and_suggest_a_value() {
     );
 }
 
-/// The SQL Server store shows its backend and tables, never the T-SQL or the connection string.
-#[cfg(feature = "sqlserver")]
-#[test]
-fn the_sql_server_store_reads_well() {
-    let secret = "hunter2-s3cret";
-    let store = orion_beacon::SqlServerLeaseStore::new(&format!(
-        "Server=localhost;Database=app;User Id=sa;Password={secret};TrustServerCertificate=True"
-    ))
-    .unwrap()
-    .with_table("my_leases")
-    .unwrap();
-    let debug = format!("{store:?}");
-    assert_readable("SqlServerLeaseStore", &debug, 200, Some(secret));
-    assert!(
-        debug.contains("SQL Server") && debug.contains("my_leases"),
-        "{debug}"
-    );
-    assert!(!debug.contains("MERGE"), "{debug}");
-}
-
 /// An application's entity with a `FencingToken` column (and an optional one), written through
 /// its `ActiveModel` inside a fenced transaction and read back and filtered on by token.
 mod report {

@@ -17,7 +17,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::row::Row;
+use crate::backend::row::{Decode as _, Row};
 use crate::backend::sessions::{Begin, Checked};
 use crate::backend::sessions::{OwnPool, Setup};
 use crate::backend::statements::{Shape, Write};

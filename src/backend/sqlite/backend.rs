@@ -11,7 +11,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn};
 use crate::backend::errors::Classifier;
-use crate::backend::row::Row;
+use crate::backend::row::{Decode as _, Row};
 use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;

@@ -4,18 +4,19 @@
 //!
 //! No SQL Server can be installed where CI runs, so the server tests are `#[ignore]`d: a plain
 //! `cargo test` reports them as ignored (never as passed). Run them against a server with
-//! `ORION_BEACON_MSSQL_URL='Server=...;...' cargo test --features sqlserver --test store sqlserver:: -- --include-ignored`;
+//! `ORION_BEACON_MSSQL_URL='Server=...;...' cargo test -p orion-beacon-sqlserver --test store -- --include-ignored`;
 //! asked to run without the variable, they fail and say so.
 //!
 //! The tests below the suite need no server and always run.
-#![cfg(feature = "sqlserver")]
-
-use crate::common;
+#[path = "../../tests/common/mod.rs"]
+#[macro_use]
+mod common;
 
 use std::io::Write as _;
 
 use async_trait::async_trait;
-use orion_beacon::{LeaseStore, MembershipStore, SqlServerLeaseStore, StoreError};
+use orion_beacon::{LeaseStore, MembershipStore, StoreError};
+use orion_beacon_sqlserver::SqlServerLeaseStore;
 use tiberius::SqlBrowser;
 use tokio_util::compat::TokioAsyncWriteCompatExt;
 
@@ -442,4 +443,26 @@ async fn bad_input_is_refused_before_connecting_and_unreachable_is_an_error() {
     .await
     .unwrap_err();
     assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+}
+
+/// The SQL Server store shows its backend and tables, never the T-SQL or the connection string.
+#[test]
+fn the_sql_server_store_reads_well() {
+    let secret = "hunter2-s3cret";
+    let store = SqlServerLeaseStore::new(&format!(
+        "Server=localhost;Database=app;User Id=sa;Password={secret};TrustServerCertificate=True"
+    ))
+    .unwrap()
+    .with_table("my_leases")
+    .unwrap();
+    let debug = format!("{store:?}");
+    for word in ["MERGE", "SELECT", "Password", "password", "Pool", secret] {
+        assert!(!debug.contains(word), "the Debug shows {word:?}: {debug}");
+    }
+    assert!(debug.len() <= 200, "{} bytes: {debug}", debug.len());
+    assert!(
+        debug.contains("SQL Server") && debug.contains("my_leases"),
+        "{debug}"
+    );
+    assert!(!debug.contains("MERGE"), "{debug}");
 }

@@ -8,7 +8,7 @@ use super::exec::{code, Want};
 use super::member_tsql::{holding_migration_sql, member_migration_sql};
 use super::tsql::{migration_sql, payload_migration_sql};
 use super::SqlServerLeaseStore;
-use crate::error::StoreError;
+use orion_beacon::StoreError;
 
 impl SqlServerLeaseStore {
     /// The versioned T-SQL ([`MIGRATION_SQL`](super::MIGRATION_SQL), migration
@@ -61,7 +61,7 @@ impl SqlServerLeaseStore {
     /// Creates the membership table of shard sets if it does not exist, as
     /// [`migrate`](Self::migrate) does the lease table (idempotent, safe to run from several
     /// processes at once), then adds the members' counts if they are missing: only needed for
-    /// [`MembershipStore`](crate::MembershipStore).
+    /// [`MembershipStore`](orion_beacon::MembershipStore).
     pub async fn migrate_members(&self) -> Result<(), StoreError> {
         self.create(&self.member_migration_sql())
             .await
@@ -90,10 +90,8 @@ impl SqlServerLeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sqlserver::tests::SEED;
-    use crate::backend::sqlserver::{
-        MIGRATION_NAME, MIGRATION_SQL, PAYLOAD_MIGRATION_NAME, PAYLOAD_MIGRATION_SQL,
-    };
+    use crate::tests::SEED;
+    use crate::{MIGRATION_NAME, MIGRATION_SQL, PAYLOAD_MIGRATION_NAME, PAYLOAD_MIGRATION_SQL};
 
     #[test]
     fn the_payload_migration_is_the_shipped_file_and_idempotent() {

@@ -1,9 +1,9 @@
 //! Names on SQL Server: `nvarchar(255)` counts UTF-16 code units, so a name the common checks
 //! accept can still be too long here; such a name is refused before any SQL runs.
 
-use crate::error::StoreError;
-use crate::membership::validate_shard_set;
-use crate::store::{validate_candidate, validate_resource, MAX_NAME_LEN};
+use orion_beacon::membership::validate_shard_set;
+use orion_beacon::store::{validate_candidate, validate_resource, MAX_NAME_LEN};
+use orion_beacon::StoreError;
 
 /// SQL Server counts `nvarchar(255)` in UTF-16 code units: a character outside the Basic
 /// Multilingual Plane takes two. `stored` (the form `name` is kept under) that would not fit is
@@ -42,7 +42,7 @@ pub(super) fn check_shard_set(shard_set: &str) -> Result<(), StoreError> {
 }
 
 /// Checks that `stored`, the form `shard_set` is kept under
-/// ([`stored_set`](crate::membership::stored_set)), fits `nvarchar(255)`.
+/// ([`stored_set`](orion_beacon::membership::stored_set)), fits `nvarchar(255)`.
 pub(super) fn check_stored_set(shard_set: &str, stored: &str) -> Result<(), StoreError> {
     fits(shard_set, stored, |name, reason| {
         StoreError::InvalidShardSet { name, reason }
@@ -56,12 +56,12 @@ mod tests {
     #[test]
     fn a_stored_set_name_must_fit_nvarchar_255() {
         let set = "𝄞".repeat(127);
-        let stored = crate::membership::stored_set(&set, "t").unwrap();
+        let stored = orion_beacon::membership::stored_set(&set, "t").unwrap();
         assert!(matches!(
             check_stored_set(&set, &stored),
             Err(StoreError::InvalidShardSet { name, .. }) if name == set
         ));
-        let stored = crate::membership::stored_set(&"é".repeat(252), "t").unwrap();
+        let stored = orion_beacon::membership::stored_set(&"é".repeat(252), "t").unwrap();
         assert!(check_stored_set("é", &stored).is_ok());
     }
 

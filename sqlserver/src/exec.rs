@@ -11,7 +11,7 @@ use tiberius::{FromSql, ToSql};
 
 use super::pool::{keeps_connection, Connection};
 use super::SqlServerLeaseStore;
-use crate::error::StoreError;
+use orion_beacon::StoreError;
 
 /// How often a statement is tried when SQL Server picks it as a deadlock victim (1205) or
 /// reports a duplicate key (2627). Either way the statement had no effect.
@@ -118,10 +118,12 @@ fn classify_in(table: &str, err: TdsError) -> StoreError {
     match err.code() {
         Some(code::INVALID_OBJECT) => StoreError::MissingTable {
             table: table.to_owned(),
-            source: err.into(),
+            source: driver_error(err),
         },
-        code if is_conflict(code) => StoreError::Conflict { source: err.into() },
-        _ => StoreError::Database(err.into()),
+        code if is_conflict(code) => StoreError::Conflict {
+            source: driver_error(err),
+        },
+        _ => StoreError::Database(driver_error(err)),
     }
 }
 
@@ -158,10 +160,21 @@ pub(super) fn column<'a, T: FromSql<'a>>(
     }
 }
 
+/// tiberius' error as the store reports it, naming how the tables are made.
+pub(crate) fn driver_error(err: TdsError) -> orion_beacon::BackendError {
+    orion_beacon::BackendError::Driver {
+        driver: "tiberius",
+        migration: "`SqlServerLeaseStore::migrate()` (`migrate_members()` for the membership \
+                    table), or the T-SQL in `orion_beacon_sqlserver::MIGRATION_SQL` \
+                    (`MEMBER_MIGRATION_SQL`)",
+        source: Box::new(err),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sqlserver::pool::timed_out;
+    use crate::pool::timed_out;
 
     #[test]
     fn only_intact_connections_go_back_to_the_pool() {

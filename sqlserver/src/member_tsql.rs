@@ -15,7 +15,7 @@ pub const MEMBER_MIGRATION_NAME: &str = "m20261201_000001_create_orionbeacon_mem
 /// [`SqlServerLeaseStore::member_migration_sql`](super::SqlServerLeaseStore::member_migration_sql)
 /// gives it for the store's own membership table.
 pub const MEMBER_MIGRATION_SQL: &str =
-    include_str!("../../../sql/m20261201_000001_create_orionbeacon_members.sqlserver.sql");
+    include_str!("../sql/m20261201_000001_create_orionbeacon_members.sqlserver.sql");
 
 /// The version name of the members' counts migration, the same as the SeaORM migration's
 /// (`AddMemberHolding::NAME`).
@@ -26,7 +26,7 @@ pub const HOLDING_MIGRATION_NAME: &str = "m20261205_000001_add_orionbeacon_membe
 /// crate). With them a shard-set node skips its look at the set's leases while the members'
 /// counts say no resource can be free.
 pub const HOLDING_MIGRATION_SQL: &str =
-    include_str!("../../../sql/m20261205_000001_add_orionbeacon_members_holding.sqlserver.sql");
+    include_str!("../sql/m20261205_000001_add_orionbeacon_members_holding.sqlserver.sql");
 
 /// [`HOLDING_MIGRATION_SQL`] for `table`.
 pub(super) fn holding_migration_sql(table: &str) -> String {
@@ -147,8 +147,8 @@ impl MemberStatements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sqlserver::tsql::tests::params;
-    use crate::backend::sqlserver::tsql::MIGRATION_SQL;
+    use crate::tsql::tests::params;
+    use crate::tsql::MIGRATION_SQL;
 
     #[test]
     fn heartbeat_is_one_merge_keyed_on_set_and_member_then_the_live_members() {

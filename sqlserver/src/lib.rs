@@ -1,11 +1,11 @@
-//! SQL Server: [`SqlServerLeaseStore`], straight over TDS with `tiberius` (cargo feature
-//! `sqlserver`).
+//! SQL Server for [orion-beacon](orion_beacon): [`SqlServerLeaseStore`], straight over TDS with
+//! `tiberius`.
 //!
 //! Open-source SeaORM and sea-query have no SQL Server backend, so this store talks to SQL Server
 //! (2016 or later, or Azure SQL) directly: TDS 7.3 over rustls (no OpenSSL), tokio through
 //! tokio-util's compat layer, and a pool of its own (deadpool; see [`SqlServerLeaseStore`] for
 //! connecting, connection strings, encryption and the pool). The contract and the rules are those
-//! of every other store (see [`LeaseStore`](crate::LeaseStore)); only the statements differ.
+//! of every other store (see [`LeaseStore`](orion_beacon::LeaseStore)); only the statements differ.
 //!
 //! # The table
 //!
@@ -29,7 +29,7 @@
 //! `OUTPUT` without `INTO` fails (error 334) on a table with enabled triggers: leave the lease
 //! table without triggers.
 //!
-//! The membership table of shard sets ([`MembershipStore`](crate::MembershipStore)) comes the same
+//! The membership table of shard sets ([`MembershipStore`](orion_beacon::MembershipStore)) comes the same
 //! way from `sql/m20261201_000001_create_orionbeacon_members.sqlserver.sql`
 //! ([`MEMBER_MIGRATION_SQL`], version [`MEMBER_MIGRATION_NAME`], the SeaORM `CreateMemberTable`'s):
 //! `shard_set` and `member` as the lease table's names are, `draining bit`, `datetime2(7)` UTC
@@ -90,13 +90,16 @@
 //! operations in `membership`, the migrations in `migrate`, the lease statements' T-SQL in
 //! `tsql` and the membership statements' in `member_tsql`, the connection pool in `pool`.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 use std::sync::Arc;
 
 use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 use tiberius::Config;
 
-use crate::backend::context::ShapeSeen;
-use crate::error::StoreError;
+use orion_beacon::store::support::ShapeSeen;
+use orion_beacon::StoreError;
 
 mod exec;
 mod lease;
@@ -115,15 +118,16 @@ use pool::{Pool, DEFAULT_MAX_CONNECTIONS};
 use tsql::{fence_sql, Statements};
 pub use tsql::{MIGRATION_NAME, MIGRATION_SQL, PAYLOAD_MIGRATION_NAME, PAYLOAD_MIGRATION_SQL};
 
-/// A [`LeaseStore`](crate::LeaseStore) in a table of a SQL Server database (2016 or later, or
-/// Azure SQL), over TDS with `tiberius` (cargo feature `sqlserver`).
+/// A [`LeaseStore`](orion_beacon::LeaseStore) in a table of a SQL Server database (2016 or later, or
+/// Azure SQL), over TDS with `tiberius`.
 ///
 /// Built from an ADO.NET connection string, parsed by tiberius' own parser:
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), orion_beacon::StoreError> {
 /// use std::time::Duration;
-/// use orion_beacon::{LeaseStore, SqlServerLeaseStore};
+/// use orion_beacon::LeaseStore;
+/// use orion_beacon_sqlserver::SqlServerLeaseStore;
 ///
 /// let store = SqlServerLeaseStore::connect(
 ///     "Server=localhost;Database=app;User Id=sa;Password=secret;TrustServerCertificate=True",
@@ -177,7 +181,10 @@ impl SqlServerLeaseStore {
     /// `TrustServerCertificateCA=<file>`).
     pub fn new(ado_connection_string: &str) -> Result<Self, StoreError> {
         let config = Config::from_ado_string(ado_connection_string)
-            .map_err(|source| StoreError::InvalidConnectionString { source })?;
+            .map_err(|source| StoreError::InvalidConnectionString {
+                expected: "ADO.NET, e.g. `Server=localhost;Database=app;User Id=sa;Password=...;TrustServerCertificate=True`",
+                source: Box::new(source),
+            })?;
         Ok(Self::from_config(config))
     }
 
@@ -189,7 +196,7 @@ impl SqlServerLeaseStore {
             .pool
             .get()
             .await
-            .map_err(|e| StoreError::Database(e.into()))?;
+            .map_err(|e| StoreError::Database(exec::driver_error(e)))?;
         conn.give_back();
         Ok(store)
     }
@@ -220,7 +227,7 @@ impl SqlServerLeaseStore {
         Ok(self)
     }
 
-    /// The same store with shard sets' members ([`MembershipStore`](crate::MembershipStore)) in
+    /// The same store with shard sets' members ([`MembershipStore`](orion_beacon::MembershipStore)) in
     /// another table (validated like [`with_table`](Self::with_table)). Create it with
     /// [`migrate_members`](Self::migrate_members).
     pub fn with_member_table(mut self, table: impl AsRef<str>) -> Result<Self, StoreError> {
@@ -393,3 +400,8 @@ mod tests {
         }
     }
 }
+
+// The README's code compiles as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -10,15 +10,13 @@ use tiberius::ToSql;
 use super::exec::{code, column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_resource};
 use super::SqlServerLeaseStore;
-use crate::backend::row::Row;
-use crate::backend::statements::{held_json, Shape, PAYLOAD_COLUMN};
-use crate::store::{
-    offer_holder, validate_batch, validate_offer, validate_payload, validate_request, validate_take,
+use orion_beacon::store::support::LeaseRow as Row;
+use orion_beacon::store::support::{held_json, offer_holder, Shape, PAYLOAD_COLUMN};
+use orion_beacon::store::{
+    validate_batch, validate_offer, validate_payload, validate_request, validate_take,
 };
-use crate::{
-    error::StoreError, fencing::FencingToken, lease::Denial, lease::Lease, lease::LeaseOutcome,
-    lease::LeaseRecord, lease::Renewals, store::LeaseStore,
-};
+use orion_beacon::store::{Denial, LeaseOutcome, Renewals};
+use orion_beacon::{FencingToken, Lease, LeaseRecord, LeaseStore, StoreError};
 
 impl SqlServerLeaseStore {
     /// The raw rows of a statement of the `shape` form; one of the payload form that finds no
@@ -258,7 +256,7 @@ impl LeaseStore for SqlServerLeaseStore {
     /// document. Unlike the SeaORM store's batch, this one locks its rows (`UPDLOCK,
     /// HOLDLOCK`) and waits for a row another transaction holds (a holder's own fenced
     /// transaction) with the rest of the batch behind it, and it answers no lease as
-    /// [`unanswered`](crate::store::Renewals::unanswered): keep fenced transactions on SQL Server
+    /// [`unanswered`](orion_beacon::store::Renewals::unanswered): keep fenced transactions on SQL Server
     /// short, and fence with one lease per transaction.
     async fn renew_all(&self, held: &[Lease], lease: Duration) -> Result<Renewals, StoreError> {
         let millis = validate_batch(held, lease)?;

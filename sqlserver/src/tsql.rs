@@ -12,7 +12,7 @@ pub const MIGRATION_NAME: &str = "m20261129_000001_create_orionbeacon_leases";
 /// apply it by hand).
 /// [`SqlServerLeaseStore::migration_sql`](super::SqlServerLeaseStore::migration_sql) gives it for the store's own table.
 pub const MIGRATION_SQL: &str =
-    include_str!("../../../sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql");
+    include_str!("../sql/m20261129_000001_create_orionbeacon_leases.sqlserver.sql");
 
 /// The version name of the migration that adds the payload columns, the same as the SeaORM
 /// `AddLeasePayload`'s.
@@ -22,7 +22,7 @@ pub const PAYLOAD_MIGRATION_NAME: &str = "m20261203_000001_add_orionbeacon_lease
 /// `payload_token bigint`, both nullable) to the default lease table in place (the file
 /// `sql/m20261203_000001_add_orionbeacon_leases_payload.sqlserver.sql` of this crate).
 pub const PAYLOAD_MIGRATION_SQL: &str =
-    include_str!("../../../sql/m20261203_000001_add_orionbeacon_leases_payload.sqlserver.sql");
+    include_str!("../sql/m20261203_000001_add_orionbeacon_leases_payload.sqlserver.sql");
 
 /// The payload of the row's current term, last in every row of a payload-shaped statement:
 /// the stored payload only while the term that wrote it is the row's.
@@ -271,7 +271,7 @@ pub(super) fn migration_sql(table: &str) -> String {
 }
 
 /// The statements of one table: those that read or write the payload columns in both shapes
-/// (by [`Shape::index`](crate::backend::statements::Shape::index)).
+/// (by [`Shape::index`](orion_beacon::store::support::Shape::index)).
 #[derive(Debug)]
 pub(super) struct Statements {
     pub(super) upsert: [String; 2],

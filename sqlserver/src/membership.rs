@@ -10,11 +10,11 @@ use tiberius::ToSql;
 use super::exec::{code, column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_shard_set, check_stored_set};
 use super::SqlServerLeaseStore;
-use crate::backend::statements::Shape;
-use crate::error::StoreError;
-use crate::membership::{
+use orion_beacon::membership::{
     set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
 };
+use orion_beacon::store::support::Shape;
+use orion_beacon::StoreError;
 
 impl SqlServerLeaseStore {
     /// The name this store keeps `shard_set`'s members under ([`stored_set`]), checked to fit
@@ -40,7 +40,7 @@ impl SqlServerLeaseStore {
             Err(err) if counted && err.code() == Some(code::INVALID_COLUMN) => {
                 // No count columns (not migrated yet, or dropped): without them for a while.
                 self.member_shape.set(Shape::Plain);
-                return Err(StoreError::Database(err.into()));
+                return Err(StoreError::Database(crate::exec::driver_error(err)));
             }
             Err(err) => return Err(self.classify_members(err)),
         };
