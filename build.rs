@@ -8,7 +8,7 @@ fn main() {
         // A sqlx driver is compiled in (SeaORM's sqlx errors and connection types exist).
         sqlx_driver: { any(feature = "sqlite", feature = "postgres", feature = "mysql") },
         // A server backend whose pooled connections can be handed out inside a transaction
-        // nobody finished: its statements run on checked connections (`backend::checkout`).
+        // nobody finished: its statements run on checked connections (`backend::sessions`).
         checked_pool: { any(feature = "postgres", feature = "mysql") },
     }
 }

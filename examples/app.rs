@@ -17,8 +17,7 @@ use std::time::Duration;
 use orion_beacon::{Elector, ElectorHandle, LeaderTerm, SeaOrmLeaseStore};
 // An application's migration crate would import these from sea-orm-migration itself.
 use orion_beacon_migration::{
-    async_trait, CreateLeaseTable, DbErr, MigrationName, MigrationTrait, MigratorTrait,
-    SchemaManager,
+    async_trait, DbErr, MigrationName, MigrationTrait, MigratorTrait, SchemaManager,
 };
 use sea_orm::sea_query::{Alias, ColumnDef, Query, Table};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
@@ -62,13 +61,16 @@ impl MigrationTrait for CreateJobRuns {
     }
 }
 
-/// The application's `Migrator`, with orion-beacon's lease table added to it.
+/// The application's `Migrator`, with orion-beacon's migrations added to it (one call, every
+/// table in order).
 struct Migrator;
 
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateJobRuns), Box::new(CreateLeaseTable::new())]
+        let mut steps: Vec<Box<dyn MigrationTrait>> = vec![Box::new(CreateJobRuns)];
+        steps.extend(orion_beacon_migration::migrations());
+        steps
     }
 }
 

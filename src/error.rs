@@ -140,7 +140,8 @@ pub enum StoreError {
     },
 }
 
-/// An error of a store's own driver, boxed.
+/// Any error, boxed (what `?` converts to): what a job's closure fails with, and a store's own
+/// driver's error under [`BackendError::Driver`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The database error under a [`StoreError`]: SeaORM's for [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore),

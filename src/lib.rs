@@ -1,7 +1,9 @@
 // The README's links to the guides resolve to their rustdoc pages here (the first definition of
 // a reference label wins; the README's own point at docs.rs, for crates.io and GitHub).
 #![doc = include_str!("guide/links.md")]
-#![doc = include_str!("../README.md")]
+// The README's examples compile as doctests where the features they use are on (the jobs
+// example needs `jobs`).
+#![cfg_attr(any(not(doctest), feature = "jobs"), doc = include_str!("../README.md"))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -1,13 +1,11 @@
 //! The versioned migrations that create the orion-beacon tables: the lease table
 //! ([`CreateLeaseTable`]) and, for shard sets, the membership table ([`CreateMemberTable`]).
 //!
-//! Add them to your application's own `Migrator` (the usual way; `sea-orm-cli migrate up`
-//! then runs them with your own migrations):
+//! Add them to your application's own `Migrator` in one line, [`migrations`] (every step, in
+//! order, for the default tables; `sea-orm-cli migrate up` then runs them with your own
+//! migrations), so no step can be left out or put out of order:
 //!
 //! ```
-//! use orion_beacon_migration::{
-//!     AddLeasePayload, AddMemberHolding, CreateJobRunTable, CreateLeaseTable, CreateMemberTable,
-//! };
 //! use sea_orm_migration::prelude::*;
 //!
 //! pub struct AppMigrator;
@@ -15,21 +13,18 @@
 //! #[async_trait::async_trait]
 //! impl MigratorTrait for AppMigrator {
 //!     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-//!         vec![
+//!         let mut steps: Vec<Box<dyn MigrationTrait>> = vec![
 //!             // ... the application's own migrations ...
-//!             Box::new(CreateLeaseTable::new()),
-//!             // only for shard sets (many resources spread over nodes):
-//!             Box::new(CreateMemberTable::new()),
-//!             // the lease payload columns (after the lease table):
-//!             Box::new(AddLeasePayload::new()),
-//!             // only for scheduled jobs (their run records):
-//!             Box::new(CreateJobRunTable::new()),
-//!             // shard sets: the members' counts (after the membership table):
-//!             Box::new(AddMemberHolding::new()),
-//!         ]
+//!         ];
+//!         steps.extend(orion_beacon_migration::migrations());
+//!         steps
 //!     }
 //! }
 //! ```
+//!
+//! Tables of other names take the steps one by one, in the same order, each
+//! `with_table(...)`: [`CreateLeaseTable`], [`CreateMemberTable`], [`AddLeasePayload`],
+//! [`CreateJobRunTable`], [`AddMemberHolding`].
 //!
 //! An application without a sea-orm-migration `Migrator` can run ours instead, with the
 //! `orion-beacon-migration` command line (feature `cli`: `up`, `down`, `status`). It keeps its
@@ -90,16 +85,25 @@ pub const TRACKING_TABLE: &str = "seaql_migrations_orionbeacon";
 /// (`orionbeacon_job_runs`) and the members' counts, each its own versioned migration.
 pub struct Migrator;
 
+/// Every migration of orion-beacon's default tables, in the order they must run: the lease
+/// table, the membership table of shard sets, the lease payload columns, the run records of
+/// scheduled jobs and the members' counts. Append them to your `Migrator`'s list
+/// (`steps.extend(orion_beacon_migration::migrations())`); a table an app does not use costs an
+/// empty table, and a step added in a later version comes with the upgrade.
+pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+    vec![
+        Box::new(CreateLeaseTable::new()),
+        Box::new(CreateMemberTable::new()),
+        Box::new(AddLeasePayload::new()),
+        Box::new(CreateJobRunTable::new()),
+        Box::new(AddMemberHolding::new()),
+    ]
+}
+
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![
-            Box::new(CreateLeaseTable::new()),
-            Box::new(CreateMemberTable::new()),
-            Box::new(AddLeasePayload::new()),
-            Box::new(CreateJobRunTable::new()),
-            Box::new(AddMemberHolding::new()),
-        ]
+        migrations()
     }
 
     fn migration_table_name() -> DynIden {

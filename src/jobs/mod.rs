@@ -1,5 +1,5 @@
 //! Scheduled jobs that run exactly once per slot, across a cluster, even when leadership
-//! changes in the middle of a run.
+//! changes in the middle of a run (the `jobs` feature).
 //!
 //! A [`Jobs`] scheduler is one elector (one renew loop, however many jobs) whose leader runs
 //! every job's slots. Each slot is claimed in a run record (table `orionbeacon_job_runs`, from

@@ -39,7 +39,8 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// ```
 /// use std::time::Duration;
 ///
-/// use orion_beacon::{LeaseOutcome, LeaseStore, SeaOrmLeaseStore};
+/// use orion_beacon::store::LeaseOutcome;
+/// use orion_beacon::{LeaseStore, SeaOrmLeaseStore};
 /// use orion_beacon_migration::{Migrator, MigratorTrait};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -123,7 +124,8 @@ pub const MAX_LEASE: Duration = Duration::from_secs(366 * 24 * 3600);
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::time::Duration;
 ///
-/// use orion_beacon::{async_trait, Lease, LeaseOutcome, LeaseRecord, LeaseStore, StoreError};
+/// use orion_beacon::store::{async_trait, LeaseOutcome};
+/// use orion_beacon::{Lease, LeaseRecord, LeaseStore, StoreError};
 ///
 /// struct Counted<S> {
 ///     inner: S,

@@ -1,7 +1,7 @@
 //! MySQL and MariaDB: statements known to have run outside any abandoned transaction (see
-//! `checkout`). MariaDB's `RETURNING` list ends in `@@in_transaction` (checked wherever the
+//! `sessions`). MariaDB's `RETURNING` list ends in `@@in_transaction` (checked wherever the
 //! statement runs, at no cost); on the application's pool every other statement runs after a
-//! one-round-trip check, while on the store's own sessions (`own_pool`), where nothing else
+//! one-round-trip check, while on the store's own sessions (`sessions`), where nothing else
 //! ever runs, it is sent alone. The store's own transactions begin with `SET TRANSACTION`,
 //! which the server refuses inside a transaction.
 

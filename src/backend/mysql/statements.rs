@@ -139,7 +139,7 @@ pub(crate) fn upsert_returning(
     sql.push_str(" RETURNING ");
     sql.push_str(list);
     // Whether the statement ran inside a transaction (then it has not committed): see
-    // `checkout`.
+    // `sessions`.
     sql.push_str(", ");
     sql.push_str(IN_TRANSACTION);
     if write.shape() == Shape::Payload {

@@ -26,7 +26,7 @@ use crate::fencing::Term;
 use crate::store::ReleaseEvents;
 use crate::{error::StoreError, lease::Denial, lease::LeaseOutcome};
 
-/// How the store's own sessions are made like the application's (see `own_pool`): its
+/// How the store's own sessions are made like the application's (see `sessions`): its
 /// `search_path` (SeaORM's `set_schema_search_path` sets it in an `after_connect` hook), so an
 /// unqualified table name means the same table on both.
 const OWN_SESSIONS: Setup<sea_orm::sqlx::Postgres> = Setup {
@@ -71,7 +71,7 @@ pub(crate) struct PgBackend {
     /// The application's pool, where the store can take one connection and check it; `None`
     /// for connections it cannot (SeaORM's mock and proxy connections).
     pool: Option<PgPool>,
-    /// The store's own sessions for its lease statements (`own_pool`); `None` when told to
+    /// The store's own sessions for its lease statements (`sessions`); `None` when told to
     /// use the application's pool.
     own: Option<OwnPool<sea_orm::sqlx::Postgres>>,
     /// The connection goes through a transaction-pooling proxy.

@@ -1,5 +1,5 @@
 //! PostgreSQL: statements known to have run outside any abandoned transaction (see
-//! `checkout`). On the store's own sessions (`own_pool`) every statement is sent alone: nothing
+//! `sessions`). On the store's own sessions (`sessions`) every statement is sent alone: nothing
 //! else ever runs there. On the application's pool a deciding statement compares
 //! `transaction_timestamp()` with a fresh read on the same connection, and every other
 //! statement runs after a one-message check. The store's own transactions begin and check in

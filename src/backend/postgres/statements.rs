@@ -95,7 +95,7 @@ pub(crate) fn bounded_upsert(
 /// which: `TRUE` for the granted row, `FALSE` for the report. The report comes from the
 /// statement's snapshot, so during a race it can be stale or missing: it is a hint about who
 /// holds the lease, never a grant. The column after it is `transaction_timestamp()`, for the
-/// check that the statement committed on its own (see `checkout`).
+/// check that the statement committed on its own (see `sessions`).
 pub(crate) fn upsert_reporting(
     d: &dyn Dialect,
     table: &Alias,
@@ -191,7 +191,7 @@ pub(crate) fn held(json: String) -> Expr {
 
 /// The batch renew, returning each renewed row (see `renewed_row`) and
 /// `transaction_timestamp()` at [`RENEW_TRANSACTION_START_COLUMN`], for the check that it
-/// committed on its own (see `checkout`).
+/// committed on its own (see `sessions`).
 ///
 /// It never waits for a row lock: the rows it renews are first locked by a subquery
 /// `FOR NO KEY UPDATE SKIP LOCKED`, and a row another transaction holds (a holder's own fenced
