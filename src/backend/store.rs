@@ -24,6 +24,14 @@ use crate::{
     lease::LeaseRecord, lease::Renewals, store::LeaseStore,
 };
 
+mod batch;
+
+mod choose;
+#[allow(unused_imports)]
+use choose::*;
+
+mod statements_of;
+
 /// How long a batch renew of leases of `millis` spends, in all, on the leases it left out:
 /// the read of them, and their renews one by one, of which one may wait its whole bound for
 /// its row (`solo_wait`: the first wait, a fifth of the lease and at most 200 ms; MariaDB's
@@ -94,82 +102,6 @@ impl From<Refused> for StoreError {
             Refused::Disconnected => StoreError::Disconnected,
         }
     }
-}
-
-/// The backend of `settings`' connection in this build.
-///
-/// SQLite needs nothing of its driver beyond what SeaORM runs, so it works in every build;
-/// PostgreSQL and MySQL need their driver's own connection type for the check that a grant
-/// committed outside any transaction (see `sessions`), which only their cargo features compile
-/// in. Without it they are refused when the store is made (reported by every call, and by
-/// [`LeaseStore::validate`]), rather than run without that check.
-fn choose(settings: &Settings) -> Result<Box<dyn LeaseBackend>, Refused> {
-    // SeaORM panics when asked the backend of a disconnected connection.
-    if matches!(settings.db.inner, DatabaseConnectionType::Disconnected) {
-        return Err(Refused::Disconnected);
-    }
-    let unsupported = |backend, feature| Refused::Unsupported { backend, feature };
-    match settings.db.get_database_backend() {
-        DbBackend::Sqlite => Ok(Box::new(super::sqlite::backend::SqliteBackend::new(
-            settings.notifications,
-        ))),
-        #[cfg(feature = "postgres")]
-        DbBackend::Postgres => Ok(Box::new(super::postgres::backend::PgBackend::new(
-            &settings.db,
-            settings.transaction_pooling,
-            settings.notifications,
-            settings.lease_connections,
-        ))),
-        #[cfg(not(feature = "postgres"))]
-        DbBackend::Postgres => Err(unsupported("PostgreSQL", "postgres")),
-        #[cfg(feature = "mysql")]
-        DbBackend::MySql => Ok(Box::new(super::mysql::backend::MySqlBackend::new(
-            &settings.db,
-            settings.mysql_upsert,
-            settings.notifications,
-            settings.lease_connections,
-        ))),
-        #[cfg(not(feature = "mysql"))]
-        DbBackend::MySql => Err(unsupported("MySQL", "mysql")),
-        #[allow(unreachable_patterns)]
-        _ => Err(unsupported("unknown", "the matching backend")),
-    }
-}
-
-fn engine(settings: &Settings) -> Result<Arc<Engine>, Refused> {
-    Ok(assemble(settings, choose(settings)?, None))
-}
-
-/// The engine of `backend` for `settings`; what the store looked at once (durability) and its
-/// takeover gate carried over from `old`, the engine a builder call derives from.
-fn assemble(
-    settings: &Settings,
-    backend: Box<dyn LeaseBackend>,
-    old: Option<&Engine>,
-) -> Arc<Engine> {
-    let cx = Context::new(
-        settings.db.clone(),
-        Arc::clone(&settings.table),
-        Arc::clone(&settings.member_table),
-        backend.dialect(),
-        backend.db_backend(),
-        backend.classifier(),
-        old.map(|e| Arc::clone(&e.cx.durability_checked))
-            .unwrap_or_default(),
-    );
-    let sessions = backend.own_sessions();
-    let attempts = match old {
-        Some(old) if old.backend.own_sessions() == sessions => old.attempts.clone(),
-        _ => (sessions >= 2).then(|| Arc::new(super::engine::Attempts::new(sessions - 1))),
-    };
-    Arc::new(Engine {
-        cx,
-        backend,
-        takeovers: old.map(|e| Arc::clone(&e.takeovers)).unwrap_or_default(),
-        renewer: Default::default(),
-        attempts,
-        held: old.map(|e| Arc::clone(&e.held)).unwrap_or_default(),
-    })
 }
 
 /// The backend and the tables; never the connection pool (its options can hold a password) or
@@ -384,133 +316,6 @@ impl SeaOrmLeaseStore {
             .is_ok_and(|e| e.backend.batches_renewals())
     }
 
-    /// [`renew_all`](LeaseStore::renew_all): one batch that skips rows other transactions hold
-    /// locked; then one read of the leases it did not renew, and those it shows live as
-    /// given (their rows were busy) each renewed on its own, its wait for the row bounded as
-    /// a single renew's is, all within [`solo_budget`]. A lease the read shows lapsed or taken
-    /// is lost; one whose own renew waited out its bound, failed or was not reached in time is
-    /// unanswered.
-    async fn renew_all_skipping(
-        &self,
-        held: &[Lease],
-        lease: Duration,
-    ) -> Result<Renewals, StoreError> {
-        let millis = validate_batch(held, lease)?;
-        let engine = self.engine()?;
-        if held.is_empty() {
-            return Ok(Renewals::default());
-        }
-        let json = statements::held_json(held);
-        let shape = engine.shape(false).await?;
-        let rows = engine
-            .backend
-            .renew_all(&engine.cx, json, millis, shape)
-            .await;
-        let rows = engine.noting(shape, rows)?;
-        let fresh =
-            super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))?;
-        let batch = Renewals::sort(held, fresh);
-        let mut renewals = Renewals {
-            renewed: batch.renewed,
-            ..Renewals::default()
-        };
-        if !batch.lost.is_empty() {
-            self.renew_left_out(engine, batch.lost, millis, shape, &mut renewals)
-                .await;
-        }
-        for lease in &renewals.renewed {
-            engine.holding(&lease.resource, &lease.holder, lease.remaining);
-        }
-        for lease in &renewals.lost {
-            engine.ended(&lease.resource, &lease.holder);
-        }
-        Ok(renewals)
-    }
-
-    /// The leases a batch left out, sorted into `renewals`: read once (a plain read, which
-    /// waits for no lock), lost where the read shows them lapsed or another term's (MySQL
-    /// locks a row before it checks the term, so a row another term's transaction holds would
-    /// otherwise look busy), and renewed one by one where it shows them live as given.
-    async fn renew_left_out(
-        &self,
-        engine: &Engine,
-        left: Vec<Lease>,
-        millis: i64,
-        shape: Shape,
-        renewals: &mut Renewals,
-    ) {
-        let started = crate::clock::now();
-        let budget = solo_budget(engine.backend.solo_wait(millis), millis);
-        let mut until = started.checked_add(budget).unwrap_or(started);
-        if let Ok(answer_by) = crate::store::ANSWER_BY.try_with(|at| *at) {
-            // Time left for the answer to reach a caller that gives up then.
-            let spare = answer_by.saturating_duration_since(started) / 4;
-            let spare = spare.min(Duration::from_millis(50));
-            until = until.min(answer_by.checked_sub(spare).unwrap_or(answer_by));
-        }
-        let resources: Vec<String> = left.iter().map(|l| l.resource.clone()).collect();
-        let read = crate::clock::timeout_at(until, self.read_leases(&resources)).await;
-        let records = match read {
-            Ok(Ok(records)) => records,
-            Ok(Err(error)) => {
-                tracing::debug!(%error, leases = left.len(), "the leases a batch renew left out could not be read; asking again next time");
-                renewals.unanswered.extend(left);
-                return;
-            }
-            Err(_) => {
-                renewals.unanswered.extend(left);
-                return;
-            }
-        };
-        for given in left {
-            let live_as_given = records.iter().any(|r| {
-                r.resource == given.resource
-                    && r.live
-                    && r.holder == given.holder
-                    && r.token == given.token
-            });
-            if !live_as_given {
-                renewals.lost.push(given);
-                continue;
-            }
-            if crate::clock::now() >= until {
-                renewals.unanswered.push(given);
-                continue;
-            }
-            let json = statements::held_json(std::slice::from_ref(&given));
-            // Dropped at the budget's end: its connection is closed, never handed back
-            // mid-transaction.
-            let alone = crate::clock::timeout_at(
-                until,
-                engine
-                    .backend
-                    .renew_bounded(&engine.cx, json, millis, shape),
-            )
-            .await;
-            let fresh = match alone {
-                Ok(rows) => engine.noting(shape, rows).and_then(|rows| {
-                    super::row::renewed_leases(&rows, shape).map_err(|e| engine.cx.decode_error(e))
-                }),
-                Err(_) => {
-                    renewals.unanswered.push(given);
-                    continue;
-                }
-            };
-            match fresh {
-                Ok(fresh) => {
-                    let one = Renewals::sort(std::slice::from_ref(&given), fresh);
-                    renewals.renewed.extend(one.renewed);
-                    // Live as given at the read, and not renewed now: lapsed or taken since.
-                    renewals.lost.extend(one.lost);
-                }
-                Err(error) => {
-                    tracing::debug!(resource = %given.resource, %error, "a lease the batch left out could not be renewed on its own; asking again next time");
-                    renewals.unanswered.push(given);
-                }
-            }
-        }
-    }
-
     /// A transaction on the application's pool whose `BEGIN` is never cut off half way. sqlx
     /// 0.9 gives a connection back to its pool inside the transaction its `BEGIN` opened when
     /// the future waiting for that `BEGIN` is dropped (see `sessions`); so the `BEGIN` runs in
@@ -529,94 +334,6 @@ impl SeaOrmLeaseStore {
         self.engine
             .as_ref()
             .map_err(|refused| StoreError::from(*refused))
-    }
-
-    /// The exact statement [`acquire_or_renew`](LeaseStore::acquire_or_renew) sends for these
-    /// arguments on this connection's backend (PostgreSQL, SQLite, MariaDB; the MySQL
-    /// transaction form sends this upsert and then a read): for `EXPLAIN`, audits and
-    /// benchmarks. The values are bound parameters. It is the form for the table's payload
-    /// columns as the store last saw them; before its first statement, the form for a table
-    /// that has them (made by the current migrations).
-    pub fn acquire_statement(
-        &self,
-        resource: &str,
-        candidate: &str,
-        lease: Duration,
-    ) -> Result<sea_orm::Statement, StoreError> {
-        let millis = validate_request(resource, candidate, lease)?;
-        let engine = self.engine()?;
-        // The table's shape as last seen; before the first statement, a table made by the
-        // current migrations (with the payload columns).
-        let shape = engine.cx.shape.get().unwrap_or(Shape::Payload);
-        Ok(engine
-            .acquire_prepared(shape)?
-            .bind(resource, candidate, millis))
-    }
-
-    /// A waiter of this process waits for a release of `resources` until `until`: where the
-    /// backend's wake-ups need to know (MySQL's named locks), they are watched while the guard
-    /// lives.
-    pub(crate) fn waiting(
-        &self,
-        resources: &[Arc<str>],
-        until: tokio::time::Instant,
-    ) -> Option<Box<dyn Send>> {
-        let engine = self.engine().ok()?;
-        engine.backend.waiting(&engine.cx, resources, until)
-    }
-
-    /// The statements [`renew_all`](LeaseStore::renew_all) sends for a batch of `held`, in
-    /// order, on this connection's backend: for `EXPLAIN`, audits and tests. One statement on
-    /// PostgreSQL and SQLite; on MySQL/MariaDB the locking read, the update and the read of
-    /// what it renewed, in one transaction (the update sent names only the rows the locking
-    /// read returned). Not included: the renews of leases the batch left out, each alone.
-    /// The values are bound parameters.
-    pub fn renew_all_statements(
-        &self,
-        held: &[Lease],
-        lease: Duration,
-    ) -> Result<Vec<sea_orm::Statement>, StoreError> {
-        let millis = validate_batch(held, lease)?;
-        let engine = self.engine()?;
-        let shape = engine.cx.shape.get().unwrap_or(Shape::Payload);
-        engine
-            .backend
-            .renew_statements(&engine.cx, statements::held_json(held), millis, shape)
-            .map_err(|e| StoreError::Database(e.into()))
-    }
-
-    /// The exact statement [`release`](LeaseStore::release) sends for these arguments on this
-    /// connection's backend (on PostgreSQL it also notifies followers): for `EXPLAIN`, audits
-    /// and tests. The values are bound parameters.
-    pub fn release_statement(
-        &self,
-        resource: &str,
-        candidate: &str,
-    ) -> Result<sea_orm::Statement, StoreError> {
-        validate_resource(resource)?;
-        validate_candidate(candidate)?;
-        Ok(self
-            .engine()?
-            .release_prepared()?
-            .bind(resource, candidate, 0))
-    }
-
-    /// The exact statement [`release_lease`](LeaseStore::release_lease) sends for `lease` on
-    /// this connection's backend (on PostgreSQL it also notifies followers), or `None` when
-    /// `lease` carries no expiry and so names no write (it then releases nothing). The values
-    /// are bound parameters.
-    pub fn release_lease_statement(
-        &self,
-        lease: &Lease,
-    ) -> Result<Option<sea_orm::Statement>, StoreError> {
-        validate_resource(&lease.resource)?;
-        validate_candidate(&lease.holder)?;
-        let engine = self.engine()?;
-        let cx = &engine.cx;
-        let Some(update) = statements::release_write(cx.dialect, &cx.table_iden(), lease) else {
-            return Ok(None);
-        };
-        Ok(Some(engine.backend.release_lease_statement(cx, update)))
     }
 }
 
@@ -812,39 +529,7 @@ impl LeaseStore for SeaOrmLeaseStore {
 }
 
 #[cfg(all(test, feature = "sqlite"))]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_store_derived_by_a_builder_shares_what_the_first_one_looked_at() {
-        let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
-        let store = SeaOrmLeaseStore::new(db);
-        let derived = store
-            .clone()
-            .with_member_table("other_members")
-            .unwrap()
-            .with_release_notifications(false)
-            .with_table("other_leases")
-            .unwrap();
-        let (a, b) = (store.engine().unwrap(), derived.engine().unwrap());
-        assert!(Arc::ptr_eq(
-            &a.cx.durability_checked,
-            &b.cx.durability_checked
-        ));
-        assert!(Arc::ptr_eq(&a.takeovers, &b.takeovers));
-        // The statements are rendered for the new table.
-        assert_eq!(b.cx.table(), "other_leases");
-        assert_eq!(&*b.cx.member_table, "other_members");
-        assert!(b.cx.prepared.acquire.iter().all(|c| c.get().is_none()));
-        // A store on another connection shares nothing.
-        let other =
-            SeaOrmLeaseStore::new(sea_orm::Database::connect("sqlite::memory:").await.unwrap());
-        assert!(!Arc::ptr_eq(
-            &a.takeovers,
-            &other.engine().unwrap().takeovers
-        ));
-    }
-}
+mod tests;
 
 /// [`SeaOrmLeaseStore::begin_whole`] on `db`.
 #[cfg(feature = "jobs")]

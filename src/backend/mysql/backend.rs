@@ -34,6 +34,14 @@ use crate::fencing::Term;
 use crate::store::ReleaseEvents;
 use crate::{error::StoreError, lease::LeaseOutcome};
 
+mod transaction;
+#[allow(unused_imports)]
+use transaction::*;
+
+mod galera;
+
+mod batch;
+
 /// The MySQL/MariaDB backend of one store.
 pub(crate) struct MySqlBackend {
     /// The application's pool, where the store can take one connection and check it; `None`
@@ -112,98 +120,6 @@ impl MySqlBackend {
     fn solo_waits_on_server(&self, millis: i64) -> bool {
         let second = i64::try_from(statements::LOCK_WAIT_SECONDS * 1000).unwrap_or(i64::MAX);
         self.upsert.get() == Some(&MySqlUpsert::Returning) && millis / 5 >= second
-    }
-
-    /// The batch renew in one transaction: its live rows locked ([`statements::lock_batch`],
-    /// `busy` saying what a row another transaction holds does), the rows locked renewed, and
-    /// the read of what it renewed; the rows once it has committed. REPEATABLE READ whatever
-    /// the session's level (READ COMMITTED refuses writes where the binary log is
-    /// statement-based): the rows it renews stay locked to the end, so no other renew can
-    /// write one before the read, which would report it as renewed by this call. A row its
-    /// condition rejects (lapsed, another term's) stays locked as long, too: a few
-    /// milliseconds, since nothing in the transaction waits. A row it would not wait for (or
-    /// waited for in vain) rolls the transaction back cleanly and is the error.
-    async fn renew_batch(
-        &self,
-        cx: &Context,
-        json: String,
-        millis: i64,
-        shape: Shape,
-        busy: statements::Busy,
-    ) -> Result<Vec<QueryResult>, StoreError> {
-        let table = cx.table_iden();
-        let lock = statements::lock_batch(&table, json, busy)
-            .map_err(|e| StoreError::Database(e.into()))?;
-        // The keys the lock read returned, as the batch's JSON document (`None`: no row).
-        let locked = |rows: &[QueryResult]| -> Result<Option<String>, DbErr> {
-            let keys = rows
-                .iter()
-                .map(|r| {
-                    Ok(serde_json::json!({
-                        "r": r.try_get_by_index::<String>(0)?,
-                        "h": r.try_get_by_index::<String>(1)?,
-                        "t": r.try_get_by_index::<i64>(2)?,
-                    }))
-                })
-                .collect::<Result<Vec<_>, DbErr>>()?;
-            Ok((!keys.is_empty()).then(|| serde_json::Value::Array(keys).to_string()))
-        };
-        let statements = |json: String| -> Result<(Statement, Statement), DbErr> {
-            let update = statements::renew_all(&table, json.clone(), millis)?;
-            let read = DbBackend::MySql.build(&statements::renewed(&table, json, shape));
-            Ok((update, read))
-        };
-        if let Some(source) = self.source() {
-            let (rows, after) = cx
-                .autocommitted(|| async {
-                    let Some(mut txn) = Transaction::begin(source, Begin::RepeatableRead).await?
-                    else {
-                        return Ok(Checked::InAbandonedTransaction);
-                    };
-                    let keys = match txn.rows(&lock).await {
-                        Ok(keys) => keys,
-                        Err(err) if errors::row_busy(&err) => {
-                            txn.rollback().await?;
-                            return Err(err);
-                        }
-                        Err(err) => return Err(err),
-                    };
-                    let Some(json) = locked(&keys)? else {
-                        txn.commit().await?;
-                        return Ok(Checked::Committed((Vec::new(), Vec::new())));
-                    };
-                    let (update, read) = statements(json)?;
-                    txn.execute(&update).await?;
-                    // The update holds the rows' locks until commit: this reads what it left.
-                    let rows = txn.rows(&read).await?;
-                    // Nothing is reported before the commit is known, and what it left is
-                    // read again.
-                    let after = txn.commit_then_rows(&read).await?;
-                    Ok(Checked::Committed((rows, after)))
-                })
-                .await?;
-            return committed_as_read(cx, rows, &after);
-        }
-        let (rows, after) = cx
-            .with_retry(|| async {
-                let txn = cx
-                    .db
-                    .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
-                    .await?;
-                let keys = txn.query_all_raw(lock.clone()).await?;
-                let Some(json) = locked(&keys)? else {
-                    txn.commit().await?;
-                    return Ok((Vec::new(), Vec::new()));
-                };
-                let (update, read) = statements(json)?;
-                txn.execute_raw(update).await?;
-                let rows = txn.query_all_raw(read.clone()).await?;
-                txn.commit().await?;
-                let after = cx.db.query_all_raw(read).await?;
-                Ok((rows, after))
-            })
-            .await?;
-        committed_as_read(cx, rows, &after)
     }
 
     pub(crate) fn new(
@@ -378,65 +294,6 @@ impl MySqlBackend {
             })
             .await?;
         Ok(*form)
-    }
-
-    /// [`is_galera`](Self::is_galera), asked on a checked pooled connection (the store's own
-    /// look, at its first grant).
-    async fn galera_on_pool(&self, cx: &Context) -> Result<bool, StoreError> {
-        let galera = self
-            .galera
-            .get_or_try_init(|| async {
-                let stmt = Statement::from_string(DbBackend::MySql, GALERA_QUESTION);
-                let on = match self.rows(cx, stmt).await {
-                    Ok(rows) => {
-                        rows.first()
-                            .map(|r| r.try_get_by_index::<i64>(0))
-                            .transpose()
-                            .map_err(|e| StoreError::Database(e.into()))?
-                            .unwrap_or(0)
-                            != 0
-                    }
-                    Err(StoreError::Database(crate::error::BackendError::SeaOrm(e)))
-                        if error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) =>
-                    {
-                        false
-                    }
-                    Err(e) => return Err(e),
-                };
-                tracing::debug!(galera = on, "MySQL replication detected");
-                Ok::<_, StoreError>(on)
-            })
-            .await?;
-        Ok(*galera)
-    }
-
-    /// Whether the server replicates with Galera (`@@GLOBAL.wsrep_on`), where row locks stay
-    /// on their node and the fence must write instead. Servers without the variable (MySQL)
-    /// are not. Asked on `conn` (the caller's transaction: no second pooled connection is
-    /// needed, and a proxy cannot send the question elsewhere), once per store.
-    async fn is_galera(&self, cx: &Context, conn: &dyn RawConn) -> Result<bool, StoreError> {
-        let galera = self
-            .galera
-            .get_or_try_init(|| async {
-                let stmt = Statement::from_string(DbBackend::MySql, GALERA_QUESTION);
-                let on = match conn.query_one_raw(stmt).await {
-                    Ok(row) => {
-                        row.map(|r| r.try_get_by_index::<i64>(0))
-                            .transpose()
-                            .map_err(|e| StoreError::Database(e.into()))?
-                            .unwrap_or(0)
-                            != 0
-                    }
-                    // MySQL, or a MariaDB built without wsrep: no such variable. Any other
-                    // error is not an answer (and is not cached): try again next time.
-                    Err(e) if error_number(&e) == Some(UNKNOWN_SYSTEM_VARIABLE) => false,
-                    Err(e) => return Err(cx.classify(e)),
-                };
-                tracing::debug!(galera = on, "MySQL replication detected");
-                Ok::<_, StoreError>(on)
-            })
-            .await?;
-        Ok(*galera)
     }
 }
 
@@ -852,89 +709,3 @@ impl LeaseBackend for MySqlBackend {
         })
     }
 }
-
-/// `write` then `read` in a transaction of the store's own, on a pooled connection checked to
-/// be outside any transaction (see `sessions`): the rows of `read` once `COMMIT` succeeded. A
-/// call dropped anywhere before closes the connection (the server rolls back) instead of
-/// handing it back to the pool mid-transaction, which SeaORM's `begin()` cannot promise.
-async fn in_transaction(
-    cx: &Context,
-    source: Source<'_, MySqlDb>,
-    begin: Begin,
-    write: &Statement,
-    read: &Statement,
-) -> Result<Vec<QueryResult>, StoreError> {
-    let (rows, after) = cx
-        .autocommitted(|| async {
-            let Some(mut txn) = Transaction::begin(source, begin).await? else {
-                return Ok(Checked::InAbandonedTransaction);
-            };
-            txn.execute(write).await?;
-            // The write holds the rows' locks until commit: this reads what it left.
-            let rows = txn.rows(read).await?;
-            // Nothing is reported before the commit is known, and what it left is read again.
-            let after = txn.commit_then_rows(read).await?;
-            Ok(Checked::Committed((rows, after)))
-        })
-        .await?;
-    committed_as_read(cx, rows, &after)
-}
-
-/// `rows`, read inside the transaction, once `after` (the same read once the `COMMIT` returned)
-/// shows the same writes; otherwise a retryable conflict, neither a grant nor a renew.
-///
-/// A `COMMIT` that answers OK is not proof on Galera: a brute-force abort by a replicated
-/// write-set can roll a transaction back between its statements without the statements or
-/// the `COMMIT` after it reporting an error (seen on MariaDB 10.11: the read inside found no
-/// row after the upsert, and the `COMMIT` succeeded). The read inside would then report a
-/// write that never committed, such as a new term with the token a rival now holds. The same
-/// holder, token and expiry after the commit mean the rows reported are committed ones: either
-/// this transaction's writes, or (when it was rolled back before its read, which then ran on
-/// its own) the rows as they were, whose expiry and time left are then reported truly, so a
-/// caller's deadline still comes from the committed expiry.
-fn committed_as_read(
-    cx: &Context,
-    rows: Vec<QueryResult>,
-    after: &[QueryResult],
-) -> Result<Vec<QueryResult>, StoreError> {
-    let inside = writes(&rows).map_err(|e| cx.decode_error(e))?;
-    let committed = writes(after).map_err(|e| cx.decode_error(e))?;
-    if inside == committed {
-        return Ok(rows);
-    }
-    tracing::warn!(
-        table = cx.table(),
-        read_inside = inside.len(),
-        read_after = committed.len(),
-        "the rows after COMMIT differ from the rows read inside the transaction (rolled back \
-         under it, e.g. a Galera brute-force abort); not a grant"
-    );
-    Err(StoreError::Conflict {
-        source: DbErr::Custom(
-            "the lease rows after COMMIT differ from those read inside the transaction: it was \
-             rolled back under it (a Galera brute-force abort?)"
-                .to_owned(),
-        )
-        .into(),
-    })
-}
-
-/// The writes rows of `returned_row` (and `renewed_row`, with the resource last) name: holder,
-/// token, expiry and resource, sorted; the time left is left out, it moves.
-fn writes(rows: &[QueryResult]) -> Result<Vec<WriteKey>, DbErr> {
-    let mut out = rows
-        .iter()
-        .map(|row| {
-            Ok((
-                row.try_get_by_index(0)?,
-                row.try_get_by_index(1)?,
-                row.try_get_by_index(2)?,
-                row.try_get_by_index::<String>(6).ok(),
-            ))
-        })
-        .collect::<Result<Vec<WriteKey>, DbErr>>()?;
-    out.sort();
-    Ok(out)
-}
-
-type WriteKey = (String, i64, chrono::DateTime<chrono::Utc>, Option<String>);
