@@ -328,6 +328,18 @@ impl SeaOrmLeaseStore {
         begin_whole(self.connection()).await
     }
 
+    /// A waiter of this process waits for a release of `resources` until `until`: where the
+    /// backend's wake-ups need to know (MySQL's named locks), they are watched while the guard
+    /// lives.
+    pub(crate) fn waiting(
+        &self,
+        resources: &[Arc<str>],
+        until: tokio::time::Instant,
+    ) -> Option<Box<dyn Send>> {
+        let engine = self.engine().ok()?;
+        engine.backend.waiting(&engine.cx, resources, until)
+    }
+
     /// The store's backend and what its code is given, or the error every call reports when
     /// it has none (see [`choose`]).
     pub(crate) fn engine(&self) -> Result<&Arc<Engine>, StoreError> {

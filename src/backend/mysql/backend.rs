@@ -42,6 +42,10 @@ mod galera;
 
 mod batch;
 
+mod upsert;
+
+mod source;
+
 /// The MySQL/MariaDB backend of one store.
 pub(crate) struct MySqlBackend {
     /// The application's pool, where the store can take one connection and check it; `None`
@@ -146,154 +150,12 @@ impl MySqlBackend {
         }
     }
 
-    /// Where the store's statements take their connection: its own sessions, or the
-    /// application's pool (checked); `None` for connections without a pool.
-    fn source(&self) -> Option<Source<'_, MySqlDb>> {
-        match (&self.own, &self.pool) {
-            (Some(own), _) => Some(Source::Own(own)),
-            (None, Some(pool)) => Some(Source::Shared(pool)),
-            (None, None) => None,
-        }
-    }
-
-    /// One statement, read to the end, on a connection of `source`.
-    async fn rows_from(
-        &self,
-        cx: &Context,
-        source: Option<Source<'_, MySqlDb>>,
-        stmt: Statement,
-    ) -> Result<Vec<QueryResult>, StoreError> {
-        match source {
-            Some(source) => cx.autocommitted(|| checked::rows(source, &stmt)).await,
-            None => cx.read_to_end(stmt).await,
-        }
-    }
-
-    /// One statement that changes rows, on a connection of `source`: how many it changed.
-    async fn count_from(
-        &self,
-        cx: &Context,
-        source: Option<Source<'_, MySqlDb>>,
-        stmt: Statement,
-    ) -> Result<u64, StoreError> {
-        match source {
-            Some(source) => cx.autocommitted(|| checked::count(source, &stmt)).await,
-            None => cx.execute(stmt).await,
-        }
-    }
-
-    /// The text of `SHOW ENGINE INNODB STATUS` (sent as text: not every server prepares it),
-    /// on a connection of `source`; `None` without a pool.
-    async fn status_from(
-        &self,
-        cx: &Context,
-        source: Option<Source<'_, MySqlDb>>,
-        stmt: Statement,
-    ) -> Result<Option<String>, StoreError> {
-        let Some(source) = source else {
-            return Ok(None);
-        };
-        let text = cx
-            .autocommitted(|| checked::text_column(source, &stmt.sql, 2))
-            .await?;
-        Ok(text)
-    }
-
     /// The wake-ups, unless they are off (by setting, or on a Galera node).
     fn wakeups(&self) -> Option<&HubCell> {
         if self.galera.get() == Some(&true) {
             return None;
         }
         self.wakeups.as_ref()
-    }
-
-    /// The rows after the upsert, read to the end, in the server's form.
-    async fn upsert(
-        &self,
-        cx: &Context,
-        resource: &str,
-        candidate: &str,
-        millis: i64,
-        write: Write<'_>,
-    ) -> Result<Vec<QueryResult>, StoreError> {
-        let table = cx.table_iden();
-        match self.form(cx).await? {
-            MySqlUpsert::Returning => {
-                let stmt = self.acquire_prepared(cx, write.shape())?.bind_with(
-                    resource,
-                    candidate,
-                    millis,
-                    write.payload(),
-                );
-                self.deciding(cx, stmt).await
-            }
-            MySqlUpsert::Transaction => {
-                let upsert = statements::upsert(&table, resource, candidate, millis, write)
-                    .map_err(|e| StoreError::Database(e.into()))?;
-                let read = shared::current(&MySql, &table, resource, write.shape());
-                if let Some(source) = self.source() {
-                    let (upsert, read) = (
-                        DbBackend::MySql.build(&upsert),
-                        DbBackend::MySql.build(&read),
-                    );
-                    return in_transaction(cx, source, Begin::ReadWrite, &upsert, &read).await;
-                }
-                let (rows, after) = cx
-                    .with_retry(|| async {
-                        let txn = cx.db.begin().await?;
-                        txn.execute(&upsert).await?;
-                        // The upsert holds the row's lock until commit: this reads what it left.
-                        let rows = txn.query_all(&read).await?;
-                        // Nothing is reported before the commit is known.
-                        txn.commit().await?;
-                        let after = cx.db.query_all(&read).await?;
-                        Ok((rows, after))
-                    })
-                    .await?;
-                committed_as_read(cx, rows, &after)
-            }
-        }
-    }
-
-    /// Runs the MariaDB form, read to the end, known to have committed on its own.
-    async fn deciding(
-        &self,
-        cx: &Context,
-        stmt: Statement,
-    ) -> Result<Vec<QueryResult>, StoreError> {
-        match self.source() {
-            Some(source) => {
-                cx.autocommitted(|| checked::deciding(source, &stmt, IN_TRANSACTION_COLUMN))
-                    .await
-            }
-            None => cx.read_to_end(stmt).await,
-        }
-    }
-
-    /// The upsert form of the server, from `SELECT VERSION()`, once per store (unless set with
-    /// `with_mysql_upsert`).
-    async fn form(&self, cx: &Context) -> Result<MySqlUpsert, StoreError> {
-        let form = self
-            .upsert
-            .get_or_try_init(|| async {
-                let version = self
-                    .rows(
-                        cx,
-                        Statement::from_string(DbBackend::MySql, "SELECT VERSION()"),
-                    )
-                    .await?
-                    .into_iter()
-                    .next()
-                    .map(|row| row.try_get_by_index::<String>(0))
-                    .transpose()
-                    .map_err(|e| StoreError::Database(e.into()))?
-                    .unwrap_or_default();
-                let form = MySqlUpsert::for_version(&version);
-                tracing::debug!(%version, ?form, "MySQL upsert form chosen");
-                Ok::<_, StoreError>(form)
-            })
-            .await?;
-        Ok(*form)
     }
 }
 

@@ -26,18 +26,6 @@ impl SeaOrmLeaseStore {
             .bind(resource, candidate, millis))
     }
 
-    /// A waiter of this process waits for a release of `resources` until `until`: where the
-    /// backend's wake-ups need to know (MySQL's named locks), they are watched while the guard
-    /// lives.
-    pub(crate) fn waiting(
-        &self,
-        resources: &[Arc<str>],
-        until: tokio::time::Instant,
-    ) -> Option<Box<dyn Send>> {
-        let engine = self.engine().ok()?;
-        engine.backend.waiting(&engine.cx, resources, until)
-    }
-
     /// The statements [`renew_all`](LeaseStore::renew_all) sends for a batch of `held`, in
     /// order, on this connection's backend: for `EXPLAIN`, audits and tests. One statement on
     /// PostgreSQL and SQLite; on MySQL/MariaDB the locking read, the update and the read of
