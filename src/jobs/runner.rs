@@ -19,6 +19,10 @@ use super::{Job, JobError};
 use crate::mutex::lock;
 use crate::{backend::SeaOrmLeaseStore, hold::LeaderTerm};
 
+mod attempt;
+#[allow(unused_imports)]
+use attempt::*;
+
 /// What every term's loop shares.
 pub(crate) struct Shared {
     pub store: SeaOrmLeaseStore,
@@ -483,140 +487,6 @@ async fn claim(
     }
     txn.commit().await?;
     Ok(done)
-}
-
-/// Runs one claimed attempt in its own task (a panic fails the attempt, whether it comes from
-/// the closure or from its future), then ends it.
-fn start(
-    shared: &Arc<Shared>,
-    term: &LeaderTerm,
-    i: usize,
-    slot: i64,
-    attempt: i32,
-    lateness: Duration,
-    here: &mut Here,
-) -> tokio::task::Id {
-    let reg = &shared.jobs[i];
-    let run = JobRun {
-        inner: Arc::new(RunState {
-            job: reg.name.clone(),
-            slot,
-            attempt,
-            term: term.clone(),
-            store: shared.store.clone(),
-            table: shared.table.clone(),
-            started: Instant::now(),
-            lateness,
-            committed: AtomicBool::new(false),
-            began: AtomicBool::new(false),
-            sealed: AtomicBool::new(false),
-        }),
-    };
-    super::metrics_hook::lateness(&reg.name, lateness);
-    tracing::info!(job = %reg.name, slot, attempt, token = %term.token(), lateness_ms = lateness.as_millis() as u64, "job run starts");
-    let work = reg.job.work.clone();
-    let max_attempts = reg.policy.max_attempts;
-    let returned = here.returned_tx.clone();
-    here.set
-        .spawn(async move {
-            // The closure is called inside the work's own task, so that a panic in it (before
-            // its future exists) fails this attempt like a panic inside the future; aborted
-            // when this task is (the term ended).
-            let closure_run = run.clone();
-            let handle = tokio::spawn(async move { (work)(closure_run).await });
-            let guard = AbortOnDrop(handle.abort_handle());
-            let result = handle.await;
-            drop(guard);
-            // The job may start its next slot now; this attempt's end follows.
-            let _ = returned.send(tokio::task::id());
-            let error = match result {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) if e.is_panic() => Some(panic_text(e.into_panic())),
-                Err(_) => Some("the job was cancelled".to_owned()),
-            };
-            finish(&run, error, max_attempts).await;
-        })
-        .id()
-}
-
-/// What a panic said, as the record keeps it.
-fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned());
-    match message {
-        Some(m) => format!("the job panicked: {m}"),
-        None => "the job panicked".to_owned(),
-    }
-}
-
-/// Ends an attempt after its closure returned.
-async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
-    let job = run.job().to_owned();
-    let slot = run.slot_millis();
-    let duration = run.inner.started.elapsed();
-    // From here on the closure's `begin` is refused.
-    let began = run.seal();
-    if run.committed() {
-        if let Some(e) = &error {
-            tracing::warn!(%job, slot, error = %e, "the job failed after its commit: the slot stays finished");
-        }
-        super::metrics_hook::finished(&job, "finished", duration);
-        return;
-    }
-    // Writes begun in the run's transaction and never committed were rolled back: the slot
-    // is not done.
-    let error = match error {
-        None if began => {
-            Some("the job began its fenced transaction but did not commit it".to_owned())
-        }
-        other => other,
-    };
-    let (state, outcome) = match &error {
-        None => (State::Finished, "finished"),
-        Some(_) if run.inner.attempt >= max_attempts => (State::GivenUp, "given_up"),
-        Some(_) => (State::Failed, "failed"),
-    };
-    match run.end(state, error.as_deref()).await {
-        Ok(()) => {
-            super::metrics_hook::finished(&job, outcome, duration);
-            match &error {
-                None => {
-                    tracing::info!(%job, slot, ms = duration.as_millis() as u64, "job run finished")
-                }
-                Some(e) => {
-                    tracing::warn!(%job, slot, attempt = run.attempt(), error = %e, outcome, "job run failed")
-                }
-            }
-        }
-        Err(e) => {
-            let (outcome, next) = match e.kind() {
-                crate::error::ErrorKind::Lost => {
-                    ("superseded", "the next leader claims the slot again")
-                }
-                crate::error::ErrorKind::Conflict => (
-                    "unmarked",
-                    "its record no longer names this attempt (given up or marked meanwhile)",
-                ),
-                _ => (
-                    "unmarked",
-                    "the slot is claimed again by the leader of the time",
-                ),
-            };
-            super::metrics_hook::finished(&job, outcome, duration);
-            tracing::warn!(%job, slot, error = %e, "job run could not be marked; {next}");
-        }
-    }
-}
-
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[cfg(test)]
