@@ -1,0 +1,141 @@
+//! The elector's builder: its options, checked once at `build`.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Builds an [`Elector`]: `Elector::builder(store).resource("nightly-report").build()?`.
+#[must_use]
+pub struct ElectorBuilder {
+    pub(super) store: Arc<dyn LeaseStore>,
+    pub(super) fence: Option<crate::backend::SeaOrmLeaseStore>,
+    pub(super) renewer: Option<crate::hold::renewer::Renewer>,
+    pub(super) options: Options,
+    pub(super) health_window: Option<Duration>,
+}
+
+impl ElectorBuilder {
+    /// The resource to elect a leader for (required).
+    pub fn resource(mut self, resource: impl Into<String>) -> Self {
+        self.options.resource = Some(resource.into());
+        self
+    }
+
+    /// This candidate's id. Default: host name, process id and a random suffix, unique per
+    /// elector. Two electors with the same id are the *same* candidate to the store.
+    pub fn candidate_id(mut self, id: impl Into<String>) -> Self {
+        self.options.candidate = Some(id.into());
+        self
+    }
+
+    /// A payload written into the lease by every acquire and renew of this candidate (its
+    /// address, a version; at most [`MAX_PAYLOAD_LEN`](crate::store::MAX_PAYLOAD_LEN) bytes,
+    /// checked by [`build`](Self::build)): the other candidates see it as the leader's in
+    /// [`Leadership::Follower`]. The lease table needs its payload columns (the
+    /// `AddLeasePayload` migration); without them every acquire fails with
+    /// [`StoreError::MissingPayloadColumn`](crate::StoreError::MissingPayloadColumn), logged
+    /// and retried like a missing table. Default: none.
+    pub fn payload(mut self, payload: impl Into<String>) -> Self {
+        self.options.payload = Some(payload.into());
+        self
+    }
+
+    #[cfg(feature = "jobs")]
+    /// A payload written where the lease table has the payload columns, and left out where
+    /// it has not (instead of every acquire refused).
+    pub(crate) fn payload_if_possible(mut self, payload: impl Into<String>) -> Self {
+        self.options.payload = Some(payload.into());
+        self.options.payload_optional = true;
+        self
+    }
+
+    timing_setter!(
+        /// How long a granted lease lasts without a renew. Default 15 s.
+        lease_duration(lease) => options.timing.lease
+    );
+
+    timing_setter!(
+        /// How often the leader renews. Default 5 s; twice it must fit in the lease minus the
+        /// step-down margin, so one failed renew can be retried in time.
+        renew_interval(interval) => options.timing.renew_interval
+    );
+
+    /// How often a follower tries to acquire. Default 2 s. A follower told that the lease ends
+    /// sooner tries right after it ends instead.
+    pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.options.retry_interval = Some(interval);
+        self
+    }
+
+    timing_setter!(
+        /// How long before its last grant would run out (counted from when that request was sent)
+        /// the leader steps down if it could not renew. Default: a tenth of the lease.
+        ///
+        /// The margin must cover how much the database's clock can gain on the host's monotonic
+        /// clock over one lease (the host's clock running slow makes the deadline come later), plus
+        /// the time between a `is_leader()` check and the action it guards. At least [`min_step_down_margin`] (`lease / 1000`, and 1 ms), less
+        /// than half the lease.
+        step_down_margin(margin) => options.timing.step_down_margin
+    );
+
+    timing_setter!(
+        /// How long leader work ([`ElectorHandle::run_as_leader`]) may take to return after a
+        /// shutdown is requested, while the elector keeps renewing the lease; then it is dropped and
+        /// the lease released. Work of a term that was lost (not shut down) is dropped at once,
+        /// since the lease no longer covers it. Default 5 s, at most [`MAX_INTERVAL`].
+        grace_period(grace) => options.timing.grace_period
+    );
+
+    /// Random spread of follower retries, as a fraction (0.0 to 0.5). Default 0.1 (±10 %).
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.options.jitter = Some(jitter);
+        self
+    }
+
+    /// Whether shutdown releases the lease (so a follower takes over at its next attempt
+    /// instead of waiting for the lease to lapse). Default true.
+    pub fn release_on_shutdown(mut self, release: bool) -> Self {
+        self.options.release_on_shutdown = Some(release);
+        self
+    }
+
+    /// Whether this elector's renews go out together with those of the other leaders of this
+    /// process whose electors share its [`SeaOrmLeaseStore`](crate::SeaOrmLeaseStore) (clones
+    /// of one store) and lease duration: one [`renew_all`](LeaseStore::renew_all) statement
+    /// per round for up to 1,000 of them, instead of one each. A batch goes out when its first
+    /// leader is due and takes every leader waiting then, so a leader may renew before its
+    /// renew interval is up, never after; its deadline counts from the instant the shared
+    /// statement was sent, as for a renew of its own. A lease the batch finds lost, and every
+    /// lease of a batch that failed, is asked about by its elector on its own at once.
+    /// PostgreSQL and SQLite only: on MySQL/MariaDB, with other stores or wrappers, and in
+    /// handovers and shutdowns leaders renew lease by lease.
+    ///
+    /// Default true. A leader with nothing to go with (no other hold of the store due then)
+    /// renews with its own statement. A batch never waits for a row another transaction holds
+    /// (a leader's own fenced transaction): it leaves that lease out, reads it, and tries it
+    /// once more on its own with a short wait; a leader still answered busy then renews at once
+    /// with its own acquire-or-renew, which waits for the row as a renew alone does, so
+    /// renewing together never answers a leader busy where renewing alone would have renewed
+    /// it. Such a round costs the batch a read and a renew of that row, and holds back the
+    /// answers of the others in it by the short wait (up to about 400 ms); set false for a
+    /// leader whose fenced transactions hold its row through most of its renews.
+    pub fn renew_together(mut self, together: bool) -> Self {
+        self.options.renew_together = Some(together);
+        self
+    }
+
+    /// Validates the options, and asks the store whether it can work at all (see
+    /// [`LeaseStore::validate`]): a connection to a backend this build does not support fails
+    /// here, not later in a retry loop.
+    pub fn build(self) -> Result<Elector, ConfigError> {
+        let config = self.options.validate()?;
+        self.store.validate()?;
+        let health_window = health::window(self.health_window, &config)?;
+        Ok(Elector {
+            store: self.store,
+            fence: self.fence,
+            renewer: self.renewer,
+            config: Arc::new(config),
+            health_window,
+        })
+    }
+}

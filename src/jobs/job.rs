@@ -1,0 +1,192 @@
+//! A job: its name, schedule, closure and policies (missed slots, overlap, retries), checked
+//! into the plan's policy when the scheduler is built.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) type Work =
+    Arc<dyn Fn(JobRun) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
+
+/// One named job: a schedule, its policies and the closure that runs a slot.
+#[must_use]
+pub struct Job {
+    pub(crate) name: String,
+    pub(crate) schedule: Schedule,
+    pub(crate) missed: MissedSlots,
+    pub(crate) overlap: Overlap,
+    pub(crate) starting_deadline: Duration,
+    pub(crate) max_catch_up: usize,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: (Duration, Duration),
+    pub(crate) renamed_from: Vec<String>,
+    pub(crate) work: Work,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("name", &self.name)
+            .field("schedule", &self.schedule)
+            .field("missed", &self.missed)
+            .field("overlap", &self.overlap)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    /// A job named `name` (1 to 255 characters, checked by [`JobsBuilder::build`]) that runs
+    /// `work` for each slot of `schedule`. `work` gets the slot's [`JobRun`]; an `Err` (or a
+    /// panic) fails the attempt, which is retried.
+    ///
+    /// The closure's future ends in a [`BoxError`], so `?` takes any error (a `DbErr`, a
+    /// [`JobError`], your own) and `Ok(())` needs no annotation:
+    /// `|run| async move { let txn = run.begin().await?; /* ... */ run.commit(txn).await?; Ok(()) }`.
+    pub fn new<F, Fut>(name: impl Into<String>, schedule: Schedule, work: F) -> Self
+    where
+        F: Fn(JobRun) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        let work: Work = Arc::new(move |run| Box::pin(work(run)));
+        Self {
+            name: name.into(),
+            schedule,
+            missed: MissedSlots::default(),
+            overlap: Overlap::default(),
+            starting_deadline: Duration::from_secs(60),
+            max_catch_up: 100,
+            max_attempts: 5,
+            backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+            renamed_from: Vec::new(),
+            work,
+        }
+    }
+
+    /// What happens to slots missed while no leader ran them. Default
+    /// [`MissedSlots::RunLatest`].
+    pub fn missed_slots(mut self, policy: MissedSlots) -> Self {
+        self.missed = policy;
+        self
+    }
+
+    /// What happens to a slot that comes due while an earlier one runs. Default
+    /// [`Overlap::Skip`].
+    pub fn overlap(mut self, policy: Overlap) -> Self {
+        self.overlap = policy;
+        self
+    }
+
+    /// How late after its time a slot still starts under [`MissedSlots::Skip`], and for a
+    /// slot before the job was first seen by the leader (a new job's first slot after that
+    /// runs however late). Default 60 s; [`MIN_STARTING_DEADLINE`] to [`MAX_WAIT`].
+    pub fn starting_deadline(mut self, deadline: Duration) -> Self {
+        self.starting_deadline = deadline;
+        self
+    }
+
+    /// How many missed slots [`MissedSlots::RunAll`] runs at most (the newest). Default 100;
+    /// 1 to [`MAX_CATCH_UP`].
+    pub fn max_catch_up(mut self, slots: usize) -> Self {
+        self.max_catch_up = slots;
+        self
+    }
+
+    /// Attempts per slot before it is given up. Default 5; 1 to [`MAX_ATTEMPTS`].
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The wait before a failed or crashed slot's next attempt, measured from the previous
+    /// attempt's claim: `first`, doubling per attempt, at most `max`. Default 1 s and 5
+    /// minutes; each at most [`MAX_WAIT`], `first` not above `max`.
+    pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff = (first, max);
+        self
+    }
+
+    /// An earlier name of this job, whose run records still count as this job's history: its
+    /// newest recorded slot is where this job goes on from, so a slot finished under the old
+    /// name never runs again under the new one. Call it once per earlier name; keep it for as
+    /// long as a node that runs the old name may lead. Retries the old name still owed are
+    /// not taken over: let them finish, or give them up, before the rename.
+    pub fn renamed_from(mut self, old_name: impl Into<String>) -> Self {
+        self.renamed_from.push(old_name.into());
+        self
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn policy(&self) -> Result<plan::Policy, JobError> {
+        crate::store::validate_resource(&self.name).map_err(|_| JobError::InvalidName {
+            name: self.name.clone(),
+            reason: "must be 1 to 255 characters, without control characters or white space \
+                     at either end",
+        })?;
+        let ms = |option: &'static str, d: Duration| {
+            if d > MAX_WAIT {
+                return Err(JobError::InvalidOption {
+                    option,
+                    value: format!("{d:?}"),
+                    bounds: "at most 366 days",
+                });
+            }
+            Ok(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        };
+        if self.starting_deadline < MIN_STARTING_DEADLINE {
+            return Err(JobError::InvalidOption {
+                option: "starting_deadline",
+                value: format!("{:?}", self.starting_deadline),
+                bounds: "at least 1 s: the scheduler's own look can come that late after a \
+                         slot's time on a busy node",
+            });
+        }
+        if !(1..=MAX_CATCH_UP).contains(&self.max_catch_up) {
+            return Err(JobError::InvalidOption {
+                option: "max_catch_up",
+                value: self.max_catch_up.to_string(),
+                bounds: "1 to 10,000",
+            });
+        }
+        if !(1..=MAX_ATTEMPTS).contains(&self.max_attempts) {
+            return Err(JobError::InvalidOption {
+                option: "max_attempts",
+                value: self.max_attempts.to_string(),
+                bounds: "1 to 1,000",
+            });
+        }
+        if self.schedule.describe().len() > 255 {
+            return Err(JobError::InvalidOption {
+                option: "schedule",
+                value: self.schedule.describe(),
+                bounds: "at most 255 bytes as recorded",
+            });
+        }
+        for old in &self.renamed_from {
+            crate::store::validate_resource(old).map_err(|_| JobError::InvalidName {
+                name: old.clone(),
+                reason: "(an earlier name) must be 1 to 255 characters, without control \
+                         characters or white space at either end",
+            })?;
+        }
+        let (first, max) = self.backoff;
+        if first > max {
+            return Err(JobError::InvalidOption {
+                option: "retry_backoff",
+                value: format!("{first:?} > {max:?}"),
+                bounds: "first at most max",
+            });
+        }
+        Ok(plan::Policy {
+            missed: self.missed,
+            overlap: self.overlap,
+            starting_deadline_ms: ms("starting_deadline", self.starting_deadline)?,
+            max_catch_up: self.max_catch_up,
+            max_attempts: self.max_attempts as i32,
+            backoff_first_ms: ms("retry_backoff", first)?,
+            backoff_max_ms: ms("retry_backoff", max)?,
+        })
+    }
+}
