@@ -16,7 +16,6 @@ use super::prepared::{Prepared, PAYLOAD};
 use super::statements::{self, Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
-use crate::store::ReleaseEvents;
 use crate::{error::StoreError, lease::LeaseOutcome};
 
 /// How a backend ends the session of a lapsed term that holds the lease row locked (see
@@ -210,34 +209,9 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         cx.revoke_in(None, &read, &update).await
     }
 
-    /// Release notifications, where the backend has them.
-    fn release_events(&self, _cx: &Context) -> Option<ReleaseEvents> {
-        None
-    }
-
-    /// `candidate` holds `resource` for `remaining` (a grant or renew answered, committed): for
-    /// a backend whose wake-ups follow the leases held and waited for.
-    fn holding(&self, _cx: &Context, _resource: &str, _candidate: &str, _remaining: Duration) {}
-
-    /// `candidate` was denied `resource` by `by` (the holder the answer named).
-    fn denied(&self, _cx: &Context, _resource: &str, _candidate: &str, _by: &crate::lease::Denial) {
-    }
-
-    /// A waiter of this process waits for a release of `resources` until `until` (its next
-    /// attempt): a backend whose wake-ups need to know what is waited for watches them while
-    /// the returned guard lives.
-    fn waiting(
-        &self,
-        _cx: &Context,
-        _resources: &[std::sync::Arc<str>],
-        _until: tokio::time::Instant,
-    ) -> Option<Box<dyn Send>> {
-        None
-    }
-
-    /// `candidate`'s lease of `resource` ended here: its release was answered, or a batch renew
-    /// found it lost.
-    fn ended(&self, _cx: &Context, _resource: &str, _candidate: &str) {}
+    /// The backend's wake-ups, where it has them and they can work on this connection (see
+    /// `wakeups`); made when the backend is chosen or derived.
+    fn wakeups(&self) -> Option<super::wakeups::Wakeups>;
 
     /// The transactional fence inside the caller's transaction: whether `term` is current
     /// (and its lease row now held against a takeover until the transaction ends).

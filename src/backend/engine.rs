@@ -98,6 +98,8 @@ pub(crate) struct Engine {
     /// The (lease table, resource, candidate) triples the store's answers last said this
     /// process holds: an `acquire_or_renew` of one of them is a renew, and takes no slot.
     pub(crate) held: std::sync::Arc<Held>,
+    /// The backend's wake-ups, if it has them (see `wakeups`).
+    pub(crate) wakeups: Option<super::wakeups::Wakeups>,
 }
 
 impl Engine {
@@ -184,20 +186,44 @@ impl Engine {
     /// `candidate` holds `resource` for `remaining` (an answer of this store said so).
     pub(crate) fn holding(&self, resource: &str, candidate: &str, remaining: std::time::Duration) {
         self.note(resource, candidate, true);
-        self.backend
-            .holding(&self.cx, resource, candidate, remaining);
+        if let Some(follows) = self.following() {
+            follows.holding(&self.cx, resource, candidate, remaining);
+        }
     }
 
     /// `candidate` was denied `resource` by `by`.
     pub(crate) fn denied(&self, resource: &str, candidate: &str, by: &crate::lease::Denial) {
         self.note(resource, candidate, false);
-        self.backend.denied(&self.cx, resource, candidate, by);
+        if let Some(follows) = self.following() {
+            follows.denied(&self.cx, resource, candidate, by);
+        }
     }
 
     /// `candidate`'s hold of `resource` ended (released, offered, lost).
     pub(crate) fn ended(&self, resource: &str, candidate: &str) {
         self.note(resource, candidate, false);
-        self.backend.ended(&self.cx, resource, candidate);
+        if let Some(follows) = self.following() {
+            follows.ended(&self.cx, resource, candidate);
+        }
+    }
+
+    fn following(&self) -> Option<&dyn super::wakeups::FollowsLeases> {
+        self.wakeups.as_ref()?.following()
+    }
+
+    /// A receiver of the table's releases, where the backend has wake-ups.
+    pub(crate) fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
+        self.wakeups.as_ref()?.subscribe(&self.cx)
+    }
+
+    /// A waiter of this process waits for a release of `resources` until `until`: watched
+    /// while the guard lives, where the wake-ups follow leases.
+    pub(crate) fn waiting(
+        &self,
+        resources: &[std::sync::Arc<str>],
+        until: tokio::time::Instant,
+    ) -> Option<Box<dyn Send>> {
+        self.following()?.waiting(&self.cx, resources, until)
     }
 
     /// A statement that reads or releases, read to the end on a checked connection.

@@ -70,6 +70,7 @@ mod statements;
 mod store;
 mod takeover;
 mod term_checks;
+mod wakeups;
 
 pub use durability::Durability;
 #[cfg(feature = "jobs")]

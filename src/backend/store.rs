@@ -337,7 +337,7 @@ impl SeaOrmLeaseStore {
         until: tokio::time::Instant,
     ) -> Option<Box<dyn Send>> {
         let engine = self.engine().ok()?;
-        engine.backend.waiting(&engine.cx, resources, until)
+        engine.waiting(resources, until)
     }
 
     /// The store's backend and what its code is given, or the error every call reports when
@@ -510,7 +510,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     /// [`with_release_notifications`](SeaOrmLeaseStore::with_release_notifications).
     fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
         let engine = self.engine().ok()?;
-        engine.backend.release_events(&engine.cx)
+        engine.release_events()
     }
 
     /// `Err(StoreError::UnsupportedBackend)` for a connection whose backend this build cannot

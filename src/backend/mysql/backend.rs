@@ -31,7 +31,6 @@ use crate::backend::statements::{self as shared, Shape, Write};
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
-use crate::store::ReleaseEvents;
 use crate::{error::StoreError, lease::LeaseOutcome};
 
 mod transaction;
@@ -149,14 +148,6 @@ impl MySqlBackend {
             wakeups: notifications.then(HubCell::default),
         }
     }
-
-    /// The wake-ups, unless they are off (by setting, or on a Galera node).
-    fn wakeups(&self) -> Option<&HubCell> {
-        if self.galera.get() == Some(&true) {
-            return None;
-        }
-        self.wakeups.as_ref()
-    }
 }
 
 #[async_trait]
@@ -199,39 +190,12 @@ impl LeaseBackend for MySqlBackend {
         })
     }
 
-    /// Wake-ups through the holders' named locks (see `wakeups`).
-    fn release_events(&self, cx: &Context) -> Option<ReleaseEvents> {
-        self.wakeups()?.subscribe(&cx.db, &cx.table)
-    }
-
-    fn holding(&self, cx: &Context, resource: &str, candidate: &str, remaining: Duration) {
-        if let Some(w) = self.wakeups() {
-            w.holding(&cx.db, &cx.table, resource, candidate, remaining);
-        }
-    }
-
-    fn denied(&self, cx: &Context, resource: &str, candidate: &str, by: &crate::lease::Denial) {
-        if let Some(w) = self.wakeups() {
-            w.denied(&cx.db, &cx.table, resource, candidate, by);
-        }
-    }
-
-    fn waiting(
-        &self,
-        cx: &Context,
-        resources: &[Arc<str>],
-        until: tokio::time::Instant,
-    ) -> Option<Box<dyn Send>> {
-        let waiting = self
-            .wakeups()?
-            .waiting(&cx.db, &cx.table, resources, until)?;
-        Some(Box::new(waiting))
-    }
-
-    fn ended(&self, cx: &Context, resource: &str, candidate: &str) {
-        if let Some(w) = self.wakeups() {
-            w.ended(&cx.db, &cx.table, resource, candidate);
-        }
+    /// Wake-ups through the holders' named locks (see `wakeups`), off on a Galera node.
+    fn wakeups(&self) -> Option<crate::backend::wakeups::Wakeups> {
+        let cell = self.wakeups.clone()?;
+        Some(crate::backend::wakeups::Wakeups::Following(Arc::new(
+            super::wakeups::NamedLocks::new(cell, Arc::clone(&self.galera)),
+        )))
     }
 
     fn acquire_statement(

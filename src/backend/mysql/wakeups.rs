@@ -63,6 +63,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::context::Context;
 use crate::store::ReleaseEvents;
 
 mod watch;
@@ -518,5 +519,58 @@ impl Hub {
                 }
             }
         }
+    }
+}
+
+/// The wake-ups as the engine holds them: the hub of the table's named locks, off once the
+/// server turned out to be a Galera node (named locks are local to one node there).
+pub(crate) struct NamedLocks {
+    cell: HubCell,
+    galera: Arc<tokio::sync::OnceCell<bool>>,
+}
+
+impl NamedLocks {
+    pub(crate) fn new(cell: HubCell, galera: Arc<tokio::sync::OnceCell<bool>>) -> Self {
+        Self { cell, galera }
+    }
+
+    fn cell(&self) -> Option<&HubCell> {
+        (self.galera.get() != Some(&true)).then_some(&self.cell)
+    }
+}
+
+impl crate::backend::wakeups::ReleaseSource for NamedLocks {
+    fn subscribe(&self, cx: &Context) -> Option<ReleaseEvents> {
+        self.cell()?.subscribe(&cx.db, &cx.table)
+    }
+}
+
+impl crate::backend::wakeups::FollowsLeases for NamedLocks {
+    fn holding(&self, cx: &Context, resource: &str, candidate: &str, remaining: Duration) {
+        if let Some(cell) = self.cell() {
+            cell.holding(&cx.db, &cx.table, resource, candidate, remaining);
+        }
+    }
+
+    fn denied(&self, cx: &Context, resource: &str, candidate: &str, by: &crate::lease::Denial) {
+        if let Some(cell) = self.cell() {
+            cell.denied(&cx.db, &cx.table, resource, candidate, by);
+        }
+    }
+
+    fn ended(&self, cx: &Context, resource: &str, candidate: &str) {
+        if let Some(cell) = self.cell() {
+            cell.ended(&cx.db, &cx.table, resource, candidate);
+        }
+    }
+
+    fn waiting(
+        &self,
+        cx: &Context,
+        resources: &[Arc<str>],
+        until: Instant,
+    ) -> Option<Box<dyn Send>> {
+        let waiting = self.cell()?.waiting(&cx.db, &cx.table, resources, until)?;
+        Some(Box::new(waiting))
     }
 }

@@ -23,7 +23,6 @@ use crate::backend::sessions::{OwnPool, Setup};
 use crate::backend::statements::{Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
-use crate::store::ReleaseEvents;
 use crate::{error::StoreError, lease::Denial, lease::LeaseOutcome};
 
 /// How the store's own sessions are made like the application's (see `sessions`): its
@@ -335,11 +334,14 @@ impl LeaseBackend for PgBackend {
         .await
     }
 
-    fn release_events(&self, cx: &Context) -> Option<ReleaseEvents> {
+    /// Release notifications (`LISTEN`), off behind a transaction-pooling proxy.
+    fn wakeups(&self) -> Option<crate::backend::wakeups::Wakeups> {
         if !self.notifications || self.transaction_pooling {
             return None;
         }
-        notify::subscribe(&self.releases, &cx.db, &cx.table)
+        Some(crate::backend::wakeups::Wakeups::Events(
+            std::sync::Arc::new(notify::Notifications(self.releases.clone())),
+        ))
     }
 
     /// `SELECT ... FOR SHARE`, with the session's marker (see `takeover`).

@@ -244,3 +244,15 @@ async fn connect(pool: &PgPool) -> Result<PgListener, sea_orm::sqlx::Error> {
     listener.listen(RELEASE_CHANNEL).await?;
     Ok(listener)
 }
+
+/// The notifications as the engine holds them (see `backend::wakeups`).
+pub(crate) struct Notifications(pub(crate) HubCell);
+
+impl crate::backend::wakeups::ReleaseSource for Notifications {
+    fn subscribe(
+        &self,
+        cx: &crate::backend::context::Context,
+    ) -> Option<crate::store::ReleaseEvents> {
+        subscribe(&self.0, &cx.db, &cx.table)
+    }
+}

@@ -122,13 +122,15 @@ impl LeaseBackend for SqliteBackend {
         })
     }
 
-    /// Wake-ups from the database file's changes (see `wakeups`).
-    #[cfg(feature = "sqlite")]
-    fn release_events(&self, cx: &Context) -> Option<crate::store::ReleaseEvents> {
-        if !self.notifications {
-            return None;
+    /// Wake-ups from the database file's changes (see `wakeups`; with the `sqlite` feature).
+    fn wakeups(&self) -> Option<crate::backend::wakeups::Wakeups> {
+        #[cfg(feature = "sqlite")]
+        if self.notifications {
+            return Some(crate::backend::wakeups::Wakeups::Events(
+                std::sync::Arc::new(super::wakeups::FileChanges(self.wakeups.clone())),
+            ));
         }
-        super::wakeups::subscribe(&self.wakeups, &cx.db, &cx.table)
+        None
     }
 
     fn acquire_statement(

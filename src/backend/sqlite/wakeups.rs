@@ -393,6 +393,18 @@ async fn watch(
     pool.close().await;
 }
 
+/// The file's changes as the engine holds them (see `backend::wakeups`).
+pub(crate) struct FileChanges(pub(crate) HubCell);
+
+impl crate::backend::wakeups::ReleaseSource for FileChanges {
+    fn subscribe(
+        &self,
+        cx: &crate::backend::context::Context,
+    ) -> Option<crate::store::ReleaseEvents> {
+        subscribe(&self.0, &cx.db, &cx.table)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,9 +70,11 @@ pub(super) fn assemble(
         Some(old) if old.backend.own_sessions() == sessions => old.attempts.clone(),
         _ => (sessions >= 2).then(|| Arc::new(crate::backend::engine::Attempts::new(sessions - 1))),
     };
+    let wakeups = backend.wakeups();
     Arc::new(Engine {
         cx,
         backend,
+        wakeups,
         takeovers: old.map(|e| Arc::clone(&e.takeovers)).unwrap_or_default(),
         renewer: Default::default(),
         attempts,
