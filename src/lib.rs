@@ -57,7 +57,9 @@ pub use locks::{Lock, LockError, LockGuard, Locks, Semaphore};
 pub use membership::{Holding, Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
 #[doc(inline)]
-pub use shards::{Assignment, ShardHandle, ShardSet, ShardSetBuilder, ShardStore};
+pub use shards::{
+    Assignment, ShardConfigError, ShardHandle, ShardSet, ShardSetBuilder, ShardStore,
+};
 #[doc(inline)]
 pub use store::LeaseStore;
 pub use watch::{Watch, WatchClosed};

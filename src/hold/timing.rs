@@ -115,41 +115,6 @@ pub enum ConfigError {
     /// Jitter outside `0.0..=0.5`.
     #[error("jitter {0} must be between 0.0 and 0.5 (the default is 0.1)")]
     Jitter(f64),
-    /// A shard set without a name: call `.name("...")`.
-    #[error("no shard set name: call .name(\"...\")")]
-    MissingShardSet,
-    /// A shard set without resources.
-    #[error("the shard set has no resources: give at least one with .resources(...)")]
-    EmptyResourceSet,
-    /// A resource given twice to one shard set.
-    #[error("resource {name:?} appears more than once in the shard set")]
-    DuplicateResource {
-        /// The resource.
-        name: String,
-    },
-    /// More slack than the shard set has resources.
-    #[error(
-        "slack {slack} is more than the shard set's {resources} resources: {resources} or less \
-         would do (the default is 1; 0 balances exactly)"
-    )]
-    SlackTooLarge {
-        /// The slack asked for.
-        slack: usize,
-        /// How many resources the set has.
-        resources: usize,
-    },
-    /// Two preferred members for one resource.
-    #[error("more than one preferred member is given for {name:?}")]
-    DuplicatePreference {
-        /// The resource.
-        name: String,
-    },
-    /// A preference for a resource that is not in the shard set.
-    #[error("a preferred member is given for {name:?}, which is not in the shard set")]
-    UnknownResource {
-        /// The resource.
-        name: String,
-    },
 }
 
 /// Checks the options every lease holder shares (an elector, a shard set): none zero or too

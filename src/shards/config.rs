@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::StoreError;
 use crate::hold::health::HEALTH_WINDOW_FACTOR;
 use crate::hold::timing::{
     ConfigError, Timing, TimingDefaults, TimingOptions, DEFAULT_GRACE_PERIOD,
@@ -11,6 +12,59 @@ use crate::hold::timing::{
 };
 use crate::membership::validate_shard_set;
 use crate::store::{validate_candidate, validate_resource};
+
+/// A bad shard set option, reported by [`ShardSetBuilder::build`](crate::ShardSetBuilder::build):
+/// what is wrong with the set itself, or an option every lease holder shares ([`ConfigError`]).
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardConfigError {
+    /// An option every lease holder shares (timing, a refused name): see [`ConfigError`].
+    #[error(transparent)]
+    Options(#[from] ConfigError),
+    /// A shard set without a name: call `.name("...")`.
+    #[error("no shard set name: call .name(\"...\")")]
+    MissingName,
+    /// A shard set without resources.
+    #[error("the shard set has no resources: give at least one with .resources(...)")]
+    EmptyResourceSet,
+    /// A resource given twice to one shard set.
+    #[error("resource {name:?} appears more than once in the shard set")]
+    DuplicateResource {
+        /// The resource.
+        name: String,
+    },
+    /// More slack than the shard set has resources.
+    #[error(
+        "slack {slack} is more than the shard set's {resources} resources: {resources} or less \
+         would do (the default is 1; 0 balances exactly)"
+    )]
+    SlackTooLarge {
+        /// The slack asked for.
+        slack: usize,
+        /// How many resources the set has.
+        resources: usize,
+    },
+    /// Two preferred members for one resource.
+    #[error("more than one preferred member is given for {name:?}")]
+    DuplicatePreference {
+        /// The resource.
+        name: String,
+    },
+    /// A preference for a resource that is not in the shard set.
+    #[error("a preferred member is given for {name:?}, which is not in the shard set")]
+    UnknownResource {
+        /// The resource.
+        name: String,
+    },
+}
+
+crate::error::debug_as_chain!(ShardConfigError);
+
+impl From<StoreError> for ShardConfigError {
+    fn from(err: StoreError) -> Self {
+        ShardConfigError::Options(ConfigError::Invalid(err))
+    }
+}
 
 /// Default interval between a node's rounds (heartbeat, batched renew, rebalancing): 2 s.
 pub const DEFAULT_SHARD_INTERVAL: Duration = Duration::from_secs(2);
@@ -57,26 +111,26 @@ impl Config {
 }
 
 impl Options {
-    pub(crate) fn validate(self) -> Result<Config, ConfigError> {
-        let name = self.name.ok_or(ConfigError::MissingShardSet)?;
+    pub(crate) fn validate(self) -> Result<Config, ShardConfigError> {
+        let name = self.name.ok_or(ShardConfigError::MissingName)?;
         validate_shard_set(&name)?;
         let member = self
             .member
             .unwrap_or_else(crate::hold::default_candidate_id);
         validate_candidate(&member)?;
         if self.resources.is_empty() {
-            return Err(ConfigError::EmptyResourceSet);
+            return Err(ShardConfigError::EmptyResourceSet);
         }
         let mut seen = HashSet::with_capacity(self.resources.len());
         for r in &self.resources {
             validate_resource(r)?;
             if !seen.insert(r.as_str()) {
-                return Err(ConfigError::DuplicateResource { name: r.clone() });
+                return Err(ShardConfigError::DuplicateResource { name: r.clone() });
             }
         }
         let slack = self.slack.unwrap_or(DEFAULT_SLACK);
         if slack > self.resources.len() {
-            return Err(ConfigError::SlackTooLarge {
+            return Err(ShardConfigError::SlackTooLarge {
                 slack,
                 resources: self.resources.len(),
             });
@@ -84,14 +138,14 @@ impl Options {
         let mut prefer = HashMap::new();
         for (resource, preferred) in self.prefer {
             if !seen.contains(resource.as_str()) {
-                return Err(ConfigError::UnknownResource { name: resource });
+                return Err(ShardConfigError::UnknownResource { name: resource });
             }
             validate_candidate(&preferred)?;
             if prefer
                 .insert(Arc::<str>::from(resource.as_str()), Arc::from(preferred))
                 .is_some()
             {
-                return Err(ConfigError::DuplicatePreference { name: resource });
+                return Err(ShardConfigError::DuplicatePreference { name: resource });
             }
         }
         let timing = self.timing.check(TimingDefaults {
@@ -134,25 +188,27 @@ mod tests {
     fn bad_sets_are_typed_errors() {
         assert!(matches!(
             Options::default().validate(),
-            Err(ConfigError::MissingShardSet)
+            Err(ShardConfigError::MissingName)
         ));
         assert!(matches!(
             opts(&[]).validate(),
-            Err(ConfigError::EmptyResourceSet)
+            Err(ShardConfigError::EmptyResourceSet)
         ));
         assert!(matches!(
             opts(&["a", "b", "a"]).validate(),
-            Err(ConfigError::DuplicateResource { name }) if name == "a"
+            Err(ShardConfigError::DuplicateResource { name }) if name == "a"
         ));
         assert!(matches!(
             opts(&["a", " b"]).validate(),
-            Err(ConfigError::Invalid(StoreError::InvalidResource { .. }))
+            Err(ShardConfigError::Options(ConfigError::Invalid(
+                StoreError::InvalidResource { .. }
+            )))
         ));
         let mut o = opts(&["a", "b"]);
         o.slack = Some(3);
         assert!(matches!(
             o.validate(),
-            Err(ConfigError::SlackTooLarge {
+            Err(ShardConfigError::SlackTooLarge {
                 slack: 3,
                 resources: 2
             })
@@ -161,35 +217,41 @@ mod tests {
         o.prefer = vec![("z".into(), "node".into())];
         assert!(matches!(
             o.validate(),
-            Err(ConfigError::UnknownResource { .. })
+            Err(ShardConfigError::UnknownResource { .. })
         ));
         let mut o = opts(&["a"]);
         o.prefer = vec![("a".into(), "".into())];
         assert!(matches!(
             o.validate(),
-            Err(ConfigError::Invalid(StoreError::InvalidCandidate { .. }))
+            Err(ShardConfigError::Options(ConfigError::Invalid(
+                StoreError::InvalidCandidate { .. }
+            )))
         ));
         let mut o = opts(&["a"]);
         o.name = Some("".into());
         assert!(matches!(
             o.validate(),
-            Err(ConfigError::Invalid(StoreError::InvalidShardSet { .. }))
+            Err(ShardConfigError::Options(ConfigError::Invalid(
+                StoreError::InvalidShardSet { .. }
+            )))
         ));
         let mut o = opts(&["a"]);
         o.timing.renew_interval = Some(Duration::from_secs(7));
         assert!(matches!(
             o.validate(),
-            Err(ConfigError::RenewTooSlow {
+            Err(ShardConfigError::Options(ConfigError::RenewTooSlow {
                 option: "interval",
                 ..
-            })
+            }))
         ));
         // Errors name the builder's own option.
         let mut o = opts(&["a"]);
         o.timing.renew_interval = Some(Duration::ZERO);
         assert!(matches!(
             o.validate(),
-            Err(ConfigError::Zero { option: "interval" })
+            Err(ShardConfigError::Options(ConfigError::Zero {
+                option: "interval"
+            }))
         ));
     }
 

@@ -73,10 +73,10 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{DEFAULT_SHARD_INTERVAL, DEFAULT_SLACK};
+pub use config::{ShardConfigError, DEFAULT_SHARD_INTERVAL, DEFAULT_SLACK};
 pub use handle::ShardHandle;
 
-use crate::hold::timing::{timing_setter, ConfigError};
+use crate::hold::timing::timing_setter;
 use crate::hold::LeaderTerm;
 use crate::{membership::MembershipStore, store::LeaseStore};
 use config::{Config, Options};
@@ -202,7 +202,7 @@ impl ShardSetBuilder {
     /// Validates the options (typed errors for an empty set, a resource given twice, a bad
     /// name, more slack than resources, a preference for a resource not in the set) and asks
     /// the store whether it can work at all.
-    pub fn build(self) -> Result<ShardSet, ConfigError> {
+    pub fn build(self) -> Result<ShardSet, ShardConfigError> {
         let config = self.options.validate()?;
         self.store.validate()?;
         Ok(ShardSet {

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use common::double::{Double, Intercept};
 use orion_beacon::{
     store::LeaseOutcome, store::ReleaseEvents, store::Renewals, ConfigError, InMemoryLeaseStore,
-    Lease, LeaseRecord, LeaseStore, LossReason, Member, MembershipStore, ShardHandle, ShardSet,
-    StoreError,
+    Lease, LeaseRecord, LeaseStore, LossReason, Member, MembershipStore, ShardConfigError,
+    ShardHandle, ShardSet, StoreError,
 };
 use tokio::time::{sleep, Instant};
 
@@ -463,7 +463,7 @@ fn bad_sets_are_refused_at_build() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(err, ConfigError::DuplicateResource { .. }),
+        matches!(err, ShardConfigError::DuplicateResource { .. }),
         "{err}"
     );
     let err = ShardSet::builder(store.clone())
@@ -471,14 +471,17 @@ fn bad_sets_are_refused_at_build() {
         .resources(Vec::<String>::new())
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::EmptyResourceSet), "{err}");
+    assert!(matches!(err, ShardConfigError::EmptyResourceSet), "{err}");
     let err = ShardSet::builder(store.clone())
         .name("set")
         .resources(["a"])
         .slack(2)
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::SlackTooLarge { .. }), "{err}");
+    assert!(
+        matches!(err, ShardConfigError::SlackTooLarge { .. }),
+        "{err}"
+    );
     let err = ShardSet::builder(store)
         .name("set")
         .resources(["a", "b\n"])
@@ -487,7 +490,7 @@ fn bad_sets_are_refused_at_build() {
     assert!(
         matches!(
             err,
-            ConfigError::Invalid(StoreError::InvalidResource { .. })
+            ShardConfigError::Options(ConfigError::Invalid(StoreError::InvalidResource { .. }))
         ),
         "{err}"
     );
