@@ -11,9 +11,9 @@ use super::exec::{code, column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_resource};
 use super::SqlServerLeaseStore;
 use orion_beacon::store::support::LeaseRow as Row;
-use orion_beacon::store::support::{held_json, offer_holder, Shape, PAYLOAD_COLUMN};
+use orion_beacon::store::support::{held_json, Shape, PAYLOAD_COLUMN};
 use orion_beacon::store::{
-    validate_batch, validate_offer, validate_payload, validate_request, validate_take,
+    offer_holder, validate_batch, validate_offer, validate_payload, validate_request, validate_take,
 };
 use orion_beacon::store::{Denial, LeaseOutcome, Renewals};
 use orion_beacon::{FencingToken, Lease, LeaseRecord, LeaseStore, StoreError};

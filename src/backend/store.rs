@@ -27,8 +27,7 @@ use crate::{
 mod batch;
 
 mod choose;
-#[allow(unused_imports)]
-use choose::*;
+use choose::{assemble, choose, engine};
 
 mod statements_of;
 

@@ -1,6 +1,5 @@
 //! The elector's builder: its options, checked once at `build`.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// Builds an [`Elector`]: `Elector::builder(store).resource("nightly-report").build()?`.

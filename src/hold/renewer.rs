@@ -30,8 +30,7 @@ use crate::hold::timing::later;
 use crate::{error::StoreError, lease::Lease, lease::Renewals, store::LeaseStore};
 
 mod send;
-#[allow(unused_imports)]
-use send::*;
+use send::{send_batches, Running};
 
 /// The most leases one statement renews; a larger batch sends one statement per this many.
 pub(crate) const MAX_PER_STATEMENT: usize = 1_000;

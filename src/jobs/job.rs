@@ -1,10 +1,9 @@
 //! A job: its name, schedule, closure and policies (missed slots, overlap, retries), checked
 //! into the plan's policy when the scheduler is built.
 
-#[allow(unused_imports)]
 use super::*;
 
-pub(super) type Work =
+type Work =
     Arc<dyn Fn(JobRun) -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send + Sync>;
 
 /// One named job: a schedule, its policies and the closure that runs a slot.

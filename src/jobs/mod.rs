@@ -72,8 +72,6 @@ pub use orion_beacon_entity::DEFAULT_JOB_RUN_TABLE;
 
 mod job;
 pub use job::Job;
-#[allow(unused_imports)]
-use job::*;
 
 /// The resource a scheduler's elector leads by default.
 pub const DEFAULT_RESOURCE: &str = "orion-beacon/jobs";

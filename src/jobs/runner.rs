@@ -20,8 +20,7 @@ use crate::mutex::lock;
 use crate::{backend::SeaOrmLeaseStore, hold::LeaderTerm};
 
 mod attempt;
-#[allow(unused_imports)]
-use attempt::*;
+use attempt::start;
 
 /// What every term's loop shares.
 pub(crate) struct Shared {

@@ -163,7 +163,7 @@ pub fn validate_request(
 /// the id behind a two-character marker, in a column of [`MAX_NAME_LEN`] characters.
 pub const MAX_OFFER_TARGET_LEN: usize = MAX_NAME_LEN - 2;
 
-pub(crate) use crate::lease::offer_holder;
+pub use crate::lease::offer_holder;
 
 /// Checks a candidate id an offer names: a valid id, short enough for the marker.
 pub fn validate_offer_target(to: &str) -> Result<(), StoreError> {

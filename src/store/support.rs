@@ -12,8 +12,6 @@ use crate::fencing::FencingToken;
 use crate::lease::{Denial, Lease, LeaseOutcome, LeaseRecord};
 use crate::mutex::lock;
 
-pub use crate::lease::offer_holder;
-
 /// Whether the lease table has the payload columns (the `AddLeasePayload` migration ran):
 /// statements read and write them only then, so a table made before them keeps working.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

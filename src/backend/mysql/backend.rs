@@ -34,8 +34,7 @@ use crate::fencing::Term;
 use crate::{error::StoreError, lease::LeaseOutcome};
 
 mod transaction;
-#[allow(unused_imports)]
-use transaction::*;
+use transaction::committed_as_read;
 
 mod galera;
 

@@ -67,12 +67,10 @@ use crate::backend::context::Context;
 use crate::store::ReleaseEvents;
 
 mod watch;
-#[allow(unused_imports)]
-use watch::*;
+use watch::watch_task;
 
 mod signals;
-#[allow(unused_imports)]
-use signals::*;
+use signals::signal_task;
 
 /// The most resources one store watches at once (each wait holds a connection); waiters for
 /// more poll.

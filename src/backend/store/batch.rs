@@ -1,7 +1,6 @@
 //! The batch renew that skips rows another transaction holds, and the renews of the leases
 //! it left out, each on its own with a short wait.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl SeaOrmLeaseStore {

@@ -1,7 +1,6 @@
 //! The one place a backend is chosen, from the connection and the settings, and its engine
 //! assembled.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// The backend of `settings`' connection in this build.

@@ -1,6 +1,5 @@
 //! The statements the store would send, for inspection and tests (no SQL runs).
 
-#[allow(unused_imports)]
 use super::*;
 
 impl SeaOrmLeaseStore {

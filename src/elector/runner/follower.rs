@@ -1,6 +1,5 @@
 //! What a follower learns from an answer: whom it follows, and how a setback is logged.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl Runner {

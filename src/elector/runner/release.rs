@@ -1,7 +1,6 @@
 //! A leader's way out: the term's work wound down within the grace period, then the lease
 //! released exactly (or left to lapse where releasing it would not be safe).
 
-#[allow(unused_imports)]
 use super::*;
 
 impl Runner {

@@ -1,7 +1,6 @@
 //! A step-down and a named handover: the term ends, then the lease is offered to the successor
 //! (or released), and an offer made to this candidate is taken.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl Runner {

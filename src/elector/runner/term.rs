@@ -1,6 +1,5 @@
 //! A term's beginning and end: the leader's state, the notices, the metrics.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl Runner {

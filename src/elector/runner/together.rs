@@ -1,7 +1,6 @@
 //! A leader's renew in the store's batch (renewing together), and its own renew when the batch
 //! found its row busy.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl Runner {

@@ -1,7 +1,6 @@
 //! The renewer's sending task: the batches taken from the queue, one statement per chunk, and
 //! each answer sent to its holder.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// Sends `batch` each time its first entry is due, while entries wait.
@@ -111,11 +110,11 @@ pub(super) fn send(
 }
 
 /// An entry on its way: the answer goes to its elector.
-pub(super) struct Out {
-    pub(super) lease: Lease,
-    pub(super) deadline: Instant,
-    pub(super) leader: bool,
-    pub(super) answer: oneshot::Sender<Reply>,
+struct Out {
+    lease: Lease,
+    deadline: Instant,
+    leader: bool,
+    answer: oneshot::Sender<Reply>,
 }
 
 /// One statement for `chunk`, given up at the first deadline in it (every holder in it then
@@ -123,7 +122,7 @@ pub(super) struct Out {
 /// fenced transaction, say): that lease is renewed alone with a single renew's bound, and
 /// answered as busy if that does not answer either. A busy lease's renew delays the answers
 /// of the others in its statement by at most that bound.
-pub(super) async fn renew_chunk(
+async fn renew_chunk(
     batches: Arc<Batches>,
     store: Arc<dyn LeaseStore>,
     lease: Duration,

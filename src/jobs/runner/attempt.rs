@@ -1,7 +1,6 @@
 //! One attempt of a slot: its task started (the closure called inside it, so a panic is the
 //! attempt's failure), and its end written (finished, failed, retried or given up).
 
-#[allow(unused_imports)]
 use super::*;
 
 /// Runs one claimed attempt in its own task (a panic fails the attempt, whether it comes from
@@ -60,7 +59,7 @@ pub(super) fn start(
 }
 
 /// What a panic said, as the record keeps it.
-pub(super) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     let message = payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -130,7 +129,7 @@ pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i3
     }
 }
 
-pub(super) struct AbortOnDrop(tokio::task::AbortHandle);
+struct AbortOnDrop(tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

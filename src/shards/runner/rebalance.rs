@@ -1,7 +1,6 @@
 //! A round's rebalance: the plan from the live members and the leases, then its acquires,
 //! handovers and releases within the round's budget.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl Runner {

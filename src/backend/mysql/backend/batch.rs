@@ -1,7 +1,6 @@
 //! The batch renew of every lease this store holds: one statement where the server can, else
 //! one transaction of the store's own.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl MySqlBackend {

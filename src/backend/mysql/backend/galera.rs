@@ -1,7 +1,6 @@
 //! Whether the server is a Galera cluster node, asked once per store (on the application's
 //! pool, or on the connection a statement already holds).
 
-#[allow(unused_imports)]
 use super::*;
 
 impl MySqlBackend {

@@ -1,7 +1,6 @@
 //! Where the store's statements take their connection, and one statement run there, read to
 //! the end.
 
-#[allow(unused_imports)]
 use super::*;
 
 impl MySqlBackend {

@@ -1,7 +1,6 @@
 //! The store's own transactions on MySQL/MariaDB: a write then a read on a pooled connection
 //! checked to be outside any transaction, answered only once the `COMMIT` succeeded.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// `write` then `read` in a transaction of the store's own, on a pooled connection checked to
@@ -88,4 +87,4 @@ pub(super) fn writes(rows: &[QueryResult]) -> Result<Vec<WriteKey>, DbErr> {
     Ok(out)
 }
 
-pub(super) type WriteKey = (String, i64, chrono::DateTime<chrono::Utc>, Option<String>);
+type WriteKey = (String, i64, chrono::DateTime<chrono::Utc>, Option<String>);

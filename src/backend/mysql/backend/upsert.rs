@@ -1,7 +1,7 @@
 //! The acquire-or-renew upsert in the server's form (`RETURNING` on MariaDB, a transaction of
 //! the store's own for MySQL), and which form a server takes.
 
-#[allow(unused_imports)]
+use super::transaction::in_transaction;
 use super::*;
 
 impl MySqlBackend {

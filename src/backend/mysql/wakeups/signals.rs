@@ -1,20 +1,19 @@
 //! The signal connection: the named locks of the leases this store holds, taken and let go of
 //! in the order the store's answers came.
 
-#[allow(unused_imports)]
 use super::*;
 
 /// One signalled lease.
 #[derive(Debug)]
-pub(super) struct Held {
-    pub(super) candidate: Arc<str>,
-    pub(super) until: Instant,
+struct Held {
+    candidate: Arc<str>,
+    until: Instant,
     /// Whether the signal connection holds the name now.
-    pub(super) taken: bool,
+    taken: bool,
     /// When to try to take the name (again).
-    pub(super) retry_at: Option<Instant>,
+    retry_at: Option<Instant>,
     /// Tries that found the name held by another session, in a row.
-    pub(super) refused: u32,
+    refused: u32,
 }
 
 /// Owns the signal connection: takes and lets go of the names of the leases held here, in the
@@ -140,11 +139,7 @@ pub(super) async fn signal_task(
 }
 
 /// Applies one signal; a hold that ended whose name is taken goes to `to_release`.
-pub(super) fn apply(
-    held: &mut HashMap<Arc<str>, Held>,
-    signal: Signal,
-    to_release: &mut Vec<Arc<str>>,
-) {
+fn apply(held: &mut HashMap<Arc<str>, Held>, signal: Signal, to_release: &mut Vec<Arc<str>>) {
     match signal {
         Signal::Hold {
             resource,
@@ -192,7 +187,7 @@ pub(super) fn apply(
 
 /// Lets go of `to_release` and takes the names due, on the signal connection (made first if
 /// needed).
-pub(super) async fn step(
+async fn step(
     conn: &mut Option<MySqlConnection>,
     options: &MySqlConnectOptions,
     table: &str,
@@ -267,7 +262,7 @@ pub(super) async fn step(
 
 /// A new signal connection: its sessions end after [`SESSION_IDLE_SECS`] idle, and it holds
 /// its own signal name (see [`SIGNAL_PREFIX`]).
-pub(super) async fn signal_connection(
+async fn signal_connection(
     options: &MySqlConnectOptions,
 ) -> Result<MySqlConnection, sea_orm::sqlx::Error> {
     let mut c = bounded(options.connect()).await?;
@@ -313,7 +308,7 @@ pub(super) fn timed_out() -> sea_orm::sqlx::Error {
 /// Whether a name taken on one connection shows as held by that connection from another: not
 /// on a Galera node (which refuses `GET_LOCK`) or behind a proxy that spreads a client's
 /// sessions over servers. `None` when it could not tell (the server unreachable, say).
-pub(super) async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> Option<bool> {
+async fn self_test(options: &MySqlConnectOptions, hub: &Weak<Hub>) -> Option<bool> {
     let pool = hub.upgrade().map(|h| h.watch_pool.clone())?;
     let name = format!("orionbeacon/check/{:016x}", crate::random::random_u64());
     let test = async {

@@ -1,6 +1,6 @@
 //! The watchers: a connection per waited-for lease that waits on its holder's name.
 
-#[allow(unused_imports)]
+use super::signals::{bounded, timed_out};
 use super::*;
 
 /// Waits for `resource`'s holder to let go of its name, then tells the waiters.
@@ -76,7 +76,7 @@ pub(super) async fn watch_task(
 
 /// The watch itself: whether the holder let go (`Ok(true)`), or the watch ended without (the
 /// lease's time is up, nobody holds the name).
-pub(super) async fn watch_on(
+async fn watch_on(
     conn: &mut MySqlConnection,
     hub: &Weak<Hub>,
     resource: &Arc<str>,
