@@ -65,16 +65,20 @@ pub enum StoreError {
         /// Why it was refused.
         reason: String,
     },
-    /// A payload was asked for, but the lease table has no payload column: it was made before
-    /// it, and the migration that adds it has not run (yet). Nothing was sent to grant it;
-    /// requests without a payload keep working on this table.
+    /// The table exists but lacks columns this version needs: it was made by an earlier
+    /// version's migrations, and `migration` (a step of `orion-beacon-migration`, e.g.
+    /// `AddLeasePayload` for the lease table, `AddMemberHolding` for a membership table) has
+    /// not run on it (yet). The store looks at the table once, before its first statement,
+    /// and sends nothing else until it has those columns.
     #[error(
-        "the lease table {table:?} has no payload column: run the migration that adds it ({})",
-        payload_hint(table)
+        "the table {table:?} lacks the columns of the migration {migration}: run it ({})",
+        step_hint(table, migration)
     )]
-    MissingPayloadColumn {
-        /// The lease table.
+    OutdatedSchema {
+        /// The table.
         table: String,
+        /// The migration step that adds the missing columns.
+        migration: &'static str,
     },
     /// The lease table (or a shard set's membership table) does not exist in this database:
     /// run the migration.
@@ -195,17 +199,19 @@ impl BackendError {
     }
 }
 
-/// How to add the payload column to `table`.
-fn payload_hint(table: &str) -> String {
-    let add = if table == orion_beacon_entity::DEFAULT_TABLE {
-        "`orion_beacon_migration::AddLeasePayload::new()`".to_owned()
+/// How to run the migration step `migration` on `table`.
+fn step_hint(table: &str, migration: &str) -> String {
+    let default = table == orion_beacon_entity::DEFAULT_TABLE
+        || table == orion_beacon_entity::DEFAULT_MEMBER_TABLE;
+    let add = if default {
+        format!("`orion_beacon_migration::migrations()`, which ends with `{migration}`")
     } else {
-        format!("`orion_beacon_migration::AddLeasePayload::with_table(\"{table}\")?`")
+        format!("`orion_beacon_migration::{migration}::with_table(\"{table}\")?`")
     };
     format!(
-        "add {add} to your application's Migrator after the lease table's and run it; without a \
-         Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`; on SQL Server \
-         (`orion-beacon-sqlserver`), `SqlServerLeaseStore::migrate()`"
+        "add {add} to your application's Migrator and run it, e.g. `sea-orm-cli migrate up`; \
+         without a Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`; on SQL \
+         Server (`orion-beacon-sqlserver`), `SqlServerLeaseStore::migrate()`"
     )
 }
 
@@ -220,7 +226,8 @@ pub enum ErrorKind {
     /// The store cannot run on this connection in this build (a backend whose cargo feature is
     /// off, a disconnected connection): it fails the same way every time.
     Unsupported,
-    /// The lease table (or its payload column) is missing: a migration has not run (yet).
+    /// The lease table, or columns a later migration adds to it, is missing: a migration has
+    /// not run (yet).
     MissingTable,
     /// A concurrent transaction got in the way, after the store's own retries; safe to retry.
     Conflict,
@@ -272,7 +279,7 @@ impl StoreError {
             StoreError::UnsupportedBackend { .. }
             | StoreError::Unsupported { .. }
             | StoreError::Disconnected => ErrorKind::Unsupported,
-            StoreError::MissingTable { .. } | StoreError::MissingPayloadColumn { .. } => {
+            StoreError::MissingTable { .. } | StoreError::OutdatedSchema { .. } => {
                 ErrorKind::MissingTable
             }
             StoreError::Conflict { .. } => ErrorKind::Conflict,

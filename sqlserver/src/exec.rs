@@ -103,23 +103,66 @@ impl SqlServerLeaseStore {
         }
     }
 
+    /// An error of a lease statement.
     pub(super) fn classify(&self, err: TdsError) -> StoreError {
-        classify_in(&self.table, err)
+        classify_in(&self.table, LEASE_TABLE_LAST_STEP, err)
     }
 
     /// An error of a membership statement: a missing table is the membership table.
     pub(super) fn classify_members(&self, err: TdsError) -> StoreError {
-        classify_in(&self.member_table, err)
+        classify_in(&self.member_table, MEMBER_TABLE_LAST_STEP, err)
+    }
+
+    /// Checks, once per store and table, that the lease table has every column this version's
+    /// migrations give it (a `TOP 0` read that names the last step's columns): a table made
+    /// by an earlier version is refused with [`StoreError::OutdatedSchema`] before anything
+    /// else is sent. A refusal is not remembered: the next call looks again.
+    pub(super) async fn ready(&self) -> Result<(), StoreError> {
+        self.schema_checked
+            .get_or_try_init(|| async {
+                self.run(Want::Rows, &self.sql.payload_probe, &[])
+                    .await
+                    .map(|_| ())
+                    .map_err(|err| self.classify(err))
+            })
+            .await
+            .copied()
+    }
+
+    /// The same for the membership table.
+    pub(super) async fn members_ready(&self) -> Result<(), StoreError> {
+        self.member_schema_checked
+            .get_or_try_init(|| async {
+                self.run(Want::Rows, &self.member_sql.probe, &[])
+                    .await
+                    .map(|_| ())
+                    .map_err(|err| self.classify_members(err))
+            })
+            .await
+            .copied()
     }
 }
 
-/// A SQL Server error of a statement on `table`.
-fn classify_in(table: &str, err: TdsError) -> StoreError {
+/// The migration step that gave the lease table its last columns (`payload`,
+/// `payload_token`; on SQL Server, [`PAYLOAD_MIGRATION_SQL`](crate::PAYLOAD_MIGRATION_SQL)).
+const LEASE_TABLE_LAST_STEP: &str = "AddLeasePayload";
+/// The same for the membership table (the counts; [`HOLDING_MIGRATION_SQL`](crate::HOLDING_MIGRATION_SQL)).
+const MEMBER_TABLE_LAST_STEP: &str = "AddMemberHolding";
+
+/// A SQL Server error of a statement on `table`, whose last migration step is `step`.
+fn classify_in(table: &str, step: &'static str, err: TdsError) -> StoreError {
     match err.code() {
         Some(code::INVALID_OBJECT) => StoreError::MissingTable {
             table: table.to_owned(),
             source: driver_error(err),
         },
+        Some(code::INVALID_COLUMN) => {
+            tracing::warn!(%table, error = %err, "the table lacks columns this version needs");
+            StoreError::OutdatedSchema {
+                table: table.to_owned(),
+                migration: step,
+            }
+        }
         code if is_conflict(code) => StoreError::Conflict {
             source: driver_error(err),
         },

@@ -7,11 +7,11 @@ use async_trait::async_trait;
 use sea_orm::DbErr;
 use tiberius::ToSql;
 
-use super::exec::{code, column, split_lease, Reply, Want};
+use super::exec::{column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_resource};
 use super::SqlServerLeaseStore;
 use orion_beacon::store::support::LeaseRow as Row;
-use orion_beacon::store::support::{held_json, Shape, PAYLOAD_COLUMN};
+use orion_beacon::store::support::{held_json, PAYLOAD_COLUMN};
 use orion_beacon::store::{
     offer_holder, validate_batch, validate_offer, validate_payload, validate_request, validate_take,
 };
@@ -19,36 +19,25 @@ use orion_beacon::store::{Denial, LeaseOutcome, Renewals};
 use orion_beacon::{FencingToken, Lease, LeaseRecord, LeaseStore, StoreError};
 
 impl SqlServerLeaseStore {
-    /// The raw rows of a statement of the `shape` form; one of the payload form that finds no
-    /// payload column (its migration was undone by hand) has the shape looked at again.
+    /// The raw rows of a lease statement, once the table is known to be this version's.
     async fn raw_rows(
         &self,
-        shape: Shape,
         sql: &str,
         params: &[&dyn ToSql],
     ) -> Result<Vec<tiberius::Row>, StoreError> {
+        self.ready().await?;
         match self.run(Want::Rows, sql, params).await {
             Ok(Reply::Rows(rows)) => Ok(rows),
             Ok(Reply::RowsAffected(_)) => Ok(Vec::new()),
-            Err(err) => {
-                if shape == Shape::Payload && err.code() == Some(code::INVALID_COLUMN) {
-                    self.shape.forget();
-                }
-                Err(self.classify(err))
-            }
+            Err(err) => Err(self.classify(err)),
         }
     }
 
-    async fn rows(
-        &self,
-        shape: Shape,
-        sql: &str,
-        params: &[&dyn ToSql],
-    ) -> Result<Vec<Row>, StoreError> {
-        self.raw_rows(shape, sql, params)
+    async fn rows(&self, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<Row>, StoreError> {
+        self.raw_rows(sql, params)
             .await?
             .iter()
-            .map(|r| decode(r, shape))
+            .map(decode)
             .collect::<Result<_, _>>()
             .map_err(|source| StoreError::Decode {
                 table: self.table.to_string(),
@@ -58,6 +47,7 @@ impl SqlServerLeaseStore {
 
     /// Whether an `UPDATE` changed a row.
     async fn changed(&self, sql: &str, params: &[&dyn ToSql]) -> Result<bool, StoreError> {
+        self.ready().await?;
         match self.run(Want::RowsAffected, sql, params).await {
             Ok(Reply::RowsAffected(n)) => Ok(n > 0),
             Ok(Reply::Rows(rows)) => Ok(!rows.is_empty()),
@@ -65,42 +55,23 @@ impl SqlServerLeaseStore {
         }
     }
 
-    async fn read_row(&self, resource: &str, shape: Shape) -> Result<Option<Row>, StoreError> {
+    async fn read_row(&self, resource: &str) -> Result<Option<Row>, StoreError> {
         Ok(self
-            .rows(shape, &self.sql.current[shape.index()], &[&resource])
+            .rows(&self.sql.current, &[&resource])
             .await?
             .into_iter()
             .next())
     }
-
-    /// The lease table's shape: as last seen, or looked at now (a `TOP 0` read that names the
-    /// payload columns; error 207 without them). A request with a payload looks again while
-    /// the table was last seen without them.
-    async fn shape(&self, wants_payload: bool) -> Result<Shape, StoreError> {
-        if let Some(shape) = self.shape.fresh(wants_payload) {
-            return Ok(shape);
-        }
-        let shape = match self.run(Want::Rows, &self.sql.payload_probe, &[]).await {
-            Ok(_) => Shape::Payload,
-            Err(err) if err.code() == Some(code::INVALID_COLUMN) => Shape::Plain,
-            Err(err) => return Err(self.classify(err)),
-        };
-        self.shape.set(shape);
-        Ok(shape)
-    }
 }
 
-/// Decodes `holder, fencing_token, expires_at, acquired_at, renewed_at, remaining_ms` (and,
-/// for the payload shape, `current_payload`, by name).
-fn decode(row: &tiberius::Row, shape: Shape) -> Result<Row, DbErr> {
+/// Decodes `holder, fencing_token, expires_at, acquired_at, renewed_at, remaining_ms` and
+/// `current_payload` (by name).
+fn decode(row: &tiberius::Row) -> Result<Row, DbErr> {
     let time = |idx, name| column::<chrono::NaiveDateTime>(row, idx, name).map(|t| t.and_utc());
-    let payload = match shape {
-        Shape::Plain => None,
-        Shape::Payload => row
-            .try_get::<&str, _>(PAYLOAD_COLUMN)
-            .map_err(|e| DbErr::Type(format!("SQL Server column {PAYLOAD_COLUMN}: {e}")))?
-            .map(str::to_owned),
-    };
+    let payload = row
+        .try_get::<&str, _>(PAYLOAD_COLUMN)
+        .map_err(|e| DbErr::Type(format!("SQL Server column {PAYLOAD_COLUMN}: {e}")))?
+        .map(str::to_owned);
     Ok(Row {
         holder: column::<&str>(row, 0, "holder")?.to_owned(),
         token: column::<i64>(row, 1, "fencing_token")?,
@@ -124,8 +95,7 @@ impl LeaseStore for SqlServerLeaseStore {
             .await
     }
 
-    /// The payload is `@P5` of the same `MERGE`; a table without the payload columns works
-    /// without payloads, as on the other stores.
+    /// The payload is `@P5` of the same `MERGE`.
     async fn acquire_or_renew_with(
         &self,
         resource: &str,
@@ -140,27 +110,12 @@ impl LeaseStore for SqlServerLeaseStore {
         check_resource(resource)?;
         check_candidate(candidate)?;
         let (seconds, rest_ms) = split_lease(millis, lease)?;
-        let shape = self.shape(payload.is_some()).await?;
-        let sql = &self.sql.upsert[shape.index()];
-        let returned = match (shape, payload) {
-            (Shape::Payload, payload) => {
-                self.rows(
-                    shape,
-                    sql,
-                    &[&resource, &candidate, &seconds, &rest_ms, &payload],
-                )
-                .await?
-            }
-            (Shape::Plain, None) => {
-                self.rows(shape, sql, &[&resource, &candidate, &seconds, &rest_ms])
-                    .await?
-            }
-            (Shape::Plain, Some(_)) => {
-                return Err(StoreError::MissingPayloadColumn {
-                    table: self.table.to_string(),
-                })
-            }
-        };
+        let returned = self
+            .rows(
+                &self.sql.upsert,
+                &[&resource, &candidate, &seconds, &rest_ms, &payload],
+            )
+            .await?;
         let mut returned = returned.into_iter();
         match (returned.next(), returned.next()) {
             // Several rows for one statement: trust none of them.
@@ -169,7 +124,7 @@ impl LeaseStore for SqlServerLeaseStore {
             // Denied: the MERGE changed nothing. Say who holds the lease with a plain read; the
             // read is only a report (the holder may change between the two statements).
             (None, _) => Ok(LeaseOutcome::Denied(
-                match self.read_row(resource, shape).await? {
+                match self.read_row(resource).await? {
                     Some(row) => row.denial_for(resource, candidate),
                     None => Denial::new(resource),
                 },
@@ -269,17 +224,12 @@ impl LeaseStore for SqlServerLeaseStore {
         }
         let (seconds, rest_ms) = split_lease(millis, lease)?;
         let json = held_json(held);
-        let shape = self.shape(false).await?;
         let rows = self
-            .raw_rows(
-                shape,
-                &self.sql.renew_all[shape.index()],
-                &[&seconds, &rest_ms, &json.as_str()],
-            )
+            .raw_rows(&self.sql.renew_all, &[&seconds, &rest_ms, &json.as_str()])
             .await?;
         let mut fresh = Vec::with_capacity(rows.len());
         for r in &rows {
-            let (row, resource) = decode(r, shape)
+            let (row, resource) = decode(r)
                 .and_then(|row| Ok((row, column::<&str>(r, 6, "resource")?.to_owned())))
                 .map_err(|source| StoreError::Decode {
                     table: self.table.to_string(),
@@ -292,9 +242,8 @@ impl LeaseStore for SqlServerLeaseStore {
 
     async fn current(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         check_resource(resource)?;
-        let shape = self.shape(false).await?;
         Ok(self
-            .read_row(resource, shape)
+            .read_row(resource)
             .await?
             .map(|row| row.record(resource)))
     }

@@ -98,7 +98,6 @@ use std::sync::Arc;
 use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 use tiberius::Config;
 
-use orion_beacon::store::support::ShapeSeen;
 use orion_beacon::StoreError;
 
 mod exec;
@@ -150,13 +149,12 @@ pub struct SqlServerLeaseStore {
     pool: Arc<Pool>,
     table: Arc<str>,
     sql: Arc<Statements>,
-    /// Whether the lease table has the payload columns, as last seen.
-    shape: Arc<ShapeSeen>,
+    /// Set once the lease table was found to have this version's columns (see `ready`).
+    schema_checked: Arc<tokio::sync::OnceCell<()>>,
     member_table: Arc<str>,
     member_sql: Arc<MemberStatements>,
-    /// Whether the membership table has the count columns, as last seen (`Shape::Payload`:
-    /// it has them).
-    member_shape: Arc<ShapeSeen>,
+    /// The same for the membership table.
+    member_schema_checked: Arc<tokio::sync::OnceCell<()>>,
 }
 
 /// The backend and the tables; never the pool (its config holds the password) or the T-SQL.
@@ -208,10 +206,10 @@ impl SqlServerLeaseStore {
             pool: Arc::new(Pool::new(config, DEFAULT_MAX_CONNECTIONS)),
             table: Arc::from(DEFAULT_TABLE),
             sql: Arc::new(Statements::new(DEFAULT_TABLE)),
-            shape: Arc::default(),
+            schema_checked: Arc::default(),
             member_table: Arc::from(DEFAULT_MEMBER_TABLE),
             member_sql: Arc::new(MemberStatements::new(DEFAULT_MEMBER_TABLE)),
-            member_shape: Arc::default(),
+            member_schema_checked: Arc::default(),
         }
     }
 
@@ -223,7 +221,7 @@ impl SqlServerLeaseStore {
         validate_table_name(table)?;
         self.table = Arc::from(table);
         self.sql = Arc::new(Statements::new(table));
-        self.shape = Arc::default();
+        self.schema_checked = Arc::default();
         Ok(self)
     }
 
@@ -235,7 +233,7 @@ impl SqlServerLeaseStore {
         validate_table_name(table)?;
         self.member_table = Arc::from(table);
         self.member_sql = Arc::new(MemberStatements::new(table));
-        self.member_shape = Arc::default();
+        self.member_schema_checked = Arc::default();
         Ok(self)
     }
 
@@ -281,18 +279,20 @@ mod tests {
             .unwrap();
         assert_eq!(store.table(), "shard_leases");
         for sql in [
-            &store.sql.upsert[0],
-            &store.sql.upsert[1],
+            &store.sql.upsert,
             &store.sql.release,
-            &store.sql.current[0],
-            &store.sql.current[1],
+            &store.sql.current,
+            &store.sql.renew_all,
             &store.sql.payload_probe,
         ] {
             assert!(sql.contains("[shard_leases]"), "{sql}");
             assert!(!sql.contains("orionbeacon_leases"), "{sql}");
         }
-        assert!(store.sql.upsert[1].contains("MERGE [shard_leases] WITH (HOLDLOCK) AS t "));
-        assert!(store.sql.current[0].contains(" FROM [shard_leases] WHERE "));
+        assert!(store
+            .sql
+            .upsert
+            .contains("MERGE [shard_leases] WITH (HOLDLOCK) AS t "));
+        assert!(store.sql.current.contains(" FROM [shard_leases] WHERE "));
         assert!(store
             .payload_migration_sql()
             .contains("ALTER TABLE [shard_leases] ADD payload"));
@@ -335,7 +335,7 @@ mod tests {
         let sql = &store.member_sql;
         for sql in [&sql.heartbeat, &sql.members, &sql.leave] {
             assert!(sql.contains("[shard_members]"), "{sql}");
-            assert!(!sql.contains("leases"), "{sql}");
+            assert!(!sql.contains("_leases"), "{sql}");
         }
         assert!(sql
             .heartbeat

@@ -44,16 +44,12 @@ pub(super) fn member_migration_sql(table: &str) -> String {
         )
 }
 
-/// The live members of the shard set `@P1` at `@now`, with their remaining time and, on a
-/// table with the count columns (`counted`), the counts their last heartbeat wrote. `member` is
-/// bracket-quoted everywhere (an ISO keyword, `MEMBER OF`).
-fn live_members_sql(t: &str, counted: bool) -> String {
-    let counts = if counted {
-        ", CASE WHEN counted_at = heartbeat_at THEN leases_held END AS leases_held, \
-         CASE WHEN counted_at = heartbeat_at THEN set_hash END AS set_hash"
-    } else {
-        ""
-    };
+/// The live members of the shard set `@P1` at `@now`, with their remaining time and the counts
+/// their last heartbeat wrote. `member` is bracket-quoted everywhere (an ISO keyword,
+/// `MEMBER OF`).
+fn live_members_sql(t: &str) -> String {
+    let counts = ", CASE WHEN counted_at = heartbeat_at THEN leases_held END AS leases_held, \
+                  CASE WHEN counted_at = heartbeat_at THEN set_hash END AS set_hash";
     format!(
         "SELECT shard_set, [member], draining, joined_at, heartbeat_at, {remaining} AS remaining_ms{counts} \
          FROM {t} WHERE shard_set = @P1 AND expires_at > @now;",
@@ -66,21 +62,17 @@ fn live_members_sql(t: &str, counted: bool) -> String {
 /// both at one reading of the database clock (`@now`), so the caller is always among the
 /// members read. `joined_at` restarts when the row had lapsed (a member that comes back is a new
 /// membership). Parameters: `@P1` the shard set, `@P2` the member, `@P3` whole seconds and `@P4`
-/// the remaining milliseconds of the time to live, `@P5` draining (`bit`); with `counted`, also
-/// `@P6` the leases the member leads and `@P7` its list's fingerprint (`bigint`s), written with
+/// the remaining milliseconds of the time to live, `@P5` draining (`bit`), `@P6` the leases
+/// the member leads and `@P7` its list's fingerprint (`bigint`s, or `NULL`s), written with
 /// `counted_at = @now`.
-pub(super) fn heartbeat_sql(table: &str, counted: bool) -> String {
+pub(super) fn heartbeat_sql(table: &str) -> String {
     let t = quoted(table);
     let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now))";
-    let (set, columns, values) = if counted {
-        (
-            ", t.leases_held = @P6, t.set_hash = @P7, t.counted_at = @now",
-            ", leases_held, set_hash, counted_at",
-            ", @P6, @P7, @now",
-        )
-    } else {
-        ("", "", "")
-    };
+    let (set, columns, values) = (
+        ", t.leases_held = @P6, t.set_hash = @P7, t.counted_at = @now",
+        ", leases_held, set_hash, counted_at",
+        ", @P6, @P7, @now",
+    );
     format!(
         "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
          MERGE {t} WITH (HOLDLOCK) AS t \
@@ -94,15 +86,15 @@ pub(super) fn heartbeat_sql(table: &str, counted: bool) -> String {
          WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at{columns}) \
          VALUES (s.shard_set, s.[member], @P5, @now, @now, {expiry}{values}); \
          {live}",
-        live = live_members_sql(&t, counted),
+        live = live_members_sql(&t),
     )
 }
 
 /// The live members of a shard set. Parameter: `@P1` the shard set.
-pub(super) fn members_sql(table: &str, counted: bool) -> String {
+pub(super) fn members_sql(table: &str) -> String {
     format!(
         "DECLARE @now datetime2(7) = SYSUTCDATETIME(); {live}",
-        live = live_members_sql(&quoted(table), counted),
+        live = live_members_sql(&quoted(table)),
     )
 }
 
@@ -121,25 +113,31 @@ pub(super) fn leave_sql(table: &str) -> String {
     )
 }
 
+/// A read that names the columns of the membership table's last migration (the counts) and
+/// returns nothing: error 207 (invalid column name) on a table made before them.
+pub(super) fn members_probe_sql(table: &str) -> String {
+    format!(
+        "SELECT TOP 0 leases_held, set_hash, counted_at FROM {t};",
+        t = quoted(table)
+    )
+}
+
 /// The membership statements of one table.
 #[derive(Debug)]
 pub(super) struct MemberStatements {
     pub(super) heartbeat: String,
     pub(super) members: String,
     pub(super) leave: String,
-    /// The heartbeat and the read with the members' counts.
-    pub(super) heartbeat_counted: String,
-    pub(super) members_counted: String,
+    pub(super) probe: String,
 }
 
 impl MemberStatements {
     pub(super) fn new(table: &str) -> Self {
         Self {
-            heartbeat: heartbeat_sql(table, false),
-            members: members_sql(table, false),
+            heartbeat: heartbeat_sql(table),
+            members: members_sql(table),
             leave: leave_sql(table),
-            heartbeat_counted: heartbeat_sql(table, true),
-            members_counted: members_sql(table, true),
+            probe: members_probe_sql(table),
         }
     }
 }
@@ -153,7 +151,7 @@ mod tests {
     #[test]
     fn heartbeat_is_one_merge_keyed_on_set_and_member_then_the_live_members() {
         assert_eq!(
-            heartbeat_sql(DEFAULT_MEMBER_TABLE, false),
+            heartbeat_sql(DEFAULT_MEMBER_TABLE),
             concat!(
                 "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
                 "MERGE [orionbeacon_members] WITH (HOLDLOCK) AS t ",
@@ -163,15 +161,18 @@ mod tests {
                 "t.joined_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.joined_at END, ",
                 "t.draining = @P5, ",
                 "t.heartbeat_at = @now, ",
-                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)) ",
-                "WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at) ",
-                "VALUES (s.shard_set, s.[member], @P5, @now, @now, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now))); ",
+                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), ",
+                "t.leases_held = @P6, t.set_hash = @P7, t.counted_at = @now ",
+                "WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at, leases_held, set_hash, counted_at) ",
+                "VALUES (s.shard_set, s.[member], @P5, @now, @now, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), @P6, @P7, @now); ",
                 "SELECT shard_set, [member], draining, joined_at, heartbeat_at, ",
-                "DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms ",
+                "DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms, ",
+                "CASE WHEN counted_at = heartbeat_at THEN leases_held END AS leases_held, ",
+                "CASE WHEN counted_at = heartbeat_at THEN set_hash END AS set_hash ",
                 "FROM [orionbeacon_members] WHERE shard_set = @P1 AND expires_at > @now;",
             )
         );
-        let sql = heartbeat_sql(DEFAULT_MEMBER_TABLE, false);
+        let sql = heartbeat_sql(DEFAULT_MEMBER_TABLE);
         // One MERGE, serializable on the key range; the key is in ON and nothing else is.
         assert_eq!(sql.matches("MERGE ").count(), 1);
         let on = &sql[sql.find(" ON ").unwrap()..sql.find(" WHEN MATCHED").unwrap()];
@@ -188,7 +189,7 @@ mod tests {
     // heartbeat that wrote them.
     #[test]
     fn a_counted_heartbeat_writes_and_reads_the_counts() {
-        let sql = heartbeat_sql(DEFAULT_MEMBER_TABLE, true);
+        let sql = heartbeat_sql(DEFAULT_MEMBER_TABLE);
         assert!(
             sql.contains(
                 "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), \
@@ -204,16 +205,19 @@ mod tests {
         let read = "remaining_ms, CASE WHEN counted_at = heartbeat_at THEN leases_held END AS leases_held, \
              CASE WHEN counted_at = heartbeat_at THEN set_hash END AS set_hash FROM [orionbeacon_members]";
         assert!(sql.contains(read), "{sql}");
-        assert!(members_sql(DEFAULT_MEMBER_TABLE, true).contains(read));
+        assert!(members_sql(DEFAULT_MEMBER_TABLE).contains(read));
         let statements = MemberStatements::new("shard_members");
-        for sql in [&statements.heartbeat_counted, &statements.members_counted] {
+        for sql in [
+            &statements.heartbeat,
+            &statements.members,
+            &statements.probe,
+        ] {
             assert!(sql.contains("[shard_members]") && !sql.contains(DEFAULT_MEMBER_TABLE));
         }
         assert_eq!(
-            params(&statements.heartbeat_counted),
-            ["@P1", "@P2", "@P3", "@P4", "@P5", "@P6", "@P7"]
+            statements.probe,
+            "SELECT TOP 0 leases_held, set_hash, counted_at FROM [shard_members];"
         );
-        assert_eq!(params(&statements.members_counted), ["@P1"]);
     }
 
     #[test]
@@ -232,10 +236,12 @@ mod tests {
     #[test]
     fn members_and_leave_text() {
         assert_eq!(
-            members_sql(DEFAULT_MEMBER_TABLE, false),
+            members_sql(DEFAULT_MEMBER_TABLE),
             "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
              SELECT shard_set, [member], draining, joined_at, heartbeat_at, \
-             DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms \
+             DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms, \
+             CASE WHEN counted_at = heartbeat_at THEN leases_held END AS leases_held, \
+             CASE WHEN counted_at = heartbeat_at THEN set_hash END AS set_hash \
              FROM [orionbeacon_members] WHERE shard_set = @P1 AND expires_at > @now;"
         );
         assert_eq!(
@@ -253,7 +259,10 @@ mod tests {
     fn membership_values_are_parameters_only() {
         let sql = MemberStatements::new(DEFAULT_MEMBER_TABLE);
         for (sql, expected) in [
-            (&sql.heartbeat, vec!["@P1", "@P2", "@P3", "@P4", "@P5"]),
+            (
+                &sql.heartbeat,
+                vec!["@P1", "@P2", "@P3", "@P4", "@P5", "@P6", "@P7"],
+            ),
             (&sql.members, vec!["@P1"]),
             (&sql.leave, vec!["@P1", "@P2"]),
         ] {

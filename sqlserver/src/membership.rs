@@ -7,13 +7,12 @@ use async_trait::async_trait;
 use sea_orm::DbErr;
 use tiberius::ToSql;
 
-use super::exec::{code, column, split_lease, Reply, Want};
+use super::exec::{column, split_lease, Reply, Want};
 use super::names::{check_candidate, check_shard_set, check_stored_set};
 use super::SqlServerLeaseStore;
 use orion_beacon::membership::{
     set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
 };
-use orion_beacon::store::support::Shape;
 use orion_beacon::StoreError;
 
 impl SqlServerLeaseStore {
@@ -26,28 +25,54 @@ impl SqlServerLeaseStore {
         Ok(stored)
     }
 
+    /// A heartbeat with `holding` in the count columns (`None`: `NULL`s).
+    async fn beat(
+        &self,
+        shard_set: &str,
+        member: &str,
+        ttl: Duration,
+        draining: bool,
+        holding: Option<Holding>,
+    ) -> Result<Vec<Member>, StoreError> {
+        let millis = validate_heartbeat(shard_set, member, ttl)?;
+        let stored = self.stored_set(shard_set)?;
+        check_candidate(member)?;
+        let (seconds, rest_ms) = split_lease(millis, ttl)?;
+        // Kept scoped to this store's lease table (see `Holding::scoped`).
+        let stored_counts = holding.map(|h| h.scoped(&self.table).stored());
+        let (leases, hash) = (stored_counts.map(|c| c.0), stored_counts.map(|c| c.1));
+        self.member_rows(
+            &self.member_sql.heartbeat,
+            &[
+                &stored.as_str(),
+                &member,
+                &seconds,
+                &rest_ms,
+                &draining,
+                &leases,
+                &hash,
+            ],
+        )
+        .await
+    }
+
     /// Runs a membership read (or the heartbeat, which ends with one) and decodes its members,
     /// in byte order of their ids whatever the server's collation says.
     async fn member_rows(
         &self,
         sql: &str,
         params: &[&dyn ToSql],
-        counted: bool,
     ) -> Result<Vec<Member>, StoreError> {
+        self.members_ready().await?;
         let rows = match self.run(Want::Rows, sql, params).await {
             Ok(Reply::Rows(rows)) => rows,
             Ok(Reply::RowsAffected(_)) => Vec::new(),
-            Err(err) if counted && err.code() == Some(code::INVALID_COLUMN) => {
-                // No count columns (not migrated yet, or dropped): without them for a while.
-                self.member_shape.set(Shape::Plain);
-                return Err(StoreError::Database(crate::exec::driver_error(err)));
-            }
             Err(err) => return Err(self.classify_members(err)),
         };
         let mut members = rows
             .iter()
             .map(|row| {
-                let mut member = decode_member(row, counted)?;
+                let mut member = decode_member(row)?;
                 member.holding = member.holding.map(|h| h.scoped(&self.table));
                 // Another lease table's members (`stored_set`) are none of this store's.
                 Ok::<_, DbErr>(set_of_stored(&member.shard_set, &self.table).map(|set| {
@@ -66,9 +91,9 @@ impl SqlServerLeaseStore {
     }
 }
 
-/// Decodes `shard_set, member, draining, joined_at, heartbeat_at, remaining_ms` (and, when
-/// `counted`, `leases_held, set_hash`).
-fn decode_member(row: &tiberius::Row, counted: bool) -> Result<Member, DbErr> {
+/// Decodes `shard_set, member, draining, joined_at, heartbeat_at, remaining_ms, leases_held,
+/// set_hash`.
+fn decode_member(row: &tiberius::Row) -> Result<Member, DbErr> {
     let time = |idx, name| column::<chrono::NaiveDateTime>(row, idx, name).map(|t| t.and_utc());
     let remaining = column::<i64>(row, 5, "remaining_ms")?;
     let mut member = Member::new(
@@ -79,14 +104,11 @@ fn decode_member(row: &tiberius::Row, counted: bool) -> Result<Member, DbErr> {
     member.draining = column::<bool>(row, 2, "draining")?;
     member.joined_at = Some(time(3, "joined_at")?);
     member.heartbeat_at = Some(time(4, "heartbeat_at")?);
-    if counted {
-        let nullable = |idx: usize, name: &str| {
-            row.try_get::<i64, _>(idx)
-                .map_err(|e| DbErr::Type(format!("SQL Server column {name}: {e}")))
-        };
-        member.holding =
-            Holding::from_stored(nullable(6, "leases_held")?, nullable(7, "set_hash")?);
-    }
+    let nullable = |idx: usize, name: &str| {
+        row.try_get::<i64, _>(idx)
+            .map_err(|e| DbErr::Type(format!("SQL Server column {name}: {e}")))
+    };
+    member.holding = Holding::from_stored(nullable(6, "leases_held")?, nullable(7, "set_hash")?);
     Ok(member)
 }
 
@@ -103,22 +125,11 @@ impl MembershipStore for SqlServerLeaseStore {
         ttl: Duration,
         draining: bool,
     ) -> Result<Vec<Member>, StoreError> {
-        let millis = validate_heartbeat(shard_set, member, ttl)?;
-        let stored = self.stored_set(shard_set)?;
-        let shard_set = stored.as_str();
-        check_candidate(member)?;
-        let (seconds, rest_ms) = split_lease(millis, ttl)?;
-        self.member_rows(
-            &self.member_sql.heartbeat,
-            &[&shard_set, &member, &seconds, &rest_ms, &draining],
-            false,
-        )
-        .await
+        self.beat(shard_set, member, ttl, draining, None).await
     }
 
-    /// Writes `holding` with the heartbeat where the membership table has the count columns
-    /// (see [`migrate_members`](SqlServerLeaseStore::migrate_members)); a plain heartbeat
-    /// otherwise (a table seen without them is tried again after a while).
+    /// Writes `holding` with the heartbeat (see
+    /// [`migrate_members`](SqlServerLeaseStore::migrate_members)).
     async fn heartbeat_holding(
         &self,
         shard_set: &str,
@@ -127,46 +138,15 @@ impl MembershipStore for SqlServerLeaseStore {
         draining: bool,
         holding: Holding,
     ) -> Result<Vec<Member>, StoreError> {
-        let millis = validate_heartbeat(shard_set, member, ttl)?;
-        let stored = self.stored_set(shard_set)?;
-        check_candidate(member)?;
-        let (seconds, rest_ms) = split_lease(millis, ttl)?;
-        if self.member_shape.fresh(false) != Some(Shape::Plain) {
-            // Kept scoped to this store's lease table (see `Holding::scoped`).
-            let (leases, hash) = holding.scoped(&self.table).stored();
-            let counted = self
-                .member_rows(
-                    &self.member_sql.heartbeat_counted,
-                    &[
-                        &stored.as_str(),
-                        &member,
-                        &seconds,
-                        &rest_ms,
-                        &draining,
-                        &leases,
-                        &hash,
-                    ],
-                    true,
-                )
-                .await;
-            match counted {
-                Ok(members) => {
-                    self.member_shape.set(Shape::Payload);
-                    return Ok(members);
-                }
-                // This call found the columns missing (`member_rows` noted it just now): the
-                // plain heartbeat below. Any other error is the heartbeat's.
-                Err(_) if self.member_shape.fresh(false) == Some(Shape::Plain) => {}
-                Err(err) => return Err(err),
-            }
-        }
-        self.heartbeat(shard_set, member, ttl, draining).await
+        self.beat(shard_set, member, ttl, draining, Some(holding))
+            .await
     }
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
         let stored = self.stored_set(shard_set)?;
         let shard_set = stored.as_str();
         check_candidate(member)?;
+        self.members_ready().await?;
         let rows = match self
             .run(Want::Rows, &self.member_sql.leave, &[&shard_set, &member])
             .await
@@ -188,16 +168,7 @@ impl MembershipStore for SqlServerLeaseStore {
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         let stored = self.stored_set(shard_set)?;
         let shard_set = stored.as_str();
-        if self.member_shape.get() == Some(Shape::Payload) {
-            match self
-                .member_rows(&self.member_sql.members_counted, &[&shard_set], true)
-                .await
-            {
-                Err(_) if self.member_shape.get() == Some(Shape::Plain) => {}
-                read => return read,
-            }
-        }
-        self.member_rows(&self.member_sql.members, &[&shard_set], false)
+        self.member_rows(&self.member_sql.members, &[&shard_set])
             .await
     }
 }

@@ -45,7 +45,6 @@ impl SqlServerLeaseStore {
         self.create(&self.payload_migration_sql())
             .await
             .map_err(|err| self.classify(err))?;
-        self.shape.forget();
         Ok(())
     }
 
@@ -69,7 +68,6 @@ impl SqlServerLeaseStore {
         self.create(&self.holding_migration_sql())
             .await
             .map_err(|err| self.classify_members(err))?;
-        self.member_shape.forget();
         Ok(())
     }
 

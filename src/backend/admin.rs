@@ -11,18 +11,18 @@ use sea_orm::sea_query::{
 
 use super::dialect::Dialect;
 use super::row::{Decode as _, Row};
-use super::statements::{self, returned_row, with_payload, Shape};
+use super::statements::{self, returned_row, with_payload};
 use super::store::SeaOrmLeaseStore;
 use crate::store::validate_resource;
 use crate::{error::StoreError, lease::LeaseRecord};
 
 /// Every lease row with its remaining time, ordered by resource. The resource comes last so the
 /// first six columns decode as a [`Row`].
-pub(crate) fn list(d: &dyn Dialect, table: &Alias, shape: Shape) -> SelectStatement {
+pub(crate) fn list(d: &dyn Dialect, table: &Alias) -> SelectStatement {
     let mut exprs = returned_row(d);
     exprs.push(Expr::col(Column::Resource));
     Query::select()
-        .exprs(with_payload(exprs, shape))
+        .exprs(with_payload(exprs))
         .from(table.clone())
         .order_by(Column::Resource, Order::Asc)
         .to_owned()
@@ -30,13 +30,8 @@ pub(crate) fn list(d: &dyn Dialect, table: &Alias, shape: Shape) -> SelectStatem
 
 /// The row of `resource`, locked for the revoke that follows (`FOR UPDATE`; SQLite has no row
 /// locks and takes its write lock first, see `revoke`).
-pub(crate) fn revoke_read(
-    d: &dyn Dialect,
-    table: &Alias,
-    resource: &str,
-    shape: Shape,
-) -> SelectStatement {
-    statements::current(d, table, resource, shape)
+pub(crate) fn revoke_read(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectStatement {
+    statements::current(d, table, resource)
         .lock(LockType::Update)
         .to_owned()
 }
@@ -59,12 +54,11 @@ impl SeaOrmLeaseStore {
     pub async fn list(&self) -> Result<Vec<LeaseRecord>, StoreError> {
         let engine = self.engine()?;
         let cx = &engine.cx;
-        let shape = engine.shape(false).await?;
-        let stmt = cx.build(&list(cx.dialect, &cx.table_iden(), shape));
-        let rows = engine.noting(shape, engine.plain(stmt).await)?;
+        let stmt = cx.build(&list(cx.dialect, &cx.table_iden()));
+        let rows = engine.lease_rows(stmt).await?;
         rows.iter()
             .map(|r| {
-                let row = Row::decode(r, shape)?;
+                let row = Row::decode(r)?;
                 let resource: String = r.try_get_by_index(6)?;
                 Ok(row.record(&resource))
             })
@@ -85,18 +79,18 @@ impl SeaOrmLeaseStore {
     pub async fn revoke(&self, resource: &str) -> Result<Option<LeaseRecord>, StoreError> {
         validate_resource(resource)?;
         let engine = self.engine()?;
+        engine.ready().await?;
         let cx = &engine.cx;
         let table = cx.table_iden();
-        let shape = engine.shape(false).await?;
-        let read = cx.build(&revoke_read(cx.dialect, &table, resource, shape));
+        let read = cx.build(&revoke_read(cx.dialect, &table, resource));
         let update = cx.build(&revoke(cx.dialect, &table, resource));
         let row = engine.backend.revoke(cx, resource, read, update).await;
-        let row = engine.noting(shape, row)?;
+        let row = engine.lease_table(row)?;
         let Some(row) = row else {
             tracing::info!(resource, table = %self.table(), "revoke: no lease row; nothing changed");
             return Ok(None);
         };
-        let record = Row::decode(&row, shape)
+        let record = Row::decode(&row)
             .map_err(|source| cx.decode_error(source))?
             .record(resource);
         if record.live {
@@ -135,32 +129,31 @@ mod tests {
     // sea-query drops clauses a backend lacks without a word: pin the exact SQL.
     #[test]
     fn list_sql_per_backend() {
-        let (sql, values) = list(&Postgres, &table(), Shape::Plain).build(PostgresQueryBuilder);
+        let (sql, values) = list(&Postgres, &table()).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource" FROM "orionbeacon_leases" ORDER BY "resource" ASC"#
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" ORDER BY "resource" ASC"#
         );
         assert!(values.0.is_empty());
-        let (sql, _) = list(&Sqlite, &table(), Shape::Plain).build(SqliteQueryBuilder);
+        let (sql, _) = list(&Sqlite, &table()).build(SqliteQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), "resource" FROM "orionbeacon_leases" ORDER BY "resource" ASC"#
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), "resource", CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" ORDER BY "resource" ASC"#
         );
-        let (sql, _) = list(&MySql, &table(), Shape::Plain).build(MysqlQueryBuilder);
+        let (sql, _) = list(&MySql, &table()).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource` FROM `orionbeacon_leases` ORDER BY `resource` ASC"
+            r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource`, CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM `orionbeacon_leases` ORDER BY `resource` ASC"#
         );
     }
 
     #[test]
     fn revoke_sql_per_backend() {
         // PostgreSQL: read the row under FOR UPDATE, then tombstone it if live.
-        let (sql, values) =
-            revoke_read(&Postgres, &table(), "r", Shape::Plain).build(PostgresQueryBuilder);
+        let (sql, values) = revoke_read(&Postgres, &table(), "r").build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT) FROM "orionbeacon_leases" WHERE "resource" = $1 FOR UPDATE"#
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" WHERE "resource" = $1 FOR UPDATE"#
         );
         assert_eq!(values.0.len(), 1);
         let (sql, values) = revoke(&Postgres, &table(), "r").build(PostgresQueryBuilder);
@@ -171,10 +164,10 @@ mod tests {
         assert_eq!(values.0.len(), 1, "no holder guard: {values:?}");
 
         // MySQL/MariaDB: the same, in UTC_TIMESTAMP(6).
-        let (sql, _) = revoke_read(&MySql, &table(), "r", Shape::Plain).build(MysqlQueryBuilder);
+        let (sql, _) = revoke_read(&MySql, &table(), "r").build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000 FROM `orionbeacon_leases` WHERE `resource` = ? FOR UPDATE"
+            r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM `orionbeacon_leases` WHERE `resource` = ? FOR UPDATE"#
         );
         let (sql, _) = revoke(&MySql, &table(), "r").build(MysqlQueryBuilder);
         assert_eq!(
@@ -193,11 +186,11 @@ mod tests {
             sql,
             r#"UPDATE "orionbeacon_leases" SET "fencing_token" = "fencing_token" WHERE "resource" = ?"#
         );
-        let (sql, _) = revoke_read(&Sqlite, &table(), "r", Shape::Plain).build(SqliteQueryBuilder);
+        let (sql, _) = revoke_read(&Sqlite, &table(), "r").build(SqliteQueryBuilder);
         assert_eq!(
             sql,
             // (the trailing space is where the dropped lock clause would be)
-            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER) FROM "orionbeacon_leases" WHERE "resource" = ? "#
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" WHERE "resource" = ? "#
         );
         let (sql, _) = revoke(&Sqlite, &table(), "r").build(SqliteQueryBuilder);
         assert_eq!(

@@ -15,7 +15,6 @@ use sea_orm::{
 use super::dialect::Dialect;
 use super::errors::{classify, Classifier, Kind};
 use super::prepared::Prepared;
-use super::statements::Shape;
 use crate::error::StoreError;
 
 /// How often a statement is tried when the database reports a conflict with a concurrent
@@ -38,23 +37,20 @@ pub(crate) struct Context {
     pub(crate) prepared: PreparedCache,
     /// Whether the server's durability settings were looked at (once per store).
     pub(crate) durability_checked: Arc<tokio::sync::OnceCell<()>>,
-    /// Whether the lease table has the payload columns, as last seen.
-    pub(crate) shape: ShapeSeen,
-    /// Whether the membership table has the columns of the members' counts, as last seen
-    /// ([`Shape::Payload`]: it has them).
-    pub(crate) member_counts: ShapeSeen,
+    /// Set once the lease table was found to have every column this version's migrations
+    /// give it (see `Engine::ready`).
+    pub(crate) schema_checked: tokio::sync::OnceCell<()>,
+    /// The same for the membership table.
+    pub(crate) member_schema_checked: tokio::sync::OnceCell<()>,
 }
 
-/// The store's statements, each rendered on first use (those that read or write the payload
-/// columns once per [`Shape`], by [`Shape::index`]).
+/// The store's statements, each rendered on first use.
 #[derive(Debug, Default)]
 pub(crate) struct PreparedCache {
-    pub(crate) acquire: [OnceLock<Prepared>; 2],
+    pub(crate) acquire: OnceLock<Prepared>,
     pub(crate) release: OnceLock<Prepared>,
-    pub(crate) current: [OnceLock<Prepared>; 2],
+    pub(crate) current: OnceLock<Prepared>,
 }
-
-pub(crate) use crate::store::support::ShapeSeen;
 
 impl Context {
     pub(crate) fn new(
@@ -75,8 +71,8 @@ impl Context {
             kind,
             prepared: PreparedCache::default(),
             durability_checked,
-            shape: ShapeSeen::default(),
-            member_counts: ShapeSeen::default(),
+            schema_checked: tokio::sync::OnceCell::new(),
+            member_schema_checked: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -200,16 +196,12 @@ impl Context {
         Ok(cell.get_or_init(|| prepared))
     }
 
-    /// The read of `resource`'s row for a table of `shape`, rendered once.
-    pub(crate) fn current_statement(
-        &self,
-        resource: &str,
-        shape: Shape,
-    ) -> Result<Statement, StoreError> {
+    /// The read of `resource`'s row, rendered once.
+    pub(crate) fn current_statement(&self, resource: &str) -> Result<Statement, StoreError> {
         let table = self.table_iden();
         Ok(self
-            .cached(&self.prepared.current[shape.index()], |r, _, _| {
-                Ok(self.build(&super::statements::current(self.dialect, &table, r, shape)))
+            .cached(&self.prepared.current, |r, _, _| {
+                Ok(self.build(&super::statements::current(self.dialect, &table, r)))
             })?
             .bind(resource, "", 0))
     }

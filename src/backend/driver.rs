@@ -13,7 +13,7 @@ use super::context::Context;
 use super::dialect::Dialect;
 use super::errors::Classifier;
 use super::prepared::{Prepared, PAYLOAD};
-use super::statements::{self, Shape, Write};
+use super::statements;
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::{error::StoreError, lease::LeaseOutcome};
@@ -79,22 +79,14 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<Statement, DbErr>;
 
-    /// [`acquire_statement`](Self::acquire_statement) for a table of `shape`, rendered once
-    /// per store (bind the payload with [`Prepared::bind_with`]).
-    fn acquire_prepared<'c>(
-        &self,
-        cx: &'c Context,
-        shape: Shape,
-    ) -> Result<&'c Prepared, StoreError> {
-        let write = match shape {
-            Shape::Plain => Write::Plain,
-            Shape::Payload => Write::Payload(Some(PAYLOAD)),
-        };
-        cx.cached(&cx.prepared.acquire[shape.index()], |r, c, m| {
-            self.acquire_statement(cx, r, c, m, write)
+    /// [`acquire_statement`](Self::acquire_statement), rendered once per store (bind the
+    /// payload with [`Prepared::bind_with`]).
+    fn acquire_prepared<'c>(&self, cx: &'c Context) -> Result<&'c Prepared, StoreError> {
+        cx.cached(&cx.prepared.acquire, |r, c, m| {
+            self.acquire_statement(cx, r, c, m, Some(PAYLOAD))
         })
     }
 
@@ -119,18 +111,18 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         false
     }
 
-    /// One acquire-or-renew, read to the end and known to have committed; `write` says what
-    /// it writes into the payload columns (and so the table's shape).
+    /// One acquire-or-renew, read to the end and known to have committed; a grant writes
+    /// `payload` (`None` clears it).
     async fn acquire_or_renew(
         &self,
         cx: &Context,
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<LeaseOutcome, StoreError>;
 
-    /// The batch renew of the leases in `json` on a table of `shape`: the rows it renewed,
+    /// The batch renew of the leases in `json`: the rows it renewed,
     /// once committed. Where the backend locks rows, it never waits for one: a row another
     /// transaction holds (a holder's own fenced transaction) is left out, and renewed on its
     /// own by [`renew_bounded`](Self::renew_bounded); and it never locks a row that is not
@@ -140,7 +132,6 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError>;
 
     /// The statements [`renew_all`](Self::renew_all) sends for the batch `json`, in order: for
@@ -150,7 +141,6 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<Statement>, DbErr>;
 
     /// How many sessions of its own the store may open for its lease statements (0: it uses
@@ -174,9 +164,8 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        self.renew_all(cx, json, millis, shape).await
+        self.renew_all(cx, json, millis).await
     }
 
     /// Whether electors may renew in batches here (see `hold::renewer`): only where a

@@ -10,8 +10,13 @@ use super::errors::{db_err_in, Kind};
 use super::gate::Gate;
 use super::prepared::Prepared;
 use super::row::{Decode as _, Row};
-use super::statements::{self, Shape};
+use super::statements;
 use crate::error::StoreError;
+
+/// The migration step that gave the lease table its last columns (`payload`, `payload_token`).
+pub(crate) const LEASE_TABLE_LAST_STEP: &str = "AddLeasePayload";
+/// The same for the membership table (`holding`, `holding_total`).
+pub(crate) const MEMBER_TABLE_LAST_STEP: &str = "AddMemberHolding";
 
 /// The store's attempts to acquire leases the process does not hold: at most `slots` at once,
 /// and one at a time per lease (the others of that lease wait their turn without a slot), so
@@ -236,31 +241,41 @@ impl Engine {
         self.backend.count(&self.cx, stmt).await
     }
 
-    /// The acquire-or-renew statement of this backend for a table of `shape`, rendered once.
-    pub(crate) fn acquire_prepared(&self, shape: Shape) -> Result<&Prepared, StoreError> {
-        self.backend.acquire_prepared(&self.cx, shape)
+    /// [`plain`](Self::plain) for a statement on the lease table, once its schema is known to
+    /// be this version's ([`ready`](Self::ready)).
+    pub(crate) async fn lease_rows(&self, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
+        self.ready().await?;
+        self.lease_table(self.plain(stmt).await)
     }
 
-    /// The lease table's shape: as last seen, or looked at now (with one read that names the
-    /// payload columns). A table seen without them is looked at again after a while (see
-    /// `ShapeSeen::fresh`): the migration may have run since.
-    pub(crate) async fn shape(&self, wants_payload: bool) -> Result<Shape, StoreError> {
-        if let Some(shape) = self.cx.shape.fresh(wants_payload) {
-            return Ok(shape);
-        }
-        let probe = self
-            .cx
-            .build(&statements::payload_probe(&self.cx.table_iden()));
-        let shape = match self.plain(probe).await {
-            Ok(_) => Shape::Payload,
-            Err(err) if self.unknown_column(&err) => Shape::Plain,
-            Err(err) => return Err(err),
-        };
-        if self.cx.shape.get() != Some(shape) {
-            tracing::debug!(table = %self.cx.table(), ?shape, "lease table shape");
-        }
-        self.cx.shape.set(shape);
-        Ok(shape)
+    /// [`counted`](Self::counted) for a statement on the lease table, the same way.
+    pub(crate) async fn lease_count(&self, stmt: Statement) -> Result<u64, StoreError> {
+        self.ready().await?;
+        self.lease_table(self.counted(stmt).await)
+    }
+
+    /// The acquire-or-renew statement of this backend, rendered once.
+    pub(crate) fn acquire_prepared(&self) -> Result<&Prepared, StoreError> {
+        self.backend.acquire_prepared(&self.cx)
+    }
+
+    /// Checks, once per store and table, that the lease table has every column this version's
+    /// migrations give it (one read that names the last step's columns and returns nothing):
+    /// a table made by an earlier version is refused with [`StoreError::OutdatedSchema`]
+    /// naming the step, before anything else is sent. A refusal is not remembered: the next
+    /// call looks again, so the migration can run while the application does.
+    pub(crate) async fn ready(&self) -> Result<(), StoreError> {
+        self.cx
+            .schema_checked
+            .get_or_try_init(|| async {
+                let probe = self
+                    .cx
+                    .build(&statements::payload_probe(&self.cx.table_iden()));
+                let found = self.backend.rows(&self.cx, probe).await;
+                self.lease_table(found).map(|_| ())
+            })
+            .await
+            .copied()
     }
 
     #[cfg(feature = "jobs")]
@@ -274,23 +289,23 @@ impl Engine {
         db_err_in(err).is_some_and(|e| self.cx.kind(e) == Kind::UnknownColumn)
     }
 
-    /// `result` of a statement for a table of `shape`; one of the payload shape that found
-    /// no payload column (its migration rolled back) has the shape looked at again next time.
-    pub(crate) fn noting<T>(
-        &self,
-        shape: Shape,
-        result: Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        if let Err(err) = &result {
-            if shape == Shape::Payload && self.unknown_column(err) {
-                tracing::info!(
+    /// `result` of a statement on the lease table; an unknown column there means the table
+    /// lost the columns of its last migration step (it was undone by hand), said as such.
+    pub(crate) fn lease_table<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        match result {
+            Err(err) if self.unknown_column(&err) => {
+                tracing::warn!(
                     table = %self.cx.table(),
-                    "the lease table has no payload column any more; looking again"
+                    error = %err,
+                    "the lease table lacks columns this version needs"
                 );
-                self.cx.shape.forget();
+                Err(StoreError::OutdatedSchema {
+                    table: self.cx.table().to_owned(),
+                    migration: LEASE_TABLE_LAST_STEP,
+                })
             }
+            other => other,
         }
-        result
     }
 
     /// The release statement of this backend, rendered once.
@@ -303,20 +318,19 @@ impl Engine {
     /// Runs a release statement: whether it released a lease.
     pub(crate) async fn run_release(&self, stmt: Statement) -> Result<bool, StoreError> {
         if self.backend.release_returns_rows() {
-            Ok(!self.plain(stmt).await?.is_empty())
+            Ok(!self.lease_rows(stmt).await?.is_empty())
         } else {
-            Ok(self.counted(stmt).await? > 0)
+            Ok(self.lease_count(stmt).await? > 0)
         }
     }
 
     /// The stored row of `resource`, read with a plain statement.
     pub(crate) async fn read_row(&self, resource: &str) -> Result<Option<Row>, StoreError> {
-        let shape = self.shape(false).await?;
-        let stmt = self.cx.current_statement(resource, shape)?;
-        let rows = self.noting(shape, self.plain(stmt).await)?;
+        let stmt = self.cx.current_statement(resource)?;
+        let rows = self.lease_rows(stmt).await?;
         rows.into_iter()
             .next()
-            .map(|r| Row::decode(&r, shape))
+            .map(|r| Row::decode(&r))
             .transpose()
             .map_err(|source| self.cx.decode_error(source))
     }

@@ -19,7 +19,7 @@ use sea_orm::{DbErr, QueryResult};
 
 use super::dialect::Dialect;
 use super::row::{Decode as _, Row};
-use super::statements::{returned_row, with_payload, Shape};
+use super::statements::{returned_row, with_payload};
 use super::store::SeaOrmLeaseStore;
 use crate::membership::{
     set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
@@ -32,8 +32,7 @@ use crate::{error::StoreError, lease::LeaseRecord};
 pub(crate) const READ_CHUNK: usize = 1000;
 
 /// The heartbeat of `member`: its row, live for `millis` from the write, with its draining
-/// flag and, on a table with the count columns (`counts` is `Some`, `None` values writing
-/// NULLs), what it leads. `joined_at` restarts when the row had lapsed (a member that comes
+/// flag and what it leads (`None` writes NULLs). `joined_at` restarts when the row had lapsed (a member that comes
 /// back is a new membership). It is assigned first: MySQL assigns in order and must read the
 /// old expiry.
 pub(crate) fn heartbeat(
@@ -43,7 +42,7 @@ pub(crate) fn heartbeat(
     member: &str,
     millis: i64,
     draining: bool,
-    counts: Option<Option<Holding>>,
+    holding: Option<Holding>,
 ) -> Result<InsertStatement, DbErr> {
     let old = |c: Column| Expr::col((table.clone(), c));
     let mut updates = vec![
@@ -73,26 +72,24 @@ pub(crate) fn heartbeat(
         d.now(),
         d.lease_end(millis),
     ];
-    if let Some(holding) = counts {
-        // Stored as the signed bigints of the columns; read back the same way. `counted_at`
-        // takes the heartbeat's own time, so that a later heartbeat without counts (an older
-        // version's) leaves them stale, and unread.
-        let stored = holding.map(Holding::stored);
-        let (leases, hash) = (stored.map(|s| s.0), stored.map(|s| s.1));
-        let at = if holding.is_some() {
-            d.now()
-        } else {
-            Expr::cust("NULL")
-        };
-        for (column, value) in [
-            (Column::LeasesHeld, Expr::val(leases)),
-            (Column::SetHash, Expr::val(hash)),
-            (Column::CountedAt, at),
-        ] {
-            columns.push(column);
-            values.push(value.clone());
-            updates.push((column, value));
-        }
+    // Stored as the signed bigints of the columns; read back the same way. `counted_at` takes
+    // the heartbeat's own time, so that a later heartbeat without counts (an older version's)
+    // leaves them stale, and unread.
+    let stored = holding.map(Holding::stored);
+    let (leases, hash) = (stored.map(|s| s.0), stored.map(|s| s.1));
+    let at = if holding.is_some() {
+        d.now()
+    } else {
+        Expr::cust("NULL")
+    };
+    for (column, value) in [
+        (Column::LeasesHeld, Expr::val(leases)),
+        (Column::SetHash, Expr::val(hash)),
+        (Column::CountedAt, at),
+    ] {
+        columns.push(column);
+        values.push(value.clone());
+        updates.push((column, value));
     }
     let on_conflict = OnConflict::columns([Column::ShardSet, Column::Member])
         .values(updates)
@@ -106,14 +103,9 @@ pub(crate) fn heartbeat(
     Ok(stmt)
 }
 
-/// The live members of `shard_set` (all sets for `None`), with their remaining time and, on a
-/// table with the count columns (`counted`), what they lead.
-pub(crate) fn live(
-    d: &dyn Dialect,
-    table: &Alias,
-    shard_set: Option<&str>,
-    counted: bool,
-) -> SelectStatement {
+/// The live members of `shard_set` (all sets for `None`), with their remaining time and what
+/// they lead.
+pub(crate) fn live(d: &dyn Dialect, table: &Alias, shard_set: Option<&str>) -> SelectStatement {
     let mut select = Query::select();
     select
         .columns([
@@ -126,17 +118,13 @@ pub(crate) fn live(
         .expr(d.remaining_millis(Expr::col(Column::ExpiresAt)))
         .from(table.clone())
         .and_where(Expr::col(Column::ExpiresAt).gt(d.now()));
-    if counted {
-        // The counts of the member's last heartbeat only.
-        let current = |c: Column| -> Expr {
-            Expr::case(
-                Expr::col(Column::CountedAt).equals(Column::HeartbeatAt),
-                Expr::col(c),
-            )
-            .into()
-        };
-        select.exprs([current(Column::LeasesHeld), current(Column::SetHash)]);
-    }
+    // The counts of the member's last heartbeat only. The names are not quoted: SQLite takes a
+    // quoted name that is no column for a string, and a table without them would read as one
+    // whose counts were never written instead of failing.
+    select.exprs([
+        Expr::cust("CASE WHEN counted_at = heartbeat_at THEN leases_held END"),
+        Expr::cust("CASE WHEN counted_at = heartbeat_at THEN set_hash END"),
+    ]);
     if let Some(set) = shard_set {
         select.and_where(Expr::col(Column::ShardSet).eq(set));
     }
@@ -168,15 +156,10 @@ pub(crate) fn prune(d: &dyn Dialect, table: &Alias, shard_set: &str) -> DeleteSt
 }
 
 /// The lease rows of `resources`, with the resource last (as the operator's list has it).
-pub(crate) fn leases_of(
-    d: &dyn Dialect,
-    table: &Alias,
-    resources: &[String],
-    shape: Shape,
-) -> SelectStatement {
+pub(crate) fn leases_of(d: &dyn Dialect, table: &Alias, resources: &[String]) -> SelectStatement {
     let mut exprs = returned_row(d);
     exprs.push(Expr::col(lease::Column::Resource));
-    let exprs = with_payload(exprs, shape);
+    let exprs = with_payload(exprs);
     Query::select()
         .exprs(exprs)
         .from(table.clone())
@@ -184,7 +167,7 @@ pub(crate) fn leases_of(
         .to_owned()
 }
 
-fn decode_member(row: &QueryResult, counted: bool) -> Result<Member, DbErr> {
+fn decode_member(row: &QueryResult) -> Result<Member, DbErr> {
     let remaining: i64 = row.try_get_by_index(5)?;
     let mut member = Member::new(
         row.try_get_by_index::<String>(0)?,
@@ -194,9 +177,7 @@ fn decode_member(row: &QueryResult, counted: bool) -> Result<Member, DbErr> {
     member.draining = row.try_get_by_index(2)?;
     member.joined_at = Some(row.try_get_by_index(3)?);
     member.heartbeat_at = Some(row.try_get_by_index(4)?);
-    if counted {
-        member.holding = Holding::from_stored(row.try_get_by_index(6)?, row.try_get_by_index(7)?);
-    }
+    member.holding = Holding::from_stored(row.try_get_by_index(6)?, row.try_get_by_index(7)?);
     Ok(member)
 }
 
@@ -205,35 +186,29 @@ impl SeaOrmLeaseStore {
     /// groups on the same membership table are left out), ordered by shard set and member id:
     /// the operator's view.
     pub async fn list_members(&self) -> Result<Vec<Member>, StoreError> {
-        let counted = self.member_counts().await?;
-        self.read_members(None, counted).await
+        self.read_members(None).await
     }
 
-    /// Whether the membership table has the count columns: as last seen, or looked at now
-    /// (a table seen without them is looked at again after a while: the migration may have
-    /// run since).
-    async fn member_counts(&self) -> Result<bool, StoreError> {
+    /// Checks, once per store, that the membership table has every column this version's
+    /// migrations give it (see `Engine::ready`; its last step is `AddMemberHolding`).
+    async fn members_ready(&self) -> Result<(), StoreError> {
         let engine = self.engine()?;
-        if let Some(shape) = engine.cx.member_counts.fresh(false) {
-            return Ok(shape == Shape::Payload);
-        }
-        let table = Alias::new(&*engine.cx.member_table);
-        let mut probe = live(engine.cx.dialect, &table, None, true);
-        probe.limit(0);
-        let counted = match self.members_plain(engine.cx.build(&probe)).await {
-            Ok(_) => true,
-            Err(err) if engine.unknown_column(&err) => false,
-            Err(err) => return Err(err),
-        };
-        engine.cx.member_counts.set(if counted {
-            Shape::Payload
-        } else {
-            Shape::Plain
-        });
-        Ok(counted)
+        let cx = &engine.cx;
+        cx.member_schema_checked
+            .get_or_try_init(|| async {
+                let probe = Query::select()
+                    .expr(Expr::cust("leases_held, set_hash, counted_at"))
+                    .from(Alias::new(&*cx.member_table))
+                    .limit(0)
+                    .to_owned();
+                let found = engine.plain(cx.build(&probe)).await;
+                found.map(|_| ()).map_err(|e| self.member_table_error(e))
+            })
+            .await
+            .copied()
     }
 
-    /// A heartbeat with the count columns (`holding`, or NULLs) where the table has them.
+    /// A heartbeat with `holding` in the count columns (`None`: NULLs).
     async fn beat(
         &self,
         shard_set: &str,
@@ -247,62 +222,31 @@ impl SeaOrmLeaseStore {
         let cx = &engine.cx;
         let shard_set = &stored_set(shard_set, cx.table())?;
         let table = Alias::new(&*cx.member_table);
-        let counted = self.member_counts().await?;
         // Kept scoped to this store's lease table (see `Holding::scoped`).
         let holding = holding.map(|h| h.scoped(cx.table()));
-        let counts = counted.then_some(holding);
         let upsert = heartbeat(
-            cx.dialect, &table, shard_set, member, millis, draining, counts,
+            cx.dialect, &table, shard_set, member, millis, draining, holding,
         )
         .map_err(|e| StoreError::Database(e.into()))?;
-        match self.members_plain(cx.build(&upsert)).await {
-            Ok(_) => self.read_members(Some(shard_set), counted).await,
-            Err(err) if counted && engine.unknown_column(&err) => {
-                // The columns went (the migration rolled back): without them from now on.
-                tracing::info!(table = %cx.member_table, "the membership table has no count columns any more");
-                cx.member_counts.set(Shape::Plain);
-                let upsert = heartbeat(
-                    cx.dialect, &table, shard_set, member, millis, draining, None,
-                )
-                .map_err(|e| StoreError::Database(e.into()))?;
-                self.members_plain(cx.build(&upsert)).await?;
-                self.read_members(Some(shard_set), false).await
-            }
-            Err(err) => Err(err),
-        }
+        self.members_plain(cx.build(&upsert)).await?;
+        self.read_members(Some(shard_set)).await
     }
 
-    async fn read_members(
-        &self,
-        shard_set: Option<&str>,
-        counted: bool,
-    ) -> Result<Vec<Member>, StoreError> {
+    async fn read_members(&self, shard_set: Option<&str>) -> Result<Vec<Member>, StoreError> {
         // `shard_set` is the stored name (`stored_set`).
         let cx = &self.engine()?.cx;
         let table = Alias::new(&*cx.member_table);
-        let stmt = cx.build(&live(cx.dialect, &table, shard_set, counted));
-        let rows = match self.members_plain(stmt).await {
-            Err(err) if counted && self.engine()?.unknown_column(&err) => {
-                // The columns went (the migration rolled back): without them from now on.
-                cx.member_counts.set(Shape::Plain);
-                let stmt = cx.build(&live(cx.dialect, &table, shard_set, false));
-                return self.decoded_members(self.members_plain(stmt).await?, false);
-            }
-            rows => rows?,
-        };
-        self.decoded_members(rows, counted)
+        let stmt = cx.build(&live(cx.dialect, &table, shard_set));
+        let rows = self.members_plain(stmt).await?;
+        self.decoded_members(rows)
     }
 
-    fn decoded_members(
-        &self,
-        rows: Vec<QueryResult>,
-        counted: bool,
-    ) -> Result<Vec<Member>, StoreError> {
+    fn decoded_members(&self, rows: Vec<QueryResult>) -> Result<Vec<Member>, StoreError> {
         let lease_table = self.engine()?.cx.table.clone();
         let mut members = rows
             .iter()
             .map(|row| {
-                let mut member = decode_member(row, counted)?;
+                let mut member = decode_member(row)?;
                 member.holding = member.holding.map(|h| h.scoped(&lease_table));
                 // Another lease table's members (`stored_set`) are none of this store's.
                 Ok(set_of_stored(&member.shard_set, &lease_table).map(|set| {
@@ -321,29 +265,45 @@ impl SeaOrmLeaseStore {
         Ok(members)
     }
 
-    /// A membership statement, with the membership table named in its errors.
+    /// A membership statement, with the membership table named in its errors, once the table
+    /// is known to have this version's columns.
     async fn members_plain(
         &self,
         stmt: sea_orm::Statement,
     ) -> Result<Vec<QueryResult>, StoreError> {
+        self.members_ready().await?;
         self.engine()?
             .plain(stmt)
             .await
             .map_err(|e| self.member_table_error(e))
     }
 
+    /// `err` of a membership statement: a missing table is the membership table, and an
+    /// unknown column means the table lacks its last migration step's columns.
     fn member_table_error(&self, err: StoreError) -> StoreError {
         match err {
             StoreError::MissingTable { source, .. } => StoreError::MissingTable {
                 table: self.member_table().to_string(),
                 source,
             },
+            err if self.engine().is_ok_and(|e| e.unknown_column(&err)) => {
+                tracing::warn!(
+                    table = %self.member_table(),
+                    error = %err,
+                    "the membership table lacks columns this version needs"
+                );
+                StoreError::OutdatedSchema {
+                    table: self.member_table().to_string(),
+                    migration: super::engine::MEMBER_TABLE_LAST_STEP,
+                }
+            }
             other => other,
         }
     }
 
     /// A membership statement that changes rows: how many it changed.
     async fn members_execute(&self, stmt: sea_orm::Statement) -> Result<u64, StoreError> {
+        self.members_ready().await?;
         self.engine()?
             .counted(stmt)
             .await
@@ -358,12 +318,11 @@ impl SeaOrmLeaseStore {
         let engine = self.engine()?;
         let cx = &engine.cx;
         let table = cx.table_iden();
-        let shape = engine.shape(false).await?;
         let mut records = Vec::with_capacity(resources.len());
         for chunk in resources.chunks(READ_CHUNK) {
-            let stmt = cx.build(&leases_of(cx.dialect, &table, chunk, shape));
-            for r in engine.noting(shape, engine.plain(stmt).await)? {
-                let decoded = Row::decode(&r, shape).and_then(|row| {
+            let stmt = cx.build(&leases_of(cx.dialect, &table, chunk));
+            for r in engine.lease_rows(stmt).await? {
+                let decoded = Row::decode(&r).and_then(|row| {
                     let resource: String = r.try_get_by_index(6)?;
                     Ok(row.record(&resource))
                 });
@@ -386,8 +345,7 @@ impl MembershipStore for SeaOrmLeaseStore {
         self.beat(shard_set, member, ttl, draining, None).await
     }
 
-    /// Writes `holding` into the count columns where the membership table has them (the
-    /// `AddMemberHolding` migration); a plain heartbeat otherwise.
+    /// Writes `holding` into the count columns (see `AddMemberHolding`).
     async fn heartbeat_holding(
         &self,
         shard_set: &str,
@@ -415,8 +373,7 @@ impl MembershipStore for SeaOrmLeaseStore {
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         let stored = stored_set(shard_set, self.engine()?.cx.table())?;
-        let counted = self.member_counts().await?;
-        self.read_members(Some(&stored), counted).await
+        self.read_members(Some(&stored)).await
     }
 }
 
@@ -438,28 +395,16 @@ mod tests {
             .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            concat!(
-                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at") "#,
-                r#"VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(), clock_timestamp() + $4 * INTERVAL '1 millisecond') "#,
-                r#"ON CONFLICT ("shard_set", "member") DO UPDATE SET "#,
-                r#""joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_members"."joined_at" END), "#,
-                r#""draining" = $5, "heartbeat_at" = statement_timestamp(), "expires_at" = clock_timestamp() + $6 * INTERVAL '1 millisecond'"#,
-            )
+            r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at", "leases_held", "set_hash", "counted_at") VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(), clock_timestamp() + $4 * INTERVAL '1 millisecond', $5, $6, NULL) ON CONFLICT ("shard_set", "member") DO UPDATE SET "joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_members"."joined_at" END), "draining" = $7, "heartbeat_at" = statement_timestamp(), "expires_at" = clock_timestamp() + $8 * INTERVAL '1 millisecond', "leases_held" = $9, "set_hash" = $10, "counted_at" = NULL"#
         );
-        assert_eq!(values.0.len(), 6, "{values:?}");
+        assert_eq!(values.0.len(), 10, "{values:?}");
 
         let (sql, _) = heartbeat(&Sqlite, &table(), "orders", "node-a", 15_000, true, None)
             .unwrap()
             .build(SqliteQueryBuilder);
         assert_eq!(
             sql,
-            concat!(
-                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at") "#,
-                r#"VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) "#,
-                r#"ON CONFLICT ("shard_set", "member") DO UPDATE SET "#,
-                r#""joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE "orionbeacon_members"."joined_at" END), "#,
-                r#""draining" = ?, "heartbeat_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?)"#,
-            )
+            r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at", "leases_held", "set_hash", "counted_at") VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, ?, NULL) ON CONFLICT ("shard_set", "member") DO UPDATE SET "joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE "orionbeacon_members"."joined_at" END), "draining" = ?, "heartbeat_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?), "leases_held" = ?, "set_hash" = ?, "counted_at" = NULL"#
         );
 
         let (sql, _) = heartbeat(&MySql, &table(), "orders", "node-a", 15_000, false, None)
@@ -467,13 +412,7 @@ mod tests {
             .build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            concat!(
-                "INSERT INTO `orionbeacon_members` (`shard_set`, `member`, `draining`, `joined_at`, `heartbeat_at`, `expires_at`) ",
-                "VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND) ",
-                "ON DUPLICATE KEY UPDATE ",
-                "`joined_at` = (CASE WHEN (`orionbeacon_members`.`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `orionbeacon_members`.`joined_at` END), ",
-                "`draining` = ?, `heartbeat_at` = UTC_TIMESTAMP(6), `expires_at` = SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND",
-            )
+            r#"INSERT INTO `orionbeacon_members` (`shard_set`, `member`, `draining`, `joined_at`, `heartbeat_at`, `expires_at`, `leases_held`, `set_hash`, `counted_at`) VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, ?, ?, NULL) ON DUPLICATE KEY UPDATE `joined_at` = (CASE WHEN (`orionbeacon_members`.`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `orionbeacon_members`.`joined_at` END), `draining` = ?, `heartbeat_at` = UTC_TIMESTAMP(6), `expires_at` = SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `leases_held` = ?, `set_hash` = ?, `counted_at` = NULL"#
         );
     }
 
@@ -488,7 +427,7 @@ mod tests {
             "node-a",
             15_000,
             false,
-            Some(Some(holding)),
+            Some(holding),
         )
         .unwrap()
         .build(PostgresQueryBuilder);
@@ -508,28 +447,20 @@ mod tests {
         assert_eq!(values.0[8], 3i64.into());
         assert_eq!(values.0[9], hash.into());
         // A plain heartbeat on a counted table clears them.
-        let (sql, values) = heartbeat(
-            &MySql,
-            &table(),
-            "orders",
-            "node-a",
-            15_000,
-            false,
-            Some(None),
-        )
-        .unwrap()
-        .build(MysqlQueryBuilder);
+        let (sql, values) = heartbeat(&MySql, &table(), "orders", "node-a", 15_000, false, None)
+            .unwrap()
+            .build(MysqlQueryBuilder);
         assert!(
             sql.ends_with("MICROSECOND, `leases_held` = ?, `set_hash` = ?, `counted_at` = NULL"),
             "{sql}"
         );
         assert_eq!(values.0[9], sea_orm::Value::BigInt(None));
         // The counts of the last heartbeat only: one without them leaves them stale, unread.
-        let (sql, _) = live(&Sqlite, &table(), Some("orders"), true).build(SqliteQueryBuilder);
+        let (sql, _) = live(&Sqlite, &table(), Some("orders")).build(SqliteQueryBuilder);
         assert!(
             sql.starts_with(
                 r#"SELECT "shard_set", "member", "draining", "joined_at", "heartbeat_at", "#
-            ) && sql.contains(r#", (CASE WHEN ("counted_at" = "heartbeat_at") THEN "leases_held" END), (CASE WHEN ("counted_at" = "heartbeat_at") THEN "set_hash" END) FROM "orionbeacon_members" WHERE"#),
+            ) && sql.contains(r#", CASE WHEN counted_at = heartbeat_at THEN leases_held END, CASE WHEN counted_at = heartbeat_at THEN set_hash END FROM "orionbeacon_members" WHERE"#),
             "{sql}"
         );
     }
@@ -548,11 +479,10 @@ mod tests {
 
     #[test]
     fn reads_and_deletes_are_guarded_and_bound() {
-        let (sql, values) =
-            live(&Postgres, &table(), Some("orders"), false).build(PostgresQueryBuilder);
+        let (sql, values) = live(&Postgres, &table(), Some("orders")).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT "shard_set", "member", "draining", "joined_at", "heartbeat_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT) FROM "orionbeacon_members" WHERE "expires_at" > (statement_timestamp()) AND "shard_set" = $1"#
+            r#"SELECT "shard_set", "member", "draining", "joined_at", "heartbeat_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), CASE WHEN counted_at = heartbeat_at THEN leases_held END, CASE WHEN counted_at = heartbeat_at THEN set_hash END FROM "orionbeacon_members" WHERE "expires_at" > (statement_timestamp()) AND "shard_set" = $1"#
         );
         assert_eq!(values.0.len(), 1);
         let (sql, values) = leave(&MySql, &table(), "orders", "node-a").build(MysqlQueryBuilder);
@@ -567,16 +497,11 @@ mod tests {
             r#"DELETE FROM "orionbeacon_members" WHERE "shard_set" = ? AND "expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))"#
         );
         let resources = vec!["a".to_owned(), "b".to_owned()];
-        let (sql, values) = leases_of(
-            &Postgres,
-            &Alias::new("orionbeacon_leases"),
-            &resources,
-            Shape::Plain,
-        )
-        .build(PostgresQueryBuilder);
+        let (sql, values) = leases_of(&Postgres, &Alias::new("orionbeacon_leases"), &resources)
+            .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource" FROM "orionbeacon_leases" WHERE "resource" IN ($1, $2)"#
+            r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" WHERE "resource" IN ($1, $2)"#
         );
         assert_eq!(values.0.len(), 2);
     }

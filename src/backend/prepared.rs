@@ -107,7 +107,6 @@ impl Prepared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::statements::Write;
     use crate::backend::{mysql, postgres, postgres::Postgres, sqlite::Sqlite, statements};
     use sea_orm::sea_query::Alias;
 
@@ -126,31 +125,22 @@ mod tests {
                 DbBackend::Postgres,
                 &Postgres,
                 Box::new(|r, c, m| {
-                    postgres::statements::upsert_reporting(
-                        &Postgres,
-                        &table(),
-                        r,
-                        c,
-                        m,
-                        Write::Plain,
-                    )
-                    .map(|q| DbBackend::Postgres.build(&q))
+                    postgres::statements::upsert_reporting(&Postgres, &table(), r, c, m, None)
+                        .map(|q| DbBackend::Postgres.build(&q))
                 }),
             ),
             (
                 DbBackend::Sqlite,
                 &Sqlite,
                 Box::new(|r, c, m| {
-                    statements::upsert(&Sqlite, &table(), r, c, m, Write::Plain)
+                    statements::upsert(&Sqlite, &table(), r, c, m, None)
                         .map(|q| DbBackend::Sqlite.build(&q))
                 }),
             ),
             (
                 DbBackend::MySql,
                 &mysql::MySql,
-                Box::new(|r, c, m| {
-                    mysql::statements::upsert_returning(&table(), r, c, m, Write::Plain)
-                }),
+                Box::new(|r, c, m| mysql::statements::upsert_returning(&table(), r, c, m, None)),
             ),
             (
                 DbBackend::Postgres,
@@ -182,7 +172,6 @@ mod tests {
                         &Sqlite as &dyn crate::backend::dialect::Dialect,
                         &table(),
                         r,
-                        statements::Shape::Plain,
                     )))
                 }),
             ),
@@ -211,29 +200,20 @@ mod tests {
             (
                 &Postgres,
                 Box::new(|r, c, m, p| {
-                    postgres::statements::upsert_reporting(
-                        &Postgres,
-                        &table(),
-                        r,
-                        c,
-                        m,
-                        Write::Payload(p),
-                    )
-                    .map(|q| DbBackend::Postgres.build(&q))
+                    postgres::statements::upsert_reporting(&Postgres, &table(), r, c, m, p)
+                        .map(|q| DbBackend::Postgres.build(&q))
                 }),
             ),
             (
                 &Sqlite,
                 Box::new(|r, c, m, p| {
-                    statements::upsert(&Sqlite, &table(), r, c, m, Write::Payload(p))
+                    statements::upsert(&Sqlite, &table(), r, c, m, p)
                         .map(|q| DbBackend::Sqlite.build(&q))
                 }),
             ),
             (
                 &mysql::MySql,
-                Box::new(|r, c, m, p| {
-                    mysql::statements::upsert_returning(&table(), r, c, m, Write::Payload(p))
-                }),
+                Box::new(|r, c, m, p| mysql::statements::upsert_returning(&table(), r, c, m, p)),
             ),
         ];
         for (dialect, build) in cases {

@@ -3,15 +3,15 @@
 
 use sea_orm::{DbErr, QueryResult};
 
-use super::statements::{Shape, PAYLOAD_COLUMN};
+use super::statements::PAYLOAD_COLUMN;
 use crate::lease::Lease;
 
 /// The leases in rows of [`renewed_row`](super::statements::renewed_row); a row that is not live (a lease shorter than the
 /// database's rounding) renews nothing.
-pub(crate) fn renewed_leases(rows: &[QueryResult], shape: Shape) -> Result<Vec<Lease>, DbErr> {
+pub(crate) fn renewed_leases(rows: &[QueryResult]) -> Result<Vec<Lease>, DbErr> {
     let mut leases = Vec::with_capacity(rows.len());
     for r in rows {
-        let row = Row::decode(r, shape)?;
+        let row = Row::decode(r)?;
         let resource: String = r.try_get_by_index(6)?;
         leases.extend(row.live_lease(resource));
     }
@@ -22,16 +22,12 @@ pub(crate) use crate::store::support::LeaseRow as Row;
 
 /// Reading a [`Row`] from a sea-orm result.
 pub(crate) trait Decode: Sized {
-    /// The row of a statement for a table of `shape` (the payload, if any, by its column name).
-    fn decode(row: &QueryResult, shape: Shape) -> Result<Self, DbErr>;
+    /// The row of a lease statement (the payload by its column name).
+    fn decode(row: &QueryResult) -> Result<Self, DbErr>;
 }
 
 impl Decode for Row {
-    fn decode(row: &QueryResult, shape: Shape) -> Result<Self, DbErr> {
-        let payload = match shape {
-            Shape::Plain => None,
-            Shape::Payload => row.try_get("", PAYLOAD_COLUMN)?,
-        };
+    fn decode(row: &QueryResult) -> Result<Self, DbErr> {
         Ok(Self {
             holder: row.try_get_by_index(0)?,
             token: row.try_get_by_index(1)?,
@@ -39,7 +35,7 @@ impl Decode for Row {
             acquired_at: row.try_get_by_index(3)?,
             renewed_at: row.try_get_by_index(4)?,
             remaining_millis: row.try_get_by_index(5)?,
-            payload,
+            payload: row.try_get("", PAYLOAD_COLUMN)?,
         })
     }
 }

@@ -20,33 +20,6 @@ const ROW: [Column; 5] = [
     Column::RenewedAt,
 ];
 
-/// What a grant or renew writes into the payload columns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Write<'a> {
-    /// The table has none: nothing (only a request without a payload is sent so).
-    Plain,
-    /// This payload, or `None` to clear it; `payload_token` becomes the row's token.
-    Payload(Option<&'a str>),
-}
-
-impl<'a> Write<'a> {
-    /// The payload to bind (`None` for [`Write::Plain`]).
-    pub(crate) fn payload(self) -> Option<&'a str> {
-        match self {
-            Write::Plain => None,
-            Write::Payload(payload) => payload,
-        }
-    }
-
-    /// The shape of the table this write is for.
-    pub(crate) fn shape(self) -> Shape {
-        match self {
-            Write::Plain => Shape::Plain,
-            Write::Payload(_) => Shape::Payload,
-        }
-    }
-}
-
 /// The payload of the row's current term, as [`PAYLOAD_COLUMN`]: the stored payload only
 /// while the term that wrote it is the row's (a term that wrote none, say an older release's
 /// renew, leaves an earlier term's payload behind, which is never shown).
@@ -54,11 +27,9 @@ pub(crate) fn current_payload() -> Expr {
     Expr::cust("CASE WHEN payload_token = fencing_token THEN payload END AS current_payload")
 }
 
-/// `exprs` and, for `shape`, the payload column last.
-pub(crate) fn with_payload(mut exprs: Vec<Expr>, shape: Shape) -> Vec<Expr> {
-    if shape == Shape::Payload {
-        exprs.push(current_payload());
-    }
+/// `exprs` and the payload column last.
+pub(crate) fn with_payload(mut exprs: Vec<Expr>) -> Vec<Expr> {
+    exprs.push(current_payload());
     exprs
 }
 
@@ -75,18 +46,18 @@ pub(crate) fn with_payload(mut exprs: Vec<Expr>, shape: Shape) -> Vec<Expr> {
 /// The expiry is [`next_expiry`] in every case: a renew never ends at or before the write it
 /// replaces. All `SET` expressions read the row as it was before the statement.
 ///
-/// With [`Write::Payload`] the grant also writes `payload` and sets `payload_token` to the
-/// row's new token (the fencing token's own expression), and returns [`current_payload`] last.
+/// The grant also writes `payload` (`None` clears it) and sets `payload_token` to the row's
+/// new token (the fencing token's own expression), and returns [`current_payload`] last.
 pub(crate) fn upsert(
     d: &dyn Dialect,
     table: &Alias,
     resource: &str,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Result<InsertStatement, DbErr> {
-    let stmt = insert_new_row(d, table, resource, candidate, millis, write)?;
-    Ok(upsert_onto(d, table, candidate, millis, write, stmt))
+    let stmt = insert_new_row(d, table, resource, candidate, millis, payload)?;
+    Ok(upsert_onto(d, table, candidate, millis, payload, stmt))
 }
 
 /// The conflict clause and `RETURNING` of [`upsert`], onto `stmt`, an insert of the fresh row
@@ -96,7 +67,7 @@ pub(crate) fn upsert_onto(
     table: &Alias,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
     mut stmt: InsertStatement,
 ) -> InsertStatement {
     let old = |c: Column| Expr::col((table.clone(), c));
@@ -106,10 +77,8 @@ pub(crate) fn upsert_onto(
         .finally(old(Column::FencingToken))
         .into();
     let mut values = Vec::with_capacity(7);
-    if let Write::Payload(payload) = write {
-        values.push((Column::Payload, Expr::val(payload.map(str::to_owned))));
-        values.push((Column::PayloadToken, token.clone()));
-    }
+    values.push((Column::Payload, Expr::val(payload.map(str::to_owned))));
+    values.push((Column::PayloadToken, token.clone()));
     let on_conflict = OnConflict::column(Column::Resource)
         .values(
             values.into_iter().chain([
@@ -136,7 +105,7 @@ pub(crate) fn upsert_onto(
         .action_and_where(mine.or(expired))
         .to_owned();
     stmt.on_conflict(on_conflict)
-        .returning(Query::returning().exprs(with_payload(returned_row(d), write.shape())));
+        .returning(Query::returning().exprs(with_payload(returned_row(d))));
     stmt
 }
 
@@ -163,30 +132,28 @@ pub(crate) fn insert_new_row(
     resource: &str,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Result<InsertStatement, DbErr> {
     let mut stmt = Query::insert();
     stmt.into_table(table.clone())
-        .columns(new_row_columns(write))
-        .values(new_row(d, resource, candidate, millis, write))
+        .columns(new_row_columns())
+        .values(new_row(d, resource, candidate, millis, payload))
         .map_err(|e| DbErr::Custom(e.to_string()))?;
     Ok(stmt)
 }
 
 /// The columns of a fresh lease row, in the order of [`new_row`].
-pub(crate) fn new_row_columns(write: Write<'_>) -> Vec<Column> {
-    let mut columns = vec![
+pub(crate) fn new_row_columns() -> [Column; 8] {
+    [
         Column::Resource,
         Column::Holder,
         Column::FencingToken,
         Column::ExpiresAt,
         Column::AcquiredAt,
         Column::RenewedAt,
-    ];
-    if let Write::Payload(_) = write {
-        columns.extend([Column::Payload, Column::PayloadToken]);
-    }
-    columns
+        Column::Payload,
+        Column::PayloadToken,
+    ]
 }
 
 /// A fresh lease row's values: token 1, times from the database clock (and the payload,
@@ -196,20 +163,18 @@ pub(crate) fn new_row(
     resource: &str,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Vec<Expr> {
-    let mut values = vec![
+    vec![
         Expr::val(resource),
         Expr::val(candidate),
         Expr::val(1i64),
         d.lease_end(millis),
         d.now(),
         d.now(),
-    ];
-    if let Write::Payload(payload) = write {
-        values.extend([Expr::val(payload.map(str::to_owned)), Expr::val(1i64)]);
-    }
-    values
+        Expr::val(payload.map(str::to_owned)),
+        Expr::val(1i64),
+    ]
 }
 
 /// The row columns plus the remaining lease time, for `RETURNING` and `SELECT`.
@@ -325,8 +290,8 @@ pub(crate) fn take_offer(
         .to_owned()
 }
 
-/// A read that names the payload columns and returns nothing: it fails with an unknown
-/// column on a table made before them. The names are not quoted: SQLite takes a quoted name
+/// A read that names the columns the last lease-table migration (`AddLeasePayload`) added and
+/// returns nothing: it fails with an unknown column on a table made before them. The names are not quoted: SQLite takes a quoted name
 /// that is no column for a string.
 pub(crate) fn payload_probe(table: &Alias) -> SelectStatement {
     Query::select()
@@ -337,14 +302,9 @@ pub(crate) fn payload_probe(table: &Alias) -> SelectStatement {
 }
 
 /// The stored row of `resource` with its remaining time (negative once expired).
-pub(crate) fn current(
-    d: &dyn Dialect,
-    table: &Alias,
-    resource: &str,
-    shape: Shape,
-) -> SelectStatement {
+pub(crate) fn current(d: &dyn Dialect, table: &Alias, resource: &str) -> SelectStatement {
     Query::select()
-        .exprs(with_payload(returned_row(d), shape))
+        .exprs(with_payload(returned_row(d)))
         .from(table.clone())
         .and_where(Expr::col(Column::Resource).eq(resource))
         .to_owned()
@@ -396,14 +356,14 @@ pub(crate) fn held_rows(d: &dyn Dialect, table: &Alias, held: Expr) -> Expr {
 }
 
 /// The columns a batch renew returns per renewed row: the lease row, then the resource (and
-/// the payload column last, for `shape`).
-pub(crate) fn renewed_row(d: &dyn Dialect, shape: Shape) -> Vec<Expr> {
+/// then the payload column, by [`with_payload`], after any a backend adds).
+pub(crate) fn renewed_row(d: &dyn Dialect) -> Vec<Expr> {
     let mut exprs = returned_row(d);
     exprs.push(Expr::col(Column::Resource));
-    with_payload(exprs, shape)
+    exprs
 }
 
-pub(crate) use crate::store::support::{held_json, Shape, PAYLOAD_COLUMN};
+pub(crate) use crate::store::support::{held_json, PAYLOAD_COLUMN};
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -419,7 +379,7 @@ mod payload_statements {
         Alias::new("orionbeacon_leases")
     }
 
-    const PAYLOAD: Write<'static> = Write::Payload(Some("p"));
+    const PAYLOAD: Option<&str> = Some("p");
 
     // The payload form of each deciding statement, pinned as the plain forms are: the payload
     // columns are written by the grant itself (first, on MySQL, while every column still
@@ -456,7 +416,7 @@ mod payload_statements {
         assert_eq!(stmt.values.map(|v| v.0.len()), Some(15));
 
         // None clears: NULL is bound where the payload goes.
-        let (_, values) = upsert(&Sqlite, &table(), "r", "me", 1500, Write::Payload(None))
+        let (_, values) = upsert(&Sqlite, &table(), "r", "me", 1500, None)
             .unwrap()
             .build(SqliteQueryBuilder);
         assert_eq!(values.0[6], Value::String(None));
@@ -464,20 +424,18 @@ mod payload_statements {
 
     #[test]
     fn reads_and_batch_renews_return_the_current_terms_payload_last() {
-        let (sql, _) =
-            postgres::statements::renew_all(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
-                .build(PostgresQueryBuilder);
+        let (sql, _) = postgres::statements::renew_all(&Postgres, &table(), "[]".into(), 1500)
+            .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
             r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) AND "orionbeacon_leases"."resource" IN (SELECT "orionbeacon_leases"."resource" FROM "orionbeacon_leases" WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($3 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) FOR NO KEY UPDATE SKIP LOCKED) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp(), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload"#
         );
-        let (sql, _) = mysql::statements::renewed(&table(), "[]".into(), Shape::Payload)
-            .build(MysqlQueryBuilder);
+        let (sql, _) = mysql::statements::renewed(&table(), "[]".into()).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
             r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource`, CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM `orionbeacon_leases` WHERE (`orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token`) IN (SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', `t` BIGINT PATH '$.t')) AS `held`) AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))"#
         );
-        let (sql, _) = current(&Sqlite, &table(), "r", Shape::Payload).build(SqliteQueryBuilder);
+        let (sql, _) = current(&Sqlite, &table(), "r").build(SqliteQueryBuilder);
         assert_eq!(
             sql,
             r#"SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" WHERE "resource" = ?"#

@@ -13,7 +13,7 @@ use super::context::Context;
 use super::driver::{Derived, LeaseBackend, Takeover};
 use super::engine::Engine;
 use super::mysql::MySqlUpsert;
-use super::statements::{self, Shape, Write};
+use super::statements;
 use super::{DEFAULT_LEASE_CONNECTIONS, MAX_LEASE_CONNECTIONS};
 use crate::store::{
     offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
@@ -376,16 +376,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         }
         let engine = self.engine()?;
         self.warn_once_if_not_durable().await;
-        let shape = engine.shape(payload.is_some()).await?;
-        let write = match (shape, payload) {
-            (Shape::Payload, payload) => Write::Payload(payload),
-            (Shape::Plain, None) => Write::Plain,
-            (Shape::Plain, Some(_)) => {
-                return Err(StoreError::MissingPayloadColumn {
-                    table: self.table().to_owned(),
-                })
-            }
-        };
+        engine.ready().await?;
         // Waits for a slot only where the process does not hold the lease (a renew never
         // queues behind attempts), and holds it until the answer.
         let _slot = match engine.attempt(resource, candidate).await? {
@@ -400,14 +391,15 @@ impl LeaseStore for SeaOrmLeaseStore {
             Takeover::None => {
                 engine
                     .backend
-                    .acquire_or_renew(&engine.cx, resource, candidate, millis, write)
+                    .acquire_or_renew(&engine.cx, resource, candidate, millis, payload)
                     .await
             }
             _ => {
-                super::takeover::acquiring(engine, resource, candidate, lease, millis, write).await
+                super::takeover::acquiring(engine, resource, candidate, lease, millis, payload)
+                    .await
             }
         };
-        let outcome = engine.noting(shape, answer)?;
+        let outcome = engine.lease_table(answer)?;
         match &outcome {
             LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease) => {
                 engine.holding(resource, candidate, lease.remaining);
@@ -479,7 +471,7 @@ impl LeaseStore for SeaOrmLeaseStore {
             token.get(),
             millis,
         );
-        let taken = engine.counted(cx.build(&update)).await? > 0;
+        let taken = engine.lease_count(cx.build(&update)).await? > 0;
         if taken {
             engine.holding(resource, candidate, lease);
         }

@@ -41,7 +41,6 @@ use std::time::Duration;
 use super::driver::{Taken, Takeover};
 use super::engine::Engine;
 use super::errors::db_err_in;
-use super::statements::Write;
 use crate::{error::StoreError, lease::LeaseOutcome};
 
 use super::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
@@ -257,7 +256,7 @@ pub(crate) async fn acquiring(
     candidate: &str,
     lease: Duration,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Result<LeaseOutcome, StoreError> {
     let (first, every) = takeover_waits(lease);
     let mut on_drop = TakeoverOnDrop {
@@ -271,7 +270,7 @@ pub(crate) async fn acquiring(
         on_drop.sent = started;
         let attempt = engine
             .backend
-            .acquire_or_renew(&engine.cx, resource, candidate, millis, write);
+            .acquire_or_renew(&engine.cx, resource, candidate, millis, payload);
         let (answer, ended) = if concurrent {
             tokio::pin!(attempt);
             waiting(engine, resource, first, every, started, &mut attempt).await

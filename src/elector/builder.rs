@@ -29,21 +29,9 @@ impl ElectorBuilder {
     /// A payload written into the lease by every acquire and renew of this candidate (its
     /// address, a version; at most [`MAX_PAYLOAD_LEN`](crate::store::MAX_PAYLOAD_LEN) bytes,
     /// checked by [`build`](Self::build)): the other candidates see it as the leader's in
-    /// [`Leadership::Follower`]. The lease table needs its payload columns (the
-    /// `AddLeasePayload` migration); without them every acquire fails with
-    /// [`StoreError::MissingPayloadColumn`](crate::StoreError::MissingPayloadColumn), logged
-    /// and retried like a missing table. Default: none.
+    /// [`Leadership::Follower`]. Default: none.
     pub fn payload(mut self, payload: impl Into<String>) -> Self {
         self.options.payload = Some(payload.into());
-        self
-    }
-
-    #[cfg(feature = "jobs")]
-    /// A payload written where the lease table has the payload columns, and left out where
-    /// it has not (instead of every acquire refused).
-    pub(crate) fn payload_if_possible(mut self, payload: impl Into<String>) -> Self {
-        self.options.payload = Some(payload.into());
-        self.options.payload_optional = true;
         self
     }
 

@@ -22,10 +22,6 @@ pub(crate) struct Config {
     pub release_on_shutdown: bool,
     /// Written into the lease by every acquire and renew.
     pub payload: Option<Arc<str>>,
-    /// The payload is left out, rather than every acquire refused, on a table without the
-    /// payload columns (a payload the elector's own user never asked for: a scheduler's job
-    /// set).
-    pub payload_optional: bool,
     /// Renews go out with other leaders' of the process (see `together`).
     pub renew_together: bool,
 }
@@ -41,7 +37,6 @@ pub(crate) struct Options {
     pub jitter: Option<f64>,
     pub release_on_shutdown: Option<bool>,
     pub payload: Option<String>,
-    pub payload_optional: bool,
     pub renew_together: Option<bool>,
 }
 
@@ -73,7 +68,6 @@ impl Options {
             jitter,
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
             payload: self.payload.map(Arc::from),
-            payload_optional: self.payload_optional,
             renew_together: self.renew_together.unwrap_or(true),
         })
     }

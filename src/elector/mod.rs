@@ -123,7 +123,6 @@ impl Elector {
             probe: probe.clone(),
             fence: self.fence,
             renewer: self.renewer,
-            payload_left_out: std::sync::atomic::AtomicBool::new(false),
         };
         let (finished, done) = watch::channel(false);
         let supervised = probe.clone().supervise(runner.run());

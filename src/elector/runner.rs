@@ -129,9 +129,6 @@ pub(crate) struct Runner {
     /// The store's renewer, when the elector was built on a `SeaOrmLeaseStore` itself (see
     /// `hold::renewer`): with `renew_together`, its renews go out with the store's other holds.
     pub renewer: Option<crate::hold::renewer::Renewer>,
-    /// Set once the table turned out to have no payload columns, for an optional payload (said
-    /// once in the log).
-    pub payload_left_out: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Runner {
@@ -476,37 +473,12 @@ impl Runner {
 
     /// One acquire-or-renew, given up at `until` (a leader's deadline, a follower's lease).
     async fn ask_store(&self, until: Instant) -> Result<Answer, Stopped> {
-        use std::sync::atomic::Ordering;
-        let call = async {
-            let ask = |payload| {
-                self.store.acquire_or_renew_with(
-                    &self.config.resource,
-                    &self.config.candidate,
-                    self.config.timing.lease,
-                    payload,
-                )
-            };
-            // Asked with the payload every time: on a table without its columns the store
-            // refuses it before sending anything (it looks at the table's columns again now
-            // and then, so a migration run later is picked up).
-            let payload = self.config.payload.as_deref();
-            match ask(payload).await {
-                Err(crate::error::StoreError::MissingPayloadColumn { table })
-                    if payload.is_some() && self.config.payload_optional =>
-                {
-                    if !self.payload_left_out.swap(true, Ordering::Relaxed) {
-                        tracing::info!(
-                        %table,
-                        resource = %self.config.resource,
-                        "the lease table has no payload columns (AddLeasePayload): the \
-                         elector's payload is left out"
-                        );
-                    }
-                    ask(None).await
-                }
-                other => other,
-            }
-        };
+        let call = self.store.acquire_or_renew_with(
+            &self.config.resource,
+            &self.config.candidate,
+            self.config.timing.lease,
+            self.config.payload.as_deref(),
+        );
         let answer = self.abortable(timeout_at(until, call)).await?;
         Ok(answer.map_err(|_| NoAnswer))
     }

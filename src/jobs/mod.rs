@@ -202,7 +202,7 @@ impl JobsBuilder {
             .elector
             .resource(self.resource)
             // The leader's job set, for the other nodes to compare with theirs.
-            .payload_if_possible(job_set.clone())
+            .payload(job_set.clone())
             .build()
             .map_err(JobError::Config)?;
         Ok(Jobs {

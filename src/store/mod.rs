@@ -200,10 +200,7 @@ pub trait LeaseStore: Send + Sync {
     /// ([`renew_all`](Self::renew_all)) keeps the payload as it is.
     ///
     /// A payload that is too long or holds a NUL is refused with
-    /// [`StoreError::InvalidPayload`] before any SQL runs. A lease table made before the
-    /// payload column existed answers a request with a payload with
-    /// [`StoreError::MissingPayloadColumn`] (nothing is sent to grant it); requests without one
-    /// work on it as before.
+    /// [`StoreError::InvalidPayload`] before any SQL runs.
     ///
     /// The default, for stores that keep no payloads, forwards a `None` payload to
     /// [`acquire_or_renew`](Self::acquire_or_renew) and refuses any other with

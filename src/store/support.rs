@@ -1,39 +1,16 @@
 //! What a store implemented outside this crate shares with ours (the SQL Server store,
 //! `orion-beacon-sqlserver`, is one): the lease row every deciding statement returns and the
-//! answers it means, the table's shape (whether it has the payload columns) and how long a look
-//! at it holds, and the batch renew's JSON form. The input rules are in [`store`](super).
+//! answers it means, and the batch renew's JSON form. The input rules are in [`store`](super).
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::fencing::FencingToken;
 use crate::lease::{Denial, Lease, LeaseOutcome, LeaseRecord};
-use crate::mutex::lock;
 
-/// Whether the lease table has the payload columns (the `AddLeasePayload` migration ran):
-/// statements read and write them only then, so a table made before them keeps working.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// No payload columns.
-    Plain,
-    /// `payload` and `payload_token`.
-    Payload,
-}
-
-impl Shape {
-    /// The index of this shape's statements in a cache of both.
-    pub fn index(self) -> usize {
-        match self {
-            Shape::Plain => 0,
-            Shape::Payload => 1,
-        }
-    }
-}
-
-/// The name of the column that carries the row's payload in every lease statement's rows (of
-/// the [`Shape::Payload`] form): the last one.
+/// The name of the column that carries the row's payload in every lease statement's rows: the
+/// last one.
 pub const PAYLOAD_COLUMN: &str = "current_payload";
 
 /// The leases of a batch as one JSON document, bound as a single parameter:
@@ -44,55 +21,6 @@ pub fn held_json(held: &[Lease]) -> String {
         .map(|l| serde_json::json!({"r": l.resource, "h": l.holder, "t": l.token.get()}))
         .collect();
     serde_json::Value::Array(rows).to_string()
-}
-
-/// What the store last saw of the lease table's payload columns, and when.
-#[derive(Debug, Default)]
-pub struct ShapeSeen(Mutex<Option<(Shape, std::time::Instant)>>);
-
-/// How long a table seen without the payload columns counts as such: then the store looks
-/// again, so a migration run meanwhile is picked up without a restart.
-pub const LOOK_AGAIN: Duration = Duration::from_secs(10);
-/// The same for a request that carries a payload: it is refused without a look for this long.
-pub const LOOK_AGAIN_FOR_PAYLOAD: Duration = Duration::from_secs(1);
-
-impl ShapeSeen {
-    fn seen(&self) -> Option<(Shape, std::time::Instant)> {
-        *lock(&self.0)
-    }
-
-    /// The shape last seen, if any, however long ago.
-    pub fn get(&self) -> Option<Shape> {
-        self.seen().map(|(shape, _)| shape)
-    }
-
-    /// The shape to use without looking again, for a request with or without a payload: the
-    /// payload columns once seen (until a statement finds them gone), their absence for
-    /// [`LOOK_AGAIN`] ([`LOOK_AGAIN_FOR_PAYLOAD`] for a request with a payload).
-    pub fn fresh(&self, wants_payload: bool) -> Option<Shape> {
-        match self.seen()? {
-            (Shape::Payload, _) => Some(Shape::Payload),
-            (Shape::Plain, at) => {
-                let within = if wants_payload {
-                    LOOK_AGAIN_FOR_PAYLOAD
-                } else {
-                    LOOK_AGAIN
-                };
-                (at.elapsed() < within).then_some(Shape::Plain)
-            }
-        }
-    }
-
-    /// Records `shape` as seen now.
-    pub fn set(&self, shape: Shape) {
-        *lock(&self.0) = Some((shape, std::time::Instant::now()));
-    }
-
-    /// Looks again at the next statement (a statement of the payload shape failed: the
-    /// migration may have been rolled back).
-    pub fn forget(&self) {
-        *lock(&self.0) = None;
-    }
 }
 
 /// A lease row as every deciding statement returns it (holder, token, expiry, acquired,
@@ -112,7 +40,7 @@ pub struct LeaseRow {
     pub renewed_at: DateTime<Utc>,
     /// `expires_at` minus the database's now, in milliseconds (0 or less: not live).
     pub remaining_millis: i64,
-    /// The current term's payload (`None` for a table of [`Shape::Plain`]).
+    /// The current term's payload (`None` when the term wrote none).
     pub payload: Option<String>,
 }
 

@@ -459,81 +459,82 @@ async fn table_without_payload(h: &SqlHarness, prefix: &str) -> (String, SeaOrmL
     (table, store)
 }
 
-/// A lease table made before the payload columns: the store works on it without payloads,
-/// refuses a payload with a typed error (writing nothing), and picks the columns up once
-/// `AddLeasePayload` has run, which keeps every row and token; that step's `down` removes only
-/// the columns, and the store goes on without them.
-pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
+/// The rows of `table`, counted with a plain query of the test's own.
+async fn rows_in(h: &SqlHarness, table: &str) -> usize {
+    use sea_orm::sea_query::{Alias, Expr, Query};
+    use sea_orm::ConnectionTrait;
+    let select = Query::select()
+        .expr(Expr::val(1))
+        .from(Alias::new(table))
+        .to_owned();
+    h.db().query_all(&select).await.unwrap().len()
+}
+
+/// Whether `result` is the typed refusal of a table that lacks `migration`'s columns, naming
+/// the step in its message.
+fn outdated<T: std::fmt::Debug>(
+    result: Result<T, orion_beacon::StoreError>,
+    table: &str,
+    migration: &str,
+) {
+    use orion_beacon::{ErrorKind, StoreError};
+    let err = result.unwrap_err();
+    match &err {
+        StoreError::OutdatedSchema {
+            table: t,
+            migration: m,
+            ..
+        } => assert_eq!((t.as_str(), *m), (table, migration)),
+        other => panic!("expected OutdatedSchema: {other:?}"),
+    }
+    assert_eq!(err.kind(), ErrorKind::MissingTable);
+    assert!(!err.is_permanent(), "retried, as a missing table is");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("{migration}::with_table(\"{table}\")")),
+        "{text}"
+    );
+}
+
+/// A lease table made by an earlier version (before the payload columns) is refused with a
+/// typed error naming the migration step, before anything is written; once the step has run,
+/// the same store works on it; if the step is undone by hand, every statement says so again
+/// (nothing is written), and running it again brings the rows back as they were.
+pub async fn a_table_from_an_earlier_version_is_refused_until_its_migration_runs(h: &SqlHarness) {
     use super::conformance::LONG;
-    use orion_beacon::{store::LeaseOutcome, ErrorKind, LeaseStore, StoreError};
+    use orion_beacon::{store::LeaseOutcome, LeaseStore};
     use orion_beacon_migration::{
         AddLeasePayload, CreateLeaseTable, MigrationTrait, SchemaManager,
     };
     let db = h.db();
     let (table, store) = table_without_payload(h, "pre_payload").await;
     let r = unique("r");
-    let first = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
-    let first = first.lease().expect("granted").clone();
-    assert_eq!((first.token.get(), first.payload.as_deref()), (1, None));
-    let err = store
-        .acquire_or_renew_with(&r, "a", LONG, Some("addr"))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::MissingPayloadColumn { .. }),
-        "{err:?}"
+    outdated(
+        store.acquire_or_renew(&r, "a", LONG).await,
+        &table,
+        "AddLeasePayload",
     );
-    assert_eq!(err.kind(), ErrorKind::MissingTable);
-    assert!(!err.is_permanent(), "retried, as a missing table is");
-    let text = err.to_string();
-    assert!(
-        text.contains(&format!("AddLeasePayload::with_table(\"{table}\")")),
-        "{text}"
-    );
-    let rec = store.current(&r).await.unwrap().unwrap();
-    assert_eq!(
-        (rec.token, rec.expires_at, rec.payload),
-        (first.token, first.expires_at, None),
-        "the refused request wrote nothing"
-    );
-    // Everything else works on the old table.
-    let renewals = store
-        .renew_all(std::slice::from_ref(&first), LONG)
-        .await
-        .unwrap();
-    assert_eq!(renewals.renewed.len(), 1);
-    assert_eq!(store.list().await.unwrap().len(), 1);
-    assert!(store.release(&r, "a").await.unwrap());
-    let second = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
-    assert_eq!(second.token().map(|t| t.get()), Some(2));
+    outdated(store.current(&r).await, &table, "AddLeasePayload");
+    outdated(store.release(&r, "a").await, &table, "AddLeasePayload");
+    outdated(store.list().await, &table, "AddLeasePayload");
+    assert_eq!(rows_in(h, &table).await, 0, "nothing was written");
 
-    // Upgraded in place: rows and tokens kept, payloads once the store looks again (a
-    // request with a payload on a table seen without the columns looks again after a second).
+    // The step runs while the application does: the same store picks it up.
     AddLeasePayload::with_table(&table)
         .unwrap()
         .up(&SchemaManager::new(db))
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
     let out = store
-        .acquire_or_renew_with(&r, "b", LONG, Some("b's address"))
+        .acquire_or_renew_with(&r, "a", LONG, Some("a's address"))
         .await
         .unwrap();
-    assert!(matches!(out, LeaseOutcome::Renewed(_)), "{out:?}");
-    assert_eq!(out.token().map(|t| t.get()), Some(2));
-    let fresh = h
-        .configure(SeaOrmLeaseStore::new(db.clone()))
-        .with_table(&table)
-        .unwrap();
-    let denied = fresh.acquire_or_renew(&r, "c", LONG).await.unwrap();
-    match &denied {
-        LeaseOutcome::Denied(d) => assert_eq!(
-            (d.holder.as_deref(), d.payload.as_deref()),
-            (Some("b"), Some("b's address"))
-        ),
-        other => panic!("expected a denial: {other:?}"),
-    }
-    assert_eq!(fresh.list().await.unwrap().len(), 1);
+    assert!(matches!(out, LeaseOutcome::Acquired(_)), "{out:?}");
+    let first = out.lease().expect("granted").clone();
+    assert_eq!(
+        (first.token.get(), first.payload.as_deref()),
+        (1, Some("a's address"))
+    );
 
     // `down` of that step is refused while a live lease carries a payload...
     let refused = AddLeasePayload::with_table(&table)
@@ -547,56 +548,47 @@ pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
             .contains("1 live lease(s) carry a payload"),
         "{refused}"
     );
-    // ...and removes only the columns once none does (b renewed without one).
-    let out = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
-    assert_eq!(out.lease().and_then(|l| l.payload.clone()), None);
+    // ...and removes only the columns once none does.
+    let out = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
+    assert!(matches!(out, LeaseOutcome::Renewed(_)), "{out:?}");
     AddLeasePayload::with_table(&table)
         .unwrap()
         .down(&SchemaManager::new(db))
         .await
         .unwrap();
-    // The store notices at its next statement (at most that one fails) and goes on without:
-    // a grant first (an elector sends nothing else), with no payload...
-    let mut failed = 0;
-    let out = loop {
-        match store.acquire_or_renew(&r, "b", LONG).await {
-            Ok(out) => break out,
-            Err(err) => {
-                failed += 1;
-                assert!(
-                    failed < 2,
-                    "still failing after the store looked again: {err:?}"
-                );
-            }
-        }
-    };
-    assert!(matches!(out, LeaseOutcome::Renewed(_)), "{out:?}");
-    // ...and one with a payload (the other store, which still thinks the columns are there).
-    let mut failed = 0;
-    let err = loop {
-        match fresh.acquire_or_renew_with(&r, "c", LONG, Some("c")).await {
-            Err(StoreError::MissingPayloadColumn { .. }) => break None,
-            Err(_) if failed == 0 => failed += 1,
-            other => break Some(other),
-        }
-    };
-    assert!(err.is_none(), "{err:?}");
+    // Every statement is now refused as such, and changes nothing.
+    outdated(
+        store.acquire_or_renew(&r, "a", LONG).await,
+        &table,
+        "AddLeasePayload",
+    );
+    outdated(store.current(&r).await, &table, "AddLeasePayload");
+    outdated(
+        store.renew_all(std::slice::from_ref(&first), LONG).await,
+        &table,
+        "AddLeasePayload",
+    );
+    outdated(
+        store.acquire_or_renew(&r, "b", LONG).await,
+        &table,
+        "AddLeasePayload",
+    );
+    // Run again: the row and its token as they were.
+    AddLeasePayload::with_table(&table)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
     let rec = store.current(&r).await.unwrap().unwrap();
     assert_eq!(
-        (rec.holder.as_str(), rec.token.get(), rec.live, rec.payload),
-        ("b", 2, true, None)
+        (rec.holder.as_str(), rec.token, rec.live, rec.payload),
+        ("a", first.token, true, None)
     );
-    let err = store
-        .acquire_or_renew_with(&r, "b", LONG, Some("again"))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::MissingPayloadColumn { .. }),
-        "{err:?}"
-    );
-    let out = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    let out = store.acquire_or_renew(&r, "a", LONG).await.unwrap();
     assert!(matches!(out, LeaseOutcome::Renewed(_)), "{out:?}");
-    assert_eq!(out.token().map(|t| t.get()), Some(2));
+    assert!(store.release(&r, "a").await.unwrap());
+    let second = store.acquire_or_renew(&r, "b", LONG).await.unwrap();
+    assert_eq!(second.token().map(|t| t.get()), Some(2));
     assert!(store.release(&r, "b").await.unwrap());
     let delete = sea_orm::sea_query::Query::delete()
         .from_table(sea_orm::sea_query::Alias::new(&table))
@@ -604,7 +596,95 @@ pub async fn a_table_from_before_the_payload_upgrades_in_place(h: &SqlHarness) {
     sea_orm::ConnectionTrait::execute(db, &delete)
         .await
         .unwrap();
+    AddLeasePayload::with_table(&table)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
     CreateLeaseTable::with_table(&table)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
+}
+
+/// A membership table made by an earlier version (before the count columns) is refused with
+/// a typed error naming `AddMemberHolding`, writing no member; once the step has run the same
+/// store's heartbeats carry their counts; undone by hand, it is refused again.
+pub async fn a_membership_table_from_an_earlier_version_is_refused_until_its_migration_runs(
+    h: &SqlHarness,
+) {
+    use orion_beacon::{Holding, MembershipStore};
+    use orion_beacon_migration::{
+        AddMemberHolding, CreateMemberTable, MigrationTrait, SchemaManager,
+    };
+    use std::time::Duration;
+    let db = h.db();
+    let members = unique("pre_counts");
+    CreateMemberTable::with_table(&members)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    let store = h
+        .configure(SeaOrmLeaseStore::new(db.clone()))
+        .with_member_table(&members)
+        .unwrap();
+    let holding = Holding::new(2, &["a", "b"]);
+    let ttl = Duration::from_secs(30);
+    let step = "AddMemberHolding";
+    outdated(
+        store
+            .heartbeat_holding("set", "n1", ttl, false, holding)
+            .await,
+        &members,
+        step,
+    );
+    outdated(
+        store.heartbeat("set", "n1", ttl, false).await,
+        &members,
+        step,
+    );
+    outdated(store.members("set").await, &members, step);
+    outdated(store.list_members().await, &members, step);
+    outdated(store.leave("set", "n1").await, &members, step);
+    assert_eq!(rows_in(h, &members).await, 0, "no member was written");
+
+    AddMemberHolding::with_table(&members)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    let seen = store
+        .heartbeat_holding("set", "n1", ttl, false, holding)
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].holding, Some(holding));
+    assert_eq!(
+        store.members("set").await.unwrap()[0].holding,
+        Some(holding)
+    );
+    // A heartbeat without counts clears them.
+    let seen = store.heartbeat("set", "n1", ttl, false).await.unwrap();
+    assert_eq!(seen[0].holding, None);
+
+    assert!(store.leave("set", "n1").await.unwrap());
+    AddMemberHolding::with_table(&members)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    outdated(
+        store
+            .heartbeat_holding("set", "n1", ttl, false, holding)
+            .await,
+        &members,
+        step,
+    );
+    outdated(store.members("set").await, &members, step);
+    assert_eq!(rows_in(h, &members).await, 0, "no member was written");
+    CreateMemberTable::with_table(&members)
         .unwrap()
         .down(&SchemaManager::new(db))
         .await
@@ -674,67 +754,6 @@ impl SqlHarness {
 }
 
 /// Tests specific to the SQL store, for a harness setup expression.
-/// A scheduler on a lease table made before the payload columns still leads and runs its
-/// jobs: the job set it publishes in the payload is left out there.
-#[cfg(feature = "jobs")]
-pub async fn a_scheduler_runs_on_a_table_without_the_payload_columns(h: &SqlHarness) {
-    use orion_beacon::jobs::{Job, Jobs, Schedule};
-    use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
-    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
-    use sea_orm::ConnectionTrait;
-    use std::time::Duration;
-    let runs = unique("runs");
-    let db = h.db();
-    let (table, store) = table_without_payload(h, "pre_payload_jobs").await;
-    CreateJobRunTable::with_table(&runs)
-        .unwrap()
-        .up(&SchemaManager::new(db))
-        .await
-        .unwrap();
-    let node = Jobs::builder(store)
-        .candidate_id("a")
-        .resource(unique("jobs"))
-        .runs_table(&runs)
-        .job(Job::new(
-            "j",
-            Schedule::every(Duration::from_secs(1)).unwrap(),
-            |_run| async { Ok(()) },
-        ))
-        .build()
-        .unwrap()
-        .start();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let finished = loop {
-        let rows = db
-            .query_all(
-                &Query::select()
-                    .expr(Expr::val(1))
-                    .from(Alias::new(&runs))
-                    .and_where(Expr::col(Alias::new("state")).eq("finished"))
-                    .to_owned(),
-            )
-            .await
-            .unwrap();
-        if !rows.is_empty() || tokio::time::Instant::now() > deadline {
-            break rows.len();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let health = node.health();
-    node.shutdown().await;
-    assert!(finished > 0, "no slot ran within 5 s: {health}");
-    for t in [&table, &runs] {
-        db.execute(
-            &sea_orm::sea_query::Table::drop()
-                .table(Alias::new(t))
-                .if_exists()
-                .to_owned(),
-        )
-        .await
-        .unwrap();
-    }
-}
-
 #[macro_export]
 macro_rules! sql_store_suite {
     ($setup:expr) => {
@@ -742,12 +761,9 @@ macro_rules! sql_store_suite {
             missing_table_says_run_the_migration,
             bad_table_names_are_refused,
             entity_reads_what_the_store_writes,
-            a_table_from_before_the_payload_upgrades_in_place,
+            a_table_from_an_earlier_version_is_refused_until_its_migration_runs,
+            a_membership_table_from_an_earlier_version_is_refused_until_its_migration_runs,
             a_term_that_wrote_no_payload_shows_none,
-        );
-        #[cfg(feature = "jobs")]
-        $crate::sql_store_suite!(@cases $setup;
-            a_scheduler_runs_on_a_table_without_the_payload_columns,
         );
     };
     (@cases $setup:expr; $($case:ident),* $(,)?) => {

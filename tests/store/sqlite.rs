@@ -85,67 +85,6 @@ async fn rollback_journal_is_warned_about_once() {
     assert_eq!(warned(), 1, "no warning for WAL");
 }
 
-/// The members' counts need their migration: without it heartbeats go on without counts; a
-/// heartbeat that writes none (an older version's) leaves the last ones unread; and a running
-/// store whose columns were dropped goes on without them at its next heartbeat or read.
-#[tokio::test]
-async fn member_counts_follow_their_migration() {
-    use std::time::Duration;
-
-    use orion_beacon::{Holding, MembershipStore, SeaOrmLeaseStore};
-    use orion_beacon_migration::{
-        AddMemberHolding, CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
-    };
-    use sea_orm::ConnectionTrait;
-
-    let dir = tempfile::tempdir().unwrap();
-    let db = common::connect_sqlite(&dir.path().join("counts.db"), 2).await;
-    CreateLeaseTable::new()
-        .up(&SchemaManager::new(&db))
-        .await
-        .unwrap();
-    CreateMemberTable::new()
-        .up(&SchemaManager::new(&db))
-        .await
-        .unwrap();
-    let holding = Holding::new(2, &["a", "b"]);
-    let ttl = Duration::from_secs(30);
-    let beat = |store: SeaOrmLeaseStore| async move {
-        store
-            .heartbeat_holding("set", "n1", ttl, false, holding)
-            .await
-            .unwrap()[0]
-            .holding
-    };
-    assert_eq!(beat(SeaOrmLeaseStore::new(db.clone())).await, None);
-    AddMemberHolding::new()
-        .up(&SchemaManager::new(&db))
-        .await
-        .unwrap();
-    let store = SeaOrmLeaseStore::new(db.clone());
-    assert_eq!(beat(store.clone()).await, Some(holding));
-    assert_eq!(
-        store.members("set").await.unwrap()[0].holding,
-        Some(holding)
-    );
-    // An older version's heartbeat moves `heartbeat_at` only.
-    db.execute_unprepared(
-        "UPDATE orionbeacon_members SET heartbeat_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 second')",
-    )
-    .await
-    .unwrap();
-    assert_eq!(store.members("set").await.unwrap()[0].holding, None);
-    assert_eq!(beat(store.clone()).await, Some(holding));
-    // Dropped under the running store.
-    AddMemberHolding::new()
-        .down(&SchemaManager::new(&db))
-        .await
-        .unwrap();
-    assert_eq!(store.members("set").await.unwrap()[0].holding, None);
-    assert_eq!(beat(store.clone()).await, None);
-    assert_eq!(store.list_members().await.unwrap().len(), 1);
-}
-
 /// The store names its table and hands out the connection it was built on.
 #[tokio::test]
 async fn accessors_report_the_table_and_connection() {

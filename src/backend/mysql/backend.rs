@@ -27,7 +27,7 @@ use crate::backend::errors::Classifier;
 use crate::backend::row::{Decode as _, Row};
 use crate::backend::sessions::{Begin, Checked, Source};
 use crate::backend::sessions::{OwnPool, Setup};
-use crate::backend::statements::{self as shared, Shape, Write};
+use crate::backend::statements as shared;
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
@@ -203,9 +203,9 @@ impl LeaseBackend for MySqlBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<Statement, DbErr> {
-        statements::upsert_returning(&cx.table_iden(), resource, candidate, millis, write)
+        statements::upsert_returning(&cx.table_iden(), resource, candidate, millis, payload)
     }
 
     /// The row after the upsert is the outcome, whoever holds the lease.
@@ -215,9 +215,11 @@ impl LeaseBackend for MySqlBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<LeaseOutcome, StoreError> {
-        let rows = self.upsert(cx, resource, candidate, millis, write).await?;
+        let rows = self
+            .upsert(cx, resource, candidate, millis, payload)
+            .await?;
         // Galera is known from the first grant on, whatever the upsert form (also one set with
         // `with_mysql_upsert`): the statement-level fence refuses to run there, and `fenced_by`
         // cannot ask the server. A failed look is not cached and does not fail the grant; the
@@ -256,7 +258,7 @@ impl LeaseBackend for MySqlBackend {
                 .into(),
             });
         };
-        let decoded = Row::decode(row, write.shape()).map_err(|source| cx.decode_error(source))?;
+        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
         Ok(decoded.outcome(resource, candidate))
     }
 
@@ -273,9 +275,8 @@ impl LeaseBackend for MySqlBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        self.renew_batch(cx, json, millis, shape, statements::Busy::Skip)
+        self.renew_batch(cx, json, millis, statements::Busy::Skip)
             .await
     }
 
@@ -286,13 +287,12 @@ impl LeaseBackend for MySqlBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<Statement>, DbErr> {
         let table = cx.table_iden();
         Ok(vec![
             statements::lock_batch(&table, json.clone(), statements::Busy::Skip)?,
             statements::renew_all(&table, json.clone(), millis)?,
-            DbBackend::MySql.build(&statements::renewed(&table, json, shape)),
+            DbBackend::MySql.build(&statements::renewed(&table, json)),
         ])
     }
 
@@ -319,18 +319,17 @@ impl LeaseBackend for MySqlBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
         if self.solo_waits_on_server(millis) {
             return self
-                .renew_batch(cx, json, millis, shape, statements::Busy::Wait)
+                .renew_batch(cx, json, millis, statements::Busy::Wait)
                 .await;
         }
         let bound = crate::backend::first_wait(millis);
         let started = crate::clock::now();
         loop {
             let answer = self
-                .renew_batch(cx, json.clone(), millis, shape, statements::Busy::Fail)
+                .renew_batch(cx, json.clone(), millis, statements::Busy::Fail)
                 .await;
             match answer {
                 Err(err)

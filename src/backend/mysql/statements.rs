@@ -13,14 +13,14 @@ use super::MySql;
 use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
     current_payload, held_rows, insert_new_row, next_expiry, renew_set, renewed_row, returned_row,
-    Shape, Write,
+    with_payload,
 };
 use crate::backend::term_checks::share_locked_check;
 use crate::fencing::Term;
 
 /// The conditional upsert (without `RETURNING`).
 ///
-/// With [`Write::Payload`] the payload columns are assigned first, while every column still
+/// The payload columns are assigned first, while every column still
 /// holds its old value in either assignment mode: `payload` when the lease is granted (a new
 /// term or a renew), `payload_token` to the token the row is about to have.
 pub(crate) fn upsert(
@@ -28,77 +28,72 @@ pub(crate) fn upsert(
     resource: &str,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Result<InsertStatement, DbErr> {
     let d = MySql;
     let col = |c: Column| Expr::col(c);
     let expired = || col(Column::ExpiresAt).lte(d.now());
-    let mut payload = Vec::with_capacity(2);
-    if let Write::Payload(value) = write {
-        payload.push((
-            Column::Payload,
-            Expr::case(
-                col(Column::Holder).eq(candidate).or(expired()),
-                Expr::val(value.map(str::to_owned)),
-            )
-            .finally(col(Column::Payload))
-            .into(),
-        ));
-        payload.push((
-            Column::PayloadToken,
-            Expr::case(expired(), col(Column::FencingToken).add(1i64))
-                .case(col(Column::Holder).eq(candidate), col(Column::FencingToken))
-                .finally(col(Column::PayloadToken))
-                .into(),
-        ));
-    }
     let on_duplicate = OnConflict::column(Column::Resource)
-        .values(
-            payload.into_iter().chain([
-                // Old row: new term, renew by the holder, or untouched.
-                (
-                    Column::RenewedAt,
-                    Expr::case(expired(), d.now())
-                        .case(
-                            col(Column::Holder).eq(candidate),
-                            d.greatest(d.now(), d.one_tick_after(col(Column::AcquiredAt))),
-                        )
-                        .finally(col(Column::RenewedAt))
-                        .into(),
-                ),
-                (
-                    Column::AcquiredAt,
-                    Expr::case(expired(), d.now())
-                        .finally(col(Column::AcquiredAt))
-                        .into(),
-                ),
-                (
-                    Column::FencingToken,
-                    Expr::case(expired(), col(Column::FencingToken).add(1i64))
-                        .finally(col(Column::FencingToken))
-                        .into(),
-                ),
-                (
-                    Column::Holder,
-                    Expr::case(expired(), Expr::val(candidate))
-                        .finally(col(Column::Holder))
-                        .into(),
-                ),
-                // Granted (a new term or a renew), read with `holder` new or old: see the module.
-                // `expires_at` is the old one here in either mode (it is assigned last).
-                (
-                    Column::ExpiresAt,
-                    Expr::case(
-                        col(Column::Holder).eq(candidate).or(expired()),
-                        next_expiry(&d, col(Column::ExpiresAt), millis),
-                    )
-                    .finally(col(Column::ExpiresAt))
+        .values([
+            (
+                Column::Payload,
+                Expr::case(
+                    col(Column::Holder).eq(candidate).or(expired()),
+                    Expr::val(payload.map(str::to_owned)),
+                )
+                .finally(col(Column::Payload))
+                .into(),
+            ),
+            (
+                Column::PayloadToken,
+                Expr::case(expired(), col(Column::FencingToken).add(1i64))
+                    .case(col(Column::Holder).eq(candidate), col(Column::FencingToken))
+                    .finally(col(Column::PayloadToken))
                     .into(),
-                ),
-            ]),
-        )
+            ),
+            // Old row: new term, renew by the holder, or untouched.
+            (
+                Column::RenewedAt,
+                Expr::case(expired(), d.now())
+                    .case(
+                        col(Column::Holder).eq(candidate),
+                        d.greatest(d.now(), d.one_tick_after(col(Column::AcquiredAt))),
+                    )
+                    .finally(col(Column::RenewedAt))
+                    .into(),
+            ),
+            (
+                Column::AcquiredAt,
+                Expr::case(expired(), d.now())
+                    .finally(col(Column::AcquiredAt))
+                    .into(),
+            ),
+            (
+                Column::FencingToken,
+                Expr::case(expired(), col(Column::FencingToken).add(1i64))
+                    .finally(col(Column::FencingToken))
+                    .into(),
+            ),
+            (
+                Column::Holder,
+                Expr::case(expired(), Expr::val(candidate))
+                    .finally(col(Column::Holder))
+                    .into(),
+            ),
+            // Granted (a new term or a renew), read with `holder` new or old: see the module.
+            // `expires_at` is the old one here in either mode (it is assigned last).
+            (
+                Column::ExpiresAt,
+                Expr::case(
+                    col(Column::Holder).eq(candidate).or(expired()),
+                    next_expiry(&d, col(Column::ExpiresAt), millis),
+                )
+                .finally(col(Column::ExpiresAt))
+                .into(),
+            ),
+        ])
         .to_owned();
-    let mut stmt = insert_new_row(&d, table, resource, candidate, millis, write)?;
+    let mut stmt = insert_new_row(&d, table, resource, candidate, millis, payload)?;
     stmt.on_conflict(on_duplicate);
     Ok(stmt)
 }
@@ -121,10 +116,10 @@ pub(crate) fn upsert_returning(
     resource: &str,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Result<Statement, DbErr> {
     let (upsert, values) =
-        upsert(table, resource, candidate, millis, write)?.build(MysqlQueryBuilder);
+        upsert(table, resource, candidate, millis, payload)?.build(MysqlQueryBuilder);
     // The statement waits for a row lock at most LOCK_WAIT_SECONDS (the server counts whole
     // seconds), then fails (1205): an acquire its caller gave up on waits no longer on the
     // server, whatever the stall of the row's holder.
@@ -142,16 +137,14 @@ pub(crate) fn upsert_returning(
     // `sessions`.
     sql.push_str(", ");
     sql.push_str(IN_TRANSACTION);
-    if write.shape() == Shape::Payload {
-        let payload = Query::select()
-            .expr(current_payload())
-            .to_string(MysqlQueryBuilder);
-        let payload = payload
-            .strip_prefix("SELECT ")
-            .ok_or_else(|| DbErr::Custom(format!("unexpected select list: {payload}")))?;
-        sql.push_str(", ");
-        sql.push_str(payload);
-    }
+    let payload = Query::select()
+        .expr(current_payload())
+        .to_string(MysqlQueryBuilder);
+    let payload = payload
+        .strip_prefix("SELECT ")
+        .ok_or_else(|| DbErr::Custom(format!("unexpected select list: {payload}")))?;
+    sql.push_str(", ");
+    sql.push_str(payload);
     Ok(Statement::from_sql_and_values(
         DbBackend::MySql,
         sql,
@@ -313,9 +306,9 @@ pub(crate) fn renew_all(table: &Alias, json: String, millis: i64) -> Result<Stat
 
 /// The rows [`renew_all`] renewed, read in its transaction: those of the batch that are live
 /// now (a row it did not renew had lapsed or changed hands, and is not).
-pub(crate) fn renewed(table: &Alias, json: String, shape: Shape) -> SelectStatement {
+pub(crate) fn renewed(table: &Alias, json: String) -> SelectStatement {
     Query::select()
-        .exprs(renewed_row(&MySql, shape))
+        .exprs(with_payload(renewed_row(&MySql)))
         .from(table.clone())
         .and_where(held_rows(&MySql, table, held(json)))
         .to_owned()
@@ -327,31 +320,17 @@ mod tests {
     use crate::backend::statements::tests::term;
     use crate::backend::statements::{current, release};
 
-    const UPSERT: &str = concat!(
-        "INSERT INTO `orionbeacon_leases` (`resource`, `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`) ",
-        "VALUES (?, ?, ?, SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)) ",
-        "ON DUPLICATE KEY UPDATE ",
-        "`renewed_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) WHEN (`holder` = ?) THEN GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) ELSE `renewed_at` END), ",
-        "`acquired_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `acquired_at` END), ",
-        "`fencing_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? ELSE `fencing_token` END), ",
-        "`holder` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `holder` END), ",
-        "`expires_at` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND) ELSE `expires_at` END)",
-    );
-
     // sea-query's MySQL builder drops clauses it lacks without a word: pin the exact SQL.
     #[test]
     fn upsert_keeps_every_assignment_conditional_and_order_independent() {
-        let (sql, values) = upsert(
-            &Alias::new("orionbeacon_leases"),
-            "r",
-            "me",
-            1500,
-            Write::Plain,
-        )
-        .unwrap()
-        .build(MysqlQueryBuilder);
-        assert_eq!(sql, UPSERT);
-        assert_eq!(values.0.len(), 9, "{values:?}");
+        let (sql, values) = upsert(&Alias::new("orionbeacon_leases"), "r", "me", 1500, None)
+            .unwrap()
+            .build(MysqlQueryBuilder);
+        assert_eq!(
+            sql,
+            r#"INSERT INTO `orionbeacon_leases` (`resource`, `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, `payload`, `payload_token`) VALUES (?, ?, ?, SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, ?) ON DUPLICATE KEY UPDATE `payload` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `payload` END), `payload_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? WHEN (`holder` = ?) THEN `fencing_token` ELSE `payload_token` END), `renewed_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) WHEN (`holder` = ?) THEN GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) ELSE `renewed_at` END), `acquired_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `acquired_at` END), `fencing_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? ELSE `fencing_token` END), `holder` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `holder` END), `expires_at` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND) ELSE `expires_at` END)"#
+        );
+        assert_eq!(values.0.len(), 15, "{values:?}");
         assert!(
             values.0.contains(&1_500_000i64.into()),
             "lease in microseconds: {values:?}"
@@ -360,22 +339,13 @@ mod tests {
 
     #[test]
     fn mariadb_form_returns_the_row() {
-        let stmt = upsert_returning(
-            &Alias::new("orionbeacon_leases"),
-            "r",
-            "me",
-            1500,
-            Write::Plain,
-        )
-        .unwrap();
+        let stmt =
+            upsert_returning(&Alias::new("orionbeacon_leases"), "r", "me", 1500, None).unwrap();
         assert_eq!(
             stmt.sql,
-            format!(
-                "SET STATEMENT innodb_lock_wait_timeout = 1 FOR {UPSERT} RETURNING `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, CAST(@@in_transaction AS SIGNED)"
-            )
+            r#"SET STATEMENT innodb_lock_wait_timeout = 1 FOR INSERT INTO `orionbeacon_leases` (`resource`, `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, `payload`, `payload_token`) VALUES (?, ?, ?, SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?, ?) ON DUPLICATE KEY UPDATE `payload` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `payload` END), `payload_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? WHEN (`holder` = ?) THEN `fencing_token` ELSE `payload_token` END), `renewed_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) WHEN (`holder` = ?) THEN GREATEST(UTC_TIMESTAMP(6), `acquired_at` + INTERVAL 1 MICROSECOND) ELSE `renewed_at` END), `acquired_at` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `acquired_at` END), `fencing_token` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN `fencing_token` + ? ELSE `fencing_token` END), `holder` = (CASE WHEN (`expires_at` <= (UTC_TIMESTAMP(6))) THEN ? ELSE `holder` END), `expires_at` = (CASE WHEN (`holder` = ? OR `expires_at` <= (UTC_TIMESTAMP(6))) THEN GREATEST(SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `expires_at` + INTERVAL 1 MICROSECOND) ELSE `expires_at` END) RETURNING `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, CAST(@@in_transaction AS SIGNED), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload"#
         );
-        assert_eq!(stmt.values.map(|v| v.0.len()), Some(9));
+        assert_eq!(stmt.values.map(|v| v.0.len()), Some(15));
     }
 
     #[test]
@@ -387,10 +357,10 @@ mod tests {
             "UPDATE `orionbeacon_leases` SET `expires_at` = (CASE WHEN (`renewed_at` < (UTC_TIMESTAMP(6))) THEN `renewed_at` ELSE UTC_TIMESTAMP(6) END) WHERE `resource` = ? AND `holder` = ? AND `expires_at` > (UTC_TIMESTAMP(6))"
         );
         assert_eq!(values.0.len(), 2);
-        let (sql, _) = current(&MySql, &t, "r", Shape::Plain).build(MysqlQueryBuilder);
+        let (sql, _) = current(&MySql, &t, "r").build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            "SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000 FROM `orionbeacon_leases` WHERE `resource` = ?"
+            r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM `orionbeacon_leases` WHERE `resource` = ?"#
         );
     }
 
@@ -461,10 +431,10 @@ mod tests {
             stmt.values.map(|v| v.0),
             Some(vec!["[]".into(), 1_500_000i64.into()])
         );
-        let (sql, values) = renewed(&t, "[]".to_owned(), Shape::Plain).build(MysqlQueryBuilder);
+        let (sql, values) = renewed(&t, "[]".to_owned()).build(MysqlQueryBuilder);
         assert_eq!(
             sql,
-            r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource` FROM `orionbeacon_leases` WHERE (`orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token`) IN (SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', `t` BIGINT PATH '$.t')) AS `held`) AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))"#
+            r#"SELECT `holder`, `fencing_token`, `expires_at`, `acquired_at`, `renewed_at`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000, `resource`, CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM `orionbeacon_leases` WHERE (`orionbeacon_leases`.`resource`, `orionbeacon_leases`.`holder`, `orionbeacon_leases`.`fencing_token`) IN (SELECT `r`, `h`, `t` FROM JSON_TABLE(?, '$[*]' COLUMNS (`r` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.r', `h` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.h', `t` BIGINT PATH '$.t')) AS `held`) AND `orionbeacon_leases`.`expires_at` > (UTC_TIMESTAMP(6))"#
         );
         assert_eq!(values.0.len(), 1, "{values:?}");
     }

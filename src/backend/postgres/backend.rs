@@ -20,7 +20,6 @@ use crate::backend::errors::Classifier;
 use crate::backend::row::{Decode as _, Row};
 use crate::backend::sessions::{Begin, Checked};
 use crate::backend::sessions::{OwnPool, Setup};
-use crate::backend::statements::{Shape, Write};
 use crate::error::FenceError;
 use crate::fencing::Term;
 use crate::{error::StoreError, lease::Denial, lease::LeaseOutcome};
@@ -180,7 +179,7 @@ impl LeaseBackend for PgBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<Statement, DbErr> {
         statements::upsert_reporting(
             cx.dialect,
@@ -188,7 +187,7 @@ impl LeaseBackend for PgBackend {
             resource,
             candidate,
             millis,
-            write,
+            payload,
         )
         .map(|q| cx.build(&q))
     }
@@ -221,15 +220,11 @@ impl LeaseBackend for PgBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<LeaseOutcome, StoreError> {
-        let shape = write.shape();
-        let stmt = self.acquire_prepared(cx, shape)?.bind_with(
-            resource,
-            candidate,
-            millis,
-            write.payload(),
-        );
+        let stmt = self
+            .acquire_prepared(cx)?
+            .bind_with(resource, candidate, millis, payload);
         let rows = self.deciding(cx, stmt, TRANSACTION_START_COLUMN).await?;
         // No row: a first insert raced ours and is not in our snapshot.
         let Some(row) = cx.single_row(&rows)? else {
@@ -238,7 +233,7 @@ impl LeaseBackend for PgBackend {
         let granted: bool = row
             .try_get_by_index(6)
             .map_err(|source| cx.decode_error(source))?;
-        let decoded = Row::decode(row, shape).map_err(|source| cx.decode_error(source))?;
+        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
         Ok(if granted {
             decoded.outcome(resource, candidate)
         } else {
@@ -252,9 +247,8 @@ impl LeaseBackend for PgBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis);
         self.deciding(cx, cx.build(&update), RENEW_TRANSACTION_START_COLUMN)
             .await
     }
@@ -264,9 +258,8 @@ impl LeaseBackend for PgBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<Statement>, DbErr> {
-        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis);
         Ok(vec![cx.build(&update)])
     }
 
@@ -286,9 +279,8 @@ impl LeaseBackend for PgBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
-        let update = statements::renew_bounded(cx.dialect, &cx.table_iden(), json, millis, shape);
+        let update = statements::renew_bounded(cx.dialect, &cx.table_iden(), json, millis);
         self.deciding(cx, cx.build(&update), RENEW_TRANSACTION_START_COLUMN)
             .await
     }

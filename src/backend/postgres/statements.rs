@@ -11,7 +11,7 @@ use sea_orm::DbErr;
 use crate::backend::dialect::Dialect;
 use crate::backend::statements::{
     held_rows, new_row, new_row_columns, release, renew_held, renewed_row, returned_row,
-    upsert_onto, with_payload, Shape, Write, PAYLOAD_COLUMN,
+    upsert_onto, with_payload, PAYLOAD_COLUMN,
 };
 use crate::backend::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
 
@@ -69,7 +69,7 @@ pub(crate) fn bounded_upsert(
     resource: &str,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Result<InsertStatement, DbErr> {
     let bound = Alias::new("bound");
     let lock_timeout = Alias::new("lock_timeout");
@@ -78,16 +78,16 @@ pub(crate) fn bounded_upsert(
         .to_owned();
     // The fresh row is produced (so the setting made) before the insert looks for a conflict.
     let source = Query::select()
-        .exprs(new_row(d, resource, candidate, millis, write))
+        .exprs(new_row(d, resource, candidate, millis, payload))
         .from_subquery(settings, bound.clone())
         .and_where(Expr::col((bound, lock_timeout)).is_not_null())
         .to_owned();
     let mut stmt = Query::insert();
     stmt.into_table(table.clone())
-        .columns(new_row_columns(write))
+        .columns(new_row_columns())
         .select_from(source)
         .map_err(|e| DbErr::Custom(e.to_string()))?;
-    Ok(upsert_onto(d, table, candidate, millis, write, stmt))
+    Ok(upsert_onto(d, table, candidate, millis, payload, stmt))
 }
 
 /// PostgreSQL: the [`bounded_upsert`] and, when it grants nothing, the lease row as it stood when the
@@ -102,29 +102,26 @@ pub(crate) fn upsert_reporting(
     resource: &str,
     candidate: &str,
     millis: i64,
-    write: Write<'_>,
+    payload: Option<&str>,
 ) -> Result<WithQuery, DbErr> {
     let granted = Alias::new("granted");
-    let shape = write.shape();
-    // The payload column (for a table that has one) last, after the flag and the start.
+    // The payload column last, after the flag and the start.
     let names = || {
         let mut names: Vec<Alias> = ROW_NAMES.iter().map(|n| Alias::new(*n)).collect();
-        if shape == Shape::Payload {
-            names.push(Alias::new(PAYLOAD_COLUMN));
-        }
+        names.push(Alias::new(PAYLOAD_COLUMN));
         names
     };
     let cte = CommonTableExpression::new()
         .table_name(granted.clone())
         .columns(names())
         .query(bounded_upsert(
-            d, table, resource, candidate, millis, write,
+            d, table, resource, candidate, millis, payload,
         )?)
         .to_owned();
     let mut row = returned_row(d);
     row.extend([Expr::cust("FALSE"), Expr::cust("transaction_timestamp()")]);
     let report = Query::select()
-        .exprs(with_payload(row, shape))
+        .exprs(with_payload(row))
         .from(table.clone())
         .and_where(Expr::col(Column::Resource).eq(resource))
         .and_where(
@@ -141,9 +138,7 @@ pub(crate) fn upsert_reporting(
     main.columns(ROW_NAMES.iter().map(|n| Alias::new(*n)))
         .expr(Expr::cust("TRUE"))
         .expr(Expr::cust("transaction_timestamp()"));
-    if shape == Shape::Payload {
-        main.column(Alias::new(PAYLOAD_COLUMN));
-    }
+    main.column(Alias::new(PAYLOAD_COLUMN));
     let main = main.from(granted).union(UnionType::All, report).to_owned();
     Ok(WithClause::new().cte(cte).to_owned().query(main))
 }
@@ -204,7 +199,6 @@ pub(crate) fn renew_all(
     table: &Alias,
     json: String,
     millis: i64,
-    shape: Shape,
 ) -> UpdateStatement {
     let free = Query::select()
         .column((table.clone(), Column::Resource))
@@ -212,23 +206,17 @@ pub(crate) fn renew_all(
         .and_where(held_rows(d, table, held(json.clone())))
         .lock_with_behavior(LockType::NoKeyUpdate, LockBehavior::SkipLocked)
         .to_owned();
-    let mut update = renew_waiting(d, table, json, millis, shape);
+    let mut update = renew_waiting(d, table, json, millis);
     update.and_where(Expr::col((table.clone(), Column::Resource)).in_subquery(free));
     update
 }
 
 /// The batch renew as it waits for a locked row: for [`renew_bounded`].
-fn renew_waiting(
-    d: &dyn Dialect,
-    table: &Alias,
-    json: String,
-    millis: i64,
-    shape: Shape,
-) -> UpdateStatement {
-    let mut exprs = renewed_row(d, Shape::Plain);
+fn renew_waiting(d: &dyn Dialect, table: &Alias, json: String, millis: i64) -> UpdateStatement {
+    let mut exprs = renewed_row(d);
     exprs.push(Expr::cust("transaction_timestamp()"));
     renew_held(d, table, held(json), millis)
-        .returning(Query::returning().exprs(with_payload(exprs, shape)))
+        .returning(Query::returning().exprs(with_payload(exprs)))
         .to_owned()
 }
 
@@ -240,10 +228,9 @@ pub(crate) fn renew_bounded(
     table: &Alias,
     json: String,
     millis: i64,
-    shape: Shape,
 ) -> UpdateStatement {
     let settings = Query::select().expr(lock_wait(d, millis, 1)).to_owned();
-    let mut update = renew_waiting(d, table, json, millis, shape);
+    let mut update = renew_waiting(d, table, json, millis);
     update.and_where(
         Expr::SubQuery(
             None,
@@ -269,23 +256,19 @@ mod tests {
 
     #[test]
     fn postgres_reporting_upsert_and_notifying_release() {
-        let (sql, values) = upsert_reporting(&Postgres, &table(), "r", "me", 1500, Write::Plain)
+        let (sql, values) = upsert_reporting(&Postgres, &table(), "r", "me", 1500, None)
             .unwrap()
             .build(PostgresQueryBuilder);
-        let (insert, _) = bounded_upsert(&Postgres, &table(), "r", "me", 1500, Write::Plain)
+        let (insert, _) = bounded_upsert(&Postgres, &table(), "r", "me", 1500, None)
             .unwrap()
             .build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            format!(
-                "WITH \"granted\" (\"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\") AS ({insert}) \
-                 SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"remaining_ms\", TRUE, transaction_timestamp() FROM \"granted\" \
-                 UNION ALL (SELECT \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \
-                 CAST(FLOOR(EXTRACT(EPOCH FROM (\"expires_at\" - statement_timestamp())) * 1000) AS BIGINT), FALSE, transaction_timestamp() \
-                 FROM \"orionbeacon_leases\" WHERE \"resource\" = $10 AND (NOT EXISTS(SELECT 1 FROM \"granted\")))"
-            )
+            r#"WITH "granted" ("holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "remaining_ms", "current_payload") AS (INSERT INTO "orionbeacon_leases" ("resource", "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "payload", "payload_token") SELECT $1, $2, $3, clock_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp(), $5, $6 FROM (SELECT set_config('lock_timeout', CAST(LEAST(400, GREATEST(20, $7 / 5 * 2)) AS text) || 'ms', TRUE) AS "lock_timeout") AS "bound" WHERE "bound"."lock_timeout" IS NOT NULL ON CONFLICT ("resource") DO UPDATE SET "payload" = $8, "payload_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN "orionbeacon_leases"."fencing_token" + $9 ELSE "orionbeacon_leases"."fencing_token" END), "fencing_token" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN "orionbeacon_leases"."fencing_token" + $10 ELSE "orionbeacon_leases"."fencing_token" END), "acquired_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_leases"."acquired_at" END), "renewed_at" = (CASE WHEN ("orionbeacon_leases"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE GREATEST(statement_timestamp(), "orionbeacon_leases"."acquired_at" + INTERVAL '1 microsecond') END), "holder" = $11, "expires_at" = GREATEST(clock_timestamp() + $12 * INTERVAL '1 millisecond', "orionbeacon_leases"."expires_at" + INTERVAL '1 microsecond') WHERE "orionbeacon_leases"."holder" = $13 OR "orionbeacon_leases"."expires_at" <= (statement_timestamp()) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload) SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", "remaining_ms", TRUE, transaction_timestamp(), "current_payload" FROM "granted" UNION ALL (SELECT "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), FALSE, transaction_timestamp(), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload FROM "orionbeacon_leases" WHERE "resource" = $14 AND (NOT EXISTS(SELECT 1 FROM "granted")))"#
         );
-        assert_eq!(values.0.len(), 10);
+        // The CTE is the bounded upsert itself.
+        assert!(sql.contains(&format!(" AS ({insert}) SELECT ")), "{sql}");
+        assert_eq!(values.0.len(), 14);
         let (sql, values) = release_notifying(&Postgres, &table(), "orionbeacon_leases", "r", "me")
             .build(PostgresQueryBuilder);
         assert_eq!(
@@ -301,14 +284,14 @@ mod tests {
     // insert looks for its conflict (and waits for the row lock) only after that.
     #[test]
     fn postgres_upsert_bounds_its_lock_wait_first() {
-        let (sql, values) = bounded_upsert(&Postgres, &table(), "r", "me", 1500, Write::Plain)
+        let (sql, values) = bounded_upsert(&Postgres, &table(), "r", "me", 1500, None)
             .unwrap()
             .build(PostgresQueryBuilder);
         assert!(
             sql.starts_with(
-                "INSERT INTO \"orionbeacon_leases\" (\"resource\", \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\") \
-                 SELECT $1, $2, $3, clock_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp() \
-                 FROM (SELECT set_config('lock_timeout', CAST(LEAST(400, GREATEST(20, $5 / 5 * 2)) AS text) || 'ms', TRUE) AS \"lock_timeout\") AS \"bound\" \
+                "INSERT INTO \"orionbeacon_leases\" (\"resource\", \"holder\", \"fencing_token\", \"expires_at\", \"acquired_at\", \"renewed_at\", \"payload\", \"payload_token\") \
+                 SELECT $1, $2, $3, clock_timestamp() + $4 * INTERVAL '1 millisecond', statement_timestamp(), statement_timestamp(), $5, $6 \
+                 FROM (SELECT set_config('lock_timeout', CAST(LEAST(400, GREATEST(20, $7 / 5 * 2)) AS text) || 'ms', TRUE) AS \"lock_timeout\") AS \"bound\" \
                  WHERE \"bound\".\"lock_timeout\" IS NOT NULL \
                  ON CONFLICT (\"resource\") DO UPDATE SET "
             ),
@@ -317,19 +300,25 @@ mod tests {
         // The lease length bound twice more: the fresh row's expiry and the lock wait.
         let v = &values.0;
         assert_eq!(
-            (v[0].clone(), v[1].clone(), v[3].clone(), v[4].clone()),
+            (v[0].clone(), v[1].clone(), v[3].clone(), v[6].clone()),
             ("r".into(), "me".into(), 1500i64.into(), 1500i64.into())
         );
         // The rest is the shared upsert's conflict clause, as on SQLite.
         let (shared, _) =
-            crate::backend::statements::upsert(&Postgres, &table(), "r", "me", 1500, Write::Plain)
+            crate::backend::statements::upsert(&Postgres, &table(), "r", "me", 1500, None)
                 .unwrap()
                 .build(PostgresQueryBuilder);
         let tail = |s: &str| s.split_once(" ON CONFLICT ").map(|(_, t)| t.to_owned());
+        // Each `$n` of the shared form is `$n+1` here (the lock wait is bound first).
         let renumbered = tail(&shared).map(|t| {
-            (1..=9).rev().fold(t, |t, i| {
-                t.replace(&format!("${i}"), &format!("${}", i + 1))
-            })
+            let mut parts = t.split('$');
+            let mut out = parts.next().unwrap_or_default().to_owned();
+            for part in parts {
+                let digits = part.chars().take_while(char::is_ascii_digit).count();
+                let n: usize = part[..digits].parse().unwrap();
+                out.push_str(&format!("${}{}", n + 1, &part[digits..]));
+            }
+            out
         });
         assert_eq!(tail(&sql), renumbered);
     }
@@ -338,11 +327,11 @@ mod tests {
     // rows locked first, skipping any another transaction holds, then renewed).
     #[test]
     fn batch_renew_is_one_update_from_json() {
-        let (sql, values) = renew_all(&Postgres, &table(), "[]".to_owned(), 1500, Shape::Plain)
-            .build(PostgresQueryBuilder);
+        let (sql, values) =
+            renew_all(&Postgres, &table(), "[]".to_owned(), 1500).build(PostgresQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) AND "orionbeacon_leases"."resource" IN (SELECT "orionbeacon_leases"."resource" FROM "orionbeacon_leases" WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($3 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) FOR NO KEY UPDATE SKIP LOCKED) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp()"#
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = GREATEST(clock_timestamp() + $1 * INTERVAL '1 millisecond', "expires_at" + INTERVAL '1 microsecond'), "renewed_at" = GREATEST(statement_timestamp(), "acquired_at" + INTERVAL '1 microsecond') WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($2 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) AND "orionbeacon_leases"."resource" IN (SELECT "orionbeacon_leases"."resource" FROM "orionbeacon_leases" WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT "r", "h", "t" FROM json_to_recordset(CAST($3 AS json)) AS "held" ("r" text, "h" text, "t" bigint)) AND "orionbeacon_leases"."expires_at" > (statement_timestamp()) FOR NO KEY UPDATE SKIP LOCKED) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT), "resource", transaction_timestamp(), CASE WHEN payload_token = fencing_token THEN payload END AS current_payload"#
         );
         assert_eq!(values.0.len(), 3, "{values:?}");
     }
@@ -353,10 +342,10 @@ mod tests {
     /// needs, so it runs before any row is locked).
     #[test]
     fn the_bounded_batch_renew_sets_its_lock_timeout_first() {
-        let (plain, _) = renew_waiting(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
-            .build(PostgresQueryBuilder);
-        let (sql, values) = renew_bounded(&Postgres, &table(), "[]".into(), 1500, Shape::Payload)
-            .build(PostgresQueryBuilder);
+        let (plain, _) =
+            renew_waiting(&Postgres, &table(), "[]".into(), 1500).build(PostgresQueryBuilder);
+        let (sql, values) =
+            renew_bounded(&Postgres, &table(), "[]".into(), 1500).build(PostgresQueryBuilder);
         let bound = r#" AND (SELECT set_config('lock_timeout', CAST(LEAST(200, GREATEST(10, $3 / 5)) AS text) || 'ms', TRUE)) IS NOT NULL RETURNING "#;
         assert_eq!(sql, plain.replacen(" RETURNING ", bound, 1));
         assert_eq!(

@@ -12,7 +12,7 @@ use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn};
 use crate::backend::errors::Classifier;
 use crate::backend::row::{Decode as _, Row};
-use crate::backend::statements::{self as shared, Shape, Write};
+use crate::backend::statements as shared;
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
 use crate::fencing::Term;
@@ -76,15 +76,10 @@ impl SqliteBackend {
     }
 
     /// The stored row of `resource`, read with a plain statement.
-    async fn read_row(
-        &self,
-        cx: &Context,
-        resource: &str,
-        shape: Shape,
-    ) -> Result<Option<Row>, StoreError> {
-        let stmt = cx.current_statement(resource, shape)?;
+    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
+        let stmt = cx.current_statement(resource)?;
         let row = cx.read_to_end(stmt).await?.into_iter().next();
-        row.map(|r| Row::decode(&r, shape))
+        row.map(|r| Row::decode(&r))
             .transpose()
             .map_err(|source| cx.decode_error(source))
     }
@@ -139,7 +134,7 @@ impl LeaseBackend for SqliteBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<Statement, DbErr> {
         shared::upsert(
             cx.dialect,
@@ -147,7 +142,7 @@ impl LeaseBackend for SqliteBackend {
             resource,
             candidate,
             millis,
-            write,
+            payload,
         )
         .map(|q| cx.build(&q))
     }
@@ -159,27 +154,23 @@ impl LeaseBackend for SqliteBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<LeaseOutcome, StoreError> {
         self.check_journal(cx).await;
-        let shape = write.shape();
-        let stmt = self.acquire_prepared(cx, shape)?.bind_with(
-            resource,
-            candidate,
-            millis,
-            write.payload(),
-        );
+        let stmt = self
+            .acquire_prepared(cx)?
+            .bind_with(resource, candidate, millis, payload);
         let rows = cx.read_to_end(stmt).await?;
         let Some(row) = cx.single_row(&rows)? else {
             // Denied, the statement changed nothing. Say who holds the lease with a plain
             // read; it is only a report (the holder may change between the two).
-            let report = match self.read_row(cx, resource, shape).await? {
+            let report = match self.read_row(cx, resource).await? {
                 Some(row) => row.denial_for(resource, candidate),
                 None => Denial::new(resource),
             };
             return Ok(LeaseOutcome::Denied(report));
         };
-        let decoded = Row::decode(row, shape).map_err(|source| cx.decode_error(source))?;
+        let decoded = Row::decode(row).map_err(|source| cx.decode_error(source))?;
         Ok(decoded.outcome(resource, candidate))
     }
 
@@ -189,10 +180,9 @@ impl LeaseBackend for SqliteBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<QueryResult>, StoreError> {
         self.check_journal(cx).await;
-        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis);
         cx.read_to_end(cx.build(&update)).await
     }
 
@@ -201,9 +191,8 @@ impl LeaseBackend for SqliteBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
     ) -> Result<Vec<Statement>, DbErr> {
-        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis, shape);
+        let update = statements::renew_all(cx.dialect, &cx.table_iden(), json, millis);
         Ok(vec![cx.build(&update)])
     }
 

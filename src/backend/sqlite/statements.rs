@@ -5,7 +5,7 @@ use orion_beacon_entity::lease::Column;
 use sea_orm::sea_query::{Alias, Expr, Query, UpdateStatement};
 
 use crate::backend::dialect::Dialect;
-use crate::backend::statements::{renew_held, renewed_row, Shape};
+use crate::backend::statements::{renew_held, renewed_row, with_payload};
 
 /// A no-op write of the lease rows `condition` picks: SQLite's write lock is held from here to
 /// the end of the transaction, so every other writer (a rival's acquire included) waits. It
@@ -32,10 +32,9 @@ pub(crate) fn renew_all(
     table: &Alias,
     json: String,
     millis: i64,
-    shape: Shape,
 ) -> UpdateStatement {
     renew_held(d, table, held(json), millis)
-        .returning(Query::returning().exprs(renewed_row(d, shape)))
+        .returning(Query::returning().exprs(with_payload(renewed_row(d))))
         .to_owned()
 }
 
@@ -53,12 +52,11 @@ mod tests {
             &Alias::new("orionbeacon_leases"),
             "[]".to_owned(),
             1500,
-            Shape::Plain,
         )
         .build(SqliteQueryBuilder);
         assert_eq!(
             sql,
-            r#"UPDATE "orionbeacon_leases" SET "expires_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', "expires_at", '+0.001 seconds')), "renewed_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', "acquired_at", '+0.001 seconds')) WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT json_extract("value", '$.r'), json_extract("value", '$.h'), json_extract("value", '$.t') FROM json_each(?)) AND "orionbeacon_leases"."expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), "resource""#
+            r#"UPDATE "orionbeacon_leases" SET "expires_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now', ?), strftime('%Y-%m-%d %H:%M:%f', "expires_at", '+0.001 seconds')), "renewed_at" = MAX(strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', "acquired_at", '+0.001 seconds')) WHERE ("orionbeacon_leases"."resource", "orionbeacon_leases"."holder", "orionbeacon_leases"."fencing_token") IN (SELECT json_extract("value", '$.r'), json_extract("value", '$.h'), json_extract("value", '$.t') FROM json_each(?)) AND "orionbeacon_leases"."expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')) RETURNING "holder", "fencing_token", "expires_at", "acquired_at", "renewed_at", CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER), "resource", CASE WHEN payload_token = fencing_token THEN payload END AS current_payload"#
         );
         assert_eq!(values.0.len(), 2, "{values:?}");
     }

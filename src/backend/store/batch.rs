@@ -21,21 +21,18 @@ impl SeaOrmLeaseStore {
             return Ok(Renewals::default());
         }
         let json = statements::held_json(held);
-        let shape = engine.shape(false).await?;
-        let rows = engine
-            .backend
-            .renew_all(&engine.cx, json, millis, shape)
-            .await;
-        let rows = engine.noting(shape, rows)?;
-        let fresh = crate::backend::row::renewed_leases(&rows, shape)
-            .map_err(|e| engine.cx.decode_error(e))?;
+        engine.ready().await?;
+        let rows = engine.backend.renew_all(&engine.cx, json, millis).await;
+        let rows = engine.lease_table(rows)?;
+        let fresh =
+            crate::backend::row::renewed_leases(&rows).map_err(|e| engine.cx.decode_error(e))?;
         let batch = Renewals::sort(held, fresh);
         let mut renewals = Renewals {
             renewed: batch.renewed,
             ..Renewals::default()
         };
         if !batch.lost.is_empty() {
-            self.renew_left_out(engine, batch.lost, millis, shape, &mut renewals)
+            self.renew_left_out(engine, batch.lost, millis, &mut renewals)
                 .await;
         }
         for lease in &renewals.renewed {
@@ -56,7 +53,6 @@ impl SeaOrmLeaseStore {
         engine: &Engine,
         left: Vec<Lease>,
         millis: i64,
-        shape: Shape,
         renewals: &mut Renewals,
     ) {
         let started = crate::clock::now();
@@ -102,14 +98,12 @@ impl SeaOrmLeaseStore {
             // mid-transaction.
             let alone = crate::clock::timeout_at(
                 until,
-                engine
-                    .backend
-                    .renew_bounded(&engine.cx, json, millis, shape),
+                engine.backend.renew_bounded(&engine.cx, json, millis),
             )
             .await;
             let fresh = match alone {
-                Ok(rows) => engine.noting(shape, rows).and_then(|rows| {
-                    crate::backend::row::renewed_leases(&rows, shape)
+                Ok(rows) => engine.lease_table(rows).and_then(|rows| {
+                    crate::backend::row::renewed_leases(&rows)
                         .map_err(|e| engine.cx.decode_error(e))
                 }),
                 Err(_) => {

@@ -6,9 +6,7 @@ impl SeaOrmLeaseStore {
     /// The exact statement [`acquire_or_renew`](LeaseStore::acquire_or_renew) sends for these
     /// arguments on this connection's backend (PostgreSQL, SQLite, MariaDB; the MySQL
     /// transaction form sends this upsert and then a read): for `EXPLAIN`, audits and
-    /// benchmarks. The values are bound parameters. It is the form for the table's payload
-    /// columns as the store last saw them; before its first statement, the form for a table
-    /// that has them (made by the current migrations).
+    /// benchmarks. The values are bound parameters.
     pub fn acquire_statement(
         &self,
         resource: &str,
@@ -17,12 +15,7 @@ impl SeaOrmLeaseStore {
     ) -> Result<sea_orm::Statement, StoreError> {
         let millis = validate_request(resource, candidate, lease)?;
         let engine = self.engine()?;
-        // The table's shape as last seen; before the first statement, a table made by the
-        // current migrations (with the payload columns).
-        let shape = engine.cx.shape.get().unwrap_or(Shape::Payload);
-        Ok(engine
-            .acquire_prepared(shape)?
-            .bind(resource, candidate, millis))
+        Ok(engine.acquire_prepared()?.bind(resource, candidate, millis))
     }
 
     /// The statements [`renew_all`](LeaseStore::renew_all) sends for a batch of `held`, in
@@ -38,10 +31,9 @@ impl SeaOrmLeaseStore {
     ) -> Result<Vec<sea_orm::Statement>, StoreError> {
         let millis = validate_batch(held, lease)?;
         let engine = self.engine()?;
-        let shape = engine.cx.shape.get().unwrap_or(Shape::Payload);
         engine
             .backend
-            .renew_statements(&engine.cx, statements::held_json(held), millis, shape)
+            .renew_statements(&engine.cx, statements::held_json(held), millis)
             .map_err(|e| StoreError::Database(e.into()))
     }
 

@@ -20,7 +20,7 @@ async fn a_store_derived_by_a_builder_shares_what_the_first_one_looked_at() {
     // The statements are rendered for the new table.
     assert_eq!(b.cx.table(), "other_leases");
     assert_eq!(&*b.cx.member_table, "other_members");
-    assert!(b.cx.prepared.acquire.iter().all(|c| c.get().is_none()));
+    assert!(b.cx.prepared.acquire.get().is_none());
     // A store on another connection shares nothing.
     let other = SeaOrmLeaseStore::new(sea_orm::Database::connect("sqlite::memory:").await.unwrap());
     assert!(!Arc::ptr_eq(

@@ -18,7 +18,6 @@ impl MySqlBackend {
         cx: &Context,
         json: String,
         millis: i64,
-        shape: Shape,
         busy: statements::Busy,
     ) -> Result<Vec<QueryResult>, StoreError> {
         let table = cx.table_iden();
@@ -40,7 +39,7 @@ impl MySqlBackend {
         };
         let statements = |json: String| -> Result<(Statement, Statement), DbErr> {
             let update = statements::renew_all(&table, json.clone(), millis)?;
-            let read = DbBackend::MySql.build(&statements::renewed(&table, json, shape));
+            let read = DbBackend::MySql.build(&statements::renewed(&table, json));
             Ok((update, read))
         };
         if let Some(source) = self.source() {

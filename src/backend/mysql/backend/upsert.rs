@@ -12,23 +12,20 @@ impl MySqlBackend {
         resource: &str,
         candidate: &str,
         millis: i64,
-        write: Write<'_>,
+        payload: Option<&str>,
     ) -> Result<Vec<QueryResult>, StoreError> {
         let table = cx.table_iden();
         match self.form(cx).await? {
             MySqlUpsert::Returning => {
-                let stmt = self.acquire_prepared(cx, write.shape())?.bind_with(
-                    resource,
-                    candidate,
-                    millis,
-                    write.payload(),
-                );
+                let stmt = self
+                    .acquire_prepared(cx)?
+                    .bind_with(resource, candidate, millis, payload);
                 self.deciding(cx, stmt).await
             }
             MySqlUpsert::Transaction => {
-                let upsert = statements::upsert(&table, resource, candidate, millis, write)
+                let upsert = statements::upsert(&table, resource, candidate, millis, payload)
                     .map_err(|e| StoreError::Database(e.into()))?;
-                let read = shared::current(&MySql, &table, resource, write.shape());
+                let read = shared::current(&MySql, &table, resource);
                 if let Some(source) = self.source() {
                     let (upsert, read) = (
                         DbBackend::MySql.build(&upsert),
