@@ -206,6 +206,14 @@ impl Context {
             .bind(resource, "", 0))
     }
 
+    /// The read of `resource`'s row, read to the end on the store's connection.
+    pub(crate) async fn read_current(
+        &self,
+        resource: &str,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        self.read_to_end(self.current_statement(resource)?).await
+    }
+
     /// The revoke's transaction through SeaORM (SQLite, and connections that are no sqlx
     /// pool): the row before the revoke. `lock` first, where the backend has no row locks.
     pub(crate) async fn revoke_in(

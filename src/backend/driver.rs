@@ -13,6 +13,7 @@ use super::context::Context;
 use super::dialect::Dialect;
 use super::errors::Classifier;
 use super::prepared::{Prepared, PAYLOAD};
+use super::row::Row;
 use super::statements;
 use crate::error::FenceError;
 use crate::fencing::Term;
@@ -180,6 +181,11 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
         cx.read_to_end(stmt).await
     }
+
+    /// The stored row of `resource`, read with a plain statement checked as
+    /// [`rows`](Self::rows) (each backend reads it on its own sessions, the way its
+    /// `acquire_or_renew` reports a denial).
+    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError>;
 
     /// A statement that changes rows (not one that grants): how many, checked as
     /// [`rows`](Self::rows).

@@ -9,9 +9,10 @@ use super::driver::LeaseBackend;
 use super::errors::{db_err_in, Kind};
 use super::gate::Gate;
 use super::prepared::Prepared;
-use super::row::{Decode as _, Row};
+use super::row::Row;
 use super::statements;
 use crate::error::StoreError;
+use crate::lease::LeaseOutcome;
 
 /// The migration step that gave the lease table its last columns (`payload`, `payload_token`).
 pub(crate) const LEASE_TABLE_LAST_STEP: &str = "AddLeasePayload";
@@ -188,19 +189,40 @@ impl Engine {
         }
     }
 
+    /// Runs `answer`, an acquire of `resource` by `candidate`, once it has a slot among the
+    /// store's attempts (see [`attempt`](Self::attempt); unpolled, it has sent nothing), and
+    /// notes what the answer says this process holds.
+    pub(crate) async fn attempted(
+        &self,
+        resource: &str,
+        candidate: &str,
+        answer: impl std::future::Future<Output = Result<LeaseOutcome, StoreError>>,
+    ) -> Result<LeaseOutcome, StoreError> {
+        // Waits for a slot only where the process does not hold the lease (a renew never
+        // queues behind attempts), and holds it until the answer.
+        let _slot = match self.attempt(resource, candidate).await? {
+            Attempt::Go(slot) => slot,
+            // A try while another acquire of this process asks for the lease: that one gets
+            // it if it is free; this one is denied, nothing sent.
+            Attempt::Busy => return Ok(LeaseOutcome::Denied(crate::lease::Denial::new(resource))),
+        };
+        let outcome = self.lease_table(answer.await)?;
+        let holds = matches!(
+            outcome,
+            LeaseOutcome::Acquired(_) | LeaseOutcome::Renewed(_)
+        );
+        self.note(resource, candidate, holds);
+        if let Some(follows) = self.following() {
+            follows.answered(&self.cx, resource, candidate, &outcome);
+        }
+        Ok(outcome)
+    }
+
     /// `candidate` holds `resource` for `remaining` (an answer of this store said so).
     pub(crate) fn holding(&self, resource: &str, candidate: &str, remaining: std::time::Duration) {
         self.note(resource, candidate, true);
         if let Some(follows) = self.following() {
             follows.holding(&self.cx, resource, candidate, remaining);
-        }
-    }
-
-    /// `candidate` was denied `resource` by `by`.
-    pub(crate) fn denied(&self, resource: &str, candidate: &str, by: &crate::lease::Denial) {
-        self.note(resource, candidate, false);
-        if let Some(follows) = self.following() {
-            follows.denied(&self.cx, resource, candidate, by);
         }
     }
 
@@ -326,12 +348,7 @@ impl Engine {
 
     /// The stored row of `resource`, read with a plain statement.
     pub(crate) async fn read_row(&self, resource: &str) -> Result<Option<Row>, StoreError> {
-        let stmt = self.cx.current_statement(resource)?;
-        let rows = self.lease_rows(stmt).await?;
-        rows.into_iter()
-            .next()
-            .map(|r| Row::decode(&r))
-            .transpose()
-            .map_err(|source| self.cx.decode_error(source))
+        self.ready().await?;
+        self.lease_table(self.backend.read_row(&self.cx, resource).await)
     }
 }

@@ -49,6 +49,7 @@
 //!   (a renew sets `renewed_at` to at least one tick after `acquired_at`), which is how one
 //!   statement tells `Acquired` from `Renewed`.
 
+mod acquire;
 mod admin;
 mod context;
 mod dialect;

@@ -3,7 +3,9 @@
 
 use sea_orm::{DbErr, QueryResult};
 
+use super::context::Context;
 use super::statements::PAYLOAD_COLUMN;
+use crate::error::StoreError;
 use crate::lease::Lease;
 
 /// The leases in rows of [`renewed_row`](super::statements::renewed_row); a row that is not live (a lease shorter than the
@@ -19,6 +21,14 @@ pub(crate) fn renewed_leases(rows: &[QueryResult]) -> Result<Vec<Lease>, DbErr> 
 }
 
 pub(crate) use crate::store::support::LeaseRow as Row;
+
+/// The row among `rows` (a read of one resource's row), decoded.
+pub(crate) fn first_row(cx: &Context, rows: Vec<QueryResult>) -> Result<Option<Row>, StoreError> {
+    rows.first()
+        .map(Row::decode)
+        .transpose()
+        .map_err(|source| cx.decode_error(source))
+}
 
 /// Reading a [`Row`] from a sea-orm result.
 pub(crate) trait Decode: Sized {

@@ -10,7 +10,7 @@ use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TAB
 use sea_orm::{DatabaseConnection, DatabaseConnectionType, DbBackend};
 
 use super::context::Context;
-use super::driver::{Derived, LeaseBackend, Takeover};
+use super::driver::{Derived, LeaseBackend};
 use super::engine::Engine;
 use super::mysql::MySqlUpsert;
 use super::statements;
@@ -360,9 +360,7 @@ impl LeaseStore for SeaOrmLeaseStore {
             .await
     }
 
-    /// The payload is written by the same statement as the grant. The first request on a
-    /// store reads once whether the table has the payload columns (a table made before
-    /// `AddLeasePayload` keeps working without payloads).
+    /// The payload is written by the same statement as the grant.
     async fn acquire_or_renew_with(
         &self,
         resource: &str,
@@ -376,39 +374,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         }
         let engine = self.engine()?;
         self.warn_once_if_not_durable().await;
-        engine.ready().await?;
-        // Waits for a slot only where the process does not hold the lease (a renew never
-        // queues behind attempts), and holds it until the answer.
-        let _slot = match engine.attempt(resource, candidate).await? {
-            super::engine::Attempt::Go(slot) => slot,
-            // A try while another acquire of this process asks for the lease: that one gets
-            // it if it is free; this one is denied, nothing sent.
-            super::engine::Attempt::Busy => {
-                return Ok(LeaseOutcome::Denied(crate::lease::Denial::new(resource)))
-            }
-        };
-        let answer = match engine.backend.takeover() {
-            Takeover::None => {
-                engine
-                    .backend
-                    .acquire_or_renew(&engine.cx, resource, candidate, millis, payload)
-                    .await
-            }
-            _ => {
-                super::takeover::acquiring(engine, resource, candidate, lease, millis, payload)
-                    .await
-            }
-        };
-        let outcome = engine.lease_table(answer)?;
-        match &outcome {
-            LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease) => {
-                engine.holding(resource, candidate, lease.remaining);
-            }
-            LeaseOutcome::Denied(by) => {
-                engine.denied(resource, candidate, by);
-            }
-        }
-        Ok(outcome)
+        super::acquire::acquire_or_renew(engine, resource, candidate, lease, millis, payload).await
     }
 
     async fn release(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {

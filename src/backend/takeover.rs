@@ -41,9 +41,25 @@ use std::time::Duration;
 use super::driver::{Taken, Takeover};
 use super::engine::Engine;
 use super::errors::db_err_in;
+use super::row::Row;
 use crate::{error::StoreError, lease::LeaseOutcome};
 
 use super::{MIN_WAIT_BEFORE_TAKEOVER, WAIT_BEFORE_TAKEOVER};
+
+/// Sends the backend's acquire statement once (see [`acquiring`]).
+pub(crate) type Ask<'a> = dyn Fn() -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<LeaseOutcome, StoreError>> + Send + 'a>,
+    > + Send
+    + Sync
+    + 'a;
+
+/// Reads the lease row as it stands, with a plain statement that waits for no lock (see
+/// [`acquiring`]).
+pub(crate) type Read<'a> = dyn Fn() -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Option<Row>, StoreError>> + Send + 'a>,
+    > + Send
+    + Sync
+    + 'a;
 
 /// How often it looks again while it still waits (a fifth of the lease when that is shorter).
 pub(crate) const TAKEOVER_EVERY: Duration = Duration::from_millis(250);
@@ -233,7 +249,8 @@ impl Drop for TakeoverOnDrop {
     }
 }
 
-/// Runs the backend's acquire of `resource` for `candidate` until it is answered. Its
+/// Runs the backend's acquire of `resource` for `candidate` (`ask` sends it; `read` reads the
+/// row as it stands) until it is answered. Its
 /// statement waits for the row lock at most a bounded time (PostgreSQL: twice the takeover's
 /// first wait, see `postgres::statements::bounded_upsert`; MariaDB: a second, its own
 /// `innodb_lock_wait_timeout`, whole seconds), and while it waits, after `first` and then
@@ -255,8 +272,8 @@ pub(crate) async fn acquiring(
     resource: &str,
     candidate: &str,
     lease: Duration,
-    millis: i64,
-    payload: Option<&str>,
+    ask: &Ask<'_>,
+    read: &Read<'_>,
 ) -> Result<LeaseOutcome, StoreError> {
     let (first, every) = takeover_waits(lease);
     let mut on_drop = TakeoverOnDrop {
@@ -268,9 +285,7 @@ pub(crate) async fn acquiring(
     let out = loop {
         let started = tokio::time::Instant::now();
         on_drop.sent = started;
-        let attempt = engine
-            .backend
-            .acquire_or_renew(&engine.cx, resource, candidate, millis, payload);
+        let attempt = ask();
         let (answer, ended) = if concurrent {
             tokio::pin!(attempt);
             waiting(engine, resource, first, every, started, &mut attempt).await
@@ -284,7 +299,7 @@ pub(crate) async fn acquiring(
         if ended > 0 {
             continue; // its transaction rolled back: the row is free now
         }
-        match engine.read_row(resource).await {
+        match read().await {
             Ok(Some(row)) => {
                 let record = row.record(resource);
                 if record.live && record.holder == candidate {

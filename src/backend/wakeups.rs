@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::context::Context;
-use crate::lease::Denial;
+use crate::lease::{Denial, LeaseOutcome};
 use crate::store::ReleaseEvents;
 
 /// A backend's wake-ups, of one of two kinds.
@@ -37,6 +37,15 @@ pub(crate) trait FollowsLeases: ReleaseSource {
     fn holding(&self, cx: &Context, resource: &str, candidate: &str, remaining: Duration);
     /// `candidate` was denied `resource` by `by` (the holder the answer named).
     fn denied(&self, cx: &Context, resource: &str, candidate: &str, by: &Denial);
+    /// What the store answered `candidate`'s acquire of `resource`.
+    fn answered(&self, cx: &Context, resource: &str, candidate: &str, outcome: &LeaseOutcome) {
+        match outcome {
+            LeaseOutcome::Acquired(lease) | LeaseOutcome::Renewed(lease) => {
+                self.holding(cx, resource, candidate, lease.remaining);
+            }
+            LeaseOutcome::Denied(by) => self.denied(cx, resource, candidate, by),
+        }
+    }
     /// `candidate`'s lease of `resource` ended here (released, or found lost).
     fn ended(&self, cx: &Context, resource: &str, candidate: &str);
     /// A waiter waits for a release of `resources` until `until`: watched while the guard

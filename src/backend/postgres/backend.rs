@@ -17,7 +17,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::row::{Decode as _, Row};
+use crate::backend::row::{first_row, Decode as _, Row};
 use crate::backend::sessions::{Begin, Checked};
 use crate::backend::sessions::{OwnPool, Setup};
 use crate::error::FenceError;
@@ -287,14 +287,24 @@ impl LeaseBackend for PgBackend {
 
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
         match self.checked() {
-            Some(pool) => cx.autocommitted(|| pool.rows(&stmt)).await,
             None => cx.read_to_end(stmt).await,
+            Some(pool) => cx.autocommitted(|| pool.checked_rows(&stmt)).await,
         }
+    }
+
+    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
+        // As `rows` sends it (not through it: the statement is read where it is rendered).
+        let read = cx.current_statement(resource)?;
+        let rows = match self.checked() {
+            None => cx.read_to_end(read).await?,
+            Some(pool) => cx.autocommitted(|| pool.checked_rows(&read)).await?,
+        };
+        first_row(cx, rows)
     }
 
     async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {
         match self.checked() {
-            Some(pool) => cx.autocommitted(|| pool.count(&stmt)).await,
+            Some(pool) => cx.autocommitted(|| pool.checked_count(&stmt)).await,
             None => cx.execute(stmt).await,
         }
     }
@@ -316,7 +326,7 @@ impl LeaseBackend for PgBackend {
             let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
                 return Ok(Checked::InAbandonedTransaction);
             };
-            let row = txn.rows(&read).await?.into_iter().next();
+            let row = txn.read_all(&read).await?.into_iter().next();
             if row.is_some() {
                 txn.execute(&update).await?;
             }

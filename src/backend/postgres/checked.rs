@@ -152,26 +152,27 @@ impl<'a> Pool<'a> {
 
     /// One statement, read to the end, on a connection checked to be outside any
     /// transaction (behind a transaction-pooling proxy: in a transaction of its own).
-    pub(crate) async fn rows(self, stmt: &Statement) -> Result<Checked, DbErr> {
+    pub(crate) async fn checked_rows(self, stmt: &Statement) -> Result<Checked, DbErr> {
         if self.transaction_pooling {
             return in_transaction(self.pool, stmt).await;
         }
         rows_on(self.source(), stmt).await
     }
 
-    /// One statement, read to the end, as [`rows`](Self::rows) but on an idle session of the
+    /// One statement, read to the end, as [`checked_rows`](Self::checked_rows) but on an idle session of the
     /// store's own only if one is free at once, else on the application's pool (checked): for
     /// a statement that must not queue behind the store's other calls.
     pub(crate) async fn rows_beside(self, stmt: &Statement) -> Result<Checked, DbErr> {
         let source = match self.own {
             Some(own) if !self.transaction_pooling => Source::IdleOwnOrShared(own, self.pool),
-            _ => return self.rows(stmt).await,
+            _ => return self.checked_rows(stmt).await,
         };
         rows_on(source, stmt).await
     }
 
-    /// One statement that changes rows: how many it changed (as [`rows`](Self::rows)).
-    pub(crate) async fn count(self, stmt: &Statement) -> Result<Checked<u64>, DbErr> {
+    /// One statement that changes rows: how many it changed (as
+    /// [`checked_rows`](Self::checked_rows)).
+    pub(crate) async fn checked_count(self, stmt: &Statement) -> Result<Checked<u64>, DbErr> {
         if self.transaction_pooling {
             let Some(mut txn) = Transaction::begin(self, Begin::ReadWrite).await? else {
                 return Ok(Checked::InAbandonedTransaction);
@@ -236,7 +237,7 @@ impl Transaction {
     }
 
     /// A statement of the transaction, read to the end.
-    pub(crate) async fn rows(&mut self, stmt: &Statement) -> Result<Vec<QueryResult>, DbErr> {
+    pub(crate) async fn read_all(&mut self, stmt: &Statement) -> Result<Vec<QueryResult>, DbErr> {
         Ok(
             sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql.as_str()), values(stmt))
                 .persistent(self.persistent)
@@ -292,7 +293,7 @@ pub(crate) async fn in_transaction(
     let Some(mut txn) = Transaction::begin(pool, Begin::ReadWrite).await? else {
         return Ok(Checked::InAbandonedTransaction);
     };
-    let rows = txn.rows(stmt).await?;
+    let rows = txn.read_all(stmt).await?;
     txn.commit().await?;
     Ok(Checked::Committed(rows))
 }

@@ -11,7 +11,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn};
 use crate::backend::errors::Classifier;
-use crate::backend::row::{Decode as _, Row};
+use crate::backend::row::{first_row, Decode as _, Row};
 use crate::backend::statements as shared;
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
@@ -73,15 +73,6 @@ impl SqliteBackend {
                 Ok(())
             })
             .await;
-    }
-
-    /// The stored row of `resource`, read with a plain statement.
-    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
-        let stmt = cx.current_statement(resource)?;
-        let row = cx.read_to_end(stmt).await?.into_iter().next();
-        row.map(|r| Row::decode(&r))
-            .transpose()
-            .map_err(|source| cx.decode_error(source))
     }
 }
 
@@ -145,6 +136,10 @@ impl LeaseBackend for SqliteBackend {
             payload,
         )
         .map(|q| cx.build(&q))
+    }
+
+    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
+        first_row(cx, cx.read_current(resource).await?)
     }
 
     /// One statement; no row means denied.
