@@ -79,6 +79,9 @@ pub enum StoreError {
         table: String,
         /// The migration step that adds the missing columns.
         migration: &'static str,
+        /// The database's error (an unknown column).
+        #[source]
+        source: BackendError,
     },
     /// The lease table (or a shard set's membership table) does not exist in this database:
     /// run the migration.
@@ -204,14 +207,19 @@ fn step_hint(table: &str, migration: &str) -> String {
     let default = table == orion_beacon_entity::DEFAULT_TABLE
         || table == orion_beacon_entity::DEFAULT_MEMBER_TABLE;
     let add = if default {
-        format!("`orion_beacon_migration::migrations()`, which ends with `{migration}`")
+        format!("`orion_beacon_migration::migrations()` (every step, `{migration}` among them)")
     } else {
         format!("`orion_beacon_migration::{migration}::with_table(\"{table}\")?`")
+    };
+    let sql_server = if migration == "AddMemberHolding" {
+        "migrate_members()"
+    } else {
+        "migrate()"
     };
     format!(
         "add {add} to your application's Migrator and run it, e.g. `sea-orm-cli migrate up`; \
          without a Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`; on SQL \
-         Server (`orion-beacon-sqlserver`), `SqlServerLeaseStore::migrate()`"
+         Server (`orion-beacon-sqlserver`), `SqlServerLeaseStore::{sql_server}`"
     )
 }
 
@@ -425,6 +433,31 @@ mod tests {
                 "the Migrator first: {text}"
             );
         }
+    }
+
+    #[test]
+    fn an_outdated_table_names_the_step_and_where_it_runs() {
+        let outdated = |table: &str, migration| {
+            StoreError::OutdatedSchema {
+                table: table.to_owned(),
+                migration,
+                source: BackendError::SeaOrm(DbErr::Custom("no such column".to_owned())),
+            }
+            .to_string()
+        };
+        let default = outdated("orionbeacon_leases", "AddLeasePayload");
+        assert!(
+            default.contains("orion_beacon_migration::migrations()")
+                && default.contains("`AddLeasePayload` among them")
+                && default.contains("`SqlServerLeaseStore::migrate()`"),
+            "{default}"
+        );
+        let members = outdated("shard_members", "AddMemberHolding");
+        assert!(
+            members.contains("AddMemberHolding::with_table(\"shard_members\")?")
+                && members.contains("`SqlServerLeaseStore::migrate_members()`"),
+            "{members}"
+        );
     }
 
     #[test]

@@ -105,12 +105,18 @@ impl SqlServerLeaseStore {
 
     /// An error of a lease statement.
     pub(super) fn classify(&self, err: TdsError) -> StoreError {
-        classify_in(&self.table, LEASE_TABLE_LAST_STEP, err)
+        classify_in(&self.table, Some(LEASE_TABLE_LAST_STEP), err)
     }
 
     /// An error of a membership statement: a missing table is the membership table.
     pub(super) fn classify_members(&self, err: TdsError) -> StoreError {
-        classify_in(&self.member_table, MEMBER_TABLE_LAST_STEP, err)
+        classify_in(&self.member_table, Some(MEMBER_TABLE_LAST_STEP), err)
+    }
+
+    /// An error of a migration's own batch on `table` (an unknown column there is no table of
+    /// an earlier version, but the batch's own error).
+    pub(super) fn classify_migration(&self, table: &str, err: TdsError) -> StoreError {
+        classify_in(table, None, err)
     }
 
     /// Checks, once per store and table, that the lease table has every column this version's
@@ -149,21 +155,23 @@ const LEASE_TABLE_LAST_STEP: &str = "AddLeasePayload";
 /// The same for the membership table (the counts; [`HOLDING_MIGRATION_SQL`](crate::HOLDING_MIGRATION_SQL)).
 const MEMBER_TABLE_LAST_STEP: &str = "AddMemberHolding";
 
-/// A SQL Server error of a statement on `table`, whose last migration step is `step`.
-fn classify_in(table: &str, step: &'static str, err: TdsError) -> StoreError {
-    match err.code() {
-        Some(code::INVALID_OBJECT) => StoreError::MissingTable {
+/// A SQL Server error of a statement on `table`, whose last migration step is `step` (`None`
+/// for the migrations' own batches).
+fn classify_in(table: &str, step: Option<&'static str>, err: TdsError) -> StoreError {
+    match (err.code(), step) {
+        (Some(code::INVALID_OBJECT), _) => StoreError::MissingTable {
             table: table.to_owned(),
             source: driver_error(err),
         },
-        Some(code::INVALID_COLUMN) => {
+        (Some(code::INVALID_COLUMN), Some(step)) => {
             tracing::warn!(%table, error = %err, "the table lacks columns this version needs");
             StoreError::OutdatedSchema {
                 table: table.to_owned(),
                 migration: step,
+                source: driver_error(err),
             }
         }
-        code if is_conflict(code) => StoreError::Conflict {
+        (code, _) if is_conflict(code) => StoreError::Conflict {
             source: driver_error(err),
         },
         _ => StoreError::Database(driver_error(err)),

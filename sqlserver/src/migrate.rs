@@ -41,10 +41,10 @@ impl SqlServerLeaseStore {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.create(&self.migration_sql())
             .await
-            .map_err(|err| self.classify(err))?;
+            .map_err(|err| self.classify_migration(&self.table, err))?;
         self.create(&self.payload_migration_sql())
             .await
-            .map_err(|err| self.classify(err))?;
+            .map_err(|err| self.classify_migration(&self.table, err))?;
         Ok(())
     }
 
@@ -64,10 +64,10 @@ impl SqlServerLeaseStore {
     pub async fn migrate_members(&self) -> Result<(), StoreError> {
         self.create(&self.member_migration_sql())
             .await
-            .map_err(|err| self.classify_members(err))?;
+            .map_err(|err| self.classify_migration(&self.member_table, err))?;
         self.create(&self.holding_migration_sql())
             .await
-            .map_err(|err| self.classify_members(err))?;
+            .map_err(|err| self.classify_migration(&self.member_table, err))?;
         Ok(())
     }
 

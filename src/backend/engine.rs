@@ -6,7 +6,7 @@ use sea_orm::{QueryResult, Statement};
 
 use super::context::Context;
 use super::driver::LeaseBackend;
-use super::errors::{db_err_in, Kind};
+use super::errors::Kind;
 use super::gate::Gate;
 use super::prepared::Prepared;
 use super::row::Row;
@@ -306,24 +306,25 @@ impl Engine {
         self.cx.kind(err) == Kind::MissingTable
     }
 
-    /// Whether `err` says a column the statement named does not exist.
-    pub(crate) fn unknown_column(&self, err: &StoreError) -> bool {
-        db_err_in(err).is_some_and(|e| self.cx.kind(e) == Kind::UnknownColumn)
+    /// Whether `err`, a database error, says a column the statement named does not exist.
+    pub(crate) fn unknown_column_in(&self, err: &crate::error::BackendError) -> bool {
+        matches!(err, crate::error::BackendError::SeaOrm(e) if self.cx.kind(e) == Kind::UnknownColumn)
     }
 
     /// `result` of a statement on the lease table; an unknown column there means the table
     /// lost the columns of its last migration step (it was undone by hand), said as such.
     pub(crate) fn lease_table<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
         match result {
-            Err(err) if self.unknown_column(&err) => {
+            Err(StoreError::Database(source)) if self.unknown_column_in(&source) => {
                 tracing::warn!(
                     table = %self.cx.table(),
-                    error = %err,
+                    error = %source,
                     "the lease table lacks columns this version needs"
                 );
                 Err(StoreError::OutdatedSchema {
                     table: self.cx.table().to_owned(),
                     migration: LEASE_TABLE_LAST_STEP,
+                    source,
                 })
             }
             other => other,

@@ -286,15 +286,18 @@ impl SeaOrmLeaseStore {
                 table: self.member_table().to_string(),
                 source,
             },
-            err if self.engine().is_ok_and(|e| e.unknown_column(&err)) => {
+            StoreError::Database(source)
+                if self.engine().is_ok_and(|e| e.unknown_column_in(&source)) =>
+            {
                 tracing::warn!(
                     table = %self.member_table(),
-                    error = %err,
+                    error = %source,
                     "the membership table lacks columns this version needs"
                 );
                 StoreError::OutdatedSchema {
                     table: self.member_table().to_string(),
                     migration: super::engine::MEMBER_TABLE_LAST_STEP,
+                    source,
                 }
             }
             other => other,

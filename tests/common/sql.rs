@@ -489,6 +489,10 @@ fn outdated<T: std::fmt::Debug>(
     }
     assert_eq!(err.kind(), ErrorKind::MissingTable);
     assert!(!err.is_permanent(), "retried, as a missing table is");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the database's own error is kept: {err:?}"
+    );
     let text = err.to_string();
     assert!(
         text.contains(&format!("{migration}::with_table(\"{table}\")")),
