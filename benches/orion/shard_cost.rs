@@ -2,9 +2,8 @@
 //! processes (the shard-set benchmark's nodes, `shards::node`), once all are led, in a steady
 //! window: rows the lease table's scans returned per round (`pg_stat_user_tables`: sequential
 //! and index tuples read) and the server's CPU per round, next to N × M, the rows a round reads
-//! when every node reads the whole set. Each cell runs twice, side by side: a membership table
-//! without the members' counts (every node reads the whole set every round) and with them
-//! (`AddMemberHolding`: a settled set skips its looks).
+//! when every node reads the whole set. The membership table has the members' counts
+//! (`AddMemberHolding`, which a store requires): a settled set skips its looks.
 
 use std::time::Duration;
 
@@ -50,24 +49,15 @@ async fn live(db: &DatabaseConnection, table: &str) -> Result<i64, Error> {
 struct Cell {
     resources: usize,
     nodes: usize,
-    counted: bool,
     outcome: Result<(f64, Option<f64>, f64), String>,
 }
 
-async fn cell(
-    url: &str,
-    resources: usize,
-    nodes: usize,
-    counted: bool,
-    window: Duration,
-) -> Result<Cell, Error> {
+async fn cell(url: &str, resources: usize, nodes: usize, window: Duration) -> Result<Cell, Error> {
     let table = super::unique(&format!("obcost{resources}x{nodes}"));
     let db = super::connect(url, 2, false).await?;
     super::migrate(&db, &table).await?;
     migrate_members(&db, &table).await?;
-    if counted {
-        add_member_counts(&db, &table).await?;
-    }
+    add_member_counts(&db, &table).await?;
     let settings = [
         ("ORION_BENCH_SHARD_COUNT", resources.to_string()),
         ("ORION_BENCH_SHARD_LEASE_MS", LEASE.as_millis().to_string()),
@@ -127,7 +117,6 @@ async fn cell(
     Ok(Cell {
         resources,
         nodes,
-        counted,
         outcome,
     })
 }
@@ -165,12 +154,11 @@ pub async fn shard_cost() -> Result<(), Error> {
         INTERVAL.as_secs(),
         window.as_secs()
     );
-    println!("| resources | node processes | resources × nodes | rows read per round, without counts | with counts | ratio | database CPU per round, without / with | live leases at the end, without / with |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| resources | node processes | resources × nodes | rows read per round | ratio to resources × nodes | database CPU per round | live leases at the end |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut results = Vec::new();
     for (resources, nodes) in cells {
-        let plain = cell(&url, resources, nodes, false, window).await?;
-        let counted = cell(&url, resources, nodes, true, window).await?;
+        let counted = cell(&url, resources, nodes, window).await?;
         let rows = |c: &Cell| {
             c.outcome
                 .as_ref()
@@ -188,21 +176,17 @@ pub async fn shard_cost() -> Result<(), Error> {
                 .as_ref()
                 .map_or("-".to_owned(), |o| format!("{:.0}", o.2))
         };
-        let ratio = match (&plain.outcome, &counted.outcome) {
-            (Ok(p), Ok(c)) if p.0 > 0.0 => format!("{:.3}", c.0 / p.0),
-            _ => "-".to_owned(),
+        let ratio = match &counted.outcome {
+            Ok(c) => format!("{:.3}", c.0 / (resources * nodes) as f64),
+            Err(_) => "-".to_owned(),
         };
         println!(
-            "| {resources} | {nodes} | {} | {} | {} | {ratio} | {} / {} | {} / {} |",
+            "| {resources} | {nodes} | {} | {} | {ratio} | {} | {} |",
             resources * nodes,
-            rows(&plain),
             rows(&counted),
-            cpu(&plain),
             cpu(&counted),
-            still(&plain),
             still(&counted),
         );
-        results.push(plain);
         results.push(counted);
     }
     std::fs::create_dir_all("target/orion-bench")?;
@@ -214,10 +198,10 @@ pub async fn shard_cost() -> Result<(), Error> {
 
 /// Rows read per round against resources, a line per node count.
 fn chart(cells: &[Cell], path: &std::path::Path) -> Result<(), Error> {
-    let points = |nodes: usize, counted: bool| -> Vec<(f64, f64)> {
+    let points = |nodes: usize| -> Vec<(f64, f64)> {
         cells
             .iter()
-            .filter(|c| c.nodes == nodes && c.counted == counted)
+            .filter(|c| c.nodes == nodes)
             .filter_map(|c| Some((c.resources as f64, c.outcome.as_ref().ok()?.0)))
             .collect()
     };
@@ -228,6 +212,7 @@ fn chart(cells: &[Cell], path: &std::path::Path) -> Result<(), Error> {
     let ymax = cells
         .iter()
         .filter_map(|c| c.outcome.as_ref().ok().map(|o| o.0))
+        .chain(cells.iter().map(|c| (c.resources * c.nodes) as f64))
         .fold(1.0_f64, f64::max)
         * 1.1;
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
@@ -254,20 +239,25 @@ fn chart(cells: &[Cell], path: &std::path::Path) -> Result<(), Error> {
     ];
     for (i, nodes) in counts.into_iter().enumerate() {
         let color = colors[i % colors.len()];
-        chart
-            .draw_series(LineSeries::new(points(nodes, false), color.stroke_width(2)))?
-            .label(format!("{nodes} node processes, every node reads the set"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        // What a round would read were every node to read the whole set: resources × nodes.
+        let full: Vec<(f64, f64)> = points(nodes)
+            .into_iter()
+            .map(|(x, _)| (x, x * nodes as f64))
+            .collect();
         let light = color.mix(0.5);
         chart
+            .draw_series(LineSeries::new(full, light.stroke_width(1)))?
+            .label(format!("{nodes} node processes, resources × nodes"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], light));
+        chart
             .draw_series(
-                points(nodes, true)
+                points(nodes)
                     .into_iter()
-                    .map(move |(x, y)| Circle::new((x, y), 4, light.filled())),
+                    .map(move |(x, y)| Circle::new((x, y), 4, color.filled())),
             )?
-            .label(format!("{nodes} node processes, with the members' counts"))
-            .legend(move |(x, y)| Circle::new((x + 10, y), 4, light.filled()));
-        chart.draw_series(LineSeries::new(points(nodes, true), light.stroke_width(2)))?;
+            .label(format!("{nodes} node processes, rows read"))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
+        chart.draw_series(LineSeries::new(points(nodes), color.stroke_width(2)))?;
     }
     chart
         .configure_series_labels()

@@ -173,15 +173,22 @@ async fn sqlite() -> (Target, String) {
     (target, url)
 }
 
-/// Creates the membership table `table` with the real migration.
+/// Creates the membership table `table` with the real migrations (its counts too).
 #[cfg(feature = "postgres")]
 async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
-    use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        AddMemberHolding, CreateMemberTable, MigrationTrait, SchemaManager,
+    };
     CreateMemberTable::with_table(table)
         .expect("valid table name")
         .up(&SchemaManager::new(db))
         .await
         .expect("member migration up");
+    AddMemberHolding::with_table(table)
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("member counts migration up");
 }
 
 /// Creates the job-run table `table` with the real migration.
@@ -213,11 +220,18 @@ async fn drop_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
 /// Drops the membership table `table` with the migration's `down`, once its (test) members
 /// are gone: `down` refuses a table in which a node is live.
 async fn drop_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
-    use orion_beacon_migration::{CreateMemberTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        AddMemberHolding, CreateMemberTable, MigrationTrait, SchemaManager,
+    };
     use sea_orm::ConnectionTrait;
     db.execute_unprepared(&format!("DELETE FROM \"{table}\""))
         .await
         .expect("delete the test members");
+    AddMemberHolding::with_table(table)
+        .expect("valid table name")
+        .down(&SchemaManager::new(db))
+        .await
+        .expect("member counts migration down");
     CreateMemberTable::with_table(table)
         .expect("valid table name")
         .down(&SchemaManager::new(db))

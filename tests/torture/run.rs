@@ -198,10 +198,13 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
     let runs = format!("{table}_runs");
     let writes = format!("{table}_writes");
     use orion_beacon_migration::{
-        AddMemberHolding, CreateJobRunTable, CreateLeaseTable, CreateMemberTable, MigrationTrait,
-        SchemaManager,
+        AddLeasePayload, AddMemberHolding, CreateJobRunTable, CreateLeaseTable, CreateMemberTable,
+        MigrationTrait, SchemaManager,
     };
     CreateLeaseTable::with_table(&table)?
+        .up(&SchemaManager::new(&admin))
+        .await?;
+    AddLeasePayload::with_table(&table)?
         .up(&SchemaManager::new(&admin))
         .await?;
     if config.shards {
@@ -314,7 +317,9 @@ async fn neighbour(
     table: &str,
     ledger: &str,
 ) -> Result<Neighbour, Error> {
-    use orion_beacon_migration::{CreateLeaseTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        AddLeasePayload, CreateLeaseTable, MigrationTrait, SchemaManager,
+    };
     let (url, admin_url, table, ledger) = match backend {
         Backend::Postgres => {
             let schema = unique("neighbour");
@@ -343,6 +348,9 @@ async fn neighbour(
     };
     let admin = connect(&admin_url, 2).await?;
     CreateLeaseTable::with_table(&table)?
+        .up(&SchemaManager::new(&admin))
+        .await?;
+    AddLeasePayload::with_table(&table)?
         .up(&SchemaManager::new(&admin))
         .await?;
     admin.execute(&ledger_table(&ledger, false)).await?;

@@ -293,7 +293,7 @@ impl LeaseBackend for PgBackend {
     }
 
     async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
-        // As `rows` sends it (not through it: the statement is read where it is rendered).
+        // As `rows` sends it.
         let read = cx.current_statement(resource)?;
         let rows = match self.checked() {
             None => cx.read_to_end(read).await?,
