@@ -158,7 +158,7 @@ pub async fn shard_cost() -> Result<(), Error> {
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut results = Vec::new();
     for (resources, nodes) in cells {
-        let counted = cell(&url, resources, nodes, window).await?;
+        let measured = cell(&url, resources, nodes, window).await?;
         let rows = |c: &Cell| {
             c.outcome
                 .as_ref()
@@ -176,18 +176,18 @@ pub async fn shard_cost() -> Result<(), Error> {
                 .as_ref()
                 .map_or("-".to_owned(), |o| format!("{:.0}", o.2))
         };
-        let ratio = match &counted.outcome {
-            Ok(c) => format!("{:.3}", c.0 / (resources * nodes) as f64),
-            Err(_) => "-".to_owned(),
+        let ratio = match &measured.outcome {
+            Ok(c) if resources * nodes > 0 => format!("{:.3}", c.0 / (resources * nodes) as f64),
+            _ => "-".to_owned(),
         };
         println!(
             "| {resources} | {nodes} | {} | {} | {ratio} | {} | {} |",
             resources * nodes,
-            rows(&counted),
-            cpu(&counted),
-            still(&counted),
+            rows(&measured),
+            cpu(&measured),
+            still(&measured),
         );
-        results.push(counted);
+        results.push(measured);
     }
     std::fs::create_dir_all("target/orion-bench")?;
     let path = std::path::PathBuf::from("target/orion-bench/shard-cost.svg");
@@ -212,7 +212,12 @@ fn chart(cells: &[Cell], path: &std::path::Path) -> Result<(), Error> {
     let ymax = cells
         .iter()
         .filter_map(|c| c.outcome.as_ref().ok().map(|o| o.0))
-        .chain(cells.iter().map(|c| (c.resources * c.nodes) as f64))
+        .chain(
+            cells
+                .iter()
+                .filter(|c| c.outcome.is_ok())
+                .map(|c| (c.resources * c.nodes) as f64),
+        )
         .fold(1.0_f64, f64::max)
         * 1.1;
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();

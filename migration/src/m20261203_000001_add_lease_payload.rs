@@ -12,8 +12,8 @@ use crate::m20261129_000001_create_leases::{
 ///
 /// Columns: `payload` (up to 1,024 characters, nullable; binary collation on MySQL/MariaDB) and
 /// `payload_token` (bigint, nullable), the token of the term that wrote the payload, so that a
-/// term that writes none never shows an earlier term's. Until this has run, a store keeps
-/// working on the table without payloads, and refuses requests that carry one.
+/// term that writes none never shows an earlier term's. A store requires them: until this has
+/// run, it refuses the table with `StoreError::OutdatedSchema` naming this step.
 ///
 /// `down` (one step) removes the two columns and nothing else: the leases and their tokens stay.
 #[derive(Debug, Clone)]
@@ -169,9 +169,8 @@ impl MigrationTrait for AddLeasePayload {
     }
 
     /// Removes the two columns; the leases and their tokens stay. Refused while a live lease
-    /// carries a payload (its holder was configured with one, and would fail every acquire
-    /// without the columns until restarted without it). A running store notices at its next
-    /// statement and goes on without payloads.
+    /// carries a payload (its holder was configured with one). A running store refuses the
+    /// table from its next statement on (`StoreError::OutdatedSchema`), writing nothing.
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if !table_exists(manager, &self.table).await? {
             return Ok(());

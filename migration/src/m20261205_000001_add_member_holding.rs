@@ -16,11 +16,11 @@ use crate::m20261203_000001_add_lease_payload::{bounded_ddl, column_exists};
 ///
 /// With them, a shard-set node reads the set's leases only in rounds where the members' counts
 /// say some resource may be free (or a member is late), instead of every round: a round's cost
-/// then grows with what changes, not with resources x nodes. Until this has run, nodes work as
-/// before and read every lease every round.
+/// then grows with what changes, not with resources x nodes. A store requires them: until this
+/// has run, it refuses the membership table with `StoreError::OutdatedSchema` naming this step.
 ///
-/// `down` (one step) removes the three columns; running nodes notice and go back to reading
-/// every round.
+/// `down` (one step) removes the three columns; a running store then refuses the table the same
+/// way at its next heartbeat.
 #[derive(Debug, Clone)]
 pub struct AddMemberHolding {
     table: String,
@@ -176,8 +176,8 @@ impl MigrationTrait for AddMemberHolding {
         Ok(())
     }
 
-    /// Removes the three columns; the members stay. Running nodes notice at their next
-    /// heartbeat and go on without them.
+    /// Removes the three columns; the members stay (a running store refuses the table from its
+    /// next heartbeat on).
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if !table_exists(manager, &self.table).await? {
             return Ok(());

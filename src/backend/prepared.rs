@@ -23,7 +23,8 @@ pub(crate) struct PreparedCache {
 }
 
 impl PreparedCache {
-    /// The read of `resource`'s row of `table` (rendered once, for `dialect` by `backend`).
+    /// The read of `resource`'s row of `table`, the table this cache belongs to (rendered once,
+    /// for `dialect` by `backend`).
     pub(crate) fn current_row(
         &self,
         dialect: &'static dyn Dialect,
