@@ -16,7 +16,7 @@ use crate::lease::LeaseOutcome;
 
 /// The migration step that gave the lease table its last columns (`payload`, `payload_token`).
 pub(crate) const LEASE_TABLE_LAST_STEP: &str = "AddLeasePayload";
-/// The same for the membership table (`holding`, `holding_total`).
+/// The same for the membership table (`leases_held`, `set_hash`, `counted_at`).
 pub(crate) const MEMBER_TABLE_LAST_STEP: &str = "AddMemberHolding";
 
 /// The store's attempts to acquire leases the process does not hold: at most `slots` at once,
