@@ -124,28 +124,39 @@ impl SqlServerLeaseStore {
     /// by an earlier version is refused with [`StoreError::OutdatedSchema`] before anything
     /// else is sent. A refusal is not remembered: the next call looks again.
     pub(super) async fn ready(&self) -> Result<(), StoreError> {
-        self.schema_checked
-            .get_or_try_init(|| async {
-                self.run(Want::Rows, &self.sql.payload_probe, &[])
-                    .await
-                    .map(|_| ())
-                    .map_err(|err| self.classify(err))
-            })
-            .await
-            .copied()
+        self.probed(
+            &self.schema_checked,
+            &self.sql.payload_probe,
+            Self::classify,
+        )
+        .await
     }
 
     /// The same for the membership table.
     pub(super) async fn members_ready(&self) -> Result<(), StoreError> {
-        self.member_schema_checked
-            .get_or_try_init(|| async {
-                self.run(Want::Rows, &self.member_sql.probe, &[])
-                    .await
-                    .map(|_| ())
-                    .map_err(|err| self.classify_members(err))
-            })
-            .await
-            .copied()
+        self.probed(
+            &self.member_schema_checked,
+            &self.member_sql.probe,
+            Self::classify_members,
+        )
+        .await
+    }
+
+    /// Sends `probe` until it succeeds once, which `cell` keeps; its errors by `classify`.
+    async fn probed(
+        &self,
+        cell: &tokio::sync::OnceCell<()>,
+        probe: &str,
+        classify: fn(&Self, TdsError) -> StoreError,
+    ) -> Result<(), StoreError> {
+        cell.get_or_try_init(|| async {
+            self.run(Want::Rows, probe, &[])
+                .await
+                .map(|_| ())
+                .map_err(|err| classify(self, err))
+        })
+        .await
+        .copied()
     }
 }
 

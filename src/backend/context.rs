@@ -14,7 +14,7 @@ use sea_orm::{
 
 use super::dialect::Dialect;
 use super::errors::{classify, Classifier, Kind};
-use super::prepared::{Prepared, PreparedCache};
+use super::prepared::Prepared;
 use crate::error::StoreError;
 
 /// How often a statement is tried when the database reports a conflict with a concurrent
@@ -42,6 +42,14 @@ pub(crate) struct Context {
     pub(crate) schema_checked: tokio::sync::OnceCell<()>,
     /// The same for the membership table.
     pub(crate) member_schema_checked: tokio::sync::OnceCell<()>,
+}
+
+/// The store's statements, each rendered on first use.
+#[derive(Debug, Default)]
+pub(crate) struct PreparedCache {
+    pub(crate) acquire: OnceLock<Prepared>,
+    pub(crate) release: OnceLock<Prepared>,
+    pub(crate) current: OnceLock<Prepared>,
 }
 
 impl Context {
@@ -190,17 +198,12 @@ impl Context {
 
     /// The read of `resource`'s row, rendered once.
     pub(crate) fn current_statement(&self, resource: &str) -> Result<Statement, StoreError> {
-        self.prepared
-            .current_row(self.dialect, self.db_backend, &self.table_iden(), resource)
-            .map_err(|e| StoreError::Database(e.into()))
-    }
-
-    /// The read of `resource`'s row, read to the end on the store's connection.
-    pub(crate) async fn read_current(
-        &self,
-        resource: &str,
-    ) -> Result<Vec<QueryResult>, StoreError> {
-        self.read_to_end(self.current_statement(resource)?).await
+        let table = self.table_iden();
+        Ok(self
+            .cached(&self.prepared.current, |r, _, _| {
+                Ok(self.build(&super::statements::current(self.dialect, &table, r)))
+            })?
+            .bind(resource, "", 0))
     }
 
     /// The revoke's transaction through SeaORM (SQLite, and connections that are no sqlx

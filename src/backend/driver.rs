@@ -13,7 +13,7 @@ use super::context::Context;
 use super::dialect::Dialect;
 use super::errors::Classifier;
 use super::prepared::{Prepared, PAYLOAD};
-use super::row::Row;
+use super::row::{first_row, Row};
 use super::statements;
 use crate::error::FenceError;
 use crate::fencing::Term;
@@ -182,10 +182,11 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         cx.read_to_end(stmt).await
     }
 
-    /// The stored row of `resource`, read with a plain statement checked as
-    /// [`rows`](Self::rows) (each backend reads it on its own sessions, the way its
-    /// `acquire_or_renew` reports a denial).
-    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError>;
+    /// The stored row of `resource`, read with a plain statement sent as [`rows`](Self::rows)
+    /// sends one (on the backend's own checked sessions).
+    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
+        first_row(cx, self.rows(cx, cx.current_statement(resource)?).await?)
+    }
 
     /// A statement that changes rows (not one that grants): how many, checked as
     /// [`rows`](Self::rows).

@@ -6,45 +6,9 @@
 //! just binds its own values into the recorded parameter slots. The driver's prepared-statement
 //! cache then sees the same text every time, too.
 
-use std::sync::OnceLock;
-
-use sea_orm::sea_query::Alias;
 use sea_orm::{DbBackend, DbErr, Statement, Value, Values};
 
 use super::dialect::Dialect;
-use super::statements;
-
-/// The store's statements, each rendered on first use.
-#[derive(Debug, Default)]
-pub(crate) struct PreparedCache {
-    pub(crate) acquire: OnceLock<Prepared>,
-    pub(crate) release: OnceLock<Prepared>,
-    current: OnceLock<Prepared>,
-}
-
-impl PreparedCache {
-    /// The read of `resource`'s row of `table`, the table this cache belongs to (rendered once,
-    /// for `dialect` by `backend`).
-    pub(crate) fn current_row(
-        &self,
-        dialect: &'static dyn Dialect,
-        backend: DbBackend,
-        table: &Alias,
-        resource: &str,
-    ) -> Result<Statement, DbErr> {
-        let prepared = match self.current.get() {
-            Some(prepared) => prepared,
-            None => {
-                let render = |r: &str, _: &str, _: i64| {
-                    Ok(backend.build(&statements::current(dialect, table, r)))
-                };
-                let prepared = Prepared::new(dialect, render)?;
-                self.current.get_or_init(|| prepared)
-            }
-        };
-        Ok(prepared.bind(resource, "", 0))
-    }
-}
 
 const RESOURCE: &str = "\u{1}orion-beacon:resource\u{1}";
 const CANDIDATE: &str = "\u{1}orion-beacon:candidate\u{1}";

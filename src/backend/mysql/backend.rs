@@ -24,7 +24,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::row::{first_row, Decode as _, Row};
+use crate::backend::row::{Decode as _, Row};
 use crate::backend::sessions::{Begin, Checked, Source};
 use crate::backend::sessions::{OwnPool, Setup};
 use crate::backend::statements as shared;
@@ -345,10 +345,6 @@ impl LeaseBackend for MySqlBackend {
 
     async fn rows(&self, cx: &Context, stmt: Statement) -> Result<Vec<QueryResult>, StoreError> {
         self.rows_from(cx, self.source(), stmt).await
-    }
-
-    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
-        first_row(cx, self.rows(cx, cx.current_statement(resource)?).await?)
     }
 
     async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {

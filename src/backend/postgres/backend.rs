@@ -17,7 +17,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn, Taken, Takeover};
 use crate::backend::errors::Classifier;
-use crate::backend::row::{first_row, Decode as _, Row};
+use crate::backend::row::{Decode as _, Row};
 use crate::backend::sessions::{Begin, Checked};
 use crate::backend::sessions::{OwnPool, Setup};
 use crate::error::FenceError;
@@ -290,16 +290,6 @@ impl LeaseBackend for PgBackend {
             None => cx.read_to_end(stmt).await,
             Some(pool) => cx.autocommitted(|| pool.checked_rows(&stmt)).await,
         }
-    }
-
-    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
-        // As `rows` sends it.
-        let read = cx.current_statement(resource)?;
-        let rows = match self.checked() {
-            None => cx.read_to_end(read).await?,
-            Some(pool) => cx.autocommitted(|| pool.checked_rows(&read)).await?,
-        };
-        first_row(cx, rows)
     }
 
     async fn count(&self, cx: &Context, stmt: Statement) -> Result<u64, StoreError> {

@@ -153,8 +153,10 @@ impl<'a> Pool<'a> {
     /// One statement, read to the end, on a connection checked to be outside any
     /// transaction (behind a transaction-pooling proxy: in a transaction of its own).
     pub(crate) async fn checked_rows(self, stmt: &Statement) -> Result<Checked, DbErr> {
-        let proxy = self.transaction_pooling.then_some(self.pool);
-        rows_on(self.source(), proxy, stmt).await
+        if self.transaction_pooling {
+            return in_transaction(self.pool, stmt).await;
+        }
+        rows_on(self.source(), stmt).await
     }
 
     /// One statement, read to the end, as [`checked_rows`](Self::checked_rows) but on an idle session of the
@@ -165,7 +167,7 @@ impl<'a> Pool<'a> {
             Some(own) if !self.transaction_pooling => Source::IdleOwnOrShared(own, self.pool),
             _ => return self.checked_rows(stmt).await,
         };
-        rows_on(source, None, stmt).await
+        rows_on(source, stmt).await
     }
 
     /// One statement that changes rows: how many it changed (as
@@ -192,16 +194,8 @@ impl<'a> Pool<'a> {
 }
 
 /// One statement, read to the end, on a connection of `source` checked to be outside any
-/// transaction; back to its pool only after the whole answer. Behind a transaction-pooling
-/// `proxy`, in a transaction of its own on it instead ([`in_transaction`]).
-async fn rows_on(
-    source: Source<'_, sqlx::Postgres>,
-    proxy: Option<&sqlx::PgPool>,
-    stmt: &Statement,
-) -> Result<Checked, DbErr> {
-    if let Some(pool) = proxy {
-        return in_transaction(pool, stmt).await;
-    }
+/// transaction; back to its pool only after the whole answer.
+async fn rows_on(source: Source<'_, sqlx::Postgres>, stmt: &Statement) -> Result<Checked, DbErr> {
     let Some(mut checkout) = checked_out(source).await? else {
         return Ok(Checked::InAbandonedTransaction);
     };

@@ -11,7 +11,7 @@ use crate::backend::context::Context;
 use crate::backend::dialect::Dialect;
 use crate::backend::driver::{Derived, LeaseBackend, RawConn};
 use crate::backend::errors::Classifier;
-use crate::backend::row::{first_row, Decode as _, Row};
+use crate::backend::row::{Decode as _, Row};
 use crate::backend::statements as shared;
 use crate::backend::term_checks::statement_check;
 use crate::error::FenceError;
@@ -136,10 +136,6 @@ impl LeaseBackend for SqliteBackend {
             payload,
         )
         .map(|q| cx.build(&q))
-    }
-
-    async fn read_row(&self, cx: &Context, resource: &str) -> Result<Option<Row>, StoreError> {
-        first_row(cx, cx.read_current(resource).await?)
     }
 
     /// One statement; no row means denied.
