@@ -171,6 +171,31 @@ pub(crate) fn svg(
     Ok(())
 }
 
+/// Rounds of the wake-up transitions (graceful, named), each of `BENCH_TRANSITIONS`: a p99
+/// per round and their spread, as single figures move from run to run on a busy machine.
+pub(crate) const ROUNDS: usize = 3;
+
+/// `| p50 of all | p99 per round | spread of the p99s | max |` cells (ms).
+pub(crate) fn round_cells(rounds: &[Vec<f64>]) -> Result<String, Error> {
+    let all: Vec<f64> = rounds.iter().flatten().copied().collect();
+    let h = histogram(&all)?;
+    let mut p99s = Vec::with_capacity(rounds.len());
+    for round in rounds {
+        p99s.push(quantile_ms(&histogram(round)?, 0.99));
+    }
+    let (low, high) = p99s
+        .iter()
+        .fold((f64::MAX, 0.0_f64), |(l, h), p| (l.min(*p), h.max(*p)));
+    let each: Vec<String> = p99s.iter().map(|p| format!("{p:.1}")).collect();
+    Ok(format!(
+        "{:.1} | {} | {:.1} | {:.1}",
+        quantile_ms(&h, 0.5),
+        each.join(" / "),
+        high - low,
+        quantile_ms(&h, 1.0)
+    ))
+}
+
 pub(crate) async fn handover() -> Result<(), Error> {
     let n: usize = std::env::var("BENCH_TRANSITIONS")
         .ok()
@@ -179,9 +204,9 @@ pub(crate) async fn handover() -> Result<(), Error> {
     let lease = Duration::from_millis(500);
     let renew = Duration::from_millis(100);
     let retry = Duration::from_secs(1);
-    println!("\n## Handover and failover ({n} transitions each; lease {lease:?}, renew {renew:?}, follower retry {retry:?})\n");
-    println!("| backend | transition | p50 (ms) | p99 (ms) | max (ms) | goal |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("\n## Handover and failover ({n} transitions a round; {ROUNDS} rounds of the graceful and named ones, one of crashes; lease {lease:?}, renew {renew:?}, follower retry {retry:?})\n");
+    println!("| backend | transition | p50 (ms) | p99 per round (ms) | spread of p99 (ms) | max (ms) | goal |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
     std::fs::create_dir_all("target/orion-bench")?;
     let sqlite = format!(
         "sqlite://{}/target/orion-bench/handover.db",
@@ -194,23 +219,26 @@ pub(crate) async fn handover() -> Result<(), Error> {
         ("SQLite", sqlite, RGBColor(0x2c, 0xa0, 0x2c)),
     ] {
         for how in [Transition::Graceful, Transition::Named, Transition::Crash] {
-            let t = transitions(&url, n, how, lease, renew, retry).await?;
-            let h = histogram(&t)?;
-            let goal = match how {
-                Transition::Graceful | Transition::Named => "p99 < 50 ms (a wake-up)".to_owned(),
-                Transition::Crash => {
-                    format!("p99 <= lease + 100 = {} ms", lease.as_millis() + 100)
+            let (rounds, goal) = match how {
+                Transition::Graceful | Transition::Named => {
+                    (ROUNDS, "p99 < 20 ms (a wake-up)".to_owned())
                 }
+                Transition::Crash => (
+                    1,
+                    format!("p99 <= lease + 100 = {} ms", lease.as_millis() + 100),
+                ),
             };
+            let mut times = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                times.push(transitions(&url, n, how, lease, renew, retry).await?);
+            }
             println!(
-                "| {name} | {} | {:.1} | {:.1} | {:.1} | {goal} |",
+                "| {name} | {} | {} | {goal} |",
                 how.label(),
-                quantile_ms(&h, 0.5),
-                quantile_ms(&h, 0.99),
-                quantile_ms(&h, 1.0)
+                round_cells(&times)?
             );
             if how == Transition::Graceful {
-                chart.push((name, color, t));
+                chart.push((name, color, times.swap_remove(0)));
             }
         }
     }

@@ -12,7 +12,7 @@ use orion_beacon::SeaOrmLeaseStore;
 use sea_orm::DatabaseConnection;
 use tokio::time::Instant;
 
-use super::handover::{histogram, quantile_ms};
+use super::handover::ROUNDS;
 use super::throughput::{pgbench_script_rate, pgbench_sql};
 use super::*;
 
@@ -177,15 +177,19 @@ fn pgbench_lock_rate(
     Ok(pgbench_script_rate(url, &script, &text, clients, d, None)?.per_s)
 }
 
-fn row(name: &str, times: &[f64]) -> Result<String, Error> {
-    let h = histogram(times)?;
+/// One row: the releases of every round, then `super::handover::round_cells`.
+async fn row<F, Fut>(name: &str, n: usize, mut round: F) -> Result<String, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<f64>, Error>>,
+{
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        rounds.push(round().await?);
+    }
     Ok(format!(
-        "| {name} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms |",
-        times.len(),
-        quantile_ms(&h, 0.5),
-        quantile_ms(&h, 0.9),
-        quantile_ms(&h, 0.99),
-        h.max() as f64 / 1000.0
+        "| {name} | {ROUNDS} x {n} | {} |",
+        super::handover::round_cells(&rounds)?
     ))
 }
 
@@ -214,33 +218,34 @@ pub(crate) async fn locks_bench() -> Result<(), Error> {
     let n = std::env::var("BENCH_LOCK_RELEASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
-    println!("\n## Locks: from a release to the next waiter's grant ({n} releases each)\n");
-    println!("| backend | releases | p50 | p90 | p99 | max |");
+        .unwrap_or(100);
+    println!("\n## Locks: from a release to the next waiter's grant ({ROUNDS} rounds of {n} releases; goal p99 < 20 ms)\n");
+    println!(
+        "| backend | releases | p50 (ms) | p99 per round (ms) | spread of p99 (ms) | max (ms) |"
+    );
     println!("| --- | --- | --- | --- | --- | --- |");
-    println!(
-        "{}",
-        row(
-            "PostgreSQL (release notification)",
-            &release_to_grant(&pg, &table, n).await?
-        )?
-    );
-    println!(
-        "{}",
-        row(
-            "PostgreSQL advisory lock (a blocked waiter)",
-            &advisory_release_to_grant(&db, n).await?
-        )?
-    );
+    let rows = [
+        row("PostgreSQL (release notification)", n, || {
+            release_to_grant(&pg, &table, n)
+        })
+        .await?,
+        row("PostgreSQL advisory lock (a blocked waiter)", n, || {
+            advisory_release_to_grant(&db, n)
+        })
+        .await?,
+    ];
+    for r in rows {
+        println!("{r}");
+    }
     let mysql = mysql_url();
     let admin = connect(&mysql, 2, false).await?;
     migrate(&admin, &table).await?;
     println!(
         "{}",
-        row(
-            "MariaDB (the holder's named lock)",
-            &release_to_grant(&mysql, &table, n).await?
-        )?
+        row("MariaDB (the holder's named lock)", n, || {
+            release_to_grant(&mysql, &table, n)
+        })
+        .await?
     );
     super::drop(&admin, &table).await;
     let dir = tempfile::tempdir()?;
@@ -252,10 +257,10 @@ pub(crate) async fn locks_bench() -> Result<(), Error> {
     migrate(&admin, &table).await?;
     println!(
         "{}",
-        row(
-            "SQLite (the file's change events)",
-            &release_to_grant(&sqlite, &table, n).await?
-        )?
+        row("SQLite (the file's change events)", n, || {
+            release_to_grant(&sqlite, &table, n)
+        })
+        .await?
     );
     super::drop(&db, &table).await;
     Ok(())

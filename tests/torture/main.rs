@@ -32,8 +32,9 @@
 //! kill,pause,connkill,restart,failover,nodekill,nodestop` (default all that apply), `--pool N`
 //! (connections per candidate pool; default per configuration), `--no-skew` (do not run
 //! candidates under `faketime`), `--shards N` (resources of the shard-set configurations,
-//! default 64). The candidate processes are this same binary, started with
-//! `--candidate`.
+//! default 64), `--parallel N` (configurations run at the same time, default 2; two on one
+//! shared server never run together, as its faults restart it; `1` runs them one by one). The
+//! candidate processes are this same binary, started with `--candidate`.
 //!
 //! The servers are this binary's own private PostgreSQL and MariaDB instances
 //! (`orion-beacon-testkit`), whatever `ORION_BEACON_PG_URL` / `ORION_BEACON_MYSQL_URL` say: the
@@ -139,6 +140,21 @@ struct Configuration {
     /// tenant is checked on its own, and no candidate's healthy fenced transaction may be
     /// ended by anyone's takeover.
     tenants: bool,
+}
+
+impl Configuration {
+    /// The shared server this configuration runs on (its faults restart that server and kill
+    /// its connections), or `None` when it runs on servers or a file of its own. Two
+    /// configurations on one shared server never run at the same time.
+    fn shared_server(&self) -> Option<&'static str> {
+        match self.backend {
+            Backend::Sqlite => None,
+            Backend::Postgres if self.failover.is_some() => None,
+            Backend::Postgres => Some("postgres"),
+            Backend::MySql if self.galera.is_some() => None,
+            Backend::MySql => Some(self.sql_mode.unwrap_or("mariadb")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -383,6 +399,10 @@ struct Args {
     /// Connections per candidate pool (default: per configuration).
     #[arg(long, value_name = "N")]
     pool: Option<u32>,
+    /// Configurations run at the same time (never two on one shared server; `1`: one after
+    /// the other).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=8))]
+    parallel: u8,
     /// Do not run candidates under libfaketime.
     #[arg(long = "no-skew", action = ArgAction::SetFalse)]
     skew: bool,
@@ -579,13 +599,14 @@ fn main() {
     std::process::exit(code);
 }
 
-/// Runs each configuration named by `--backend` in turn; the process exit code.
+/// Runs the configurations named by `--backend`, `--parallel` at a time; the process exit code.
 async fn run_configurations(args: Args) -> i32 {
     let mut passed = 0;
     let mut failed = 0;
     let started = std::time::Instant::now();
-    // Each configuration's wall time (servers, run, checks), printed at the end.
-    let mut times: Vec<(String, f64)> = Vec::new();
+    // Each configuration's wall time (servers, run, checks), printed at the end in the order
+    // given.
+    let mut times: Vec<(usize, String, f64)> = Vec::new();
     let base_seed = args.seed.unwrap_or_else(Rng::seed_from_time);
     let skip = std::env::var("ORION_BEACON_SKIP").unwrap_or_default();
     if skip.split(',').any(|s| s.trim() == "torture") {
@@ -593,6 +614,7 @@ async fn run_configurations(args: Args) -> i32 {
         println!("torture: 0 passed, 0 failed");
         return 0;
     }
+    let mut pending = std::collections::VecDeque::new();
     for (i, name) in args.backends.iter().enumerate() {
         let lookup = match name.as_str() {
             "mariadb" => "mysql",
@@ -614,10 +636,41 @@ async fn run_configurations(args: Args) -> i32 {
             println!("SKIPPED: torture[{name}] (ORION_BEACON_SKIP)");
             continue;
         }
-        let seed = base_seed.wrapping_add(i as u64);
-        let config_started = std::time::Instant::now();
-        let outcome = run::run_backend(config, &args, seed).await;
-        times.push((name.clone(), config_started.elapsed().as_secs_f64()));
+        pending.push_back((i, name.clone(), config));
+    }
+    // Each configuration's seed is the base seed plus its place in the list, whatever runs
+    // beside it. The reports are printed whole: every configuration runs on this one task.
+    let args = &args;
+    let mut running = futures::stream::FuturesUnordered::new();
+    let mut busy: Vec<&'static str> = Vec::new();
+    loop {
+        while running.len() < usize::from(args.parallel) {
+            let free = pending
+                .iter()
+                .position(|(_, _, c): &(usize, String, Configuration)| {
+                    c.shared_server()
+                        .is_none_or(|server| !busy.contains(&server))
+                });
+            let Some((i, name, config)) = free.and_then(|at| pending.remove(at)) else {
+                break;
+            };
+            busy.extend(config.shared_server());
+            running.push(async move {
+                let seed = base_seed.wrapping_add(i as u64);
+                let config_started = std::time::Instant::now();
+                let outcome = run::run_backend(config, args, seed).await;
+                (i, name, config, seed, outcome, config_started.elapsed())
+            });
+        }
+        let Some((i, name, config, seed, outcome, elapsed)) =
+            futures::StreamExt::next(&mut running).await
+        else {
+            break;
+        };
+        if let Some(at) = busy.iter().position(|s| Some(*s) == config.shared_server()) {
+            busy.swap_remove(at);
+        }
+        times.push((i, name.clone(), elapsed.as_secs_f64()));
         match outcome {
             Ok(true) => passed += 1,
             Ok(false) => failed += 1,
@@ -627,10 +680,11 @@ async fn run_configurations(args: Args) -> i32 {
             }
         }
     }
+    times.sort_by_key(|(i, _, _)| *i);
     println!("torture: {passed} passed, {failed} failed");
     if !times.is_empty() {
         println!("torture: seconds per configuration:");
-        for (name, secs) in &times {
+        for (_, name, secs) in &times {
             println!("  {secs:7.1}  {name}");
         }
     }

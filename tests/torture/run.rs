@@ -108,7 +108,11 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().to_path_buf();
     if std::env::var_os("ORION_TORTURE_KEEP").is_some() {
-        println!("torture: histories kept in {}", path.display());
+        println!(
+            "torture[{}]: histories kept in {}",
+            config.name,
+            path.display()
+        );
     }
     let mut fence_url = None;
     let mut cluster = None;
@@ -626,7 +630,7 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         theirs.ledger = read_ledger(&n.admin, &n.ledger).await?;
         let their_verdict = checker::check(&theirs, bound.as_nanos() as u64);
         println!(
-            "  neighbour tenant: {} terms, {} writes committed, {} refused, {} failed, {} healthy transactions ended, {} violations",
+            "torture[{label}] neighbour tenant: {} terms, {} writes committed, {} refused, {} failed, {} healthy transactions ended, {} violations",
             their_verdict.terms,
             theirs.writes_committed,
             theirs.writes_refused,

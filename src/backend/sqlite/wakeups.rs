@@ -7,7 +7,9 @@
 //! on Windows; only Linux is tested) and, after a burst of writes, waits until a commit is
 //! visible on a connection of its own (`PRAGMA data_version` changes: a commit is visible only
 //! after its last page, its sync and the WAL index, none of which the watcher hears of), then
-//! reads the leases that are live or were written since its previous read. A lease that was
+//! reads the leases that are live or were written since its previous read; it keeps looking
+//! at growing gaps until the burst is quiet ([`VISIBLE_WITHIN`]), as the burst's last commit
+//! may become visible after an earlier one was read. A lease that was
 //! live at the previous read and is not any more, or that was written since and is not live
 //! now (a short hold), is announced to the subscribers, as PostgreSQL's notifications are. It
 //! is only a wake-up: the waiter then asks the store as at any poll, and a missed change (a
@@ -17,10 +19,11 @@
 //!
 //! Cost: while any clone of the store lives and something is subscribed, one inotify (or
 //! equivalent) watch and notify's thread, one connection (a file handle, sqlx's worker
-//! thread), and one read (`resource` of the live rows and of those written since the last
-//! read) per burst of writes to the file (a burst ends after [`SETTLE`] without writes, or
-//! after [`MOST`]), at most one every [`MIN_GAP`]. Every write counts, the application's own
-//! to other tables included.
+//! thread), and per burst of writes to the file (a burst ends after [`SETTLE`] without writes,
+//! or after [`MOST`]) about ten `PRAGMA data_version` over half a second and one read
+//! (`resource` of the live rows and of those written since the last read) per commit seen, at
+//! most one every [`MIN_GAP`]. Every write counts, the application's own to other tables
+//! included.
 
 use crate::mutex::lock;
 use std::collections::HashMap;
@@ -45,14 +48,22 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(2);
 pub(crate) const MOST: Duration = Duration::from_millis(20);
 /// The least time between two reads of the leases.
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
-/// How long after a burst the watcher waits, step by step, for a commit to become visible
-/// before it gives up on that burst (a rolled-back write leaves nothing to see).
-const VISIBLE_WITHIN: [Duration; 5] = [
+/// After a burst, the gaps between the watcher's looks at `data_version`, until one whole run
+/// of them shows no new commit. A commit's write event comes before the commit is visible (its
+/// sync and the WAL index come after) and no event comes after it, so a burst is followed until
+/// it is quiet: a commit seen, or a new burst, starts the run over (the burst's next commit may
+/// still be in its sync). Growing gaps keep the lag within about the sync's own time.
+const VISIBLE_WITHIN: [Duration; 10] = [
     Duration::ZERO,
-    Duration::from_millis(5),
-    Duration::from_millis(20),
-    Duration::from_millis(100),
-    Duration::from_millis(500),
+    Duration::from_millis(1),
+    Duration::from_millis(2),
+    Duration::from_millis(4),
+    Duration::from_millis(8),
+    Duration::from_millis(16),
+    Duration::from_millis(32),
+    Duration::from_millis(64),
+    Duration::from_millis(128),
+    Duration::from_millis(256),
 ];
 /// How far back the first read looks for leases written and ended (a release between a
 /// subscriber's denial and the watcher's start).
@@ -314,6 +325,8 @@ async fn watch(
 ) {
     let mut seen = Seen::default();
     let mut failures = 0u32;
+    // When the leases were last read: reads are at least MIN_GAP apart.
+    let mut last_read: Option<tokio::time::Instant> = None;
     // The first read: also what was written and ended just before the watcher started.
     let mut due = true;
     loop {
@@ -339,27 +352,44 @@ async fn watch(
             }
         }
         due = false;
-        let Some(hub) = hub.upgrade() else { break };
-        if hub.tx.receiver_count() == 0 {
-            continue; // nobody waits
+        match hub.upgrade() {
+            None => break,
+            Some(hub) if hub.tx.receiver_count() == 0 => continue, // nobody waits
+            Some(_) => {}
         }
+        // The burst, followed until a whole run of VISIBLE_WITHIN shows no new commit (see
+        // there); each commit's ended leases are announced as soon as they are read.
         let look = async {
-            // Until a commit is visible here (or the burst showed nothing to see: a checkpoint,
-            // a rolled-back write). A new burst meanwhile is looked at once it settles.
-            for wait in VISIBLE_WITHIN {
+            let mut step = 0;
+            while let Some(wait) = VISIBLE_WITHIN.get(step) {
+                step += 1;
                 tokio::select! {
                     biased;
-                    () = changed.notified() => tokio::time::sleep(SETTLE).await,
-                    () = tokio::time::sleep(wait) => {}
+                    () = changed.notified() => {
+                        tokio::time::sleep(SETTLE).await;
+                        step = 0;
+                    }
+                    () = tokio::time::sleep(*wait) => {}
                 }
                 let version = data_version(&pool).await?;
-                if seen.version != Some(version) {
-                    let out = ended(&pool, &reads, &mut seen).await?;
-                    seen.version = Some(version);
-                    return Ok(Some(out));
+                if seen.version == Some(version) {
+                    continue;
                 }
+                if let Some(at) = last_read {
+                    tokio::time::sleep_until(at + MIN_GAP).await;
+                }
+                last_read = Some(tokio::time::Instant::now());
+                let ended = ended(&pool, &reads, &mut seen).await?;
+                // Read before the leases: a commit in between shows as a change next time.
+                seen.version = Some(version);
+                let Some(hub) = hub.upgrade() else { break };
+                for resource in ended {
+                    // Nobody listening is fine: waiters poll anyway.
+                    let _ = hub.tx.send(Arc::from(resource.as_str()));
+                }
+                step = 0;
             }
-            Ok::<_, sea_orm::sqlx::Error>(None)
+            Ok::<_, sea_orm::sqlx::Error>(())
         };
         let looked = tokio::select! {
             biased;
@@ -367,27 +397,23 @@ async fn watch(
             looked = look => looked,
         };
         match looked {
-            Ok(ended) => {
-                failures = 0;
-                for resource in ended.into_iter().flatten() {
-                    // Nobody listening is fine: waiters poll anyway.
-                    let _ = hub.tx.send(Arc::from(resource.as_str()));
-                }
-            }
+            Ok(()) => failures = 0,
             Err(error) => {
+                // The connection may be a new one: its `data_version` says nothing about the
+                // old one's.
+                seen.version = None;
                 failures += 1;
                 if failures == 3 {
                     tracing::warn!(%error, "SQLite wake-ups: reading the leases keeps failing; waiters poll");
                 } else {
                     tracing::debug!(%error, "SQLite wake-ups: reading the leases failed; waiters poll");
                 }
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(MIN_GAP) => {}
+                }
             }
-        }
-        drop(hub);
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            () = tokio::time::sleep(MIN_GAP) => {}
         }
     }
     pool.close().await;
