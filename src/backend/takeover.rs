@@ -232,7 +232,9 @@ impl Drop for TakeoverOnDrop {
         let guard = InFlight { engine, resource };
         runtime.spawn(async move {
             let (engine, resource) = (&*guard.engine, guard.resource.as_str());
-            match tokio::time::timeout(limit, end_lapsed_holders(engine, resource, waited)).await {
+            // Boxed: the timeout around it is then one small poll, not a copy of the takeover.
+            let ending = Box::pin(end_lapsed_holders(engine, resource, waited));
+            match tokio::time::timeout(limit, ending).await {
                 Ok(ended) => {
                     told(engine, resource, ended);
                 }

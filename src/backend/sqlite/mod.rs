@@ -89,7 +89,7 @@ impl Dialect for Sqlite {
 
     // The text `strftime('%Y-%m-%d %H:%M:%f')` wrote.
     fn stored_time(&self, t: chrono::DateTime<chrono::Utc>) -> Expr {
-        Expr::val(t.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+        Expr::val(stored_text(t))
     }
 
     fn remaining_millis(&self, expires: Expr) -> Expr {
@@ -123,4 +123,64 @@ pub fn connect_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
             .create_if_missing(true)
     });
     options
+}
+
+/// `t` as `strftime('%Y-%m-%d %H:%M:%f')` writes it (what chrono's `%Y-%m-%d %H:%M:%S%.3f`
+/// gives for the years SQLite's date functions know, 0000-9999), written out by hand: chrono's
+/// formatter adds some 15 kB to every build, SQLite's used or not.
+fn stored_text(t: chrono::DateTime<chrono::Utc>) -> String {
+    use chrono::{Datelike, Timelike};
+    // A leap second (chrono's nanoseconds past 999,999,999) is second 60, as chrono writes it;
+    // SQLite never writes one, so none is read back.
+    let leap = u32::from(t.nanosecond() >= 1_000_000_000);
+    let millis = t.nanosecond() % 1_000_000_000 / 1_000_000;
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{millis:03}",
+        t.year(),
+        t.month(),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second() + leap
+    )
+}
+
+#[cfg(test)]
+mod stored_text_tests {
+    use chrono::{NaiveDate, TimeZone, Utc};
+
+    #[test]
+    fn the_text_is_what_chrono_writes_for_sqlite_s_format() {
+        let days = [(2026, 12, 6), (1, 1, 1), (9999, 12, 31), (2024, 2, 29)];
+        let times = [(0, 0, 0), (17, 3, 9), (23, 59, 59)];
+        // The last is a leap second's (chrono only allows it at :59).
+        let nanos = [
+            0,
+            1,
+            999_999,
+            1_000_000,
+            123_456_789,
+            999_999_999,
+            1_500_000_000,
+        ];
+        let mut seen = 0;
+        for (y, mo, d) in days {
+            for (h, mi, sec) in times {
+                for n in nanos {
+                    let Some(t) = NaiveDate::from_ymd_opt(y, mo, d)
+                        .and_then(|day| day.and_hms_nano_opt(h, mi, sec, n))
+                    else {
+                        continue;
+                    };
+                    let t = Utc.from_utc_datetime(&t);
+                    assert_eq!(
+                        super::stored_text(t),
+                        t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 4 * 3 * 6 + 4, "{seen} times compared");
+    }
 }
