@@ -32,9 +32,12 @@ pub enum Handover {
     NotLeader,
 }
 
-/// How often the leader reads the lease while its offer is open: first after this, then
-/// twice as long each time, up to [`LOOK_MOST`].
-const LOOK_FIRST: Duration = Duration::from_millis(10);
+/// How often the leader reads the lease while its offer is open: every [`LOOK_FIRST`] for the
+/// first [`LOOK_STEADY`] (a live successor is woken at once and takes the lease within a few
+/// milliseconds, so the answer comes within about a look of that), then twice as long each
+/// time, up to [`LOOK_MOST`]. About a dozen cheap reads for a handover.
+const LOOK_FIRST: Duration = Duration::from_millis(4);
+const LOOK_STEADY: Duration = Duration::from_millis(60);
 const LOOK_MOST: Duration = Duration::from_millis(250);
 /// How long past an open offer's end (as the store reported it) the last read comes: the
 /// local clock may run fast against the database's.
@@ -51,6 +54,7 @@ pub(super) async fn await_taker(
     done: oneshot::Sender<Handover>,
 ) {
     let mut pause = LOOK_FIRST;
+    let steady_until = crate::clock::now().checked_add(LOOK_STEADY);
     let mut overtime = false;
     let taken = loop {
         let last = crate::clock::now() >= until;
@@ -86,7 +90,9 @@ pub(super) async fn await_taker(
             return;
         }
         crate::clock::sleep_until(next).await;
-        pause = (pause * 2).min(LOOK_MOST);
+        if steady_until.is_none_or(|steady| crate::clock::now() >= steady) {
+            pause = (pause * 2).min(LOOK_MOST);
+        }
     };
     let outcome = match taken {
         Some(token) => {

@@ -22,8 +22,8 @@
 //! thread), and per burst of writes to the file (a burst ends after [`SETTLE`] without writes,
 //! or after [`MOST`]) about ten `PRAGMA data_version` over half a second and one read
 //! (`resource` of the live rows and of those written since the last read) per commit seen, at
-//! most one every [`MIN_GAP`]. Every write counts, the application's own to other tables
-//! included.
+//! most [`READS_PER_WINDOW`] in any [`READ_WINDOW`]. Every write counts, the application's own
+//! to other tables included.
 
 use crate::mutex::lock;
 use std::collections::HashMap;
@@ -46,8 +46,12 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(2);
 /// The longest a burst of writes holds the look back: a file written without pause is still
 /// looked at this often.
 pub(crate) const MOST: Duration = Duration::from_millis(20);
-/// The least time between two reads of the leases.
-pub(crate) const MIN_GAP: Duration = Duration::from_millis(10);
+/// The most reads of the leases in any [`READ_WINDOW`]: on average one every 10 ms, and a
+/// release right after another read is still read at once.
+pub(crate) const READS_PER_WINDOW: usize = 4;
+pub(crate) const READ_WINDOW: Duration = Duration::from_millis(40);
+/// The pause after a failed look.
+const AFTER_A_FAILURE: Duration = Duration::from_millis(10);
 /// After a burst, the gaps between the watcher's looks at `data_version`, until one whole run
 /// of them shows no new commit. A commit's write event comes before the commit is visible (its
 /// sync and the WAL index come after) and no event comes after it, so a burst is followed until
@@ -325,8 +329,9 @@ async fn watch(
 ) {
     let mut seen = Seen::default();
     let mut failures = 0u32;
-    // When the leases were last read: reads are at least MIN_GAP apart.
-    let mut last_read: Option<tokio::time::Instant> = None;
+    // When the leases were last read, the latest READS_PER_WINDOW times.
+    let mut reads_at: std::collections::VecDeque<tokio::time::Instant> =
+        std::collections::VecDeque::with_capacity(READS_PER_WINDOW);
     // The first read: also what was written and ended just before the watcher started.
     let mut due = true;
     loop {
@@ -375,10 +380,12 @@ async fn watch(
                 if seen.version == Some(version) {
                     continue;
                 }
-                if let Some(at) = last_read {
-                    tokio::time::sleep_until(at + MIN_GAP).await;
+                if reads_at.len() == READS_PER_WINDOW {
+                    if let Some(oldest) = reads_at.pop_front() {
+                        tokio::time::sleep_until(oldest + READ_WINDOW).await;
+                    }
                 }
-                last_read = Some(tokio::time::Instant::now());
+                reads_at.push_back(tokio::time::Instant::now());
                 let ended = ended(&pool, &reads, &mut seen).await?;
                 // Read before the leases: a commit in between shows as a change next time.
                 seen.version = Some(version);
@@ -411,7 +418,7 @@ async fn watch(
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => break,
-                    () = tokio::time::sleep(MIN_GAP) => {}
+                    () = tokio::time::sleep(AFTER_A_FAILURE) => {}
                 }
             }
         }
