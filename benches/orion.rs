@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo bench --all-features --bench orion                    # everything (a few minutes)
-//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, batch, shards, shardcost, locks, jobs
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, mixed, batch, shards, shardcost, locks, jobs
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
 //!
@@ -195,6 +195,9 @@ fn main() -> Result<(), Error> {
         }
         if all || what.iter().any(|w| w == "scale") {
             scale::scale().await?;
+        }
+        if all || what.iter().any(|w| w == "mixed") {
+            scale::mixed().await?;
         }
         if all || what.iter().any(|w| w == "batch") {
             scale::batch().await?;

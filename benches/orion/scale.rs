@@ -115,6 +115,150 @@ pub(crate) async fn scale() -> Result<(), Error> {
     Ok(())
 }
 
+/// This process's resident memory (`VmRSS` in `/proc/self/status`), in bytes; 0 where there is
+/// no `/proc`.
+fn resident() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// One process holding `BENCH_MIXED` holds (default 10,000) of every kind on one store and
+/// one PostgreSQL table: 40 % electors each leading a resource, 30 % locks held by one `Locks`,
+/// 30 % the resources of one shard-set node (alone, so it leads them all); lease 15 s, renew
+/// 5 s (the shard set's round every 5 s). Printed: the time until all are held, the server's
+/// commits per renew interval in a steady window, database and process CPU, and resident
+/// memory per hold (the process's growth from before the first hold, over the holds).
+pub(crate) async fn mixed() -> Result<(), Error> {
+    use orion_beacon::locks::Locks;
+    use orion_beacon::ShardSet;
+    let n: usize = std::env::var("BENCH_MIXED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    let d = Duration::from_secs(
+        std::env::var("BENCH_SCALE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20),
+    );
+    let (lease, renew) = (Duration::from_secs(15), Duration::from_secs(5));
+    let (electors, locks) = (n * 4 / 10, n * 3 / 10);
+    let shards = n - electors - locks;
+    let server = cpu::postgres();
+    let table = unique("obmixed");
+    let db = connect(&pg_url(), 16, false).await?;
+    migrate(&db, &table).await?;
+    super::shards::migrate_members(&db, &table).await?;
+    super::shards::add_member_counts(&db, &table).await?;
+    let store = SeaOrmLeaseStore::new(db.clone())
+        .with_table(&table)?
+        .with_member_table(format!("{table}_m"))?
+        .with_release_notifications(false);
+    let before = resident();
+    let t0 = Instant::now();
+    let mut handles = Vec::with_capacity(electors);
+    for i in 0..electors {
+        handles.push(
+            Elector::builder(store.clone())
+                .resource(format!("elected-{i}"))
+                .candidate_id("mixed-node")
+                .lease_duration(lease)
+                .renew_interval(renew)
+                .build()?
+                .start(),
+        );
+    }
+    let held_locks = Locks::builder(store.clone())
+        .owner("mixed-node")
+        .lease_duration(lease)
+        .renew_interval(renew)
+        .build()?;
+    let mut guards = Vec::with_capacity(locks);
+    for i in 0..locks {
+        guards.push(
+            held_locks
+                .lock(format!("locked-{i}"))?
+                .acquire(Duration::from_secs(60))
+                .await?,
+        );
+    }
+    let node = ShardSet::builder(store.clone())
+        .name("mixed")
+        .resources((0..shards).map(|i| format!("shard-{i}")))
+        .member_id("mixed-node")
+        .lease_duration(lease)
+        .interval(renew)
+        .build()?
+        .start();
+    let mut led = node.watch();
+    let all_led = tokio::time::timeout(
+        Duration::from_secs(120),
+        led.wait_for(|a| a.led.len() == shards),
+    );
+    all_led
+        .await
+        .map_err(|_| "the shard set did not lead all its resources within 120 s")??;
+    while handles.iter().filter(|h| h.is_leader()).count() < electors {
+        if t0.elapsed() > Duration::from_secs(120) {
+            return Err("not all electors led within 120 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held_in = t0.elapsed();
+    // In step within a renew interval; the server's counts land up to 10 s late.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let (cpu0, db0, c0, t1) = (
+        cpu::process(),
+        server.map(|s| s.cpu()),
+        commits(&db).await?,
+        Instant::now(),
+    );
+    tokio::time::sleep(d).await;
+    let (cpu1, db1, c1, secs) = (
+        cpu::process(),
+        cpu::delta(server, db0),
+        commits(&db).await?,
+        t1.elapsed().as_secs_f64(),
+    );
+    let grown = resident().saturating_sub(before);
+    let still = handles.iter().filter(|h| h.is_leader()).count()
+        + guards.iter().filter(|g| g.is_held()).count()
+        + node.assignment().led.len();
+    let pct = |d: Duration| format!("{:.1} %", d.as_secs_f64() / secs * 100.0);
+    println!(
+        "\n## Mixed holds in one process ({electors} electors, {locks} locks, {shards} shards of one node; lease 15 s, renew 5 s, pool of 16, PostgreSQL, {} s window)\n",
+        d.as_secs()
+    );
+    println!("| holds | all held in | server commits per renew interval | database CPU | process CPU | CPU per hold | resident memory per hold | still held |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let process = (cpu1 - cpu0).as_secs_f64() / secs;
+    println!(
+        "| {n} | {:.1} s | {:.1} | {} | {:.1} % | {:.2} µs/s | {:.0} bytes | {still} / {n} |",
+        held_in.as_secs_f64(),
+        // Less this benchmark's own two reads of the count.
+        (c1 - c0 - 1).max(0) as f64 / secs * renew.as_secs_f64(),
+        db1.map(pct).unwrap_or_else(|| "-".to_owned()),
+        process * 100.0,
+        process * 1e6 / n as f64,
+        grown as f64 / n as f64,
+    );
+    for h in handles {
+        h.abort().await;
+    }
+    std::mem::drop(guards);
+    node.shutdown().await;
+    drop(&db, &table).await;
+    super::shards::drop_members(&db, &table).await;
+    Ok(())
+}
+
 // ------------------------------------------------------------------------------------------
 // Batched renewal
 
