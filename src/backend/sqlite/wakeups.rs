@@ -319,6 +319,29 @@ async fn ended(
     Ok(ended)
 }
 
+/// Waits for the end of the burst a write event began: [`SETTLE`] without another event, or
+/// [`MOST`] after it began. `false` if the watcher is told to stop meanwhile.
+async fn settled(changed: &Notify, stop: &CancellationToken) -> bool {
+    let most = tokio::time::Instant::now() + MOST;
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return false,
+            () = tokio::time::sleep(SETTLE) => return true,
+            () = changed.notified() => {
+                if tokio::time::Instant::now() >= most {
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+/// Whether anyone is subscribed to the hub (`None`: the hub is gone).
+fn subscribed(hub: &Weak<WakeHub>) -> Option<bool> {
+    hub.upgrade().map(|hub| hub.tx.receiver_count() > 0)
+}
+
 async fn watch(
     _watcher: notify::RecommendedWatcher,
     pool: SqlitePool,
@@ -341,29 +364,20 @@ async fn watch(
                 () = stop.cancelled() => break,
                 () = changed.notified() => {}
             }
-            // The burst's end: SETTLE without a change, or MOST after its start.
-            let most = tokio::time::Instant::now() + MOST;
-            loop {
-                tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return pool.close().await,
-                    () = tokio::time::sleep(SETTLE) => break,
-                    () = changed.notified() => {
-                        if tokio::time::Instant::now() >= most {
-                            break;
-                        }
-                    }
-                }
+            if !settled(&changed, &stop).await {
+                break;
             }
         }
         due = false;
-        match hub.upgrade() {
+        match subscribed(&hub) {
             None => break,
-            Some(hub) if hub.tx.receiver_count() == 0 => continue, // nobody waits
-            Some(_) => {}
+            Some(false) => continue, // nobody waits
+            Some(true) => {}
         }
         // The burst, followed until a whole run of VISIBLE_WITHIN shows no new commit (see
-        // there); each commit's ended leases are announced as soon as they are read.
+        // there), or until nobody waits any more; each commit's ended leases are announced as
+        // soon as they are read. A new burst meanwhile is looked at once it settles, so a file
+        // written without pause is looked at every MOST.
         let look = async {
             let mut step = 0;
             while let Some(wait) = VISIBLE_WITHIN.get(step) {
@@ -371,7 +385,9 @@ async fn watch(
                 tokio::select! {
                     biased;
                     () = changed.notified() => {
-                        tokio::time::sleep(SETTLE).await;
+                        if !settled(&changed, &stop).await {
+                            break;
+                        }
                         step = 0;
                     }
                     () = tokio::time::sleep(*wait) => {}
@@ -394,6 +410,9 @@ async fn watch(
                     // Nobody listening is fine: waiters poll anyway.
                     let _ = hub.tx.send(Arc::from(resource.as_str()));
                 }
+                if hub.tx.receiver_count() == 0 {
+                    break;
+                }
                 step = 0;
             }
             Ok::<_, sea_orm::sqlx::Error>(())
@@ -410,6 +429,9 @@ async fn watch(
                 // old one's.
                 seen.version = None;
                 failures += 1;
+                // Look again at once (the failed look may have taken the burst's event), up
+                // to three times in a row; then at the next write.
+                due = failures < 3;
                 if failures == 3 {
                     tracing::warn!(%error, "SQLite wake-ups: reading the leases keeps failing; waiters poll");
                 } else {
