@@ -23,6 +23,64 @@ async fn commits(db: &DatabaseConnection) -> Result<i64, Error> {
     Ok(row.try_get_by_index::<i64>(0)?)
 }
 
+/// Waits until every elector of `handles` leads (at most 120 s from `t0`).
+async fn all_leading(handles: &[orion_beacon::ElectorHandle], t0: Instant) -> Result<(), Error> {
+    while handles.iter().filter(|h| h.is_leader()).count() < handles.len() {
+        if t0.elapsed() > Duration::from_secs(120) {
+            return Err("not all electors led within 120 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A steady window of `d`, 12 s after the holds were taken (they fall into step within a renew
+/// interval; the server reports its backends' commits up to 10 s late, so the taking's count
+/// lands before the window).
+struct Window {
+    /// The server's commits per second, less this benchmark's own two reads of the count.
+    commits_per_s: f64,
+    /// This process's CPU, a share of one core.
+    process: f64,
+    /// The private server's CPU, a share of one core (`None` on a server you name).
+    database: Option<f64>,
+}
+
+impl Window {
+    async fn measure(
+        db: &DatabaseConnection,
+        server: Option<cpu::Server>,
+        d: Duration,
+    ) -> Result<Self, Error> {
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let (cpu0, db0, c0, t1) = (
+            cpu::process(),
+            server.map(|s| s.cpu()),
+            commits(db).await?,
+            Instant::now(),
+        );
+        tokio::time::sleep(d).await;
+        let (cpu1, db1, c1, secs) = (
+            cpu::process(),
+            cpu::delta(server, db0),
+            commits(db).await?,
+            t1.elapsed().as_secs_f64(),
+        );
+        Ok(Self {
+            commits_per_s: (c1 - c0 - 1).max(0) as f64 / secs,
+            process: (cpu1 - cpu0).as_secs_f64() / secs,
+            database: db1.map(|d| d.as_secs_f64() / secs),
+        })
+    }
+
+    /// The database's share as a table cell.
+    fn database_cell(&self) -> String {
+        self.database
+            .map(|share| format!("{:.1} %", share * 100.0))
+            .unwrap_or_else(|| "-".to_owned())
+    }
+}
+
 /// One process with `BENCH_ELECTORS` electors (default 10, 1,000 and 10,000), each leading its
 /// own resource on one store (lease 15 s, renew 5 s, pool of 16, PostgreSQL), renewing lease by
 /// lease (`renew_together(false)`) and together, side by side: the server's commits per second
@@ -67,44 +125,22 @@ pub(crate) async fn scale() -> Result<(), Error> {
                         .start(),
                 );
             }
-            while handles.iter().filter(|h| h.is_leader()).count() < n {
-                if t0.elapsed() > Duration::from_secs(120) {
-                    return Err("not all leases were acquired within 120 s".into());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            all_leading(&handles, t0).await?;
             let elected_in = t0.elapsed();
-            // The leaders fall into step within a renew interval; the server reports its
-            // backends' commits up to 10 s late, so the elections' count lands before the window.
-            tokio::time::sleep(Duration::from_secs(12)).await;
-            let (cpu0, db0, c0, t1) = (
-                cpu::process(),
-                server.map(|s| s.cpu()),
-                commits(&db).await?,
-                Instant::now(),
-            );
-            tokio::time::sleep(d).await;
-            let (cpu1, db1, c1, secs) = (
-                cpu::process(),
-                cpu::delta(server, db0),
-                commits(&db).await?,
-                t1.elapsed().as_secs_f64(),
-            );
+            let w = Window::measure(&db, server, d).await?;
             let leading = handles.iter().filter(|h| h.is_leader()).count();
-            let pct = |d: Duration| format!("{:.1} %", d.as_secs_f64() / secs * 100.0);
             println!(
-                "| {n} | {} | {:.1} s | {:.1} | {:.1} | {} | {} | {leading} / {n} |",
+                "| {n} | {} | {:.1} s | {:.1} | {:.1} | {} | {:.1} % | {leading} / {n} |",
                 if together {
                     "together"
                 } else {
                     "lease by lease"
                 },
                 elected_in.as_secs_f64(),
-                // Less this benchmark's own two reads of the count.
-                (c1 - c0 - 1).max(0) as f64 / secs,
+                w.commits_per_s,
                 n as f64 / 5.0,
-                db1.map(pct).unwrap_or_else(|| "-".to_owned()),
-                pct(cpu1 - cpu0),
+                w.database_cell(),
+                w.process * 100.0,
             );
             for h in handles {
                 h.abort().await;
@@ -205,48 +241,26 @@ pub(crate) async fn mixed() -> Result<(), Error> {
     all_led
         .await
         .map_err(|_| "the shard set did not lead all its resources within 120 s")??;
-    while handles.iter().filter(|h| h.is_leader()).count() < electors {
-        if t0.elapsed() > Duration::from_secs(120) {
-            return Err("not all electors led within 120 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    all_leading(&handles, t0).await?;
     let held_in = t0.elapsed();
-    // In step within a renew interval; the server's counts land up to 10 s late.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let (cpu0, db0, c0, t1) = (
-        cpu::process(),
-        server.map(|s| s.cpu()),
-        commits(&db).await?,
-        Instant::now(),
-    );
-    tokio::time::sleep(d).await;
-    let (cpu1, db1, c1, secs) = (
-        cpu::process(),
-        cpu::delta(server, db0),
-        commits(&db).await?,
-        t1.elapsed().as_secs_f64(),
-    );
+    let w = Window::measure(&db, server, d).await?;
     let grown = resident().saturating_sub(before);
     let still = handles.iter().filter(|h| h.is_leader()).count()
         + guards.iter().filter(|g| g.is_held()).count()
         + node.assignment().led.len();
-    let pct = |d: Duration| format!("{:.1} %", d.as_secs_f64() / secs * 100.0);
     println!(
         "\n## Mixed holds in one process ({electors} electors, {locks} locks, {shards} shards of one node; lease 15 s, renew 5 s, pool of 16, PostgreSQL, {} s window)\n",
         d.as_secs()
     );
     println!("| holds | all held in | server commits per renew interval | database CPU | process CPU | CPU per hold | resident memory per hold | still held |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let process = (cpu1 - cpu0).as_secs_f64() / secs;
     println!(
         "| {n} | {:.1} s | {:.1} | {} | {:.1} % | {:.2} µs/s | {:.0} bytes | {still} / {n} |",
         held_in.as_secs_f64(),
-        // Less this benchmark's own two reads of the count.
-        (c1 - c0 - 1).max(0) as f64 / secs * renew.as_secs_f64(),
-        db1.map(pct).unwrap_or_else(|| "-".to_owned()),
-        process * 100.0,
-        process * 1e6 / n as f64,
+        w.commits_per_s * renew.as_secs_f64(),
+        w.database_cell(),
+        w.process * 100.0,
+        w.process * 1e6 / n as f64,
         grown as f64 / n as f64,
     );
     for h in handles {
