@@ -1,10 +1,12 @@
 //! orion-beacon's benchmarks: store throughput next to pgbench running the very same statement,
 //! handover and failover times, one process holding 10,000 leases, batched renewal, shard sets
-//! over several node processes, and how late scheduled jobs start their slots.
+//! over several node processes, how late scheduled jobs start their slots, and rate-limit
+//! decisions next to pgbench running the same statement, and reader-writer locks next to PostgreSQL's
+//! advisory pair.
 //!
 //! ```sh
 //! cargo bench --all-features --bench orion                    # everything (a few minutes)
-//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, mixed, batch, shards, shardcost, locks, jobs
+//! cargo bench --all-features --bench orion -- throughput      # or: handover, scale, mixed, batch, shards, shardcost, locks, jobs, rates, rwlocks
 //! BENCH_SECS=10 cargo bench --all-features --bench orion -- throughput
 //! ```
 //!
@@ -32,8 +34,12 @@ mod handover;
 mod jobs;
 #[path = "orion/locks.rs"]
 mod locks;
+#[path = "orion/rates.rs"]
+mod rates;
 #[path = "orion/roundtrips.rs"]
 mod roundtrips;
+#[path = "orion/rwlocks.rs"]
+mod rwlocks;
 #[path = "orion/scale.rs"]
 mod scale;
 #[path = "orion/shard_cost.rs"]
@@ -110,6 +116,131 @@ pub(crate) async fn connect(
         .sqlx_logging(false)
         .test_before_acquire(test_before_acquire);
     Ok(sea_orm::Database::connect(o).await?)
+}
+
+/// pgbench's threading (`-j min(clients, 2)`): each of `min(clients, 2)` OS threads runs a
+/// current-thread runtime and `body(its clients, go)`, which sets up, calls `go.wait()` (even
+/// after a failed set-up, so the others are not left waiting), runs its clients and returns
+/// how many calls they made. `at_start` runs once every thread has passed `go`; returns the
+/// calls of all threads and what `at_start` returned.
+pub(crate) fn on_threads<S, F, Fut>(
+    clients: usize,
+    at_start: impl FnOnce() -> S,
+    body: F,
+) -> Result<(u64, S), Error>
+where
+    F: Fn(Vec<usize>, std::sync::Arc<std::sync::Barrier>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<u64, Error>>,
+{
+    let threads = clients.clamp(1, 2);
+    let go = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
+    let body = std::sync::Arc::new(body);
+    let mut joins = Vec::new();
+    for t in 0..threads {
+        let (go, body) = (go.clone(), body.clone());
+        let mine: Vec<usize> = (0..clients).filter(|c| c % threads == t).collect();
+        joins.push(std::thread::spawn(move || -> Result<u64, Error> {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(err) => {
+                    go.wait();
+                    return Err(err.into());
+                }
+            };
+            rt.block_on(body(mine, go))
+        }));
+    }
+    go.wait();
+    let started = at_start();
+    let mut calls = 0;
+    for j in joins {
+        calls += j.join().map_err(|_| "a benchmark thread panicked")??;
+    }
+    Ok((calls, started))
+}
+
+/// The median of `v` (the mean of the middle two for an even count; NaN for none).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// CLOCK_MONOTONIC in seconds, perf's clock with `-k CLOCK_MONOTONIC`.
+fn monotonic() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9)
+        .unwrap_or(f64::NAN)
+}
+
+/// With `BENCH_MARK_CELLS` set, prints the `CLOCK_MONOTONIC` span of the cell `what` that
+/// began at `start` and ends now: for a profile of one cell, `perf record -k CLOCK_MONOTONIC`
+/// and then `perf report --time FROM,TO` with these two times.
+pub(crate) fn mark_cell(what: &str, start: tokio::time::Instant) {
+    if std::env::var_os("BENCH_MARK_CELLS").is_some() {
+        let to = monotonic();
+        let from = to - start.elapsed().as_secs_f64();
+        eprintln!("cell {what}: {from:.6},{to:.6}");
+    }
+}
+
+/// `n` plain sqlx connections to `url` (no pool, no SeaORM, no store), opened one by one.
+pub(crate) async fn plain_connections(
+    url: &str,
+    n: usize,
+) -> Vec<Result<sea_orm::sqlx::PgConnection, sea_orm::sqlx::Error>> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        conns.push(<sea_orm::sqlx::PgConnection as sea_orm::sqlx::Connection>::connect(url).await);
+    }
+    conns
+}
+
+/// A client on a plain sqlx connection: `stmts` in turn until `stop`, each prepared once
+/// (sqlx's statement cache) and bound by the binder the store uses (`sea-query-sqlx`); with
+/// `timeout`, each under a 30 s `tokio::time::timeout` (a timer armed while the answer is
+/// awaited). How many turns it ran.
+pub(crate) async fn plain_client(
+    mut conn: sea_orm::sqlx::PgConnection,
+    stmts: &[sea_orm::Statement],
+    stop: tokio::time::Instant,
+    timeout: bool,
+) -> Result<u64, Error> {
+    let mut n = 0u64;
+    while tokio::time::Instant::now() < stop {
+        for stmt in stmts {
+            let values = sea_query_sqlx::SqlxValues(
+                stmt.values.clone().unwrap_or(sea_orm::Values(Vec::new())),
+            );
+            let q =
+                sea_orm::sqlx::query_with(sea_orm::sqlx::AssertSqlSafe(stmt.sql.as_str()), values)
+                    .fetch_all(&mut conn);
+            if timeout {
+                tokio::time::timeout(Duration::from_secs(30), q).await??;
+            } else {
+                q.await?;
+            }
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The calls the client tasks made, all of them awaited.
+pub(crate) async fn calls_of(
+    tasks: Vec<tokio::task::JoinHandle<Result<u64, Error>>>,
+) -> Result<u64, Error> {
+    let mut n = 0;
+    for t in tasks {
+        n += t.await??;
+    }
+    Ok(n)
 }
 
 pub(crate) fn unique(prefix: &str) -> String {
@@ -213,6 +344,12 @@ fn main() -> Result<(), Error> {
         }
         if all || what.iter().any(|w| w == "jobs") {
             jobs::jobs_bench().await?;
+        }
+        if all || what.iter().any(|w| w == "rates") {
+            rates::rates_bench().await?;
+        }
+        if all || what.iter().any(|w| w == "rwlocks") {
+            rwlocks::rwlocks_bench().await?;
         }
         Ok(())
     })

@@ -83,8 +83,8 @@ pub enum StoreError {
         #[source]
         source: BackendError,
     },
-    /// The lease table (or a shard set's membership table) does not exist in this database:
-    /// run the migration.
+    /// The lease table (or a shard set's membership table, or the rate-limit table) does not
+    /// exist in this database: run the migration.
     #[error("the table {table:?} does not exist: run the migration first ({})", source.migration_hint(table))]
     MissingTable {
         /// The table that was looked for.
@@ -184,11 +184,14 @@ impl BackendError {
                         .to_owned()
                 } else if table == orion_beacon_entity::DEFAULT_MEMBER_TABLE {
                     "`orion_beacon_migration::CreateMemberTable::new()`".to_owned()
+                } else if table == orion_beacon_entity::DEFAULT_RATE_LIMIT_TABLE {
+                    "`orion_beacon_migration::CreateRateLimitTable::new()`".to_owned()
                 } else {
                     format!(
                         "`orion_beacon_migration::CreateLeaseTable::with_table(\"{table}\")?` \
                          (`CreateMemberTable::with_table(\"{table}\")?` if it is a shard \
-                         set's membership table)"
+                         set's membership table, `CreateRateLimitTable::with_table(\"{table}\")?` \
+                         if it is a rate-limit table)"
                     )
                 };
                 format!(

@@ -24,6 +24,7 @@ pub mod membership;
 mod memory;
 mod mutex;
 mod random;
+pub mod rate_limit;
 pub mod shards;
 pub mod store;
 mod watch;
@@ -56,6 +57,8 @@ pub use locks::{Lock, LockError, LockGuard, Locks, Semaphore};
 #[doc(inline)]
 pub use membership::{Holding, Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
+#[doc(inline)]
+pub use rate_limit::{Quota, RateLimitStore, RateLimiter};
 #[doc(inline)]
 pub use shards::{
     Assignment, ShardConfigError, ShardHandle, ShardSet, ShardSetBuilder, ShardStore,

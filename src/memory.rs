@@ -62,6 +62,8 @@ pub struct InMemoryLeaseStore {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
     /// Shard set members by (shard set, member).
     members: Arc<Mutex<HashMap<(String, String), Membership>>>,
+    /// Rate-limit keys: (TAT, permits granted), in µs on the store's clock.
+    rates: Arc<Mutex<HashMap<String, (i64, i64)>>>,
     released: tokio::sync::broadcast::Sender<Arc<str>>,
     origin: (Instant, DateTime<Utc>),
 }
@@ -96,6 +98,7 @@ impl Default for InMemoryLeaseStore {
         Self {
             slots: Arc::default(),
             members: Arc::default(),
+            rates: Arc::default(),
             released: tokio::sync::broadcast::channel(64).0,
             origin: (Instant::now(), Utc::now()),
         }
@@ -158,6 +161,30 @@ impl InMemoryLeaseStore {
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
         lock(&self.slots)
+    }
+}
+
+#[async_trait]
+impl crate::rate_limit::RateLimitStore for InMemoryLeaseStore {
+    /// The GCRA decision on the store's clock ([`Instant`], so paused time moves it), in µs
+    /// on its wall-clock axis.
+    async fn take_permit(
+        &self,
+        key: &str,
+        quota: &crate::rate_limit::Quota,
+    ) -> Result<crate::rate_limit::RateOutcome, StoreError> {
+        crate::rate_limit::validate_key(key)?;
+        let (origin, wall) = self.origin;
+        let since = i64::try_from(Instant::now().saturating_duration_since(origin).as_micros())
+            .unwrap_or(i64::MAX);
+        let now = wall.timestamp_micros().saturating_add(since);
+        let mut rates = lock(&self.rates);
+        let stored = rates.get(key).copied();
+        let (granted, tat) = crate::rate_limit::decide(stored.map(|s| s.0), now, quota);
+        let permits = stored.map_or(0, |s| s.1) + i64::from(granted);
+        rates.insert(key.to_owned(), (tat, permits));
+        drop(rates);
+        crate::rate_limit::outcome(key, quota, granted, permits, tat - now, now)
     }
 }
 

@@ -7,10 +7,21 @@
 //! begun again on its earlier token is caught), an overlap of one shard's
 //! work with its next holder and a stale row of one shard are caught and named, a node over
 //! `ceil(N / M) + slack` at a steady point fails, and the recovery figure is measured. The lock
-//! runs: safety only, an overlap on a permit still caught, the holds at once counted.
+//! runs: safety only, an overlap on a permit still caught, the holds at once counted. A kill
+//! inside a server outage is measured from the outage's end, and still caught past the bound.
+//! A load job's slot skipped after its previous run ended is caught, unless another run of the
+//! job (a retry of an older slot) was under way when the skip was recorded. The rate-limit
+//! runs: a permit number given twice, one above the table's count, a span of the
+//! interval over the quota and a stretch without permits are each caught; a clean run passes.
 
 #[path = "torture/checker.rs"]
 mod checker;
+// Only the records' checks are used here, not the histories' parsing.
+#[allow(dead_code)]
+#[path = "torture/jobs_checker.rs"]
+mod jobs_checker;
+#[path = "torture/rate_checker.rs"]
+mod rate_checker;
 #[path = "torture/shard_checker.rs"]
 mod shard_checker;
 
@@ -608,7 +619,8 @@ stop 5100000000
 /// start would let it pass.
 #[test]
 fn a_late_takeover_after_the_lapse_is_caught() {
-    let run = |b_leads_at_ms: u64| {
+    // `outage`: a Galera node rejoining (its donor blocked) from 0.8 s to 1.6 s.
+    let run = |b_leads_at_ms: u64, outage: bool| {
         let mut r = Record {
             end: 6_000 * MS,
             lapse_bound_ns: 500 * MS,
@@ -632,12 +644,20 @@ fn a_late_takeover_after_the_lapse_is_caught() {
             start: 1_000 * MS,
             end: 3_000 * MS,
         });
+        if outage {
+            r.faults.push(Fault {
+                kind: "noderejoin".into(),
+                candidate: None,
+                start: 800 * MS,
+                end: 1_600 * MS,
+            });
+        }
         check(&r, 3_000 * MS)
     };
-    let v = run(1_500);
+    let v = run(1_500, false);
     assert!(v.violations.is_empty(), "{:?}", v.violations);
     assert_eq!(v.worst_after_lapse_ns, 300 * MS);
-    let v = run(1_900);
+    let v = run(1_900, false);
     assert!(
         v.violations
             .iter()
@@ -645,6 +665,11 @@ fn a_late_takeover_after_the_lapse_is_caught() {
         "{:?}",
         v.violations
     );
+    // The same late takeover while a Galera node rejoined until 1.6 s: counted from the
+    // outage's end, 300 ms.
+    let v = run(1_900, true);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    assert_eq!(v.worst_after_lapse_ns, 300 * MS);
 }
 
 /// A candidate whose partition healed must answer again: one whose store only fails (or never
@@ -690,4 +715,278 @@ fn a_healed_candidate_that_never_answers_again_is_caught() {
     let healthy = run("call 1000000000 1500000000 error pool timed out\ncall 3100000000 3200000000 denied Some(\"b\") Some(3) rem=Some(400ms)\n");
     assert!(healthy.violations.is_empty(), "{:?}", healthy.violations);
     assert_eq!((healthy.heals, healthy.worst_heal_ns), (1, 200 * MS));
+}
+
+/// A candidate killed while a server could not write (a Galera donor blocked by a node's state
+/// transfer): the recovery counts from the outage's end, and is still caught when the next
+/// leader comes later than the bound after it.
+#[test]
+fn a_kill_inside_a_server_outage_is_measured_from_the_outage_end() {
+    let with_takeover_at = |at_ms: u64, outage: bool| {
+        let mut r = Record {
+            end: 10_000 * MS,
+            quiesce: 9_000 * MS,
+            ..Record::default()
+        };
+        r.add_history("start a 0 0\nlead 1 100000000\n", Some(900 * MS))
+            .unwrap();
+        r.add_history(
+            &format!(
+                "start b 0 0\nlead 2 {}\nlost 2 9500000000 9500000000 shutdown\n",
+                at_ms * MS
+            ),
+            None,
+        )
+        .unwrap();
+        r.faults = vec![Fault {
+            kind: "kill".into(),
+            candidate: Some("a".into()),
+            start: 900 * MS,
+            end: 900 * MS,
+        }];
+        if outage {
+            r.faults.push(Fault {
+                kind: "noderejoin".into(),
+                candidate: None,
+                start: 500 * MS,
+                end: 3_000 * MS,
+            });
+        }
+        check(&r, BOUND)
+    };
+    let v = with_takeover_at(3_400, true);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    assert_eq!(v.worst_recovery_ns, 400 * MS);
+    let v = with_takeover_at(3_400, false);
+    assert!(
+        v.violations
+            .iter()
+            .any(|m| m.starts_with("no other leader within 1000 ms after kill of a")),
+        "{:?}",
+        v.violations
+    );
+    let v = with_takeover_at(4_200, true);
+    assert!(
+        v.violations
+            .iter()
+            .any(|m| m.starts_with("no other leader within 1000 ms after kill of a")),
+        "{:?}",
+        v.violations
+    );
+}
+
+mod rates {
+    use super::rate_checker::{check, RateRecord};
+    use super::{Fault, MS};
+
+    /// Two clients sharing 3 permits per 100 ms (burst 1): grants every 40 ms by the
+    /// database clock.
+    fn record() -> RateRecord {
+        let mut r = RateRecord {
+            interval_us: 100_000,
+            most_per_interval: 3,
+            table_permits: 10,
+            start_ns: 0,
+            quiesce_ns: 1_000 * MS,
+            ..RateRecord::default()
+        };
+        let mut a = String::from("start a 0 0\n");
+        let mut b = String::from("start b 0 0\n");
+        for n in 1..=10u64 {
+            let at_us = 1_000_000 + n * 40_000;
+            let answered = n * 90 * MS;
+            let line = format!("permit {n} {at_us} {} {answered}\n", answered - MS);
+            if n % 2 == 0 {
+                a.push_str(&line)
+            } else {
+                b.push_str(&line)
+            }
+        }
+        a.push_str("limited 20000 5000000\nerror 6000000\nstop 990000000\n");
+        r.add_history(&a).unwrap();
+        r.add_history(&b).unwrap();
+        r
+    }
+
+    #[test]
+    fn a_clean_rate_run_passes() {
+        let r = record();
+        let v = check(&r, 500 * MS);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.most_in_interval, 3);
+        assert_eq!((r.limited, r.errors), (1, 1));
+    }
+
+    #[test]
+    fn a_number_twice_or_above_the_table_is_caught() {
+        let mut r = record();
+        r.grants[3].number = r.grants[4].number;
+        let v = check(&r, 500 * MS);
+        assert!(
+            v.violations.iter().any(|m| m.contains("given twice")),
+            "{:?}",
+            v.violations
+        );
+        let mut r = record();
+        r.table_permits = 9;
+        let v = check(&r, 500 * MS);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.contains("above the table's count")),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    #[test]
+    fn a_span_over_the_quota_is_caught() {
+        let mut r = record();
+        // A fourth permit inside one span of 100 ms.
+        r.grants[2].at_us = r.grants[1].at_us + 1;
+        let v = check(&r, 500 * MS);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.starts_with("4 permits in the span of 100000")),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    #[test]
+    fn a_stretch_without_permits_is_caught_unless_the_server_was_down() {
+        let mut r = record();
+        r.quiesce_ns = 2_000 * MS;
+        let v = check(&r, 500 * MS);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.starts_with("no permit for 1100 ms")),
+            "{:?}",
+            v.violations
+        );
+        r.faults.push(Fault {
+            kind: "restart".into(),
+            candidate: None,
+            start: 950 * MS,
+            end: 1_700 * MS,
+        });
+        let v = check(&r, 500 * MS);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+    }
+}
+
+mod jobs {
+    use super::jobs_checker::{check, JobHistories, RunRecord};
+
+    fn record(slot: i64, state: &str, claimed: i64, finished: Option<i64>) -> RunRecord {
+        RunRecord {
+            job: "load-1".into(),
+            slot,
+            state: state.into(),
+            attempts: 1,
+            claimed_token: Some(1),
+            claimed_by: Some("a".into()),
+            finished_token: finished.map(|_| 1),
+            claimed_at_ms: Some(claimed),
+            finished_at_ms: finished,
+        }
+    }
+
+    fn false_skips(records: &[RunRecord]) -> usize {
+        check(
+            ("tick", 1000),
+            ("load-", 1000),
+            records,
+            &[],
+            &JobHistories::default(),
+            20,
+        )
+        .violations
+        .iter()
+        .filter(|m| m.contains("was skipped, though"))
+        .count()
+    }
+
+    #[test]
+    fn a_skip_after_the_previous_run_ended_is_caught_unless_another_run_was_under_way() {
+        // Slot 2000 skipped at 2100, though slot 1000's run ended at 1500.
+        let mut records = vec![
+            record(1000, "finished", 1000, Some(1500)),
+            record(2000, "skipped", 2100, None),
+        ];
+        assert_eq!(false_skips(&records), 1);
+        // A retry of slot 0, claimed at 2050 and ended at 2300, ran when the skip was made.
+        records.push(record(0, "finished", 2050, Some(2300)));
+        assert_eq!(false_skips(&records), 0);
+        // One that ended before the skip explains nothing.
+        records.pop();
+        records.push(record(0, "finished", 1900, Some(2000)));
+        assert_eq!(false_skips(&records), 1);
+    }
+}
+
+mod rw {
+    use super::shard_checker::{check_rw, ShardRecord};
+
+    /// Reader r holds slot s#r0 (token 4) from 100 ms to 400 ms; writer w holds both slots
+    /// (s#r0 token 5, s#r1 token 2) from 500 ms.
+    const R: &str = "start r 0 0
+lead s#r0 4 100000000 1
+work s#r0 4 100000000 1
+lost s#r0 4 400000000 900000000 released 1
+done s#r0 4 400000000 900000000 1
+stop 2000000000
+";
+
+    fn writer(line: &str) -> String {
+        format!(
+            "start w 0 0
+lead s#r0 5 500000000 1
+work s#r0 5 500000000 1
+lead s#r1 2 500000000 2
+work s#r1 2 500000000 2
+{line}
+lost s#r0 5 900000000 1500000000 released 1
+done s#r0 5 900000000 1500000000 1
+lost s#r1 2 900000000 1500000000 released 2
+done s#r1 2 900000000 1500000000 2
+stop 2000000000
+"
+        )
+    }
+
+    fn check(w: &str) -> Vec<String> {
+        let mut r = ShardRecord::new(&["s#r0".to_owned(), "s#r1".to_owned()]);
+        r.add_history(R, None).unwrap();
+        r.add_history(&writer(w), None).unwrap();
+        check_rw(&r)
+    }
+
+    /// A write hold of every slot, its token the highest of theirs: clean. One short of a
+    /// slot, or with a token not above an earlier reader's, is caught.
+    #[test]
+    fn a_write_hold_must_hold_every_slot_with_a_higher_token() {
+        let ok = check("rwwrite 5 600000000 s#r0=5 s#r1=2");
+        assert!(ok.is_empty(), "{ok:?}");
+        let short = check("rwwrite 2 600000000 s#r1=2");
+        assert!(short.iter().any(|m| m.contains("not all of")), "{short:?}");
+        assert!(
+            short
+                .iter()
+                .any(|m| m.contains("not above r's earlier hold")),
+            "{short:?}"
+        );
+        let lowest = check("rwwrite 2 600000000 s#r0=5 s#r1=2");
+        assert!(
+            lowest.iter().any(|m| m.contains("its slots' highest")),
+            "{lowest:?}"
+        );
+        let unheld = check("rwwrite 5 950000000 s#r0=5 s#r1=2");
+        assert!(
+            unheld.iter().any(|m| m.contains("no believed term")),
+            "{unheld:?}"
+        );
+    }
 }

@@ -32,17 +32,42 @@ fn locks(store: SeaOrmLeaseStore, owner: &str) -> Result<Locks, Error> {
 /// `release`): round trips per second (one round trip: both calls).
 async fn lock_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Result<f64, Error> {
     let locks = locks(store.clone(), "bench")?;
+    round_trip_rate(clients, d, |c| {
+        let lock = locks.lock(format!("bench-lock-{c}"))?;
+        Ok(move || {
+            let lock = lock.clone();
+            async move {
+                // Free but not granted (a grant that answered too late to trust): ask again.
+                match lock.try_acquire().await? {
+                    Some(guard) => Ok(guard.release().await.map(|_| true)?),
+                    None => Ok(false),
+                }
+            }
+        })
+    })
+    .await
+}
+
+/// `clients` tasks, client `c` running the round trips `each(c)` makes for `d`: the round trips
+/// per second that counted (each answers whether it did).
+pub(super) async fn round_trip_rate<F, Fut>(
+    clients: usize,
+    d: Duration,
+    each: impl Fn(usize) -> Result<F, Error>,
+) -> Result<f64, Error>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<bool, Error>> + Send,
+{
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let (lock, done) = (locks.lock(format!("bench-lock-{c}"))?, done.clone());
+        let (mut round_trip, done) = (each(c)?, done.clone());
         tasks.push(tokio::spawn(async move {
             let mut n = 0;
             while start.elapsed() < d {
-                // Free but not granted (a grant that answered too late to trust): ask again.
-                if let Some(guard) = lock.try_acquire().await? {
-                    guard.release().await?;
+                if round_trip().await? {
                     n += 1;
                 }
             }
@@ -56,38 +81,118 @@ async fn lock_rate(store: &SeaOrmLeaseStore, clients: usize, d: Duration) -> Res
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
+/// [`lock_rate`] with pgbench's threading (`-j min(clients, 2)`): each of `threads` OS threads
+/// runs a current-thread runtime with a store of its own (sessions as many as its clients) and
+/// its own clients, so no answer wakes a task on another thread. With `plain`, the clients send
+/// the store's two statements on plain sqlx connections instead (no pool, no SeaORM, no store):
+/// what the Rust client stack alone costs for one round trip.
+fn lock_rate_threaded(
+    url: &str,
+    table: &str,
+    clients: usize,
+    d: Duration,
+    plain: bool,
+) -> Result<f64, Error> {
+    let (url, table) = (url.to_owned(), table.to_owned());
+    let (rounds, start) = on_threads(clients, Instant::now, move |mine, go| {
+        let (url, table) = (url.clone(), table.clone());
+        async move {
+            let db = connect(&url, mine.len() as u32, false).await;
+            let mut conns = if plain {
+                plain_connections(&url, mine.len()).await
+            } else {
+                Vec::new()
+            };
+            go.wait(); // even on error, so the others are not left waiting
+            let store = SeaOrmLeaseStore::new(db?)
+                .with_table(&table)?
+                .with_lease_connections(mine.len())?;
+            let locks = locks(store.clone(), "bench")?;
+            let stop = Instant::now() + d;
+            let tasks: Vec<_> = mine
+                .into_iter()
+                .map(|c| {
+                    let name = format!("bench-lock-{c}");
+                    let conn = conns.pop();
+                    let (store, lock) = (store.clone(), locks.lock(&name));
+                    tokio::spawn(async move {
+                        if let Some(conn) = conn {
+                            let both = [
+                                store.acquire_statement(&name, "bench", LEASE)?,
+                                store.release_statement(&name, "bench")?,
+                            ];
+                            return plain_client(conn?, &both, stop, false).await;
+                        }
+                        let mut n = 0u64;
+                        let lock = lock?;
+                        while Instant::now() < stop {
+                            if let Some(guard) = lock.try_acquire().await? {
+                                guard.release().await?;
+                                n += 1;
+                            }
+                        }
+                        Ok::<_, Error>(n)
+                    })
+                })
+                .collect();
+            calls_of(tasks).await
+        }
+    })?;
+    let rate = rounds as f64 / start.elapsed().as_secs_f64();
+    let what = if plain {
+        "sqlx alone"
+    } else {
+        "a runtime per thread"
+    };
+    mark_cell(&format!("locks, {what}, {clients} clients"), start);
+    Ok(rate)
+}
+
 /// The same loop with PostgreSQL advisory locks through sqlx on the app's pool: a connection
 /// taken from the pool, `pg_advisory_lock(key)`, `pg_advisory_unlock(key)`, back to the pool.
 async fn advisory_rate(db: &DatabaseConnection, clients: usize, d: Duration) -> Result<f64, Error> {
+    advisory_pair_rate(
+        db,
+        clients,
+        d,
+        (
+            "SELECT pg_advisory_lock($1)",
+            "SELECT pg_advisory_unlock($1)",
+        ),
+        7_000,
+    )
+    .await
+}
+
+/// `clients` tasks, each locking and unlocking an advisory key of its own (`key_base + c`)
+/// with the statements `(lock, unlock)`: round trips per second.
+pub(super) async fn advisory_pair_rate(
+    db: &DatabaseConnection,
+    clients: usize,
+    d: Duration,
+    (lock, unlock): (&'static str, &'static str),
+    key_base: i64,
+) -> Result<f64, Error> {
     let pool = db.get_postgres_connection_pool().clone();
-    let done = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let (pool, done) = (pool.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            let key = 7_000 + c as i64;
-            let mut n = 0;
-            while start.elapsed() < d {
+    round_trip_rate(clients, d, |c| {
+        let (pool, key) = (pool.clone(), key_base + c as i64);
+        Ok(move || {
+            let pool = pool.clone();
+            async move {
                 let mut conn = pool.acquire().await?;
-                sea_orm::sqlx::query("SELECT pg_advisory_lock($1)")
+                sea_orm::sqlx::query(lock)
                     .bind(key)
                     .execute(&mut *conn)
                     .await?;
-                sea_orm::sqlx::query("SELECT pg_advisory_unlock($1)")
+                sea_orm::sqlx::query(unlock)
                     .bind(key)
                     .execute(&mut *conn)
                     .await?;
-                n += 1;
+                Ok(true)
             }
-            done.fetch_add(n, Ordering::Relaxed);
-            Ok::<_, Error>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+        })
+    })
+    .await
 }
 
 /// `n` releases of a held lock, each with a waiter already in `acquire` (denied once): the
@@ -202,16 +307,46 @@ pub(crate) async fn locks_bench() -> Result<(), Error> {
     let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
 
     println!("\n## Locks: acquire + release round trips per second (PostgreSQL, {d:?} per cell)\n");
-    println!("| clients | pgbench, the two statements | orion-beacon `try_acquire` + `release` | ratio | advisory lock + unlock (sqlx, same pool) | ratio to advisory |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!(
+        "Each cell the median of {} turns (every cell of a row run in turn); ratios: the median \
+         of each turn's own ratio. One runtime: the clients' tasks on one 2-worker runtime. A \
+         runtime per thread: pgbench's threading (`-j min(clients, 2)`, a current-thread \
+         runtime and a store per thread). sqlx alone: the store's two statements on a plain \
+         sqlx `PgConnection` per client, pgbench's threading.\n",
+        repeats()
+    );
+    println!("| clients | pgbench, the two statements | `try_acquire` + `release`, one runtime | ratio | a runtime per thread | ratio | sqlx alone, the two statements | ratio | a runtime per thread / sqlx alone | advisory lock + unlock (sqlx, same pool) | one runtime / advisory |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for clients in [1usize, 4] {
-        let bench = pgbench_lock_rate(&pg, &store, clients, d)?;
-        let ours = lock_rate(&store, clients, d).await?;
-        let advisory = advisory_rate(&db, clients, d).await?;
+        let mut turns = Vec::new();
+        for _ in 0..repeats() {
+            let bench = pgbench_lock_rate(&pg, &store, clients, d)?;
+            let ours = lock_rate(&store, clients, d).await?;
+            let threaded = |plain: bool| {
+                let (pg, table) = (pg.clone(), table.clone());
+                tokio::task::spawn_blocking(move || {
+                    lock_rate_threaded(&pg, &table, clients, d, plain)
+                })
+            };
+            let per_thread = threaded(false).await??;
+            let plain = threaded(true).await??;
+            let advisory = advisory_rate(&db, clients, d).await?;
+            turns.push([bench, ours, per_thread, plain, advisory]);
+        }
+        let cell = |k: usize| median(turns.iter().map(|t| t[k]).collect());
+        let ratio = |k: usize, of: usize| median(turns.iter().map(|t| t[k] / t[of]).collect());
         println!(
-            "| {clients} | {bench:.0} | {ours:.0} | {:.2} | {advisory:.0} | {:.2} |",
-            ours / bench,
-            ours / advisory
+            "| {clients} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} |",
+            cell(0),
+            cell(1),
+            ratio(1, 0),
+            cell(2),
+            ratio(2, 0),
+            cell(3),
+            ratio(3, 0),
+            ratio(2, 3),
+            cell(4),
+            ratio(1, 4),
         );
     }
 

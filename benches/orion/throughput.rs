@@ -64,6 +64,13 @@ pub(crate) enum Op {
     /// runs) sent through SeaORM (`query_all_raw`), without the store's check: what the
     /// client stack costs for one statement.
     Statement,
+    /// The same statement on a plain sqlx `PgConnection` of the client's own (no pool, no
+    /// SeaORM, no store): the floor of the Rust client stack the store is built on.
+    Sqlx,
+    /// [`Op::Sqlx`] with each call under a 30 s `tokio::time::timeout`, as services bound
+    /// their queries: the runtime then has a timer armed while it waits for the answer, as
+    /// the store has (its takeover's first look).
+    SqlxTimeout,
 }
 
 /// The loop with pgbench's threading (`-j min(clients, 2)`): each of `threads` OS threads runs
@@ -77,19 +84,21 @@ pub(crate) fn store_rate_threaded(
     op: Op,
     server: Option<cpu::Server>,
 ) -> Result<Rate, Error> {
-    let threads = clients.min(2);
-    let go = Arc::new(std::sync::Barrier::new(threads + 1));
-    let mut joins = Vec::new();
-    for t in 0..threads {
-        let (url, table, go) = (url.to_owned(), table.to_owned(), go.clone());
-        let mine: Vec<usize> = (0..clients).filter(|c| c % threads == t).collect();
-        joins.push(std::thread::spawn(move || -> Result<u64, Error> {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async move {
+    let (url, table) = (url.to_owned(), table.to_owned());
+    let (calls, (cpu0, db0, start)) = on_threads(
+        clients,
+        || (cpu::process(), server.map(|s| s.cpu()), Instant::now()),
+        move |mine, go| {
+            let (url, table) = (url.clone(), table.clone());
+            async move {
                 let size = mine.len() * pool_mult();
                 let db = connect(&url, size as u32, false).await;
+                // sqlx alone: the clients' connections, opened before the clock starts.
+                let mut plain = if matches!(op, Op::Sqlx | Op::SqlxTimeout) {
+                    plain_connections(&url, mine.len()).await
+                } else {
+                    Vec::new()
+                };
                 go.wait(); // even on error, so the others are not left waiting
                 let sessions = if op == Op::StoreChecked {
                     0
@@ -105,16 +114,21 @@ pub(crate) fn store_rate_threaded(
                     .into_iter()
                     .map(|c| {
                         let store = store.clone();
+                        let conn = plain.pop();
                         tokio::spawn(async move {
                             let resource = format!("bench-{c}");
                             let stmt = store.acquire_statement(&resource, "bench", lease)?;
+                            if let Some(conn) = conn {
+                                let timeout = op == Op::SqlxTimeout;
+                                return plain_client(conn?, &[stmt], stop, timeout).await;
+                            }
                             let mut n = 0u64;
                             while Instant::now() < stop {
                                 match op {
                                     Op::Store | Op::StoreChecked => {
                                         store.acquire_or_renew(&resource, "bench", lease).await?;
                                     }
-                                    Op::Statement => {
+                                    Op::Statement | Op::Sqlx | Op::SqlxTimeout => {
                                         store.connection().query_all_raw(stmt.clone()).await?;
                                     }
                                 }
@@ -124,21 +138,12 @@ pub(crate) fn store_rate_threaded(
                         })
                     })
                     .collect();
-                let mut n = 0;
-                for t in tasks {
-                    n += t.await??;
-                }
-                Ok(n)
-            })
-        }));
-    }
-    go.wait();
-    let (cpu0, db0, start) = (cpu::process(), server.map(|s| s.cpu()), Instant::now());
-    let mut calls = 0;
-    for j in joins {
-        calls += j.join().map_err(|_| "a benchmark thread panicked")??;
-    }
+                calls_of(tasks).await
+            }
+        },
+    )?;
     let wall = start.elapsed();
+    mark_cell(&format!("{op:?}, {clients} clients"), start);
     Ok(Rate::new(
         calls,
         wall,
@@ -186,6 +191,7 @@ pub(crate) fn pgbench_sql(stmt: sea_orm::Statement) -> Result<String, Error> {
             sea_orm::Value::String(Some(s)) => format!("'{s}'"),
             sea_orm::Value::BigInt(Some(n)) => format!("{n}::bigint"),
             sea_orm::Value::Int(Some(n)) => n.to_string(),
+            sea_orm::Value::Bool(Some(b)) => b.to_string(),
             // No payload (the statement of a table with the payload columns).
             sea_orm::Value::String(None) => "NULL::text".to_owned(),
             other => return Err(format!("unexpected value {other:?}").into()),
@@ -297,23 +303,26 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             let statement = threaded(Op::Statement).await??;
             let checked = threaded(Op::StoreChecked).await??;
             let pgbench2 = pgbench_rate(&url, &store, clients, d, true, server)?;
-            reps.push([pgbench, ours, per_thread, statement, checked, pgbench2]);
+            let sqlx = threaded(Op::Sqlx).await??;
+            let sqlx_timeout = threaded(Op::SqlxTimeout).await??;
+            reps.push([
+                pgbench,
+                ours,
+                per_thread,
+                statement,
+                checked,
+                pgbench2,
+                sqlx,
+                sqlx_timeout,
+            ]);
         }
         drop(&db, &table).await;
         db.close().await?;
         pg_rows.push((clients, reps));
     }
-    let median = |mut v: Vec<f64>| -> f64 {
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
-    };
     // Per cell: the median rate and CPU over the repeats; ratios: the median of each repeat's
     // own ratio (the cells of one repeat ran within a minute of each other).
-    let cell = |reps: &[[Rate; 6]], k: usize| -> Rate {
+    let cell = |reps: &[[Rate; 8]], k: usize| -> Rate {
         let db: Vec<f64> = reps.iter().filter_map(|r| r[k].db_us).collect();
         Rate {
             per_s: median(reps.iter().map(|r| r[k].per_s).collect()),
@@ -321,7 +330,7 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             db_us: (!db.is_empty()).then(|| median(db)),
         }
     };
-    let ratio = |reps: &[[Rate; 6]], k: usize, of: usize| -> f64 {
+    let ratio = |reps: &[[Rate; 8]], k: usize, of: usize| -> f64 {
         median(reps.iter().map(|r| r[k].per_s / r[of].per_s).collect())
     };
     println!(
@@ -338,13 +347,15 @@ pub(crate) async fn throughput() -> Result<(), Error> {
          current-thread runtime and a store per thread, `-j min(clients, 2)`). SeaORM, 1 \
          statement: the store's statement sent through SeaORM's pool without the check, \
          pgbench's threading. Application pool, checked: `with_lease_connections(0)`, \
-         pgbench's threading. Ratios are to pgbench, 1 statement, unless named.\n"
+         pgbench's threading. sqlx alone, 1 statement: the store's statement on a plain sqlx \
+         `PgConnection` per client (no pool, no SeaORM, no store), pgbench's threading; under \
+         a timeout: each call in a 30 s `tokio::time::timeout`. Ratios are to pgbench, 1 statement, unless named.\n"
     );
-    println!("| backend | clients | pgbench, 1 statement | orion-beacon, one runtime | ratio | orion-beacon, a runtime per thread | ratio | SeaORM, 1 statement | ratio | application pool, checked | ratio | pgbench, 2 statements | ratio of the checked store to it |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| backend | clients | pgbench, 1 statement | orion-beacon, one runtime | ratio | orion-beacon, a runtime per thread | ratio | SeaORM, 1 statement | ratio | application pool, checked | ratio | pgbench, 2 statements | ratio of the checked store to it | sqlx alone, 1 statement | ratio | a runtime per thread / sqlx alone | sqlx alone, under a timeout | ratio | a runtime per thread / it |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (clients, reps) in &pg_rows {
         println!(
-            "| PostgreSQL 15 | {clients} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} |",
+            "| PostgreSQL 15 | {clients} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.2} |",
             cell(reps, 0).per_s,
             cell(reps, 1).per_s,
             ratio(reps, 1, 0),
@@ -356,6 +367,12 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             ratio(reps, 4, 0),
             cell(reps, 5).per_s,
             ratio(reps, 4, 5),
+            cell(reps, 6).per_s,
+            ratio(reps, 6, 0),
+            ratio(reps, 2, 6),
+            cell(reps, 7).per_s,
+            ratio(reps, 7, 0),
+            ratio(reps, 2, 7),
         );
     }
     let mut other_rows = Vec::new();
@@ -381,7 +398,7 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             let store = SeaOrmLeaseStore::new(db.clone()).with_table(&table)?;
             let ours = store_rate(&store, clients, d, None).await?;
             other_rows.push(format!(
-                "| {name} | {clients} | - | {:.0} | - | - | - | - | - | - | - | - | - |",
+                "| {name} | {clients} | - | {:.0} | - | - | - | - | - | - | - | - | - | - | - | - | - | - | - |",
                 ours.per_s
             ));
             drop(&db, &table).await;
@@ -394,16 +411,16 @@ pub(crate) async fn throughput() -> Result<(), Error> {
         "\n### CPU per call, PostgreSQL (client: this process's rusage, or pgbench's as our \
          child; database: the private server's processes, from /proc)\n"
     );
-    println!("| clients | pgbench, 1 statement: client | database | orion-beacon, one runtime: client | database | orion-beacon, a runtime per thread: client | database | SeaORM, 1 statement: client | database | application pool, checked: client | database | pgbench, 2 statements: client | database | database, a runtime per thread / pgbench |");
+    println!("| clients | pgbench, 1 statement: client | database | orion-beacon, one runtime: client | database | orion-beacon, a runtime per thread: client | database | SeaORM, 1 statement: client | database | application pool, checked: client | database | pgbench, 2 statements: client | database | sqlx alone: client | database | sqlx alone, under a timeout: client | database | database, a runtime per thread / pgbench |");
     println!(
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for (clients, reps) in &pg_rows {
         let db_ratio = match (cell(reps, 2).db_us, cell(reps, 0).db_us) {
             (Some(ours), Some(theirs)) if theirs > 0.0 => format!("{:.2}", ours / theirs),
             _ => "-".to_owned(),
         };
-        let cells: Vec<String> = (0..6)
+        let cells: Vec<String> = (0..8)
             .map(|k| {
                 let x = cell(reps, k);
                 format!("{:.1} µs | {}", x.client_us, us(x.db_us))
@@ -411,13 +428,22 @@ pub(crate) async fn throughput() -> Result<(), Error> {
             .collect();
         println!("| {clients} | {} | {db_ratio} |", cells.join(" | "));
     }
+    // Each repeat's ratio of cell `k` to pgbench, 1 statement.
+    let each = |reps: &[[Rate; 8]], k: usize| -> String {
+        reps.iter()
+            .map(|r| format!("{:.2}", r[k].per_s / r[0].per_s))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!("\nEach repeat's ratio, a runtime per thread / pgbench, 1 statement:");
     for (clients, reps) in &pg_rows {
-        let each: Vec<String> = reps
-            .iter()
-            .map(|r| format!("{:.2}", r[2].per_s / r[0].per_s))
-            .collect();
-        println!("- {clients} clients: {}", each.join(", "));
+        println!("- {clients} clients: {}", each(reps, 2));
+    }
+    println!(
+        "\nEach repeat's ratios to pgbench, 1 statement: sqlx alone; sqlx alone under a timeout:"
+    );
+    for (clients, reps) in &pg_rows {
+        println!("- {clients} clients: {}; {}", each(reps, 6), each(reps, 7));
     }
 
     if let Some(pg) = durable {

@@ -22,6 +22,9 @@
 //! Scheduled jobs record each slot they run in the job-run table (`orionbeacon_job_runs`),
 //! whose rows are [`job_run::Model`].
 //!
+//! Rate limits keep one row per key in the rate-limit table (`orionbeacon_rate_limits`),
+//! whose rows are [`rate_limit::Model`].
+//!
 //! Whether a lease is *live* must be judged against the database clock (compare `expires_at`
 //! with the database's `now`), never against the reader's wall clock.
 #![forbid(unsafe_code)]
@@ -31,9 +34,10 @@
 pub mod job_run;
 pub mod lease;
 pub mod member;
+pub mod rate_limit;
 mod table;
 
 pub use table::{
     validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE,
-    DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
+    DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
 };

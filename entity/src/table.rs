@@ -9,6 +9,9 @@ pub const DEFAULT_MEMBER_TABLE: &str = "orionbeacon_members";
 /// The default run-record table name (scheduled jobs).
 pub const DEFAULT_JOB_RUN_TABLE: &str = "orionbeacon_job_runs";
 
+/// The default rate-limit table name.
+pub const DEFAULT_RATE_LIMIT_TABLE: &str = "orionbeacon_rate_limits";
+
 /// The longest accepted table name (PostgreSQL truncates identifiers past 63 bytes).
 pub const MAX_TABLE_NAME_LEN: usize = 63;
 

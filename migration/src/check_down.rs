@@ -5,9 +5,10 @@ use sea_orm_migration::sea_orm::ConnectionTrait;
 
 use crate::m20261129_000001_create_leases::{applied_through_on, row_count, table_exists_on};
 use crate::m20261201_000001_create_members::live_members;
+use crate::m20261206_000001_create_rate_limits::limited_keys;
 use crate::{
-    AddLeasePayload, CreateJobRunTable, CreateLeaseTable, CreateMemberTable, DEFAULT_JOB_RUN_TABLE,
-    DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
+    AddLeasePayload, CreateJobRunTable, CreateLeaseTable, CreateMemberTable, CreateRateLimitTable,
+    DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
 };
 
 /// Checks, before anything is rolled back, what `M::down(db, steps)` would refuse in
@@ -92,6 +93,19 @@ where
                          records {finished} finished run(s), which keep their slots from \
                          running again. Nothing was rolled back. Delete them first if the jobs \
                          may run those slots again, then run `down` again."
+                    )));
+                }
+            }
+        } else if let Some(table) =
+            table_of(name, CreateRateLimitTable::NAME, DEFAULT_RATE_LIMIT_TABLE)
+        {
+            if table_exists_on(db, table).await? {
+                let limited = limited_keys(db, table).await?;
+                if limited > 0 {
+                    return Err(DbErr::Migration(format!(
+                        "refusing this `down`: it would undo `{name}`, and {limited} rate-limit \
+                         key(s) in {table} are still limited. Nothing was rolled back. Stop \
+                         the callers and wait out the quota's interval, then run `down` again."
                     )));
                 }
             }

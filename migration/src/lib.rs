@@ -1,5 +1,6 @@
 //! The versioned migrations that create the orion-beacon tables: the lease table
-//! ([`CreateLeaseTable`]) and, for shard sets, the membership table ([`CreateMemberTable`]).
+//! ([`CreateLeaseTable`]), for shard sets the membership table ([`CreateMemberTable`]), and
+//! for rate limits the rate-limit table ([`CreateRateLimitTable`]).
 //!
 //! Add them to your application's own `Migrator` in one line, [`migrations`] (every step, in
 //! order, for the default tables; `sea-orm-cli migrate up` then runs them with your own
@@ -24,7 +25,7 @@
 //!
 //! Tables of other names take the steps one by one, in the same order, each
 //! `with_table(...)`: [`CreateLeaseTable`], [`CreateMemberTable`], [`AddLeasePayload`],
-//! [`CreateJobRunTable`], [`AddMemberHolding`].
+//! [`CreateJobRunTable`], [`AddMemberHolding`], [`CreateRateLimitTable`].
 //!
 //! An application without a sea-orm-migration `Migrator` can run ours instead, with the
 //! `orion-beacon-migration` command line (feature `cli`: `up`, `down`, `status`). It keeps its
@@ -62,6 +63,7 @@ mod m20261201_000001_create_members;
 mod m20261203_000001_add_lease_payload;
 mod m20261204_000001_create_job_runs;
 mod m20261205_000001_add_member_holding;
+mod m20261206_000001_create_rate_limits;
 
 pub use check_down::check_down;
 pub use check_first::CheckDown;
@@ -72,8 +74,10 @@ pub use m20261201_000001_create_members::CreateMemberTable;
 pub use m20261203_000001_add_lease_payload::AddLeasePayload;
 pub use m20261204_000001_create_job_runs::CreateJobRunTable;
 pub use m20261205_000001_add_member_holding::AddMemberHolding;
+pub use m20261206_000001_create_rate_limits::CreateRateLimitTable;
 pub use orion_beacon_entity::{
-    validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE,
+    validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE,
+    DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
 };
 
 /// The tracking table of our own [`Migrator`]: separate from the application's.
@@ -97,6 +101,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(AddLeasePayload::new()),
         Box::new(CreateJobRunTable::new()),
         Box::new(AddMemberHolding::new()),
+        Box::new(CreateRateLimitTable::new()),
     ]
 }
 

@@ -7,25 +7,19 @@
 use std::process::Command;
 
 use orion_beacon_migration::{
-    check_down, AddLeasePayload, CheckDown, CreateLeaseTable, CreateMemberTable, MigrationTrait,
-    MigratorTrait, TRACKING_TABLE,
+    check_down, CheckDown, CreateLeaseTable, CreateMemberTable, MigrationTrait, MigratorTrait,
+    TRACKING_TABLE,
 };
 use sea_orm_migration::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 
-/// An application's own migrator that carries all three migrations (tracking table
-/// `seaql_migrations`).
+/// An application's own migrator that carries every step, as the crate's docs say to
+/// (`migrations()`; tracking table `seaql_migrations`).
 struct AppMigrator;
 
 #[orion_beacon_migration::async_trait::async_trait]
 impl MigratorTrait for AppMigrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![
-            Box::new(CreateLeaseTable::new()),
-            Box::new(CreateMemberTable::new()),
-            Box::new(AddLeasePayload::new()),
-            Box::new(orion_beacon_migration::CreateJobRunTable::new()),
-            Box::new(orion_beacon_migration::AddMemberHolding::new()),
-        ]
+        orion_beacon_migration::migrations()
     }
 }
 
@@ -111,12 +105,12 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, &all_ours).await.unwrap(), 0, "every record moved");
     assert_eq!(count(db, token).await.unwrap(), 9);
 
-    // A live shard-set node: the membership table's own `down` refuses (after the count,
-    // job-run and payload steps, which commit on their own: the count columns, the job-run
-    // table and the payload columns go).
+    // A live shard-set node: the membership table's own `down` refuses (after the rate-limit,
+    // count, job-run and payload steps, which commit on their own: the rate-limit table, the
+    // count columns, the job-run table and the payload columns go).
     let members = "SELECT COUNT(*) FROM orionbeacon_members";
     live_member(db, "").await;
-    let err = AppMigrator::down(db, Some(4))
+    let err = AppMigrator::down(db, Some(5))
         .await
         .expect_err("a live member");
     assert!(
@@ -132,8 +126,8 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         .await
         .unwrap();
 
-    // `down -n 5` with lease rows: `check_down` refuses before any step runs...
-    let err = check_down::<AppMigrator, _>(db, Some(5))
+    // `down -n 6` with lease rows: `check_down` refuses before any step runs...
+    let err = check_down::<AppMigrator, _>(db, Some(6))
         .await
         .expect_err("lease rows");
     assert!(
@@ -142,11 +136,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "{err}"
     );
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
-    assert!(check_down::<AppMigrator, _>(db, Some(4)).await.is_ok());
+    assert!(check_down::<AppMigrator, _>(db, Some(5)).await.is_ok());
     // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
-    // -n 5` runs (also for `reset` and `refresh`, which undo every step)...
+    // -n 6` runs (also for `reset` and `refresh`, which undo every step)...
     let checked = CheckDown(AppMigrator);
-    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(5))
+    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(6))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
@@ -162,7 +156,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     // ...while sea-orm-migration alone commits the payload and membership steps first, and
     // says so.
-    let err = AppMigrator::down(db, Some(5))
+    let err = AppMigrator::down(db, Some(6))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("`up` applies them again"), "{err}");
@@ -340,14 +334,38 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
-    // Five steps back would stop at the leases: refused before anything is dropped.
-    let said = refused_args(url, schema, &["down", "-n", "5"]);
+    // Six steps back would stop at the leases: refused before anything is dropped.
+    let said = refused_args(url, schema, &["down", "-n", "6"]);
     assert!(
         said.contains("Nothing was rolled back") && said.contains("1 lease row"),
         "{said}"
     );
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
     assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
+    // The rate-limit table is kept while a key is still limited (dropping it would hand the
+    // key a fresh burst); once none is, a step back drops it.
+    let rates = format!("{prefix}orionbeacon_rate_limits");
+    db.execute_unprepared(&format!(
+        "INSERT INTO {rates} (limit_key, tat_us, permits, granted, decided_us, decision_id) VALUES ('api', 32503680000000000, 1, {}, 0, 7)",
+        if url.starts_with("postgres") { "TRUE" } else { "1" }
+    ))
+    .await
+    .unwrap();
+    let said = refused(url, schema, "down");
+    assert!(
+        said.contains("1 rate-limit key(s)") && said.contains("Nothing was rolled back"),
+        "{said}"
+    );
+    db.execute_unprepared(&format!("UPDATE {rates} SET tat_us = 0"))
+        .await
+        .unwrap();
+    migrate(url, schema, "down");
+    assert!(
+        count(db, &format!("SELECT COUNT(*) FROM {rates}"))
+            .await
+            .is_err(),
+        "`down` drops the rate-limit table"
+    );
     // One step back removes the members' count columns; the members stay.
     assert_eq!(count(db, &holding).await.expect("the count columns"), 0);
     migrate(url, schema, "down");
@@ -414,7 +432,8 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         "added empty"
     );
     assert_eq!(count(db, &holding).await.expect("`up` adds them again"), 0);
-    migrate(url, schema, "down"); // the count columns, added again by `up`
+    migrate(url, schema, "down"); // the rate-limit table, added again by `up`
+    migrate(url, schema, "down"); // the count columns, too
     migrate(url, schema, "down"); // the job-run table, too
     migrate(url, schema, "down");
     // A live shard-set node keeps the membership table too.
@@ -439,6 +458,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &leases).await.unwrap(), 1);
+    migrate(url, schema, "down"); // the rate-limit table
     migrate(url, schema, "down"); // the count columns
     migrate(url, schema, "down"); // the job-run table
     migrate(url, schema, "down"); // the payload columns

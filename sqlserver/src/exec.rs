@@ -103,6 +103,11 @@ impl SqlServerLeaseStore {
         }
     }
 
+    /// An error of a rate-limit statement.
+    pub(super) fn classify_rates(&self, err: TdsError) -> StoreError {
+        classify_in(&self.rate_table, None, err)
+    }
+
     /// An error of a lease statement.
     pub(super) fn classify(&self, err: TdsError) -> StoreError {
         classify_in(&self.table, Some(LEASE_TABLE_LAST_STEP), err)

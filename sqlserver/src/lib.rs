@@ -55,6 +55,13 @@
 //! - the acquire batch first locks the lease row's key range and then reads the clock again
 //!   (`@written`), so a lease granted after a wait behind a fence still runs its full length from
 //!   the grant.
+//! - a rate-limit decision ([`RateLimitStore`](orion_beacon::RateLimitStore)) is one batch at
+//!   one reading of the clock (`@now`, whole microseconds since the Unix epoch):
+//!   `MERGE <rate limits> WITH (HOLDLOCK)` keyed on `limit_key`, every assignment a `CASE` on
+//!   the key's stored arrival time, the row it left in `OUTPUT`. Its table comes from
+//!   `sql/m20261206_000001_create_orionbeacon_rate_limits.sqlserver.sql`
+//!   ([`RATE_LIMIT_MIGRATION_SQL`], version [`RATE_LIMIT_MIGRATION_NAME`]), sent by
+//!   [`SqlServerLeaseStore::migrate_rate_limits`].
 //! - deadlocks (1205) and duplicate keys (2627, defensively) mean the statement had no effect:
 //!   they are retried up to 5 times, then reported as the retryable [`StoreError::Conflict`].
 //! - a membership heartbeat is one batch at one reading of the clock (`@now`): `MERGE <members>
@@ -95,7 +102,9 @@
 
 use std::sync::Arc;
 
-use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
+use orion_beacon_entity::{
+    validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
+};
 use tiberius::Config;
 
 use orion_beacon::StoreError;
@@ -107,6 +116,7 @@ mod membership;
 mod migrate;
 mod names;
 mod pool;
+mod rate_limit;
 mod tsql;
 
 use member_tsql::MemberStatements;
@@ -114,6 +124,7 @@ pub use member_tsql::{
     HOLDING_MIGRATION_NAME, HOLDING_MIGRATION_SQL, MEMBER_MIGRATION_NAME, MEMBER_MIGRATION_SQL,
 };
 use pool::{Pool, DEFAULT_MAX_CONNECTIONS};
+pub use rate_limit::{RATE_LIMIT_MIGRATION_NAME, RATE_LIMIT_MIGRATION_SQL};
 use tsql::{fence_sql, Statements};
 pub use tsql::{MIGRATION_NAME, MIGRATION_SQL, PAYLOAD_MIGRATION_NAME, PAYLOAD_MIGRATION_SQL};
 
@@ -155,6 +166,7 @@ pub struct SqlServerLeaseStore {
     member_sql: Arc<MemberStatements>,
     /// The same for the membership table.
     member_schema_checked: Arc<tokio::sync::OnceCell<()>>,
+    rate_table: Arc<str>,
 }
 
 /// The backend and the tables; never the pool (its config holds the password) or the T-SQL.
@@ -164,6 +176,7 @@ impl std::fmt::Debug for SqlServerLeaseStore {
             .field("backend", &"SQL Server")
             .field("table", &self.table)
             .field("member_table", &self.member_table)
+            .field("rate_limit_table", &self.rate_table)
             .finish_non_exhaustive()
     }
 }
@@ -210,6 +223,7 @@ impl SqlServerLeaseStore {
             member_table: Arc::from(DEFAULT_MEMBER_TABLE),
             member_sql: Arc::new(MemberStatements::new(DEFAULT_MEMBER_TABLE)),
             member_schema_checked: Arc::default(),
+            rate_table: Arc::from(DEFAULT_RATE_LIMIT_TABLE),
         }
     }
 
@@ -235,6 +249,21 @@ impl SqlServerLeaseStore {
         self.member_sql = Arc::new(MemberStatements::new(table));
         self.member_schema_checked = Arc::default();
         Ok(self)
+    }
+
+    /// The same store with rate-limit keys ([`RateLimitStore`](orion_beacon::RateLimitStore)) in
+    /// another table (validated like [`with_table`](Self::with_table)). Create it with
+    /// [`migrate_rate_limits`](Self::migrate_rate_limits).
+    pub fn with_rate_limit_table(mut self, table: impl AsRef<str>) -> Result<Self, StoreError> {
+        let table = table.as_ref();
+        validate_table_name(table)?;
+        self.rate_table = Arc::from(table);
+        Ok(self)
+    }
+
+    /// The rate-limit table's name (`orionbeacon_rate_limits` unless configured).
+    pub fn rate_limit_table(&self) -> &str {
+        &self.rate_table
     }
 
     /// The same store with a pool of its own of at most `max` connections (at least 1).

@@ -73,7 +73,7 @@ impl SqlServerLeaseStore {
 
     /// Sends an idempotent `IF OBJECT_ID(...) IS NULL CREATE TABLE` (or `IF COL_LENGTH(...)
     /// IS NULL ALTER TABLE`) batch.
-    async fn create(&self, sql: &str) -> Result<(), TdsError> {
+    pub(super) async fn create(&self, sql: &str) -> Result<(), TdsError> {
         match self.run(Want::RowsAffected, sql, &[]).await {
             Ok(_) => Ok(()),
             // Another process created it between our check and our CREATE.

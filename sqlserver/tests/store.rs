@@ -50,8 +50,15 @@ impl MssqlHarness {
     async fn setup() -> Option<Self> {
         let url = mssql_url()?;
         let table = unique("obt");
-        let store = connect(&url).with_table(&table).expect("valid table name");
+        let store = connect(&url)
+            .with_table(&table)
+            .and_then(|s| s.with_rate_limit_table(common::rate_table(&table)))
+            .expect("valid table name");
         store.migrate().await.expect("migrate the lease table");
+        store
+            .migrate_rate_limits()
+            .await
+            .expect("migrate the rate-limit table");
         Some(Self { url, table, store })
     }
 
@@ -86,12 +93,17 @@ impl Harness for MssqlHarness {
         connect(&self.url)
             .with_max_connections(2)
             .with_table(&self.table)
+            .and_then(|s| s.with_rate_limit_table(common::rate_table(&self.table)))
             .expect("valid table name")
     }
 
     async fn teardown(self) {
-        self.exec(&format!("DROP TABLE IF EXISTS [{}];", self.table))
-            .await;
+        self.exec(&format!(
+            "DROP TABLE IF EXISTS [{}]; DROP TABLE IF EXISTS [{}];",
+            self.table,
+            common::rate_table(&self.table)
+        ))
+        .await;
     }
 }
 
@@ -101,6 +113,11 @@ conformance_suite!(
 );
 
 lock_suite!(
+    #[ignore = "needs a SQL Server: set ORION_BEACON_MSSQL_URL and pass --include-ignored"]
+    MssqlHarness::setup()
+);
+
+rate_suite!(
     #[ignore = "needs a SQL Server: set ORION_BEACON_MSSQL_URL and pass --include-ignored"]
     MssqlHarness::setup()
 );

@@ -28,6 +28,8 @@ pub(crate) struct Context {
     pub(crate) table: Arc<str>,
     /// The membership table of shard sets.
     pub(crate) member_table: Arc<str>,
+    /// The rate-limit table.
+    pub(crate) rate_table: Arc<str>,
     /// The backend's clock and value forms.
     pub(crate) dialect: &'static dyn Dialect,
     /// SeaORM's name for the backend, to render statements with.
@@ -66,6 +68,7 @@ impl Context {
             db,
             table,
             member_table,
+            rate_table: Arc::from(orion_beacon_entity::DEFAULT_RATE_LIMIT_TABLE),
             dialect,
             db_backend,
             kind,
@@ -225,6 +228,31 @@ impl Context {
             }
             txn.commit().await?;
             Ok(row)
+        })
+        .await
+    }
+
+    /// An upsert and the read of the row it left, in one transaction through SeaORM
+    /// (connections that are no sqlx pool): the rows once committed, and with `reread` the
+    /// same read after the commit.
+    #[allow(dead_code)] // only MySQL's backend sends one
+    pub(crate) async fn upsert_then_read(
+        &self,
+        upsert: &Statement,
+        read: &Statement,
+        reread: bool,
+    ) -> Result<(Vec<QueryResult>, Option<Vec<QueryResult>>), StoreError> {
+        self.with_retry(|| async {
+            let txn = self.db.begin().await?;
+            txn.execute_raw(upsert.clone()).await?;
+            let rows = txn.query_all_raw(read.clone()).await?;
+            txn.commit().await?;
+            let after = if reread {
+                Some(self.db.query_all_raw(read.clone()).await?)
+            } else {
+                None
+            };
+            Ok((rows, after))
         })
         .await
     }

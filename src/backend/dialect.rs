@@ -28,6 +28,9 @@ pub(crate) trait Dialect: Sync {
     fn locks_rows(&self) -> bool {
         true
     }
+    /// [`now`](Self::now) as whole microseconds since the Unix epoch, a 64-bit integer (the
+    /// rate-limit table's clock columns).
+    fn now_micros(&self) -> Expr;
     /// The larger of two timestamps.
     fn greatest(&self, a: Expr, b: Expr) -> Expr {
         Func::greatest([a, b]).into()

@@ -194,6 +194,26 @@ pub(crate) trait LeaseBackend: Send + Sync + 'static {
         cx.execute(stmt).await
     }
 
+    /// A rate-limit decision (see `rate_limits`): the row it left, read to the end and known
+    /// to have committed. By default the upsert with `RETURNING`, as [`rows`](Self::rows)
+    /// sends a statement.
+    async fn rate_decision(
+        &self,
+        cx: &Context,
+        decision: &super::rate_limits::RateDecision<'_>,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        self.rows(cx, decision.returning(cx)?).await
+    }
+
+    /// The statements [`rate_decision`](Self::rate_decision) sends, in order.
+    fn rate_statements(
+        &self,
+        cx: &Context,
+        decision: &super::rate_limits::RateDecision<'_>,
+    ) -> Result<Vec<Statement>, StoreError> {
+        Ok(vec![decision.returning(cx)?])
+    }
+
     /// The revoke's read and update in one transaction: the row before the revoke.
     async fn revoke(
         &self,

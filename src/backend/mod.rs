@@ -63,6 +63,7 @@ mod members;
 pub mod mysql;
 pub mod postgres;
 mod prepared;
+mod rate_limits;
 mod row;
 #[cfg(checked_pool)]
 mod sessions;

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use orion_beacon_entity::{validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
+use orion_beacon_entity::{
+    validate_table_name, DEFAULT_MEMBER_TABLE, DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
+};
 use sea_orm::{DatabaseConnection, DatabaseConnectionType, DbBackend};
 
 use super::context::Context;
@@ -72,6 +74,7 @@ struct Settings {
     db: DatabaseConnection,
     table: Arc<str>,
     member_table: Arc<str>,
+    rate_table: Arc<str>,
     /// PostgreSQL only: the connection goes through a transaction-pooling proxy.
     transaction_pooling: bool,
     /// Whether [`LeaseStore::release_events`] may listen for release notifications.
@@ -111,6 +114,7 @@ impl std::fmt::Debug for SeaOrmLeaseStore {
             .field("backend", &self.backend_name())
             .field("table", &&*self.settings.table)
             .field("member_table", &&*self.settings.member_table)
+            .field("rate_limit_table", &&*self.settings.rate_table)
             .field("transaction_pooling", &self.settings.transaction_pooling)
             .field("release_notifications", &self.settings.notifications)
             .field("lease_connections", &self.settings.lease_connections)
@@ -134,6 +138,7 @@ impl SeaOrmLeaseStore {
             db,
             table: Arc::from(DEFAULT_TABLE),
             member_table: Arc::from(DEFAULT_MEMBER_TABLE),
+            rate_table: Arc::from(DEFAULT_RATE_LIMIT_TABLE),
             transaction_pooling: false,
             notifications: true,
             mysql_upsert: None,
@@ -285,6 +290,20 @@ impl SeaOrmLeaseStore {
         validate_table_name(table)?;
         self.settings.member_table = Arc::from(table);
         Ok(self.rebuilt(false))
+    }
+
+    /// The same store with rate-limit keys in another table (validated like lease table
+    /// names). Create it with `CreateRateLimitTable::with_table` of the migration crate.
+    pub fn with_rate_limit_table(mut self, table: impl AsRef<str>) -> Result<Self, StoreError> {
+        let table = table.as_ref();
+        validate_table_name(table)?;
+        self.settings.rate_table = Arc::from(table);
+        Ok(self.rebuilt(false))
+    }
+
+    /// The rate-limit table's name (`orionbeacon_rate_limits` unless configured).
+    pub fn rate_limit_table(&self) -> &str {
+        &self.settings.rate_table
     }
 
     /// The membership table's name (`orionbeacon_members` unless configured).

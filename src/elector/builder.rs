@@ -110,6 +110,19 @@ impl ElectorBuilder {
         self
     }
 
+    /// Whether this candidate campaigns (default true). With `false` it only watches: it reads
+    /// the lease at its retry interval (sooner when a release notification names the resource
+    /// or the leader's lease ends first) and follows whoever holds it live, with their payload
+    /// ([`Leadership::Follower`]), but never asks for the lease: it never leads, never takes an
+    /// offer (a leader's [`ElectorHandle::hand_over_to`] naming it answers
+    /// [`Handover::NotTaken`] once the offer lapses), and its
+    /// [`Health`] is a follower's. A node that must not lead (a canary, a node being drained, a
+    /// read replica's process) keeps its view of the leader this way.
+    pub fn campaign(mut self, campaign: bool) -> Self {
+        self.options.campaign = Some(campaign);
+        self
+    }
+
     /// Validates the options, and asks the store whether it can work at all (see
     /// [`LeaseStore::validate`]): a connection to a backend this build does not support fails
     /// here, not later in a retry loop.

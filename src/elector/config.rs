@@ -24,6 +24,8 @@ pub(crate) struct Config {
     pub payload: Option<Arc<str>>,
     /// Renews go out with other leaders' of the process (see `together`).
     pub renew_together: bool,
+    /// Whether this candidate asks for the lease at all (false: it only watches).
+    pub campaign: bool,
 }
 
 /// Options as given, before validation.
@@ -38,6 +40,7 @@ pub(crate) struct Options {
     pub release_on_shutdown: Option<bool>,
     pub payload: Option<String>,
     pub renew_together: Option<bool>,
+    pub campaign: Option<bool>,
 }
 
 impl Options {
@@ -69,6 +72,7 @@ impl Options {
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
             payload: self.payload.map(Arc::from),
             renew_together: self.renew_together.unwrap_or(true),
+            campaign: self.campaign.unwrap_or(true),
         })
     }
 }

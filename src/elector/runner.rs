@@ -30,6 +30,8 @@ use crate::{
 
 mod release;
 
+mod watcher;
+
 mod step_down;
 
 mod follower;
@@ -203,8 +205,12 @@ impl Runner {
                     } else {
                         &mut releases
                     };
-                    self.follower_step(next_attempt, failures, led, events)
-                        .await
+                    if self.config.campaign {
+                        self.follower_step(next_attempt, failures, led, events)
+                            .await
+                    } else {
+                        self.watch_step(next_attempt, failures, events).await
+                    }
                 }
                 Some(a) => self.leader_step(a, failures).await,
             };
@@ -216,8 +222,10 @@ impl Runner {
                     let Some(request) = self.stop.step_down.take() else {
                         continue;
                     };
-                    if active.is_none() && request.to.is_some() {
-                        // A handover asked of a follower: nothing to hand over, no stay-out.
+                    if active.is_none() && (request.to.is_some() || !self.config.campaign) {
+                        // A handover asked of a follower: nothing to hand over, no stay-out. A
+                        // watcher never contends, so it has nothing to stay out of either (and
+                        // staying out would stop its reads).
                         let _ = request.done.send(Handover::NotLeader);
                         continue;
                     }

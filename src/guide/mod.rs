@@ -6,6 +6,8 @@
 //!   metrics, health checks.
 //! - [`shard_sets`]: many resources per node: fairness, handovers, drains, membership.
 //! - [`locks`]: distributed locks and counting semaphores, a fencing token per hold.
+//! - [`rate_limits`]: a rate limit shared by the cluster: the guarantee, clocks, waiting, the
+//!   table.
 //! - [`jobs`]: scheduled jobs that run exactly once per slot: the guarantee, missed slots,
 //!   overlap, retries, daylight saving time.
 //! - [`lease_table`]: the lease table, its migrations (your app's `Migrator`, or the command
@@ -40,6 +42,11 @@ pub mod shard_sets {}
 #[doc = include_str!("links.md")]
 #[doc = include_str!("../../docs/locks.md")]
 pub mod locks {}
+
+#[cfg(any(not(doctest), feature = "sqlite"))]
+#[doc = include_str!("links.md")]
+#[doc = include_str!("../../docs/rate-limits.md")]
+pub mod rate_limits {}
 
 #[cfg(any(not(doctest), all(feature = "sqlite", feature = "jobs")))]
 #[doc = include_str!("links.md")]
@@ -98,11 +105,12 @@ mod tests {
     }
 
     /// Every page, and the README, as the crate's docs include them.
-    const PAGES: [(&str, &str); 9] = [
+    const PAGES: [(&str, &str); 10] = [
         ("README.md", include_str!("../../README.md")),
         ("elector.md", include_str!("../../docs/elector.md")),
         ("shard-sets.md", include_str!("../../docs/shard-sets.md")),
         ("locks.md", include_str!("../../docs/locks.md")),
+        ("rate-limits.md", include_str!("../../docs/rate-limits.md")),
         ("lease-table.md", include_str!("../../docs/lease-table.md")),
         ("cli.md", include_str!("../../docs/cli.md")),
         ("topologies.md", include_str!("../../docs/topologies.md")),

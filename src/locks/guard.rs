@@ -83,7 +83,8 @@ impl LockGuard {
         self.term.resource()
     }
 
-    /// Which permit of a semaphore this is (`None` for a lock).
+    /// Which permit of a semaphore (or read slot of a reader-writer lock) this is (`None` for
+    /// a lock).
     pub fn permit(&self) -> Option<u32> {
         self.permit
     }

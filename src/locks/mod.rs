@@ -48,6 +48,7 @@
 mod error;
 mod guard;
 mod holder;
+mod rwlock;
 #[cfg(test)]
 mod tests;
 
@@ -59,6 +60,7 @@ use std::time::Duration;
 pub use error::LockError;
 pub use guard::LockGuard;
 use holder::{Attempt, Config, Holder};
+pub use rwlock::{RwLock, WriteGuard};
 
 use crate::hold::timing::{
     check_interval, timing_setter, ConfigError, TimingDefaults, TimingOptions, MAX_INTERVAL,
@@ -145,6 +147,13 @@ impl Locks {
             name: Arc::from(name),
             resources: resources.into(),
         })
+    }
+
+    /// The reader-writer lock `name`: many readers (at most `read_slots`, 1 to
+    /// [`MAX_PERMITS`]) or one writer. Its rows are `name#r0` ... and `name#w` (see
+    /// [`RwLock`]); refused before any SQL when a name breaks the resource rules.
+    pub fn rw_lock(&self, name: impl Into<String>, read_slots: u32) -> Result<RwLock, LockError> {
+        RwLock::new(self.holder.clone(), name.into(), read_slots)
     }
 
     /// How many locks and permits this process holds through these locks now.
@@ -290,7 +299,15 @@ impl Lock {
     /// Takes the lock, waiting up to `timeout` for it ([`LockError::Timeout`] then).
     pub async fn acquire(&self, timeout: Duration) -> Result<LockGuard, LockError> {
         let resources = [self.name.clone()];
-        let (term, waited) = wait_for(&self.holder, &self.name, &resources, timeout).await?;
+        let (term, waited) = wait_for(
+            &self.holder,
+            &self.name,
+            &resources,
+            None,
+            Some(&resources[0]),
+            timeout,
+        )
+        .await?;
         Ok(self
             .guard(term)
             .contended(waited.then(|| resources[0].clone())))
@@ -346,7 +363,7 @@ impl Semaphore {
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
         need_runtime()?;
         let candidate = self.holder.candidate();
-        match try_any(&self.holder, &self.resources, &candidate, true).await? {
+        match try_any(&self.holder, &self.resources, None, &candidate, true).await? {
             Attempt::Granted(term) => Ok(Some(self.guard(term))),
             Attempt::Denied(_) => Ok(None),
         }
@@ -354,7 +371,15 @@ impl Semaphore {
 
     /// Takes a permit, waiting up to `timeout` for one ([`LockError::Timeout`] then).
     pub async fn acquire(&self, timeout: Duration) -> Result<LockGuard, LockError> {
-        let (term, waited) = wait_for(&self.holder, &self.name, &self.resources, timeout).await?;
+        let (term, waited) = wait_for(
+            &self.holder,
+            &self.name,
+            &self.resources,
+            None,
+            Some(&self.resources[0]),
+            timeout,
+        )
+        .await?;
         Ok(self
             .guard(term)
             .contended(waited.then(|| self.resources[0].clone())))
@@ -415,31 +440,47 @@ fn need_runtime() -> Result<(), LockError> {
 }
 
 /// One try at each of `resources` that looks free (all of them for one), in a random order.
+/// With a `gate` (a reader-writer lock's writer row), nothing is tried while the gate is live:
+/// the answer is then a denial naming the gate's holder.
 async fn try_any(
     holder: &Arc<Holder>,
     resources: &[Arc<str>],
+    gate: Option<&Arc<str>>,
     candidate: &Arc<str>,
     once: bool,
 ) -> Result<Attempt, StoreError> {
-    if let [only] = resources {
+    if let ([only], None) = (resources, gate) {
         return holder.attempt(only, candidate, once).await;
     }
-    let names: Vec<String> = resources.iter().map(|r| r.to_string()).collect();
-    let records = holder.store.current_all(&names).await?;
+    let names: Vec<String> = resources
+        .iter()
+        .chain(gate)
+        .map(|r| r.to_string())
+        .collect();
+    let mut records = holder.store.current_all(&names).await?;
+    let denial = |r: &crate::lease::LeaseRecord| Denial {
+        resource: r.resource.clone(),
+        holder: Some(r.holder.clone()),
+        token: Some(r.token),
+        remaining: r.remaining,
+        expires_at: r.expires_at,
+        payload: r.payload.clone(),
+        stalled: None,
+    };
+    if let Some(gate) = gate {
+        if let Some(i) = records.iter().position(|r| *r.resource == **gate) {
+            let gated = records.swap_remove(i);
+            if gated.live {
+                return Ok(Attempt::Denied(Some(denial(&gated))));
+            }
+        }
+    }
     // The permit whose lease ends first, to wait for when none is free.
     let mut last: Option<Denial> = records
         .iter()
         .filter(|r| r.live)
         .min_by_key(|r| r.remaining)
-        .map(|r| Denial {
-            resource: r.resource.clone(),
-            holder: Some(r.holder.clone()),
-            token: Some(r.token),
-            remaining: r.remaining,
-            expires_at: r.expires_at,
-            payload: r.payload.clone(),
-            stalled: None,
-        });
+        .map(denial);
     let live: HashSet<String> = records
         .into_iter()
         .filter(|r| r.live)
@@ -470,10 +511,14 @@ async fn try_any(
 /// Tries `resources` until one is granted or `timeout` passes; woken by release notifications
 /// for them where the store has them, by the holder's lease end, or at the retry interval.
 /// The term, and whether it had to wait for it: denied by another process's hold first.
+/// `yield_key`: the key this process yields under after a contended hold (see
+/// `Holder::yielded`), `None` for a wait that must not yield (a writer collecting its slots).
 async fn wait_for(
     holder: &Arc<Holder>,
     name: &Arc<str>,
     resources: &[Arc<str>],
+    gate: Option<&Arc<str>>,
+    yield_key: Option<&Arc<str>>,
     timeout: Duration,
 ) -> Result<(LeaderTerm, bool), LockError> {
     need_runtime()?;
@@ -486,6 +531,8 @@ async fn wait_for(
     let started = crate::clock::now();
     let give_up = started.checked_add(timeout).unwrap_or(started);
     let mut events = holder.store.release_events();
+    // What a release notification may name for this wait: the resources, and the gate.
+    let watched: Vec<Arc<str>> = resources.iter().chain(gate).cloned().collect();
     let mut candidate = holder.candidate();
     let mut last_holder: Option<(String, Option<String>)> = None;
     let mut last_error: Option<StoreError>;
@@ -493,8 +540,8 @@ async fn wait_for(
     // This process let go of a contended hold of this lock a moment ago: the waiters get one
     // retry interval to take it before this acquire competes with them (see `Holder::yielded`),
     // unless that would leave this acquire no attempt before its timeout.
-    if let Some(until) = holder
-        .yielding(&resources[0])
+    if let Some(until) = yield_key
+        .and_then(|key| holder.yielding(key))
         .filter(|until| *until < give_up)
     {
         crate::clock::sleep_until(until).await;
@@ -518,7 +565,7 @@ async fn wait_for(
         // Bounded by the timeout: a hung store must not hold the caller past it (an attempt
         // cut off here releases whatever it is granted).
         let attempt =
-            crate::clock::timeout_at(give_up, try_any(holder, resources, &candidate, false))
+            crate::clock::timeout_at(give_up, try_any(holder, resources, gate, &candidate, false))
                 .await
                 .unwrap_or(Ok(Attempt::Denied(None)));
         let soonest = match attempt {
@@ -563,13 +610,13 @@ async fn wait_for(
             let _waiting = holder
                 .store
                 .sea_orm_store()
-                .and_then(|store| store.waiting(resources, at));
+                .and_then(|store| store.waiting(&watched, at));
             tokio::pin!(sleep);
             loop {
                 tokio::select! {
                     () = &mut sleep => break,
                     event = rx.recv() => match event {
-                        Ok(released) if resources.iter().any(|r| **r == *released) => break,
+                        Ok(released) if watched.iter().any(|r| **r == *released) => break,
                         Ok(_) => {}
                         // Missed some: one of them may have been ours.
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,

@@ -4,7 +4,9 @@
 //! (`/dev/shm` when it has room, else `TMPDIR`; `ORION_TESTKIT_TMPDIR` overrides), copied from a
 //! template that is built once per server version (with
 //! `initdb` / `mariadb-install-db`) and cached in the cargo target directory, on a free port on
-//! 127.0.0.1. Nothing here connects to, stops or restarts a server it did not start.
+//! 127.0.0.1 outside the kernel's ephemeral range that the test process keeps for itself until
+//! it exits (a file lock per port in `TMPDIR`), so a server stopped and started again finds its
+//! port free. Nothing here connects to, stops or restarts a server it did not start.
 //!
 //! ```no_run
 //! use orion_beacon_testkit::{MariaDb, Postgres};

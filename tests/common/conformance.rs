@@ -36,6 +36,12 @@ pub trait Harness: Send + Sync + 'static {
     fn read_delay(&self) -> Duration {
         Duration::ZERO
     }
+    /// Whether a committed rate-limit decision may be answered with a conflict instead (MySQL
+    /// 8's form on Galera, whose read after the COMMIT can find another caller's decision): its
+    /// permit number then goes to nobody (fewer permits, never more).
+    fn decisions_may_go_unreported(&self) -> bool {
+        false
+    }
 }
 
 /// A grant or renew has the whole lease left, measured from the start of the statement: the
@@ -1002,6 +1008,94 @@ pub async fn bad_offers_are_refused_before_sql<H: Harness>(h: &H) {
     assert_eq!(renewed(&again), lease.token);
 }
 
+/// A candidate that only watches (`campaign(false)`) follows the leader and its payload, sees a
+/// free lease as no leader and leaves it free, never leads, and never takes an offer made to it.
+pub async fn a_watcher_follows_the_leader_and_never_leads<H: Harness>(h: &H) {
+    use orion_beacon::{Elector, Handover, Leadership};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let resource = unique("watched");
+    let elector = |store: H::Store, id: &str, campaign: bool| {
+        Elector::builder(store)
+            .resource(&resource)
+            .candidate_id(id)
+            .payload(format!("http://{id}"))
+            .lease_duration(Duration::from_millis(1_500))
+            .renew_interval(Duration::from_millis(300))
+            .retry_interval(Duration::from_millis(100))
+            // Far above any stalled read of a loaded machine.
+            .health_window(Duration::from_secs(10))
+            .campaign(campaign)
+            .build()
+            .unwrap()
+            .start()
+    };
+    let watcher = elector(h.separate_store().await, "watcher", false);
+    let led = Arc::new(AtomicBool::new(false));
+    let spy = {
+        let (watch, led) = (watcher.watch(), led.clone());
+        tokio::spawn(async move {
+            loop {
+                led.fetch_or(watch.borrow().is_leader(), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let follows = |leader: Option<&str>| {
+        let expected = leader.map(|l| (l.to_owned(), format!("http://{l}")));
+        move |state: &Leadership| match state {
+            Leadership::Follower { leader, payload } => {
+                let seen = leader.clone().zip(payload.clone());
+                seen == expected
+            }
+            _ => false,
+        }
+    };
+    let within = Duration::from_secs(10);
+    tokio::time::timeout(within, watcher.watch().wait_for(follows(None)))
+        .await
+        .expect("the watcher sees no leader")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        h.store().current(&resource).await.unwrap().is_none(),
+        "a watcher never asks for the lease"
+    );
+    let a = elector(h.store(), "a", true);
+    tokio::time::timeout(within, watcher.watch().wait_for(follows(Some("a"))))
+        .await
+        .expect("the watcher follows the leader, with its payload")
+        .unwrap();
+    // An offer to the watcher is never taken.
+    let offered = a
+        .hand_over_to("watcher", Duration::from_millis(400))
+        .await
+        .unwrap();
+    assert_eq!(offered, Handover::NotTaken);
+    tokio::time::timeout(within, a.watch().wait_for(|s| s.is_leader()))
+        .await
+        .expect("the leader leads again after the offer lapsed")
+        .unwrap();
+    let last = a.token().expect("a leads");
+    a.shutdown().await;
+    tokio::time::timeout(within, watcher.watch().wait_for(follows(None)))
+        .await
+        .expect("the watcher sees the lease released")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The last write is still a's release of its last term: the watcher wrote nothing since.
+    let record = h.store().current(&resource).await.unwrap().unwrap();
+    assert!(
+        !record.live && record.holder == "a" && record.token == last,
+        "{record:?}"
+    );
+    spy.abort();
+    assert!(!led.load(Ordering::SeqCst), "the watcher led");
+    let health = watcher.health();
+    assert!(health.healthy && !health.leader, "{health:?}");
+    watcher.shutdown().await;
+}
+
 /// Generates one `#[tokio::test]` per contract case for a harness setup expression
 /// (`async -> Option<Harness>`; `None` means the backend was opted out).
 #[macro_export]
@@ -1038,6 +1132,7 @@ macro_rules! conformance_suite {
             an_offer_ends_the_term_and_only_the_successor_takes_it,
             an_offer_nobody_takes_lapses_to_a_higher_token,
             bad_offers_are_refused_before_sql,
+            a_watcher_follows_the_leader_and_never_leads,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

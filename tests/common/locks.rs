@@ -894,6 +894,265 @@ pub async fn a_waiter_that_times_out_is_told_the_holders_payload<H: Harness>(h: 
     );
 }
 
+/// Readers share a reader-writer lock up to its read slots, a writer holds it alone, and every
+/// write hold's token exceeds every earlier read and write hold's.
+pub async fn a_rw_lock_has_readers_together_or_one_writer<H: Harness>(h: &H) {
+    let a = locks(h.store(), "node-a");
+    let b = locks(h.separate_store().await, "node-b");
+    let name = unique("rw");
+    let (rw_a, rw_b) = (a.rw_lock(&name, 2).unwrap(), b.rw_lock(&name, 2).unwrap());
+    assert_eq!(rw_a.read_slots(), 2);
+    let r1 = rw_a.try_read().await.unwrap().expect("free");
+    let r2 = rw_b
+        .try_read()
+        .await
+        .unwrap()
+        .expect("a second reader shares it");
+    assert_ne!(r1.resource(), r2.resource());
+    assert_eq!(r1.name(), name);
+    assert!(r1.resource().starts_with(&format!("{name}#r")));
+    assert!(
+        rw_a.try_read().await.unwrap().is_none(),
+        "both read slots held"
+    );
+    assert!(rw_b.try_write().await.unwrap().is_none(), "readers hold it");
+    assert!(rw_a.try_read().await.unwrap().is_none());
+    let mut earlier = vec![r1.token(), r2.token()];
+    assert!(r1.release().await.unwrap());
+    assert!(
+        rw_b.try_write().await.unwrap().is_none(),
+        "one reader still holds it"
+    );
+    assert!(r2.release().await.unwrap());
+    let w = rw_b.try_write().await.unwrap().expect("free");
+    assert!(w.is_held());
+    assert_eq!(w.terms().count(), 2);
+    assert!(
+        earlier.iter().all(|t| w.token() > *t),
+        "{:?} after {earlier:?}",
+        w.token()
+    );
+    assert!(
+        rw_a.try_read().await.unwrap().is_none(),
+        "a writer holds it"
+    );
+    assert!(
+        rw_a.try_write().await.unwrap().is_none(),
+        "one writer at a time"
+    );
+    earlier.push(w.token());
+    assert!(w.release().await.unwrap(), "every row released");
+    let r3 = rw_a.try_read().await.unwrap().expect("free again");
+    earlier.push(r3.token());
+    drop(r3);
+    let w2 = rw_a.write(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        earlier.iter().all(|t| w2.token() > *t),
+        "{:?} after {earlier:?}",
+        w2.token()
+    );
+    assert!(w2.release().await.unwrap());
+    assert_eq!(a.held() + b.held(), 0);
+    assert!(matches!(
+        a.rw_lock(&name, 0),
+        Err(LockError::Permits { .. })
+    ));
+    assert!(matches!(
+        a.rw_lock(&name, MAX_PERMITS + 1),
+        Err(LockError::Permits { .. })
+    ));
+}
+
+/// A writer that cannot have the lock in time gives up with a typed error and leaves nothing
+/// held: its gate no longer keeps readers out. A dropped write guard frees every row at once.
+pub async fn a_rw_writer_that_times_out_leaves_nothing_held<H: Harness>(h: &H) {
+    let a = long_locks(h.store(), "node-a");
+    let b = long_locks(h.separate_store().await, "node-b");
+    let name = unique("rw");
+    let (rw_a, rw_b) = (a.rw_lock(&name, 3).unwrap(), b.rw_lock(&name, 3).unwrap());
+    let reader = rw_a.try_read().await.unwrap().expect("free");
+    let asked = Instant::now();
+    let err = rw_b.write(Duration::from_millis(400)).await.unwrap_err();
+    assert!(
+        asked.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(
+        asked.elapsed() < Duration::from_millis(2_400),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err:?}");
+    assert_eq!(b.held(), 0, "the gate and the slots taken are let go");
+    let second = rw_b
+        .read(Duration::from_secs(5))
+        .await
+        .expect("readers get in again");
+    drop((reader, second));
+    let w = rw_b.write(Duration::from_secs(10)).await.unwrap();
+    let dropped = Instant::now();
+    drop(w);
+    let again = rw_a.read(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        dropped.elapsed() < Duration::from_secs(5),
+        "freed by the drop, not its 30 s lease: {:?}",
+        dropped.elapsed()
+    );
+    drop(again);
+}
+
+/// Readers that keep the lock busy (four clients, three read slots, each holding 40-80 ms and
+/// asking again at once) do not starve a writer: once it holds the gate no new reader gets in,
+/// and it waits for the readers holding then. Each writer's wait is printed.
+pub async fn a_steady_stream_of_rw_readers_does_not_starve_a_writer<H: Harness>(h: &H) {
+    const READERS: usize = 4;
+    let name = unique("rwfair");
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..READERS {
+        let store = if i % 2 == 0 {
+            h.store()
+        } else {
+            h.separate_store().await
+        };
+        let rw = locks(store, &format!("reader-{i}"))
+            .rw_lock(&name, 3)
+            .unwrap();
+        let (stop, reads) = (stop.clone(), reads.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(guard) = rw.read(Duration::from_secs(20)).await {
+                    reads.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(40 + fastrand::u64(0..40))).await;
+                    let _ = guard.release().await;
+                }
+            }
+        }));
+    }
+    let writer = locks(h.separate_store().await, "writer")
+        .rw_lock(&name, 3)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let asked = Instant::now();
+        let w = writer.write(Duration::from_secs(20)).await.unwrap();
+        waits.push(asked.elapsed());
+        assert!(w.is_held());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(w.release().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let reads = reads.load(Ordering::SeqCst);
+    eprintln!("writer waits under {READERS} readers on 3 slots: {waits:?}; {reads} reads");
+    assert!(reads >= 10, "the readers kept it busy: {reads} reads");
+    // The readers holding when the gate is taken let go within 80 ms; the writer then asks
+    // for each slot, woken by the release or its 100 ms retry. Room for a loaded machine.
+    for wait in &waits {
+        assert!(
+            *wait < Duration::from_secs(5),
+            "a writer waited {wait:?}: {waits:?}"
+        );
+    }
+}
+
+/// A writer of many slots (more than it asks for at once) with readers on two of them takes
+/// the free ones, waits for both readers, and holds every slot in slot order with a token
+/// above both readers'.
+pub async fn a_rw_writer_of_many_slots_waits_for_each_reader<H: Harness>(h: &H) {
+    const SLOTS: u32 = 9;
+    let a = long_locks(h.store(), "node-a");
+    let b = long_locks(h.separate_store().await, "node-b");
+    let name = unique("rw");
+    let (rw_a, rw_b) = (
+        a.rw_lock(&name, SLOTS).unwrap(),
+        b.rw_lock(&name, SLOTS).unwrap(),
+    );
+    let mut reads = Vec::new();
+    for _ in 0..SLOTS {
+        reads.push(rw_a.try_read().await.unwrap().expect("free"));
+    }
+    let mut kept = Vec::new();
+    for r in reads {
+        if matches!(r.permit(), Some(1) | Some(6)) {
+            kept.push(r);
+        } else {
+            assert!(r.release().await.unwrap());
+        }
+    }
+    let writer = tokio::spawn(async move { rw_b.write(Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!writer.is_finished(), "two readers hold slots");
+    let tokens: Vec<_> = kept.iter().map(|r| r.token()).collect();
+    for r in kept {
+        assert!(r.release().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let w = writer.await.unwrap().unwrap();
+    assert!(w.is_held());
+    let slots: Vec<String> = w.terms().map(|t| t.resource().to_owned()).collect();
+    let expected: Vec<String> = (0..SLOTS).map(|i| format!("{name}#r{i}")).collect();
+    assert_eq!(slots, expected, "every slot, in slot order");
+    assert!(
+        tokens.iter().all(|t| w.token() > *t),
+        "{:?} after {tokens:?}",
+        w.token()
+    );
+    assert!(w.release().await.unwrap());
+}
+
+/// A writer waiting for a reader keeps every new reader out, though read slots are free: its
+/// gate is held from the moment it asks. It gets the lock once that one reader lets go.
+pub async fn a_waiting_rw_writer_keeps_new_readers_out<H: Harness>(h: &H) {
+    let a = long_locks(h.store(), "node-a");
+    let b = long_locks(h.separate_store().await, "node-b");
+    let name = unique("rw");
+    let (rw_a, rw_b) = (a.rw_lock(&name, 3).unwrap(), b.rw_lock(&name, 3).unwrap());
+    // One read hold, of the first slot: the writer takes the gate and the two free slots,
+    // then waits for that one.
+    let mut reads = Vec::new();
+    for _ in 0..3 {
+        reads.push(rw_a.try_read().await.unwrap().expect("free"));
+    }
+    let first = reads.iter().position(|r| r.permit() == Some(0)).unwrap();
+    let reader = reads.swap_remove(first);
+    for r in reads {
+        assert!(r.release().await.unwrap());
+    }
+    let writer = tokio::spawn(async move { rw_b.write(Duration::from_secs(20)).await });
+    let gate = format!("{name}#w");
+    let asked = Instant::now();
+    loop {
+        let record = h.store().current(&gate).await.unwrap();
+        if record.is_some_and(|r| r.live) {
+            break;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the writer never took its gate"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        rw_a.try_read().await.unwrap().is_none(),
+        "two slots are free, but a writer waits"
+    );
+    let err = rw_a.read(Duration::from_millis(300)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut, "{err:?}");
+    assert!(!writer.is_finished(), "the reader still holds its slot");
+    let token = reader.token();
+    assert!(reader.release().await.unwrap());
+    let w = writer.await.unwrap().unwrap();
+    assert!(w.token() > token);
+    assert!(w.release().await.unwrap());
+}
+
 #[macro_export]
 macro_rules! lock_suite {
     // `#[ignore = "why"]` first: for a backend that needs a server this machine may not have.
@@ -921,6 +1180,11 @@ macro_rules! lock_suite {
             a_semaphore_under_steady_contention_starves_no_waiter,
             a_yield_never_costs_an_acquire_its_only_attempt,
             a_waiter_that_times_out_is_told_the_holders_payload,
+            a_rw_lock_has_readers_together_or_one_writer,
+            a_rw_writer_that_times_out_leaves_nothing_held,
+            a_steady_stream_of_rw_readers_does_not_starve_a_writer,
+            a_waiting_rw_writer_keeps_new_readers_out,
+            a_rw_writer_of_many_slots_waits_for_each_reader,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

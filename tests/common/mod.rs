@@ -20,6 +20,8 @@ macro_rules! job_suite {
 pub mod locks;
 pub mod partition;
 #[macro_use]
+pub mod rates;
+#[macro_use]
 pub mod shards;
 #[macro_use]
 pub mod sql;
@@ -174,12 +176,17 @@ pub fn member_table(table: &str) -> String {
     format!("{table}_m")
 }
 
-/// Runs the migrations (the real ones) for the lease table `table` and its membership table
-/// ([`member_table`]) on `db`.
+/// The rate-limit table a test's lease table `table` goes with.
+pub fn rate_table(table: &str) -> String {
+    format!("{table}_r")
+}
+
+/// Runs the migrations (the real ones) for the lease table `table`, its membership table
+/// ([`member_table`]) and its rate-limit table ([`rate_table`]) on `db`.
 pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{
-        AddLeasePayload, AddMemberHolding, CreateLeaseTable, CreateMemberTable, MigrationTrait,
-        SchemaManager,
+        AddLeasePayload, AddMemberHolding, CreateLeaseTable, CreateMemberTable,
+        CreateRateLimitTable, MigrationTrait, SchemaManager,
     };
     let migration = CreateLeaseTable::with_table(table).expect("valid table name");
     migration
@@ -201,6 +208,11 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
         .up(&SchemaManager::new(db))
         .await
         .expect("membership counts migration up");
+    CreateRateLimitTable::with_table(rate_table(table))
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("rate-limit migration up");
 }
 
 /// Drops `table` and its membership table with the migrations' `down`, after deleting their
@@ -210,7 +222,7 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
 /// writer), so each step is tried again for a few seconds.
 pub async fn drop_table(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{
-        CreateLeaseTable, CreateMemberTable, MigrationTrait, SchemaManager,
+        CreateLeaseTable, CreateMemberTable, CreateRateLimitTable, MigrationTrait, SchemaManager,
     };
     use sea_orm::sea_query::{Alias, Query};
     use sea_orm::ConnectionTrait;
@@ -265,6 +277,16 @@ pub async fn drop_table(db: &sea_orm::DatabaseConnection, table: &str) {
         member_migration.down(&schema)
     })
     .await;
+    // `down` refuses a rate-limit table whose keys are still limited: the rows go first.
+    let rates = rate_table(table);
+    again("delete the test's rate-limit keys", || async {
+        db.execute(&Query::delete().from_table(Alias::new(&rates)).to_owned())
+            .await
+            .map(|_| ())
+    })
+    .await;
+    let rate_migration = CreateRateLimitTable::with_table(rates.clone()).expect("valid table name");
+    again("rate-limit migration down", || rate_migration.down(&schema)).await;
 }
 
 /// Connects to a SQLite file with the options the README recommends.

@@ -239,6 +239,7 @@ impl SqlHarness {
         let mut store = store
             .with_table(&self.table)
             .and_then(|s| s.with_member_table(super::member_table(&self.table)))
+            .and_then(|s| s.with_rate_limit_table(super::rate_table(&self.table)))
             .expect("valid table");
         #[cfg(feature = "postgres")]
         if let Target::Pgbouncer { .. } = self.target {
@@ -357,6 +358,32 @@ impl Harness for SqlHarness {
             Some(orion_beacon::MySqlUpsert::Transaction) => std::time::Duration::from_millis(50),
             _ => std::time::Duration::ZERO,
         }
+    }
+}
+
+/// A rate limit on a table nobody made: the error names that table and its migration; a bad
+/// key is refused as bad input, which it could not be had its statement been sent (the
+/// missing table would have answered first).
+pub async fn a_missing_rate_limit_table_is_named_and_bad_keys_send_nothing(h: &SqlHarness) {
+    use orion_beacon::rate_limit::{Quota, RateLimiter};
+    use orion_beacon::{ErrorKind, StoreError};
+    let table = unique("no_rates");
+    let store = h
+        .configure(SeaOrmLeaseStore::new(h.db().clone()))
+        .with_rate_limit_table(&table)
+        .unwrap();
+    let quota = Quota::per(std::time::Duration::from_secs(1), 5).unwrap();
+    let limiter = RateLimiter::new(store, quota);
+    let err = limiter.try_acquire("api").await.unwrap_err();
+    assert!(matches!(err, StoreError::MissingTable { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&table) && text.contains("CreateRateLimitTable::with_table"),
+        "{text}"
+    );
+    for key in ["", " api", "a\u{7}b"] {
+        let err = limiter.try_acquire(key).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{key:?}: {err:?}");
     }
 }
 
@@ -768,6 +795,7 @@ macro_rules! sql_store_suite {
             a_table_from_an_earlier_version_is_refused_until_its_migration_runs,
             a_membership_table_from_an_earlier_version_is_refused_until_its_migration_runs,
             a_term_that_wrote_no_payload_shows_none,
+            a_missing_rate_limit_table_is_named_and_bad_keys_send_nothing,
         );
     };
     (@cases $setup:expr; $($case:ident),* $(,)?) => {

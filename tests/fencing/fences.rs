@@ -421,6 +421,46 @@ pub async fn statement_fence_affects_no_rows_when_stale(h: &SqlHarness) {
         .unwrap();
 }
 
+/// A reader-writer lock's write hold fences a transaction by every read slot it holds: once
+/// any one of them is no longer its own (here the last, revoked by an operator), the fence
+/// refuses; a read hold fences by its one slot.
+pub async fn a_write_hold_fences_by_every_read_slot(h: &SqlHarness) {
+    let ledger = Ledger::create(h.db()).await;
+    let locks = orion_beacon::locks::Locks::builder(h.store())
+        .owner("writer")
+        .lease_duration(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let name = unique("rw_fence");
+    let rw = locks.rw_lock(&name, 3).unwrap();
+    let reader = rw.try_read().await.unwrap().expect("free");
+    let txn = h.db().begin().await.unwrap();
+    reader.fence(&txn).await.expect("a live read hold fences");
+    txn.rollback().await.unwrap();
+    drop(reader);
+    let w = rw.write(Duration::from_secs(10)).await.unwrap();
+    let txn = h.db().begin().await.unwrap();
+    w.fence(&txn).await.expect("a live write hold fences");
+    ledger.insert(&txn, w.token(), 1).await;
+    txn.commit().await.unwrap();
+    assert!(h
+        .store()
+        .revoke(&format!("{name}#r2"))
+        .await
+        .unwrap()
+        .is_some());
+    let txn = h.db().begin().await.unwrap();
+    let err = w
+        .fence(&txn)
+        .await
+        .expect_err("a slot is no longer the writer's");
+    assert!(err.is_fenced(), "{err:?}");
+    txn.rollback().await.unwrap();
+    assert_eq!(ledger.rows(h.db()).await, vec![(w.token().get(), 1)]);
+    drop(w);
+    ledger.drop(h.db()).await;
+}
+
 /// Downstream fencing: a row remembers the highest token that wrote it and refuses older ones.
 pub async fn downstream_row_refuses_older_tokens(h: &SqlHarness) {
     let reports = unique("reports");
@@ -523,6 +563,13 @@ macro_rules! fencing_suite {
         async fn statement_fence_affects_no_rows_when_stale() {
             if let Some(h) = $setup.await {
                 crate::fences::statement_fence_affects_no_rows_when_stale(&h).await;
+                h.teardown().await;
+            }
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_write_hold_fences_by_every_read_slot() {
+            if let Some(h) = $setup.await {
+                crate::fences::a_write_hold_fences_by_every_read_slot(&h).await;
                 h.teardown().await;
             }
         }

@@ -26,6 +26,8 @@ shard_suite!(async { Some(Memory(InMemoryLeaseStore::new())) });
 
 lock_suite!(async { Some(Memory(InMemoryLeaseStore::new())) });
 
+rate_suite!(async { Some(Memory(InMemoryLeaseStore::new())) });
+
 /// Expiry follows tokio's clock, so it can be tested with paused time.
 #[tokio::test(start_paused = true)]
 async fn expiry_follows_paused_tokio_time() {

@@ -16,6 +16,7 @@ mod returning {
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     shard_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     lock_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
+    rate_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
     job_suite!(SqlHarness::mysql(MySqlUpsert::Returning));
 }
 
@@ -25,6 +26,7 @@ mod transaction {
     sql_store_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     shard_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     lock_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
+    rate_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
     job_suite!(SqlHarness::mysql(MySqlUpsert::Transaction));
 }
 

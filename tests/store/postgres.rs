@@ -15,6 +15,8 @@ shard_suite!(SqlHarness::server(Server::Postgres));
 
 lock_suite!(SqlHarness::server(Server::Postgres));
 
+rate_suite!(SqlHarness::server(Server::Postgres));
+
 job_suite!(SqlHarness::server(Server::Postgres));
 
 /// The same contract with the stores on the application's pool, every statement checked
@@ -24,6 +26,7 @@ mod on_the_application_pool {
     use crate::common::Server;
     conformance_suite!(SqlHarness::app_pool(Server::Postgres));
     shard_suite!(SqlHarness::app_pool(Server::Postgres));
+    rate_suite!(SqlHarness::app_pool(Server::Postgres));
 }
 
 /// The same contract through a transaction-pooling PgBouncer (consecutive statements of one
@@ -34,6 +37,7 @@ mod through_pgbouncer {
     conformance_suite!(SqlHarness::pgbouncer());
     shard_suite!(SqlHarness::pgbouncer());
     lock_suite!(SqlHarness::pgbouncer());
+    rate_suite!(SqlHarness::pgbouncer());
 }
 
 /// Release notifications: a store LISTENs unless told not to, and never behind a

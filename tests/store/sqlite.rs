@@ -15,6 +15,8 @@ shard_suite!(SqlHarness::sqlite());
 
 lock_suite!(SqlHarness::sqlite());
 
+rate_suite!(SqlHarness::sqlite());
+
 job_suite!(SqlHarness::sqlite());
 
 mod rollback_journal {
@@ -23,6 +25,7 @@ mod rollback_journal {
     sql_store_suite!(SqlHarness::sqlite_rollback_journal());
     shard_suite!(SqlHarness::sqlite_rollback_journal());
     lock_suite!(SqlHarness::sqlite_rollback_journal());
+    rate_suite!(SqlHarness::sqlite_rollback_journal());
     job_suite!(SqlHarness::sqlite_rollback_journal());
 }
 

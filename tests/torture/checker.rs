@@ -126,6 +126,17 @@ fn num(parts: &[&str], i: usize, line: &str) -> Result<u64, String> {
 }
 
 impl Record {
+    /// The latest end of the server outages (`SERVER_DOWN` faults) that overlap `from..=to`:
+    /// a leaderless stretch there counts from it.
+    fn outage_end(&self, from: u64, to: u64) -> Option<u64> {
+        self.faults
+            .iter()
+            .filter(|f| SERVER_DOWN.contains(&f.kind.as_str()))
+            .filter(|f| f.start <= to && from <= f.end)
+            .map(|f| f.end)
+            .max()
+    }
+
     /// Adds one candidate's history. `killed_at` closes a term the process never saw end.
     pub fn add_history(&mut self, text: &str, killed_at: Option<u64>) -> Result<(), String> {
         let mut name = String::new();
@@ -430,6 +441,20 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
                 None => u64::MAX,
             }
         };
+        // A candidate's fault inside a server outage (a node's state transfer blocking its
+        // donor, a restart): nobody can be granted while the server cannot write, so the
+        // recovery counts from the end of the outages the leaderless stretch overlaps, as
+        // the leaderless-stretch rule (5) does.
+        let recovery = if recovery == 0 || SERVER_DOWN.contains(&fault.kind.as_str()) {
+            recovery
+        } else {
+            let led_at = from.saturating_add(recovery);
+            match record.outage_end(from, led_at) {
+                Some(end) if recovery != u64::MAX => led_at.saturating_sub(end.max(from)),
+                Some(end) if record.end.saturating_sub(end) < recovery_bound_ns => continue,
+                _ => recovery,
+            }
+        };
         v.recoveries += 1;
         v.worst_recovery_ns = v.worst_recovery_ns.max(recovery);
         if recovery > recovery_bound_ns {
@@ -483,6 +508,16 @@ pub fn check(record: &Record, recovery_bound_ns: u64) -> Verdict {
                 Some(wait) => wait,
                 None if record.end.saturating_sub(lapse) < record.lapse_bound_ns => continue,
                 None => u64::MAX,
+            };
+            // As in rule 4: a wait that overlaps a server outage (a Galera donor blocked by a
+            // rejoining node's state transfer) counts from the outage's end.
+            let wait = if wait == u64::MAX || wait <= record.lapse_bound_ns {
+                wait
+            } else {
+                let led_at = lapse.saturating_add(wait);
+                record
+                    .outage_end(lapse, led_at)
+                    .map_or(wait, |end| led_at.saturating_sub(end.max(lapse)))
             };
             v.worst_after_lapse_ns = v.worst_after_lapse_ns.max(wait);
             if wait > record.lapse_bound_ns {

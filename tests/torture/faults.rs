@@ -242,6 +242,11 @@ async fn leader_process<'a>(s: &Setup, procs: &'a [Proc], rng: &mut Rng) -> Opti
     // left with connections that hang (the old primary's), and a look that waits for one finds
     // no leader for as long as they do.
     // (SQLite: the harness's own connection, in the run's journal mode.)
+    // Rate-limit clients all ask all the time: any live one.
+    if s.config.rates {
+        let live: Vec<&Proc> = procs.iter().filter(|p| p.child.id().is_some()).collect();
+        return (!live.is_empty()).then(|| live[rng.below(live.len() as u64) as usize]);
+    }
     let (url, table) = match &s.neighbour {
         Some(n) if rng.below(2) == 1 => (n.admin_url.clone(), n.table.clone()),
         _ => (s.admin_url.clone(), s.table.clone()),

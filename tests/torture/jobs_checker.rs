@@ -192,9 +192,25 @@ fn claimed_early(r: &RunRecord, v: &mut JobVerdict) {
 }
 
 /// A slot recorded skipped whose previous slot's run had ended (by the database clock) before
-/// the slot's time: a run that returned never makes the next slot skipped.
+/// the slot's time: a run that returned never makes the next slot skipped. A skip is no
+/// violation when another run of the job was under way when it was recorded (its record's
+/// latest attempt claimed before the skip and ended after it): a retry of an older slot,
+/// claimed again after its end could not be written (a server restart), makes the job busy,
+/// and the default overlap skips a slot that comes due then.
 fn false_skips(by_slot: &BTreeMap<(&str, i64), &RunRecord>, every_ms: i64, v: &mut JobVerdict) {
     for r in by_slot.values().filter(|r| r.state == "skipped") {
+        let busy = r.claimed_at_ms.is_some_and(|skip_at| {
+            by_slot
+                .range((r.job.as_str(), i64::MIN)..=(r.job.as_str(), i64::MAX))
+                .filter(|(_, o)| o.slot != r.slot && o.state != "skipped")
+                .any(|(_, o)| {
+                    o.claimed_at_ms.is_some_and(|at| at <= skip_at)
+                        && o.finished_at_ms.is_none_or(|end| end >= skip_at)
+                })
+        });
+        if busy {
+            continue;
+        }
         let before = by_slot.get(&(r.job.as_str(), r.slot - every_ms));
         if let Some(ended) = before.and_then(|b| b.finished_at_ms) {
             if ended < r.slot {

@@ -29,9 +29,12 @@ const SECOND_TIMEOUT: Duration = Duration::from_millis(300);
 const IN_TRANSACTION_MS: std::ops::Range<u64> = 50..250;
 
 /// The lease rows of the run's lock and its pair lock (`permits` 0) or of its semaphore of
-/// `permits`.
-pub fn resources(name: &str, permits: u32) -> Vec<String> {
-    if permits == 0 {
+/// `permits`; for a reader-writer lock (`rw`), its read slots (its gate is not checked per
+/// row: it only orders writers).
+pub fn resources(name: &str, permits: u32, rw: bool) -> Vec<String> {
+    if rw {
+        (0..permits).map(|i| format!("{name}#r{i}")).collect()
+    } else if permits == 0 {
         vec![name.to_owned(), pair(name)]
     } else {
         (0..permits).map(|i| format!("{name}#{i}")).collect()
@@ -78,6 +81,17 @@ pub async fn run(args: Args) -> Result<(), Error> {
     };
     // The hold the client has now, for the stale writer below.
     let current: Arc<Mutex<Option<LeaderTerm>>> = Arc::default();
+    if args.rw {
+        let rw = locks.rw_lock(&args.resource, args.permits)?;
+        let client = tokio::spawn(rw_client(
+            rw,
+            terms.clone(),
+            ledger.clone(),
+            marker,
+            current.clone(),
+        ));
+        return finish(history, locks, terms, ledger, current, client).await;
+    }
 
     let (client_terms, client_ledger, client_current) =
         (terms.clone(), ledger.clone(), current.clone());
@@ -164,6 +178,19 @@ pub async fn run(args: Args) -> Result<(), Error> {
         }
     });
 
+    finish(history, locks, terms, ledger, current, client).await
+}
+
+/// Runs the stale writer below beside `client` until the harness writes `shutdown` to the
+/// standard input, then stops both and logs the end.
+async fn finish(
+    history: crate::shard_node::History,
+    locks: Locks,
+    terms: Arc<Terms>,
+    ledger: Ledger,
+    current: Arc<Mutex<Option<LeaderTerm>>>,
+    client: tokio::task::JoinHandle<()>,
+) -> Result<(), Error> {
     // The write fencing exists for: a client paused (GC, SIGSTOP) past its lease wakes up and
     // writes with the hold it had. After any stall longer than the lease, this task sends one
     // fenced write with that hold if it is no longer current; the fence must refuse it.
@@ -195,4 +222,112 @@ pub async fn run(args: Args) -> Result<(), Error> {
     crate::shard_node::line(&history, &format!("stop {}", crate::clock::mono_ns()));
     drop(locks);
     Ok(())
+}
+
+/// A reader-writer lock client: a third of its holds are writes (the gate and every read slot,
+/// its fenced transactions fenced by every slot and writing a row per slot), the rest reads
+/// (one slot). Each write hold's line `rwwrite <token> <at> <slot>=<token> ...` lets the
+/// checker see that it held every slot and that its token exceeds every earlier hold's.
+async fn rw_client(
+    rw: orion_beacon::locks::RwLock,
+    terms: Arc<Terms>,
+    ledger: Ledger,
+    marker: Option<std::path::PathBuf>,
+    current: Arc<Mutex<Option<LeaderTerm>>>,
+) {
+    loop {
+        let write = fastrand::u8(0..3) == 0;
+        let (read, written) = if write {
+            match rw.write(ACQUIRE_TIMEOUT).await {
+                Ok(w) => (None, Some(w)),
+                Err(LockError::Timeout { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "write acquire failed");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        } else {
+            match rw.read(ACQUIRE_TIMEOUT).await {
+                Ok(r) => (Some(r), None),
+                Err(LockError::Timeout { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "read acquire failed");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        };
+        let held: Vec<LeaderTerm> = match (&read, &written) {
+            (Some(r), _) => vec![r.term().clone()],
+            (_, Some(w)) => w.terms().cloned().collect(),
+            _ => continue,
+        };
+        for t in &held {
+            terms.work(t);
+        }
+        let still_held = || match (&read, &written) {
+            (Some(r), _) => r.is_held(),
+            (_, Some(w)) => w.is_held(),
+            _ => false,
+        };
+        if let Some(w) = &written {
+            // Recorded only if still held after the instant is taken: a stall in between must
+            // not date the hold past its rows' terms.
+            let at = crate::clock::mono_ns();
+            if still_held() {
+                let slots: Vec<String> = held
+                    .iter()
+                    .map(|t| format!("{}={}", t.resource(), t.token()))
+                    .collect();
+                crate::shard_node::line(
+                    &ledger.history,
+                    &format!("rwwrite {} {at} {}", w.token(), slots.join(" ")),
+                );
+            }
+        }
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = held.first().cloned();
+        {
+            let _done: Vec<Done> = held
+                .iter()
+                .map(|term| Done {
+                    terms: terms.clone(),
+                    term: term.clone(),
+                })
+                .collect();
+            let until = tokio::time::Instant::now() + Duration::from_millis(fastrand::u64(HOLD_MS));
+            while still_held() && tokio::time::Instant::now() < until {
+                let refs: Vec<&LeaderTerm> = held.iter().collect();
+                let open = Duration::from_millis(fastrand::u64(IN_TRANSACTION_MS));
+                ledger.write_all(&refs, open, marker.as_deref()).await;
+                let pause = Duration::from_millis(fastrand::u64(WRITE_EVERY_MS));
+                // A new `lost` future each time round: one that completed is not polled again.
+                let lost = async {
+                    match (&read, &written) {
+                        (Some(r), _) => r.lost().await,
+                        (_, Some(w)) => w.lost().await,
+                        _ => {}
+                    }
+                };
+                tokio::select! {
+                    _ = lost => {}
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+        for t in &held {
+            terms.lost(t);
+        }
+        match (read, written) {
+            (Some(r), _) if fastrand::bool() => {
+                let _ = r.release().await;
+            }
+            (_, Some(w)) if fastrand::bool() => {
+                let _ = w.release().await;
+            }
+            // Dropped: released in the background.
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..100))).await;
+    }
 }

@@ -21,11 +21,16 @@
 //! `ShardSet` over `--shards` resources, each led resource writing fenced ledger rows, checked
 //! per resource, see `shard_node.rs` and `shard_checker.rs`), `lock-postgres` and
 //! `semaphore-mysql` (lock clients taking one lock, or a permit of a semaphore of two, under
-//! the same faults, checked per lease row, see `lock_node.rs`), `jobs-postgres` (every
+//! the same faults, checked per lease row, see `lock_node.rs`), `rwlock-postgres` (a
+//! reader-writer lock of three read slots, a third of the holds writes, also checked for every
+//! write hold holding every slot with a token above every earlier hold's), `jobs-postgres` (every
 //! candidate a node of one `Jobs` scheduler running the job `tick` every second, each attempt
 //! writing a row in its slot's fenced transaction held open 0-300 ms; checked per slot from the
 //! run table and the writes table: no slot done twice, no finished slot's write missing, no
-//! write without its slot's mark, see `job_node.rs` and `jobs_checker.rs`); by name only:
+//! write without its slot's mark, see `job_node.rs` and `jobs_checker.rs`), `rate-postgres` and
+//! `rate-mysql` (by name only; rate-limit clients asking for permits of one key, checked
+//! together: never more than the quota allows in any span of its interval by the database
+//! clock, see `rate_node.rs` and `rate_checker.rs`); by name only:
 //! `galera-skew` (300 ms ahead, measured), `shards-sqlite`, `semaphore-sqlite`, `jobs-mysql`
 //! and `jobs-sqlite`), `--duration SECS` (default 30, the shard sets, locks and jobs 20),
 //! `--candidates N` (default 5), `--seed N` (default: random, printed), `--faults
@@ -52,6 +57,8 @@ mod job_node;
 mod jobs_checker;
 mod lock_node;
 mod node_log;
+mod rate_checker;
+mod rate_node;
 mod report;
 mod run;
 mod servers;
@@ -130,10 +137,19 @@ struct Configuration {
     /// Locks: each candidate is a lock client taking the run's lock (`Some(0)`) or a permit of
     /// its semaphore of N (`Some(N)`) again and again; checked per lease row, safety only.
     locks: Option<u32>,
+    /// With `locks: Some(N)`: a reader-writer lock of N read slots instead of a semaphore;
+    /// also checked for every write hold holding every slot, with a token above every
+    /// earlier hold's (`shard_checker::check_rw`).
+    rw: bool,
     /// Jobs: each candidate is a node of one `Jobs` scheduler running the job `tick` every
     /// second, each attempt writing a row in the slot's fenced transaction; checked per slot
     /// from the run table and the writes table (`jobs_checker.rs`).
     jobs: bool,
+    /// Rate limits: each candidate is a client of one `RateLimiter` asking for permits of the
+    /// run's key again and again; checked from every client's permits together
+    /// (`rate_checker.rs`): never more than the quota allows in any span of its interval, no
+    /// permit number twice, permits coming all along.
+    rates: bool,
     /// Two tenants on one server: beside the run's candidates, a neighbour's (`nN`) elect the
     /// same resource in a lease table and ledger of the same names in a schema of their own
     /// (PostgreSQL), or of names that differ only in case (MariaDB), with faults on both; each
@@ -176,12 +192,14 @@ const PLAIN: Configuration = Configuration {
     galera: None,
     shards: false,
     locks: None,
+    rw: false,
     jobs: false,
+    rates: false,
     tenants: false,
 };
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 21] = [
+const CONFIGURATIONS: [Configuration; 24] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -302,6 +320,30 @@ const CONFIGURATIONS: [Configuration; 21] = [
         locks: Some(2),
         ..PLAIN
     },
+    // A reader-writer lock of three read slots, five clients, a third of their holds writes:
+    // one holder per slot, every write hold holding every slot with a token above every
+    // earlier hold's, fenced writes in token order per slot.
+    Configuration {
+        name: "rwlock-postgres",
+        backend: Backend::Postgres,
+        locks: Some(3),
+        rw: true,
+        ..PLAIN
+    },
+    // Rate limits: five clients ask for permits of one key (20 a second, 4 at once) under
+    // every fault; on MariaDB each decision is one statement with `RETURNING`.
+    Configuration {
+        name: "rate-postgres",
+        backend: Backend::Postgres,
+        rates: true,
+        ..PLAIN
+    },
+    Configuration {
+        name: "rate-mysql",
+        backend: Backend::MySql,
+        rates: true,
+        ..PLAIN
+    },
     // By name only: the same on one SQLite file.
     Configuration {
         name: "semaphore-sqlite",
@@ -349,12 +391,13 @@ const CONFIGURATIONS: [Configuration; 21] = [
 
 /// Configurations a run without `--backend` leaves out: measurements and slow variants that
 /// need no repeating in CI.
-const BY_NAME_ONLY: [&str; 5] = [
+const BY_NAME_ONLY: [&str; 6] = [
     "galera-skew",
     "shards-sqlite",
     "semaphore-sqlite",
     "jobs-mysql",
     "jobs-sqlite",
+    "rate-mysql",
 ];
 
 /// SQLite rollback-journal mode: the candidates' busy timeout.
@@ -452,7 +495,7 @@ struct Args {
     /// Run as a lock client of the lock `--resource` (or its semaphore, with `--permits`).
     #[arg(long, help_heading = "Candidate process")]
     lock_node: bool,
-    /// The semaphore's permits (0: a lock).
+    /// The semaphore's permits (0: a lock), or the read slots of the reader-writer lock.
     #[arg(
         long,
         value_name = "N",
@@ -460,9 +503,16 @@ struct Args {
         help_heading = "Candidate process"
     )]
     permits: u32,
+    /// A lock client of the reader-writer lock `--resource` of `--permits` read slots.
+    #[arg(long, help_heading = "Candidate process")]
+    rw: bool,
     /// Run as a node of the scheduler leading `--resource`, with the job `tick`.
     #[arg(long, help_heading = "Candidate process")]
     job_node: bool,
+    /// Run as a client of the rate limit of the key `--resource` (its table: the lease
+    /// table's name with `_r`).
+    #[arg(long, help_heading = "Candidate process")]
+    rate_node: bool,
     /// The scheduler's run table.
     #[arg(long, default_value = "", help_heading = "Candidate process")]
     runs_table: String,
@@ -504,12 +554,13 @@ struct LibtestFlags {
 impl Args {
     /// How long `config` runs: `--duration`, or its default.
     fn duration(&self, config: &Configuration) -> Duration {
-        self.duration
-            .unwrap_or(if config.shards || config.locks.is_some() || config.jobs {
+        self.duration.unwrap_or(
+            if config.shards || config.locks.is_some() || config.jobs || config.rates {
                 SHARD_DURATION
             } else {
                 Duration::from_secs(30)
-            })
+            },
+        )
     }
 }
 
@@ -573,6 +624,15 @@ fn main() {
                     Ok(()) => 0,
                     Err(e) => {
                         eprintln!("lock client failed: {e}");
+                        3
+                    }
+                }
+            }
+            Some(args) if args.candidate.is_some() && args.rate_node => {
+                match rate_node::run(args).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("rate-limit client failed: {e}");
                         3
                     }
                 }

@@ -205,6 +205,13 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         AddLeasePayload, AddMemberHolding, CreateJobRunTable, CreateLeaseTable, CreateMemberTable,
         MigrationTrait, SchemaManager,
     };
+    if config.rates {
+        orion_beacon_migration::CreateRateLimitTable::with_table(crate::rate_node::rate_table(
+            &table,
+        ))?
+        .up(&SchemaManager::new(&admin))
+        .await?;
+    }
     CreateLeaseTable::with_table(&table)?
         .up(&SchemaManager::new(&admin))
         .await?;
@@ -248,6 +255,7 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
     let resource = unique(match (config.shards, config.locks) {
         (true, _) => "set",
         (_, Some(_)) => "lock",
+        _ if config.rates => "limit",
         _ => "job",
     });
     Ok(Setup {
@@ -270,7 +278,7 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         runs,
         writes,
         shards: match config.locks {
-            Some(permits) => crate::lock_node::resources(&resource, permits),
+            Some(permits) => crate::lock_node::resources(&resource, permits, config.rw),
             None if config.shards => crate::shard_node::resources(shards),
             None => Vec::new(),
         },
@@ -418,11 +426,17 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
     .arg("--history")
     .arg(&history)
     .args(match s.config.locks {
-        Some(permits) => vec![
-            "--lock-node".to_owned(),
-            "--permits".to_owned(),
-            permits.to_string(),
-        ],
+        Some(permits) => {
+            let mut args = vec![
+                "--lock-node".to_owned(),
+                "--permits".to_owned(),
+                permits.to_string(),
+            ];
+            if s.config.rw {
+                args.push("--rw".to_owned());
+            }
+            args
+        }
         None if s.config.shards => vec![
             "--shard-node".to_owned(),
             "--shards".to_owned(),
@@ -430,6 +444,7 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
             "--members".to_owned(),
             s.members.clone(),
         ],
+        None if s.config.rates => vec!["--rate-node".to_owned()],
         None if s.config.jobs => vec![
             "--job-node".to_owned(),
             "--runs-table".to_owned(),
@@ -531,6 +546,19 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
         p.remove_faketime_leftovers();
     }
     let run_end_ns = mono_ns();
+    if config.rates {
+        return finish_rates(
+            s,
+            &procs,
+            applied,
+            run_violations,
+            &kinds,
+            seed,
+            run_start_ns,
+            quiesce_ns,
+        )
+        .await;
+    }
     if config.jobs {
         let times = ShardTimes {
             seed,
@@ -832,6 +860,23 @@ async fn finish_shards(
         SHARD_SLACK,
     );
     verdict.violations.extend(run_violations);
+    if s.config.rw {
+        verdict.violations.extend(
+            shard_checker::check_rw(&record)
+                .into_iter()
+                .map(|v| format!("rw: {v}")),
+        );
+        println!(
+            "torture[{label}] write holds: {} (each checked to hold all {} read slots, its token above every earlier hold's)",
+            record.rw_writes.len(),
+            s.shards.len()
+        );
+        if record.rw_writes.is_empty() {
+            verdict
+                .violations
+                .push("no write hold began: the run proves nothing about writers".to_owned());
+        }
+    }
     if s.config.locks.is_some() {
         // One per lease row (the lock and its pair, or each permit).
         let most = s.shards.len();
@@ -939,6 +984,105 @@ fn stalls_inside_transactions(
             ));
         }
     }
+}
+
+/// A rate-limit configuration's verdict, once its clients have stopped: every client's
+/// permits checked together with the table's count (`rate_checker.rs`), the fault problems of
+/// the run itself, the summary. `true` if it passed.
+#[allow(clippy::too_many_arguments)]
+async fn finish_rates(
+    s: Setup,
+    procs: &[Proc],
+    mut applied: faults::Faults,
+    mut run_violations: Vec<String>,
+    kinds: &[String],
+    seed: u64,
+    run_start_ns: u64,
+    quiesce_ns: u64,
+) -> Result<bool, Error> {
+    let label = s.config.name;
+    let quota = crate::rate_node::quota()?;
+    let rates = crate::rate_node::rate_table(&s.table);
+    let mut record = crate::rate_checker::RateRecord {
+        interval_us: i64::try_from(quota.interval().as_micros())?,
+        most_per_interval: quota.most_per_interval(),
+        faults: std::mem::take(&mut applied.log),
+        start_ns: run_start_ns,
+        quiesce_ns,
+        ..Default::default()
+    };
+    for p in procs {
+        let text = std::fs::read_to_string(&p.history).unwrap_or_default();
+        record.add_history(&text)?;
+    }
+    for kind in kinds {
+        if !applied.counts.contains_key(kind) {
+            run_violations.push(format!("fault {kind} was requested but never applied"));
+        }
+    }
+    let admin = &s.admin;
+    let row = admin
+        .query_one(
+            &Query::select()
+                .column(Alias::new("permits"))
+                .from(Alias::new(&rates))
+                .and_where(sea_orm::sea_query::ExprTrait::eq(
+                    sea_orm::sea_query::Expr::col(Alias::new("limit_key")),
+                    s.resource.as_str(),
+                ))
+                .to_owned(),
+        )
+        .await?;
+    record.table_permits = match row {
+        Some(row) => u64::try_from(row.try_get_by_index::<i64>(0)?)?,
+        None => 0,
+    };
+    let bound = LEASE + RETRY + RECOVERY_MARGIN;
+    let mut verdict = crate::rate_checker::check(&record, bound.as_nanos() as u64);
+    verdict.violations.extend(run_violations);
+    let mut kinds: Vec<String> = applied
+        .counts
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    kinds.sort();
+    let seconds = quiesce_ns.saturating_sub(run_start_ns) as f64 / 1e9;
+    // What the quota allows over the run: the burst, then one per spacing.
+    let allowed = f64::from(quota.burst()) + seconds / quota.emission_interval().as_secs_f64();
+    println!(
+        "torture[{label}] seed={seed} duration={seconds:.0}s clients={} quota={}/{:?} burst {} permits={} ({:.0} % of what the quota allows; {} in the table, {} never answered) limited={} errors={} most_in_interval={} (at most {}) longest_gap={}ms (bound {}ms) faults: {} violations={}",
+        procs.iter().filter(|p| !p.name.contains("-r")).count(),
+        quota.permits(),
+        quota.interval(),
+        quota.burst(),
+        record.grants.len(),
+        record.grants.len() as f64 * 100.0 / allowed,
+        record.table_permits,
+        record.table_permits.saturating_sub(record.grants.len() as u64),
+        record.limited,
+        record.errors,
+        verdict.most_in_interval,
+        record.most_per_interval,
+        verdict.longest_gap_ns / 1_000_000,
+        bound.as_millis(),
+        kinds.join(" "),
+        verdict.violations.len()
+    );
+    for violation in &verdict.violations {
+        println!("  VIOLATION: {violation}");
+    }
+    let passed = verdict.violations.is_empty();
+    if std::env::var_os("ORION_TORTURE_KEEP").is_some() || !passed {
+        println!("  histories: {}", s.dir.display());
+        std::mem::forget(s._dir);
+        return Ok(passed);
+    }
+    for table in [&rates, &s.ledger, &s.table] {
+        let _ = admin
+            .execute(&Table::drop().table(Alias::new(table)).to_owned())
+            .await;
+    }
+    Ok(passed)
 }
 
 /// A jobs configuration's verdict, once its nodes have stopped: the nodes' histories, the run

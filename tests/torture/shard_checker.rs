@@ -52,6 +52,18 @@ pub struct ShardRecord {
     pub transactions: Vec<(String, u64, u64)>,
     /// Safety only (no liveness, rejoin or fairness checks): the lock configurations.
     pub safety_only: bool,
+    /// A reader-writer lock's write holds, from the `rwwrite` lines.
+    pub rw_writes: Vec<RwWrite>,
+}
+
+/// A write hold of a reader-writer lock as its client recorded it when it began.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RwWrite {
+    pub candidate: String,
+    pub token: i64,
+    pub at: u64,
+    /// The read slots' rows it held, with their tokens.
+    pub slots: Vec<(String, i64)>,
 }
 
 /// A term while its node's history is read.
@@ -170,6 +182,22 @@ impl ShardRecord {
                         let begun = num(&parts, at + 1, line)?;
                         self.transactions.push((node.name.clone(), begun, ended));
                     }
+                }
+                "rwwrite" => {
+                    let mut slots = Vec::new();
+                    for part in &parts[3..] {
+                        let (resource, token) = part
+                            .rsplit_once('=')
+                            .and_then(|(r, t)| Some((r.to_owned(), t.parse().ok()?)))
+                            .ok_or_else(|| format!("bad history line: {line:?}"))?;
+                        slots.push((resource, token));
+                    }
+                    self.rw_writes.push(RwWrite {
+                        candidate: node.name.clone(),
+                        token: num(&parts, 1, line)? as i64,
+                        at: num(&parts, 2, line)?,
+                        slots,
+                    });
                 }
                 "stop" => node.end = node.end.min(num(&parts, 1, line)?),
                 "assign" => {
@@ -590,4 +618,69 @@ fn fairness(record: &ShardRecord, settle_ns: u64, slack: usize) -> Fairness {
         out.nodes_min = 0;
     }
     out
+}
+
+/// The reader-writer rule over a run's write holds (the rows' own rules, one holder per slot
+/// at a time, are the per-resource check's): each write hold held every read slot, each under
+/// a term its client believed in when the hold began, its token is the highest of theirs, and
+/// it exceeds the token of every hold of any slot that began before it, and every earlier
+/// write hold's. With one holder per slot, a writer holding all of them excludes every reader.
+pub fn check_rw(record: &ShardRecord) -> Vec<String> {
+    let mut v = Vec::new();
+    let slots: Vec<&String> = record.resources.keys().collect();
+    let mut writes: Vec<&RwWrite> = record.rw_writes.iter().collect();
+    writes.sort_by_key(|w| w.at);
+    let mut last: Option<&RwWrite> = None;
+    for w in writes {
+        let mut held: Vec<&String> = w.slots.iter().map(|(r, _)| r).collect();
+        held.sort();
+        held.dedup();
+        if held != slots {
+            v.push(format!(
+                "write hold of {} (token {}) at {} held the slots {held:?}, not all of {slots:?}",
+                w.candidate, w.token, w.at
+            ));
+        }
+        let highest = w.slots.iter().map(|(_, t)| *t).max();
+        if highest != Some(w.token) {
+            v.push(format!(
+                "write hold of {} at {}: token {}, but its slots' highest is {highest:?}",
+                w.candidate, w.at, w.token
+            ));
+        }
+        for (resource, token) in &w.slots {
+            let Some(rec) = record.resources.get(resource) else {
+                continue;
+            };
+            let believed = rec.intervals.iter().any(|i| {
+                i.candidate == w.candidate && i.token == *token && i.start <= w.at && w.at < i.end
+            });
+            if !believed {
+                v.push(format!(
+                    "write hold of {} (token {}) at {}: no believed term of {resource} with token {token} then",
+                    w.candidate, w.token, w.at
+                ));
+            }
+        }
+        for (resource, rec) in &record.resources {
+            let own = w.slots.iter().find(|(r, _)| r == resource).map(|(_, t)| *t);
+            for i in rec.intervals.iter().filter(|i| i.start < w.at) {
+                let ours = i.candidate == w.candidate && Some(i.token) == own;
+                if !ours && i.token >= w.token {
+                    v.push(format!(
+                        "write hold of {} at {}: token {} not above {}'s earlier hold of {resource} (token {}, from {})",
+                        w.candidate, w.at, w.token, i.candidate, i.token, i.start
+                    ));
+                }
+            }
+        }
+        if let Some(prev) = last.filter(|p| w.token <= p.token) {
+            v.push(format!(
+                "write hold of {} at {} (token {}) not above the earlier write hold of {} at {} (token {})",
+                w.candidate, w.at, w.token, prev.candidate, prev.at, prev.token
+            ));
+        }
+        last = Some(w);
+    }
+    v
 }

@@ -351,6 +351,82 @@ impl LeaseBackend for MySqlBackend {
         self.count_from(cx, self.source(), stmt).await
     }
 
+    /// MariaDB: the upsert with `RETURNING`, one statement committed on its own (checked as
+    /// the acquire's is: read to the end, outside any transaction). MySQL (no `RETURNING`): the
+    /// upsert and the read of the row it left in one transaction of the store's own, begun as
+    /// the revoke's is. On a Galera cluster (Percona XtraDB Cluster) the row is read again once
+    /// the `COMMIT` returned, and a decision is reported only when that read still shows it: a
+    /// node can roll a transaction back under its statements with the `COMMIT` answering OK
+    /// (see `committed_as_read`). A decision another caller made in between makes that a
+    /// conflict too, its permit (if any) unreported: fewer permits, never more.
+    async fn rate_decision(
+        &self,
+        cx: &Context,
+        decision: &crate::backend::rate_limits::RateDecision<'_>,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        use crate::backend::rate_limits::{decode, not_ours, MARIADB_IN_TRANSACTION_COLUMN};
+        if self.form(cx).await? == MySqlUpsert::Returning {
+            let stmt = decision.mariadb_returning()?;
+            return match self.source() {
+                Some(source) => {
+                    cx.autocommitted(|| {
+                        checked::deciding(source, &stmt, MARIADB_IN_TRANSACTION_COLUMN)
+                    })
+                    .await
+                }
+                None => cx.read_to_end(stmt).await,
+            };
+        }
+        let galera = self.galera_on_pool(cx).await?;
+        let (upsert, read) = (decision.upsert(cx)?, decision.read(cx));
+        let (rows, after) = match self.source() {
+            None => cx.upsert_then_read(&upsert, &read, galera).await?,
+            Some(source) => {
+                cx.autocommitted(|| async {
+                    let Some(mut txn) = Transaction::begin(source, Begin::ReadWrite).await? else {
+                        return Ok(Checked::InAbandonedTransaction);
+                    };
+                    txn.execute(&upsert).await?;
+                    let rows = txn.rows(&read).await?;
+                    let after = if galera {
+                        Some(txn.commit_then_rows(&read).await?)
+                    } else {
+                        txn.commit().await?;
+                        None
+                    };
+                    Ok(Checked::Committed((rows, after)))
+                })
+                .await?
+            }
+        };
+        let Some(after) = after else {
+            return Ok(rows);
+        };
+        let committed = after
+            .first()
+            .map(decode)
+            .transpose()
+            .map_err(|e| cx.decode_error(e))?;
+        match committed {
+            Some((.., id)) if id == decision.id => Ok(rows),
+            _ => Err(not_ours(decision.key())),
+        }
+    }
+
+    /// MariaDB's form, or, once the server is known to need it (MySQL 8, or
+    /// `with_mysql_upsert`), the transaction form's upsert and read (on Galera, the read again
+    /// after the `COMMIT`).
+    fn rate_statements(
+        &self,
+        cx: &Context,
+        decision: &crate::backend::rate_limits::RateDecision<'_>,
+    ) -> Result<Vec<Statement>, StoreError> {
+        Ok(match self.upsert.get() {
+            Some(MySqlUpsert::Transaction) => vec![decision.upsert(cx)?, decision.read(cx)],
+            _ => vec![decision.mariadb_returning()?],
+        })
+    }
+
     /// On a pooled connection checked to be outside any transaction: a connection inside an
     /// abandoned one is closed rather than have its `BEGIN` commit that transaction, and a call
     /// dropped before `COMMIT` closes the connection rather than hand it back mid-transaction.

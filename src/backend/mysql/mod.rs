@@ -90,6 +90,10 @@ pub(crate) mod wakeups;
 pub(crate) struct MySql;
 
 impl Dialect for MySql {
+    fn now_micros(&self) -> Expr {
+        Expr::cust("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))")
+    }
+
     fn now(&self) -> Expr {
         // Evaluated once per statement; UTC regardless of the session time zone.
         Expr::cust("UTC_TIMESTAMP(6)")

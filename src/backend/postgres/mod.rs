@@ -64,6 +64,11 @@ pub(crate) mod takeover;
 pub(crate) struct Postgres;
 
 impl Dialect for Postgres {
+    // `EXTRACT` answers a numeric with the timestamp's 6 decimals: exact.
+    fn now_micros(&self) -> Expr {
+        Expr::cust("CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)")
+    }
+
     fn now(&self) -> Expr {
         Expr::cust("statement_timestamp()")
     }

@@ -62,6 +62,11 @@ pub(crate) struct Sqlite;
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 
 impl Dialect for Sqlite {
+    // SQLite's clock has whole milliseconds; `now` is one value within a statement.
+    fn now_micros(&self) -> Expr {
+        Expr::cust("CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER) * 1000")
+    }
+
     fn now(&self) -> Expr {
         Expr::cust(NOW)
     }

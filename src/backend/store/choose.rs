@@ -54,7 +54,7 @@ pub(super) fn assemble(
     backend: Box<dyn LeaseBackend>,
     old: Option<&Engine>,
 ) -> Arc<Engine> {
-    let cx = Context::new(
+    let mut cx = Context::new(
         settings.db.clone(),
         Arc::clone(&settings.table),
         Arc::clone(&settings.member_table),
@@ -64,6 +64,7 @@ pub(super) fn assemble(
         old.map(|e| Arc::clone(&e.cx.durability_checked))
             .unwrap_or_default(),
     );
+    cx.rate_table = Arc::clone(&settings.rate_table);
     let sessions = backend.own_sessions();
     let attempts = match old {
         Some(old) if old.backend.own_sessions() == sessions => old.attempts.clone(),

@@ -18,6 +18,24 @@ impl SeaOrmLeaseStore {
         Ok(engine.acquire_prepared()?.bind(resource, candidate, millis))
     }
 
+    /// The statements a rate-limit decision ([`RateLimitStore::take_permit`]) sends for `key`
+    /// under `quota` on this connection's backend, in order: for `EXPLAIN`, audits and
+    /// benchmarks. One upsert with `RETURNING` on PostgreSQL, SQLite and MariaDB; where the
+    /// server is known to have no `RETURNING` (MySQL 8), the upsert and the read of the row it
+    /// left, in one transaction. The values are bound parameters.
+    ///
+    /// [`RateLimitStore::take_permit`]: crate::RateLimitStore::take_permit
+    pub fn rate_limit_statements(
+        &self,
+        key: &str,
+        quota: &crate::Quota,
+    ) -> Result<Vec<sea_orm::Statement>, StoreError> {
+        crate::rate_limit::validate_key(key)?;
+        let engine = self.engine()?;
+        let decision = super::super::rate_limits::RateDecision::new(&engine.cx, key, quota);
+        engine.backend.rate_statements(&engine.cx, &decision)
+    }
+
     /// The statements [`renew_all`](LeaseStore::renew_all) sends for a batch of `held`, in
     /// order, on this connection's backend: for `EXPLAIN`, audits and tests. One statement on
     /// PostgreSQL and SQLite; on MySQL/MariaDB the locking read, the update and the read of

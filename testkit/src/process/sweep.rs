@@ -47,7 +47,11 @@ pub(crate) fn sweep() {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !name.starts_with(DIR_PREFIX) || name.starts_with("orion-testkit-cache") {
+            // The template cache and the port locks belong to no one run.
+            if !name.starts_with(DIR_PREFIX)
+                || name.starts_with("orion-testkit-cache")
+                || name.starts_with(super::dirs::PORTS_DIR_PREFIX)
+            {
                 continue;
             }
             let dir = entry.path();
