@@ -103,6 +103,11 @@ impl Elector {
         &self.config.resource
     }
 
+    /// How often the leader renews its lease.
+    pub(crate) fn renew_interval(&self) -> std::time::Duration {
+        self.config.timing.renew_interval
+    }
+
     /// Starts contending, on the current tokio runtime (like `tokio::spawn`, this must be
     /// called from within one).
     pub fn start(self) -> ElectorHandle {

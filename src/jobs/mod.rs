@@ -205,12 +205,15 @@ impl JobsBuilder {
             .payload(job_set.clone())
             .build()
             .map_err(JobError::Config)?;
+        // Half a renew interval: the leader's renew waits at most about that long for a claim.
+        let claim_budget = elector.renew_interval() / 2;
         Ok(Jobs {
             elector,
             shared: Arc::new(runner::Shared {
                 store: self.store,
                 table: self.table.into(),
                 poll: self.poll,
+                claim_budget,
                 jobs,
                 problem: std::sync::Mutex::new(None),
                 job_set,

@@ -87,39 +87,51 @@ pub(crate) struct Claimant<'a> {
     pub schedule: &'a str,
 }
 
-/// A new record for `slot`: `running` (attempt 1) or `skipped`.
-pub(crate) fn insert(
+/// A new record: its job, slot, state (`running`, attempt 1, or `skipped`) and schedule text.
+pub(crate) struct NewRecord<'a> {
+    pub job: &'a str,
+    pub slot: i64,
+    pub state: State,
+    pub schedule: &'a str,
+}
+
+/// One statement adding every record of `rows` (one `INSERT` of many rows: a look's claims
+/// hold the lease row for one round trip, not one per claim). No conflict clause: a slot
+/// recorded since it was read fails the statement, and the claim's transaction rolls back.
+pub(crate) fn insert_many(
     backend: DbBackend,
     table: &str,
-    job: &str,
-    slot: i64,
-    state: State,
-    by: &Claimant<'_>,
-) -> InsertStatement {
-    let attempts = i32::from(state == State::Running);
-    Query::insert()
-        .into_table(Alias::new(table))
-        .columns([
-            Column::Job,
-            Column::Slot,
-            Column::State,
-            Column::Attempts,
-            Column::Schedule,
-            Column::ClaimedToken,
-            Column::ClaimedBy,
-            Column::ClaimedAt,
-        ])
-        .values_panic([
-            job.into(),
-            slot.into(),
-            state.as_str().into(),
-            attempts.into(),
-            by.schedule.into(),
-            by.token.into(),
-            by.holder.into(),
-            now(backend),
-        ])
-        .to_owned()
+    rows: &[NewRecord<'_>],
+    token: i64,
+    holder: &str,
+) -> Result<InsertStatement, sea_orm::DbErr> {
+    let mut insert = Query::insert();
+    insert.into_table(Alias::new(table)).columns([
+        Column::Job,
+        Column::Slot,
+        Column::State,
+        Column::Attempts,
+        Column::Schedule,
+        Column::ClaimedToken,
+        Column::ClaimedBy,
+        Column::ClaimedAt,
+    ]);
+    for row in rows {
+        let attempts = i32::from(row.state == State::Running);
+        insert
+            .values([
+                row.job.into(),
+                row.slot.into(),
+                row.state.as_str().into(),
+                attempts.into(),
+                row.schedule.into(),
+                token.into(),
+                holder.into(),
+                now(backend),
+            ])
+            .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
+    }
+    Ok(insert)
 }
 
 /// The record of `slot` as it was read (`prior`): nothing has changed it since.
@@ -275,27 +287,56 @@ mod tests {
         };
         for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
             let i = pg(backend);
-            let claim = insert(backend, T, "j", 5000, State::Running, &by());
+            let row = |slot, state| NewRecord {
+                job: "j",
+                slot,
+                state,
+                schedule: by().schedule,
+            };
+            let claim = insert_many(backend, T, &[row(5000, State::Running)], 7, "node-1").unwrap();
+            let claims = insert_many(
+                backend,
+                T,
+                &[row(5000, State::Running), row(6000, State::Skipped)],
+                7,
+                "node-1",
+            )
+            .unwrap();
             let reclaim = reclaim(backend, T, "j", &prior(), &by());
             let end = end(backend, T, "j", 5000, 2, 7, &ending());
-            let (claim, reclaim, end) = match backend {
+            let (claim, claims, reclaim, end) = match backend {
                 DbBackend::Postgres => (
                     claim.to_string(PostgresQueryBuilder),
+                    claims.to_string(PostgresQueryBuilder),
                     reclaim.to_string(PostgresQueryBuilder),
                     end.to_string(PostgresQueryBuilder),
                 ),
                 DbBackend::MySql => (
                     claim.to_string(MysqlQueryBuilder),
+                    claims.to_string(MysqlQueryBuilder),
                     reclaim.to_string(MysqlQueryBuilder),
                     end.to_string(MysqlQueryBuilder),
                 ),
                 _ => (
                     claim.to_string(SqliteQueryBuilder),
+                    claims.to_string(SqliteQueryBuilder),
                     reclaim.to_string(SqliteQueryBuilder),
                     end.to_string(SqliteQueryBuilder),
                 ),
             };
             assert_eq!(claim, CLAIM[i], "{backend:?}");
+            // Many claims: one statement, a row each, nothing else changed.
+            let (head, first_row) = CLAIM[i].split_at(CLAIM[i].find(" VALUES ").unwrap());
+            let second_row = first_row.replacen(" VALUES ", ", ", 1).replacen(
+                "5000, 'running', 1",
+                "6000, 'skipped', 0",
+                1,
+            );
+            assert_eq!(
+                claims,
+                format!("{head}{first_row}{second_row}"),
+                "{backend:?}"
+            );
             assert_eq!(reclaim, RECLAIM[i], "{backend:?}");
             assert_eq!(end, END[i], "{backend:?}");
         }

@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     pub store: SeaOrmLeaseStore,
     pub table: Arc<str>,
     pub poll: Duration,
+    /// How long a look's claim transaction may go on adding updates (see `claim`).
+    pub claim_budget: Duration,
     pub jobs: Vec<Registered>,
     /// Why the leader's last look failed, while it does (cleared by the next good one).
     pub problem: Mutex<Option<String>>,
@@ -299,10 +301,11 @@ async fn tick(
         wake_ms = plan::earliest(wake_ms, p.wake_ms);
         queues.push(p.actions.into_iter().map(|a| (i, a)).collect());
     }
-    let (decided, next_first, more) = interleave(queues, look.cursor, MAX_CLAIMS_PER_LOOK);
+    let (decided, next_first, mut more) = interleave(queues, look.cursor, MAX_CLAIMS_PER_LOOK);
     look.cursor = next_first;
     if !decided.is_empty() {
-        let claimed = claim(shared, term, backend, &decided).await?;
+        let (claimed, left_out) = claim(shared, term, backend, &decided).await?;
+        more |= left_out;
         for (i, action) in claimed {
             match action {
                 Action::Start { slot, prior } => {
@@ -417,61 +420,102 @@ async fn database_now(shared: &Shared, backend: DbBackend) -> Result<i64, JobErr
 
 /// Claims (or skips, or gives up) what the planner decided, in one transaction fenced by the
 /// term. A record changed since it was read is left out (its update matched nothing).
+///
+/// The transaction holds the lease row (on SQLite the write lock), so the leader's own renew
+/// waits for it: the new records go in one statement, and the updates (retries, give-ups) stop
+/// once the transaction has been open for `claim_budget`, the rest left to the next look
+/// (`true` in the answer says some were). Otherwise a look of many claims on a slow or busy
+/// host held the row past the renew, and the leader lost its term to its own claims.
 async fn claim(
     shared: &Shared,
     term: &LeaderTerm,
     backend: DbBackend,
     decided: &[(usize, Action)],
-) -> Result<Vec<(usize, Action)>, JobError> {
+) -> Result<(Vec<(usize, Action)>, bool), JobError> {
     let table = &*shared.table;
     if term.is_lost() {
         // A shutdown began during this look: nothing new starts.
-        return Ok(Vec::new());
+        return Ok((Vec::new(), false));
     }
+    let began = Instant::now();
     // Refused by the fence: nothing is claimed; the loop looks again, and the elector ends the
     // term.
     let txn = begin_fenced(&shared.store, term).await??;
+    let token = term.token().get();
+    let holder = term.candidate();
     let mut done = Vec::with_capacity(decided.len());
-    for (i, action) in decided {
+    let (new, changed): (Vec<_>, Vec<_>) = decided.iter().partition(|(_, action)| {
+        matches!(
+            action,
+            Action::Start { prior: None, .. } | Action::Skip { .. }
+        )
+    });
+    let rows: Vec<records::NewRecord<'_>> = new
+        .iter()
+        .filter_map(|(i, action)| {
+            let (slot, state) = match action {
+                Action::Start { slot, prior: None } => (*slot, State::Running),
+                Action::Skip { slot } => (*slot, State::Skipped),
+                _ => return None,
+            };
+            let reg = &shared.jobs[*i];
+            Some(records::NewRecord {
+                job: &reg.name,
+                slot,
+                state,
+                schedule: &reg.schedule_text,
+            })
+        })
+        .collect();
+    if !rows.is_empty() {
+        let inserted = match records::insert_many(backend, table, &rows, token, holder) {
+            Ok(insert) => txn.execute(&insert).await,
+            Err(e) => Err(e),
+        };
+        match inserted {
+            // Every row or an error: a slot recorded meanwhile fails the whole statement.
+            Ok(r) if r.rows_affected() == rows.len() as u64 => {
+                done.extend(new.iter().map(|(i, action)| (*i, action.clone())));
+            }
+            Ok(r) => {
+                let _ = txn.rollback().await;
+                return Err(JobError::Database(sea_orm::DbErr::Custom(format!(
+                    "{} of {} new run records inserted",
+                    r.rows_affected(),
+                    rows.len()
+                ))));
+            }
+            Err(e) => {
+                let _ = txn.rollback().await;
+                return Err(runs_error(shared, e));
+            }
+        }
+    }
+    let mut left_out = false;
+    for (i, action) in changed {
+        if began.elapsed() >= shared.claim_budget {
+            left_out = true;
+            break;
+        }
         let reg = &shared.jobs[*i];
         let by = Claimant {
-            token: term.token().get(),
-            holder: term.candidate(),
+            token,
+            holder,
             schedule: &reg.schedule_text,
         };
         let result = match action {
-            Action::Start { slot, prior: None } => {
-                txn.execute(&records::insert(
-                    backend,
-                    table,
-                    &reg.name,
-                    *slot,
-                    State::Running,
-                    &by,
-                ))
-                .await
-            }
             Action::Start {
                 prior: Some(prior), ..
             } => {
                 txn.execute(&records::reclaim(backend, table, &reg.name, prior, &by))
                     .await
             }
-            Action::Skip { slot } => {
-                txn.execute(&records::insert(
-                    backend,
-                    table,
-                    &reg.name,
-                    *slot,
-                    State::Skipped,
-                    &by,
-                ))
-                .await
-            }
             Action::GiveUp { prior } => {
                 txn.execute(&records::give_up(table, &reg.name, prior))
                     .await
             }
+            // Partitioned out above.
+            Action::Start { prior: None, .. } | Action::Skip { .. } => continue,
         };
         match result {
             Ok(r) if r.rows_affected() == 1 => done.push((*i, action.clone())),
@@ -485,7 +529,7 @@ async fn claim(
         }
     }
     txn.commit().await?;
-    Ok(done)
+    Ok((done, left_out))
 }
 
 #[cfg(test)]

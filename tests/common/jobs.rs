@@ -560,6 +560,58 @@ pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLease
     t.drop(&db).await;
 }
 
+/// Slots of many jobs that come due together are claimed in one statement (a look's claims hold
+/// the lease row, and the leader's own renew waits for them): every record of such a slot
+/// carries one claim time, the database's time of that statement. Sixty jobs every second;
+/// one insert per claim would give each record a time of its own.
+pub async fn slots_due_together_are_claimed_in_one_statement<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    const JOBS: usize = 60;
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let jobs = (0..JOBS)
+        .map(|i| {
+            Job::new(
+                format!("j{i:02}"),
+                Schedule::every(SECOND).unwrap(),
+                |_| async { Ok(()) },
+            )
+        })
+        .collect();
+    let node = t.start(&h.store(), "a", jobs);
+    leader_of(std::slice::from_ref(&node), 3 * SECOND).await;
+    let token = node.elector().token();
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    assert_eq!(node.elector().token(), token, "the leader kept its term");
+    node.shutdown().await;
+    let rows = db
+        .query_all(
+            &Query::select()
+                .columns(["slot", "claimed_at"].map(Alias::new))
+                .from(Alias::new(&t.runs))
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+    let mut by_slot: BTreeMap<i64, Vec<chrono::DateTime<chrono::Utc>>> = BTreeMap::new();
+    for r in &rows {
+        by_slot
+            .entry(r.try_get_by_index(0).unwrap())
+            .or_default()
+            .push(r.try_get_by_index(1).unwrap());
+    }
+    let full: Vec<_> = by_slot.iter().filter(|(_, at)| at.len() == JOBS).collect();
+    assert!(full.len() >= 2, "slots of every job: {by_slot:?}");
+    for (slot, at) in full {
+        let distinct: std::collections::BTreeSet<_> = at.iter().collect();
+        assert_eq!(distinct.len(), 1, "slot {slot}: claim times {distinct:?}");
+    }
+    t.drop(&db).await;
+}
+
 /// A graceful shutdown stops claiming but lets the running slot finish within the grace
 /// period: it is finished once, by that term, not run again by the next leader.
 pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
@@ -1154,6 +1206,7 @@ macro_rules! job_suite {
             a_renamed_job_never_runs_a_finished_slot_again,
             a_missing_run_table_names_its_migration,
             a_follower_with_another_job_set_says_so,
+            slots_due_together_are_claimed_in_one_statement,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -113,3 +113,64 @@ async fn own_sessions_use_the_applications_search_path() {
         .await
         .unwrap();
 }
+
+/// A scheduler's leader keeps its term while it claims many slots at once, even when every
+/// statement on the run table is slow (a statement trigger sleeping 25 ms): a look's new
+/// records go in one statement, and its updates (the retries of failing jobs) stop once the
+/// transaction holding the lease row has been open half a renew interval. One statement per
+/// claim held the row for 60 × 25 ms, past the 1 s lease, and the leader lost its term to its
+/// own claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_run_table_statements_do_not_cost_the_leader_its_term() {
+    use common::conformance::Harness as _;
+    use orion_beacon::jobs::{Job, Schedule};
+    use sea_orm::ConnectionTrait;
+    use std::time::Duration;
+    let Some(h) = SqlHarness::server(Server::Postgres).await else {
+        return;
+    };
+    let db = h.store().connection().clone();
+    let t = common::jobs::Tables::create(&db).await;
+    let slow = common::unique("slow");
+    db.execute_unprepared(&format!(
+        "CREATE FUNCTION {slow}() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.025); RETURN NULL; END $$; \
+         CREATE TRIGGER {slow} AFTER INSERT OR UPDATE ON \"{}\" \
+         FOR EACH STATEMENT EXECUTE FUNCTION {slow}()",
+        t.runs
+    ))
+    .await
+    .unwrap();
+    let every = Schedule::every(Duration::from_secs(1)).unwrap();
+    let mut jobs: Vec<Job> = (0..60)
+        .map(|i| Job::new(format!("ok{i:02}"), every.clone(), |_| async { Ok(()) }))
+        .collect();
+    // Failing jobs: their retries are updates in the claim transaction.
+    jobs.extend((0..30).map(|i| {
+        Job::new(format!("failing{i:02}"), every.clone(), |_| async {
+            Err("planned".into())
+        })
+        .retry_backoff(Duration::from_millis(10), Duration::from_millis(20))
+        .max_attempts(1_000)
+    }));
+    let node = t.start(&h.store(), "a", jobs);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !node.elector().is_leader() {
+        assert!(tokio::time::Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let token = node.elector().token();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(node.elector().token(), token, "the leader kept its term");
+    node.shutdown().await;
+    let finished = t.records(&db).await;
+    t.drop(&db).await;
+    let _ = db
+        .execute_unprepared(&format!("DROP FUNCTION IF EXISTS {slow}()"))
+        .await;
+    // Records keyed by slot: some slot of the succeeding jobs finished.
+    assert!(
+        finished.values().any(|r| r.state == "finished"),
+        "{finished:?}"
+    );
+}
