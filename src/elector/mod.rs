@@ -104,6 +104,7 @@ impl Elector {
     }
 
     /// How often the leader renews its lease.
+    #[cfg(feature = "jobs")]
     pub(crate) fn renew_interval(&self) -> std::time::Duration {
         self.config.timing.renew_interval
     }

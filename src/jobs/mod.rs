@@ -205,7 +205,7 @@ impl JobsBuilder {
             .payload(job_set.clone())
             .build()
             .map_err(JobError::Config)?;
-        // Half a renew interval: the leader's renew waits at most about that long for a claim.
+        // Half a renew interval: how long a look's updates may go on holding the lease row.
         let claim_budget = elector.renew_interval() / 2;
         Ok(Jobs {
             elector,

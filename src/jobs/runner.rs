@@ -305,7 +305,12 @@ async fn tick(
     look.cursor = next_first;
     if !decided.is_empty() {
         let (claimed, left_out) = claim(shared, term, backend, &decided).await?;
-        more |= left_out;
+        if let Some(first) = left_out {
+            // What the budget left out comes first in the next look, as what the look's limit
+            // left out does.
+            look.cursor = first;
+            more = true;
+        }
         for (i, action) in claimed {
             match action {
                 Action::Start { slot, prior } => {
@@ -422,25 +427,27 @@ async fn database_now(shared: &Shared, backend: DbBackend) -> Result<i64, JobErr
 /// term. A record changed since it was read is left out (its update matched nothing).
 ///
 /// The transaction holds the lease row (on SQLite the write lock), so the leader's own renew
-/// waits for it: the new records go in one statement, and the updates (retries, give-ups) stop
-/// once the transaction has been open for `claim_budget`, the rest left to the next look
-/// (`true` in the answer says some were). Otherwise a look of many claims on a slow or busy
-/// host held the row past the renew, and the leader lost its term to its own claims.
+/// waits for it: every new record goes in one statement, and the updates (retries, give-ups;
+/// one statement each) stop once the row has been held for `claim_budget`, after at least one.
+/// The answer names the job of the first update left out (the next look starts with it).
+/// One statement per claim held the row for as many round trips as there were claims, and on
+/// a slow or busy host the leader lost its term to its own claims.
 async fn claim(
     shared: &Shared,
     term: &LeaderTerm,
     backend: DbBackend,
     decided: &[(usize, Action)],
-) -> Result<(Vec<(usize, Action)>, bool), JobError> {
+) -> Result<(Vec<(usize, Action)>, Option<usize>), JobError> {
     let table = &*shared.table;
     if term.is_lost() {
         // A shutdown began during this look: nothing new starts.
-        return Ok((Vec::new(), false));
+        return Ok((Vec::new(), None));
     }
-    let began = Instant::now();
     // Refused by the fence: nothing is claimed; the loop looks again, and the elector ends the
     // term.
     let txn = begin_fenced(&shared.store, term).await??;
+    // From here the transaction holds the lease row.
+    let held = Instant::now();
     let token = term.token().get();
     let holder = term.candidate();
     let mut done = Vec::with_capacity(decided.len());
@@ -491,10 +498,11 @@ async fn claim(
             }
         }
     }
-    let mut left_out = false;
-    for (i, action) in changed {
-        if began.elapsed() >= shared.claim_budget {
-            left_out = true;
+    let mut left_out = None;
+    for (n, (i, action)) in changed.into_iter().enumerate() {
+        // At least one update per look, so retries and give-ups always progress.
+        if n > 0 && held.elapsed() >= shared.claim_budget {
+            left_out = Some(*i);
             break;
         }
         let reg = &shared.jobs[*i];
