@@ -219,15 +219,24 @@ pub enum JobsCommand {
     },
 }
 
+/// The longest duration an option takes: a timer set that far ahead still fits the clock's
+/// range (an `Instant` plus 1e19 s overflows).
+const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// Parses durations as humantime does (`250ms`, `2s`, `1m 30s`, `1h`); a bare number is
-/// seconds (`1.5` too).
+/// seconds (`1.5` too). At most a year ([`MAX_DURATION`]).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    if let Ok(seconds) = text.parse::<f64>() {
-        return Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"));
+    let parsed = if let Ok(seconds) = text.parse::<f64>() {
+        Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))?
+    } else {
+        humantime::parse_duration(text)
+            .map_err(|e| format!("{text:?} is not a duration (like 500ms, 2s, 1m 30s): {e}"))?
+    };
+    if parsed > MAX_DURATION {
+        return Err(format!("{text:?} is longer than 366 days"));
     }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?} is not a duration (like 500ms, 2s, 1m 30s): {e}"))
+    Ok(parsed)
 }
 
 /// A slot: milliseconds since the Unix epoch, an RFC 3339 time, or a UTC time as the tables
@@ -278,7 +287,7 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "2x", "-1s", "1e400s"] {
+        for bad in ["", "s", "2x", "-1s", "1e400s", "1e19", "367days", "1e19s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }

@@ -29,6 +29,13 @@ pub mod sql;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// How much sooner than asked a timed wait may end when measured on tokio's (monotonic) clock:
+/// the library judges its deadlines by the monotonic clock plus the time the host spent
+/// suspended (`CLOCK_BOOTTIME` over `CLOCK_MONOTONIC`, counted in whole milliseconds), and on a
+/// VM that gap can grow by a millisecond or two while a test waits (seen: a 400 ms timeout
+/// measured 399.4 ms).
+pub const SUSPEND_SLACK: std::time::Duration = std::time::Duration::from_millis(3);
+
 /// A name no other test (or earlier run) uses: tests share databases, so every test works on
 /// its own table or resource.
 pub fn unique(prefix: &str) -> String {
