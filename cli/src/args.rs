@@ -42,7 +42,7 @@ impl Format {
 /// Times left are judged by the database clock. Exit codes: 0 done, 1 other failure, 2 bad
 /// input, 3 database unreachable, 4 lease table (or membership or job-run table) missing, 5
 /// unknown resource (or job, or run record), 6 nothing changed (release refused, revoke not
-/// confirmed, a run mark refused).
+/// confirmed, a run mark refused), 7 a job is stale (`jobs check`).
 #[derive(Debug, Parser)]
 #[command(name = "orion-beacon", version, about, long_about)]
 pub struct Cli {
@@ -194,6 +194,17 @@ pub enum JobsCommand {
         #[arg(long, short = 'n', default_value_t = 20, value_name = "N",
               value_parser = clap::value_parser!(u64).range(1..=100_000))]
         limit: u64,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// For monitoring: every job (or the ones named) with no slot finished within
+    /// `--stale-after`, by the database clock. Exits 7 when one is stale, 0 when none is.
+    Check {
+        /// The jobs to check (default: every job with a record in the run table).
+        jobs: Vec<String>,
+        /// How stale is too stale: the longest time since a job's last finished slot.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        stale_after: Duration,
         #[command(flatten)]
         list: ListArgs,
     },

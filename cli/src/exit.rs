@@ -10,6 +10,7 @@ const UNREACHABLE: u8 = 3;
 const MISSING_TABLE: u8 = 4;
 const UNKNOWN_RESOURCE: u8 = 5;
 const NOTHING_CHANGED: u8 = 6;
+const STALE: u8 = 7;
 /// Interrupted (Ctrl-C), as shells report a SIGINT: 128 + 2.
 const INTERRUPTED: u8 = 130;
 
@@ -30,6 +31,9 @@ pub enum CliError {
     UnknownResource(String),
     /// The command did nothing: a release refused, a revoke not confirmed.
     NothingChanged(String),
+    /// `jobs check` found a job with no slot finished recently enough; what it printed says
+    /// which.
+    Stale(String),
     /// Ctrl-C while watching; nothing more to say.
     Interrupted,
     /// Anything else (the async runtime would not start).
@@ -45,6 +49,7 @@ impl CliError {
             | Self::Store { message, .. }
             | Self::UnknownResource(message)
             | Self::NothingChanged(message)
+            | Self::Stale(message)
             | Self::Other(message) => message,
             Self::Interrupted => "",
         }
@@ -68,6 +73,7 @@ pub fn exit_code(err: &CliError) -> u8 {
         },
         CliError::UnknownResource(_) => UNKNOWN_RESOURCE,
         CliError::NothingChanged(_) => NOTHING_CHANGED,
+        CliError::Stale(_) => STALE,
         CliError::Interrupted => INTERRUPTED,
         CliError::Other(_) => OTHER,
     }

@@ -133,6 +133,18 @@ async fn run(cli: Cli) -> Outcome {
                     | JobsCommand::Rerun { job, .. }
                     | JobsCommand::GiveUp { job, .. },
                 ) => check_job(job)?,
+                Some(JobsCommand::Check {
+                    jobs, stale_after, ..
+                }) => {
+                    for job in jobs {
+                        check_job(job)?;
+                    }
+                    if stale_after.is_zero() {
+                        return Err(CliError::BadInput(
+                            "--stale-after must not be zero".to_owned(),
+                        ));
+                    }
+                }
                 Some(JobsCommand::List { .. }) | None => {}
             }
         }

@@ -1103,6 +1103,55 @@ async fn jobs_list_runs_and_marks(t: &Target) {
         2
     );
 
+    // `check`: "report" finished a slot just now, "cleanup" never did.
+    let check = t.jobs(&["check", "--stale-after", "1h"]).await;
+    assert_code(&check, 7);
+    let lines: Vec<Vec<&str>> = check
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 4, "{check:#?}");
+    assert_eq!(
+        (lines[1][0], *lines[1].last().unwrap()),
+        (cleanup, "STALE"),
+        "{check:#?}"
+    );
+    assert_eq!(
+        (lines[2][0], *lines[2].last().unwrap()),
+        (report, "ok"),
+        "{check:#?}"
+    );
+    assert!(
+        check
+            .stdout
+            .lines()
+            .nth(3)
+            .unwrap()
+            .starts_with("1 of 2 jobs stale")
+            && check
+                .stderr
+                .contains("stale: no slot finished within 1h00m for cleanup"),
+        "{check:#?}"
+    );
+    assert_code(&t.jobs(&["check", report, "--stale-after", "1h"]).await, 0);
+    let json = t
+        .jobs(&["check", report, "--stale-after", "1h", "--json"])
+        .await;
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(
+        (json[0]["job"].as_str(), json[0]["stale"].as_bool()),
+        (Some(report), Some(false))
+    );
+    // Older than a limit of one second, once a second has passed.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    assert_code(&t.jobs(&["check", report, "--stale-after", "1s"]).await, 7);
+    assert_code(
+        &t.jobs(&["check", "nosuch", "--stale-after", "1h"]).await,
+        5,
+    );
+    assert_code(&t.jobs(&["check"]).await, 2);
+
     // One job's records, newest first.
     let runs = t.jobs(&["runs", report]).await;
     assert_code(&runs, 0);

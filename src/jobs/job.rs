@@ -18,6 +18,7 @@ pub struct Job {
     pub(crate) max_attempts: u32,
     pub(crate) backoff: (Duration, Duration),
     pub(crate) renamed_from: Vec<String>,
+    pub(crate) stale_after: Option<Duration>,
     pub(crate) work: Work,
 }
 
@@ -56,6 +57,7 @@ impl Job {
             max_attempts: 5,
             backoff: (Duration::from_secs(1), Duration::from_secs(300)),
             renamed_from: Vec::new(),
+            stale_after: None,
             work,
         }
     }
@@ -110,6 +112,18 @@ impl Job {
     /// not taken over: let them finish, or give them up, before the rename.
     pub fn renamed_from(mut self, old_name: impl Into<String>) -> Self {
         self.renamed_from.push(old_name.into());
+        self
+    }
+
+    /// How stale is too stale: when no slot of this job has finished for longer than `limit`
+    /// (by the database clock), the leader's [`JobsHandle::health`] lists it in
+    /// [`stale`](JobsHealth::stale). `orion-beacon jobs --check` tells the same from the run
+    /// table alone, and the metric [`LAST_FINISHED_AGE`](super::metrics) carries the age of
+    /// every job. A job that never finished counts from the leader's first look at it. Give it
+    /// more than the schedule's interval plus the longest run and its retries. Default: no
+    /// limit; 1 s to [`MAX_WAIT`].
+    pub fn stale_after(mut self, limit: Duration) -> Self {
+        self.stale_after = Some(limit);
         self
     }
 
@@ -169,6 +183,15 @@ impl Job {
                 reason: "(an earlier name) must be 1 to 255 characters, without control \
                          characters or white space at either end",
             })?;
+        }
+        if let Some(limit) = self.stale_after {
+            if !(Duration::from_secs(1)..=MAX_WAIT).contains(&limit) {
+                return Err(JobError::InvalidOption {
+                    option: "stale_after",
+                    value: format!("{limit:?}"),
+                    bounds: "1 s to 366 days",
+                });
+            }
         }
         let (first, max) = self.backoff;
         if first > max {

@@ -9,6 +9,11 @@ pub const RUNS: &str = "orion_beacon_job_runs_total";
 pub const LATENESS: &str = "orion_beacon_job_lateness_seconds";
 /// Histogram: seconds an attempt took, from its start to its end.
 pub const DURATION: &str = "orion_beacon_job_duration_seconds";
+/// Gauge, set by the leader at each look: seconds since the job's last finished slot was
+/// marked finished (database clock; a job never finished counts from the leader's first look
+/// at it in its term). Compare it with the job's
+/// [`stale_after`](super::Job::stale_after) to alert when nothing ran.
+pub const LAST_FINISHED_AGE: &str = "orion_beacon_job_last_finished_age_seconds";
 
 pub(crate) fn describe() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -18,6 +23,11 @@ pub(crate) fn describe() {
             LATENESS,
             metrics::Unit::Seconds,
             "Seconds from a slot's time to its attempt's start (database clock)"
+        );
+        metrics::describe_gauge!(
+            LAST_FINISHED_AGE,
+            metrics::Unit::Seconds,
+            "Seconds since the job's last finished slot (database clock), at the leader's look"
         );
         metrics::describe_histogram!(
             DURATION,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 #[cfg(feature = "metrics")]
-use super::metrics::{describe, DURATION, LATENESS, RUNS};
+use super::metrics::{describe, DURATION, LAST_FINISHED_AGE, LATENESS, RUNS};
 
 /// An attempt ended (or a slot was skipped or given up without running).
 pub(crate) fn outcome(job: &str, outcome: &'static str) {
@@ -34,4 +34,15 @@ pub(crate) fn lateness(job: &str, late: Duration) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (job, late);
+}
+
+/// Job `job`'s time since its last finished slot, as the leader sees it at a look.
+pub(crate) fn age(job: &str, age: Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        describe();
+        metrics::gauge!(LAST_FINISHED_AGE, "job" => job.to_owned()).set(age.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (job, age);
 }

@@ -53,6 +53,7 @@ mod records;
 mod run;
 mod runner;
 mod schedule;
+mod staleness;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -65,6 +66,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection};
 pub use error::JobError;
 pub use run::JobRun;
 pub use schedule::{MissedSlots, Overlap, Schedule, MAX_INTERVAL, MIN_INTERVAL};
+pub use staleness::StaleJob;
 
 use crate::backend::SeaOrmLeaseStore;
 use crate::elector::{Elector, ElectorBuilder, ElectorHandle};
@@ -207,6 +209,11 @@ impl JobsBuilder {
             .map_err(JobError::Config)?;
         // Half a renew interval: how long a look's updates may go on holding the lease row.
         let claim_budget = elector.renew_interval() / 2;
+        let freshness = staleness::Freshness::new(
+            jobs.iter()
+                .map(|reg| (reg.name.clone(), reg.job.stale_after))
+                .collect(),
+        );
         Ok(Jobs {
             elector,
             shared: Arc::new(runner::Shared {
@@ -218,6 +225,7 @@ impl JobsBuilder {
                 problem: std::sync::Mutex::new(None),
                 job_set,
                 other_job_set: std::sync::Mutex::new(None),
+                freshness,
             }),
         })
     }
@@ -368,6 +376,11 @@ pub struct JobsHealth {
     /// this node's jobs that the leader lacks do not run meanwhile. (It leaves `healthy` as
     /// it is: a rolling deploy that adds a job shows it for a while.)
     pub other_job_set: Option<String>,
+    /// On the leader: the jobs with no finished slot for longer than their
+    /// [`stale_after`](Job::stale_after) (empty on a follower, which does not know; ask the
+    /// leader, the metrics or `orion-beacon jobs --check`). It leaves `healthy` as it is: a job
+    /// that does not run is the job's problem, not this node's.
+    pub stale: Vec<StaleJob>,
 }
 
 impl std::fmt::Display for JobsHealth {
@@ -383,10 +396,13 @@ impl std::fmt::Display for JobsHealth {
             Some(problem) => write!(f, "{}; job scheduling fails: {problem}", self.elector),
             None => self.elector.fmt(f),
         }?;
-        match &self.other_job_set {
-            Some(other) => write!(f, "; another job set leads: {other}"),
-            None => Ok(()),
+        if let Some(other) = &self.other_job_set {
+            write!(f, "; another job set leads: {other}")?;
         }
+        for stale in &self.stale {
+            write!(f, "; STALE {stale}")?;
+        }
+        Ok(())
     }
 }
 
@@ -407,6 +423,7 @@ impl JobsHandle {
             elector,
             scheduling,
             other_job_set,
+            stale: self.shared.freshness.stale(),
         }
     }
 

@@ -40,6 +40,21 @@ pub(crate) fn latest_slots(table: &str, jobs: &[String]) -> SelectStatement {
         .to_owned()
 }
 
+/// The newest `finished_at` of each of `jobs`' finished slots.
+pub(crate) fn last_finished(table: &str, jobs: &[String]) -> SelectStatement {
+    Query::select()
+        .column(Column::Job)
+        .expr_as(
+            Func::max(Expr::col(Column::FinishedAt)),
+            Alias::new("last_finished"),
+        )
+        .from(Alias::new(table))
+        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col(Column::State).eq(State::Finished.as_str()))
+        .group_by_col(Column::Job)
+        .to_owned()
+}
+
 /// The records of `jobs` that are not final (claimed, failed, marked to run again).
 pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
     Query::select()
@@ -353,6 +368,25 @@ mod tests {
     const CLAIM: [&str; 3] = [r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_token", "claimed_by", "claimed_at") VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', statement_timestamp())"#, "INSERT INTO `orionbeacon_job_runs` (`job`, `slot`, `state`, `attempts`, `schedule`, `claimed_token`, `claimed_by`, `claimed_at`) VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', UTC_TIMESTAMP(6))", r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_token", "claimed_by", "claimed_at") VALUES ('j', 5000, 'running', 1, 'every 1000ms', 7, 'node-1', strftime('%Y-%m-%d %H:%M:%f', 'now'))"#];
     const RECLAIM: [&str; 3] = [r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = statement_timestamp(), "finished_token" = NULL, "finished_at" = NULL, "duration_ms" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#, "UPDATE `orionbeacon_job_runs` SET `state` = 'running', `attempts` = 2, `schedule` = 'every 1000ms', `claimed_token` = 7, `claimed_by` = 'node-1', `claimed_at` = UTC_TIMESTAMP(6), `finished_token` = NULL, `finished_at` = NULL, `duration_ms` = NULL WHERE `job` = 'j' AND `slot` = 5000 AND `state` = 'failed' AND `attempts` = 1", r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "attempts" = 2, "schedule" = 'every 1000ms', "claimed_token" = 7, "claimed_by" = 'node-1', "claimed_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "finished_token" = NULL, "finished_at" = NULL, "duration_ms" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 1"#];
     const END: [&str; 3] = [r#"UPDATE "orionbeacon_job_runs" SET "state" = 'finished', "finished_token" = 7, "finished_at" = statement_timestamp(), "duration_ms" = 12, "error" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'running' AND "attempts" = 2 AND "claimed_token" = 7"#, "UPDATE `orionbeacon_job_runs` SET `state` = 'finished', `finished_token` = 7, `finished_at` = UTC_TIMESTAMP(6), `duration_ms` = 12, `error` = NULL WHERE `job` = 'j' AND `slot` = 5000 AND `state` = 'running' AND `attempts` = 2 AND `claimed_token` = 7", r#"UPDATE "orionbeacon_job_runs" SET "state" = 'finished', "finished_token" = 7, "finished_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "duration_ms" = 12, "error" = NULL WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'running' AND "attempts" = 2 AND "claimed_token" = 7"#];
+
+    // The newest finish per job: the same statement on every backend (no backend-specific
+    // part), with both conditions kept.
+    #[test]
+    fn last_finished_per_backend() {
+        let q = last_finished(T, &["a".to_owned(), "b".to_owned()]);
+        assert_eq!(
+            q.to_string(PostgresQueryBuilder),
+            r#"SELECT "job", MAX("finished_at") AS "last_finished" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'finished' GROUP BY "job""#
+        );
+        assert_eq!(
+            q.to_string(MysqlQueryBuilder),
+            "SELECT `job`, MAX(`finished_at`) AS `last_finished` FROM `orionbeacon_job_runs` WHERE `job` IN ('a', 'b') AND `state` = 'finished' GROUP BY `job`"
+        );
+        assert_eq!(
+            q.to_string(SqliteQueryBuilder),
+            r#"SELECT "job", MAX("finished_at") AS "last_finished" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'finished' GROUP BY "job""#
+        );
+    }
 
     #[test]
     fn errors_are_cut_on_a_character_boundary() {

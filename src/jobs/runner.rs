@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::plan::{self, Action, Open, Policy, State, View};
 use super::records::{self, Claimant};
 use super::run::{begin_fenced, JobRun, RunState};
+use super::staleness::Freshness;
 use super::{Job, JobError};
 use crate::mutex::lock;
 use crate::{backend::SeaOrmLeaseStore, hold::LeaderTerm};
@@ -36,6 +37,8 @@ pub(crate) struct Shared {
     pub job_set: String,
     /// Another job set's leader, while one leads (see `compare_job_sets`).
     pub other_job_set: Mutex<Option<String>>,
+    /// Each job's time since its last finished slot, while this node leads.
+    pub freshness: Freshness,
 }
 
 /// A job as the scheduler keeps it.
@@ -138,6 +141,7 @@ struct ClearProblem<'a>(&'a Shared);
 impl Drop for ClearProblem<'_> {
     fn drop(&mut self) {
         *lock(&self.0.problem) = None;
+        self.0.freshness.forget();
     }
 }
 
@@ -258,6 +262,17 @@ async fn tick(
             }
         }
         look.latest = Some(found);
+        // Each job's newest finish, for "nothing ran" (see `staleness`).
+        let mut finished: Vec<Option<i64>> = vec![None; names.len()];
+        for row in read(shared, &records::last_finished(table, &all)).await? {
+            let job: String = row.try_get_by_index(0)?;
+            let at: Option<chrono::DateTime<chrono::Utc>> = row.try_get_by_index(1)?;
+            if let (Some((_, i)), Some(at)) = (history.iter().find(|(n, _)| *n == job), at) {
+                let ms = at.timestamp_millis();
+                finished[*i] = Some(finished[*i].map_or(ms, |t: i64| t.max(ms)));
+            }
+        }
+        shared.freshness.read(finished);
     }
     let mut open: Vec<Vec<Open>> = vec![Vec::new(); names.len()];
     for row in read(shared, &records::open_runs(table, names)).await? {
@@ -274,6 +289,7 @@ async fn tick(
     }
     let now_ms = database_now(shared, backend).await?;
     let read_at = Instant::now();
+    shared.freshness.look(now_ms, read_at);
     // Everything that returned or ended so far, up to the end of the reads, counts for this
     // look's plan: a run that returned before its job's next slot never makes it skipped.
     here.catch_up();

@@ -612,6 +612,122 @@ pub async fn slots_due_together_are_claimed_in_one_statement<
     t.drop(&db).await;
 }
 
+/// "Nothing ran": a job with no finished slot for longer than its `stale_after` is listed in
+/// the leader's health (and in no follower's), with its age and limit; a job that finishes
+/// every second is not; once the failing job finishes a slot it is fresh again.
+pub async fn a_job_with_nothing_finished_is_reported_stale<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let limit = Duration::from_millis(2_000);
+    let fail = Arc::new(AtomicBool::new(true));
+    let f = fail.clone();
+    let failing = Job::new("failing", Schedule::every(SECOND).unwrap(), move |_| {
+        let f = f.clone();
+        async move {
+            if f.load(Ordering::SeqCst) {
+                return Err("planned".into());
+            }
+            Ok(())
+        }
+    })
+    .max_attempts(1)
+    .stale_after(limit);
+    let ok =
+        Job::new("ok", Schedule::every(SECOND).unwrap(), |_| async { Ok(()) }).stale_after(limit);
+    let a = t.start(&h.store(), "a", vec![failing, ok]);
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    let b_store = h.separate_store().await;
+    let b = t.start(
+        &b_store,
+        "b",
+        vec![Job::new(
+            "failing",
+            Schedule::every(SECOND).unwrap(),
+            |_| async { Ok(()) },
+        )],
+    );
+    // Not before its limit: stale only once the limit has passed since the leader's first look.
+    let started = Instant::now();
+    let stale = loop {
+        let health = a.health();
+        if let Some(s) = health.stale.iter().find(|s| s.job == "failing") {
+            break s.clone();
+        }
+        assert!(
+            started.elapsed() < limit * 3,
+            "never reported stale: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        started.elapsed() + super::SUSPEND_SLACK >= limit - Duration::from_millis(300),
+        "reported after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (stale.last_finished, stale.limit),
+        (None, limit),
+        "{stale:?}"
+    );
+    assert!(stale.age > limit, "{stale:?}");
+    let health = a.health();
+    assert!(
+        health.stale.iter().all(|s| s.job != "ok"),
+        "a job that finishes every second is fresh: {health}"
+    );
+    assert!(health.to_string().contains("STALE failing"), "{health}");
+    assert!(b.health().stale.is_empty(), "a follower reports nothing");
+    // It finishes a slot: fresh again.
+    fail.store(false, Ordering::SeqCst);
+    let fresh_by = Instant::now() + 3 * SECOND;
+    while a.health().stale.iter().any(|s| s.job == "failing") {
+        assert!(Instant::now() < fresh_by, "still stale: {}", a.health());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fail.store(true, Ordering::SeqCst);
+    let finished_at = Instant::now();
+    b.shutdown().await;
+    a.shutdown().await;
+    // A later leader reads that finish from the run table: the job is stale a limit after it,
+    // not a limit after the new leader's first look.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let f = fail.clone();
+    let failing = Job::new("failing", Schedule::every(SECOND).unwrap(), move |_| {
+        let f = f.clone();
+        async move {
+            if f.load(Ordering::SeqCst) {
+                return Err("planned".into());
+            }
+            Ok(())
+        }
+    })
+    .max_attempts(1)
+    .stale_after(limit);
+    let c = t.start(&h.store(), "c", vec![failing]);
+    leader_of(std::slice::from_ref(&c), 3 * SECOND).await;
+    let stale = loop {
+        if let Some(s) = c.health().stale.first() {
+            break s.clone();
+        }
+        assert!(
+            finished_at.elapsed() < limit * 3,
+            "never reported stale: {}",
+            c.health()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        finished_at.elapsed() < limit + Duration::from_millis(900),
+        "reported {:?} after its last finish (limit {limit:?}): {stale:?}",
+        finished_at.elapsed()
+    );
+    assert!(stale.last_finished.is_some(), "{stale:?}");
+    c.shutdown().await;
+    t.drop(&db).await;
+}
+
 /// A graceful shutdown stops claiming but lets the running slot finish within the grace
 /// period: it is finished once, by that term, not run again by the next leader.
 pub async fn a_shutdown_lets_the_running_slot_finish<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
@@ -1207,6 +1323,7 @@ macro_rules! job_suite {
             a_missing_run_table_names_its_migration,
             a_follower_with_another_job_set_says_so,
             slots_due_together_are_claimed_in_one_statement,
+            a_job_with_nothing_finished_is_reported_stale,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -366,7 +366,7 @@ async fn shard_set_nodes_report_resources_led() {
 #[cfg(all(feature = "sqlite", feature = "jobs"))]
 #[tokio::test(flavor = "current_thread")]
 async fn job_runs_are_counted_with_their_lateness_and_duration() {
-    use orion_beacon::jobs::metrics::{DURATION, LATENESS, RUNS};
+    use orion_beacon::jobs::metrics::{DURATION, LAST_FINISHED_AGE, LATENESS, RUNS};
     use orion_beacon::jobs::{Job, Jobs, Schedule};
     use orion_beacon::SeaOrmLeaseStore;
     use orion_beacon_migration::{Migrator, MigratorTrait};
@@ -408,6 +408,17 @@ async fn job_runs_are_counted_with_their_lateness_and_duration() {
         );
         sleep(Duration::from_millis(50)).await;
     }
+    // The leader's view of "nothing ran", 2.5 s on: "ok" finished within about a second, "bad"
+    // never (its age counts from the leader's first look, 2.5 s ago or more).
+    sleep(Duration::from_millis(2_500)).await;
+    let (ok_age, bad_age) = (
+        recorder.gauge(&format!("{LAST_FINISHED_AGE}{{job=ok}}")),
+        recorder.gauge(&format!("{LAST_FINISHED_AGE}{{job=bad}}")),
+    );
+    assert!(
+        ok_age < 1.5 && bad_age > 2.3,
+        "ok {ok_age} s, bad {bad_age} s"
+    );
     jobs.shutdown().await;
     let lateness = recorder.histogram(&format!("{LATENESS}{{job=ok}}"));
     assert!(
@@ -422,7 +433,7 @@ async fn job_runs_are_counted_with_their_lateness_and_duration() {
         0
     );
     let described = recorder.described.lock().unwrap().clone();
-    for name in [RUNS, LATENESS, DURATION] {
+    for name in [RUNS, LATENESS, DURATION, LAST_FINISHED_AGE] {
         assert!(described.iter().any(|d| d == name), "{name} described");
     }
 }

@@ -36,6 +36,14 @@ pub async fn run(
             t.runs(&job, limit, list.format.get(), !list.no_headers)
                 .await
         }
+        Some(JobsCommand::Check {
+            jobs,
+            stale_after,
+            list,
+        }) => {
+            t.check(&jobs, stale_after, list.format.get(), !list.no_headers)
+                .await
+        }
         Some(JobsCommand::Rerun { job, slot }) => t.mark(&job, slot, Mark::Rerun).await,
         Some(JobsCommand::GiveUp { job, slot }) => t.mark(&job, slot, Mark::GiveUp).await,
     }
@@ -49,6 +57,109 @@ struct Runs<'a> {
 }
 
 impl Runs<'_> {
+    /// `jobs check`: each job's last finished slot against `limit`, by the database clock.
+    async fn check(
+        &self,
+        jobs: &[String],
+        limit: std::time::Duration,
+        output: Output,
+        headers: bool,
+    ) -> Outcome {
+        // Every job with a record (or the ones named), and its newest finish.
+        let finished_only = Expr::col(Column::State).eq("finished");
+        // MAX over the finished records only, keeping jobs that have none.
+        let stmt = Query::select()
+            .column(Column::Job)
+            .expr_as(
+                Func::max(Expr::case(finished_only, Expr::col(Column::FinishedAt))),
+                Alias::new("last_finished"),
+            )
+            .from(Alias::new(self.table))
+            .group_by_col(Column::Job)
+            .to_owned();
+        let rows = self
+            .db
+            .query_all(&stmt)
+            .await
+            .map_err(|e| self.db_failure(e))?;
+        let mut last: Vec<(String, Option<DateTime<Utc>>)> = rows
+            .iter()
+            .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
+            .collect::<Result<_, DbErr>>()
+            .map_err(|e| self.db_failure(e))?;
+        for job in jobs {
+            if !last.iter().any(|(j, _)| j == job) {
+                return Err(CliError::UnknownResource(format!(
+                    "no run records of job {job:?} in table {:?}",
+                    self.table
+                )));
+            }
+        }
+        if !jobs.is_empty() {
+            last.retain(|(j, _)| jobs.contains(j));
+        }
+        last.sort_by(|a, b| a.0.cmp(&b.0));
+        let now = self.now().await?;
+        let age = |at: Option<DateTime<Utc>>| {
+            at.and_then(|at| (now - at).to_std().ok())
+                .unwrap_or_default()
+        };
+        let stale: Vec<&(String, Option<DateTime<Utc>>)> = last
+            .iter()
+            .filter(|(_, at)| at.is_none() || age(*at) > limit)
+            .collect();
+        if output == Output::Json {
+            let all: Vec<Value> = last
+                .iter()
+                .map(|(job, at)| {
+                    json!({
+                        "job": job,
+                        "last_finished": at.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+                        "age_ms": at.map(|at| u64::try_from(age(Some(at)).as_millis()).unwrap_or(u64::MAX)),
+                        "stale": at.is_none() || age(*at) > limit,
+                    })
+                })
+                .collect();
+            emit(&format!("{}\n", Value::Array(all)));
+        } else {
+            let rows = last.iter().map(|(job, at)| {
+                vec![
+                    job.clone(),
+                    time(*at),
+                    at.map_or_else(|| "-".to_owned(), |at| human(age(Some(at)))),
+                    if at.is_none() || age(*at) > limit {
+                        "STALE".to_owned()
+                    } else {
+                        "ok".to_owned()
+                    },
+                ]
+            });
+            let header = vec!["JOB", "LAST FINISHED (UTC)", "AGO", "STATUS"];
+            let mut text = table(headers.then_some(header), rows, &[]);
+            if headers {
+                text.push_str(&format!(
+                    "{} of {} job{} stale (no slot finished within {}, by the database clock, now {} UTC)\n",
+                    stale.len(),
+                    last.len(),
+                    if last.len() == 1 { "" } else { "s" },
+                    human(limit),
+                    time(Some(now)),
+                ));
+            }
+            emit(&text);
+        }
+        if stale.is_empty() {
+            Ok(())
+        } else {
+            let names: Vec<&str> = stale.iter().map(|(j, _)| j.as_str()).collect();
+            Err(CliError::Stale(format!(
+                "stale: no slot finished within {} for {}",
+                human(limit),
+                names.join(", ")
+            )))
+        }
+    }
+
     /// `jobs [list]`: each job's newest record, and its next slot after the database's now.
     async fn list(&self, output: Output, headers: bool) -> Outcome {
         let mut latest = self.all(&self.latest_statement()).await?;

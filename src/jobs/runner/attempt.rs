@@ -35,6 +35,7 @@ pub(super) fn start(
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
     let returned = here.returned_tx.clone();
+    let shared = shared.clone();
     here.set
         .spawn(async move {
             // The closure is called inside the work's own task, so that a panic in it (before
@@ -53,7 +54,9 @@ pub(super) fn start(
                 Err(e) if e.is_panic() => Some(panic_text(e.into_panic())),
                 Err(_) => Some("the job was cancelled".to_owned()),
             };
-            finish(&run, error, max_attempts).await;
+            if finish(&run, error, max_attempts).await {
+                shared.freshness.finished(i);
+            }
         })
         .id()
 }
@@ -70,8 +73,8 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// Ends an attempt after its closure returned.
-pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) {
+/// Ends an attempt after its closure returned; whether its slot is finished.
+pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i32) -> bool {
     let job = run.job().to_owned();
     let slot = run.slot_millis();
     let duration = run.inner.started.elapsed();
@@ -82,7 +85,7 @@ pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i3
             tracing::warn!(%job, slot, error = %e, "the job failed after its commit: the slot stays finished");
         }
         crate::jobs::metrics_hook::finished(&job, "finished", duration);
-        return;
+        return true;
     }
     // Writes begun in the run's transaction and never committed were rolled back: the slot
     // is not done.
@@ -99,6 +102,7 @@ pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i3
     };
     match run.end(state, error.as_deref()).await {
         Ok(()) => {
+            let done = state == State::Finished;
             crate::jobs::metrics_hook::finished(&job, outcome, duration);
             match &error {
                 None => {
@@ -108,6 +112,7 @@ pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i3
                     tracing::warn!(%job, slot, attempt = run.attempt(), error = %e, outcome, "job run failed")
                 }
             }
+            done
         }
         Err(e) => {
             let (outcome, next) = match e.kind() {
@@ -125,6 +130,7 @@ pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i3
             };
             crate::jobs::metrics_hook::finished(&job, outcome, duration);
             tracing::warn!(%job, slot, error = %e, "job run could not be marked; {next}");
+            false
         }
     }
 }
