@@ -73,11 +73,14 @@ mod os {
         secs.checked_mul(1_000_000_000)?.checked_add(nanos)
     }
 
-    /// `CLOCK_BOOTTIME - CLOCK_MONOTONIC`, in nanoseconds.
+    /// `CLOCK_BOOTTIME - CLOCK_MONOTONIC`, in nanoseconds (see [`super::gap_of`]).
     fn gap() -> Option<u64> {
-        let mono = nanos(clock_gettime(ClockId::Monotonic))?;
-        let boot = nanos(clock_gettime(ClockId::Boottime))?;
-        boot.checked_sub(mono)
+        super::gap_of(|| {
+            let before = nanos(clock_gettime(ClockId::Monotonic))?;
+            let boot = nanos(clock_gettime(ClockId::Boottime))?;
+            let after = nanos(clock_gettime(ClockId::Monotonic))?;
+            Some((before, boot, after))
+        })
     }
 
     /// The gap's growth since the first call.
@@ -93,6 +96,33 @@ mod os {
     pub(super) fn suspended_nanos() -> Option<u64> {
         None
     }
+}
+
+/// The most the two monotonic readings around a boot-time reading may differ by for the gap
+/// to be taken as is: a thread preempted between the readings (a busy host) would otherwise
+/// see the preemption as a suspend, and the clock would run ahead for good (the most seen is
+/// kept).
+const TIGHT_NANOS: u64 = 20_000;
+/// Readings tried for a tight one.
+const TRIES: usize = 4;
+
+/// The gap between the boot-time and the monotonic clock from readings `(monotonic,
+/// boottime, monotonic)`: the first tight one's, else the last one's; each time its lower
+/// bound (boot time less the later monotonic reading, at least zero), so a preemption inside
+/// the reading makes the gap smaller, never larger (a suspend counted a little late at worst,
+/// never one that did not happen).
+#[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(dead_code))]
+fn gap_of(mut read: impl FnMut() -> Option<(u64, u64, u64)>) -> Option<u64> {
+    let mut last = None;
+    for _ in 0..TRIES {
+        let (before, boot, after) = read()?;
+        let gap = boot.saturating_sub(after);
+        if after.saturating_sub(before) <= TIGHT_NANOS {
+            return Some(gap);
+        }
+        last = Some(gap);
+    }
+    last
 }
 
 #[cfg(test)]
@@ -128,6 +158,23 @@ mod test {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A reading preempted between its clocks (2 ms here) is not a suspend: the tight reading
+    // after it counts; with none tight, the lower bound of the last.
+    #[test]
+    fn a_preempted_reading_is_no_suspend() {
+        let mut script = vec![
+            (1_000_000, 3_000_500, 3_000_000), // preempted for 2 ms
+            (4_000_000, 4_000_600, 4_000_010), // tight: gap 590 ns
+        ]
+        .into_iter();
+        assert_eq!(gap_of(|| script.next()), Some(590));
+        let mut noisy = (0..4u64).map(|i| Some((i, 2_000_000 + i, 1_999_000 + i)));
+        assert_eq!(gap_of(|| noisy.next().flatten()), Some(1_000));
+        // The boot clock read before the later monotonic reading: no negative gap.
+        assert_eq!(gap_of(|| Some((10, 15, 20))), Some(0));
+        assert_eq!(gap_of(|| None), None);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_suspend_moves_now_and_timers_alike() {
