@@ -98,6 +98,7 @@ pub struct JobsBuilder {
     resource: String,
     table: String,
     poll: Duration,
+    keep_finished: Option<Duration>,
     jobs: Vec<Job>,
 }
 
@@ -172,6 +173,17 @@ impl JobsBuilder {
         self
     }
 
+    /// Keeps the run records of ended slots (`finished`, `skipped`, `given_up`) for `keep`
+    /// after their slot's time, then the leader deletes them, at most 500 at each look (at
+    /// least every poll interval). Each job's newest record always stays: the scheduler goes on
+    /// from it, so no pruned slot ever runs again. Records still open (running, failed and to
+    /// be retried, marked to rerun) are never deleted. Default: kept forever; 1 s to
+    /// [`MAX_WAIT`].
+    pub fn keep_finished_for(mut self, keep: Duration) -> Self {
+        self.keep_finished = Some(keep);
+        self
+    }
+
     /// Validates every job and option: nothing runs before this succeeds.
     pub fn build(self) -> Result<Jobs, JobError> {
         validate_runs_table("runs_table", &self.table)?;
@@ -181,6 +193,15 @@ impl JobsBuilder {
                 value: format!("{:?}", self.poll),
                 bounds: "10 ms to 366 days",
             });
+        }
+        if let Some(keep) = self.keep_finished {
+            if !(Duration::from_secs(1)..=MAX_WAIT).contains(&keep) {
+                return Err(JobError::InvalidOption {
+                    option: "keep_finished_for",
+                    value: format!("{keep:?}"),
+                    bounds: "1 s to 366 days",
+                });
+            }
         }
         let mut names = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
@@ -220,6 +241,9 @@ impl JobsBuilder {
                 store: self.store,
                 table: self.table.into(),
                 poll: self.poll,
+                keep_finished_ms: self
+                    .keep_finished
+                    .map(|k| i64::try_from(k.as_millis()).unwrap_or(i64::MAX)),
                 claim_budget,
                 jobs,
                 problem: std::sync::Mutex::new(None),
@@ -247,6 +271,7 @@ impl Jobs {
             resource: DEFAULT_RESOURCE.to_owned(),
             table: DEFAULT_JOB_RUN_TABLE.to_owned(),
             poll: Duration::from_secs(5),
+            keep_finished: None,
             jobs: Vec::new(),
         }
     }
@@ -378,7 +403,7 @@ pub struct JobsHealth {
     pub other_job_set: Option<String>,
     /// On the leader: the jobs with no finished slot for longer than their
     /// [`stale_after`](Job::stale_after) (empty on a follower, which does not know; ask the
-    /// leader, the metrics or `orion-beacon jobs --check`). It leaves `healthy` as it is: a job
+    /// leader, the metrics or `orion-beacon jobs check`). It leaves `healthy` as it is: a job
     /// that does not run is the job's problem, not this node's.
     pub stale: Vec<StaleJob>,
 }

@@ -55,6 +55,52 @@ pub(crate) fn last_finished(table: &str, jobs: &[String]) -> SelectStatement {
         .to_owned()
 }
 
+/// Deletes at most `batch` final records (`finished`, `skipped`, `given_up`) of slots before
+/// `before_ms`, never a job's newest record (the planner goes on from each name's newest slot,
+/// so every slot it could plan again stays recorded). One statement; the `LIMIT` sits in a
+/// subquery (PostgreSQL and SQLite have no `DELETE ... LIMIT`), on MySQL/MariaDB inside a
+/// derived table (which refuses `LIMIT` in an `IN` subquery and a subquery on the table it
+/// deletes from).
+pub(crate) fn prune(
+    backend: DbBackend,
+    table: &str,
+    before_ms: i64,
+    batch: u64,
+) -> sea_orm::sea_query::DeleteStatement {
+    let (r, n) = (Alias::new("r"), Alias::new("n"));
+    let newest = Query::select()
+        .expr(Func::max(Expr::col((n.clone(), Column::Slot))))
+        .from_as(Alias::new(table), n.clone())
+        .and_where(Expr::col((n, Column::Job)).equals((r.clone(), Column::Job)))
+        .to_owned();
+    let mut old = Query::select();
+    old.columns([(r.clone(), Column::Job), (r.clone(), Column::Slot)])
+        .from_as(Alias::new(table), r.clone())
+        .and_where(Expr::col((r.clone(), Column::State)).is_in([
+            State::Finished.as_str(),
+            State::Skipped.as_str(),
+            State::GivenUp.as_str(),
+        ]))
+        .and_where(Expr::col((r.clone(), Column::Slot)).lt(before_ms))
+        .and_where(Expr::col((r, Column::Slot)).lt(Expr::from(newest)))
+        .limit(batch);
+    let chosen = if backend == DbBackend::MySql {
+        let d = Alias::new("d");
+        Query::select()
+            .columns([(d.clone(), Column::Job), (d.clone(), Column::Slot)])
+            .from_subquery(old, d)
+            .to_owned()
+    } else {
+        old
+    };
+    Query::delete()
+        .from_table(Alias::new(table))
+        .and_where(
+            Expr::tuple([Expr::col(Column::Job), Expr::col(Column::Slot)]).in_subquery(chosen),
+        )
+        .to_owned()
+}
+
 /// The records of `jobs` that are not final (claimed, failed, marked to run again).
 pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
     Query::select()
@@ -385,6 +431,30 @@ mod tests {
         assert_eq!(
             q.to_string(SqliteQueryBuilder),
             r#"SELECT "job", MAX("finished_at") AS "last_finished" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'finished' GROUP BY "job""#
+        );
+    }
+
+    // Pruning: the LIMIT in a subquery (in a derived table on MySQL), the newest slot per job
+    // name excluded, only ended states.
+    #[test]
+    fn prune_per_backend() {
+        let old = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."state" IN ('finished', 'skipped', 'given_up') AND "r"."slot" < 5000 AND "r"."slot" < (SELECT MAX("n"."slot") FROM "orionbeacon_job_runs" AS "n" WHERE "n"."job" = "r"."job") LIMIT 500"#;
+        let expected =
+            format!(r#"DELETE FROM "orionbeacon_job_runs" WHERE ("job", "slot") IN ({old})"#);
+        assert_eq!(
+            prune(DbBackend::Postgres, T, 5000, 500).to_string(PostgresQueryBuilder),
+            expected
+        );
+        assert_eq!(
+            prune(DbBackend::Sqlite, T, 5000, 500).to_string(SqliteQueryBuilder),
+            expected
+        );
+        assert_eq!(
+            prune(DbBackend::MySql, T, 5000, 500).to_string(MysqlQueryBuilder),
+            format!(
+                "DELETE FROM `orionbeacon_job_runs` WHERE (`job`, `slot`) IN (SELECT `d`.`job`, `d`.`slot` FROM ({}) AS `d`)",
+                old.replace('"', "`")
+            )
         );
     }
 

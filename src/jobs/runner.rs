@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     pub poll: Duration,
     /// How long a look's claim transaction may go on adding updates (see `claim`).
     pub claim_budget: Duration,
+    /// How long ended slots' records are kept (ms after their slot), if not forever.
+    pub keep_finished_ms: Option<i64>,
     pub jobs: Vec<Registered>,
     /// Why the leader's last look failed, while it does (cleared by the next good one).
     pub problem: Mutex<Option<String>>,
@@ -180,6 +182,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
             }
         }
         let looked = tick(&shared, &term, (&names, &history), &mut look, &mut here).await;
+        shared.freshness.publish();
         // A refused fence included: the elector, not this loop, decides when the term ends (a
         // loop that returned while the term went on would run nothing until the next term).
         let sleep = match looked {
@@ -353,6 +356,10 @@ async fn tick(
         }
     }
 
+    if let Some(keep) = shared.keep_finished_ms {
+        // At most a batch a look; a full batch makes the next look come soon.
+        more |= prune(shared, backend, now_ms.saturating_sub(keep)).await?;
+    }
     let poll = shared.poll;
     if more {
         return Ok(MIN_SLEEP);
@@ -437,6 +444,29 @@ async fn database_now(shared: &Shared, backend: DbBackend) -> Result<i64, JobErr
         .ok_or_else(|| JobError::Database(sea_orm::DbErr::RecordNotFound("now".to_owned())))?;
     let now: chrono::DateTime<chrono::Utc> = row.try_get_by_index(0)?;
     Ok(now.timestamp_millis())
+}
+
+/// The most ended records deleted at one look.
+const PRUNE_BATCH: u64 = 500;
+
+/// Deletes a batch of ended records of slots before `before_ms` (never a job's newest), in a
+/// transaction of its own begun whole and committed before the answer; whether the batch was
+/// full (more may be left).
+async fn prune(shared: &Shared, backend: DbBackend, before_ms: i64) -> Result<bool, JobError> {
+    let txn = shared.store.begin_whole().await?;
+    let stmt = records::prune(backend, &shared.table, before_ms, PRUNE_BATCH);
+    let deleted = match txn.execute(&stmt).await {
+        Ok(done) => done.rows_affected(),
+        Err(e) => {
+            let _ = txn.rollback().await;
+            return Err(runs_error(shared, e));
+        }
+    };
+    txn.commit().await?;
+    if deleted > 0 {
+        tracing::debug!(deleted, before_ms, "ended run records pruned");
+    }
+    Ok(deleted >= PRUNE_BATCH)
 }
 
 /// Claims (or skips, or gives up) what the planner decided, in one transaction fenced by the
