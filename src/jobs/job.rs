@@ -117,9 +117,9 @@ impl Job {
 
     /// How stale is too stale: when no slot of this job has finished for longer than `limit`
     /// (by the database clock), the leader's [`JobsHandle::health`] lists it in
-    /// [`stale`](JobsHealth::stale). `orion-beacon jobs --check` tells the same from the run
-    /// table alone, and the metric [`LAST_FINISHED_AGE`](super::metrics) carries the age of
-    /// every job. A job that never finished counts from the leader's first look at it. Give it
+    /// [`stale`](JobsHealth::stale). `orion-beacon jobs check --stale-after` tells the same
+    /// from the run table alone, and the metric `orion_beacon_job_last_finished_age_seconds`
+    /// (feature `metrics`) carries the age of every job. A job that never finished counts from the leader's first look at it. Give it
     /// more than the schedule's interval plus the longest run and its retries. Default: no
     /// limit; 1 s to [`MAX_WAIT`].
     pub fn stale_after(mut self, limit: Duration) -> Self {

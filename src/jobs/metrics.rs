@@ -9,9 +9,10 @@ pub const RUNS: &str = "orion_beacon_job_runs_total";
 pub const LATENESS: &str = "orion_beacon_job_lateness_seconds";
 /// Histogram: seconds an attempt took, from its start to its end.
 pub const DURATION: &str = "orion_beacon_job_duration_seconds";
-/// Gauge, set by the leader at each look: seconds since the job's last finished slot was
-/// marked finished (database clock; a job never finished counts from the leader's first look
-/// at it in its term). Compare it with the job's
+/// Gauge, set by the leader after each look (failed ones too): seconds since the job's last
+/// finished slot was marked finished (database clock; a job never finished counts from the
+/// leader's first look at it in its term); set to zero when the node stops leading, so alert
+/// on the maximum over nodes. Compare it with the job's
 /// [`stale_after`](super::Job::stale_after) to alert when nothing ran.
 pub const LAST_FINISHED_AGE: &str = "orion_beacon_job_last_finished_age_seconds";
 

@@ -103,8 +103,17 @@ impl Freshness {
     pub(crate) fn read(&self, finished: Vec<Option<i64>>) {
         let mut k = lock(&self.known);
         let jobs = self.limits.len();
-        k.finished = finished;
-        k.finished.resize(jobs, None);
+        // Read again in a term (after a failed look): a finish counted since the read's
+        // snapshot stays.
+        let mut merged = finished;
+        merged.resize(jobs, None);
+        for (new, old) in merged.iter_mut().zip(&k.finished) {
+            *new = match (*new, *old) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        k.finished = merged;
         if k.seen.len() != jobs {
             k.seen = vec![None; jobs];
         }
@@ -118,6 +127,12 @@ impl Freshness {
         for seen in &mut k.seen {
             seen.get_or_insert(now_ms);
         }
+    }
+
+    /// Sets each job's age metric from the estimated database clock: after every look, good
+    /// or failed, so the age keeps growing while the looks fail.
+    pub(crate) fn publish(&self) {
+        let k = lock(&self.known);
         let ages: Vec<Option<Duration>> = (0..self.limits.len()).map(|i| age(&k, i)).collect();
         drop(k);
         for (name, age) in self.names.iter().zip(ages) {
@@ -137,9 +152,15 @@ impl Freshness {
         }
     }
 
-    /// The term ended: this node knows nothing any more.
+    /// The term ended: this node knows nothing any more, and its age metrics go to zero (the
+    /// leader's are the ones that count: alert on their maximum).
     pub(crate) fn forget(&self) {
-        *lock(&self.known) = Known::default();
+        let was = std::mem::take(&mut *lock(&self.known));
+        if was.leading {
+            for name in &self.names {
+                super::metrics_hook::age(name, Duration::ZERO);
+            }
+        }
     }
 
     /// The jobs over their limit, while this node leads.

@@ -49,6 +49,9 @@ pub async fn run(
     }
 }
 
+/// A job, its last finish and its first claim (`jobs check`).
+type Freshness = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
 /// The run table of one invocation.
 struct Runs<'a> {
     ctx: &'a Ctx,
@@ -68,70 +71,84 @@ impl Runs<'_> {
         // Every job with a record (or the ones named), and its newest finish.
         let finished_only = Expr::col(Column::State).eq("finished");
         // MAX over the finished records only, keeping jobs that have none.
-        let stmt = Query::select()
-            .column(Column::Job)
+        let mut stmt = Query::select();
+        stmt.column(Column::Job)
             .expr_as(
                 Func::max(Expr::case(finished_only, Expr::col(Column::FinishedAt))),
                 Alias::new("last_finished"),
             )
+            // A job never finished counts from its first claim.
+            .expr_as(
+                Func::min(Expr::col(Column::ClaimedAt)),
+                Alias::new("first_claimed"),
+            )
             .from(Alias::new(self.table))
-            .group_by_col(Column::Job)
-            .to_owned();
+            .group_by_col(Column::Job);
+        if !jobs.is_empty() {
+            stmt.and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()));
+        }
         let rows = self
             .db
             .query_all(&stmt)
             .await
             .map_err(|e| self.db_failure(e))?;
-        let mut last: Vec<(String, Option<DateTime<Utc>>)> = rows
+        let mut last: Vec<Freshness> = rows
             .iter()
-            .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
+            .map(|r| {
+                Ok((
+                    r.try_get_by_index(0)?,
+                    r.try_get_by_index(1)?,
+                    r.try_get_by_index(2)?,
+                ))
+            })
             .collect::<Result<_, DbErr>>()
             .map_err(|e| self.db_failure(e))?;
         for job in jobs {
-            if !last.iter().any(|(j, _)| j == job) {
+            if !last.iter().any(|(j, ..)| j == job) {
                 return Err(CliError::UnknownResource(format!(
                     "no run records of job {job:?} in table {:?}",
                     self.table
                 )));
             }
         }
-        if !jobs.is_empty() {
-            last.retain(|(j, _)| jobs.contains(j));
-        }
         last.sort_by(|a, b| a.0.cmp(&b.0));
         let now = self.now().await?;
-        let age = |at: Option<DateTime<Utc>>| {
+        // Since the last finish, or (never finished) since the first claim.
+        let since = |at: Option<DateTime<Utc>>| {
             at.and_then(|at| (now - at).to_std().ok())
                 .unwrap_or_default()
         };
-        let stale: Vec<&(String, Option<DateTime<Utc>>)> = last
+        let age =
+            |(_, finished, first): &(String, Option<DateTime<Utc>>, Option<DateTime<Utc>>)| {
+                since(finished.or(*first))
+            };
+        let is_stale =
+            |row: &(String, Option<DateTime<Utc>>, Option<DateTime<Utc>>)| age(row) > limit;
+        let stale: Vec<&str> = last
             .iter()
-            .filter(|(_, at)| at.is_none() || age(*at) > limit)
+            .filter(|row| is_stale(row))
+            .map(|(job, ..)| job.as_str())
             .collect();
         if output == Output::Json {
             let all: Vec<Value> = last
                 .iter()
-                .map(|(job, at)| {
+                .map(|row| {
                     json!({
-                        "job": job,
-                        "last_finished": at.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
-                        "age_ms": at.map(|at| u64::try_from(age(Some(at)).as_millis()).unwrap_or(u64::MAX)),
-                        "stale": at.is_none() || age(*at) > limit,
+                        "job": row.0,
+                        "last_finished": row.1.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+                        "age_ms": u64::try_from(age(row).as_millis()).unwrap_or(u64::MAX),
+                        "stale": is_stale(row),
                     })
                 })
                 .collect();
             emit(&format!("{}\n", Value::Array(all)));
         } else {
-            let rows = last.iter().map(|(job, at)| {
+            let rows = last.iter().map(|row| {
                 vec![
-                    job.clone(),
-                    time(*at),
-                    at.map_or_else(|| "-".to_owned(), |at| human(age(Some(at)))),
-                    if at.is_none() || age(*at) > limit {
-                        "STALE".to_owned()
-                    } else {
-                        "ok".to_owned()
-                    },
+                    row.0.clone(),
+                    time(row.1),
+                    human(age(row)),
+                    if is_stale(row) { "STALE" } else { "ok" }.to_owned(),
                 ]
             });
             let header = vec!["JOB", "LAST FINISHED (UTC)", "AGO", "STATUS"];
@@ -151,11 +168,10 @@ impl Runs<'_> {
         if stale.is_empty() {
             Ok(())
         } else {
-            let names: Vec<&str> = stale.iter().map(|(j, _)| j.as_str()).collect();
             Err(CliError::Stale(format!(
                 "stale: no slot finished within {} for {}",
                 human(limit),
-                names.join(", ")
+                stale.join(", ")
             )))
         }
     }
