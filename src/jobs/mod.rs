@@ -174,11 +174,12 @@ impl JobsBuilder {
     }
 
     /// Keeps the run records of ended slots (`finished`, `skipped`, `given_up`) for `keep`
-    /// after their slot's time, then the leader deletes them, at most 500 at each look (at
-    /// least every poll interval). Each job's newest record always stays: the scheduler goes on
-    /// from it, so no pruned slot ever runs again. Records still open (running, failed and to
-    /// be retried, marked to rerun) are never deleted. Default: kept forever; 1 s to
-    /// [`MAX_WAIT`].
+    /// after their slot's time, then the leader deletes them: at most 500 every half `keep`
+    /// (at least once a minute), only this scheduler's jobs' (and their earlier names'). Each
+    /// name's newest record and its newest finished one always stay: the scheduler goes on from
+    /// the newest, so no pruned slot ever runs again. Records still open (running, failed and
+    /// to be retried, marked to rerun) are never deleted. Best effort: a failed batch is logged
+    /// and tried again. Default: kept forever; 1 s to [`MAX_WAIT`].
     pub fn keep_finished_for(mut self, keep: Duration) -> Self {
         self.keep_finished = Some(keep);
         self

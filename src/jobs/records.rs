@@ -55,34 +55,52 @@ pub(crate) fn last_finished(table: &str, jobs: &[String]) -> SelectStatement {
         .to_owned()
 }
 
-/// Deletes at most `batch` final records (`finished`, `skipped`, `given_up`) of slots before
-/// `before_ms`, never a job's newest record (the planner goes on from each name's newest slot,
-/// so every slot it could plan again stays recorded). One statement; the `LIMIT` sits in a
+/// Deletes at most `batch` ended records (`finished`, `skipped`, `given_up`) of `jobs` whose
+/// slot is before `before_ms`, never a job name's newest record (the planner goes on from each
+/// name's newest slot, so no slot it could plan again loses its record) nor its newest
+/// `finished` one (what "nothing ran" is judged by). One statement: the `LIMIT` sits in a
 /// subquery (PostgreSQL and SQLite have no `DELETE ... LIMIT`), on MySQL/MariaDB inside a
 /// derived table (which refuses `LIMIT` in an `IN` subquery and a subquery on the table it
-/// deletes from).
+/// deletes from). The outer condition repeats the job, state and slot tests, so a record
+/// marked or claimed again while the statement waits for its lock is not deleted.
 pub(crate) fn prune(
     backend: DbBackend,
     table: &str,
+    jobs: &[String],
     before_ms: i64,
     batch: u64,
 ) -> sea_orm::sea_query::DeleteStatement {
-    let (r, n) = (Alias::new("r"), Alias::new("n"));
+    let (r, n, f) = (Alias::new("r"), Alias::new("n"), Alias::new("f"));
+    let ended = [
+        State::Finished.as_str(),
+        State::Skipped.as_str(),
+        State::GivenUp.as_str(),
+    ];
     let newest = Query::select()
         .expr(Func::max(Expr::col((n.clone(), Column::Slot))))
         .from_as(Alias::new(table), n.clone())
         .and_where(Expr::col((n, Column::Job)).equals((r.clone(), Column::Job)))
         .to_owned();
+    let newest_finished = Query::select()
+        .expr(Func::max(Expr::col((f.clone(), Column::Slot))))
+        .from_as(Alias::new(table), f.clone())
+        .and_where(Expr::col((f.clone(), Column::Job)).equals((r.clone(), Column::Job)))
+        .and_where(Expr::col((f, Column::State)).eq(State::Finished.as_str()))
+        .to_owned();
     let mut old = Query::select();
     old.columns([(r.clone(), Column::Job), (r.clone(), Column::Slot)])
         .from_as(Alias::new(table), r.clone())
-        .and_where(Expr::col((r.clone(), Column::State)).is_in([
-            State::Finished.as_str(),
-            State::Skipped.as_str(),
-            State::GivenUp.as_str(),
-        ]))
+        .and_where(Expr::col((r.clone(), Column::Job)).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col((r.clone(), Column::State)).is_in(ended))
         .and_where(Expr::col((r.clone(), Column::Slot)).lt(before_ms))
-        .and_where(Expr::col((r, Column::Slot)).lt(Expr::from(newest)))
+        .and_where(Expr::col((r.clone(), Column::Slot)).lt(Expr::from(newest)))
+        .and_where(
+            Expr::col((r.clone(), Column::State))
+                .ne(State::Finished.as_str())
+                .or(Expr::col((r.clone(), Column::Slot)).lt(Expr::from(newest_finished))),
+        )
+        .order_by((r.clone(), Column::Job), sea_orm::sea_query::Order::Asc)
+        .order_by((r, Column::Slot), sea_orm::sea_query::Order::Asc)
         .limit(batch);
     let chosen = if backend == DbBackend::MySql {
         let d = Alias::new("d");
@@ -95,6 +113,9 @@ pub(crate) fn prune(
     };
     Query::delete()
         .from_table(Alias::new(table))
+        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col(Column::State).is_in(ended))
+        .and_where(Expr::col(Column::Slot).lt(before_ms))
         .and_where(
             Expr::tuple([Expr::col(Column::Job), Expr::col(Column::Slot)]).in_subquery(chosen),
         )
@@ -434,26 +455,30 @@ mod tests {
         );
     }
 
-    // Pruning: the LIMIT in a subquery (in a derived table on MySQL), the newest slot per job
-    // name excluded, only ended states.
+    // Pruning: this scheduler's names only; the LIMIT in a subquery (a derived table on
+    // MySQL); a name's newest record and newest finished one excluded; only ended states,
+    // checked again outside the subquery.
     #[test]
     fn prune_per_backend() {
-        let old = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."state" IN ('finished', 'skipped', 'given_up') AND "r"."slot" < 5000 AND "r"."slot" < (SELECT MAX("n"."slot") FROM "orionbeacon_job_runs" AS "n" WHERE "n"."job" = "r"."job") LIMIT 500"#;
-        let expected =
-            format!(r#"DELETE FROM "orionbeacon_job_runs" WHERE ("job", "slot") IN ({old})"#);
+        let jobs = ["a".to_owned(), "b".to_owned()];
+        let outer = r#"DELETE FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" IN ('finished', 'skipped', 'given_up') AND "slot" < 5000 AND ("job", "slot") IN "#;
+        let old = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."job" IN ('a', 'b') AND "r"."state" IN ('finished', 'skipped', 'given_up') AND "r"."slot" < 5000 AND "r"."slot" < (SELECT MAX("n"."slot") FROM "orionbeacon_job_runs" AS "n" WHERE "n"."job" = "r"."job") AND ("r"."state" <> 'finished' OR "r"."slot" < (SELECT MAX("f"."slot") FROM "orionbeacon_job_runs" AS "f" WHERE "f"."job" = "r"."job" AND "f"."state" = 'finished')) ORDER BY "r"."job" ASC, "r"."slot" ASC LIMIT 500"#;
+        let expected = format!("{outer}({old})");
         assert_eq!(
-            prune(DbBackend::Postgres, T, 5000, 500).to_string(PostgresQueryBuilder),
+            prune(DbBackend::Postgres, T, &jobs, 5000, 500).to_string(PostgresQueryBuilder),
             expected
         );
         assert_eq!(
-            prune(DbBackend::Sqlite, T, 5000, 500).to_string(SqliteQueryBuilder),
+            prune(DbBackend::Sqlite, T, &jobs, 5000, 500).to_string(SqliteQueryBuilder),
             expected
         );
+        let mysql = |s: &str| s.replace('"', "`");
         assert_eq!(
-            prune(DbBackend::MySql, T, 5000, 500).to_string(MysqlQueryBuilder),
+            prune(DbBackend::MySql, T, &jobs, 5000, 500).to_string(MysqlQueryBuilder),
             format!(
-                "DELETE FROM `orionbeacon_job_runs` WHERE (`job`, `slot`) IN (SELECT `d`.`job`, `d`.`slot` FROM ({}) AS `d`)",
-                old.replace('"', "`")
+                "{}(SELECT `d`.`job`, `d`.`slot` FROM ({}) AS `d`)",
+                mysql(outer),
+                mysql(old)
             )
         );
     }

@@ -167,6 +167,8 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         latest: None,
         first_look: vec![None; names.len()],
         cursor: 0,
+        pruned: None,
+        prune_more: false,
     };
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
@@ -241,6 +243,9 @@ struct Look {
     first_look: Vec<Option<i64>>,
     /// Which job's actions come first in the next look's round robin.
     cursor: usize,
+    /// When this term last pruned ended records, and whether that batch was full.
+    pruned: Option<Instant>,
+    prune_more: bool,
 }
 
 /// One look: plan, claim, start. Returns how long to sleep.
@@ -357,8 +362,22 @@ async fn tick(
     }
 
     if let Some(keep) = shared.keep_finished_ms {
-        // At most a batch a look; a full batch makes the next look come soon.
-        more |= prune(shared, backend, now_ms.saturating_sub(keep)).await?;
+        // A batch every half `keep` (at most a minute apart), another at the next look after
+        // a full one. Best effort: a failure is logged, the look goes on.
+        let every = Duration::from_millis(u64::try_from(keep / 2).unwrap_or(0)).min(PRUNE_EVERY);
+        if look.pruned.is_none_or(|at| at.elapsed() >= every) || look.prune_more {
+            look.pruned = Some(Instant::now());
+            let all: Vec<String> = history.iter().map(|(n, _)| n.clone()).collect();
+            look.prune_more = match prune(shared, backend, &all, now_ms.saturating_sub(keep)).await
+            {
+                Ok(full) => full,
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning ended run records failed; trying again later");
+                    false
+                }
+            };
+            more |= look.prune_more;
+        }
     }
     let poll = shared.poll;
     if more {
@@ -448,20 +467,36 @@ async fn database_now(shared: &Shared, backend: DbBackend) -> Result<i64, JobErr
 
 /// The most ended records deleted at one look.
 const PRUNE_BATCH: u64 = 500;
+/// The longest time between two prunes (shorter for a short `keep_finished_for`).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Job names per prune statement.
+const PRUNE_NAMES: usize = 1000;
 
-/// Deletes a batch of ended records of slots before `before_ms` (never a job's newest), in a
-/// transaction of its own begun whole and committed before the answer; whether the batch was
-/// full (more may be left).
-async fn prune(shared: &Shared, backend: DbBackend, before_ms: i64) -> Result<bool, JobError> {
+/// Deletes a batch of this scheduler's ended records of slots before `before_ms` (never a
+/// name's newest, nor its newest finished), in a transaction of its own begun whole and
+/// committed before the answer; whether the batch was full (more may be left).
+async fn prune(
+    shared: &Shared,
+    backend: DbBackend,
+    names: &[String],
+    before_ms: i64,
+) -> Result<bool, JobError> {
     let txn = shared.store.begin_whole().await?;
-    let stmt = records::prune(backend, &shared.table, before_ms, PRUNE_BATCH);
-    let deleted = match txn.execute(&stmt).await {
-        Ok(done) => done.rows_affected(),
-        Err(e) => {
-            let _ = txn.rollback().await;
-            return Err(runs_error(shared, e));
+    let mut deleted = 0;
+    for chunk in names.chunks(PRUNE_NAMES) {
+        let left = PRUNE_BATCH.saturating_sub(deleted);
+        if left == 0 {
+            break;
         }
-    };
+        let stmt = records::prune(backend, &shared.table, chunk, before_ms, left);
+        match txn.execute(&stmt).await {
+            Ok(done) => deleted += done.rows_affected(),
+            Err(e) => {
+                let _ = txn.rollback().await;
+                return Err(runs_error(shared, e));
+            }
+        }
+    }
     txn.commit().await?;
     if deleted > 0 {
         tracing::debug!(deleted, before_ms, "ended run records pruned");

@@ -744,6 +744,51 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
 ) {
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
+    // Days old, by hand: an earlier name of the job ("sparse": its newest record is skipped,
+    // its newest finished one older) and another service's job on the same table.
+    let day = 86_400_000i64;
+    let today = chrono::Utc::now().timestamp_millis() / day * day;
+    for (job, days_ago, state) in [
+        ("sparse", 3, "finished"),
+        ("sparse", 2, "finished"),
+        ("sparse", 1, "skipped"),
+        ("other", 5, "finished"),
+        ("other", 4, "finished"),
+    ] {
+        let at = chrono::Utc::now();
+        db.execute(
+            &Query::insert()
+                .into_table(Alias::new(&t.runs))
+                .columns(
+                    [
+                        "job",
+                        "slot",
+                        "state",
+                        "attempts",
+                        "schedule",
+                        "claimed_token",
+                        "claimed_by",
+                        "claimed_at",
+                        "finished_at",
+                    ]
+                    .map(Alias::new),
+                )
+                .values_panic([
+                    job.into(),
+                    (today - days_ago * day).into(),
+                    state.into(),
+                    1.into(),
+                    "every 86400000ms".into(),
+                    1i64.into(),
+                    "x".into(),
+                    at.into(),
+                    at.into(),
+                ])
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+    }
     let start = |store: &SeaOrmLeaseStore, id: &str| {
         let job = Job::new("tick", Schedule::every(2 * SECOND).unwrap(), {
             let writes = t.writes.clone();
@@ -765,7 +810,7 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
             .poll_interval(Duration::from_millis(100))
             .runs_table(&t.runs)
             .keep_finished_for(SECOND)
-            .job(job)
+            .job(job.renamed_from("sparse"))
             .build()
             .unwrap()
             .start()
@@ -806,9 +851,33 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
         "the newest slot's record stays: {records:?}"
     );
     assert!(
-        records.len() < writes.len() && !records.contains_key(writes.keys().next().unwrap()),
+        !records.contains_key(writes.keys().next().unwrap()),
         "older records pruned: {records:?} of {writes:?}"
     );
+    // The earlier name keeps its newest record and its newest finished one; the other
+    // service's records are not this scheduler's to prune.
+    for (slot, kept) in [
+        (today - 3 * day, false),
+        (today - 2 * day, true),
+        (today - day, true),
+    ] {
+        assert_eq!(
+            records.contains_key(&slot),
+            kept,
+            "slot {slot}: {records:?}"
+        );
+    }
+    let other = db
+        .query_all(
+            &Query::select()
+                .column(Alias::new("slot"))
+                .from(Alias::new(&t.runs))
+                .and_where(Expr::col(Alias::new("job")).eq("other"))
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(other.len(), 2, "another service's records stay");
     t.drop(&db).await;
 }
 
