@@ -252,16 +252,26 @@ async fn an_offer_wakes_the_named_successor() {
     let admin = Server::Postgres.connect(2).await;
     let table = unique("notify_offer");
     migrate(&admin, &table).await;
+    let apps: Vec<String> = (0..3).map(|i| unique(&format!("ob-offer-{i}"))).collect();
     let mut stores = Vec::new();
-    for i in 0..3 {
+    for app in &apps {
         stores.push(
-            SeaOrmLeaseStore::new(connect_as(&unique(&format!("ob-offer-{i}"))).await)
+            SeaOrmLeaseStore::new(connect_as(app).await)
                 .with_table(&table)
                 .unwrap(),
         );
     }
     let stores: [SeaOrmLeaseStore; 3] = stores.try_into().unwrap();
+    // Each store's listener LISTENs before the electors start: a notification sent before
+    // that is lost (and costs a poll, as documented), which is not what this test is about.
+    let mut subscribed = Vec::new();
+    for (store, app) in stores.iter().zip(&apps) {
+        subscribed
+            .push(orion_beacon::LeaseStore::release_events(store).expect("release notifications"));
+        wait_for_listener(&admin, app, &[]).await;
+    }
     let took = common::election::woken_handover(&stores).await;
+    drop(subscribed);
     eprintln!("PostgreSQL handover to a named successor in {took:?}");
     drop_table(&admin, &table).await;
 }
