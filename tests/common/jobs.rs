@@ -622,18 +622,22 @@ pub async fn a_job_with_nothing_finished_is_reported_stale<H: Harness<Store = Se
     let t = Tables::create(&db).await;
     let limit = Duration::from_millis(2_000);
     let fail = Arc::new(AtomicBool::new(true));
-    let f = fail.clone();
-    let failing = Job::new("failing", Schedule::every(SECOND).unwrap(), move |_| {
-        let f = f.clone();
-        async move {
-            if f.load(Ordering::SeqCst) {
-                return Err("planned".into());
+    // "failing" fails while `fail` is set (each slot given up at once), then finishes.
+    let failing_job = || {
+        let f = fail.clone();
+        Job::new("failing", Schedule::every(SECOND).unwrap(), move |_| {
+            let f = f.clone();
+            async move {
+                if f.load(Ordering::SeqCst) {
+                    return Err("planned".into());
+                }
+                Ok(())
             }
-            Ok(())
-        }
-    })
-    .max_attempts(1)
-    .stale_after(limit);
+        })
+        .max_attempts(1)
+        .stale_after(limit)
+    };
+    let failing = failing_job();
     let ok =
         Job::new("ok", Schedule::every(SECOND).unwrap(), |_| async { Ok(()) }).stale_after(limit);
     // Before the leader's first look: the job can be stale no sooner than a limit after it.
@@ -697,18 +701,7 @@ pub async fn a_job_with_nothing_finished_is_reported_stale<H: Harness<Store = Se
     // A later leader reads that finish from the run table: the job is stale a limit after it,
     // not a limit after the new leader's first look.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let f = fail.clone();
-    let failing = Job::new("failing", Schedule::every(SECOND).unwrap(), move |_| {
-        let f = f.clone();
-        async move {
-            if f.load(Ordering::SeqCst) {
-                return Err("planned".into());
-            }
-            Ok(())
-        }
-    })
-    .max_attempts(1)
-    .stale_after(limit);
+    let failing = failing_job();
     let c = t.start(&h.store(), "c", vec![failing]);
     leader_of(std::slice::from_ref(&c), 3 * SECOND).await;
     let stale = loop {
