@@ -66,16 +66,21 @@ impl Tables {
         }
     }
 
-    /// A scheduler of `jobs` on `store` as candidate `id`.
-    pub fn start(&self, store: &SeaOrmLeaseStore, id: &str, jobs: Vec<Job>) -> JobsHandle {
-        let mut b = Jobs::builder(store.clone())
+    /// A scheduler's builder on `store` as candidate `id`, with the suite's timing and tables.
+    pub fn builder(&self, store: &SeaOrmLeaseStore, id: &str) -> jobs::JobsBuilder {
+        Jobs::builder(store.clone())
             .candidate_id(id)
             .resource(&self.resource)
             .lease_duration(LEASE)
             .renew_interval(RENEW)
             .retry_interval(RETRY)
             .poll_interval(Duration::from_millis(100))
-            .runs_table(&self.runs);
+            .runs_table(&self.runs)
+    }
+
+    /// A scheduler of `jobs` on `store` as candidate `id`.
+    pub fn start(&self, store: &SeaOrmLeaseStore, id: &str, jobs: Vec<Job>) -> JobsHandle {
+        let mut b = self.builder(store, id);
         for job in jobs {
             b = b.job(job);
         }
@@ -221,8 +226,13 @@ pub async fn write(run: &JobRun, writes: &str) -> Result<sea_orm::DatabaseTransa
 
 /// A job that writes one row per slot and commits.
 pub fn writer(name: &str, writes: &str) -> Job {
+    writer_every(name, writes, SECOND)
+}
+
+/// [`writer`] with a slot every `every`.
+pub fn writer_every(name: &str, writes: &str, every: Duration) -> Job {
     let writes = writes.to_owned();
-    Job::new(name, Schedule::every(SECOND).unwrap(), move |run| {
+    Job::new(name, Schedule::every(every).unwrap(), move |run| {
         let writes = writes.clone();
         async move {
             let txn = write(&run, &writes).await?;
@@ -783,27 +793,10 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
         .unwrap();
     }
     let start = |store: &SeaOrmLeaseStore, id: &str| {
-        let job = Job::new("tick", Schedule::every(2 * SECOND).unwrap(), {
-            let writes = t.writes.clone();
-            move |run| {
-                let writes = writes.clone();
-                async move {
-                    let txn = write(&run, &writes).await?;
-                    run.commit(txn).await?;
-                    Ok(())
-                }
-            }
-        });
-        Jobs::builder(store.clone())
-            .candidate_id(id)
-            .resource(&t.resource)
-            .lease_duration(LEASE)
-            .renew_interval(RENEW)
-            .retry_interval(RETRY)
-            .poll_interval(Duration::from_millis(100))
-            .runs_table(&t.runs)
+        let job = writer_every("tick", &t.writes, 2 * SECOND).renamed_from("sparse");
+        t.builder(store, id)
             .keep_finished_for(SECOND)
-            .job(job.renamed_from("sparse"))
+            .job(job)
             .build()
             .unwrap()
             .start()
