@@ -214,7 +214,7 @@ fn step_hint(table: &str, migration: &str) -> String {
     } else {
         format!("`orion_beacon_migration::{migration}::with_table(\"{table}\")?`")
     };
-    let sql_server = if migration == "AddMemberHolding" {
+    let sql_server = if migration == "AddMemberHolding" || migration == "AddMemberRank" {
         "migrate_members()"
     } else {
         "migrate()"

@@ -55,7 +55,7 @@ pub use lease::{Lease, LeaseRecord};
 #[doc(inline)]
 pub use locks::{Lock, LockError, LockGuard, Locks, Semaphore};
 #[doc(inline)]
-pub use membership::{Holding, Member, MembershipStore};
+pub use membership::{Candidate, Holding, Member, MembershipStore};
 pub use memory::InMemoryLeaseStore;
 #[doc(inline)]
 pub use rate_limit::{Quota, RateLimitStore, RateLimiter};

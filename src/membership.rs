@@ -142,6 +142,47 @@ impl Member {
     }
 }
 
+/// One live candidate of a ranked election (see
+/// [`ElectorBuilder::rank`](crate::ElectorBuilder::rank)), as the store judged it by its clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Candidate {
+    /// The candidate id (the holder name its lease carries when it leads).
+    pub candidate: String,
+    /// Its rank: the live candidate with the highest rank is preferred as leader.
+    pub rank: i64,
+    /// How long it has been live without a lapse, at the read (by the store's clock).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "live_for_ms", serialize_with = "crate::lease::millis")
+    )]
+    pub live_for: Duration,
+    /// Its candidacy's time left without another heartbeat.
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "remaining_ms", serialize_with = "crate::lease::millis")
+    )]
+    pub remaining: Duration,
+}
+
+impl Candidate {
+    /// A live candidate: for [`MembershipStore`] implementations.
+    pub fn new(
+        candidate: impl Into<String>,
+        rank: i64,
+        live_for: Duration,
+        remaining: Duration,
+    ) -> Self {
+        Self {
+            candidate: candidate.into(),
+            rank,
+            live_for,
+            remaining,
+        }
+    }
+}
+
 /// Where the members of shard sets heartbeat: the membership table of a database store, or
 /// the in-memory store's map.
 ///
@@ -187,6 +228,41 @@ pub trait MembershipStore: Send + Sync {
 
     /// The live members of `shard_set`, ordered by id.
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError>;
+
+    /// Records that `candidate` of the election of `resource` is live for `ttl` from now (by
+    /// the store's clock) with `rank`, and returns the election's live candidates ordered by
+    /// id (the caller included). Kept apart from every shard set's members (see
+    /// [`stored_candidates`]). The default: [`StoreError::Unsupported`].
+    async fn candidate_heartbeat(
+        &self,
+        resource: &str,
+        candidate: &str,
+        ttl: Duration,
+        rank: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let _ = (resource, candidate, ttl, rank);
+        Err(StoreError::Unsupported {
+            operation: "ranked candidates",
+        })
+    }
+
+    /// Removes `candidate` from the election of `resource` (and its lapsed rows); `true` if it
+    /// was live. The default: [`StoreError::Unsupported`].
+    async fn candidate_leave(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+        let _ = (resource, candidate);
+        Err(StoreError::Unsupported {
+            operation: "ranked candidates",
+        })
+    }
+
+    /// The live candidates of the election of `resource`, ordered by id. The default:
+    /// [`StoreError::Unsupported`].
+    async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {
+        let _ = resource;
+        Err(StoreError::Unsupported {
+            operation: "ranked candidates",
+        })
+    }
 }
 
 #[async_trait]
@@ -220,6 +296,26 @@ impl<S: MembershipStore + ?Sized> MembershipStore for std::sync::Arc<S> {
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         (**self).members(shard_set).await
+    }
+
+    async fn candidate_heartbeat(
+        &self,
+        resource: &str,
+        candidate: &str,
+        ttl: Duration,
+        rank: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        (**self)
+            .candidate_heartbeat(resource, candidate, ttl, rank)
+            .await
+    }
+
+    async fn candidate_leave(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+        (**self).candidate_leave(resource, candidate).await
+    }
+
+    async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {
+        (**self).candidates(resource).await
     }
 }
 
@@ -278,6 +374,39 @@ pub fn set_of_stored(stored: &str, lease_table: &str) -> Option<String> {
         .strip_prefix(lease_table)?
         .strip_prefix('/')
         .map(str::to_owned)
+}
+
+/// The name the membership table keeps the candidates of the election of `resource` under,
+/// for a store on the lease table `lease_table` (`""` for a store without tables): a white
+/// space, `=`, the table's name, `/` and the resource. No shard set's stored name has this form
+/// (a set name never starts with white space, and a table name has no `=`), so candidates and
+/// shard-set members never see, count or prune each other, nor do two lease tables'
+/// elections. Refused before any SQL runs when it would not fit the column (the resource
+/// and the table's name together at most 252 characters).
+pub fn stored_candidates(resource: &str, lease_table: &str) -> Result<String, StoreError> {
+    crate::store::validate_resource(resource)?;
+    let stored = format!(" ={lease_table}/{resource}");
+    if stored.chars().count() > MAX_NAME_LEN {
+        return Err(StoreError::InvalidResource {
+            name: resource.to_owned(),
+            reason: "a ranked election's resource must fit in 255 characters together with \
+                     the lease table's name plus 3 (its candidates are kept under both)",
+        });
+    }
+    Ok(stored)
+}
+
+/// Checks a candidate heartbeat's input and returns its stored election name and time to live
+/// in milliseconds.
+pub fn validate_candidate_heartbeat(
+    resource: &str,
+    candidate: &str,
+    ttl: Duration,
+    lease_table: &str,
+) -> Result<(String, i64), StoreError> {
+    let stored = stored_candidates(resource, lease_table)?;
+    validate_candidate(candidate)?;
+    Ok((stored, lease_millis(ttl)?))
 }
 
 /// Checks a heartbeat's input and returns its time to live in milliseconds.

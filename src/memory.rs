@@ -9,7 +9,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use crate::membership::{validate_heartbeat, validate_shard_set, Holding, Member, MembershipStore};
+use crate::membership::{
+    validate_candidate_heartbeat, validate_heartbeat, validate_shard_set, Candidate, Holding,
+    Member, MembershipStore,
+};
 use crate::store::{
     offer_holder, validate_batch, validate_candidate, validate_offer, validate_payload,
     validate_request, validate_resource, validate_take,
@@ -24,6 +27,10 @@ struct Membership {
     expires: Instant,
     draining: bool,
     holding: Option<Holding>,
+    /// When the current membership began (a row that had lapsed begins a new one).
+    joined: Instant,
+    /// A ranked candidate's rank (candidates are kept under `stored_candidates` names).
+    rank: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -147,16 +154,52 @@ impl InMemoryLeaseStore {
     ) -> Result<Vec<Member>, StoreError> {
         let millis = validate_heartbeat(shard_set, member, ttl)?;
         let now = Instant::now();
-        let expires = now + Duration::from_millis(millis.unsigned_abs());
-        lock(&self.members).insert(
-            (shard_set.to_owned(), member.to_owned()),
-            Membership {
-                expires,
-                draining,
-                holding,
-            },
-        );
+        self.write_member(shard_set, member, millis, now, |m| {
+            m.draining = draining;
+            m.holding = holding;
+        });
         Ok(self.members_of(shard_set, now))
+    }
+
+    /// Writes the row of `member` of the (stored) set `set`, live for `millis` from `now`:
+    /// its membership goes on if it was live, else begins now.
+    fn write_member(
+        &self,
+        set: &str,
+        member: &str,
+        millis: i64,
+        now: Instant,
+        fill: impl FnOnce(&mut Membership),
+    ) {
+        let expires = now + Duration::from_millis(millis.unsigned_abs());
+        let mut members = lock(&self.members);
+        let row = members
+            .entry((set.to_owned(), member.to_owned()))
+            .or_insert(Membership {
+                expires: now,
+                draining: false,
+                holding: None,
+                joined: now,
+                rank: None,
+            });
+        if row.expires <= now {
+            row.joined = now;
+        }
+        row.expires = expires;
+        fill(row);
+    }
+
+    fn candidates_of(&self, stored: &str, now: Instant) -> Vec<Candidate> {
+        let members = lock(&self.members);
+        let mut live: Vec<Candidate> = members
+            .iter()
+            .filter(|((set, _), m)| set == stored && m.expires > now)
+            .filter_map(|((_, id), m)| {
+                Some(Candidate::new(id, m.rank?, now - m.joined, m.expires - now))
+            })
+            .collect();
+        live.sort_by(|a, b| a.candidate.cmp(&b.candidate));
+        live
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
@@ -226,6 +269,36 @@ impl MembershipStore for InMemoryLeaseStore {
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         validate_shard_set(shard_set)?;
         Ok(self.members_of(shard_set, Instant::now()))
+    }
+
+    async fn candidate_heartbeat(
+        &self,
+        resource: &str,
+        candidate: &str,
+        ttl: Duration,
+        rank: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let (stored, millis) = validate_candidate_heartbeat(resource, candidate, ttl, "")?;
+        let now = Instant::now();
+        self.write_member(&stored, candidate, millis, now, |m| m.rank = Some(rank));
+        Ok(self.candidates_of(&stored, now))
+    }
+
+    async fn candidate_leave(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+        let stored = crate::membership::stored_candidates(resource, "")?;
+        validate_candidate(candidate)?;
+        let now = Instant::now();
+        let mut members = lock(&self.members);
+        let was_live = members
+            .remove(&(stored.clone(), candidate.to_owned()))
+            .is_some_and(|m| m.expires > now);
+        members.retain(|(set, _), m| *set != stored || m.expires > now);
+        Ok(was_live)
+    }
+
+    async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {
+        let stored = crate::membership::stored_candidates(resource, "")?;
+        Ok(self.candidates_of(&stored, Instant::now()))
     }
 }
 
@@ -429,5 +502,9 @@ impl LeaseStore for InMemoryLeaseStore {
 
     fn release_events(&self) -> Option<crate::store::ReleaseEvents> {
         Some(self.released.subscribe())
+    }
+
+    fn membership(&self) -> Option<Arc<dyn MembershipStore>> {
+        Some(Arc::new(self.clone()))
     }
 }

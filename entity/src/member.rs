@@ -44,6 +44,9 @@ pub struct Model {
     /// The heartbeat that wrote `leases_held` and `set_hash` (database clock). Added by the
     /// `AddMemberHolding` migration.
     pub counted_at: Option<DateTimeUtc>,
+    /// A ranked election's candidate: its rank (shard-set members leave it NULL). Added by the
+    /// `AddMemberRank` migration.
+    pub candidate_rank: Option<i64>,
 }
 
 /// The membership table has no relations.

@@ -25,7 +25,8 @@
 //!
 //! Tables of other names take the steps one by one, in the same order, each
 //! `with_table(...)`: [`CreateLeaseTable`], [`CreateMemberTable`], [`AddLeasePayload`],
-//! [`CreateJobRunTable`], [`AddMemberHolding`], [`CreateRateLimitTable`].
+//! [`CreateJobRunTable`], [`AddMemberHolding`], [`CreateRateLimitTable`],
+//! [`AddMemberRank`].
 //!
 //! An application without a sea-orm-migration `Migrator` can run ours instead, with the
 //! `orion-beacon-migration` command line (feature `cli`: `up`, `down`, `status`). It keeps its
@@ -64,6 +65,7 @@ mod m20261203_000001_add_lease_payload;
 mod m20261204_000001_create_job_runs;
 mod m20261205_000001_add_member_holding;
 mod m20261206_000001_create_rate_limits;
+mod m20261207_000001_add_member_rank;
 
 pub use check_down::check_down;
 pub use check_first::CheckDown;
@@ -75,6 +77,7 @@ pub use m20261203_000001_add_lease_payload::AddLeasePayload;
 pub use m20261204_000001_create_job_runs::CreateJobRunTable;
 pub use m20261205_000001_add_member_holding::AddMemberHolding;
 pub use m20261206_000001_create_rate_limits::CreateRateLimitTable;
+pub use m20261207_000001_add_member_rank::AddMemberRank;
 pub use orion_beacon_entity::{
     validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE,
     DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
@@ -102,6 +105,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(CreateJobRunTable::new()),
         Box::new(AddMemberHolding::new()),
         Box::new(CreateRateLimitTable::new()),
+        Box::new(AddMemberRank::new()),
     ]
 }
 

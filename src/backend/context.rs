@@ -44,6 +44,8 @@ pub(crate) struct Context {
     pub(crate) schema_checked: tokio::sync::OnceCell<()>,
     /// The same for the membership table.
     pub(crate) member_schema_checked: tokio::sync::OnceCell<()>,
+    /// The same for the membership table's candidate rank (ranked electors only).
+    pub(crate) candidate_schema_checked: tokio::sync::OnceCell<()>,
 }
 
 /// The store's statements, each rendered on first use.
@@ -76,6 +78,7 @@ impl Context {
             durability_checked,
             schema_checked: tokio::sync::OnceCell::new(),
             member_schema_checked: tokio::sync::OnceCell::new(),
+            candidate_schema_checked: tokio::sync::OnceCell::new(),
         }
     }
 

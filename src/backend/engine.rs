@@ -18,6 +18,9 @@ use crate::lease::LeaseOutcome;
 pub(crate) const LEASE_TABLE_LAST_STEP: &str = "AddLeasePayload";
 /// The same for the membership table (`leases_held`, `set_hash`, `counted_at`).
 pub(crate) const MEMBER_TABLE_LAST_STEP: &str = "AddMemberHolding";
+/// The step that gives the membership table its candidate rank (`candidate_rank`), which only
+/// ranked electors need.
+pub(crate) const MEMBER_RANK_STEP: &str = "AddMemberRank";
 
 /// The store's attempts to acquire leases the process does not hold: at most `slots` at once,
 /// and one at a time per lease (the others of that lease wait their turn without a slot), so

@@ -22,7 +22,8 @@ use super::row::{Decode as _, Row};
 use super::statements::{returned_row, with_payload};
 use super::store::SeaOrmLeaseStore;
 use crate::membership::{
-    set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
+    set_of_stored, stored_candidates, stored_set, validate_candidate_heartbeat, validate_heartbeat,
+    Candidate, Holding, Member, MembershipStore,
 };
 use crate::store::validate_candidate;
 use crate::{error::StoreError, lease::LeaseRecord};
@@ -103,6 +104,72 @@ pub(crate) fn heartbeat(
     Ok(stmt)
 }
 
+/// The heartbeat of `candidate` of a ranked election (kept under the stored name `election`):
+/// its row, live for `millis` from the write, with its rank. `joined_at` restarts when the row
+/// had lapsed, as a member's does; the count columns stay NULL.
+pub(crate) fn candidate_heartbeat(
+    d: &dyn Dialect,
+    table: &Alias,
+    election: &str,
+    candidate: &str,
+    millis: i64,
+    rank: i64,
+) -> Result<InsertStatement, DbErr> {
+    let old = |c: Column| Expr::col((table.clone(), c));
+    let updates = vec![
+        (
+            Column::JoinedAt,
+            Expr::case(old(Column::ExpiresAt).lte(d.now()), d.now())
+                .finally(old(Column::JoinedAt))
+                .into(),
+        ),
+        (Column::HeartbeatAt, d.now()),
+        (Column::ExpiresAt, d.lease_end(millis)),
+        (Column::CandidateRank, Expr::val(rank)),
+    ];
+    let on_conflict = OnConflict::columns([Column::ShardSet, Column::Member])
+        .values(updates)
+        .to_owned();
+    let mut stmt = Query::insert();
+    stmt.into_table(table.clone())
+        .columns([
+            Column::ShardSet,
+            Column::Member,
+            Column::Draining,
+            Column::JoinedAt,
+            Column::HeartbeatAt,
+            Column::ExpiresAt,
+            Column::CandidateRank,
+        ])
+        .values([
+            Expr::val(election),
+            Expr::val(candidate),
+            Expr::val(false),
+            d.now(),
+            d.now(),
+            d.lease_end(millis),
+            Expr::val(rank),
+        ])
+        .map_err(|e| DbErr::Custom(e.to_string()))?
+        .on_conflict(on_conflict);
+    Ok(stmt)
+}
+
+/// The live candidates of a ranked election (its stored name), with their rank, how long they
+/// have been live (negated: the time from now back to `joined_at`) and their remaining time.
+pub(crate) fn live_candidates(d: &dyn Dialect, table: &Alias, election: &str) -> SelectStatement {
+    Query::select()
+        .column(Column::Member)
+        .column(Column::CandidateRank)
+        .expr(d.remaining_millis(Expr::col(Column::JoinedAt)))
+        .expr(d.remaining_millis(Expr::col(Column::ExpiresAt)))
+        .from(table.clone())
+        .and_where(Expr::col(Column::ShardSet).eq(election))
+        .and_where(Expr::col(Column::ExpiresAt).gt(d.now()))
+        .and_where(Expr::col(Column::CandidateRank).is_not_null())
+        .to_owned()
+}
+
 /// The live members of `shard_set` (all sets for `None`), with their remaining time and what
 /// they lead.
 pub(crate) fn live(d: &dyn Dialect, table: &Alias, shard_set: Option<&str>) -> SelectStatement {
@@ -179,6 +246,18 @@ fn decode_member(row: &QueryResult) -> Result<Member, DbErr> {
     member.heartbeat_at = Some(row.try_get_by_index(4)?);
     member.holding = Holding::from_stored(row.try_get_by_index(6)?, row.try_get_by_index(7)?);
     Ok(member)
+}
+
+fn decode_candidate(row: &QueryResult) -> Result<Candidate, DbErr> {
+    let millis = |ms: i64| std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let since: i64 = row.try_get_by_index(2)?;
+    let remaining: i64 = row.try_get_by_index(3)?;
+    Ok(Candidate::new(
+        row.try_get_by_index::<String>(0)?,
+        row.try_get_by_index::<i64>(1)?,
+        millis(since.saturating_neg()),
+        millis(remaining),
+    ))
 }
 
 impl SeaOrmLeaseStore {
@@ -304,6 +383,69 @@ impl SeaOrmLeaseStore {
         }
     }
 
+    /// Checks, once per store, that the membership table has the candidate rank
+    /// (`AddMemberRank`), which only ranked electors need.
+    async fn candidates_ready(&self) -> Result<(), StoreError> {
+        let engine = self.engine()?;
+        let cx = &engine.cx;
+        cx.candidate_schema_checked
+            .get_or_try_init(|| async {
+                let probe = Query::select()
+                    .expr(Expr::cust("candidate_rank"))
+                    .from(Alias::new(&*cx.member_table))
+                    .limit(0)
+                    .to_owned();
+                let found = engine.plain(cx.build(&probe)).await;
+                found
+                    .map(|_| ())
+                    .map_err(|e| self.rank_table_error(self.member_table_error(e)))
+            })
+            .await
+            .copied()
+    }
+
+    /// `err` of a candidate statement: an outdated table lacks `AddMemberRank`'s column.
+    fn rank_table_error(&self, err: StoreError) -> StoreError {
+        match err {
+            StoreError::OutdatedSchema { table, source, .. } => StoreError::OutdatedSchema {
+                table,
+                migration: super::engine::MEMBER_RANK_STEP,
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// A candidate statement (the membership table checked for the rank first).
+    async fn candidates_plain(
+        &self,
+        stmt: sea_orm::Statement,
+    ) -> Result<Vec<QueryResult>, StoreError> {
+        self.candidates_ready().await?;
+        self.members_plain(stmt)
+            .await
+            .map_err(|e| self.rank_table_error(e))
+    }
+
+    async fn read_candidates(&self, election: &str) -> Result<Vec<Candidate>, StoreError> {
+        let cx = &self.engine()?.cx;
+        let table = Alias::new(&*cx.member_table);
+        let rows = self
+            .candidates_plain(cx.build(&live_candidates(cx.dialect, &table, election)))
+            .await?;
+        let mut candidates = rows
+            .iter()
+            .map(decode_candidate)
+            .collect::<Result<Vec<_>, DbErr>>()
+            .map_err(|source| StoreError::Decode {
+                table: self.member_table().to_string(),
+                source,
+            })?;
+        // Byte order, whatever the database's collation (as for members).
+        candidates.sort_by(|a, b| a.candidate.cmp(&b.candidate));
+        Ok(candidates)
+    }
+
     /// A membership statement that changes rows: how many it changed.
     async fn members_execute(&self, stmt: sea_orm::Statement) -> Result<u64, StoreError> {
         self.members_ready().await?;
@@ -377,6 +519,41 @@ impl MembershipStore for SeaOrmLeaseStore {
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         let stored = stored_set(shard_set, self.engine()?.cx.table())?;
         self.read_members(Some(&stored)).await
+    }
+
+    async fn candidate_heartbeat(
+        &self,
+        resource: &str,
+        candidate: &str,
+        ttl: std::time::Duration,
+        rank: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let cx = &self.engine()?.cx;
+        let (election, millis) =
+            validate_candidate_heartbeat(resource, candidate, ttl, cx.table())?;
+        let table = Alias::new(&*cx.member_table);
+        let upsert = candidate_heartbeat(cx.dialect, &table, &election, candidate, millis, rank)
+            .map_err(|e| StoreError::Database(e.into()))?;
+        self.candidates_plain(cx.build(&upsert)).await?;
+        self.read_candidates(&election).await
+    }
+
+    async fn candidate_leave(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+        let cx = &self.engine()?.cx;
+        let election = stored_candidates(resource, cx.table())?;
+        validate_candidate(candidate)?;
+        let table = Alias::new(&*cx.member_table);
+        let left = self
+            .members_execute(cx.build(&leave(cx.dialect, &table, &election, candidate)))
+            .await?;
+        self.members_execute(cx.build(&prune(cx.dialect, &table, &election)))
+            .await?;
+        Ok(left > 0)
+    }
+
+    async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {
+        let election = stored_candidates(resource, self.engine()?.cx.table())?;
+        self.read_candidates(&election).await
     }
 }
 

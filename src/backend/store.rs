@@ -500,6 +500,10 @@ impl LeaseStore for SeaOrmLeaseStore {
         Some(self)
     }
 
+    fn membership(&self) -> Option<std::sync::Arc<dyn crate::MembershipStore>> {
+        Some(std::sync::Arc::new(self.clone()))
+    }
+
     /// One statement per 1,000 resources.
     async fn current_all(&self, resources: &[String]) -> Result<Vec<LeaseRecord>, StoreError> {
         resources.iter().try_for_each(|r| validate_resource(r))?;

@@ -123,6 +123,39 @@ impl ElectorBuilder {
         self
     }
 
+    /// This candidate's rank: of the live candidates of the resource, the one ranking highest
+    /// is preferred as leader. A leader that sees a live candidate ranking strictly higher
+    /// (the highest such, the smallest id among equals) hands over to it with a named handover
+    /// ([`ElectorHandle::hand_over_to`]), once that candidate has been live for
+    /// [`prefer_after`](Self::prefer_after); the offer stands for two retry intervals (with
+    /// their jitter), at most a lease. Each automatic handover moves leadership strictly up
+    /// the ranks, so it never loops; a successor that does not take the offer is not offered
+    /// the lease again for `prefer_after`, then twice that, and so on (at most 64 times it).
+    ///
+    /// A ranked candidate heartbeats its rank into the membership table every renew interval
+    /// (live for a lease plus a retry interval), and leaves it on shutdown; the
+    /// candidates and their ranks show in [`ElectorHandle::candidacy`], [`Health`] and the
+    /// command line's `candidates`. The store must keep candidates
+    /// ([`LeaseStore::membership`]: the SeaORM and in-memory stores do; on a database, the
+    /// membership table with the `AddMemberRank` migration); [`build`](Self::build) refuses a
+    /// store that keeps none, and a candidate that does not campaign. Give every candidate of
+    /// the resource a rank: an unranked leader never hands over, and an unranked candidate is
+    /// never handed to. Leases decide who leads; ranks only steer a handover, so a wrong or
+    /// stale view of the candidates can delay or misplace leadership, never grant it twice.
+    pub fn rank(mut self, rank: i64) -> Self {
+        self.options.rank = Some(rank);
+        self
+    }
+
+    /// How long a candidate ranking higher than the leader must have been live (by the
+    /// database clock, without a lapse of its heartbeats) before the leader hands over to it.
+    /// Default: the lease duration; zero hands over as soon as the leader sees it. At most
+    /// [`MAX_INTERVAL`]. Only with a [`rank`](Self::rank).
+    pub fn prefer_after(mut self, after: Duration) -> Self {
+        self.options.prefer_after = Some(after);
+        self
+    }
+
     /// Validates the options, and asks the store whether it can work at all (see
     /// [`LeaseStore::validate`]): a connection to a backend this build does not support fails
     /// here, not later in a retry loop.
@@ -130,12 +163,28 @@ impl ElectorBuilder {
         let config = self.options.validate()?;
         self.store.validate()?;
         let health_window = health::window(self.health_window, &config)?;
+        let members = match config.rank {
+            None => None,
+            Some(_) => {
+                let Some(members) = self.store.membership() else {
+                    return Err(ConfigError::Rank {
+                        reason: "this store keeps no candidates (LeaseStore::membership is \
+                                 None; a wrapper store should forward it)",
+                    });
+                };
+                // The candidates' stored name must fit (checked again by every heartbeat).
+                let table = self.fence.as_ref().map_or("", |s| s.table());
+                crate::membership::stored_candidates(&config.resource, table)?;
+                Some(members)
+            }
+        };
         Ok(Elector {
             store: self.store,
             fence: self.fence,
             renewer: self.renewer,
             config: Arc::new(config),
             health_window,
+            members,
         })
     }
 }

@@ -7,6 +7,7 @@ use crate::hold::default_candidate_id;
 use crate::hold::timing::{
     check_interval, ConfigError, Timing, TimingDefaults, TimingOptions, DEFAULT_GRACE_PERIOD,
     DEFAULT_JITTER, DEFAULT_LEASE_DURATION, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INTERVAL,
+    MAX_INTERVAL,
 };
 use crate::store::{validate_candidate, validate_resource};
 
@@ -26,6 +27,10 @@ pub(crate) struct Config {
     pub renew_together: bool,
     /// Whether this candidate asks for the lease at all (false: it only watches).
     pub campaign: bool,
+    /// A ranked candidate's rank (see `preference`).
+    pub rank: Option<i64>,
+    /// How long a higher-ranked candidate must have been live before the leader hands over.
+    pub prefer_after: Duration,
 }
 
 /// Options as given, before validation.
@@ -41,6 +46,8 @@ pub(crate) struct Options {
     pub payload: Option<String>,
     pub renew_together: Option<bool>,
     pub campaign: Option<bool>,
+    pub rank: Option<i64>,
+    pub prefer_after: Option<Duration>,
 }
 
 impl Options {
@@ -63,6 +70,30 @@ impl Options {
         if !(0.0..=0.5).contains(&jitter) {
             return Err(ConfigError::Jitter(jitter));
         }
+        let campaign = self.campaign.unwrap_or(true);
+        if self.rank.is_some() && !campaign {
+            return Err(ConfigError::Rank {
+                reason: "a candidate that does not campaign has no rank (it never leads)",
+            });
+        }
+        let prefer_after = match self.prefer_after {
+            Some(after) if self.rank.is_none() => {
+                let _ = after;
+                return Err(ConfigError::Rank {
+                    reason: "prefer_after is for ranked candidates: give a rank too",
+                });
+            }
+            // Zero is allowed: a higher rank is preferred as soon as it is seen live.
+            Some(after) if after > MAX_INTERVAL => {
+                return Err(ConfigError::TooLong {
+                    option: "prefer_after",
+                    value: after,
+                    max: MAX_INTERVAL,
+                })
+            }
+            Some(after) => after,
+            None => timing.lease,
+        };
         Ok(Config {
             resource: Arc::from(resource),
             candidate: Arc::from(candidate),
@@ -72,7 +103,9 @@ impl Options {
             release_on_shutdown: self.release_on_shutdown.unwrap_or(true),
             payload: self.payload.map(Arc::from),
             renew_together: self.renew_together.unwrap_or(true),
-            campaign: self.campaign.unwrap_or(true),
+            campaign,
+            rank: self.rank,
+            prefer_after,
         })
     }
 }

@@ -7,6 +7,7 @@ mod health;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
+mod preference;
 mod runner;
 
 use std::future::Future;
@@ -25,6 +26,7 @@ pub use crate::hold::timing::{
 };
 pub use crate::hold::{LeaderTerm, Leadership, LossReason};
 pub use handover::Handover;
+pub use preference::Candidacy;
 
 use crate::hold::timing::timing_setter;
 use crate::{fencing::FencingToken, memory::InMemoryLeaseStore, store::LeaseStore};
@@ -64,6 +66,8 @@ pub struct Elector {
     renewer: Option<crate::hold::renewer::Renewer>,
     config: Arc<Config>,
     health_window: Duration,
+    /// Where a ranked candidate heartbeats (`ElectorBuilder::rank`).
+    members: Option<Arc<dyn crate::MembershipStore>>,
 }
 
 fn process_store() -> InMemoryLeaseStore {
@@ -120,6 +124,28 @@ impl Elector {
         };
         let work_gate = Arc::new(RwLock::new(()));
         let probe = health::Probe::new(&self.config, self.health_window);
+        let (ranking, candidacy) = match (self.members, self.config.rank) {
+            (Some(members), Some(rank)) => {
+                let timing = &self.config.timing;
+                let (ranking, view) = preference::Ranking::new(
+                    members,
+                    rank,
+                    self.config.prefer_after,
+                    timing
+                        .lease
+                        .saturating_add(self.config.retry_interval)
+                        .min(crate::store::MAX_LEASE),
+                    timing.renew_interval,
+                    preference::offer_window(
+                        self.config.retry_interval,
+                        self.config.jitter,
+                        timing.lease,
+                    ),
+                );
+                (Some(Arc::new(ranking)), Some(view))
+            }
+            _ => (None, None),
+        };
         let runner = Runner {
             store: self.store,
             config: self.config.clone(),
@@ -129,6 +155,7 @@ impl Elector {
             probe: probe.clone(),
             fence: self.fence,
             renewer: self.renewer,
+            ranking,
         };
         let (finished, done) = watch::channel(false);
         let supervised = probe.clone().supervise(runner.run());
@@ -143,6 +170,7 @@ impl Elector {
             work_gate,
             done,
             probe,
+            candidacy,
         }
     }
 }
@@ -174,6 +202,8 @@ pub struct ElectorHandle {
     /// Turns `true` when the elector's task has ended.
     done: watch::Receiver<bool>,
     probe: health::Probe,
+    /// A ranked candidate's view of its election.
+    candidacy: Option<watch::Receiver<Candidacy>>,
 }
 
 impl ElectorHandle {
@@ -221,7 +251,16 @@ impl ElectorHandle {
             Leadership::Failed(err) => Some(err.clone()),
             _ => None,
         };
-        self.probe.health(failure.as_deref(), self.is_leader())
+        let mut health = self.probe.health(failure.as_deref(), self.is_leader());
+        health.candidacy = self.candidacy();
+        health
+    }
+
+    /// A ranked candidate's view of its election ([`ElectorBuilder::rank`]): its rank and the
+    /// live candidates with theirs as its last candidacy heartbeat found them (every renew
+    /// interval), or why that heartbeat failed. `None` for an unranked elector.
+    pub fn candidacy(&self) -> Option<Candidacy> {
+        self.candidacy.as_ref().map(|view| view.borrow().clone())
     }
 
     /// This candidate's id.

@@ -40,6 +40,8 @@ mod together;
 
 mod term;
 
+mod candidacy;
+
 /// How long dropped leader work gets to let go of the work gate before shutdown gives up on it.
 const UNWIND: Duration = Duration::from_millis(100);
 
@@ -104,6 +106,19 @@ impl StepDownRequests {
         self.asked.notify_one();
     }
 
+    /// [`ask`](Self::ask), but only if no request is waiting (a caller's own step-down wins
+    /// over an automatic one); whether it was asked.
+    pub(crate) fn ask_unless_pending(&self, request: StepDown) -> bool {
+        let mut pending = lock(&self.pending);
+        if pending.0 || pending.1.is_some() {
+            return false;
+        }
+        pending.1 = Some(request);
+        drop(pending);
+        self.asked.notify_one();
+        true
+    }
+
     fn take(&self) -> Option<StepDown> {
         lock(&self.pending).1.take()
     }
@@ -131,6 +146,8 @@ pub(crate) struct Runner {
     /// The store's renewer, when the elector was built on a `SeaOrmLeaseStore` itself (see
     /// `hold::renewer`): with `renew_together`, its renews go out with the store's other holds.
     pub renewer: Option<crate::hold::renewer::Renewer>,
+    /// A ranked candidate's candidacy (see `preference`).
+    pub ranking: Option<Arc<super::preference::Ranking>>,
 }
 
 impl Drop for Runner {
@@ -294,6 +311,10 @@ impl Runner {
                     if let Some(a) = active.take() {
                         self.end_term(&a.term, LossReason::Superseded, None, None);
                     }
+                    if let Some(ranking) = &self.ranking {
+                        // A new leader looks at the candidates at once.
+                        ranking.beat_now();
+                    }
                     led = Some(grant.lease.token);
                     active = Some(self.begin_term(grant));
                 }
@@ -354,7 +375,13 @@ impl Runner {
             } else {
                 a.term.cut_off();
             }
+            if stopped_by == LossReason::Shutdown {
+                self.leave_candidacy().await;
+            }
         } else {
+            if stopped_by == LossReason::Shutdown {
+                self.leave_candidacy().await;
+            }
             self.state.send_replace(Leadership::Follower {
                 leader: None,
                 payload: None,
@@ -381,6 +408,12 @@ impl Runner {
         led: Option<FencingToken>,
         releases: &mut Option<ReleaseEvents>,
     ) -> Result<Decision, Stopped> {
+        if let Some(ranking) = &self.ranking {
+            // A follower's attempt is not held up by more than half a renew interval.
+            let now = crate::clock::now();
+            let until = next_attempt.max(later(now, self.config.timing.renew_interval / 2));
+            self.candidacy_round(ranking, false, until).await?;
+        }
         self.stoppable(self.wait_turn(next_attempt, releases))
             .await?;
         let role = Role::Follower {
@@ -407,6 +440,12 @@ impl Runner {
     async fn leader_step(&self, active: &Active, failures: u32) -> Result<Decision, Stopped> {
         let deadline = active.term.local_deadline();
         let due = active.next_renew.min(deadline);
+        if let Some(ranking) = &self.ranking {
+            // In the slack before the renew, never past it.
+            if self.candidacy_round(ranking, true, due).await? {
+                return Err(Stopped::StepDown);
+            }
+        }
         let role = Role::Leader {
             token: active.term.token(),
         };

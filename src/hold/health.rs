@@ -62,6 +62,11 @@ pub struct Health {
     /// (Left out of the `serde` form when `None`.)
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub stalled_holder: Option<String>,
+    /// A ranked elector's view of its election
+    /// ([`ElectorHandle::candidacy`](crate::ElectorHandle::candidacy)); `None` otherwise (and
+    /// left out of the `serde` form).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub candidacy: Option<crate::elector::Candidacy>,
 }
 
 impl fmt::Display for Health {
@@ -153,6 +158,7 @@ impl HealthState {
             last_round_trip: self.last().map(|at| now.saturating_duration_since(at)),
             window: self.window,
             stalled_holder: lock(&self.stalled).clone(),
+            candidacy: None,
         }
     }
 

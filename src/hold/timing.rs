@@ -115,6 +115,13 @@ pub enum ConfigError {
     /// Jitter outside `0.0..=0.5`.
     #[error("jitter {0} must be between 0.0 and 0.5 (the default is 0.1)")]
     Jitter(f64),
+    /// A rank ([`ElectorBuilder::rank`](crate::ElectorBuilder::rank)) this elector cannot
+    /// have.
+    #[error("rank: {reason}")]
+    Rank {
+        /// Why.
+        reason: &'static str,
+    },
 }
 
 /// Checks the options every lease holder shares (an elector, a shard set): none zero or too

@@ -401,6 +401,13 @@ pub trait LeaseStore: Send + Sync {
     fn sea_orm_store(&self) -> Option<&crate::backend::SeaOrmLeaseStore> {
         None
     }
+
+    /// The membership store that goes with this store, if it has one: where a ranked elector
+    /// ([`ElectorBuilder::rank`](crate::ElectorBuilder::rank)) heartbeats its candidacy. The
+    /// default is `None`; a wrapper should forward this too.
+    fn membership(&self) -> Option<std::sync::Arc<dyn crate::MembershipStore>> {
+        None
+    }
 }
 
 /// A subscription to a store's release notifications (see [`LeaseStore::release_events`]).
@@ -473,6 +480,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for std::sync::Arc<S> {
 
     fn sea_orm_store(&self) -> Option<&crate::backend::SeaOrmLeaseStore> {
         (**self).sea_orm_store()
+    }
+
+    fn membership(&self) -> Option<std::sync::Arc<dyn crate::MembershipStore>> {
+        (**self).membership()
     }
 }
 

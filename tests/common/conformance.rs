@@ -8,6 +8,12 @@ use orion_beacon::{store::LeaseOutcome, FencingToken, Lease, LeaseStore, StoreEr
 
 use super::{unique, Rng};
 
+#[allow(unused_imports)]
+pub use super::ranks::{
+    a_successor_that_never_takes_is_backed_off, candidates_are_listed_with_ranks_and_kept_apart,
+    the_highest_ranked_live_candidate_comes_to_lead,
+};
+
 /// A lease short enough to wait out in tests.
 pub const SHORT: Duration = Duration::from_millis(400);
 /// Long enough past `SHORT` that every clock agrees it is over.
@@ -1133,6 +1139,9 @@ macro_rules! conformance_suite {
             an_offer_nobody_takes_lapses_to_a_higher_token,
             bad_offers_are_refused_before_sql,
             a_watcher_follows_the_leader_and_never_leads,
+            candidates_are_listed_with_ranks_and_kept_apart,
+            the_highest_ranked_live_candidate_comes_to_lead,
+            a_successor_that_never_takes_is_backed_off,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

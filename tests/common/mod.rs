@@ -21,6 +21,7 @@ pub mod locks;
 pub mod partition;
 #[macro_use]
 pub mod rates;
+pub mod ranks;
 #[macro_use]
 pub mod shards;
 #[macro_use]
@@ -192,7 +193,7 @@ pub fn rate_table(table: &str) -> String {
 /// ([`member_table`]) and its rate-limit table ([`rate_table`]) on `db`.
 pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{
-        AddLeasePayload, AddMemberHolding, CreateLeaseTable, CreateMemberTable,
+        AddLeasePayload, AddMemberHolding, AddMemberRank, CreateLeaseTable, CreateMemberTable,
         CreateRateLimitTable, MigrationTrait, SchemaManager,
     };
     let migration = CreateLeaseTable::with_table(table).expect("valid table name");
@@ -215,6 +216,11 @@ pub async fn migrate(db: &sea_orm::DatabaseConnection, table: &str) {
         .up(&SchemaManager::new(db))
         .await
         .expect("membership counts migration up");
+    AddMemberRank::with_table(member_table(table))
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("membership rank migration up");
     CreateRateLimitTable::with_table(rate_table(table))
         .expect("valid table name")
         .up(&SchemaManager::new(db))

@@ -418,7 +418,7 @@ mod rates_transaction_form {
 job_suite!(GaleraHarness::setup());
 
 /// Offers (a planned handover) on Galera: made through node 0, seen and taken through node 1;
-/// and a watcher on node 1 following a leader on node 0.
+/// a watcher on node 1 following a leader on node 0; ranked candidates across the nodes.
 mod offers {
     use super::*;
     conformance_suite!(@cases [cfg(all())] GaleraHarness::setup();
@@ -426,5 +426,8 @@ mod offers {
         an_offer_nobody_takes_lapses_to_a_higher_token,
         bad_offers_are_refused_before_sql,
         a_watcher_follows_the_leader_and_never_leads,
+        candidates_are_listed_with_ranks_and_kept_apart,
+        the_highest_ranked_live_candidate_comes_to_lead,
+        a_successor_that_never_takes_is_backed_off,
     );
 }

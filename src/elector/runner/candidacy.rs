@@ -1,0 +1,81 @@
+//! A ranked candidate's turn at its candidacy: the heartbeat, and a leader's handover to a
+//! live candidate ranking higher (see `elector::preference`).
+
+use super::*;
+
+use super::super::preference::Ranking;
+
+impl Runner {
+    /// Heartbeats the candidacy if due, bounded by `until` (a leader's next renew: the
+    /// heartbeat never holds it up), and publishes what it found. A leader (`leading`) that
+    /// then sees a candidate to prefer asks for the handover to it; `true` if it did (the
+    /// caller ends the round as for a step-down asked).
+    pub(super) async fn candidacy_round(
+        &self,
+        ranking: &Ranking,
+        leading: bool,
+        until: Instant,
+    ) -> Result<bool, Stopped> {
+        let now = crate::clock::now();
+        ranking.settle(now);
+        if !ranking.beat_due(now) {
+            return Ok(false);
+        }
+        ranking.beaten(now);
+        let call = ranking.members.candidate_heartbeat(
+            &self.config.resource,
+            &self.config.candidate,
+            ranking.ttl,
+            ranking.rank,
+        );
+        match self.stoppable(timeout_at(until, call)).await? {
+            Ok(Ok(candidates)) => ranking.publish(Ok(candidates)),
+            Ok(Err(err)) => {
+                if err.is_retryable() {
+                    warn!(error = %err, "candidacy heartbeat failed");
+                } else {
+                    error!(error = %err, "candidacy heartbeat failed");
+                }
+                ranking.publish(Err(crate::error::chain(&err)));
+            }
+            Err(_) => {
+                debug!("candidacy heartbeat cut short by the next renew");
+                ranking.publish(Err("the heartbeat did not answer in time".to_owned()));
+            }
+        }
+        if !leading || ranking.handing_over() {
+            return Ok(false);
+        }
+        let Some(to) = ranking.choose(&self.config.candidate, crate::clock::now()) else {
+            return Ok(false);
+        };
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let request = StepDown {
+            stay_out: ranking.window,
+            to: Some(Arc::from(to.as_str())),
+            done,
+        };
+        if !self.stop.step_down.ask_unless_pending(request) {
+            return Ok(false);
+        }
+        info!(successor = %to, rank = ranking.rank, "a candidate ranking higher is live: handing over");
+        ranking.asked(to, answer);
+        Ok(true)
+    }
+
+    /// A graceful stop: leaves the candidacy, so that no leader hands over to a candidate that
+    /// is gone (bounded by a renew interval; a failure is logged, the row lapses).
+    pub(super) async fn leave_candidacy(&self) {
+        let Some(ranking) = &self.ranking else {
+            return;
+        };
+        let call = ranking
+            .members
+            .candidate_leave(&self.config.resource, &self.config.candidate);
+        match timeout(self.config.timing.renew_interval, call).await {
+            Ok(Ok(_)) => debug!("left the candidacy"),
+            Ok(Err(err)) => warn!(error = %err, "leaving the candidacy failed; it lapses"),
+            Err(_) => warn!("leaving the candidacy timed out; it lapses"),
+        }
+    }
+}
