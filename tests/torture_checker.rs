@@ -13,6 +13,9 @@
 //! job (a retry of an older slot) was under way when the skip was recorded. The rate-limit
 //! runs: a permit number given twice, one above the table's count, a span of the
 //! interval over the quota and a stretch without permits are each caught; a clean run passes.
+//! The ranked runs: a top candidate left out of the lead past the handover bound is caught (a
+//! shorter stretch, a term lost and given back, is not), the bound counts from a fault or the
+//! candidate's coming back, and a run with no quiet spell fails.
 
 #[path = "torture/checker.rs"]
 mod checker;
@@ -20,6 +23,8 @@ mod checker;
 #[allow(dead_code)]
 #[path = "torture/jobs_checker.rs"]
 mod jobs_checker;
+#[path = "torture/rank_checker.rs"]
+mod rank_checker;
 #[path = "torture/rate_checker.rs"]
 mod rate_checker;
 #[path = "torture/shard_checker.rs"]
@@ -29,6 +34,13 @@ use checker::{check, Fault, LedgerRow, Record};
 
 const MS: u64 = 1_000_000;
 const BOUND: u64 = 1_000 * MS;
+
+// The torture run's timing (tests/torture/main.rs), which the rank checker's bounds are made
+// of.
+const LEASE: std::time::Duration = std::time::Duration::from_millis(500);
+const RENEW: std::time::Duration = std::time::Duration::from_millis(150);
+const RETRY: std::time::Duration = std::time::Duration::from_millis(150);
+const TAKEOVER_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn clean() -> Record {
     let mut r = Record {
@@ -987,6 +999,133 @@ stop 2000000000
         assert!(
             unheld.iter().any(|m| m.contains("no believed term")),
             "{unheld:?}"
+        );
+    }
+}
+
+mod ranks {
+    use super::checker::{Fault, Interval};
+    use super::rank_checker::{check, handover_bound, lapse_bound, Incarnation};
+    use super::MS;
+
+    fn born(name: &str, start: u64) -> Incarnation {
+        Incarnation {
+            name: name.into(),
+            start,
+            killed: None,
+        }
+    }
+
+    fn led(candidate: &str, start: u64, end: u64) -> Interval {
+        Interval {
+            candidate: candidate.into(),
+            token: 1,
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn the_top_candidate_leading_passes_and_a_lower_one_is_caught() {
+        let all = [born("c0", 0), born("c1", 0), born("c2", 0)];
+        // c2 leads after a handover from c0 at 1 s.
+        let good = [led("c0", 0, 1_000 * MS), led("c2", 1_050 * MS, 10_000 * MS)];
+        let v = check(&good, &[], &all, 0, 10_000 * MS);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert!(v.checked_ns >= 7_000 * MS, "{}", v.checked_ns);
+        // c1 keeps it: caught.
+        let bad = [led("c0", 0, 1_000 * MS), led("c1", 1_050 * MS, 10_000 * MS)];
+        let v = check(&bad, &[], &all, 0, 10_000 * MS);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.contains("c2 (the highest-ranked")),
+            "{:?}",
+            v.violations
+        );
+        // A term lost and given back within a handover's bound: not a violation.
+        let gap = handover_bound().as_nanos() as u64 - 100 * MS;
+        let blip = [
+            led("c2", 0, 5_000 * MS),
+            led("c1", 5_000 * MS, 5_000 * MS + gap),
+            led("c2", 5_000 * MS + gap, 10_000 * MS),
+        ];
+        let v = check(&blip, &[], &all, 0, 10_000 * MS);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn the_bound_counts_from_a_fault_and_from_coming_back() {
+        // c2 paused 2-4 s; c1 is then the top one, but leads only from 4.5 s (the lapse and the
+        // handover from the pause's start are 2 s + bound, not yet passed), and c2, back at
+        // 4 s, leads again from 5.5 s.
+        let all = [born("c0", 0), born("c1", 0), born("c2", 0)];
+        let pause = Fault {
+            kind: "pause".into(),
+            candidate: Some("c2".into()),
+            start: 2_000 * MS,
+            end: 4_000 * MS,
+        };
+        let back = 4_000 * MS + handover_bound().as_nanos() as u64 - 50 * MS;
+        let terms = [
+            led("c2", 0, 2_000 * MS),
+            led("c1", 3_000 * MS, back),
+            led("c2", back, 12_000 * MS),
+        ];
+        let v = check(&terms, &[pause.clone()], &all, 0, 12_000 * MS);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        // c2 never comes back to lead after the pause: caught once the fault is old enough.
+        let never = [led("c2", 0, 2_000 * MS), led("c1", 3_000 * MS, 12_000 * MS)];
+        let v = check(&never, &[pause], &all, 0, 12_000 * MS);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.contains("c2 (the highest-ranked")),
+            "{:?}",
+            v.violations
+        );
+        // A killed top candidate's replacement counts from its start.
+        let all = [
+            Incarnation {
+                name: "c2".into(),
+                start: 0,
+                killed: Some(2_000 * MS),
+            },
+            born("c2-r1", 2_500 * MS),
+            born("c1", 0),
+        ];
+        let kill = Fault {
+            kind: "kill".into(),
+            candidate: Some("c2".into()),
+            start: 2_000 * MS,
+            end: 2_000 * MS,
+        };
+        let settle = 2_000 * MS + (lapse_bound() + handover_bound()).as_nanos() as u64;
+        let terms = [
+            led("c2", 0, 2_000 * MS),
+            led("c1", 2_600 * MS, settle - 10 * MS),
+            led("c2-r1", settle - 10 * MS, 12_000 * MS),
+        ];
+        let v = check(&terms, &[kill], &all, 0, 12_000 * MS);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn a_run_with_no_quiet_spell_fails() {
+        let all = [born("c0", 0), born("c1", 0)];
+        let faults: Vec<Fault> = (0..20)
+            .map(|n| Fault {
+                kind: "connkill".into(),
+                candidate: None,
+                start: n * 500 * MS,
+                end: n * 500 * MS,
+            })
+            .collect();
+        let v = check(&[led("c1", 0, 10_000 * MS)], &faults, &all, 0, 10_000 * MS);
+        assert!(
+            v.violations.iter().any(|m| m.contains("no quiet spell")),
+            "{:?}",
+            v.violations
         );
     }
 }

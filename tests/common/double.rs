@@ -298,6 +298,11 @@ where
     fn validate(&self) -> Result<(), StoreError> {
         self.intercept.validate(&self.inner)
     }
+
+    /// The inner store's candidates, past the intercept (no test intercepts them).
+    fn membership(&self) -> Option<std::sync::Arc<dyn MembershipStore>> {
+        self.inner.membership()
+    }
 }
 
 #[async_trait]

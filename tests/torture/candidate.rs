@@ -178,9 +178,12 @@ pub async fn run(args: Args) -> Result<(), Error> {
     } else {
         connect(&args.url, args.pool.unwrap_or(3)).await?
     };
-    let store = SeaOrmLeaseStore::new(db.clone())
+    let mut store = SeaOrmLeaseStore::new(db.clone())
         .with_table(&args.table)?
         .with_transaction_pooling(args.transaction_pooling);
+    if args.rank.is_some() {
+        store = store.with_member_table(&args.members)?;
+    }
     // Fenced writes: the same pool, or a direct one where the lease pool cannot carry them.
     let (db, fence_store) = match &args.fence_url {
         Some(url) => {
@@ -191,7 +194,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         None => (db, store.clone()),
     };
     let asked: Asked = Default::default();
-    let handle = Elector::builder(Double::over(
+    let builder = Elector::builder(Double::over(
         store.clone(),
         Logged {
             history: history.clone(),
@@ -203,9 +206,14 @@ pub async fn run(args: Args) -> Result<(), Error> {
     .lease_duration(LEASE)
     .renew_interval(RENEW)
     .retry_interval(RETRY)
-    .grace_period(Duration::from_millis(200))
-    .build()?
-    .start();
+    .grace_period(Duration::from_millis(200));
+    let builder = match args.rank {
+        Some(rank) => builder
+            .rank(rank)
+            .prefer_after(crate::rank_checker::PREFER_AFTER),
+        None => builder,
+    };
+    let handle = builder.build()?.start();
 
     // Leadership as the candidate believes it: a line when a term starts and when it ends.
     // A watch channel keeps only its latest value, so a term can begin and end between two

@@ -217,7 +217,10 @@ pub async fn apply(
             }
             _ => {}
         }
-        tokio::time::sleep(Duration::from_millis(1000 + rng.below(1500))).await;
+        // Ranked electors: quiet spells long enough for the preferred leader to come back
+        // and be seen leading (`rank_checker`).
+        let gap = if s.config.ranked { 4000 } else { 1000 };
+        tokio::time::sleep(Duration::from_millis(gap + rng.below(1500))).await;
     }
     let remaining = duration.saturating_sub(started.elapsed());
     tokio::time::sleep(remaining.max(Duration::from_secs(2))).await;

@@ -57,6 +57,7 @@ mod job_node;
 mod jobs_checker;
 mod lock_node;
 mod node_log;
+mod rank_checker;
 mod rate_checker;
 mod rate_node;
 mod report;
@@ -156,6 +157,10 @@ struct Configuration {
     /// tenant is checked on its own, and no candidate's healthy fenced transaction may be
     /// ended by anyone's takeover.
     tenants: bool,
+    /// Ranked electors: candidate `cN` (and its replacements) has rank N, so `c4` is the
+    /// preferred leader; checked also for the highest-ranked healthy candidate leading within
+    /// `rank_checker::bound` (`rank_checker.rs`).
+    ranked: bool,
 }
 
 impl Configuration {
@@ -196,10 +201,11 @@ const PLAIN: Configuration = Configuration {
     jobs: false,
     rates: false,
     tenants: false,
+    ranked: false,
 };
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 24] = [
+const CONFIGURATIONS: [Configuration; 25] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -208,6 +214,12 @@ const CONFIGURATIONS: [Configuration; 24] = [
     Configuration {
         name: "postgres",
         backend: Backend::Postgres,
+        ..PLAIN
+    },
+    Configuration {
+        name: "ranked-postgres",
+        backend: Backend::Postgres,
+        ranked: true,
         ..PLAIN
     },
     Configuration {
@@ -489,9 +501,12 @@ struct Args {
     /// elector of the resource.
     #[arg(long, help_heading = "Candidate process")]
     shard_node: bool,
-    /// The shard set's membership table.
+    /// The shard set's membership table (a ranked elector's too).
     #[arg(long, default_value = "", help_heading = "Candidate process")]
     members: String,
+    /// A ranked elector of this rank.
+    #[arg(long, value_name = "N", help_heading = "Candidate process")]
+    rank: Option<i64>,
     /// Run as a lock client of the lock `--resource` (or its semaphore, with `--permits`).
     #[arg(long, help_heading = "Candidate process")]
     lock_node: bool,

@@ -218,6 +218,17 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
     AddLeasePayload::with_table(&table)?
         .up(&SchemaManager::new(&admin))
         .await?;
+    if config.ranked {
+        CreateMemberTable::with_table(&members)?
+            .up(&SchemaManager::new(&admin))
+            .await?;
+        AddMemberHolding::with_table(&members)?
+            .up(&SchemaManager::new(&admin))
+            .await?;
+        orion_beacon_migration::AddMemberRank::with_table(&members)?
+            .up(&SchemaManager::new(&admin))
+            .await?;
+    }
     if config.shards {
         CreateMemberTable::with_table(&members)?
             .up(&SchemaManager::new(&admin))
@@ -452,6 +463,12 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
             "--writes-table".to_owned(),
             s.writes.clone(),
         ],
+        None if s.config.ranked => vec![
+            "--members".to_owned(),
+            s.members.clone(),
+            "--rank".to_owned(),
+            crate::rank_checker::rank_of(name).to_string(),
+        ],
         None => Vec::new(),
     })
     .args(["--pool", &s.config.pool.to_string()])
@@ -641,6 +658,39 @@ pub async fn run_backend(config: Configuration, args: &Args, seed: u64) -> Resul
     record.ledger = read_ledger(admin, &s.ledger).await?;
     let bound = LEASE + RETRY + RECOVERY_MARGIN;
     let mut verdict = checker::check(&record, bound.as_nanos() as u64);
+    if config.ranked {
+        let incarnations: Vec<crate::rank_checker::Incarnation> = procs
+            .iter()
+            .filter_map(|p| {
+                let text = std::fs::read_to_string(&p.history).ok()?;
+                let start = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("start "))?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse()
+                    .ok()?;
+                Some(crate::rank_checker::Incarnation {
+                    name: p.name.clone(),
+                    start,
+                    killed: applied.kills.get(&p.name).copied(),
+                })
+            })
+            .collect();
+        let ranked = crate::rank_checker::check(
+            &record.intervals,
+            &record.faults,
+            &incarnations,
+            run_start_ns,
+            quiesce_ns,
+        );
+        println!(
+            "torture[{label}] ranked: the highest-ranked healthy candidate checked over {} ms, {} violations",
+            ranked.checked_ns / 1_000_000,
+            ranked.violations.len()
+        );
+        verdict.violations.extend(ranked.violations);
+    }
     if let Some(n) = &s.neighbour {
         let mut theirs = checker::Record {
             end: record.end,
