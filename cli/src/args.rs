@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use orion_beacon::entity::{DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_TABLE};
 
-/// How `leases`, `members`, `show`, `watch` and `jobs` print.
+/// How `leases`, `members`, `candidates`, `show`, `watch` and `jobs` print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// Aligned columns for people.
@@ -86,6 +86,20 @@ pub enum Command {
         /// Only this shard set's members.
         #[arg(long, value_name = "NAME")]
         shard_set: Option<String>,
+        /// The membership table (ASCII letters, digits and '_').
+        #[arg(long, default_value = DEFAULT_MEMBER_TABLE, value_name = "NAME")]
+        member_table: String,
+        #[command(flatten)]
+        format: Format,
+        /// Leave out the header line (and the summary line) of the table.
+        #[arg(long)]
+        no_headers: bool,
+    },
+    /// The live candidates of a ranked election (electors built with a rank): candidate,
+    /// rank, whether it leads, how long it has been live, time left; highest rank first.
+    Candidates {
+        /// The resource elected for.
+        resource: String,
         /// The membership table (ASCII letters, digits and '_').
         #[arg(long, default_value = DEFAULT_MEMBER_TABLE, value_name = "NAME")]
         member_table: String,

@@ -4,6 +4,7 @@
 //! orion-beacon --database-url sqlite:///var/lib/app/app.db leases
 //! orion-beacon leases --by-holder -o wide
 //! orion-beacon members --shard-set orders
+//! orion-beacon candidates nightly-report
 //! DATABASE_URL=postgres://app@db/app orion-beacon show nightly-report
 //! orion-beacon watch nightly-report
 //! orion-beacon release nightly-report --holder node-a
@@ -114,6 +115,14 @@ async fn run(cli: Cli) -> Outcome {
                 validate_shard_set(set).map_err(|e| bad_input(&e))?;
             }
         }
+        Command::Candidates {
+            resource,
+            member_table,
+            ..
+        } => {
+            validate_table_name(member_table).map_err(|e| CliError::BadInput(e.to_string()))?;
+            check_resource(resource)?;
+        }
         Command::Show { resource, .. }
         | Command::Watch { resource, .. }
         | Command::Revoke { resource, .. } => check_resource(resource)?,
@@ -172,7 +181,9 @@ async fn run(cli: Cli) -> Outcome {
     let mut store = SeaOrmLeaseStore::new(db)
         .with_table(&cli.table)
         .map_err(|e| bad_input(&e))?;
-    if let Command::Members { member_table, .. } = &cli.command {
+    if let Command::Members { member_table, .. } | Command::Candidates { member_table, .. } =
+        &cli.command
+    {
         store = store
             .with_member_table(member_table)
             .map_err(|e| bad_input(&e))?;
@@ -199,6 +210,12 @@ async fn run(cli: Cli) -> Outcome {
             no_headers,
             ..
         } => commands::members::run(&ctx, shard_set.as_deref(), format.get(), !no_headers).await,
+        Command::Candidates {
+            resource,
+            format,
+            no_headers,
+            ..
+        } => commands::candidates::run(&ctx, &resource, format.get(), !no_headers).await,
         Command::Show { resource, format } => {
             commands::show::run(&ctx, &resource, format.get()).await
         }

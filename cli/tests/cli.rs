@@ -177,7 +177,7 @@ async fn sqlite() -> (Target, String) {
 #[cfg(feature = "postgres")]
 async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{
-        AddMemberHolding, CreateMemberTable, MigrationTrait, SchemaManager,
+        AddMemberHolding, AddMemberRank, CreateMemberTable, MigrationTrait, SchemaManager,
     };
     CreateMemberTable::with_table(table)
         .expect("valid table name")
@@ -189,6 +189,11 @@ async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
         .up(&SchemaManager::new(db))
         .await
         .expect("member counts migration up");
+    AddMemberRank::with_table(table)
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("member rank migration up");
 }
 
 /// Creates the job-run table `table` with the real migration.
@@ -221,12 +226,17 @@ async fn drop_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
 /// are gone: `down` refuses a table in which a node is live.
 async fn drop_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
     use orion_beacon_migration::{
-        AddMemberHolding, CreateMemberTable, MigrationTrait, SchemaManager,
+        AddMemberHolding, AddMemberRank, CreateMemberTable, MigrationTrait, SchemaManager,
     };
     use sea_orm::ConnectionTrait;
     db.execute_unprepared(&format!("DELETE FROM \"{table}\""))
         .await
         .expect("delete the test members");
+    AddMemberRank::with_table(table)
+        .expect("valid table name")
+        .down(&SchemaManager::new(db))
+        .await
+        .expect("member rank migration down");
     AddMemberHolding::with_table(table)
         .expect("valid table name")
         .down(&SchemaManager::new(db))
@@ -875,6 +885,92 @@ async fn members_lists_live_members(t: &Target) {
     );
 }
 
+/// `candidates`: a ranked election's live candidates, highest rank first (the smallest id
+/// among equals), with the leader marked, in every format; an election without candidates;
+/// bad input.
+async fn candidates_lists_ranks_and_the_leader(t: &Target) {
+    use orion_beacon::{LeaseStore, MembershipStore};
+    let resource = common::unique("ranked");
+    let candidates = |args: &[&str]| {
+        let mut all = vec!["candidates", resource.as_str()];
+        all.extend(args);
+        if let Some(table) = &t.member_table {
+            all.extend(["--member-table", table]);
+        }
+        all.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| async move {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        t.run(&refs).await
+    };
+    let empty = run(candidates(&[])).await;
+    assert_code(&empty, 0);
+    assert!(
+        empty
+            .stdout
+            .starts_with(&format!("no live candidates of {resource:?}")),
+        "{empty:#?}"
+    );
+    let ttl = Duration::from_secs(60);
+    for (id, rank) in [("a", 1), ("c", 5), ("b", 5)] {
+        t.store
+            .candidate_heartbeat(&resource, id, ttl, rank)
+            .await
+            .unwrap();
+    }
+    t.store.acquire_or_renew(&resource, "b", ttl).await.unwrap();
+    let out = run(candidates(&[])).await;
+    assert_code(&out, 0);
+    let lines: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["CANDIDATE", "RANK", "LEADER", "LIVE", "FOR", "TIME", "LEFT"],
+        "{out:#?}"
+    );
+    assert_eq!(&lines[1][..3], ["b", "5", "yes"], "{out:#?}");
+    assert_eq!(&lines[2][..2], ["c", "5"], "{out:#?}");
+    assert_eq!(&lines[3][..2], ["a", "1"], "{out:#?}");
+    assert!(
+        out.stdout
+            .contains("3 live candidates, led by b (times by the database clock)"),
+        "{out:#?}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&run(candidates(&["--json"])).await.stdout).unwrap();
+    let rows = json.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["candidate"], "b");
+    assert_eq!(rows[0]["leader"], true);
+    assert_eq!(rows[2]["leader"], false);
+    assert_eq!(rows[2]["rank"], 1);
+    assert!(rows[0]["remaining_ms"].as_u64().unwrap() > 50_000, "{json}");
+    assert!(rows[0]["live_for_ms"].as_u64().is_some(), "{json}");
+    // A leader that is no candidate is said so.
+    t.store.release(&resource, "b").await.unwrap();
+    t.store.acquire_or_renew(&resource, "x", ttl).await.unwrap();
+    let out = run(candidates(&["--no-headers"])).await;
+    assert!(
+        !out.stdout.contains("yes") && !out.stdout.contains("live candidates"),
+        "{out:#?}"
+    );
+    let out = run(candidates(&[])).await;
+    assert!(
+        out.stdout
+            .contains("led by x, which is not a live candidate"),
+        "{out:#?}"
+    );
+    for id in ["a", "b", "c"] {
+        t.store.candidate_leave(&resource, id).await.unwrap();
+    }
+    t.store.release(&resource, "x").await.unwrap();
+    let bad = t.run(&["candidates", " x"]).await;
+    assert_code(&bad, BAD_INPUT);
+}
+
 /// One run record, as a scheduler would have written it: `(candidate, token)` that claimed
 /// it, `(token, duration ms)` that ended it.
 struct Record<'a> {
@@ -1335,6 +1431,7 @@ mod sqlite {
         let (t, _url) = sqlite().await;
         leases_by_holder(&t).await;
         members_lists_live_members(&t).await;
+        candidates_lists_ranks_and_the_leader(&t).await;
         t.teardown().await;
     }
 
@@ -1647,6 +1744,7 @@ mod postgres {
         };
         leases_by_holder(&t).await;
         members_lists_live_members(&t).await;
+        candidates_lists_ranks_and_the_leader(&t).await;
         t.teardown().await;
     }
 

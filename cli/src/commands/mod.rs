@@ -1,6 +1,7 @@
 //! What the commands share: the opened store, reading one lease, and a store error or an
 //! unknown resource put in the operator's words.
 
+pub mod candidates;
 pub mod completions;
 pub mod jobs;
 pub mod leases;
