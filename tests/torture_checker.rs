@@ -1072,7 +1072,7 @@ mod ranks {
             led("c1", 3_000 * MS, back),
             led("c2", back, 12_000 * MS),
         ];
-        let v = check(&terms, &[pause.clone()], &all, 0, 12_000 * MS);
+        let v = check(&terms, std::slice::from_ref(&pause), &all, 0, 12_000 * MS);
         assert!(v.violations.is_empty(), "{:?}", v.violations);
         // c2 never comes back to lead after the pause: caught once the fault is old enough.
         let never = [led("c2", 0, 2_000 * MS), led("c1", 3_000 * MS, 12_000 * MS)];

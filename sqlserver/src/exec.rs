@@ -118,6 +118,11 @@ impl SqlServerLeaseStore {
         classify_in(&self.member_table, Some(MEMBER_TABLE_LAST_STEP), err)
     }
 
+    /// An error of a candidate statement: an unknown column there is the candidate rank.
+    pub(super) fn classify_candidates(&self, err: TdsError) -> StoreError {
+        classify_in(&self.member_table, Some(MEMBER_RANK_STEP), err)
+    }
+
     /// An error of a migration's own batch on `table` (an unknown column there is no table of
     /// an earlier version, but the batch's own error).
     pub(super) fn classify_migration(&self, table: &str, err: TdsError) -> StoreError {
@@ -147,6 +152,17 @@ impl SqlServerLeaseStore {
         .await
     }
 
+    /// The same for the candidate rank, checked apart (only ranked electors need it): a table
+    /// without it refuses candidate statements while shard sets' members go on.
+    pub(super) async fn candidates_ready(&self) -> Result<(), StoreError> {
+        self.probed(
+            &self.candidate_schema_checked,
+            &self.member_sql.rank_probe,
+            Self::classify_candidates,
+        )
+        .await
+    }
+
     /// Sends `probe` until it succeeds once, which `cell` keeps; its errors by `classify`.
     async fn probed(
         &self,
@@ -170,6 +186,9 @@ impl SqlServerLeaseStore {
 const LEASE_TABLE_LAST_STEP: &str = "AddLeasePayload";
 /// The same for the membership table (the counts; [`HOLDING_MIGRATION_SQL`](crate::HOLDING_MIGRATION_SQL)).
 const MEMBER_TABLE_LAST_STEP: &str = "AddMemberHolding";
+/// The step that gives the membership table its candidate rank, which only ranked electors
+/// need ([`RANK_MIGRATION_SQL`](crate::RANK_MIGRATION_SQL)).
+const MEMBER_RANK_STEP: &str = "AddMemberRank";
 
 /// A SQL Server error of a statement on `table`, whose last migration step is `step` (`None`
 /// for the migrations' own batches).

@@ -1,6 +1,7 @@
 //! The [`LeaseStore`] operations: acquire-or-renew (the `MERGE`, then a plain read on a denial),
 //! the releases, the batch renew and the read, with the lease rows they decode.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,7 +17,7 @@ use orion_beacon::store::{
     offer_holder, validate_batch, validate_offer, validate_payload, validate_request, validate_take,
 };
 use orion_beacon::store::{Denial, LeaseOutcome, Renewals};
-use orion_beacon::{FencingToken, Lease, LeaseRecord, LeaseStore, StoreError};
+use orion_beacon::{FencingToken, Lease, LeaseRecord, LeaseStore, MembershipStore, StoreError};
 
 impl SqlServerLeaseStore {
     /// The raw rows of a lease statement, once the table is known to be this version's.
@@ -246,5 +247,11 @@ impl LeaseStore for SqlServerLeaseStore {
             .read_row(resource)
             .await?
             .map(|row| row.record(resource)))
+    }
+
+    /// This store's membership table, where ranked electors keep their candidacy: a clone,
+    /// sharing the pool and the schema checks.
+    fn membership(&self) -> Option<Arc<dyn MembershipStore>> {
+        Some(Arc::new(self.clone()))
     }
 }

@@ -40,6 +40,13 @@
 //! [`HOLDING_MIGRATION_SQL`], version [`HOLDING_MIGRATION_NAME`], the SeaORM
 //! `AddMemberHolding`'s): with them a shard-set node skips its look at the set's leases while the
 //! members' counts say nothing can be free; without them it looks every round.
+//! Last it adds the candidate rank (`candidate_rank bigint NULL`;
+//! `sql/m20261207_000001_add_orionbeacon_members_rank.sqlserver.sql`, [`RANK_MIGRATION_SQL`],
+//! version [`RANK_MIGRATION_NAME`], the SeaORM `AddMemberRank`'s), where ranked electors
+//! (`ElectorBuilder::rank`, through
+//! [`LeaseStore::membership`](orion_beacon::LeaseStore::membership)) keep their candidacy: only
+//! they need it, and on a table without it their candidate calls are refused with
+//! [`StoreError::OutdatedSchema`] naming `AddMemberRank` while shard sets go on.
 //!
 //! # The statements
 //!
@@ -71,6 +78,11 @@
 //!   deletes the member's live row, then the set's lapsed rows, and returns `@@ROWCOUNT` of the
 //!   first `DELETE`. Names and the time to live are checked as on the other stores (and against
 //!   `nvarchar(255)`, below) before any SQL runs.
+//! - a ranked election's candidate heartbeat is the same `MERGE` and read at one reading of the
+//!   clock, on rows kept under the election's own name (`" =<lease table>/<resource>"`, which no
+//!   shard set's name can be) with the rank in `candidate_rank` (the read: the rows that have
+//!   one, with how long each has been live since its `joined_at`); a candidate leaves with the
+//!   member leave's batch.
 //!
 //! # Fenced writes
 //!
@@ -122,6 +134,7 @@ mod tsql;
 use member_tsql::MemberStatements;
 pub use member_tsql::{
     HOLDING_MIGRATION_NAME, HOLDING_MIGRATION_SQL, MEMBER_MIGRATION_NAME, MEMBER_MIGRATION_SQL,
+    RANK_MIGRATION_NAME, RANK_MIGRATION_SQL,
 };
 use pool::{Pool, DEFAULT_MAX_CONNECTIONS};
 pub use rate_limit::{RATE_LIMIT_MIGRATION_NAME, RATE_LIMIT_MIGRATION_SQL};
@@ -166,6 +179,8 @@ pub struct SqlServerLeaseStore {
     member_sql: Arc<MemberStatements>,
     /// The same for the membership table.
     member_schema_checked: Arc<tokio::sync::OnceCell<()>>,
+    /// The same for the membership table's candidate rank (ranked electors only).
+    candidate_schema_checked: Arc<tokio::sync::OnceCell<()>>,
     rate_table: Arc<str>,
 }
 
@@ -223,6 +238,7 @@ impl SqlServerLeaseStore {
             member_table: Arc::from(DEFAULT_MEMBER_TABLE),
             member_sql: Arc::new(MemberStatements::new(DEFAULT_MEMBER_TABLE)),
             member_schema_checked: Arc::default(),
+            candidate_schema_checked: Arc::default(),
             rate_table: Arc::from(DEFAULT_RATE_LIMIT_TABLE),
         }
     }
@@ -248,6 +264,7 @@ impl SqlServerLeaseStore {
         self.member_table = Arc::from(table);
         self.member_sql = Arc::new(MemberStatements::new(table));
         self.member_schema_checked = Arc::default();
+        self.candidate_schema_checked = Arc::default();
         Ok(self)
     }
 
@@ -352,6 +369,7 @@ mod tests {
         let store = SqlServerLeaseStore::new(SEED).unwrap();
         assert_eq!(store.member_table(), DEFAULT_MEMBER_TABLE);
         assert_eq!(store.member_migration_sql(), MEMBER_MIGRATION_SQL);
+        assert_eq!(store.rank_migration_sql(), RANK_MIGRATION_SQL);
         let store = store
             .with_table("shard_leases")
             .unwrap()
@@ -362,13 +380,23 @@ mod tests {
         assert_eq!(store.table(), "shard_leases");
         assert!(store.migration_sql().contains("[shard_leases]"));
         let sql = &store.member_sql;
-        for sql in [&sql.heartbeat, &sql.members, &sql.leave] {
+        for sql in [
+            &sql.heartbeat,
+            &sql.members,
+            &sql.leave,
+            &sql.candidate_heartbeat,
+            &sql.candidates,
+            &sql.rank_probe,
+        ] {
             assert!(sql.contains("[shard_members]"), "{sql}");
             assert!(!sql.contains("_leases"), "{sql}");
         }
         assert!(sql
             .heartbeat
             .starts_with("DECLARE @now datetime2(7) = SYSUTCDATETIME(); MERGE [shard_members] WITH (HOLDLOCK) AS t "));
+        assert!(store
+            .rank_migration_sql()
+            .contains("ALTER TABLE [shard_members] ADD candidate_rank bigint NULL;"));
         let ddl = store.member_migration_sql();
         assert!(ddl.contains("CREATE TABLE [shard_members] ("), "{ddl}");
         assert!(ddl.contains("CONSTRAINT [PK_shard_members] PRIMARY KEY CLUSTERED"));

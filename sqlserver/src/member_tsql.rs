@@ -1,5 +1,6 @@
 //! SQL Server's membership statements, in T-SQL: the heartbeat, the read and the leave of a
-//! shard set's members, and the versioned migration of the membership table.
+//! shard set's members, the heartbeat and the read of a ranked election's candidates, and the
+//! versioned migrations of the membership table.
 
 use orion_beacon_entity::DEFAULT_MEMBER_TABLE;
 
@@ -31,6 +32,22 @@ pub const HOLDING_MIGRATION_SQL: &str =
 /// [`HOLDING_MIGRATION_SQL`] for `table`.
 pub(super) fn holding_migration_sql(table: &str) -> String {
     HOLDING_MIGRATION_SQL.replace(&quoted(DEFAULT_MEMBER_TABLE), &quoted(table))
+}
+
+/// The version name of the candidate rank's migration, the same as the SeaORM migration's
+/// (`AddMemberRank::NAME`).
+pub const RANK_MIGRATION_NAME: &str = "m20261207_000001_add_orionbeacon_members_rank";
+
+/// The versioned, idempotent T-SQL that adds the candidate rank (`candidate_rank bigint NULL`)
+/// to the default membership table (the file
+/// `sql/m20261207_000001_add_orionbeacon_members_rank.sqlserver.sql` of this crate). Only ranked
+/// electors (`ElectorBuilder::rank`) need it; shard sets work without it.
+pub const RANK_MIGRATION_SQL: &str =
+    include_str!("../sql/m20261207_000001_add_orionbeacon_members_rank.sqlserver.sql");
+
+/// [`RANK_MIGRATION_SQL`] for `table`.
+pub(super) fn rank_migration_sql(table: &str) -> String {
+    RANK_MIGRATION_SQL.replace(&quoted(DEFAULT_MEMBER_TABLE), &quoted(table))
 }
 
 /// [`MEMBER_MIGRATION_SQL`] for `table`, changed as
@@ -122,6 +139,61 @@ pub(super) fn members_probe_sql(table: &str) -> String {
     )
 }
 
+/// The live candidates of the election kept under `@P1` at `@now`: each one's rank, how long it
+/// has been live (from `joined_at` to `@now`, counted as `remaining_ms` counts) and its
+/// remaining time. A row without a rank is no candidate.
+fn live_candidates_sql(t: &str) -> String {
+    format!(
+        "SELECT [member], candidate_rank, {live_for} AS live_for_ms, {remaining} AS remaining_ms \
+         FROM {t} WHERE shard_set = @P1 AND expires_at > @now AND candidate_rank IS NOT NULL;",
+        live_for = "DATEDIFF_BIG(NANOSECOND, joined_at, @now) / 1000000",
+        remaining = remaining_ms("expires_at"),
+    )
+}
+
+/// A ranked election's candidate heartbeat, then the election's live candidates: the member
+/// heartbeat's `MERGE ... WITH (HOLDLOCK)` keyed on `(shard_set, member)` and its read, at one
+/// reading of the database clock (`@now`), on the row kept under the election's stored name
+/// (`stored_candidates`, which no shard set's has). `joined_at` restarts when the row had lapsed
+/// (how long a candidate has been live decides a handover to it); the row is never draining and
+/// its counts stay `NULL`. Parameters: `@P1` the election's stored name, `@P2` the candidate,
+/// `@P3` whole seconds and `@P4` the remaining milliseconds of the time to live, `@P5` the rank
+/// (`bigint`).
+pub(super) fn candidate_heartbeat_sql(table: &str) -> String {
+    let t = quoted(table);
+    let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now))";
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+         MERGE {t} WITH (HOLDLOCK) AS t \
+         USING (SELECT @P1 AS shard_set, @P2 AS [member]) AS s \
+         ON t.shard_set = s.shard_set AND t.[member] = s.[member] \
+         WHEN MATCHED THEN UPDATE SET \
+         t.joined_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.joined_at END, \
+         t.draining = 0, \
+         t.heartbeat_at = @now, \
+         t.expires_at = {expiry}, \
+         t.candidate_rank = @P5 \
+         WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at, candidate_rank) \
+         VALUES (s.shard_set, s.[member], 0, @now, @now, {expiry}, @P5); \
+         {live}",
+        live = live_candidates_sql(&t),
+    )
+}
+
+/// The live candidates of an election. Parameter: `@P1` the election's stored name.
+pub(super) fn candidates_sql(table: &str) -> String {
+    format!(
+        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); {live}",
+        live = live_candidates_sql(&quoted(table)),
+    )
+}
+
+/// A read that names the candidate rank and returns nothing: error 207 on a table without
+/// `AddMemberRank`'s column (which only candidate statements need).
+pub(super) fn rank_probe_sql(table: &str) -> String {
+    format!("SELECT TOP 0 candidate_rank FROM {t};", t = quoted(table))
+}
+
 /// The membership statements of one table.
 #[derive(Debug)]
 pub(super) struct MemberStatements {
@@ -129,6 +201,9 @@ pub(super) struct MemberStatements {
     pub(super) members: String,
     pub(super) leave: String,
     pub(super) probe: String,
+    pub(super) candidate_heartbeat: String,
+    pub(super) candidates: String,
+    pub(super) rank_probe: String,
 }
 
 impl MemberStatements {
@@ -138,6 +213,9 @@ impl MemberStatements {
             members: members_sql(table),
             leave: leave_sql(table),
             probe: members_probe_sql(table),
+            candidate_heartbeat: candidate_heartbeat_sql(table),
+            candidates: candidates_sql(table),
+            rank_probe: rank_probe_sql(table),
         }
     }
 }
@@ -234,6 +312,115 @@ mod tests {
     }
 
     #[test]
+    fn candidate_heartbeat_is_one_merge_keyed_on_set_and_member_then_the_live_candidates() {
+        assert_eq!(
+            candidate_heartbeat_sql(DEFAULT_MEMBER_TABLE),
+            concat!(
+                "DECLARE @now datetime2(7) = SYSUTCDATETIME(); ",
+                "MERGE [orionbeacon_members] WITH (HOLDLOCK) AS t ",
+                "USING (SELECT @P1 AS shard_set, @P2 AS [member]) AS s ",
+                "ON t.shard_set = s.shard_set AND t.[member] = s.[member] ",
+                "WHEN MATCHED THEN UPDATE SET ",
+                "t.joined_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.joined_at END, ",
+                "t.draining = 0, ",
+                "t.heartbeat_at = @now, ",
+                "t.expires_at = DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), ",
+                "t.candidate_rank = @P5 ",
+                "WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at, candidate_rank) ",
+                "VALUES (s.shard_set, s.[member], 0, @now, @now, DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now)), @P5); ",
+                "SELECT [member], candidate_rank, ",
+                "DATEDIFF_BIG(NANOSECOND, joined_at, @now) / 1000000 AS live_for_ms, ",
+                "DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms ",
+                "FROM [orionbeacon_members] ",
+                "WHERE shard_set = @P1 AND expires_at > @now AND candidate_rank IS NOT NULL;",
+            )
+        );
+        let sql = candidate_heartbeat_sql(DEFAULT_MEMBER_TABLE);
+        // The member heartbeat's key and clock: one MERGE, the key alone in ON, one reading.
+        assert_eq!(sql.matches("MERGE ").count(), 1);
+        let on = &sql[sql.find(" ON ").unwrap()..sql.find(" WHEN MATCHED").unwrap()];
+        assert_eq!(
+            on,
+            " ON t.shard_set = s.shard_set AND t.[member] = s.[member]"
+        );
+        assert_eq!(sql.matches("SYSUTCDATETIME()").count(), 1);
+        assert!(sql.find("MERGE ").unwrap() < sql.find("SELECT [member]").unwrap());
+        // The counts are a shard-set member's: a candidate's row leaves them NULL.
+        for counts in ["leases_held", "set_hash", "counted_at"] {
+            assert!(!sql.contains(counts), "{sql}");
+        }
+        // The shard-set statements never name the rank (tables without it serve them).
+        let members = MemberStatements::new(DEFAULT_MEMBER_TABLE);
+        for sql in [
+            &members.heartbeat,
+            &members.members,
+            &members.leave,
+            &members.probe,
+        ] {
+            assert!(!sql.contains("candidate_rank"), "{sql}");
+        }
+    }
+
+    #[test]
+    fn candidates_and_rank_probe_text() {
+        assert_eq!(
+            candidates_sql(DEFAULT_MEMBER_TABLE),
+            "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
+             SELECT [member], candidate_rank, \
+             DATEDIFF_BIG(NANOSECOND, joined_at, @now) / 1000000 AS live_for_ms, \
+             DATEDIFF_BIG(NANOSECOND, @now, expires_at) / 1000000 AS remaining_ms \
+             FROM [orionbeacon_members] \
+             WHERE shard_set = @P1 AND expires_at > @now AND candidate_rank IS NOT NULL;"
+        );
+        assert_eq!(
+            rank_probe_sql(DEFAULT_MEMBER_TABLE),
+            "SELECT TOP 0 candidate_rank FROM [orionbeacon_members];"
+        );
+        let custom = MemberStatements::new("shard_members");
+        assert_eq!(
+            custom.rank_probe,
+            "SELECT TOP 0 candidate_rank FROM [shard_members];"
+        );
+        assert!(custom
+            .candidate_heartbeat
+            .contains("MERGE [shard_members] WITH (HOLDLOCK) AS t "));
+        assert!(custom.candidates.contains(" FROM [shard_members] WHERE "));
+    }
+
+    #[test]
+    fn rank_migration_is_the_shipped_file() {
+        assert!(RANK_MIGRATION_SQL.contains(RANK_MIGRATION_NAME));
+        assert!(RANK_MIGRATION_SQL.contains(
+            "IF COL_LENGTH(N'[orionbeacon_members]', N'candidate_rank') IS NULL\n\
+             ALTER TABLE [orionbeacon_members] ADD candidate_rank bigint NULL;\n"
+        ));
+        assert!(!RANK_MIGRATION_SQL.contains("\nGO"), "one batch");
+        // One statement runs; the down step is a comment.
+        let statements: Vec<&str> = RANK_MIGRATION_SQL
+            .lines()
+            .filter(|l| !l.starts_with("--"))
+            .collect();
+        assert_eq!(
+            statements,
+            [
+                "IF COL_LENGTH(N'[orionbeacon_members]', N'candidate_rank') IS NULL",
+                "ALTER TABLE [orionbeacon_members] ADD candidate_rank bigint NULL;",
+            ]
+        );
+        assert_eq!(rank_migration_sql(DEFAULT_MEMBER_TABLE), RANK_MIGRATION_SQL);
+        let custom = rank_migration_sql("shard_members");
+        assert!(custom.contains(
+            "IF COL_LENGTH(N'[shard_members]', N'candidate_rank') IS NULL\n\
+             ALTER TABLE [shard_members] ADD candidate_rank bigint NULL;"
+        ));
+        assert!(custom.contains("-- ALTER TABLE [shard_members] DROP COLUMN candidate_rank;"));
+        assert!(!custom.contains("[orionbeacon_members]"));
+        // Not the counts' migration: each file adds its own column.
+        assert!(!HOLDING_MIGRATION_SQL.contains("candidate_rank"));
+        assert!(!RANK_MIGRATION_SQL.contains("leases_held"));
+    }
+
+    #[test]
     fn members_and_leave_text() {
         assert_eq!(
             members_sql(DEFAULT_MEMBER_TABLE),
@@ -265,6 +452,12 @@ mod tests {
             ),
             (&sql.members, vec!["@P1"]),
             (&sql.leave, vec!["@P1", "@P2"]),
+            (
+                &sql.candidate_heartbeat,
+                vec!["@P1", "@P2", "@P3", "@P4", "@P5"],
+            ),
+            (&sql.candidates, vec!["@P1"]),
+            (&sql.rank_probe, vec![]),
         ] {
             assert_eq!(params(sql), expected, "{sql}");
             assert!(!sql.contains('\''), "no string literals: {sql}");
@@ -275,7 +468,14 @@ mod tests {
             assert!(sql.ends_with(';'), "{sql}");
         }
         let custom = MemberStatements::new("shard_members");
-        for sql in [&custom.heartbeat, &custom.members, &custom.leave] {
+        for sql in [
+            &custom.heartbeat,
+            &custom.members,
+            &custom.leave,
+            &custom.candidate_heartbeat,
+            &custom.candidates,
+            &custom.rank_probe,
+        ] {
             assert!(sql.contains("[shard_members]"), "{sql}");
             assert!(!sql.contains(DEFAULT_MEMBER_TABLE), "{sql}");
         }

@@ -1,5 +1,5 @@
 //! The [`MembershipStore`] operations: a member's heartbeat, its leave and the read of a shard
-//! set's members, with the member rows they decode.
+//! set's members, the same for a ranked election's candidates, with the rows they decode.
 
 use std::time::Duration;
 
@@ -8,10 +8,11 @@ use sea_orm::DbErr;
 use tiberius::ToSql;
 
 use super::exec::{column, split_lease, Reply, Want};
-use super::names::{check_candidate, check_shard_set, check_stored_set};
+use super::names::{check_candidate, check_shard_set, check_stored_candidates, check_stored_set};
 use super::SqlServerLeaseStore;
 use orion_beacon::membership::{
-    set_of_stored, stored_set, validate_heartbeat, Holding, Member, MembershipStore,
+    set_of_stored, stored_candidates, stored_set, validate_candidate_heartbeat, validate_heartbeat,
+    Candidate, Holding, Member, MembershipStore,
 };
 use orion_beacon::StoreError;
 
@@ -89,6 +90,63 @@ impl SqlServerLeaseStore {
         members.sort_by(|a, b| (&a.shard_set, &a.member).cmp(&(&b.shard_set, &b.member)));
         Ok(members)
     }
+
+    /// The name this store keeps the candidates of `resource`'s ranked election under
+    /// ([`stored_candidates`]: this store's lease table and the resource), checked to fit
+    /// `nvarchar(255)`.
+    fn stored_candidates(&self, resource: &str) -> Result<String, StoreError> {
+        let stored = stored_candidates(resource, &self.table)?;
+        check_stored_candidates(resource, &stored)?;
+        Ok(stored)
+    }
+
+    /// Runs a candidate read (or the candidate heartbeat, which ends with one) once the table
+    /// is known to have the rank, and decodes its candidates in byte order of their ids.
+    async fn candidate_rows(
+        &self,
+        sql: &str,
+        params: &[&dyn ToSql],
+    ) -> Result<Vec<Candidate>, StoreError> {
+        // Only the rank: the counts (`members_ready`) are no part of a candidate's statements.
+        self.candidates_ready().await?;
+        let rows = match self.run(Want::Rows, sql, params).await {
+            Ok(Reply::Rows(rows)) => rows,
+            Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) => return Err(self.classify_candidates(err)),
+        };
+        let mut candidates = rows
+            .iter()
+            .map(decode_candidate)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| StoreError::Decode {
+                table: self.member_table.to_string(),
+                source,
+            })?;
+        candidates.sort_by(|a, b| a.candidate.cmp(&b.candidate));
+        Ok(candidates)
+    }
+
+    /// Deletes the live row of `member` under the stored name `stored`, then the lapsed rows
+    /// under it: whether the live row was there. A shard set's leave and a candidate's.
+    async fn remove(&self, stored: &str, member: &str) -> Result<bool, StoreError> {
+        self.members_ready().await?;
+        let rows = match self
+            .run(Want::Rows, &self.member_sql.leave, &[&stored, &member])
+            .await
+        {
+            Ok(Reply::Rows(rows)) => rows,
+            Ok(Reply::RowsAffected(_)) => Vec::new(),
+            Err(err) => return Err(self.classify_members(err)),
+        };
+        let removed = match rows.first() {
+            Some(row) => column::<i32>(row, 0, "removed").map_err(|source| StoreError::Decode {
+                table: self.member_table.to_string(),
+                source,
+            })?,
+            None => 0,
+        };
+        Ok(removed > 0)
+    }
 }
 
 /// Decodes `shard_set, member, draining, joined_at, heartbeat_at, remaining_ms, leases_held,
@@ -112,8 +170,20 @@ fn decode_member(row: &tiberius::Row) -> Result<Member, DbErr> {
     Ok(member)
 }
 
-/// The membership of shard sets in the store's membership table
-/// ([`with_member_table`](SqlServerLeaseStore::with_member_table), created by
+/// Decodes `member, candidate_rank, live_for_ms, remaining_ms` (a negative time, from clocks
+/// of concurrent batches, as zero).
+fn decode_candidate(row: &tiberius::Row) -> Result<Candidate, DbErr> {
+    let millis = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    Ok(Candidate::new(
+        column::<&str>(row, 0, "member")?,
+        column::<i64>(row, 1, "candidate_rank")?,
+        millis(column::<i64>(row, 2, "live_for_ms")?),
+        millis(column::<i64>(row, 3, "remaining_ms")?),
+    ))
+}
+
+/// The membership of shard sets, and the candidacy of ranked electors, in the store's
+/// membership table ([`with_member_table`](SqlServerLeaseStore::with_member_table), created by
 /// [`migrate_members`](SqlServerLeaseStore::migrate_members)); the statements are described in
 /// the [module docs](super).
 #[async_trait]
@@ -144,31 +214,50 @@ impl MembershipStore for SqlServerLeaseStore {
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
         let stored = self.stored_set(shard_set)?;
-        let shard_set = stored.as_str();
         check_candidate(member)?;
-        self.members_ready().await?;
-        let rows = match self
-            .run(Want::Rows, &self.member_sql.leave, &[&shard_set, &member])
-            .await
-        {
-            Ok(Reply::Rows(rows)) => rows,
-            Ok(Reply::RowsAffected(_)) => Vec::new(),
-            Err(err) => return Err(self.classify_members(err)),
-        };
-        let removed = match rows.first() {
-            Some(row) => column::<i32>(row, 0, "removed").map_err(|source| StoreError::Decode {
-                table: self.member_table.to_string(),
-                source,
-            })?,
-            None => 0,
-        };
-        Ok(removed > 0)
+        self.remove(&stored, member).await
     }
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
         let stored = self.stored_set(shard_set)?;
         let shard_set = stored.as_str();
         self.member_rows(&self.member_sql.members, &[&shard_set])
+            .await
+    }
+
+    /// One batch (see the [module docs](super)); a membership table without the rank
+    /// ([`migrate_members`](SqlServerLeaseStore::migrate_members)) refuses it with
+    /// [`StoreError::OutdatedSchema`] naming `AddMemberRank`.
+    async fn candidate_heartbeat(
+        &self,
+        resource: &str,
+        candidate: &str,
+        ttl: Duration,
+        rank: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let (election, millis) =
+            validate_candidate_heartbeat(resource, candidate, ttl, &self.table)?;
+        check_stored_candidates(resource, &election)?;
+        check_candidate(candidate)?;
+        let (seconds, rest_ms) = split_lease(millis, ttl)?;
+        self.candidate_rows(
+            &self.member_sql.candidate_heartbeat,
+            &[&election.as_str(), &candidate, &seconds, &rest_ms, &rank],
+        )
+        .await
+    }
+
+    /// The member leave's batch, on the election's rows (it needs no rank).
+    async fn candidate_leave(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
+        let election = self.stored_candidates(resource)?;
+        check_candidate(candidate)?;
+        self.remove(&election, candidate).await
+    }
+
+    async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {
+        let election = self.stored_candidates(resource)?;
+        let election = election.as_str();
+        self.candidate_rows(&self.member_sql.candidates, &[&election])
             .await
     }
 }

@@ -5,7 +5,7 @@
 use tiberius::error::Error as TdsError;
 
 use super::exec::{code, Want};
-use super::member_tsql::{holding_migration_sql, member_migration_sql};
+use super::member_tsql::{holding_migration_sql, member_migration_sql, rank_migration_sql};
 use super::tsql::{migration_sql, payload_migration_sql};
 use super::SqlServerLeaseStore;
 use orion_beacon::StoreError;
@@ -57,15 +57,28 @@ impl SqlServerLeaseStore {
         holding_migration_sql(&self.member_table)
     }
 
+    /// The versioned T-SQL that adds the candidate rank to this store's membership table
+    /// ([`RANK_MIGRATION_SQL`](super::RANK_MIGRATION_SQL), migration
+    /// [`RANK_MIGRATION_NAME`](super::RANK_MIGRATION_NAME)): what
+    /// [`migrate_members`](Self::migrate_members) sends after
+    /// [`holding_migration_sql`](Self::holding_migration_sql).
+    pub fn rank_migration_sql(&self) -> String {
+        rank_migration_sql(&self.member_table)
+    }
+
     /// Creates the membership table of shard sets if it does not exist, as
     /// [`migrate`](Self::migrate) does the lease table (idempotent, safe to run from several
-    /// processes at once), then adds the members' counts if they are missing: only needed for
-    /// [`MembershipStore`](orion_beacon::MembershipStore).
+    /// processes at once), then adds the members' counts and the candidate rank if they are
+    /// missing: only needed for [`MembershipStore`](orion_beacon::MembershipStore) (shard sets,
+    /// and ranked electors' candidates).
     pub async fn migrate_members(&self) -> Result<(), StoreError> {
         self.create(&self.member_migration_sql())
             .await
             .map_err(|err| self.classify_migration(&self.member_table, err))?;
         self.create(&self.holding_migration_sql())
+            .await
+            .map_err(|err| self.classify_migration(&self.member_table, err))?;
+        self.create(&self.rank_migration_sql())
             .await
             .map_err(|err| self.classify_migration(&self.member_table, err))?;
         Ok(())

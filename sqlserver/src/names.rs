@@ -49,6 +49,15 @@ pub(super) fn check_stored_set(shard_set: &str, stored: &str) -> Result<(), Stor
     })
 }
 
+/// Checks that `stored`, the form the candidates of `resource`'s ranked election are kept
+/// under ([`stored_candidates`](orion_beacon::membership::stored_candidates): the lease table's
+/// name and the resource), fits `nvarchar(255)`.
+pub(super) fn check_stored_candidates(resource: &str, stored: &str) -> Result<(), StoreError> {
+    fits(resource, stored, |name, reason| {
+        StoreError::InvalidResource { name, reason }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +72,26 @@ mod tests {
         ));
         let stored = orion_beacon::membership::stored_set(&"é".repeat(252), "t").unwrap();
         assert!(check_stored_set("é", &stored).is_ok());
+    }
+
+    #[test]
+    fn an_election_stored_name_must_fit_nvarchar_255() {
+        let stored = |resource: &str| {
+            orion_beacon::membership::stored_candidates(resource, "orionbeacon_leases").unwrap()
+        };
+        // 21 characters around the resource (" =orionbeacon_leases/"): 234 of 𝄞 pass the
+        // common check, by characters, and take 489 UTF-16 code units.
+        for resource in ["𝄞".repeat(234), "𝄞".repeat(118)] {
+            assert!(matches!(
+                check_stored_candidates(&resource, &stored(&resource)),
+                Err(StoreError::InvalidResource { name, .. }) if name == resource
+            ));
+        }
+        let resource = "𝄞".repeat(117);
+        assert_eq!(stored(&resource).encode_utf16().count(), 255);
+        assert!(check_stored_candidates(&resource, &stored(&resource)).is_ok());
+        let resource = "é".repeat(234);
+        assert!(check_stored_candidates(&resource, &stored(&resource)).is_ok());
     }
 
     #[test]

@@ -39,7 +39,8 @@ fn mssql_url() -> Option<String> {
     }
 }
 
-/// One migrated table of its own on the SQL Server.
+/// One migrated table of its own on the SQL Server, with its membership table (ranked
+/// electors' candidates) and its rate-limit table.
 struct MssqlHarness {
     url: String,
     table: String,
@@ -50,11 +51,12 @@ impl MssqlHarness {
     async fn setup() -> Option<Self> {
         let url = mssql_url()?;
         let table = unique("obt");
-        let store = connect(&url)
-            .with_table(&table)
-            .and_then(|s| s.with_rate_limit_table(common::rate_table(&table)))
-            .expect("valid table name");
+        let store = configure(connect(&url), &table);
         store.migrate().await.expect("migrate the lease table");
+        store
+            .migrate_members()
+            .await
+            .expect("migrate the membership table");
         store
             .migrate_rate_limits()
             .await
@@ -81,6 +83,20 @@ fn connect(url: &str) -> SqlServerLeaseStore {
     SqlServerLeaseStore::new(url).unwrap_or_else(|e| panic!("{URL_VAR} is refused: {e:?}"))
 }
 
+/// `store` on the lease table `table` and the membership and rate-limit tables that go with it.
+fn configure(store: SqlServerLeaseStore, table: &str) -> SqlServerLeaseStore {
+    store
+        .with_table(table)
+        .and_then(|s| s.with_member_table(common::member_table(table)))
+        .and_then(|s| s.with_rate_limit_table(common::rate_table(table)))
+        .expect("valid table name")
+}
+
+/// The other lease table of [`Harness::store_on_another_lease_table`].
+fn other_table(table: &str) -> String {
+    format!("{table}_g")
+}
+
 #[async_trait]
 impl Harness for MssqlHarness {
     type Store = SqlServerLeaseStore;
@@ -90,18 +106,31 @@ impl Harness for MssqlHarness {
     }
 
     async fn separate_store(&self) -> SqlServerLeaseStore {
-        connect(&self.url)
-            .with_max_connections(2)
-            .with_table(&self.table)
-            .and_then(|s| s.with_rate_limit_table(common::rate_table(&self.table)))
-            .expect("valid table name")
+        configure(connect(&self.url).with_max_connections(2), &self.table)
+    }
+
+    /// Another lease table, on the harness's membership table.
+    async fn store_on_another_lease_table(&self) -> Option<SqlServerLeaseStore> {
+        let store = self
+            .separate_store()
+            .await
+            .with_table(other_table(&self.table))
+            .expect("valid table name");
+        store
+            .migrate()
+            .await
+            .expect("migrate the other lease table");
+        Some(store)
     }
 
     async fn teardown(self) {
         self.exec(&format!(
-            "DROP TABLE IF EXISTS [{}]; DROP TABLE IF EXISTS [{}];",
+            "DROP TABLE IF EXISTS [{}]; DROP TABLE IF EXISTS [{}]; DROP TABLE IF EXISTS [{}]; \
+             DROP TABLE IF EXISTS [{}];",
             self.table,
-            common::rate_table(&self.table)
+            common::member_table(&self.table),
+            common::rate_table(&self.table),
+            other_table(&self.table),
         ))
         .await;
     }
@@ -145,6 +174,7 @@ mssql_cases!(
     members_heartbeat_list_and_leave,
     members_lapse_and_rejoin,
     missing_member_table_says_run_the_migration,
+    candidates_need_the_rank_migration,
 );
 
 mod cases {
@@ -350,6 +380,50 @@ mod cases {
             .unwrap()
             .is_held());
     }
+
+    /// A membership table made before the rank (the first two migrations, by hand) refuses
+    /// candidates, naming `AddMemberRank`, while shard sets go on; `migrate_members` then adds
+    /// the rank, and the same store takes candidates (a refusal is not remembered).
+    pub async fn candidates_need_the_rank_migration(h: &MssqlHarness) {
+        let store = h
+            .store()
+            .with_member_table(unique("obm_norank"))
+            .expect("valid table name");
+        h.exec(&store.member_migration_sql()).await;
+        h.exec(&store.holding_migration_sql()).await;
+        let members = store.membership().expect("the store keeps candidates");
+        let ttl = std::time::Duration::from_secs(30);
+        for err in [
+            members
+                .candidate_heartbeat("r", "a", ttl, 1)
+                .await
+                .unwrap_err(),
+            members.candidates("r").await.unwrap_err(),
+        ] {
+            match &err {
+                StoreError::OutdatedSchema {
+                    table, migration, ..
+                } => {
+                    assert_eq!(table, store.member_table());
+                    assert_eq!(*migration, "AddMemberRank");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(err.to_string().contains("migrate_members()"), "{err}");
+        }
+        // Shard sets do not need the rank.
+        let joined = store.heartbeat("s", "node", ttl, false).await.unwrap();
+        assert_eq!(joined.len(), 1, "{joined:?}");
+        assert!(!members.candidate_leave("r", "a").await.unwrap());
+        store.migrate_members().await.expect("add the rank");
+        let listed = members.candidate_heartbeat("r", "a", ttl, 4).await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!((listed[0].candidate.as_str(), listed[0].rank), ("a", 4));
+        // The shard set's member is no candidate, and the candidate no member of the set.
+        assert_eq!(store.members("s").await.unwrap().len(), 1);
+        assert!(members.candidate_leave("r", "a").await.unwrap());
+        drop_members(h, &store).await;
+    }
 }
 
 // No server needed from here on.
@@ -450,6 +524,49 @@ async fn bad_input_is_refused_before_connecting_and_unreachable_is_an_error() {
         Err(StoreError::InvalidShardSet { .. })
     ));
     let err = tokio::time::timeout(std::time::Duration::from_secs(30), store.members("s"))
+        .await
+        .expect("no hang")
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+    // Candidates' input too, with their stored name's bound (the lease table's name and the
+    // resource, in UTF-16 code units).
+    let members = store.membership().expect("the store keeps candidates");
+    for (resource, candidate, ttl) in [
+        ("", "a", ttl),
+        (" r", "a", ttl),
+        ("r", "", ttl),
+        ("r", "a\n", ttl),
+        ("r", "a", std::time::Duration::ZERO),
+        (&*"𝄞".repeat(118), "a", ttl),
+        (&*"x".repeat(235), "a", ttl),
+    ] {
+        let err = members
+            .candidate_heartbeat(resource, candidate, ttl, 1)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::InvalidResource { .. }
+                    | StoreError::InvalidCandidate { .. }
+                    | StoreError::InvalidLeaseDuration { .. }
+            ),
+            "{resource:?}/{candidate:?}: {err:?}"
+        );
+    }
+    assert!(matches!(
+        members.candidate_leave(&"𝄞".repeat(118), "a").await,
+        Err(StoreError::InvalidResource { .. })
+    ));
+    assert!(matches!(
+        members.candidate_leave("r", " a").await,
+        Err(StoreError::InvalidCandidate { .. })
+    ));
+    assert!(matches!(
+        members.candidates("r\t").await,
+        Err(StoreError::InvalidResource { .. })
+    ));
+    let err = tokio::time::timeout(std::time::Duration::from_secs(30), members.candidates("r"))
         .await
         .expect("no hang")
         .unwrap_err();

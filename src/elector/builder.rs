@@ -136,8 +136,8 @@ impl ElectorBuilder {
     /// (live for a lease plus a retry interval), and leaves it on shutdown; the
     /// candidates and their ranks show in [`ElectorHandle::candidacy`], [`Health`] and the
     /// command line's `candidates`. The store must keep candidates
-    /// ([`LeaseStore::membership`]: the SeaORM and in-memory stores do; on a database, the
-    /// membership table with the `AddMemberRank` migration); [`build`](Self::build) refuses a
+    /// ([`LeaseStore::membership`]: the SeaORM, SQL Server and in-memory stores do; on a
+    /// database, the membership table with the `AddMemberRank` migration); [`build`](Self::build) refuses a
     /// store that keeps none, and a candidate that does not campaign. Give every candidate of
     /// the resource a rank: an unranked leader never hands over, and an unranked candidate is
     /// never handed to. Leases decide who leads; ranks only steer a handover, so a wrong or

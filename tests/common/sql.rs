@@ -722,6 +722,119 @@ pub async fn a_membership_table_from_an_earlier_version_is_refused_until_its_mig
         .unwrap();
 }
 
+/// A membership table without the candidate rank (before `AddMemberRank`): candidate calls are
+/// refused with a typed error naming the step, writing nothing, while shard-set members work;
+/// a ranked elector on it still leads (as an unranked one would) and shows the error in its
+/// candidacy and health; once the step has run, it lists itself.
+pub async fn a_membership_table_without_the_rank_refuses_candidates_until_its_migration_runs(
+    h: &SqlHarness,
+) {
+    use orion_beacon::{Elector, MembershipStore};
+    use orion_beacon_migration::{
+        AddMemberHolding, AddMemberRank, CreateMemberTable, MigrationTrait, SchemaManager,
+    };
+    use std::time::Duration;
+    let db = h.db();
+    let members = unique("pre_rank");
+    CreateMemberTable::with_table(&members)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    AddMemberHolding::with_table(&members)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    let store = h
+        .configure(SeaOrmLeaseStore::new(db.clone()))
+        .with_table(&h.table)
+        .unwrap()
+        .with_member_table(&members)
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let step = "AddMemberRank";
+    let resource = unique("unranked_table");
+    outdated(
+        store.candidate_heartbeat(&resource, "a", ttl, 1).await,
+        &members,
+        step,
+    );
+    outdated(store.candidates(&resource).await, &members, step);
+    assert_eq!(rows_in(h, &members).await, 0, "no candidate was written");
+    // Shard sets do not need the rank.
+    assert_eq!(
+        store
+            .heartbeat("set", "n1", ttl, false)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(store.leave("set", "n1").await.unwrap());
+
+    let elector = Elector::builder(store.clone())
+        .resource(&resource)
+        .candidate_id("a")
+        .lease_duration(Duration::from_millis(900))
+        .renew_interval(Duration::from_millis(150))
+        .retry_interval(Duration::from_millis(100))
+        .rank(1)
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        elector.watch().wait_for(|l| l.is_leader()),
+    )
+    .await
+    .expect("a ranked elector on an outdated table still leads")
+    .unwrap();
+    let seen = elector.health().candidacy.expect("ranked");
+    assert!(
+        seen.error.as_deref().is_some_and(|e| e.contains(step)),
+        "{seen:?}"
+    );
+    AddMemberRank::with_table(&members)
+        .unwrap()
+        .up(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    // The refusal was not remembered: the next heartbeats list the candidate.
+    let listed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let view = elector.candidacy().unwrap();
+            if view.error.is_none() && view.candidates.len() == 1 {
+                return view;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the candidacy heartbeats once the step has run");
+    assert_eq!(listed.candidates[0].candidate, "a");
+    elector.shutdown().await;
+    assert!(
+        store.candidates(&resource).await.unwrap().is_empty(),
+        "left on shutdown"
+    );
+    AddMemberRank::with_table(&members)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    AddMemberHolding::with_table(&members)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
+    CreateMemberTable::with_table(&members)
+        .unwrap()
+        .down(&SchemaManager::new(db))
+        .await
+        .unwrap();
+}
+
 /// A term begun by a process that writes no payload (an older version during a rolling
 /// upgrade) never shows the payload an earlier term wrote: the payload counts only while its
 /// term's token is the row's.
@@ -794,6 +907,7 @@ macro_rules! sql_store_suite {
             entity_reads_what_the_store_writes,
             a_table_from_an_earlier_version_is_refused_until_its_migration_runs,
             a_membership_table_from_an_earlier_version_is_refused_until_its_migration_runs,
+            a_membership_table_without_the_rank_refuses_candidates_until_its_migration_runs,
             a_term_that_wrote_no_payload_shows_none,
             a_missing_rate_limit_table_is_named_and_bad_keys_send_nothing,
         );
