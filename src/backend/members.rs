@@ -567,6 +567,53 @@ mod tests {
         Alias::new("orionbeacon_members")
     }
 
+    #[test]
+    fn candidate_statements_per_backend() {
+        let election = " =orionbeacon_leases/report";
+        let upsert = |d: &dyn Dialect| {
+            candidate_heartbeat(d, &table(), election, "node-a", 15_000, 7).unwrap()
+        };
+        let read = |d: &dyn Dialect| live_candidates(d, &table(), election);
+        let rendered = [
+            (
+                upsert(&Postgres).build(PostgresQueryBuilder),
+                read(&Postgres).build(PostgresQueryBuilder),
+            ),
+            (
+                upsert(&MySql).build(MysqlQueryBuilder),
+                read(&MySql).build(MysqlQueryBuilder),
+            ),
+            (
+                upsert(&Sqlite).build(SqliteQueryBuilder),
+                read(&Sqlite).build(SqliteQueryBuilder),
+            ),
+        ];
+        let expected = [
+            (
+                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at", "candidate_rank") VALUES ($1, $2, $3, statement_timestamp(), statement_timestamp(), clock_timestamp() + $4 * INTERVAL '1 millisecond', $5) ON CONFLICT ("shard_set", "member") DO UPDATE SET "joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (statement_timestamp())) THEN statement_timestamp() ELSE "orionbeacon_members"."joined_at" END), "heartbeat_at" = statement_timestamp(), "expires_at" = clock_timestamp() + $6 * INTERVAL '1 millisecond', "candidate_rank" = $7"#,
+                r#"SELECT "member", "candidate_rank", CAST(FLOOR(EXTRACT(EPOCH FROM ("joined_at" - statement_timestamp())) * 1000) AS BIGINT), CAST(FLOOR(EXTRACT(EPOCH FROM ("expires_at" - statement_timestamp())) * 1000) AS BIGINT) FROM "orionbeacon_members" WHERE "shard_set" = $1 AND "expires_at" > (statement_timestamp()) AND "candidate_rank" IS NOT NULL"#,
+            ),
+            (
+                r#"INSERT INTO `orionbeacon_members` (`shard_set`, `member`, `draining`, `joined_at`, `heartbeat_at`, `expires_at`, `candidate_rank`) VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, ?) ON DUPLICATE KEY UPDATE `joined_at` = (CASE WHEN (`orionbeacon_members`.`expires_at` <= (UTC_TIMESTAMP(6))) THEN UTC_TIMESTAMP(6) ELSE `orionbeacon_members`.`joined_at` END), `heartbeat_at` = UTC_TIMESTAMP(6), `expires_at` = SYSDATE(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), UTC_TIMESTAMP(6)) MICROSECOND + INTERVAL ? MICROSECOND, `candidate_rank` = ?"#,
+                r#"SELECT `member`, `candidate_rank`, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `joined_at`) DIV 1000, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `expires_at`) DIV 1000 FROM `orionbeacon_members` WHERE `shard_set` = ? AND `expires_at` > (UTC_TIMESTAMP(6)) AND `candidate_rank` IS NOT NULL"#,
+            ),
+            (
+                r#"INSERT INTO "orionbeacon_members" ("shard_set", "member", "draining", "joined_at", "heartbeat_at", "expires_at", "candidate_rank") VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now'), strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?) ON CONFLICT ("shard_set", "member") DO UPDATE SET "joined_at" = (CASE WHEN ("orionbeacon_members"."expires_at" <= (strftime('%Y-%m-%d %H:%M:%f', 'now'))) THEN strftime('%Y-%m-%d %H:%M:%f', 'now') ELSE "orionbeacon_members"."joined_at" END), "heartbeat_at" = strftime('%Y-%m-%d %H:%M:%f', 'now'), "expires_at" = strftime('%Y-%m-%d %H:%M:%f', 'now', ?), "candidate_rank" = ?"#,
+                r#"SELECT "member", "candidate_rank", CAST(ROUND((julianday("joined_at") - julianday('now')) * 86400000.0) AS INTEGER), CAST(ROUND((julianday("expires_at") - julianday('now')) * 86400000.0) AS INTEGER) FROM "orionbeacon_members" WHERE "shard_set" = ? AND "expires_at" > (strftime('%Y-%m-%d %H:%M:%f', 'now')) AND "candidate_rank" IS NOT NULL"#,
+            ),
+        ];
+        for (((up, up_values), (sel, sel_values)), (want_up, want_sel)) in
+            rendered.into_iter().zip(expected)
+        {
+            assert_eq!(up, want_up);
+            assert_eq!(sel, want_sel);
+            // The rank bound in the insert and in the update; the election in the read.
+            let rank = sea_orm::Value::from(7i64);
+            assert_eq!(up_values.0.iter().filter(|v| **v == rank).count(), 2);
+            assert!(sel_values.0.contains(&sea_orm::Value::from(election)));
+        }
+    }
+
     // sea-query drops clauses a backend lacks without a word: pin the exact SQL.
     #[test]
     fn heartbeat_is_one_upsert_per_backend() {
