@@ -263,6 +263,14 @@ pub trait MembershipStore: Send + Sync {
             operation: "ranked candidates",
         })
     }
+
+    /// Checks, without touching the database, that this store can keep the candidates of the
+    /// election of `resource` (their stored name fits; see [`stored_candidates`]), so that
+    /// [`ElectorBuilder::build`](crate::ElectorBuilder::build) refuses what every heartbeat
+    /// would. The default: the rule for a store without tables.
+    fn check_election(&self, resource: &str) -> Result<(), StoreError> {
+        stored_candidates(resource, "").map(drop)
+    }
 }
 
 #[async_trait]
@@ -316,6 +324,10 @@ impl<S: MembershipStore + ?Sized> MembershipStore for std::sync::Arc<S> {
 
     async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {
         (**self).candidates(resource).await
+    }
+
+    fn check_election(&self, resource: &str) -> Result<(), StoreError> {
+        (**self).check_election(resource)
     }
 }
 

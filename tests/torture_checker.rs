@@ -1052,6 +1052,21 @@ mod ranks {
         ];
         let v = check(&blip, &[], &all, 0, 10_000 * MS);
         assert!(v.violations.is_empty(), "{:?}", v.violations);
+        // But leadership moving away and back again and again is caught.
+        let mut flapping = Vec::new();
+        for n in 0..10u64 {
+            let at = n * 1_000 * MS;
+            flapping.push(led("c2", at, at + 800 * MS));
+            flapping.push(led("c1", at + 800 * MS, at + 1_000 * MS));
+        }
+        let v = check(&flapping, &[], &all, 0, 10_000 * MS);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.contains("moves away from the top")),
+            "{:?}",
+            v.violations
+        );
     }
 
     #[test]

@@ -58,6 +58,10 @@ pub(crate) enum Transition {
     Graceful,
     /// `hand_over_to(the follower)`: the lease is offered to it.
     Named,
+    /// A candidate of a higher rank joins (`ElectorBuilder::rank`, `prefer_after` zero): the
+    /// leader sees it at its next candidacy heartbeat (within a renew interval) and hands over
+    /// to it by name. Timed from the newcomer's first heartbeat committing.
+    Preferred,
     /// `abort()`: the lease lapses.
     Crash,
 }
@@ -67,6 +71,7 @@ impl Transition {
         match self {
             Transition::Graceful => "graceful release",
             Transition::Named => "handover to a named successor",
+            Transition::Preferred => "handover to a higher rank (ranked electors)",
             Transition::Crash => "crash (no release)",
         }
     }
@@ -84,10 +89,19 @@ pub(crate) async fn transitions(
     let table = unique(match how {
         Transition::Graceful => "obhand",
         Transition::Named => "obname",
+        Transition::Preferred => "obrank",
         Transition::Crash => "obfail",
     });
     let admin = connect(url, 2, false).await?;
     migrate(&admin, &table).await?;
+    if how == Transition::Preferred {
+        super::shards::migrate_members(&admin, &table).await?;
+        super::shards::add_member_counts(&admin, &table).await?;
+        use orion_beacon_migration::{AddMemberRank, MigrationTrait, SchemaManager};
+        AddMemberRank::with_table(format!("{table}_m"))?
+            .up(&SchemaManager::new(&admin))
+            .await?;
+    }
     let resource = "transitions";
     let mk = |i: usize| {
         let url = url.to_owned();
@@ -95,7 +109,22 @@ pub(crate) async fn transitions(
         async move {
             let db = connect(&url, 2, false).await?;
             let store = SeaOrmLeaseStore::new(db).with_table(&table)?;
-            start(store, resource, format!("n{i}"), lease, renew, retry).await
+            if how != Transition::Preferred {
+                return start(store, resource, format!("n{i}"), lease, renew, retry).await;
+            }
+            // Rank i: every newcomer outranks the leader.
+            let store = store.with_member_table(format!("{table}_m"))?;
+            Ok(Elector::builder(store)
+                .resource(resource)
+                .candidate_id(format!("n{i}"))
+                .lease_duration(lease)
+                .renew_interval(renew)
+                .retry_interval(retry)
+                .jitter(0.0)
+                .rank(i as i64)
+                .prefer_after(Duration::ZERO)
+                .build()?
+                .start())
         }
     };
     let mut leader = mk(0).await?;
@@ -103,6 +132,26 @@ pub(crate) async fn transitions(
     let mut times = Vec::new();
     for i in 1..=n {
         let follower = mk(i).await?;
+        if how == Transition::Preferred {
+            // From the newcomer's first heartbeat: the leader may see it from then on.
+            let me = format!("n{i}");
+            let listed = async {
+                loop {
+                    let view = follower.candidacy();
+                    if view.is_some_and(|v| v.candidates.iter().any(|c| c.candidate == me)) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(10), listed).await?;
+            let t0 = Instant::now();
+            wait_leader(&follower, lease * 4 + retry * 2).await?;
+            times.push((Instant::now() - t0).as_secs_f64() * 1e3);
+            leader.shutdown().await;
+            leader = follower;
+            continue;
+        }
         tokio::time::sleep(renew * 2).await; // the follower has been denied once and waits
         let t0 = Instant::now();
         match how {
@@ -112,6 +161,7 @@ pub(crate) async fn transitions(
                 let _ = leader.hand_over_to(&format!("n{i}"), lease).await?;
             }
             Transition::Crash => leader.abort().await,
+            Transition::Preferred => {}
         }
         wait_leader(&follower, lease * 4 + retry * 2).await?;
         times.push((Instant::now() - t0).as_secs_f64() * 1e3);
@@ -121,6 +171,9 @@ pub(crate) async fn transitions(
         leader = follower;
     }
     leader.shutdown().await;
+    if how == Transition::Preferred {
+        super::shards::drop_members(&admin, &table).await;
+    }
     drop(&admin, &table).await;
     Ok(times)
 }
@@ -218,11 +271,23 @@ pub(crate) async fn handover() -> Result<(), Error> {
         ("MariaDB", mysql_url(), RGBColor(0xd6, 0x27, 0x28)),
         ("SQLite", sqlite, RGBColor(0x2c, 0xa0, 0x2c)),
     ] {
-        for how in [Transition::Graceful, Transition::Named, Transition::Crash] {
+        for how in [
+            Transition::Graceful,
+            Transition::Named,
+            Transition::Preferred,
+            Transition::Crash,
+        ] {
             let (rounds, goal) = match how {
                 Transition::Graceful | Transition::Named => {
                     (ROUNDS, "p99 < 20 ms (a wake-up)".to_owned())
                 }
+                Transition::Preferred => (
+                    ROUNDS,
+                    format!(
+                        "p99 < renew + 20 = {} ms (the leader's next look, then a named handover)",
+                        renew.as_millis() + 20
+                    ),
+                ),
                 Transition::Crash => (
                     1,
                     format!("p99 <= lease + 100 = {} ms", lease.as_millis() + 100),

@@ -212,6 +212,10 @@ impl MembershipStore for SqlServerLeaseStore {
             .await
     }
 
+    fn check_election(&self, resource: &str) -> Result<(), StoreError> {
+        self.stored_candidates(resource).map(drop)
+    }
+
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
         let stored = self.stored_set(shard_set)?;
         check_candidate(member)?;

@@ -555,6 +555,10 @@ impl MembershipStore for SeaOrmLeaseStore {
         let election = stored_candidates(resource, self.engine()?.cx.table())?;
         self.read_candidates(&election).await
     }
+
+    fn check_election(&self, resource: &str) -> Result<(), StoreError> {
+        stored_candidates(resource, self.table()).map(drop)
+    }
 }
 
 #[cfg(test)]

@@ -172,9 +172,10 @@ impl ElectorBuilder {
                                  None; a wrapper store should forward it)",
                     });
                 };
-                // The candidates' stored name must fit (checked again by every heartbeat).
-                let table = self.fence.as_ref().map_or("", |s| s.table());
-                crate::membership::stored_candidates(&config.resource, table)?;
+                // What every heartbeat would refuse, refused here: the candidates' stored
+                // name must fit, and the id must be one an offer can name.
+                members.check_election(&config.resource)?;
+                crate::store::validate_offer_target(&config.candidate)?;
                 Some(members)
             }
         };

@@ -42,6 +42,8 @@ const LOOK_MOST: Duration = Duration::from_millis(250);
 /// How long past an open offer's end (as the store reported it) the last read comes: the
 /// local clock may run fast against the database's.
 const PAST_THE_END: Duration = Duration::from_millis(50);
+/// How long past the offer's end a read of the lease may take before it counts as failed.
+const READ_MOST: Duration = Duration::from_secs(5);
 
 /// Reads `resource` until `to` holds it (taken, with its token) or the offer's `until` has
 /// passed (then the offer's end as the store reports it decides), and tells `done`. Bounded by
@@ -62,7 +64,14 @@ pub(super) async fn await_taker(
             .checked_add(pause)
             .unwrap_or(until)
             .min(until);
-        match store.current(&resource).await {
+        // Each read bounded, so that a hung one cannot keep the answer (and a ranked leader's
+        // next automatic handover, which waits for it) from coming.
+        let read_until = crate::hold::timing::later(until.max(crate::clock::now()), READ_MOST);
+        let read = match crate::clock::timeout_at(read_until, store.current(&resource)).await {
+            Ok(read) => read.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer in time".to_owned()),
+        };
+        match read {
             Ok(Some(record)) if record.live && record.holder == *to => break Some(record.token),
             // Still open.
             Ok(Some(record)) if record.live && record.offered_to() == Some(&to) => {

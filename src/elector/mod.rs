@@ -131,15 +131,15 @@ impl Elector {
                     members,
                     rank,
                     self.config.prefer_after,
-                    timing
-                        .lease
-                        .saturating_add(self.config.retry_interval)
-                        .min(crate::store::MAX_LEASE),
-                    timing.renew_interval,
-                    preference::offer_window(
-                        self.config.retry_interval,
-                        self.config.jitter,
+                    (
                         timing.lease,
+                        preference::candidacy_ttl(timing.lease, timing.step_down_margin),
+                        timing.renew_interval,
+                        preference::offer_window(
+                            self.config.retry_interval,
+                            self.config.jitter,
+                            timing.lease,
+                        ),
                     ),
                 );
                 (Some(Arc::new(ranking)), Some(view))

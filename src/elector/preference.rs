@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::handover::Handover;
+use crate::hold::timing::later;
 use crate::membership::{Candidate, MembershipStore};
 use crate::mutex::lock;
 
@@ -52,6 +53,8 @@ pub(crate) fn preferred<'a>(
     let best = candidates
         .iter()
         .filter(|c| c.candidate != me && c.rank > rank && !backing_off(&c.candidate))
+        // An id the store cannot name in an offer is never handed to.
+        .filter(|c| crate::store::validate_offer_target(&c.candidate).is_ok())
         // Highest rank; among equal ranks the smallest id (every leader picks the same one).
         .min_by(|a, b| {
             b.rank
@@ -74,19 +77,30 @@ pub(crate) struct Ranking {
     pub members: Arc<dyn MembershipStore>,
     pub rank: i64,
     pub prefer_after: Duration,
-    /// How long a heartbeat keeps the candidacy live (the lease duration plus the retry
-    /// interval: a follower beats at its attempts).
+    /// How long a heartbeat keeps the candidacy live (`candidacy_ttl`): under the lease, so
+    /// that a crashed leader's candidacy lapses before its lease does.
     pub ttl: Duration,
-    /// How often it heartbeats (the renew interval).
+    /// How often it heartbeats (the renew interval, leader or follower).
     pub every: Duration,
     /// How long an automatic handover's offer stands (see `offer_window`).
     pub window: Duration,
+    /// The least back-off after a refusal (the larger of `prefer_after` and the lease), so
+    /// that `prefer_after` zero still backs off.
+    back_off: Duration,
     pub view: watch::Sender<Candidacy>,
     state: Mutex<State>,
 }
 
 struct State {
     next_beat: Instant,
+    /// The candidacy begins afresh at the next heartbeat (its old row is left first): at the
+    /// start (a restarted process with the same id is a new candidacy), after a term ended
+    /// badly (a successor that takes the lease but cannot keep it waits `prefer_after` again),
+    /// and after a stay-out.
+    rejoin: bool,
+    /// No heartbeats until then (a step-down's stay-out: a candidate staying out must not be
+    /// seen live, or the next leader would offer it the lease).
+    resting_until: Option<Instant>,
     refusals: HashMap<String, Refusals>,
     /// The automatic handover under way: to whom, and its answer to come.
     pending: Option<(String, oneshot::Receiver<Handover>)>,
@@ -97,9 +111,7 @@ impl Ranking {
         members: Arc<dyn MembershipStore>,
         rank: i64,
         prefer_after: Duration,
-        ttl: Duration,
-        every: Duration,
-        window: Duration,
+        (lease, ttl, every, window): (Duration, Duration, Duration, Duration),
     ) -> (Self, watch::Receiver<Candidacy>) {
         let (view, receiver) = watch::channel(Candidacy {
             rank,
@@ -113,9 +125,12 @@ impl Ranking {
             ttl,
             every,
             window,
+            back_off: prefer_after.max(lease),
             view,
             state: Mutex::new(State {
                 next_beat: crate::clock::now(),
+                rejoin: true,
+                resting_until: None,
                 refusals: HashMap::new(),
                 pending: None,
             }),
@@ -123,11 +138,45 @@ impl Ranking {
         (ranking, receiver)
     }
 
-    /// Whether a heartbeat is due at `now`: within half an interval of its time, so that one
-    /// beat per leader round (a round starts right after a renew) keeps the cadence.
-    pub(crate) fn beat_due(&self, now: Instant) -> bool {
-        let slack = self.every / 2;
-        lock(&self.state).next_beat <= now.checked_add(slack).unwrap_or(now)
+    /// Whether a heartbeat is due at `now`. A leader (`leading`) beats within half an interval
+    /// of its time, so that one beat per round (a round starts right after a renew) keeps the
+    /// cadence; a follower beats on time (its wait wakes for it). Never while resting.
+    pub(crate) fn beat_due(&self, now: Instant, leading: bool) -> bool {
+        let state = lock(&self.state);
+        if state.resting_until.is_some_and(|until| now < until) {
+            return false;
+        }
+        let slack = if leading {
+            self.every / 2
+        } else {
+            Duration::ZERO
+        };
+        state.next_beat <= later(now, slack)
+    }
+
+    /// When a follower's next heartbeat is due (after a rest, if resting).
+    pub(crate) fn next_beat(&self) -> Instant {
+        let state = lock(&self.state);
+        state
+            .resting_until
+            .map_or(state.next_beat, |until| until.max(state.next_beat))
+    }
+
+    /// The candidacy begins afresh at the next heartbeat (see `State::rejoin`).
+    pub(crate) fn rejoin(&self) {
+        lock(&self.state).rejoin = true;
+    }
+
+    /// Whether the next heartbeat leaves the old row first (and clears the flag).
+    pub(crate) fn take_rejoin(&self) -> bool {
+        std::mem::take(&mut lock(&self.state).rejoin)
+    }
+
+    /// A stay-out until `until`: no heartbeats until then, and the candidacy begins afresh.
+    pub(crate) fn rest_until(&self, until: Instant) {
+        let mut state = lock(&self.state);
+        state.resting_until = Some(until);
+        state.rejoin = true;
     }
 
     /// A heartbeat was sent at `sent`: the next is due an interval later.
@@ -141,8 +190,12 @@ impl Ranking {
     }
 
     /// Takes in the answer of an automatic handover, if it came: a successor that took it is
-    /// forgiven its earlier refusals; one that did not is backed off for `prefer_after` times
-    /// 1, 2, 4, ... (at most [`MOST_BACK_OFF_FACTOR`]).
+    /// forgiven its earlier refusals; any other answer (not taken; or ended: the offer failed
+    /// and the lease was released, or the term was lost meanwhile) backs the successor off
+    /// for the back-off times 1, 2, 4, ... (at most [`MOST_BACK_OFF_FACTOR`]), so that nothing
+    /// that keeps an offer from working can make the leader end its terms in a loop. A request
+    /// dropped before the loop took it (a caller's own step-down replaced it) counts for
+    /// nothing.
     pub(crate) fn settle(&self, now: Instant) {
         let mut state = lock(&self.state);
         let Some((to, answer)) = state.pending.as_mut() else {
@@ -151,19 +204,22 @@ impl Ranking {
         let outcome = match answer.try_recv() {
             Ok(outcome) => Some(outcome),
             Err(oneshot::error::TryRecvError::Empty) => return,
-            // The loop ended the request without an answer.
             Err(oneshot::error::TryRecvError::Closed) => None,
         };
         let to = std::mem::take(to);
         state.pending = None;
+        // Refusals whose back-off ran out and that were not renewed are forgotten, so the map
+        // stays as small as the candidates that keep refusing.
+        let stale = self.back_off.saturating_mul(MOST_BACK_OFF_FACTOR);
+        state
+            .refusals
+            .retain(|_, r| now.saturating_duration_since(r.until) < stale);
         match outcome {
+            None => {}
             Some(Handover::Taken { .. }) => {
                 state.refusals.remove(&to);
             }
-            // Ended (the lease lapsed on its own, or was released) and NotLeader come from
-            // this leader's side, not the successor's: no back-off.
-            Some(Handover::Ended | Handover::NotLeader) => {}
-            Some(Handover::NotTaken) | None => {
+            Some(_) => {
                 let refusals = state.refusals.entry(to).or_insert(Refusals {
                     count: 0,
                     until: now,
@@ -173,8 +229,7 @@ impl Ranking {
                     .unwrap_or(MOST_BACK_OFF_FACTOR)
                     .min(MOST_BACK_OFF_FACTOR);
                 refusals.count = refusals.count.saturating_add(1);
-                let back_off = self.prefer_after.saturating_mul(factor);
-                refusals.until = now.checked_add(back_off).unwrap_or(now);
+                refusals.until = later(now, self.back_off.saturating_mul(factor));
             }
         }
     }
@@ -217,6 +272,15 @@ impl Ranking {
             Err(error) => view.error = Some(error),
         });
     }
+}
+
+/// How long a candidacy heartbeat keeps it live: the lease minus the step-down margin. Every
+/// candidate beats each renew interval, and twice that fits in it (the options' rule), so one
+/// missed beat is survived; and it is under the lease, so a leader that crashed (its last beat
+/// right after its last renew) is no candidate any more by the time its lease lapses and the
+/// next leader looks.
+pub(crate) fn candidacy_ttl(lease: Duration, margin: Duration) -> Duration {
+    lease.saturating_sub(margin).max(crate::store::MIN_LEASE)
 }
 
 /// How long an automatic handover's offer stands: two follower attempts with their jitter
@@ -305,20 +369,30 @@ mod tests {
             store,
             1,
             AFTER,
-            Duration::from_secs(20),
-            Duration::from_secs(5),
-            Duration::from_secs(4),
+            (
+                Duration::from_secs(3),
+                Duration::from_secs(2),
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            ),
         );
         ranking.publish(Ok(vec![c("a", 1, 9000), c("b", 3, 9000)]));
         let now = crate::clock::now();
         assert_eq!(ranking.choose("a", now).as_deref(), Some("b"));
+        // The back-off's base is the larger of prefer_after (5 s) and the lease (3 s).
         for (round, factor) in [(0u32, 1u32), (1, 2), (2, 4)] {
             let (tx, rx) = oneshot::channel();
             ranking.asked("b".into(), rx);
             assert!(ranking.handing_over());
             ranking.settle(now);
             assert!(ranking.handing_over(), "no answer yet");
-            tx.send(Handover::NotTaken).unwrap();
+            // Not taken, or ended (the offer failed): both back off.
+            let answer = if round == 1 {
+                Handover::Ended
+            } else {
+                Handover::NotTaken
+            };
+            tx.send(answer).unwrap();
             ranking.settle(now);
             assert!(!ranking.handing_over());
             let back = AFTER * factor;
@@ -338,14 +412,74 @@ mod tests {
         .unwrap();
         ranking.settle(now);
         assert_eq!(ranking.choose("a", now).as_deref(), Some("b"));
+        // A request dropped before the loop took it counts for nothing.
+        let (tx, rx) = oneshot::channel::<Handover>();
+        ranking.asked("b".into(), rx);
+        drop(tx);
+        ranking.settle(now);
+        assert!(!ranking.handing_over());
+        assert_eq!(ranking.choose("a", now).as_deref(), Some("b"));
         // A failed heartbeat: no choice from a view that may be stale.
         ranking.publish(Err("outdated".into()));
         assert!(ranking.choose("a", now).is_none());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_prefer_after_still_backs_off() {
+        let store = Arc::new(crate::InMemoryLeaseStore::new());
+        let lease = Duration::from_secs(3);
+        let (ranking, _view) = Ranking::new(
+            store,
+            1,
+            Duration::ZERO,
+            (lease, lease, Duration::from_secs(1), Duration::from_secs(1)),
+        );
+        ranking.publish(Ok(vec![c("a", 1, 0), c("b", 3, 0)]));
+        let now = crate::clock::now();
+        assert_eq!(ranking.choose("a", now).as_deref(), Some("b"));
+        let (tx, rx) = oneshot::channel();
+        ranking.asked("b".into(), rx);
+        tx.send(Handover::NotTaken).unwrap();
+        ranking.settle(now);
+        assert!(ranking
+            .choose("a", now + lease - Duration::from_millis(1))
+            .is_none());
+        assert!(ranking.choose("a", now + lease).is_some());
+    }
+
+    #[test]
+    fn ids_that_cannot_be_offered_are_skipped() {
+        let long = "x".repeat(crate::store::MAX_OFFER_TARGET_LEN + 1);
+        let all = [c("a", 1, 9000), c(&long, 9, 9000), c("b", 3, 9000)];
+        assert_eq!(
+            preferred("a", 1, &all, AFTER, |_| false).map(|c| &*c.candidate),
+            Some("b")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resting_candidate_does_not_beat_and_rejoins() {
+        let store = Arc::new(crate::InMemoryLeaseStore::new());
+        let s = Duration::from_secs;
+        let (ranking, _view) = Ranking::new(store, 1, AFTER, (s(3), s(2), s(1), s(1)));
+        let now = crate::clock::now();
+        assert!(ranking.take_rejoin(), "a new candidacy begins afresh");
+        assert!(!ranking.take_rejoin());
+        assert!(ranking.beat_due(now, false));
+        ranking.rest_until(now + s(5));
+        assert!(!ranking.beat_due(now + s(4), true));
+        assert_eq!(ranking.next_beat(), now + s(5));
+        assert!(ranking.beat_due(now + s(5), false));
+        assert!(ranking.take_rejoin());
+    }
+
     #[test]
     fn offer_windows() {
         let s = Duration::from_secs;
+        assert_eq!(
+            candidacy_ttl(s(15), Duration::from_millis(1500)),
+            Duration::from_millis(13_500)
+        );
         assert_eq!(offer_window(s(2), 0.0, s(15)), s(4));
         assert_eq!(offer_window(s(2), 0.5, s(15)), s(6));
         assert_eq!(offer_window(s(10), 0.1, s(15)), s(15));

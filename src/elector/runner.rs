@@ -333,6 +333,12 @@ impl Runner {
                 Next::Lose(reason, leader, payload) => {
                     if let Some(a) = active.take() {
                         self.end_term(&a.term, reason, leader, payload);
+                        if let Some(ranking) = &self.ranking {
+                            // A term lost (not handed over): the candidacy begins afresh, so
+                            // a successor that takes the lease but cannot keep it is not
+                            // handed it again before `prefer_after`.
+                            ranking.rejoin();
+                        }
                     }
                     next_attempt = crate::clock::now();
                 }
@@ -364,6 +370,11 @@ impl Runner {
         };
         // No step-down is taken up from here on (a shutdown's drain does not look for one).
         self.stop.step_down.close();
+        if stopped_by == LossReason::Shutdown {
+            // Before the release: the next leader must not see this candidate, gone, as one to
+            // hand over to.
+            self.leave_candidacy().await;
+        }
         if let Some(mut a) = active.take() {
             self.end_term(&a.term, stopped_by, None, None);
             if stopped_by == LossReason::Shutdown {
@@ -375,13 +386,7 @@ impl Runner {
             } else {
                 a.term.cut_off();
             }
-            if stopped_by == LossReason::Shutdown {
-                self.leave_candidacy().await;
-            }
         } else {
-            if stopped_by == LossReason::Shutdown {
-                self.leave_candidacy().await;
-            }
             self.state.send_replace(Leadership::Follower {
                 leader: None,
                 payload: None,
@@ -408,14 +413,24 @@ impl Runner {
         led: Option<FencingToken>,
         releases: &mut Option<ReleaseEvents>,
     ) -> Result<Decision, Stopped> {
-        if let Some(ranking) = &self.ranking {
-            // A follower's attempt is not held up by more than half a renew interval.
-            let now = crate::clock::now();
-            let until = next_attempt.max(later(now, self.config.timing.renew_interval / 2));
-            self.candidacy_round(ranking, false, until).await?;
+        match &self.ranking {
+            None => {
+                self.stoppable(self.wait_turn(next_attempt, releases))
+                    .await?;
+            }
+            // The candidacy beats every renew interval while the follower waits for its turn.
+            Some(ranking) => loop {
+                // An attempt is not held up by more than half a renew interval.
+                let now = crate::clock::now();
+                let until = next_attempt.max(later(now, self.config.timing.renew_interval / 2));
+                self.candidacy_round(ranking, false, until).await?;
+                let wake = next_attempt.min(ranking.next_beat());
+                let woken = self.stoppable(self.wait_turn(wake, releases)).await?;
+                if woken || crate::clock::now() >= next_attempt {
+                    break;
+                }
+            },
         }
-        self.stoppable(self.wait_turn(next_attempt, releases))
-            .await?;
         let role = Role::Follower {
             retry: jittered(self.config.retry_interval, self.config.jitter),
             led,
@@ -530,10 +545,12 @@ impl Runner {
         Ok(answer.map_err(|_| NoAnswer))
     }
 
-    /// Waits until `next_attempt`, or less if the store says our resource was just released.
-    async fn wait_turn(&self, next_attempt: Instant, releases: &mut Option<ReleaseEvents>) {
+    /// Waits until `next_attempt`, or less if the store says our resource was just released
+    /// (`true`).
+    async fn wait_turn(&self, next_attempt: Instant, releases: &mut Option<ReleaseEvents>) -> bool {
         let Some(events) = releases.as_mut() else {
-            return sleep_until(next_attempt).await;
+            sleep_until(next_attempt).await;
+            return false;
         };
         // Where the store's wake-ups need to know what is waited for (MySQL's named locks).
         let _waiting = self.fence.as_ref().and_then(|store| {
@@ -552,8 +569,11 @@ impl Runner {
             }
         };
         tokio::select! {
-            _ = sleep_until(next_attempt) => {}
-            _ = released => debug!("woken by a release notification"),
+            _ = sleep_until(next_attempt) => false,
+            _ = released => {
+                debug!("woken by a release notification");
+                true
+            }
         }
     }
 

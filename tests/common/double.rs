@@ -149,6 +149,11 @@ where
         inner.validate()
     }
 
+    /// Where ranked electors keep their candidacy: the inner store's, unless intercepted.
+    fn membership(&self, inner: &S) -> Option<std::sync::Arc<dyn MembershipStore>> {
+        inner.membership()
+    }
+
     async fn heartbeat(
         &self,
         inner: &S,
@@ -299,9 +304,8 @@ where
         self.intercept.validate(&self.inner)
     }
 
-    /// The inner store's candidates, past the intercept (no test intercepts them).
     fn membership(&self) -> Option<std::sync::Arc<dyn MembershipStore>> {
-        self.inner.membership()
+        self.intercept.membership(&self.inner)
     }
 }
 

@@ -165,12 +165,21 @@ pub async fn the_highest_ranked_live_candidate_comes_to_lead<H: Harness>(h: &H) 
         .await
         .expect("the only candidate leads")
         .unwrap();
-    // The top rank first, so that it is live long enough before the middle one is.
+    // The top rank first, seen by the leader before the middle one starts, so that it is
+    // live long enough first.
     let high = ranked(h.separate_store().await, &r, "high", 3);
     let started = Instant::now();
     let mut watchers = watchers;
     watchers.push(terms.record("high", &high));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let lists = |handle: &ElectorHandle, id: &str| {
+        handle
+            .candidacy()
+            .is_some_and(|v| v.candidates.iter().any(|c| c.candidate == id))
+    };
+    let deadline = Instant::now() + WITHIN;
+    while !lists(&low, "high") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mid = ranked(h.separate_store().await, &r, "mid", 2);
     watchers.push(terms.record("mid", &mid));
     tokio::time::timeout(WITHIN, high.watch().wait_for(|l| l.is_leader()))
@@ -193,8 +202,16 @@ pub async fn the_highest_ranked_live_candidate_comes_to_lead<H: Harness>(h: &H) 
         "one handover, up the ranks: {seen:?}"
     );
     assert!(seen[1].1 > seen[0].1);
-    // Followers see the candidates and their ranks (health too).
-    let view = mid.candidacy().expect("a ranked elector has a candidacy");
+    // Followers see the candidates and their ranks (health too); a view whose heartbeat was
+    // cut short by the next attempt is a failed one, so the next good one is taken.
+    let deadline = Instant::now() + WITHIN;
+    let view = loop {
+        let view = mid.candidacy().expect("a ranked elector has a candidacy");
+        if (view.error.is_none() && view.candidates.len() == 3) || Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     let listed: Vec<(&str, i64)> = view
         .candidates
         .iter()
@@ -204,13 +221,64 @@ pub async fn the_highest_ranked_live_candidate_comes_to_lead<H: Harness>(h: &H) 
     assert_eq!(view.rank, 2);
     assert!(view.error.is_none(), "{view:?}");
     assert_eq!(low.health().candidacy.map(|c| c.rank), Some(1));
-    // The top one goes: it leaves the list, and the next rank comes to lead (by the contest
-    // or by a handover up from the lowest).
+    // The top one hands over to a lower rank by hand: it stays out (and out of the candidates)
+    // for the handover's window, so the new leader keeps the lease meanwhile instead of
+    // offering it back to a candidate that will not take it; after that, and prefer_after, it
+    // is preferred again.
+    let window = Duration::from_millis(800);
+    let handed = high.hand_over_to("mid", window).await.unwrap();
+    assert!(
+        matches!(handed, orion_beacon::Handover::Taken { .. }),
+        "{handed:?}"
+    );
+    let mid_took = Instant::now();
+    tokio::time::timeout(WITHIN, mid.watch().wait_for(|l| l.is_leader()))
+        .await
+        .expect("the named successor leads")
+        .unwrap();
+    let token = mid.token();
+    tokio::time::sleep(window * 3 / 4).await;
+    assert_eq!(
+        mid.token(),
+        token,
+        "the new leader was made to offer the lease back during the stay-out: {:?}",
+        terms.all()
+    );
+    tokio::time::timeout(WITHIN, high.watch().wait_for(|l| l.is_leader()))
+        .await
+        .expect("the top rank is preferred again after its stay-out")
+        .unwrap();
+    assert!(mid_took.elapsed() >= window + PREFER_AFTER - Duration::from_millis(100));
+    // The top one goes: it leaves the list before it releases, and the next rank comes to
+    // lead, with no offer to the one gone (an offer nobody takes would leave nobody leading
+    // for its window).
     high.shutdown().await;
+    let gone = Instant::now();
     tokio::time::timeout(WITHIN, mid.watch().wait_for(|l| l.is_leader()))
         .await
         .expect("the next rank comes to lead")
         .unwrap();
+    // At most the contest (a retry interval, or a wake-up) and one handover up from the
+    // lowest (a renew interval, the offer taken): never an offer's window lost to the one gone.
+    let took = gone.elapsed();
+    assert!(
+        took < Duration::from_millis(1_500),
+        "{took:?}: {:?}",
+        terms.all()
+    );
+    // The terms since the top one went: mid's, or the lowest's and then mid's (the contest's
+    // winner hands over up), and mid keeps it.
+    tokio::time::sleep(LEASE).await;
+    let all = terms.all();
+    let after: Vec<&str> = all
+        .iter()
+        .filter(|t| t.2 >= gone)
+        .map(|t| t.0.as_str())
+        .collect();
+    assert!(
+        after == ["mid"] || after == ["low", "mid"],
+        "after the top one went: {all:?}"
+    );
     let members = h.store().membership().unwrap();
     let left: Vec<String> = members
         .candidates(&r)

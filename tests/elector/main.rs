@@ -13,5 +13,6 @@ mod health;
 mod metrics;
 mod options;
 mod paused;
+mod ranked;
 mod sql;
 mod watch_readers;

@@ -18,17 +18,32 @@ impl Runner {
     ) -> Result<bool, Stopped> {
         let now = crate::clock::now();
         ranking.settle(now);
-        if !ranking.beat_due(now) {
+        if !ranking.beat_due(now, leading) {
+            return Ok(false);
+        }
+        // Too little time before the renew for a round trip: the next round beats (a statement
+        // cut short would cost the renew a connection).
+        if until.saturating_duration_since(now) < ranking.every / 4 {
             return Ok(false);
         }
         ranking.beaten(now);
-        let call = ranking.members.candidate_heartbeat(
-            &self.config.resource,
-            &self.config.candidate,
-            ranking.ttl,
-            ranking.rank,
-        );
-        match self.stoppable(timeout_at(until, call)).await? {
+        let (resource, candidate) = (&self.config.resource, &self.config.candidate);
+        let members = &ranking.members;
+        let rejoin = ranking.take_rejoin();
+        let call = async {
+            if rejoin {
+                // A new candidacy: its live time counts from this heartbeat.
+                members.candidate_leave(resource, candidate).await?;
+            }
+            members
+                .candidate_heartbeat(resource, candidate, ranking.ttl, ranking.rank)
+                .await
+        };
+        let answer = self.stoppable(timeout_at(until, call)).await;
+        if rejoin && !matches!(answer, Ok(Ok(Ok(_)))) {
+            ranking.rejoin();
+        }
+        match answer? {
             Ok(Ok(candidates)) => ranking.publish(Ok(candidates)),
             Ok(Err(err)) => {
                 if err.is_retryable() {
@@ -58,9 +73,22 @@ impl Runner {
         if !self.stop.step_down.ask_unless_pending(request) {
             return Ok(false);
         }
+        // The request's wake-up is for the loop's next wait; the caller ends the round now, so
+        // it is taken here (left, it would cut the next wait short for nothing).
+        self.step_down_asked().await;
         info!(successor = %to, rank = ranking.rank, "a candidate ranking higher is live: handing over");
         ranking.asked(to, answer);
         Ok(true)
+    }
+
+    /// A step-down's stay-out begins (until `until`): the candidacy is left at once, before
+    /// the lease is offered or released, so that the next leader does not see a higher rank
+    /// that is staying out and offer it the lease back; it begins afresh after the stay-out.
+    pub(super) async fn rest_candidacy(&self, until: Instant) {
+        if let Some(ranking) = &self.ranking {
+            ranking.rest_until(until);
+            self.leave_candidacy().await;
+        }
     }
 
     /// A graceful stop: leaves the candidacy, so that no leader hands over to a candidate that

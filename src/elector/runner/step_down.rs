@@ -23,8 +23,12 @@ impl Runner {
             return Err(Stopped::Abort);
         }
         if !holds_lease {
+            self.rest_candidacy(later(crate::clock::now(), within))
+                .await;
             return Ok(LeftLease::Kept);
         }
+        self.rest_candidacy(later(crate::clock::now(), within))
+            .await;
         if let Some(to) = to {
             match self.offer(&active.granted, to, within).await {
                 Offered::Yes => return Ok(LeftLease::Offered),
