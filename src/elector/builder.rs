@@ -130,10 +130,12 @@ impl ElectorBuilder {
     /// [`prefer_after`](Self::prefer_after); the offer stands for two retry intervals (with
     /// their jitter), at most a lease. Each automatic handover moves leadership strictly up
     /// the ranks, so it never loops; a successor that does not take the offer is not offered
-    /// the lease again for `prefer_after`, then twice that, and so on (at most 64 times it).
+    /// the lease again for the larger of `prefer_after` and the lease, then twice that, and so
+    /// on (at most 64 times it).
     ///
     /// A ranked candidate heartbeats its rank into the membership table every renew interval
-    /// (live for a lease plus a retry interval), and leaves it on shutdown; the
+    /// (live for the lease minus the step-down margin), leaves it on shutdown before the
+    /// release and for a step-down's stay-out, and begins afresh after a lost term; the
     /// candidates and their ranks show in [`ElectorHandle::candidacy`], [`Health`] and the
     /// command line's `candidates`. The store must keep candidates
     /// ([`LeaseStore::membership`]: the SeaORM, SQL Server and in-memory stores do; on a
