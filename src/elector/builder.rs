@@ -134,8 +134,9 @@ impl ElectorBuilder {
     /// on (at most 64 times it).
     ///
     /// A ranked candidate heartbeats its rank into the membership table every renew interval
-    /// (live for the lease minus the step-down margin), leaves it on shutdown before the
-    /// release and for a step-down's stay-out, and begins afresh after a lost term; the
+    /// (live for the lease minus the step-down margin, a leader's never past its term), leaves
+    /// it on shutdown before the release and for a step-down's stay-out, and begins afresh
+    /// after a lost term; the
     /// candidates and their ranks show in [`ElectorHandle::candidacy`], [`Health`] and the
     /// command line's `candidates`. The store must keep candidates
     /// ([`LeaseStore::membership`]: the SeaORM, SQL Server and in-memory stores do; on a

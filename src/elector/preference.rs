@@ -184,6 +184,18 @@ impl Ranking {
         lock(&self.state).next_beat = sent.checked_add(self.every).unwrap_or(sent);
     }
 
+    /// A heartbeat's call ended at `done`: the next waits at least half an interval more (a
+    /// slow one is not followed by another at once).
+    pub(crate) fn beat_done(&self, done: Instant) {
+        let mut state = lock(&self.state);
+        state.next_beat = state.next_beat.max(later(done, self.every / 2));
+    }
+
+    /// Whether heartbeats are overdue by half an interval at `now`.
+    pub(crate) fn overdue(&self, now: Instant) -> bool {
+        later(lock(&self.state).next_beat, self.every / 2) <= now
+    }
+
     /// The next heartbeat is due at once (a term began: the new leader looks right away).
     pub(crate) fn beat_now(&self) {
         lock(&self.state).next_beat = crate::clock::now();

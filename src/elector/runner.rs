@@ -277,6 +277,15 @@ impl Runner {
                         None => Some(Handover::NotLeader),
                     };
                     info!(stay_out = ?request.stay_out, successor = ?request.to, ?answer, "stepped down");
+                    if let Some(ranking) = &self.ranking {
+                        // No candidate while staying out (a leader's step-down left its
+                        // candidacy before it offered or released; a follower's leaves now),
+                        // and a new candidacy after.
+                        ranking.rest_until(until);
+                        if answer == Some(Handover::NotLeader) {
+                            self.leave_candidacy(None).await;
+                        }
+                    }
                     self.probe.staying_out(until);
                     out_until = Some(until);
                     next_attempt = until;
@@ -370,16 +379,17 @@ impl Runner {
         };
         // No step-down is taken up from here on (a shutdown's drain does not look for one).
         self.stop.step_down.close();
-        if stopped_by == LossReason::Shutdown {
-            // Before the release: the next leader must not see this candidate, gone, as one to
-            // hand over to.
-            self.leave_candidacy().await;
-        }
         if let Some(mut a) = active.take() {
             self.end_term(&a.term, stopped_by, None, None);
             if stopped_by == LossReason::Shutdown {
-                // The work was told (`lost`); the lease stays ours while it winds down.
-                let holds_lease = self.drain(&mut a, &mut failures).await;
+                // The work was told (`lost`); the lease stays ours while it winds down. The
+                // candidacy is left meanwhile, before the release: the next leader must not see
+                // this candidate, gone, as one to hand over to.
+                let bound = a.term.local_deadline();
+                let (holds_lease, ()) = tokio::join!(
+                    self.drain(&mut a, &mut failures),
+                    self.leave_candidacy(Some(bound))
+                );
                 if holds_lease && self.config.release_on_shutdown {
                     self.release(&a.granted).await;
                 }
@@ -387,6 +397,9 @@ impl Runner {
                 a.term.cut_off();
             }
         } else {
+            if stopped_by == LossReason::Shutdown {
+                self.leave_candidacy(None).await;
+            }
             self.state.send_replace(Leadership::Follower {
                 leader: None,
                 payload: None,
@@ -420,10 +433,9 @@ impl Runner {
             }
             // The candidacy beats every renew interval while the follower waits for its turn.
             Some(ranking) => loop {
-                // An attempt is not held up by more than half a renew interval.
-                let now = crate::clock::now();
-                let until = next_attempt.max(later(now, self.config.timing.renew_interval / 2));
-                self.candidacy_round(ranking, false, until).await?;
+                // A heartbeat takes at most half a renew interval.
+                let until = later(crate::clock::now(), self.config.timing.renew_interval / 2);
+                self.candidacy_round(ranking, None, until).await?;
                 let wake = next_attempt.min(ranking.next_beat());
                 let woken = self.stoppable(self.wait_turn(wake, releases)).await?;
                 if woken || crate::clock::now() >= next_attempt {
@@ -457,7 +469,7 @@ impl Runner {
         let due = active.next_renew.min(deadline);
         if let Some(ranking) = &self.ranking {
             // In the slack before the renew, never past it.
-            if self.candidacy_round(ranking, true, due).await? {
+            if self.candidacy_round(ranking, Some(deadline), due).await? {
                 return Err(Stopped::StepDown);
             }
         }

@@ -226,12 +226,12 @@ pub async fn the_highest_ranked_live_candidate_comes_to_lead<H: Harness>(h: &H) 
     // offering it back to a candidate that will not take it; after that, and prefer_after, it
     // is preferred again.
     let window = Duration::from_millis(800);
+    let asked = Instant::now();
     let handed = high.hand_over_to("mid", window).await.unwrap();
     assert!(
         matches!(handed, orion_beacon::Handover::Taken { .. }),
         "{handed:?}"
     );
-    let mid_took = Instant::now();
     tokio::time::timeout(WITHIN, mid.watch().wait_for(|l| l.is_leader()))
         .await
         .expect("the named successor leads")
@@ -248,10 +248,31 @@ pub async fn the_highest_ranked_live_candidate_comes_to_lead<H: Harness>(h: &H) 
         .await
         .expect("the top rank is preferred again after its stay-out")
         .unwrap();
-    assert!(mid_took.elapsed() >= window + PREFER_AFTER - Duration::from_millis(100));
+    // Its new candidacy began no sooner than the stay-out's end, and is preferred only once
+    // live for prefer_after.
+    assert!(
+        asked.elapsed() >= window + PREFER_AFTER,
+        "{:?}",
+        asked.elapsed()
+    );
     // The top one goes: it leaves the list before it releases, and the next rank comes to
     // lead, with no offer to the one gone (an offer nobody takes would leave nobody leading
     // for its window).
+    // Every offer made from here on, as the lease row shows it.
+    let offers = Arc::new(Mutex::new(Vec::<String>::new()));
+    let spy = {
+        let (store, r, offers) = (h.store(), r.clone(), offers.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(Some(record)) = store.current(&r).await {
+                    if let Some(to) = record.offered_to() {
+                        offers.lock().unwrap().push(to.to_owned());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
     high.shutdown().await;
     let gone = Instant::now();
     tokio::time::timeout(WITHIN, mid.watch().wait_for(|l| l.is_leader()))
@@ -265,6 +286,12 @@ pub async fn the_highest_ranked_live_candidate_comes_to_lead<H: Harness>(h: &H) 
         took < Duration::from_millis(1_500),
         "{took:?}: {:?}",
         terms.all()
+    );
+    spy.abort();
+    assert!(
+        !offers.lock().unwrap().iter().any(|to| to == "high"),
+        "the lease was offered to the candidate gone: {:?}",
+        offers.lock().unwrap()
     );
     // The terms since the top one went: mid's, or the lowest's and then mid's (the contest's
     // winner hands over up), and mid keeps it.

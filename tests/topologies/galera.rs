@@ -365,6 +365,7 @@ impl GaleraHarness {
         let store = store
             .with_table(&self.table)
             .and_then(|s| s.with_rate_limit_table(common::rate_table(&self.table)))
+            .and_then(|s| s.with_member_table(common::member_table(&self.table)))
             .unwrap();
         match self.form {
             Some(form) => store.with_mysql_upsert(form),

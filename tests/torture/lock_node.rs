@@ -27,6 +27,25 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 const SECOND_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long a fenced transaction stays open after its inserts (ms, drawn per write).
 const IN_TRANSACTION_MS: std::ops::Range<u64> = 50..250;
+/// How long a write may go on once its hold is lost: past the longest transaction, so that a
+/// woken client's write reaches the fence (and is refused), while one stuck in a cut-off
+/// connection is dropped, as an application drops work whose hold is lost (the fence makes it
+/// harmless, but the checker counts running work as holding).
+const STRAGGLER: Duration = Duration::from_millis(300);
+
+/// Runs `write` to its end, or, once `lost` fires, for at most [`STRAGGLER`] more.
+async fn finish_or_drop(
+    write: impl std::future::Future<Output = ()>,
+    lost: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(write);
+    tokio::select! {
+        _ = &mut write => {}
+        _ = lost => {
+            let _ = tokio::time::timeout(STRAGGLER, &mut write).await;
+        }
+    }
+}
 
 /// The lease rows of the run's lock and its pair lock (`permits` 0) or of its semaphore of
 /// `permits`; for a reader-writer lock (`rw`), its read slots (its gate is not checked per
@@ -144,9 +163,8 @@ pub async fn run(args: Args) -> Result<(), Error> {
                     let mut holds = vec![&term];
                     holds.extend(second_term.as_ref().filter(|t| t.is_current()));
                     let open = Duration::from_millis(fastrand::u64(IN_TRANSACTION_MS));
-                    client_ledger
-                        .write_all(&holds, open, marker.as_deref())
-                        .await;
+                    let write = client_ledger.write_all(&holds, open, marker.as_deref());
+                    finish_or_drop(write, guard.lost()).await;
                     let pause = Duration::from_millis(fastrand::u64(WRITE_EVERY_MS));
                     tokio::select! {
                         _ = guard.lost() => {}
@@ -299,7 +317,14 @@ async fn rw_client(
             while still_held() && tokio::time::Instant::now() < until {
                 let refs: Vec<&LeaderTerm> = held.iter().collect();
                 let open = Duration::from_millis(fastrand::u64(IN_TRANSACTION_MS));
-                ledger.write_all(&refs, open, marker.as_deref()).await;
+                let lost = async {
+                    match (&read, &written) {
+                        (Some(r), _) => r.lost().await,
+                        (_, Some(w)) => w.lost().await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                finish_or_drop(ledger.write_all(&refs, open, marker.as_deref()), lost).await;
                 let pause = Duration::from_millis(fastrand::u64(WRITE_EVERY_MS));
                 // A new `lost` future each time round: one that completed is not polled again.
                 let lost = async {

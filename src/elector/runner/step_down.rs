@@ -18,17 +18,19 @@ impl Runner {
         within: Duration,
     ) -> Result<LeftLease, Stopped> {
         self.end_term(&active.term, LossReason::HandedOver, None, None);
-        let holds_lease = self.drain(active, failures).await;
+        // The candidacy is left while the work winds down, before the lease is offered or
+        // released (see `rest_candidacy`).
+        let bound = active.term.local_deadline();
+        let (holds_lease, ()) = tokio::join!(
+            self.drain(active, failures),
+            self.rest_candidacy(later(crate::clock::now(), within), bound)
+        );
         if self.stop.abort.is_cancelled() {
             return Err(Stopped::Abort);
         }
         if !holds_lease {
-            self.rest_candidacy(later(crate::clock::now(), within))
-                .await;
             return Ok(LeftLease::Kept);
         }
-        self.rest_candidacy(later(crate::clock::now(), within))
-            .await;
         if let Some(to) = to {
             match self.offer(&active.granted, to, within).await {
                 Offered::Yes => return Ok(LeftLease::Offered),
