@@ -189,6 +189,18 @@ impl InMemoryLeaseStore {
         fill(row);
     }
 
+    /// Removes the row of `member` under the stored name `stored` (a shard set's or an
+    /// election's) and the lapsed rows under it: whether the row was live.
+    fn remove(&self, stored: &str, member: &str) -> bool {
+        let now = Instant::now();
+        let mut members = lock(&self.members);
+        let was_live = members
+            .remove(&(stored.to_owned(), member.to_owned()))
+            .is_some_and(|m| m.expires > now);
+        members.retain(|(set, _), m| set != stored || m.expires > now);
+        was_live
+    }
+
     fn candidates_of(&self, stored: &str, now: Instant) -> Vec<Candidate> {
         let members = lock(&self.members);
         let mut live: Vec<Candidate> = members
@@ -257,13 +269,7 @@ impl MembershipStore for InMemoryLeaseStore {
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
         validate_shard_set(shard_set)?;
         validate_candidate(member)?;
-        let now = Instant::now();
-        let mut members = lock(&self.members);
-        let was_live = members
-            .remove(&(shard_set.to_owned(), member.to_owned()))
-            .is_some_and(|m| m.expires > now);
-        members.retain(|(set, _), m| set != shard_set || m.expires > now);
-        Ok(was_live)
+        Ok(self.remove(shard_set, member))
     }
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
@@ -287,13 +293,7 @@ impl MembershipStore for InMemoryLeaseStore {
     async fn candidate_leave(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
         let stored = crate::membership::stored_candidates(resource, "")?;
         validate_candidate(candidate)?;
-        let now = Instant::now();
-        let mut members = lock(&self.members);
-        let was_live = members
-            .remove(&(stored.clone(), candidate.to_owned()))
-            .is_some_and(|m| m.expires > now);
-        members.retain(|(set, _), m| *set != stored || m.expires > now);
-        Ok(was_live)
+        Ok(self.remove(&stored, candidate))
     }
 
     async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {

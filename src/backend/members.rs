@@ -33,9 +33,7 @@ use crate::{error::StoreError, lease::LeaseRecord};
 pub(crate) const READ_CHUNK: usize = 1000;
 
 /// The heartbeat of `member`: its row, live for `millis` from the write, with its draining
-/// flag and what it leads (`None` writes NULLs). `joined_at` restarts when the row had lapsed (a member that comes
-/// back is a new membership). It is assigned first: MySQL assigns in order and must read the
-/// old expiry.
+/// flag and what it leads (`None` writes NULLs); `joined_at` as [`joined_at_update`] has it.
 pub(crate) fn heartbeat(
     d: &dyn Dialect,
     table: &Alias,
@@ -45,14 +43,8 @@ pub(crate) fn heartbeat(
     draining: bool,
     holding: Option<Holding>,
 ) -> Result<InsertStatement, DbErr> {
-    let old = |c: Column| Expr::col((table.clone(), c));
     let mut updates = vec![
-        (
-            Column::JoinedAt,
-            Expr::case(old(Column::ExpiresAt).lte(d.now()), d.now())
-                .finally(old(Column::JoinedAt))
-                .into(),
-        ),
+        (Column::JoinedAt, joined_at_update(d, table)),
         (Column::Draining, Expr::val(draining)),
         (Column::HeartbeatAt, d.now()),
         (Column::ExpiresAt, d.lease_end(millis)),
@@ -104,6 +96,16 @@ pub(crate) fn heartbeat(
     Ok(stmt)
 }
 
+/// An upsert's new `joined_at`: now if the row had lapsed (a member or candidate that comes
+/// back is a new membership), else the old one. Assign it first: MySQL assigns in order and
+/// must read the old expiry.
+fn joined_at_update(d: &dyn Dialect, table: &Alias) -> Expr {
+    let old = |c: Column| Expr::col((table.clone(), c));
+    Expr::case(old(Column::ExpiresAt).lte(d.now()), d.now())
+        .finally(old(Column::JoinedAt))
+        .into()
+}
+
 /// The heartbeat of `candidate` of a ranked election (kept under the stored name `election`):
 /// its row, live for `millis` from the write, with its rank. `joined_at` restarts when the row
 /// had lapsed, as a member's does; the count columns stay NULL.
@@ -115,14 +117,8 @@ pub(crate) fn candidate_heartbeat(
     millis: i64,
     rank: i64,
 ) -> Result<InsertStatement, DbErr> {
-    let old = |c: Column| Expr::col((table.clone(), c));
     let updates = vec![
-        (
-            Column::JoinedAt,
-            Expr::case(old(Column::ExpiresAt).lte(d.now()), d.now())
-                .finally(old(Column::JoinedAt))
-                .into(),
-        ),
+        (Column::JoinedAt, joined_at_update(d, table)),
         (Column::HeartbeatAt, d.now()),
         (Column::ExpiresAt, d.lease_end(millis)),
         (Column::CandidateRank, Expr::val(rank)),
@@ -446,6 +442,19 @@ impl SeaOrmLeaseStore {
         Ok(candidates)
     }
 
+    /// Deletes the live row of `member` under the stored name `stored` (a shard set's or an
+    /// election's), then the lapsed rows under it: whether the live row was there.
+    async fn remove(&self, stored: &str, member: &str) -> Result<bool, StoreError> {
+        let cx = &self.engine()?.cx;
+        let table = Alias::new(&*cx.member_table);
+        let left = self
+            .members_execute(cx.build(&leave(cx.dialect, &table, stored, member)))
+            .await?;
+        self.members_execute(cx.build(&prune(cx.dialect, &table, stored)))
+            .await?;
+        Ok(left > 0)
+    }
+
     /// A membership statement that changes rows: how many it changed.
     async fn members_execute(&self, stmt: sea_orm::Statement) -> Result<u64, StoreError> {
         self.members_ready().await?;
@@ -505,15 +514,8 @@ impl MembershipStore for SeaOrmLeaseStore {
 
     async fn leave(&self, shard_set: &str, member: &str) -> Result<bool, StoreError> {
         validate_candidate(member)?;
-        let cx = &self.engine()?.cx;
-        let shard_set = &stored_set(shard_set, cx.table())?;
-        let table = Alias::new(&*cx.member_table);
-        let left = self
-            .members_execute(cx.build(&leave(cx.dialect, &table, shard_set, member)))
-            .await?;
-        self.members_execute(cx.build(&prune(cx.dialect, &table, shard_set)))
-            .await?;
-        Ok(left > 0)
+        let stored = stored_set(shard_set, self.engine()?.cx.table())?;
+        self.remove(&stored, member).await
     }
 
     async fn members(&self, shard_set: &str) -> Result<Vec<Member>, StoreError> {
@@ -539,16 +541,9 @@ impl MembershipStore for SeaOrmLeaseStore {
     }
 
     async fn candidate_leave(&self, resource: &str, candidate: &str) -> Result<bool, StoreError> {
-        let cx = &self.engine()?.cx;
-        let election = stored_candidates(resource, cx.table())?;
+        let election = stored_candidates(resource, self.engine()?.cx.table())?;
         validate_candidate(candidate)?;
-        let table = Alias::new(&*cx.member_table);
-        let left = self
-            .members_execute(cx.build(&leave(cx.dialect, &table, &election, candidate)))
-            .await?;
-        self.members_execute(cx.build(&prune(cx.dialect, &table, &election)))
-            .await?;
-        Ok(left > 0)
+        self.remove(&election, candidate).await
     }
 
     async fn candidates(&self, resource: &str) -> Result<Vec<Candidate>, StoreError> {

@@ -77,8 +77,7 @@ impl Options {
             });
         }
         let prefer_after = match self.prefer_after {
-            Some(after) if self.rank.is_none() => {
-                let _ = after;
+            Some(_) if self.rank.is_none() => {
                 return Err(ConfigError::Rank {
                     reason: "prefer_after is for ranked candidates: give a rank too",
                 });
