@@ -84,12 +84,35 @@ fn live_members_sql(t: &str) -> String {
 /// `counted_at = @now`.
 pub(super) fn heartbeat_sql(table: &str) -> String {
     let t = quoted(table);
+    let written = Written {
+        draining: "@P5",
+        set: ", t.leases_held = @P6, t.set_hash = @P7, t.counted_at = @now",
+        columns: ", leases_held, set_hash, counted_at",
+        values: ", @P6, @P7, @now",
+    };
+    merge_then_read(&t, &written, &live_members_sql(&t))
+}
+
+/// What a membership `MERGE` writes beside the key and the times: the draining flag, and the
+/// further columns of the update (`set`) and of the insert (`columns`, `values`).
+struct Written {
+    draining: &'static str,
+    set: &'static str,
+    columns: &'static str,
+    values: &'static str,
+}
+
+/// One membership heartbeat at one reading of the clock (`@now`), then `live`: a
+/// `MERGE ... WITH (HOLDLOCK)` keyed on `(@P1, @P2)`, its time to live `@P3` whole seconds and
+/// `@P4` milliseconds, `joined_at` restarting when the row had lapsed.
+fn merge_then_read(t: &str, written: &Written, live: &str) -> String {
     let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now))";
-    let (set, columns, values) = (
-        ", t.leases_held = @P6, t.set_hash = @P7, t.counted_at = @now",
-        ", leases_held, set_hash, counted_at",
-        ", @P6, @P7, @now",
-    );
+    let Written {
+        draining,
+        set,
+        columns,
+        values,
+    } = written;
     format!(
         "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
          MERGE {t} WITH (HOLDLOCK) AS t \
@@ -97,13 +120,12 @@ pub(super) fn heartbeat_sql(table: &str) -> String {
          ON t.shard_set = s.shard_set AND t.[member] = s.[member] \
          WHEN MATCHED THEN UPDATE SET \
          t.joined_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.joined_at END, \
-         t.draining = @P5, \
+         t.draining = {draining}, \
          t.heartbeat_at = @now, \
          t.expires_at = {expiry}{set} \
          WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at{columns}) \
-         VALUES (s.shard_set, s.[member], @P5, @now, @now, {expiry}{values}); \
-         {live}",
-        live = live_members_sql(&t),
+         VALUES (s.shard_set, s.[member], {draining}, @now, @now, {expiry}{values}); \
+         {live}"
     )
 }
 
@@ -161,23 +183,13 @@ fn live_candidates_sql(t: &str) -> String {
 /// (`bigint`).
 pub(super) fn candidate_heartbeat_sql(table: &str) -> String {
     let t = quoted(table);
-    let expiry = "DATEADD(MILLISECOND, @P4, DATEADD(SECOND, @P3, @now))";
-    format!(
-        "DECLARE @now datetime2(7) = SYSUTCDATETIME(); \
-         MERGE {t} WITH (HOLDLOCK) AS t \
-         USING (SELECT @P1 AS shard_set, @P2 AS [member]) AS s \
-         ON t.shard_set = s.shard_set AND t.[member] = s.[member] \
-         WHEN MATCHED THEN UPDATE SET \
-         t.joined_at = CASE WHEN t.expires_at <= @now THEN @now ELSE t.joined_at END, \
-         t.draining = 0, \
-         t.heartbeat_at = @now, \
-         t.expires_at = {expiry}, \
-         t.candidate_rank = @P5 \
-         WHEN NOT MATCHED THEN INSERT (shard_set, [member], draining, joined_at, heartbeat_at, expires_at, candidate_rank) \
-         VALUES (s.shard_set, s.[member], 0, @now, @now, {expiry}, @P5); \
-         {live}",
-        live = live_candidates_sql(&t),
-    )
+    let written = Written {
+        draining: "0",
+        set: ", t.candidate_rank = @P5",
+        columns: ", candidate_rank",
+        values: ", @P5",
+    };
+    merge_then_read(&t, &written, &live_candidates_sql(&t))
 }
 
 /// The live candidates of an election. Parameter: `@P1` the election's stored name.
