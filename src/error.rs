@@ -208,7 +208,8 @@ impl BackendError {
 /// How to run the migration step `migration` on `table`.
 fn step_hint(table: &str, migration: &str) -> String {
     let default = table == orion_beacon_entity::DEFAULT_TABLE
-        || table == orion_beacon_entity::DEFAULT_MEMBER_TABLE;
+        || table == orion_beacon_entity::DEFAULT_MEMBER_TABLE
+        || table == orion_beacon_entity::DEFAULT_JOB_RUN_TABLE;
     let add = if default {
         format!("`orion_beacon_migration::migrations()` (every step, `{migration}` among them)")
     } else {
@@ -219,10 +220,16 @@ fn step_hint(table: &str, migration: &str) -> String {
     } else {
         "migrate()"
     };
-    format!(
+    let migrate = format!(
         "add {add} to your application's Migrator and run it, e.g. `sea-orm-cli migrate up`; \
-         without a Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`; on SQL \
-         Server (`orion-beacon-sqlserver`), `SqlServerLeaseStore::{sql_server}`"
+         without a Migrator of your own, `orion-beacon-migration up -u <DATABASE_URL>`"
+    );
+    if migration == "AddJobRunKey" {
+        // Jobs run on the SeaORM store only.
+        return migrate;
+    }
+    format!(
+        "{migrate}; on SQL Server (`orion-beacon-sqlserver`), `SqlServerLeaseStore::{sql_server}`"
     )
 }
 

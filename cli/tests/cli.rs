@@ -199,12 +199,17 @@ async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
 /// Creates the job-run table `table` with the real migration.
 #[cfg(feature = "postgres")]
 async fn migrate_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
-    use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{AddJobRunKey, CreateJobRunTable, MigrationTrait, SchemaManager};
     CreateJobRunTable::with_table(table)
         .expect("valid table name")
         .up(&SchemaManager::new(db))
         .await
         .expect("job-run migration up");
+    AddJobRunKey::with_table(table)
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("job-run key migration up");
 }
 
 /// Drops the job-run table `table` with the migration's `down`, once its (test) records are

@@ -53,6 +53,10 @@ pub struct Model {
     /// The latest failed attempt's error (up to 1,024 bytes).
     #[sea_orm(column_type = "String(StringLen::N(1024))", nullable)]
     pub error: Option<String>,
+    /// A keyed job's key (`JobsHandle::submit`), NULL for a scheduled slot; `slot` is then
+    /// the key's digest, not a time. Added by the `AddJobRunKey` migration.
+    #[sea_orm(column_type = "String(StringLen::N(255))", nullable)]
+    pub run_key: Option<String>,
 }
 
 /// The run table has no relations.

@@ -26,7 +26,7 @@
 //! Tables of other names take the steps one by one, in the same order, each
 //! `with_table(...)`: [`CreateLeaseTable`], [`CreateMemberTable`], [`AddLeasePayload`],
 //! [`CreateJobRunTable`], [`AddMemberHolding`], [`CreateRateLimitTable`],
-//! [`AddMemberRank`].
+//! [`AddMemberRank`], [`AddJobRunKey`].
 //!
 //! An application without a sea-orm-migration `Migrator` can run ours instead, with the
 //! `orion-beacon-migration` command line (feature `cli`: `up`, `down`, `status`). It keeps its
@@ -66,6 +66,7 @@ mod m20261204_000001_create_job_runs;
 mod m20261205_000001_add_member_holding;
 mod m20261206_000001_create_rate_limits;
 mod m20261207_000001_add_member_rank;
+mod m20261207_000002_add_job_run_key;
 
 pub use check_down::check_down;
 pub use check_first::CheckDown;
@@ -78,6 +79,7 @@ pub use m20261204_000001_create_job_runs::CreateJobRunTable;
 pub use m20261205_000001_add_member_holding::AddMemberHolding;
 pub use m20261206_000001_create_rate_limits::CreateRateLimitTable;
 pub use m20261207_000001_add_member_rank::AddMemberRank;
+pub use m20261207_000002_add_job_run_key::AddJobRunKey;
 pub use orion_beacon_entity::{
     validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE,
     DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
@@ -106,6 +108,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(AddMemberHolding::new()),
         Box::new(CreateRateLimitTable::new()),
         Box::new(AddMemberRank::new()),
+        Box::new(AddJobRunKey::new()),
     ]
 }
 

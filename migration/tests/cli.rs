@@ -105,12 +105,13 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, &all_ours).await.unwrap(), 0, "every record moved");
     assert_eq!(count(db, token).await.unwrap(), 9);
 
-    // A live shard-set node: the membership table's own `down` refuses (after the rank,
-    // rate-limit, count, job-run and payload steps, which commit on their own: the rank column,
-    // the rate-limit table, the count columns, the job-run table and the payload columns go).
+    // A live shard-set node: the membership table's own `down` refuses (after the key, rank,
+    // rate-limit, count, job-run and payload steps, which commit on their own: the run
+    // records' key column, the rank column, the rate-limit table, the count columns, the
+    // job-run table and the payload columns go).
     let members = "SELECT COUNT(*) FROM orionbeacon_members";
     live_member(db, "").await;
-    let err = AppMigrator::down(db, Some(6))
+    let err = AppMigrator::down(db, Some(7))
         .await
         .expect_err("a live member");
     assert!(
@@ -126,8 +127,8 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         .await
         .unwrap();
 
-    // `down -n 7` with lease rows: `check_down` refuses before any step runs...
-    let err = check_down::<AppMigrator, _>(db, Some(7))
+    // `down -n 8` with lease rows: `check_down` refuses before any step runs...
+    let err = check_down::<AppMigrator, _>(db, Some(8))
         .await
         .expect_err("lease rows");
     assert!(
@@ -136,11 +137,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "{err}"
     );
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
-    assert!(check_down::<AppMigrator, _>(db, Some(6)).await.is_ok());
+    assert!(check_down::<AppMigrator, _>(db, Some(7)).await.is_ok());
     // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
-    // -n 7` runs (also for `reset` and `refresh`, which undo every step)...
+    // -n 8` runs (also for `reset` and `refresh`, which undo every step)...
     let checked = CheckDown(AppMigrator);
-    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(7))
+    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(8))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
@@ -156,7 +157,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     // ...while sea-orm-migration alone commits the payload and membership steps first, and
     // says so.
-    let err = AppMigrator::down(db, Some(7))
+    let err = AppMigrator::down(db, Some(8))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("`up` applies them again"), "{err}");
@@ -334,14 +335,22 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
-    // Seven steps back would stop at the leases: refused before anything is dropped.
-    let said = refused_args(url, schema, &["down", "-n", "7"]);
+    // Eight steps back would stop at the leases: refused before anything is dropped.
+    let said = refused_args(url, schema, &["down", "-n", "8"]);
     assert!(
         said.contains("Nothing was rolled back") && said.contains("1 lease row"),
         "{said}"
     );
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
     assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
+    // One step back removes the run records' key column; the records stay.
+    let key = format!("SELECT COUNT(run_key) FROM {prefix}orionbeacon_job_runs");
+    assert_eq!(count(db, &key).await.expect("the key column"), 0);
+    migrate(url, schema, "down");
+    assert!(
+        count(db, &key).await.is_err(),
+        "`down` drops the key column"
+    );
     // One step back removes the candidates' rank column; the members stay.
     let rank = format!("SELECT COUNT(candidate_rank) FROM {prefix}orionbeacon_members");
     assert_eq!(count(db, &rank).await.expect("the rank column"), 0);
@@ -441,7 +450,8 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         "added empty"
     );
     assert_eq!(count(db, &holding).await.expect("`up` adds them again"), 0);
-    migrate(url, schema, "down"); // the rank column, added again by `up`
+    migrate(url, schema, "down"); // the run records' key column, added again by `up`
+    migrate(url, schema, "down"); // the rank column, too
     migrate(url, schema, "down"); // the rate-limit table, too
     migrate(url, schema, "down"); // the count columns, too
     migrate(url, schema, "down"); // the job-run table, too
@@ -468,6 +478,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &leases).await.unwrap(), 1);
+    migrate(url, schema, "down"); // the run records' key column
     migrate(url, schema, "down"); // the rank column
     migrate(url, schema, "down"); // the rate-limit table
     migrate(url, schema, "down"); // the count columns

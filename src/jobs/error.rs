@@ -81,6 +81,33 @@ pub enum JobError {
         #[source]
         source: crate::error::BackendError,
     },
+    /// [`JobsHandle::submit`](crate::jobs::JobsHandle::submit) named a job that is not a keyed
+    /// job of this scheduler.
+    #[error("{job:?} is not a keyed job of this scheduler (see `Job::keyed`)")]
+    NotKeyed {
+        /// The job named.
+        job: String,
+    },
+    /// A key that cannot be recorded (empty, over 255 bytes, a control character).
+    #[error("key {key:?} {reason}: a key is 1 to 255 bytes without control characters")]
+    InvalidKey {
+        /// The key (its first 64 characters).
+        key: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The key's record slot holds another key (two keys whose SHA-256 digests share their
+    /// first 63 bits): this key was not recorded and does not run. Submit it under another
+    /// key (a prefix will do).
+    #[error("key {key:?} of {job:?} shares its record with key {recorded:?}; it was not recorded")]
+    KeyCollision {
+        /// The job.
+        job: String,
+        /// The key submitted.
+        key: String,
+        /// The key recorded in its place.
+        recorded: Option<String>,
+    },
     /// The scheduler's elector options were refused.
     #[error(transparent)]
     Config(crate::hold::timing::ConfigError),
@@ -114,7 +141,10 @@ impl JobError {
             | JobError::InvalidName { .. }
             | JobError::DuplicateJob(_)
             | JobError::InvalidOption { .. }
+            | JobError::NotKeyed { .. }
+            | JobError::InvalidKey { .. }
             | JobError::AlreadyCommitted { .. } => ErrorKind::InvalidInput,
+            JobError::KeyCollision { .. } => ErrorKind::Conflict,
             JobError::Config(_) => ErrorKind::InvalidInput,
             JobError::Superseded { .. } => ErrorKind::Lost,
             JobError::NotClaimed { .. } => ErrorKind::Conflict,

@@ -19,6 +19,7 @@ pub struct Job {
     pub(crate) backoff: (Duration, Duration),
     pub(crate) renamed_from: Vec<String>,
     pub(crate) stale_after: Option<Duration>,
+    pub(crate) max_running: Option<usize>,
     pub(crate) work: Work,
 }
 
@@ -58,8 +59,40 @@ impl Job {
             backoff: (Duration::from_secs(1), Duration::from_secs(300)),
             renamed_from: Vec::new(),
             stale_after: None,
+            max_running: None,
             work,
         }
+    }
+
+    /// A keyed job named `name`: it has no schedule; each key submitted to it
+    /// ([`JobsHandle::submit`]) runs `work` exactly once across the cluster, for the writes
+    /// made in [`JobRun::begin`]'s transaction (at least once otherwise), with the same
+    /// retries, back-off, give-up and operator marks as a slot. [`JobRun::key`] names the key.
+    ///
+    /// Keys run one at a time by default, oldest submit first; `.overlap(Overlap::Allow)`
+    /// runs them side by side, at most [`max_running`](Self::max_running) at once. The
+    /// missed-slot options, the starting deadline and earlier names do not apply (an earlier
+    /// name is refused by [`JobsBuilder::build`]). Needs the `AddJobRunKey` migration.
+    pub fn keyed<F, Fut>(name: impl Into<String>, work: F) -> Self
+    where
+        F: Fn(JobRun) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        Self::new(name, Schedule::keyed(), work).overlap(Overlap::Queue)
+    }
+
+    /// Whether this job is keyed ([`Job::keyed`]).
+    pub fn is_keyed(&self) -> bool {
+        self.schedule.is_keyed()
+    }
+
+    /// Under [`Overlap::Allow`], at most `runs` of this job's runs at once on the leader
+    /// (slots, or a keyed job's keys); the rest wait for one to end (a keyed job's keys in
+    /// the order they were submitted, a schedule's missed slots by the missed-slot policy).
+    /// Default: no limit; 1 to [`MAX_RUNNING`].
+    pub fn max_running(mut self, runs: usize) -> Self {
+        self.max_running = Some(runs);
+        self
     }
 
     /// What happens to slots missed while no leader ran them. Default
@@ -193,6 +226,22 @@ impl Job {
                 });
             }
         }
+        if let Some(runs) = self.max_running {
+            if !(1..=MAX_RUNNING).contains(&runs) {
+                return Err(JobError::InvalidOption {
+                    option: "max_running",
+                    value: runs.to_string(),
+                    bounds: "1 to 10,000",
+                });
+            }
+        }
+        if self.is_keyed() && !self.renamed_from.is_empty() {
+            return Err(JobError::InvalidOption {
+                option: "renamed_from",
+                value: format!("{:?} on the keyed job {:?}", self.renamed_from, self.name),
+                bounds: "none on a keyed job (its keys are recorded under its name only)",
+            });
+        }
         let (first, max) = self.backoff;
         if first > max {
             return Err(JobError::InvalidOption {
@@ -209,6 +258,7 @@ impl Job {
             max_attempts: self.max_attempts as i32,
             backoff_first_ms: ms("retry_backoff", first)?,
             backoff_max_ms: ms("retry_backoff", max)?,
+            max_running: self.max_running.unwrap_or(usize::MAX),
         })
     }
 }

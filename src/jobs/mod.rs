@@ -79,6 +79,10 @@ pub use job::Job;
 pub const DEFAULT_RESOURCE: &str = "orion-beacon/jobs";
 /// The most slots [`MissedSlots::RunAll`] catches up at once.
 pub const MAX_CATCH_UP: usize = 10_000;
+/// The most runs of one job at once that [`Job::max_running`] accepts.
+pub const MAX_RUNNING: usize = 10_000;
+/// The most bytes of a key ([`JobsHandle::submit`]).
+pub const MAX_KEY_LEN: usize = 255;
 /// The most attempts per slot that can be configured.
 pub const MAX_ATTEMPTS: u32 = 1_000;
 /// The shortest starting deadline: how late a look at the run table can come after a slot's
@@ -251,6 +255,7 @@ impl JobsBuilder {
                 job_set,
                 other_job_set: std::sync::Mutex::new(None),
                 freshness,
+                wake: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -467,6 +472,116 @@ impl JobsHandle {
         self.work.abort();
         self.elector.abort().await;
     }
+}
+
+/// The answer to [`JobsHandle::submit`]: the key's record, and whether this submit made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Submission {
+    /// True when this submit recorded the key; false when the key had a record already (its
+    /// run, queued, running, finished or given up, is that record's: a key never runs twice).
+    pub created: bool,
+    /// The key's record as it is now (`state` `queued` until the leader claims it).
+    pub record: orion_beacon_entity::job_run::Model,
+}
+
+impl JobsHandle {
+    /// Submits `key` to the keyed job `job` ([`Job::keyed`]) and returns at once: the leader
+    /// runs it (from any node of the scheduler) exactly once for the writes its run makes in
+    /// [`JobRun::begin`]'s transaction, at least once otherwise, with the job's retries and
+    /// back-off. A key that has a record already is answered with that record
+    /// ([`Submission::created`] false), never run again: submit from as many nodes, as often,
+    /// as you like. A key submitted on the leader starts at once; on another node, at the
+    /// leader's next look (within [`poll_interval`](JobsBuilder::poll_interval)).
+    ///
+    /// A key is 1 to [`MAX_KEY_LEN`] bytes without control characters; refused before any SQL
+    /// runs, as a job that is not a keyed job of this scheduler is. Records are kept as slots'
+    /// are ([`keep_finished_for`](JobsBuilder::keep_finished_for) prunes ended ones by when
+    /// they ended): a key whose record was pruned runs again if it is submitted again.
+    pub async fn submit(&self, job: &str, key: &str) -> Result<Submission, JobError> {
+        let shared = &self.shared;
+        if !shared
+            .jobs
+            .iter()
+            .any(|reg| &*reg.name == job && reg.job.is_keyed())
+        {
+            return Err(JobError::NotKeyed {
+                job: job.to_owned(),
+            });
+        }
+        validate_key(key)?;
+        let slot = records::key_slot(key);
+        let engine = shared.store.engine()?;
+        let backend = shared.store.connection().get_database_backend();
+        let insert = records::submit(backend, &shared.table, job, slot, key)?;
+        let mut tries = 0;
+        let created = loop {
+            tries += 1;
+            // Autocommitted, on a checked connection: answered means committed.
+            match engine.counted(insert.clone()).await {
+                Ok(rows) => break rows > 0,
+                // Two submits of one key under a stricter isolation than the default: the
+                // loser's statement had no effect, and the next sees the winner's record.
+                Err(crate::error::StoreError::Conflict { .. }) if tries < 3 => continue,
+                Err(e) => return Err(self.key_error(e)),
+            }
+        };
+        let row = engine
+            .plain(backend.build(&records::one(&shared.table, job, slot)))
+            .await
+            .map_err(|e| self.key_error(e))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                JobError::Database(sea_orm::DbErr::RecordNotFound(format!(
+                    "the record of key {key:?} of job {job:?}"
+                )))
+            })?;
+        let record =
+            <orion_beacon_entity::job_run::Model as sea_orm::FromQueryResult>::from_query_result(
+                &row, "",
+            )?;
+        if record.run_key.as_deref() != Some(key) {
+            return Err(JobError::KeyCollision {
+                job: job.to_owned(),
+                key: key.to_owned(),
+                recorded: record.run_key,
+            });
+        }
+        if created {
+            shared.wake.notify_one();
+            tracing::debug!(%job, key, slot, "key submitted");
+        }
+        Ok(Submission { created, record })
+    }
+
+    /// A submit's store error, as a job error: the run table missing, or without its key.
+    fn key_error(&self, err: crate::error::StoreError) -> JobError {
+        match err {
+            crate::error::StoreError::MissingTable { source, .. } => JobError::MissingRunTable {
+                table: self.shared.table.to_string(),
+                source,
+            },
+            other => runner::keyed_error(&self.shared, JobError::Store(other)),
+        }
+    }
+}
+
+/// A key as [`JobsHandle::submit`] takes it.
+fn validate_key(key: &str) -> Result<(), JobError> {
+    let reason = if key.is_empty() {
+        "is empty"
+    } else if key.len() > MAX_KEY_LEN {
+        "is longer than 255 bytes"
+    } else if key.chars().any(char::is_control) {
+        "has a control character"
+    } else {
+        return Ok(());
+    };
+    Err(JobError::InvalidKey {
+        key: key.chars().take(64).collect(),
+        reason,
+    })
 }
 
 /// An operator's mark on a slot's record: what `orion-beacon jobs rerun|give-up` does.

@@ -15,6 +15,8 @@ pub(crate) enum State {
     GivenUp,
     Skipped,
     Rerun,
+    /// A keyed job's key, submitted and not yet claimed.
+    Queued,
 }
 
 impl State {
@@ -26,6 +28,7 @@ impl State {
             State::GivenUp => "given_up",
             State::Skipped => "skipped",
             State::Rerun => "rerun",
+            State::Queued => "queued",
         }
     }
 
@@ -37,6 +40,7 @@ impl State {
             "given_up" => State::GivenUp,
             "skipped" => State::Skipped,
             "rerun" => State::Rerun,
+            "queued" => State::Queued,
             _ => return None,
         })
     }
@@ -52,6 +56,8 @@ pub(crate) struct Policy {
     pub max_attempts: i32,
     pub backoff_first_ms: i64,
     pub backoff_max_ms: i64,
+    /// Under `Overlap::Allow`, the most runs at once.
+    pub max_running: usize,
 }
 
 impl Policy {
@@ -134,8 +140,15 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
     let busy = !view.running.is_empty();
     let mut plan = Plan::default();
     let mut started = 0usize;
-    // Without `Allow`, one run of a job at a time: a start only when nothing runs.
-    let may_start = |started: usize| policy.overlap == Overlap::Allow || (!busy && started == 0);
+    // Without `Allow`, one run of a job at a time: a start only when nothing runs; with it, at
+    // most `max_running` at once.
+    let may_start = |started: usize| {
+        if policy.overlap == Overlap::Allow {
+            view.running.len().saturating_add(started) < policy.max_running
+        } else {
+            !busy && started == 0
+        }
+    };
 
     // Retries and operator marks first, oldest slot first.
     for open in view.open {
@@ -143,7 +156,8 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
             continue;
         }
         match open.state {
-            State::Rerun => {}
+            // An operator's mark, or a key submitted: at once.
+            State::Rerun | State::Queued => {}
             State::Running | State::Failed => {
                 if open.attempts >= policy.max_attempts {
                     plan.actions.push(Action::GiveUp {
@@ -230,6 +244,7 @@ mod tests {
             max_attempts: 3,
             backoff_first_ms: 1_000,
             backoff_max_ms: 3_000,
+            max_running: usize::MAX,
         }
     }
 
@@ -527,5 +542,61 @@ mod tests {
             [1, 2, 3, 4, 60, i32::MAX].map(|a| p.backoff_ms(a)),
             [1_000, 2_000, 3_000, 3_000, 3_000, 3_000]
         );
+    }
+
+    // Keys: queued ones start at once (no schedule of their own), in the order given; one at a
+    // time under `Queue`, at most `max_running` under `Allow`, counting what runs here.
+    #[test]
+    fn queued_keys_start_at_once_within_the_cap() {
+        let keyed = Schedule::keyed();
+        let queued = |slot| Open {
+            slot,
+            state: State::Queued,
+            attempts: 0,
+            claimed_at_ms: Some(1),
+        };
+        let open = [queued(7), queued(3), queued(9)];
+        let with = |overlap, max_running, running: &[i64]| {
+            let pol = Policy {
+                overlap,
+                max_running,
+                ..policy()
+            };
+            let running: BTreeSet<i64> = running.iter().copied().collect();
+            plan(
+                &View {
+                    schedule: &keyed,
+                    policy: &pol,
+                    latest: Some(9),
+                    open: &open,
+                    running: &running,
+                    here: &running,
+                    first_look_ms: 0,
+                },
+                50_000,
+            )
+        };
+        let begins = |slots: &[i64]| {
+            slots
+                .iter()
+                .map(|&slot| Action::Start {
+                    slot,
+                    prior: open.iter().find(|o| o.slot == slot).cloned(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let p = with(Overlap::Queue, usize::MAX, &[]);
+        assert_eq!(p.actions, begins(&[7]));
+        assert_eq!(p.wake_ms, None, "a keyed job has no time of its own");
+        assert_eq!(with(Overlap::Queue, usize::MAX, &[1]).actions, vec![]);
+        assert_eq!(
+            with(Overlap::Allow, usize::MAX, &[]).actions,
+            begins(&[7, 3, 9])
+        );
+        assert_eq!(with(Overlap::Allow, 2, &[]).actions, begins(&[7, 3]));
+        assert_eq!(with(Overlap::Allow, 2, &[1]).actions, begins(&[7]));
+        assert_eq!(with(Overlap::Allow, 2, &[1, 2]).actions, vec![]);
+        // A key running here is never claimed again from here.
+        assert_eq!(with(Overlap::Allow, 3, &[7]).actions, begins(&[3, 9]));
     }
 }

@@ -2,8 +2,10 @@
 //! transactions (and, for an operator's marks, on their own). Times are the database clock's.
 
 use sea_orm::sea_query::{
-    Alias, Expr, ExprTrait, Func, InsertStatement, Query, SelectStatement, UpdateStatement,
+    Alias, Expr, ExprTrait, Func, InsertStatement, OnConflict, Query, SelectStatement,
+    UpdateStatement,
 };
+use sea_orm::Iterable;
 use sea_orm::{DbBackend, QueryResult};
 
 use orion_beacon_entity::job_run::Column;
@@ -19,6 +21,16 @@ pub(crate) fn now(backend: DbBackend) -> Expr {
         DbBackend::Postgres => Expr::cust("statement_timestamp()"),
         DbBackend::MySql => Expr::cust("UTC_TIMESTAMP(6)"),
         _ => Expr::cust("strftime('%Y-%m-%d %H:%M:%f', 'now')"),
+    }
+}
+
+/// A time as the run table's columns hold it, to compare with them: SQLite's are text in the
+/// form its `strftime` writes them (a bound chrono time would be RFC 3339 text, which does not
+/// compare with it), the others' are typed.
+pub(crate) fn time_value(backend: DbBackend, at: chrono::DateTime<chrono::Utc>) -> Expr {
+    match backend {
+        DbBackend::Sqlite => Expr::val(at.format("%Y-%m-%d %H:%M:%S%.3f").to_string()),
+        _ => Expr::val(at),
     }
 }
 
@@ -124,6 +136,13 @@ pub(crate) fn prune(
 
 /// The records of `jobs` that are not final (claimed, failed, marked to run again).
 pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
+    let mut q = open_in(table, jobs, &[State::Running, State::Failed, State::Rerun]);
+    q.order_by(Column::Slot, sea_orm::sea_query::Order::Asc);
+    q
+}
+
+/// The records of `jobs` in `states`: the columns the planner reads.
+fn open_in(table: &str, jobs: &[String], states: &[State]) -> SelectStatement {
     Query::select()
         .columns([
             Column::Job,
@@ -134,16 +153,12 @@ pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
         ])
         .from(Alias::new(table))
         .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
-        .and_where(Expr::col(Column::State).is_in([
-            State::Running.as_str(),
-            State::Failed.as_str(),
-            State::Rerun.as_str(),
-        ]))
-        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc)
+        .and_where(Expr::col(Column::State).is_in(states.iter().map(|s| s.as_str())))
         .to_owned()
 }
 
-/// An [`open_runs`] row: its job and what the planner needs.
+/// An [`open_runs`] row: its job and what the planner needs (an [`open_keyed`] row's key:
+/// [`decode_key`]).
 pub(crate) fn decode_open(row: &QueryResult) -> Result<Option<(String, Open)>, sea_orm::DbErr> {
     let job: String = row.try_get_by_index(0)?;
     let state: String = row.try_get_by_index(2)?;
@@ -160,6 +175,168 @@ pub(crate) fn decode_open(row: &QueryResult) -> Result<Option<(String, Open)>, s
             claimed_at_ms: claimed_at.map(|t| t.timestamp_millis()),
         },
     )))
+}
+
+/// The slot a keyed job records `key` under: the first 63 bits of the key's SHA-256 (never
+/// negative). The key itself is recorded beside it (`run_key`) and compared on every submit,
+/// so two keys that shared a digest would be told apart, never run as one.
+pub(crate) fn key_slot(key: &str) -> i64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first) & i64::MAX
+}
+
+/// The schedule text of a keyed job's records.
+pub(crate) const KEYED_SCHEDULE: &str = "keyed";
+
+/// A submitted key: a `queued` record (no attempt yet; `claimed_at` is the submit's time, the
+/// order keys start in) unless the job has a record at the key's slot already. One statement:
+/// of submits of one key at once, exactly one inserts, and the count tells which.
+///
+/// MySQL/MariaDB: `INSERT IGNORE`. sea-query renders a MySQL `do_nothing` as `ON DUPLICATE
+/// KEY IGNORE`, which MySQL does not have, and `ON DUPLICATE KEY UPDATE job = job` counts a
+/// row found as a row changed under the `FOUND_ROWS` flag sqlx connects with. `IGNORE` would
+/// also turn a value too long for its column into a warning: every value is checked first.
+pub(crate) fn submit(
+    backend: DbBackend,
+    table: &str,
+    job: &str,
+    slot: i64,
+    key: &str,
+) -> Result<sea_orm::Statement, sea_orm::DbErr> {
+    let mut insert = Query::insert();
+    insert
+        .into_table(Alias::new(table))
+        .columns([
+            Column::Job,
+            Column::Slot,
+            Column::State,
+            Column::Attempts,
+            Column::Schedule,
+            Column::ClaimedAt,
+            Column::RunKey,
+        ])
+        .values([
+            job.into(),
+            slot.into(),
+            State::Queued.as_str().into(),
+            0i32.into(),
+            KEYED_SCHEDULE.into(),
+            now(backend),
+            key.into(),
+        ])
+        .map_err(|e| sea_orm::DbErr::Custom(e.to_string()))?;
+    if backend != DbBackend::MySql {
+        insert.on_conflict(
+            OnConflict::columns([Column::Job, Column::Slot])
+                .do_nothing()
+                .to_owned(),
+        );
+    }
+    let mut stmt = backend.build(&insert);
+    if backend == DbBackend::MySql {
+        stmt.sql = stmt
+            .sql
+            .strip_prefix("INSERT INTO ")
+            .map(|rest| format!("INSERT IGNORE INTO {rest}"))
+            .ok_or_else(|| sea_orm::DbErr::Custom(format!("unexpected insert: {}", stmt.sql)))?;
+    }
+    Ok(stmt)
+}
+
+/// One record, every column (a key's, after its submit), each qualified (see [`open_keyed`]).
+pub(crate) fn one(table: &str, job: &str, slot: i64) -> SelectStatement {
+    Query::select()
+        .columns(Column::iter().map(|c| (Alias::new(table), c)))
+        .from(Alias::new(table))
+        .and_where(Expr::col(Column::Job).eq(job))
+        .and_where(Expr::col(Column::Slot).eq(slot))
+        .to_owned()
+}
+
+/// The open records of keyed `jobs`, as [`open_runs`] with the key last, in the order they
+/// were submitted or last claimed.
+pub(crate) fn open_keyed(table: &str, jobs: &[String]) -> SelectStatement {
+    let mut q = open_in(
+        table,
+        jobs,
+        &[State::Running, State::Failed, State::Rerun, State::Queued],
+    );
+    // Qualified: SQLite reads an unknown unqualified "run_key" as a string, and a table
+    // without the column must fail the read, not hand every record that text as its key.
+    q.column((Alias::new(table), Column::RunKey))
+        .order_by(Column::ClaimedAt, sea_orm::sea_query::Order::Asc)
+        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc);
+    q
+}
+
+/// Deletes at most `batch` ended records (`finished`, `given_up`) of keyed `jobs` that ended
+/// (or, never ended, were last claimed) before `before`, never a name's newest finished one
+/// (what "nothing ran" is judged by). A pruned key runs again if it is submitted again. As
+/// [`prune`], the `LIMIT` sits in a subquery (a derived table on MySQL/MariaDB) and the outer
+/// condition repeats the tests.
+pub(crate) fn prune_keyed(
+    backend: DbBackend,
+    table: &str,
+    jobs: &[String],
+    before: chrono::DateTime<chrono::Utc>,
+    batch: u64,
+) -> sea_orm::sea_query::DeleteStatement {
+    let (r, f) = (Alias::new("r"), Alias::new("f"));
+    let ended = [State::Finished.as_str(), State::GivenUp.as_str()];
+    let at = |t: Option<&Alias>| match t {
+        Some(t) => Func::coalesce([
+            Expr::col((t.clone(), Column::FinishedAt)),
+            Expr::col((t.clone(), Column::ClaimedAt)),
+        ]),
+        None => Func::coalesce([Expr::col(Column::FinishedAt), Expr::col(Column::ClaimedAt)]),
+    };
+    let before = time_value(backend, before);
+    let newest_finished = Query::select()
+        .expr(Func::max(Expr::col((f.clone(), Column::FinishedAt))))
+        .from_as(Alias::new(table), f.clone())
+        .and_where(Expr::col((f.clone(), Column::Job)).equals((r.clone(), Column::Job)))
+        .and_where(Expr::col((f, Column::State)).eq(State::Finished.as_str()))
+        .to_owned();
+    let mut old = Query::select();
+    old.columns([(r.clone(), Column::Job), (r.clone(), Column::Slot)])
+        .from_as(Alias::new(table), r.clone())
+        .and_where(Expr::col((r.clone(), Column::Job)).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col((r.clone(), Column::State)).is_in(ended))
+        .and_where(Expr::expr(at(Some(&r))).lt(before.clone()))
+        .and_where(
+            Expr::col((r.clone(), Column::State))
+                .ne(State::Finished.as_str())
+                .or(Expr::col((r.clone(), Column::FinishedAt)).lt(Expr::from(newest_finished))),
+        )
+        .order_by((r.clone(), Column::Job), sea_orm::sea_query::Order::Asc)
+        .order_by((r, Column::Slot), sea_orm::sea_query::Order::Asc)
+        .limit(batch);
+    let chosen = if backend == DbBackend::MySql {
+        let d = Alias::new("d");
+        Query::select()
+            .columns([(d.clone(), Column::Job), (d.clone(), Column::Slot)])
+            .from_subquery(old, d)
+            .to_owned()
+    } else {
+        old
+    };
+    Query::delete()
+        .from_table(Alias::new(table))
+        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col(Column::State).is_in(ended))
+        .and_where(Expr::expr(at(None)).lt(before))
+        .and_where(
+            Expr::tuple([Expr::col(Column::Job), Expr::col(Column::Slot)]).in_subquery(chosen),
+        )
+        .to_owned()
+}
+
+/// An [`open_keyed`] row's key.
+pub(crate) fn decode_key(row: &QueryResult) -> Result<Option<String>, sea_orm::DbErr> {
+    row.try_get_by_index(5)
 }
 
 /// Who claims: the term's token and holder, the schedule's text.
@@ -481,6 +658,87 @@ mod tests {
                 mysql(old)
             )
         );
+    }
+
+    // Keys: the insert-if-absent of a submit, the keyed jobs' open records (the key last,
+    // queued ones too, oldest claim or submit first) and their pruning by when they ended,
+    // with every condition kept on each backend.
+    #[test]
+    fn key_statements_per_backend() {
+        let pg = |b: DbBackend| match b {
+            DbBackend::Postgres => 0,
+            DbBackend::MySql => 1,
+            _ => 2,
+        };
+        for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
+            let i = pg(backend);
+            let submit = submit(backend, T, "j", 42, "tenant-1").unwrap();
+            assert_eq!(submit.sql, SUBMIT[i], "{backend:?}");
+            assert_eq!(
+                submit.values.map(|v| v.0.len()),
+                Some(6),
+                "bound values: job, slot, state, attempts, schedule, key"
+            );
+            let open = open_keyed(T, &["j".to_owned()]);
+            let before = chrono::DateTime::from_timestamp_millis(1_700_000_000_123).unwrap();
+            let prune = prune_keyed(backend, T, &["j".to_owned()], before, 500);
+            let (open, prune) = match backend {
+                DbBackend::Postgres => (
+                    open.to_string(PostgresQueryBuilder),
+                    prune.to_string(PostgresQueryBuilder),
+                ),
+                DbBackend::MySql => (
+                    open.to_string(MysqlQueryBuilder),
+                    prune.to_string(MysqlQueryBuilder),
+                ),
+                _ => (
+                    open.to_string(SqliteQueryBuilder),
+                    prune.to_string(SqliteQueryBuilder),
+                ),
+            };
+            let q = |s: &str| {
+                if backend == DbBackend::MySql {
+                    s.replace('"', "`")
+                } else {
+                    s.to_owned()
+                }
+            };
+            assert_eq!(open, q(OPEN_KEYED), "{backend:?}");
+            let at = if backend == DbBackend::Sqlite {
+                "'2023-11-14 22:13:20.123'"
+            } else {
+                "'2023-11-14 22:13:20.123000 +00:00'"
+            };
+            let old = q(&PRUNE_KEYED_OLD.replace("AT", at));
+            let chosen = if backend == DbBackend::MySql {
+                format!("(SELECT `d`.`job`, `d`.`slot` FROM ({old}) AS `d`)")
+            } else {
+                format!("({old})")
+            };
+            assert_eq!(
+                prune,
+                format!("{}{chosen}", q(&PRUNE_KEYED_OUTER.replace("AT", at))),
+                "{backend:?}"
+            );
+        }
+    }
+
+    const SUBMIT: [&str; 3] = [
+        r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_at", "run_key") VALUES ($1, $2, $3, $4, $5, statement_timestamp(), $6) ON CONFLICT ("job", "slot") DO NOTHING"#,
+        "INSERT IGNORE INTO `orionbeacon_job_runs` (`job`, `slot`, `state`, `attempts`, `schedule`, `claimed_at`, `run_key`) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), ?)",
+        r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_at", "run_key") VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), ?) ON CONFLICT ("job", "slot") DO NOTHING"#,
+    ];
+    const OPEN_KEYED: &str = r#"SELECT "job", "slot", "state", "attempts", "claimed_at", "orionbeacon_job_runs"."run_key" FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('running', 'failed', 'rerun', 'queued') ORDER BY "claimed_at" ASC, "slot" ASC"#;
+    const PRUNE_KEYED_OUTER: &str = r#"DELETE FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('finished', 'given_up') AND COALESCE("finished_at", "claimed_at") < AT AND ("job", "slot") IN "#;
+    const PRUNE_KEYED_OLD: &str = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."job" IN ('j') AND "r"."state" IN ('finished', 'given_up') AND COALESCE("r"."finished_at", "r"."claimed_at") < AT AND ("r"."state" <> 'finished' OR "r"."finished_at" < (SELECT MAX("f"."finished_at") FROM "orionbeacon_job_runs" AS "f" WHERE "f"."job" = "r"."job" AND "f"."state" = 'finished')) ORDER BY "r"."job" ASC, "r"."slot" ASC LIMIT 500"#;
+
+    // A key's slot: the first 63 bits of its SHA-256, the same on every node and build.
+    #[test]
+    fn a_keys_slot_is_its_digest() {
+        // `echo -n tenant-42 | sha256sum`: f71d3741b2bc6cc8..., its top bit cleared.
+        assert_eq!(key_slot("tenant-42"), 0x771d_3741_b2bc_6cc8);
+        assert_ne!(key_slot("tenant-42"), key_slot("tenant-43"));
+        assert!(key_slot("") >= 0);
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct JobRun {
 pub(crate) struct RunState {
     pub job: Arc<str>,
     pub slot: i64,
+    /// A keyed job's key.
+    pub key: Option<Arc<str>>,
     pub attempt: i32,
     pub term: LeaderTerm,
     pub store: SeaOrmLeaseStore,
@@ -50,7 +52,8 @@ impl std::fmt::Debug for JobRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JobRun")
             .field("job", &&*self.inner.job)
-            .field("slot", &self.slot())
+            .field("slot", &self.inner.slot)
+            .field("key", &self.key())
             .field("attempt", &self.inner.attempt)
             .field("token", &self.inner.term.token().get())
             .finish()
@@ -63,12 +66,19 @@ impl JobRun {
         &self.inner.job
     }
 
-    /// The slot: the time this run was scheduled for (UTC, from the database clock).
+    /// A keyed job's key ([`Job::keyed`](super::Job::keyed)); `None` for a scheduled slot.
+    pub fn key(&self) -> Option<&str> {
+        self.inner.key.as_deref()
+    }
+
+    /// The slot: the time this run was scheduled for (UTC, from the database clock). A keyed
+    /// job's run has no time: its slot is the key's digest (see [`key`](Self::key)).
     pub fn slot(&self) -> DateTime<Utc> {
         super::schedule::millis_to_utc(self.inner.slot).unwrap_or_default()
     }
 
-    /// The slot in milliseconds since the Unix epoch (the run table's key).
+    /// The slot in milliseconds since the Unix epoch (the run table's key); a keyed job's run:
+    /// the key's digest, the `slot` its record is kept under.
     pub fn slot_millis(&self) -> i64 {
         self.inner.slot
     }

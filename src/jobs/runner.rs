@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub other_job_set: Mutex<Option<String>>,
     /// Each job's time since its last finished slot, while this node leads.
     pub freshness: Freshness,
+    /// Wakes the leader's loop: a key was submitted on this node.
+    pub wake: tokio::sync::Notify,
 }
 
 /// A job as the scheduler keeps it.
@@ -87,6 +89,7 @@ struct Here {
 enum Woke {
     Lost,
     Timer,
+    Submitted,
     Returned(tokio::task::Id),
     Ended(tokio::task::Id),
 }
@@ -204,12 +207,13 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         let woke = tokio::select! {
             _ = term.lost() => Woke::Lost,
             _ = tokio::time::sleep_until(wake) => Woke::Timer,
+            _ = shared.wake.notified() => Woke::Submitted,
             Some(id) = here.returned_rx.recv() => Woke::Returned(id),
             Some(done) = here.set.join_next_with_id() => Woke::Ended(task_id(&done)),
         };
         match woke {
             Woke::Lost => break,
-            Woke::Timer => {}
+            Woke::Timer | Woke::Submitted => {}
             Woke::Returned(id) => here.returned(id),
             Woke::Ended(id) => here.ended(id),
         }
@@ -283,10 +287,43 @@ async fn tick(
         shared.freshness.read(finished);
     }
     let mut open: Vec<Vec<Open>> = vec![Vec::new(); names.len()];
-    for row in read(shared, &records::open_runs(table, names)).await? {
-        match records::decode_open(&row) {
-            Ok(Some((job, record))) => {
+    // The keys of the keyed jobs' open records, by (job, slot).
+    let mut keys: HashMap<(usize, i64), Arc<str>> = HashMap::new();
+    let (scheduled, keyed) = split_names(&shared.jobs);
+    let mut rows = Vec::new();
+    if !scheduled.is_empty() {
+        rows.extend(
+            read(shared, &records::open_runs(table, &scheduled))
+                .await?
+                .into_iter()
+                .map(|row| (row, false)),
+        );
+    }
+    if !keyed.is_empty() {
+        let found = read(shared, &records::open_keyed(table, &keyed))
+            .await
+            .map_err(|e| keyed_error(shared, e))?;
+        rows.extend(found.into_iter().map(|row| (row, true)));
+    }
+    for (row, is_keyed) in rows {
+        let decoded = records::decode_open(&row).and_then(|open| {
+            let key = if is_keyed {
+                records::decode_key(&row)?
+            } else {
+                None
+            };
+            Ok(open.map(|o| (o, key)))
+        });
+        match decoded {
+            Ok(Some(((job, record), key))) => {
                 if let Some(i) = names.iter().position(|n| *n == job) {
+                    if let Some(key) = key {
+                        keys.insert((i, record.slot), key.into());
+                    } else if is_keyed {
+                        // A keyed job's record without its key (written by hand): not run.
+                        tracing::warn!(%job, slot = record.slot, "a keyed job's record has no key; left alone");
+                        continue;
+                    }
                     open[i].push(record);
                 }
             }
@@ -345,7 +382,8 @@ async fn tick(
                         Duration::from_millis(lateness_ms).saturating_add(read_at.elapsed());
                     here.running[i].insert(slot);
                     here.attempts[i].insert(slot);
-                    let id = start(shared, term, i, slot, attempt, lateness, here);
+                    let key = keys.get(&(i, slot)).cloned();
+                    let id = start(shared, term, (i, slot, key), attempt, lateness, here);
                     here.tasks.insert(id, (i, slot));
                 }
                 Action::Skip { slot } => {
@@ -367,9 +405,15 @@ async fn tick(
         let every = Duration::from_millis(u64::try_from(keep / 2).unwrap_or(0)).min(PRUNE_EVERY);
         if look.pruned.is_none_or(|at| at.elapsed() >= every) || look.prune_more {
             look.pruned = Some(Instant::now());
-            let all: Vec<String> = history.iter().map(|(n, _)| n.clone()).collect();
-            look.prune_more = match prune(shared, backend, &all, now_ms.saturating_sub(keep)).await
-            {
+            // A scheduled job's slots are times; a keyed job's records are pruned by when they
+            // ended.
+            let all: Vec<String> = history
+                .iter()
+                .filter(|(_, i)| !shared.jobs[*i].job.is_keyed())
+                .map(|(n, _)| n.clone())
+                .collect();
+            let cutoff = now_ms.saturating_sub(keep);
+            look.prune_more = match prune(shared, backend, (&all, &keyed), cutoff).await {
                 Ok(full) => full,
                 Err(e) => {
                     tracing::warn!(error = %e, "pruning ended run records failed; trying again later");
@@ -443,6 +487,43 @@ async fn read(
     }
 }
 
+/// A read of the keyed jobs' records failed: a table without the key column lacks the
+/// `AddJobRunKey` step, said as such.
+pub(crate) fn keyed_error(shared: &Shared, err: JobError) -> JobError {
+    match err {
+        JobError::Store(crate::error::StoreError::Database(source))
+            if shared
+                .store
+                .engine()
+                .is_ok_and(|e| e.unknown_column_in(&source)) =>
+        {
+            JobError::Store(crate::error::StoreError::OutdatedSchema {
+                table: shared.table.to_string(),
+                migration: JOB_RUN_KEY_STEP,
+                source,
+            })
+        }
+        other => other,
+    }
+}
+
+/// The migration step that adds the key column to the run table.
+pub(crate) const JOB_RUN_KEY_STEP: &str = "AddJobRunKey";
+
+/// The jobs' names: the scheduled ones, then the keyed ones.
+fn split_names(jobs: &[Registered]) -> (Vec<String>, Vec<String>) {
+    let mut scheduled = Vec::new();
+    let mut keyed = Vec::new();
+    for reg in jobs {
+        if reg.job.is_keyed() {
+            keyed.push(reg.name.to_string());
+        } else {
+            scheduled.push(reg.name.to_string());
+        }
+    }
+    (scheduled, keyed)
+}
+
 /// A run-table statement's error: a missing table named as such.
 fn runs_error(shared: &Shared, err: sea_orm::DbErr) -> JobError {
     match shared.store.engine() {
@@ -478,17 +559,26 @@ const PRUNE_NAMES: usize = 1000;
 async fn prune(
     shared: &Shared,
     backend: DbBackend,
-    names: &[String],
+    (names, keyed): (&[String], &[String]),
     before_ms: i64,
 ) -> Result<bool, JobError> {
+    let before = chrono::DateTime::from_timestamp_millis(before_ms).unwrap_or_default();
     let txn = shared.store.begin_whole().await?;
     let mut deleted = 0;
-    for chunk in names.chunks(PRUNE_NAMES) {
+    let batches = names
+        .chunks(PRUNE_NAMES)
+        .map(|chunk| (chunk, false))
+        .chain(keyed.chunks(PRUNE_NAMES).map(|chunk| (chunk, true)));
+    for (chunk, is_keyed) in batches {
         let left = PRUNE_BATCH.saturating_sub(deleted);
         if left == 0 {
             break;
         }
-        let stmt = records::prune(backend, &shared.table, chunk, before_ms, left);
+        let stmt = if is_keyed {
+            records::prune_keyed(backend, &shared.table, chunk, before, left)
+        } else {
+            records::prune(backend, &shared.table, chunk, before_ms, left)
+        };
         match txn.execute(&stmt).await {
             Ok(done) => deleted += done.rows_affected(),
             Err(e) => {

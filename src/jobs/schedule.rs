@@ -52,6 +52,8 @@ enum Kind {
     Every {
         millis: i64,
     },
+    /// A keyed job's: no slot of its own, only the keys submitted to it.
+    Keyed,
 }
 
 impl fmt::Debug for Schedule {
@@ -144,11 +146,26 @@ impl Schedule {
                 expression, zone, ..
             } => format!("cron {expression} {}", zone.name()),
             Kind::Every { millis } => format!("every {millis}ms"),
+            Kind::Keyed => KEYED.to_owned(),
         }
+    }
+
+    /// A keyed job's schedule (see [`Job::keyed`](super::Job::keyed)): no slot comes due by
+    /// time; each submitted key is one run.
+    pub(crate) fn keyed() -> Self {
+        Self { kind: Kind::Keyed }
+    }
+
+    /// Whether this is a keyed job's schedule (slots are keys' digests, not times).
+    pub fn is_keyed(&self) -> bool {
+        matches!(self.kind, Kind::Keyed)
     }
 
     /// Reads what [`describe`](Self::describe) wrote.
     pub fn parse(text: &str) -> Result<Self, JobError> {
+        if text == KEYED {
+            return Ok(Self::keyed());
+        }
         if let Some(rest) = text.strip_prefix("every ") {
             let millis = rest
                 .strip_suffix("ms")
@@ -180,6 +197,7 @@ impl Schedule {
                 let found = cron.find_previous_occurrence(&at, true).ok()?;
                 Some(found.with_timezone(&Utc).timestamp_millis())
             }
+            Kind::Keyed => None,
         }
     }
 
@@ -192,6 +210,7 @@ impl Schedule {
                 let found = cron.find_next_occurrence(&at, false).ok()?;
                 Some(found.with_timezone(&Utc).timestamp_millis())
             }
+            Kind::Keyed => None,
         }
     }
 
@@ -220,6 +239,9 @@ impl FromStr for Schedule {
         Self::parse(s)
     }
 }
+
+/// How the run table records a keyed job's schedule.
+const KEYED: &str = "keyed";
 
 /// A slot in milliseconds as a UTC time.
 pub(crate) fn millis_to_utc(ms: i64) -> Option<DateTime<Utc>> {

@@ -11,13 +11,15 @@ use std::time::Duration;
 
 use orion_beacon::jobs::{self, Job, JobError, JobRun, Jobs, JobsHandle, Mark, Overlap, Schedule};
 use orion_beacon::{ErrorKind, SeaOrmLeaseStore};
-use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+use orion_beacon_migration::{AddJobRunKey, CreateJobRunTable, MigrationTrait, SchemaManager};
 use sea_orm::sea_query::{Alias, ColumnDef, Expr, ExprTrait, Query, Table};
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::conformance::Harness;
+#[allow(unused_imports)] // the job suite names the keyed cases here too
+pub use super::job_keys::*;
 use super::unique;
 
 const LEASE: Duration = Duration::from_millis(1_000);
@@ -34,7 +36,19 @@ pub struct Tables {
 }
 
 impl Tables {
+    /// The tables, the run table with every migration step.
     pub async fn create(db: &DatabaseConnection) -> Self {
+        let t = Self::create_without_key(db).await;
+        AddJobRunKey::with_table(&t.runs)
+            .unwrap()
+            .up(&SchemaManager::new(db))
+            .await
+            .unwrap();
+        t
+    }
+
+    /// The tables, the run table as `CreateJobRunTable` made it (before `AddJobRunKey`).
+    pub async fn create_without_key(db: &DatabaseConnection) -> Self {
         let runs = unique("runs");
         CreateJobRunTable::with_table(&runs)
             .unwrap()
@@ -1464,6 +1478,11 @@ macro_rules! job_suite {
             slots_due_together_are_claimed_in_one_statement,
             a_job_with_nothing_finished_is_reported_stale,
             ended_records_are_pruned_and_no_slot_runs_again,
+            a_key_submitted_from_three_processes_at_once_runs_once,
+            a_key_whose_leader_dies_mid_run_runs_again_once,
+            keyed_runs_are_retried_given_up_and_capped,
+            a_run_table_without_the_key_refuses_keys_until_its_migration_runs,
+            ended_keys_are_pruned_by_when_they_ended,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -227,7 +227,7 @@ impl Runs<'_> {
         let rows = latest.iter().map(|m| {
             let mut row = vec![
                 m.job.clone(),
-                slot_time(m.slot),
+                slot_label(m),
                 m.state.clone(),
                 m.attempts.to_string(),
                 duration(m),
@@ -281,10 +281,30 @@ impl Runs<'_> {
 
     /// `jobs runs JOB`: its newest `limit` records, newest first.
     async fn runs(&self, job: &str, limit: u64, output: Output, headers: bool) -> Outcome {
-        let stmt = Query::select()
-            .columns(Column::iter())
+        // A keyed job's slots are its keys' digests: its records go newest claim (or submit)
+        // first.
+        let keyed = Query::select()
+            .column(Column::Slot)
             .from(Alias::new(self.table))
             .and_where(Expr::col(Column::Job).eq(job))
+            .and_where(Expr::col((Alias::new(self.table), Column::RunKey)).is_not_null())
+            .limit(1)
+            .to_owned();
+        let keyed = !self
+            .db
+            .query_all(&keyed)
+            .await
+            .map_err(|e| self.db_failure(e))?
+            .is_empty();
+        let mut stmt = Query::select();
+        // Qualified: SQLite reads an unknown unqualified column name as a string.
+        stmt.columns(Column::iter().map(|c| (Alias::new(self.table), c)))
+            .from(Alias::new(self.table))
+            .and_where(Expr::col(Column::Job).eq(job));
+        if keyed {
+            stmt.order_by(Column::ClaimedAt, Order::Desc);
+        }
+        let stmt = stmt
             .order_by(Column::Slot, Order::Desc)
             .limit(limit)
             .to_owned();
@@ -314,7 +334,7 @@ impl Runs<'_> {
             header.extend(["CLAIMED (UTC)", "SCHEDULE", "ERROR"]);
         }
         let rows = records.iter().map(|m| {
-            let mut row = vec![slot_time(m.slot)];
+            let mut row = vec![slot_label(m)];
             if wide {
                 row.push(m.slot.to_string());
             }
@@ -447,7 +467,7 @@ impl Runs<'_> {
     /// One slot's record.
     async fn one(&self, job: &str, slot: i64) -> Result<Option<Model>, CliError> {
         let stmt = Query::select()
-            .columns(Column::iter())
+            .columns(Column::iter().map(|c| (Alias::new(self.table), c)))
             .from(Alias::new(self.table))
             .and_where(Expr::col(Column::Job).eq(job))
             .and_where(Expr::col(Column::Slot).eq(slot))
@@ -543,6 +563,15 @@ impl Runs<'_> {
                     source: BackendError::from(err),
                 },
             );
+        }
+        if err.to_string().contains("run_key") {
+            return CliError::Other(format!(
+                "the job-run table {:?} lacks the column run_key (keyed jobs' keys): run the \
+                 migration AddJobRunKey on it (`orion_beacon_migration::migrations()` has it; \
+                 or `orion-beacon-migration up -u <DATABASE_URL>`): {}",
+                self.table,
+                scrub(&chain(&err), &self.ctx.raw_url)
+            ));
         }
         if matches!(err, DbErr::Conn(_) | DbErr::ConnectionAcquire(_)) {
             return store_failure_in(
@@ -640,6 +669,14 @@ fn token(m: &Model) -> String {
     }
 }
 
+/// A record's slot as shown: its time, or a keyed job's key.
+fn slot_label(m: &Model) -> String {
+    match &m.run_key {
+        Some(key) => format!("key {}", one_line(key)),
+        None => slot_time(m.slot),
+    }
+}
+
 fn error(m: &Model) -> String {
     match &m.error {
         Some(e) if ended(m) => one_line(e),
@@ -654,8 +691,9 @@ fn record_json(m: &Model) -> Value {
     let ended = ended(m);
     json!({
         "job": m.job,
-        "slot": rfc3339(m.slot),
+        "slot": if m.run_key.is_some() { None } else { rfc3339(m.slot) },
         "slot_ms": m.slot,
+        "key": m.run_key,
         "state": m.state,
         "attempts": m.attempts,
         "schedule": m.schedule,

@@ -8,8 +8,7 @@ use super::*;
 pub(super) fn start(
     shared: &Arc<Shared>,
     term: &LeaderTerm,
-    i: usize,
-    slot: i64,
+    (i, slot, key): (usize, i64, Option<Arc<str>>),
     attempt: i32,
     lateness: Duration,
     here: &mut Here,
@@ -19,6 +18,7 @@ pub(super) fn start(
         inner: Arc::new(RunState {
             job: reg.name.clone(),
             slot,
+            key,
             attempt,
             term: term.clone(),
             store: shared.store.clone(),
@@ -31,7 +31,7 @@ pub(super) fn start(
         }),
     };
     crate::jobs::metrics_hook::lateness(&reg.name, lateness);
-    tracing::info!(job = %reg.name, slot, attempt, token = %term.token(), lateness_ms = lateness.as_millis() as u64, "job run starts");
+    tracing::info!(job = %reg.name, slot, key = run.key(), attempt, token = %term.token(), lateness_ms = lateness.as_millis() as u64, "job run starts");
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
     let returned = here.returned_tx.clone();
