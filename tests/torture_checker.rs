@@ -903,6 +903,7 @@ mod jobs {
             finished_token: finished.map(|_| 1),
             claimed_at_ms: Some(claimed),
             finished_at_ms: finished,
+            key: None,
         }
     }
 
@@ -913,12 +914,66 @@ mod jobs {
             records,
             &[],
             &JobHistories::default(),
-            20,
+            (20, 20_000_000_000),
         )
         .violations
         .iter()
         .filter(|m| m.contains("was skipped, though"))
         .count()
+    }
+
+    fn keyed(slot: i64, key: &str, state: &str) -> RunRecord {
+        RunRecord {
+            job: "keyed".into(),
+            key: Some(key.into()),
+            finished_token: (state == "finished").then_some(1),
+            ..record(slot, state, 1000, Some(1500))
+        }
+    }
+
+    fn key_violations(records: &[RunRecord], history: &str) -> Vec<String> {
+        let mut h = JobHistories::default();
+        h.add_history(history, None).unwrap();
+        let writes: Vec<super::jobs_checker::WriteRow> = records
+            .iter()
+            .filter(|r| r.state == "finished")
+            .map(|r| super::jobs_checker::WriteRow {
+                job: r.job.clone(),
+                slot: r.slot,
+                token: 1,
+                writer: "a".into(),
+            })
+            .collect();
+        check(
+            ("tick", 1000),
+            ("load-", 1000),
+            records,
+            &writes,
+            &h,
+            (0, 20_000_000_000),
+        )
+        .violations
+        .into_iter()
+        .filter(|m| m.contains("key "))
+        .collect()
+    }
+
+    /// Rule 9: a key answered "created" twice, a key answered with a slot that has no record
+    /// or another key's, and a key submitted long before the end that never finished are
+    /// caught; a clean history is not.
+    #[test]
+    fn keys_created_twice_lost_or_unfinished_are_caught() {
+        let ok = "start a 0 0\nsubmitted k-0 7 1 1000\nsubmitted k-0 7 0 2000\nsubmitted k-1 8 1 19000000000\n";
+        let records = [keyed(7, "k-0", "finished"), keyed(8, "k-1", "queued")];
+        assert_eq!(key_violations(&records, ok), Vec::<String>::new());
+        let twice = "start a 0 0\nsubmitted k-0 7 1 1000\nsubmitted k-0 7 1 2000\n";
+        assert_eq!(key_violations(&records, twice).len(), 1);
+        let lost = "start a 0 0\nsubmitted k-2 9 1 1000\n";
+        assert_eq!(key_violations(&records, lost).len(), 1);
+        let other = "start a 0 0\nsubmitted k-9 7 0 1000\n";
+        assert_eq!(key_violations(&records, other).len(), 1);
+        let late = "start a 0 0\nsubmitted k-1 8 1 1000\n";
+        assert_eq!(key_violations(&records, late).len(), 1);
     }
 
     #[test]

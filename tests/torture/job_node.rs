@@ -8,24 +8,30 @@
 //! reads the run table and the writes table afterwards; the history says what each attempt was
 //! told.
 //!
+//! Beside them, a keyed job, `keyed` (the same fenced attempt, keys side by side, at most
+//! `KEYED_MAX_RUNNING` at once): every node submits the keys `k-0`, `k-1`, ... one every
+//! `SUBMIT_EVERY` from its start, so the nodes submit each key at about the same time, and a
+//! node restarted after a kill submits the earlier keys again.
+//!
 //! History lines (times are `CLOCK_MONOTONIC` nanoseconds):
 //!
 //! ```text
 //! start <node> <ns> <wall-unix-ms>
 //! lead <token> <ns>                                   the node's elector leads (the scheduler runs)
 //! follow <ns>                                         it does not
-//! begin <slot> <token> <attempt> <ns>                 an attempt's closure started
-//! committed <slot> <token> <attempt> <ns> <begun-ns>  `run.commit` returned Ok
-//! refused <slot> <token> <attempt> <ns> <begun-ns>    the term was no longer current (the fence)
-//! notclaimed <slot> <token> <attempt> <ns> <begun-ns> the record no longer said this attempt runs
-//! failed <slot> <token> <attempt> <ns> <begun-ns>     another error (a database error)
-//! dropped <slot> <token> <attempt> <ns> <begun-ns>    the attempt was dropped before it ended
+//! begin <job> <slot> <token> <attempt> <ns>                 an attempt's closure started
+//! committed <job> <slot> <token> <attempt> <ns> <begun-ns>  `run.commit` returned Ok
+//! refused <job> <slot> <token> <attempt> <ns> <begun-ns>    the term was no longer current (the fence)
+//! notclaimed <job> <slot> <token> <attempt> <ns> <begun-ns> the record no longer said this attempt runs
+//! failed <job> <slot> <token> <attempt> <ns> <begun-ns>     another error (a database error)
+//! dropped <job> <slot> <token> <attempt> <ns> <begun-ns>    the attempt was dropped before it ended
+//! submitted <key> <slot> <created: 0|1> <ns>                 `submit` answered with the key's record
 //! stop <ns>
 //! ```
 
 use std::time::Duration;
 
-use orion_beacon::jobs::{Job, JobError, JobRun, Jobs, MissedSlots, Schedule};
+use orion_beacon::jobs::{Job, JobError, JobRun, Jobs, MissedSlots, Overlap, Schedule};
 use orion_beacon::{Leadership, SeaOrmLeaseStore};
 use sea_orm::sea_query::{Alias, Query};
 use sea_orm::ConnectionTrait;
@@ -41,6 +47,13 @@ use crate::{Args, Error, LEASE, RENEW, RETRY, ROLLBACK_BUSY_TIMEOUT};
 pub const JOB: &str = "tick";
 /// Its schedule: a slot every second.
 pub const EVERY: Duration = Duration::from_secs(1);
+/// The keyed job of the run, and how often each node submits its next key.
+pub const KEYED_JOB: &str = "keyed";
+const SUBMIT_EVERY: Duration = Duration::from_millis(300);
+const KEYED_MAX_RUNNING: usize = 4;
+/// A key's work before its fenced transaction, and inside it (ms, drawn per attempt).
+const KEYED_WORK_MS: std::ops::Range<u64> = 0..300;
+const KEYED_HOLD_MS: std::ops::Range<u64> = 0..20;
 /// Beside it, this many load jobs (`load-000`...): every `LOAD_EVERY`, each run returning
 /// after at most `LOAD_WORK_MS`, long before its next slot; the even ones under
 /// `MissedSlots::RunAll` (every slot of theirs must have a record: missed ones are caught up),
@@ -64,6 +77,8 @@ struct Tick {
     history: History,
     writes: String,
     me: String,
+    /// The work before the fenced transaction, and inside it (ms, drawn per attempt).
+    work: (std::ops::Range<u64>, std::ops::Range<u64>),
 }
 
 impl Tick {
@@ -71,18 +86,23 @@ impl Tick {
     /// goes to the history; an error fails the attempt (the scheduler retries the slot).
     async fn attempt(&self, run: JobRun) -> Result<(), Error> {
         let (slot, token, attempt) = (run.slot_millis(), run.token().get(), run.attempt());
+        let job = run.job().to_owned();
         let begun = mono_ns();
         line(
             &self.history,
-            &format!("begin {slot} {token} {attempt} {begun}"),
+            &format!("begin {job} {slot} {token} {attempt} {begun}"),
         );
         // An attempt its term's end drops (the work is aborted) says so too.
         let mut open = Unfinished::new(
             self.history.clone(),
-            format!("dropped {slot} {token} {attempt}"),
+            format!("dropped {job} {slot} {token} {attempt}"),
             begun,
         );
         let result: Result<(), Error> = async {
+            let before = fastrand::u64(self.work.0.clone());
+            if before > 0 {
+                tokio::time::sleep(Duration::from_millis(before)).await;
+            }
             let txn = run.begin().await?;
             let insert = Query::insert()
                 .into_table(Alias::new(&self.writes))
@@ -100,7 +120,7 @@ impl Tick {
                 ])?
                 .to_owned();
             txn.execute(&insert).await?;
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(WORK_MS))).await;
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(self.work.1.clone()))).await;
             run.commit(txn).await?;
             Ok(())
         }
@@ -116,7 +136,10 @@ impl Tick {
         open.finished();
         line(
             &self.history,
-            &format!("{what} {slot} {token} {attempt} {} {begun}", mono_ns()),
+            &format!(
+                "{what} {job} {slot} {token} {attempt} {} {begun}",
+                mono_ns()
+            ),
         );
         result
     }
@@ -142,11 +165,26 @@ pub async fn run(args: Args) -> Result<(), Error> {
         history: history.clone(),
         writes: args.writes_table.clone(),
         me: name.clone(),
+        work: (0..1, WORK_MS),
+    };
+    // Keys run side by side: their work comes first, their fenced transactions stay short
+    // (each holds the lease row, and on SQLite the write lock, while it is open).
+    let keyed_tick = Tick {
+        work: (KEYED_WORK_MS, KEYED_HOLD_MS),
+        ..tick.clone()
     };
     let job = Job::new(JOB, Schedule::every(EVERY)?, move |run: JobRun| {
         let tick = tick.clone();
         async move { tick.attempt(run).await }
     })
+    .retry_backoff(BACKOFF.0, BACKOFF.1)
+    .max_attempts(MAX_ATTEMPTS);
+    let keyed = Job::keyed(KEYED_JOB, move |run: JobRun| {
+        let tick = keyed_tick.clone();
+        async move { tick.attempt(run).await }
+    })
+    .overlap(Overlap::Allow)
+    .max_running(KEYED_MAX_RUNNING)
     .retry_backoff(BACKOFF.0, BACKOFF.1)
     .max_attempts(MAX_ATTEMPTS);
     let load = (0..LOAD_JOBS).map(|i| {
@@ -178,8 +216,33 @@ pub async fn run(args: Args) -> Result<(), Error> {
         .retry_interval(RETRY)
         .runs_table(&args.runs_table)
         .job(job)
+        .job(keyed)
         .build()?
         .start();
+    let handle = std::sync::Arc::new(handle);
+
+    // The keys, one every `SUBMIT_EVERY`; what each submit was answered.
+    let submitter = {
+        let (handle, history) = (handle.clone(), history.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(SUBMIT_EVERY);
+            for i in 0u64.. {
+                every.tick().await;
+                let key = format!("k-{i}");
+                if let Ok(s) = handle.submit(KEYED_JOB, &key).await {
+                    line(
+                        &history,
+                        &format!(
+                            "submitted {key} {} {} {}",
+                            s.record.slot,
+                            u8::from(s.created),
+                            mono_ns()
+                        ),
+                    );
+                }
+            }
+        })
+    };
 
     // Whether the node's elector leads, as published: a line per change.
     let mut rx = handle.elector().watch();
@@ -211,6 +274,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
             break;
         }
     }
+    submitter.abort();
     handle.shutdown().await;
     watcher.abort();
     line(&history, &format!("stop {}", mono_ns()));

@@ -22,12 +22,23 @@
 //!    slot's run had ended (its end recorded, by the database clock) before the slot's time:
 //!    a run that returned never makes its next slot skipped (checked for the fenced job too).
 //!    Their catch-up may come late, so rule 7 checks only "not before its time" for them.
+//! 9. The keyed job (`job_node::KEYED_JOB`; rules 1 to 5 hold for its keys as for slots):
+//!    of the submits of one key (from every node, again after a restart), at most one was
+//!    answered "created"; every key a node was answered for has a record carrying that key,
+//!    at the slot the answer named; and every key first submitted `KEY_DONE_WITHIN_NS` before
+//!    the run's end is finished.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The keyed job's name (`job_node::KEYED_JOB`).
+const KEYED_JOB: &str = "keyed";
 
 /// The latest a slot's first attempt may be claimed after its time: the default policy runs
 /// the latest due slot, so lateness stays under the interval plus a leader change.
 const FIRST_CLAIM_WITHIN_MS: i64 = 10_000;
+
+/// How long a submitted key may take to finish, under the faults, before the run's end.
+const KEY_DONE_WITHIN_NS: u64 = 12_000_000_000;
 
 /// One row of the run table.
 #[derive(Debug, Clone)]
@@ -43,6 +54,8 @@ pub struct RunRecord {
     pub claimed_at_ms: Option<i64>,
     /// When the latest attempt's end was recorded (database clock, ms).
     pub finished_at_ms: Option<i64>,
+    /// A keyed job's key.
+    pub key: Option<String>,
 }
 
 /// One row of the writes table.
@@ -59,8 +72,10 @@ pub struct WriteRow {
 pub struct JobHistories {
     /// Attempts whose closure started.
     pub begun: usize,
-    /// `run.commit` returned Ok: (node, slot, token).
-    pub committed: Vec<(String, i64, i64)>,
+    /// `run.commit` returned Ok: (node, job, slot, token).
+    pub committed: Vec<(String, String, i64, i64)>,
+    /// Keys a submit was answered for: (node, key, slot, created, ns).
+    pub submitted: Vec<(String, String, i64, bool, u64)>,
     /// Refused because the term was no longer current.
     pub refused: usize,
     /// Refused because the record no longer said this attempt runs.
@@ -88,8 +103,8 @@ impl JobHistories {
     /// Adds one node's history. `killed_at` closes an attempt the process never saw end.
     pub fn add_history(&mut self, text: &str, killed_at: Option<u64>) -> Result<(), String> {
         let mut name = String::new();
-        // Attempts begun and not ended yet: (slot, token, attempt) -> begun.
-        let mut open: BTreeMap<(i64, i64, u32), u64> = BTreeMap::new();
+        // Attempts begun and not ended yet: (job, slot, token, attempt) -> begun.
+        let mut open: BTreeMap<(String, i64, i64, u32), u64> = BTreeMap::new();
         let mut last_seen = 0u64;
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let parts: Vec<&str> = line.split_whitespace().collect();
@@ -105,23 +120,33 @@ impl JobHistories {
                 "follow" | "stop" => last_seen = num(&parts, 1, line)?,
                 "begin" => {
                     let key = (
-                        num(&parts, 1, line)?,
+                        num::<String>(&parts, 1, line)?,
                         num(&parts, 2, line)?,
                         num(&parts, 3, line)?,
+                        num(&parts, 4, line)?,
                     );
-                    last_seen = num(&parts, 4, line)?;
+                    last_seen = num(&parts, 5, line)?;
                     open.insert(key, last_seen);
                     self.begun += 1;
                 }
-                kind @ ("committed" | "refused" | "notclaimed" | "failed" | "dropped") => {
-                    let (slot, token): (i64, i64) = (num(&parts, 1, line)?, num(&parts, 2, line)?);
-                    let attempt: u32 = num(&parts, 3, line)?;
+                "submitted" => {
+                    let key: String = num(&parts, 1, line)?;
+                    let slot: i64 = num(&parts, 2, line)?;
+                    let created: u8 = num(&parts, 3, line)?;
                     last_seen = num(&parts, 4, line)?;
-                    let begun: u64 = num(&parts, 5, line)?;
-                    open.remove(&(slot, token, attempt));
+                    self.submitted
+                        .push((name.clone(), key, slot, created == 1, last_seen));
+                }
+                kind @ ("committed" | "refused" | "notclaimed" | "failed" | "dropped") => {
+                    let job: String = num(&parts, 1, line)?;
+                    let (slot, token): (i64, i64) = (num(&parts, 2, line)?, num(&parts, 3, line)?);
+                    let attempt: u32 = num(&parts, 4, line)?;
+                    last_seen = num(&parts, 5, line)?;
+                    let begun: u64 = num(&parts, 6, line)?;
+                    open.remove(&(job.clone(), slot, token, attempt));
                     self.transactions.push((name.clone(), begun, last_seen));
                     match kind {
-                        "committed" => self.committed.push((name.clone(), slot, token)),
+                        "committed" => self.committed.push((name.clone(), job, slot, token)),
                         "refused" => self.refused += 1,
                         "notclaimed" => self.not_claimed += 1,
                         "failed" => self.failed += 1,
@@ -156,6 +181,10 @@ pub struct JobVerdict {
     pub reruns: i64,
     /// Records with more than one attempt.
     pub retried_slots: usize,
+    /// The keyed job: keys submitted, answered "created", finished.
+    pub keys: usize,
+    pub keys_created: usize,
+    pub keys_finished: usize,
     /// Slot times between the first and the last record that have no record at all (missed
     /// while nobody led: `MissedSlots::RunLatest` runs only the latest).
     pub missed: usize,
@@ -272,7 +301,7 @@ pub fn check(
     records: &[RunRecord],
     writes: &[WriteRow],
     histories: &JobHistories,
-    duration_secs: u64,
+    (duration_secs, end_ns): (u64, u64),
 ) -> JobVerdict {
     let mut v = JobVerdict {
         liveness_bound: (duration_secs / 2) as usize,
@@ -288,7 +317,8 @@ pub fn check(
     // 1. One record per slot (the primary key's promise), and at most one write per slot.
     let mut by_slot: BTreeMap<(&str, i64), &RunRecord> = BTreeMap::new();
     for r in records {
-        if r.job != job {
+        let keyed = r.job == KEYED_JOB;
+        if r.job != job && !keyed {
             v.violations.push(format!(
                 "a record of an unknown job {:?} (slot {})",
                 r.job, r.slot
@@ -299,6 +329,8 @@ pub fn check(
                 .push(format!("slot {} of {} has two records", r.slot, r.job));
         }
         match r.state.as_str() {
+            "finished" if keyed => v.keys_finished += 1,
+            "queued" if keyed => {}
             "finished" => v.finished += 1,
             "skipped" => v.skipped += 1,
             "failed" => v.failed += 1,
@@ -313,6 +345,14 @@ pub fn check(
         // 7. Slots come from the database clock: none is claimed before its time by it, and a
         // first attempt not long after it (a node that judged by its own skewed clock would
         // claim hours early, or run hours-old slots late).
+        if keyed {
+            // A key's slot is its digest, not a time.
+            if r.attempts > 1 {
+                v.reruns += i64::from(r.attempts - 1);
+                v.retried_slots += 1;
+            }
+            continue;
+        }
         if let Some(at) = r.claimed_at_ms {
             if r.attempts == 1 && at - r.slot > FIRST_CLAIM_WITHIN_MS {
                 v.violations.push(format!(
@@ -405,8 +445,8 @@ pub fn check(
         }
     }
     // 5. Every acknowledged commit is there.
-    for (node, slot, token) in &histories.committed {
-        match by_slot.get(&(job, *slot)) {
+    for (node, job, slot, token) in &histories.committed {
+        match by_slot.get(&(job.as_str(), *slot)) {
             Some(r) if r.state == "finished" && r.finished_token == Some(*token) => {}
             Some(r) => v.violations.push(format!(
                 "{node} was told slot {slot} committed with token {token}, but its record is {:?} with finished_token {:?}",
@@ -420,7 +460,7 @@ pub fn check(
     let acknowledged: BTreeSet<(i64, i64)> = histories
         .committed
         .iter()
-        .map(|(_, slot, token)| (*slot, *token))
+        .map(|(_, _, slot, token)| (*slot, *token))
         .collect();
     v.unacknowledged = records
         .iter()
@@ -431,13 +471,18 @@ pub fn check(
         })
         .count();
     // Slot times without a record between the first and the last one.
-    let slots: Vec<i64> = records.iter().map(|r| r.slot).collect();
+    let slots: Vec<i64> = records
+        .iter()
+        .filter(|r| r.job == job)
+        .map(|r| r.slot)
+        .collect();
     if let (Some(first), Some(last)) = (slots.iter().min(), slots.iter().max()) {
         if every_ms > 0 {
             let span = ((last - first) / every_ms + 1) as usize;
-            v.missed = span.saturating_sub(by_slot.len());
+            v.missed = span.saturating_sub(slots.len());
         }
     }
+    check_keys(&by_slot, histories, end_ns, &mut v);
     // 6. Liveness.
     if v.finished < v.liveness_bound {
         v.violations.push(format!(
@@ -446,4 +491,55 @@ pub fn check(
         ));
     }
     v
+}
+
+/// Rule 9: the keyed job's submits against its records.
+fn check_keys(
+    by_slot: &BTreeMap<(&str, i64), &RunRecord>,
+    histories: &JobHistories,
+    end_ns: u64,
+    v: &mut JobVerdict,
+) {
+    // Per key: how many submits were answered "created", the slots answered, the first submit.
+    let mut keys: BTreeMap<&str, (usize, BTreeSet<i64>, u64)> = BTreeMap::new();
+    for (_, key, slot, created, at) in &histories.submitted {
+        let entry = keys.entry(key).or_insert((0, BTreeSet::new(), *at));
+        entry.0 += usize::from(*created);
+        entry.1.insert(*slot);
+        entry.2 = entry.2.min(*at);
+    }
+    v.keys = keys.len();
+    for (key, (created, slots, first)) in &keys {
+        v.keys_created += created.min(&1);
+        if *created > 1 {
+            v.violations.push(format!(
+                "key {key} was answered \"created\" {created} times"
+            ));
+        }
+        if slots.len() > 1 {
+            v.violations
+                .push(format!("key {key} was answered with slots {slots:?}"));
+        }
+        for slot in slots {
+            match by_slot.get(&(KEYED_JOB, *slot)) {
+                None => v.violations.push(format!(
+                    "key {key} was answered with slot {slot}, which has no record"
+                )),
+                Some(r) if r.key.as_deref() != Some(*key) => v.violations.push(format!(
+                    "key {key}'s slot {slot} records the key {:?}",
+                    r.key
+                )),
+                Some(r) => {
+                    if r.state != "finished" && first.saturating_add(KEY_DONE_WITHIN_NS) < end_ns {
+                        v.violations.push(format!(
+                            "key {key}, first submitted {} ms before the end, is {:?} (attempts {})",
+                            (end_ns - first) / 1_000_000,
+                            r.state,
+                            r.attempts
+                        ));
+                    }
+                }
+            }
+        }
+    }
 }

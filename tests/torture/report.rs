@@ -350,7 +350,7 @@ impl JobSummary<'_> {
             .collect();
         kinds.sort();
         println!(
-            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} load jobs: records={} (not finished {}, skipped {}) faults: {} violations={}",
+            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} load jobs: records={} (not finished {}, skipped {}) keys: submitted={} created={} finished={} faults: {} violations={}",
             self.label,
             self.seed,
             self.duration_ns as f64 / 1e9,
@@ -379,6 +379,9 @@ impl JobSummary<'_> {
             v.load_records,
             v.load_unfinished,
             v.load_skipped,
+            v.keys,
+            v.keys_created,
+            v.keys_finished,
             kinds.join(" "),
             v.violations.len(),
         );

@@ -243,6 +243,9 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         CreateJobRunTable::with_table(&runs)?
             .up(&SchemaManager::new(&admin))
             .await?;
+        orion_beacon_migration::AddJobRunKey::with_table(&runs)?
+            .up(&SchemaManager::new(&admin))
+            .await?;
         let create = Table::create()
             .table(Alias::new(&writes))
             .col(ColumnDef::new(Alias::new("job")).string_len(64).not_null())
@@ -1189,6 +1192,7 @@ async fn finish_jobs(
                     col("finished_token"),
                     col("claimed_at"),
                     col("finished_at"),
+                    col("run_key"),
                 ])
                 .from(Alias::new(&s.runs))
                 .order_by(col("slot"), sea_orm::sea_query::Order::Asc)
@@ -1211,6 +1215,7 @@ async fn finish_jobs(
             finished_at_ms: row
                 .try_get_by_index::<Option<chrono::DateTime<chrono::Utc>>>(8)?
                 .map(|t| t.timestamp_millis()),
+            key: row.try_get_by_index(9)?,
         });
     }
     let rows = admin
@@ -1243,7 +1248,7 @@ async fn finish_jobs(
         &records,
         &writes,
         &histories,
-        duration.as_secs(),
+        (duration.as_secs(), times.run_end_ns),
     );
     verdict.violations.extend(run_violations);
     let last_token = SeaOrmLeaseStore::new(admin.clone())
