@@ -1411,6 +1411,59 @@ async fn jobs_list_runs_and_marks(t: &Target) {
         "{show:#?}"
     );
     t.store.release(&scheduler, "node-a").await.unwrap();
+
+    // A keyed job's record: shown under its key, newest first, the key in the JSON.
+    insert_run(
+        t,
+        Record {
+            job: "backfill",
+            slot: 4_242,
+            state: "queued",
+            attempts: 0,
+            schedule: "keyed",
+            claimed: ("", 0),
+            ended: None,
+            error: None,
+        },
+    )
+    .await;
+    let db = t.store.connection();
+    use sea_orm::ConnectionTrait;
+    let set_key = format!(
+        "UPDATE {} SET run_key = 'tenant-42' WHERE job = 'backfill'",
+        t.runs_table
+    );
+    db.execute_unprepared(&set_key).await.unwrap();
+    let keyed = t.jobs(&["runs", "backfill"]).await;
+    assert_code(&keyed, 0);
+    assert!(
+        keyed
+            .stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("key tenant-42 ") && l.contains(" queued ")),
+        "{keyed:#?}"
+    );
+    let json = t.jobs(&["runs", "backfill", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json[0]["key"], "tenant-42", "{json}");
+    assert_eq!(json[0]["slot"], serde_json::Value::Null, "{json}");
+    // A run table from before the key column (`AddJobRunKey` not run, or undone): read as it
+    // is, its records without keys.
+    let drop_keyed = format!("DELETE FROM {} WHERE job = 'backfill'", t.runs_table);
+    db.execute_unprepared(&drop_keyed).await.unwrap();
+    use orion_beacon_migration::{AddJobRunKey, MigrationTrait, SchemaManager};
+    let step = AddJobRunKey::with_table(&t.runs_table).unwrap();
+    step.down(&SchemaManager::new(db)).await.unwrap();
+    let old = t.jobs(&["runs", report]).await;
+    assert_code(&old, 0);
+    assert_eq!(
+        old.stdout.lines().last(),
+        Some("2 run records of job \"report\", newest first"),
+        "{old:#?}"
+    );
+    assert_code(&t.jobs(&[]).await, 0);
+    step.up(&SchemaManager::new(db)).await.unwrap();
 }
 
 // ---- SQLite ----

@@ -7,8 +7,9 @@ use crate::m20261129_000001_create_leases::{applied_through_on, row_count, table
 use crate::m20261201_000001_create_members::live_members;
 use crate::m20261206_000001_create_rate_limits::limited_keys;
 use crate::{
-    AddLeasePayload, CreateJobRunTable, CreateLeaseTable, CreateMemberTable, CreateRateLimitTable,
-    DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
+    AddJobRunKey, AddLeasePayload, CreateJobRunTable, CreateLeaseTable, CreateMemberTable,
+    CreateRateLimitTable, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_RATE_LIMIT_TABLE,
+    DEFAULT_TABLE,
 };
 
 /// Checks, before anything is rolled back, what `M::down(db, steps)` would refuse in
@@ -76,6 +77,17 @@ where
             if table_exists_on(db, table).await? {
                 if let Some(why) =
                     crate::m20261203_000001_add_lease_payload::refusal(db, table).await?
+                {
+                    return Err(DbErr::Migration(format!(
+                        "refusing this `down`: it would undo `{name}`. {why} Nothing was rolled \
+                         back."
+                    )));
+                }
+            }
+        } else if let Some(table) = table_of(name, AddJobRunKey::NAME, DEFAULT_JOB_RUN_TABLE) {
+            if table_exists_on(db, table).await? {
+                if let Some(why) =
+                    crate::m20261207_000002_add_job_run_key::refusal(db, table).await?
                 {
                     return Err(DbErr::Migration(format!(
                         "refusing this `down`: it would undo `{name}`. {why} Nothing was rolled \

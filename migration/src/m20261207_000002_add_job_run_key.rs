@@ -1,9 +1,11 @@
 use orion_beacon_entity::job_run::Column;
 use orion_beacon_entity::{validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE};
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
 
-use crate::m20261129_000001_create_leases::{applied_through, table_exists, take_over_from_own};
+use crate::m20261129_000001_create_leases::{
+    applied_through, count_where, table_exists, take_over_from_own,
+};
 use crate::m20261203_000001_add_lease_payload::{bounded_ddl, column_exists};
 
 /// Adds one column to an existing job-run table (`orionbeacon_job_runs` by default), in place:
@@ -15,8 +17,9 @@ use crate::m20261203_000001_add_lease_payload::{bounded_ddl, column_exists};
 /// job fails its looks, with `StoreError::OutdatedSchema` naming this step; schedulers without
 /// keyed jobs go on as before.
 ///
-/// `down` (one step) removes the column, with every key it recorded: run it only when no
-/// keyed job is left (a key whose record is gone runs again when it is submitted again).
+/// `down` (one step) removes the column, and is refused while a record carries a key: those
+/// records are what keeps each key from running twice, and without their keys queued ones
+/// would never run. Delete a retired keyed job's records first.
 #[derive(Debug, Clone)]
 pub struct AddJobRunKey {
     table: String,
@@ -130,19 +133,42 @@ impl MigrationTrait for AddJobRunKey {
         bounded_ddl(conn, backend.build(&self.add_statement(backend))).await
     }
 
-    /// Removes the column; the records stay (keyed records lose their key: a submit is refused
-    /// until the step runs again).
+    /// Removes the column, unless a record carries a key (see the type's documentation).
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         if !table_exists(manager, &self.table).await? {
             return Ok(());
         }
         let conn = manager.get_connection();
+        if let Some(why) = refusal(conn, &self.table).await? {
+            return Err(DbErr::Migration(format!(
+                "{why} Nothing was dropped by this step."
+            )));
+        }
         if column_exists(conn, &self.table, COLUMN).await? {
             let backend = manager.get_database_backend();
             bounded_ddl(conn, backend.build(&self.drop_statement())).await?;
         }
         Ok(())
     }
+}
+
+/// Why `down` must not drop the key column of `table` now, if it must not: records carry keys.
+pub(crate) async fn refusal<C: ConnectionTrait>(
+    conn: &C,
+    table: &str,
+) -> Result<Option<String>, DbErr> {
+    if !column_exists(conn, table, COLUMN).await? {
+        return Ok(None);
+    }
+    let keyed = count_where(conn, table, Some(Expr::col(Column::RunKey).is_not_null())).await?;
+    Ok((keyed > 0).then(|| {
+        format!(
+            "refusing to drop the key column of {table}: {keyed} record(s) carry a keyed job's \
+             key, which keeps each key from running twice (and a queued key without it would \
+             never run). Delete the records of keyed jobs you retired first, then run `down` \
+             again."
+        )
+    }))
 }
 
 #[cfg(test)]

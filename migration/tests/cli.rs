@@ -343,9 +343,26 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     );
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
     assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
-    // One step back removes the run records' key column; the records stay.
+    // The key column is kept while a record carries a key (it keeps the key from running
+    // twice); without one, a step back drops it, and the records stay.
     let key = format!("SELECT COUNT(run_key) FROM {prefix}orionbeacon_job_runs");
     assert_eq!(count(db, &key).await.expect("the key column"), 0);
+    db.execute_unprepared(&format!(
+        "INSERT INTO {prefix}orionbeacon_job_runs (job, slot, state, attempts, schedule, run_key) VALUES ('backfill', 7, 'queued', 0, 'keyed', 'tenant-1')"
+    ))
+    .await
+    .unwrap();
+    let said = refused(url, schema, "down");
+    assert!(
+        said.contains("1 record(s) carry a keyed job's key")
+            && said.contains("Nothing was rolled back"),
+        "{said}"
+    );
+    db.execute_unprepared(&format!(
+        "DELETE FROM {prefix}orionbeacon_job_runs WHERE run_key IS NOT NULL"
+    ))
+    .await
+    .unwrap();
     migrate(url, schema, "down");
     assert!(
         count(db, &key).await.is_err(),

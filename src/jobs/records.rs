@@ -41,13 +41,15 @@ pub(crate) fn clock(backend: DbBackend) -> SelectStatement {
         .to_owned()
 }
 
-/// The newest recorded slot of each of `jobs`.
+/// The newest recorded slot of each of `jobs`. A keyed job's records (a name that was keyed
+/// once, now a schedule's) are not slots: their digests would stand for slots far ahead.
 pub(crate) fn latest_slots(table: &str, jobs: &[String]) -> SelectStatement {
     Query::select()
         .column(Column::Job)
         .expr_as(Func::max(Expr::col(Column::Slot)), Alias::new("latest"))
         .from(Alias::new(table))
         .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col(Column::Schedule).ne(KEYED_SCHEDULE))
         .group_by_col(Column::Job)
         .to_owned()
 }
@@ -91,13 +93,15 @@ pub(crate) fn prune(
     let newest = Query::select()
         .expr(Func::max(Expr::col((n.clone(), Column::Slot))))
         .from_as(Alias::new(table), n.clone())
-        .and_where(Expr::col((n, Column::Job)).equals((r.clone(), Column::Job)))
+        .and_where(Expr::col((n.clone(), Column::Job)).equals((r.clone(), Column::Job)))
+        .and_where(Expr::col((n, Column::Schedule)).ne(KEYED_SCHEDULE))
         .to_owned();
     let newest_finished = Query::select()
         .expr(Func::max(Expr::col((f.clone(), Column::Slot))))
         .from_as(Alias::new(table), f.clone())
         .and_where(Expr::col((f.clone(), Column::Job)).equals((r.clone(), Column::Job)))
-        .and_where(Expr::col((f, Column::State)).eq(State::Finished.as_str()))
+        .and_where(Expr::col((f.clone(), Column::State)).eq(State::Finished.as_str()))
+        .and_where(Expr::col((f, Column::Schedule)).ne(KEYED_SCHEDULE))
         .to_owned();
     let mut old = Query::select();
     old.columns([(r.clone(), Column::Job), (r.clone(), Column::Slot)])
@@ -105,6 +109,7 @@ pub(crate) fn prune(
         .and_where(Expr::col((r.clone(), Column::Job)).is_in(jobs.iter().cloned()))
         .and_where(Expr::col((r.clone(), Column::State)).is_in(ended))
         .and_where(Expr::col((r.clone(), Column::Slot)).lt(before_ms))
+        .and_where(Expr::col((r.clone(), Column::Schedule)).ne(KEYED_SCHEDULE))
         .and_where(Expr::col((r.clone(), Column::Slot)).lt(Expr::from(newest)))
         .and_where(
             Expr::col((r.clone(), Column::State))
@@ -128,16 +133,19 @@ pub(crate) fn prune(
         .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
         .and_where(Expr::col(Column::State).is_in(ended))
         .and_where(Expr::col(Column::Slot).lt(before_ms))
+        .and_where(Expr::col(Column::Schedule).ne(KEYED_SCHEDULE))
         .and_where(
             Expr::tuple([Expr::col(Column::Job), Expr::col(Column::Slot)]).in_subquery(chosen),
         )
         .to_owned()
 }
 
-/// The records of `jobs` that are not final (claimed, failed, marked to run again).
+/// The records of `jobs` that are not final (claimed, failed, marked to run again); not a
+/// keyed job's (see [`latest_slots`]).
 pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
     let mut q = open_in(table, jobs, &[State::Running, State::Failed, State::Rerun]);
-    q.order_by(Column::Slot, sea_orm::sea_query::Order::Asc);
+    q.and_where(Expr::col(Column::Schedule).ne(KEYED_SCHEDULE))
+        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc);
     q
 }
 
@@ -256,8 +264,12 @@ pub(crate) fn one(table: &str, job: &str, slot: i64) -> SelectStatement {
         .to_owned()
 }
 
+/// The most open keyed records one look reads: a look claims at most a hundred, and a
+/// backlog of a million queued keys costs each look this many rows, not a million.
+pub(crate) const KEYED_READ_LIMIT: u64 = 1_000;
+
 /// The open records of keyed `jobs`, as [`open_runs`] with the key last, in the order they
-/// were submitted or last claimed.
+/// were submitted or last claimed, at most [`KEYED_READ_LIMIT`] (the rest come as these end).
 pub(crate) fn open_keyed(table: &str, jobs: &[String]) -> SelectStatement {
     let mut q = open_in(
         table,
@@ -267,8 +279,10 @@ pub(crate) fn open_keyed(table: &str, jobs: &[String]) -> SelectStatement {
     // Qualified: SQLite reads an unknown unqualified "run_key" as a string, and a table
     // without the column must fail the read, not hand every record that text as its key.
     q.column((Alias::new(table), Column::RunKey))
+        .and_where(Expr::col(Column::Schedule).eq(KEYED_SCHEDULE))
         .order_by(Column::ClaimedAt, sea_orm::sea_query::Order::Asc)
-        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc);
+        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc)
+        .limit(KEYED_READ_LIMIT);
     q
 }
 
@@ -632,14 +646,14 @@ mod tests {
         );
     }
 
-    // Pruning: this scheduler's names only; the LIMIT in a subquery (a derived table on
-    // MySQL); a name's newest record and newest finished one excluded; only ended states,
-    // checked again outside the subquery.
+    // Pruning: this scheduler's names only, never a keyed job's records; the LIMIT in a
+    // subquery (a derived table on MySQL); a name's newest record and newest finished one
+    // excluded; only ended states, checked again outside the subquery.
     #[test]
     fn prune_per_backend() {
         let jobs = ["a".to_owned(), "b".to_owned()];
-        let outer = r#"DELETE FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" IN ('finished', 'skipped', 'given_up') AND "slot" < 5000 AND ("job", "slot") IN "#;
-        let old = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."job" IN ('a', 'b') AND "r"."state" IN ('finished', 'skipped', 'given_up') AND "r"."slot" < 5000 AND "r"."slot" < (SELECT MAX("n"."slot") FROM "orionbeacon_job_runs" AS "n" WHERE "n"."job" = "r"."job") AND ("r"."state" <> 'finished' OR "r"."slot" < (SELECT MAX("f"."slot") FROM "orionbeacon_job_runs" AS "f" WHERE "f"."job" = "r"."job" AND "f"."state" = 'finished')) ORDER BY "r"."job" ASC, "r"."slot" ASC LIMIT 500"#;
+        let outer = r#"DELETE FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" IN ('finished', 'skipped', 'given_up') AND "slot" < 5000 AND "schedule" <> 'keyed' AND ("job", "slot") IN "#;
+        let old = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."job" IN ('a', 'b') AND "r"."state" IN ('finished', 'skipped', 'given_up') AND "r"."slot" < 5000 AND "r"."schedule" <> 'keyed' AND "r"."slot" < (SELECT MAX("n"."slot") FROM "orionbeacon_job_runs" AS "n" WHERE "n"."job" = "r"."job" AND "n"."schedule" <> 'keyed') AND ("r"."state" <> 'finished' OR "r"."slot" < (SELECT MAX("f"."slot") FROM "orionbeacon_job_runs" AS "f" WHERE "f"."job" = "r"."job" AND "f"."state" = 'finished' AND "f"."schedule" <> 'keyed')) ORDER BY "r"."job" ASC, "r"."slot" ASC LIMIT 500"#;
         let expected = format!("{outer}({old})");
         assert_eq!(
             prune(DbBackend::Postgres, T, &jobs, 5000, 500).to_string(PostgresQueryBuilder),
@@ -728,7 +742,7 @@ mod tests {
         "INSERT IGNORE INTO `orionbeacon_job_runs` (`job`, `slot`, `state`, `attempts`, `schedule`, `claimed_at`, `run_key`) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), ?)",
         r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_at", "run_key") VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), ?) ON CONFLICT ("job", "slot") DO NOTHING"#,
     ];
-    const OPEN_KEYED: &str = r#"SELECT "job", "slot", "state", "attempts", "claimed_at", "orionbeacon_job_runs"."run_key" FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('running', 'failed', 'rerun', 'queued') ORDER BY "claimed_at" ASC, "slot" ASC"#;
+    const OPEN_KEYED: &str = r#"SELECT "job", "slot", "state", "attempts", "claimed_at", "orionbeacon_job_runs"."run_key" FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('running', 'failed', 'rerun', 'queued') AND "schedule" = 'keyed' ORDER BY "claimed_at" ASC, "slot" ASC LIMIT 1000"#;
     const PRUNE_KEYED_OUTER: &str = r#"DELETE FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('finished', 'given_up') AND COALESCE("finished_at", "claimed_at") < AT AND ("job", "slot") IN "#;
     const PRUNE_KEYED_OLD: &str = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."job" IN ('j') AND "r"."state" IN ('finished', 'given_up') AND COALESCE("r"."finished_at", "r"."claimed_at") < AT AND ("r"."state" <> 'finished' OR "r"."finished_at" < (SELECT MAX("f"."finished_at") FROM "orionbeacon_job_runs" AS "f" WHERE "f"."job" = "r"."job" AND "f"."state" = 'finished')) ORDER BY "r"."job" ASC, "r"."slot" ASC LIMIT 500"#;
 
@@ -739,6 +753,21 @@ mod tests {
         assert_eq!(key_slot("tenant-42"), 0x771d_3741_b2bc_6cc8);
         assert_ne!(key_slot("tenant-42"), key_slot("tenant-43"));
         assert!(key_slot("") >= 0);
+    }
+
+    // A schedule's reads leave a keyed job's records out (a name keyed once, scheduled now):
+    // a key's digest is no slot.
+    #[test]
+    fn slot_reads_leave_keys_out() {
+        let jobs = ["a".to_owned()];
+        assert_eq!(
+            latest_slots(T, &jobs).to_string(PostgresQueryBuilder),
+            r#"SELECT "job", MAX("slot") AS "latest" FROM "orionbeacon_job_runs" WHERE "job" IN ('a') AND "schedule" <> 'keyed' GROUP BY "job""#
+        );
+        assert_eq!(
+            open_runs(T, &jobs).to_string(MysqlQueryBuilder),
+            "SELECT `job`, `slot`, `state`, `attempts`, `claimed_at` FROM `orionbeacon_job_runs` WHERE `job` IN ('a') AND `state` IN ('running', 'failed', 'rerun') AND `schedule` <> 'keyed' ORDER BY `slot` ASC"
+        );
     }
 
     #[test]

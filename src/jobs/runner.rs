@@ -172,6 +172,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         cursor: 0,
         pruned: None,
         prune_more: false,
+        keyed_problem: None,
     };
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
@@ -192,7 +193,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         // loop that returned while the term went on would run nothing until the next term).
         let sleep = match looked {
             Ok(sleep) => {
-                *lock(&shared.problem) = None;
+                *lock(&shared.problem) = look.keyed_problem.take();
                 sleep
             }
             Err(e) => {
@@ -250,6 +251,8 @@ struct Look {
     /// When this term last pruned ended records, and whether that batch was full.
     pruned: Option<Instant>,
     prune_more: bool,
+    /// Why this look could not read the keyed jobs' records (the slots went on).
+    keyed_problem: Option<String>,
 }
 
 /// One look: plan, claim, start. Returns how long to sleep.
@@ -299,11 +302,18 @@ async fn tick(
                 .map(|row| (row, false)),
         );
     }
+    look.keyed_problem = None;
     if !keyed.is_empty() {
-        let found = read(shared, &records::open_keyed(table, &keyed))
-            .await
-            .map_err(|e| keyed_error(shared, e))?;
-        rows.extend(found.into_iter().map(|row| (row, true)));
+        // A failed read of the keys (a table without their column, say) stops the keys, not
+        // the slots: it is reported, and the look goes on.
+        match read(shared, &records::open_keyed(table, &keyed)).await {
+            Ok(found) => rows.extend(found.into_iter().map(|row| (row, true))),
+            Err(e) => {
+                let e = keyed_error(shared, e);
+                tracing::warn!(error = %e, "reading the keyed jobs' records failed; the scheduled jobs go on");
+                look.keyed_problem = Some(format!("keyed jobs: {}", crate::error::chain(&e)));
+            }
+        }
     }
     for (row, is_keyed) in rows {
         let decoded = records::decode_open(&row).and_then(|open| {
@@ -376,8 +386,15 @@ async fn tick(
             match action {
                 Action::Start { slot, prior } => {
                     latest_now[i] = Some(latest_now[i].map_or(slot, |l| l.max(slot)));
-                    let attempt = prior.map_or(1, |p| p.attempts.saturating_add(1));
-                    let lateness_ms = now_ms.saturating_sub(slot).max(0) as u64;
+                    let attempt = prior.as_ref().map_or(1, |p| p.attempts.saturating_add(1));
+                    // A key's lateness counts from its submit (a queued record's claim time);
+                    // a slot's from its time.
+                    let since = match &prior {
+                        Some(p) if p.state == State::Queued => p.claimed_at_ms.unwrap_or(now_ms),
+                        _ if shared.jobs[i].job.is_keyed() => now_ms,
+                        _ => slot,
+                    };
+                    let lateness_ms = now_ms.saturating_sub(since).max(0) as u64;
                     let lateness =
                         Duration::from_millis(lateness_ms).saturating_add(read_at.elapsed());
                     here.running[i].insert(slot);

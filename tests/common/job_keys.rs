@@ -229,12 +229,22 @@ pub async fn keyed_runs_are_retried_given_up_and_capped<H: Harness<Store = SeaOr
     // A key whose record slot holds another key (as two keys sharing a digest would): refused,
     // never answered with the other key's record.
     let first = node.submit("failing", "collides").await.unwrap();
-    db.execute_unprepared(&format!(
+    let edit = format!(
         "UPDATE {} SET run_key = 'another key', state = 'given_up' WHERE slot = {}",
         t.runs, first.record.slot
-    ))
-    .await
-    .unwrap();
+    );
+    // The scheduler may be claiming the key meanwhile (MySQL can pick this edit as a
+    // deadlock's victim): tried again.
+    for tries in 1.. {
+        match db.execute_unprepared(&edit).await {
+            Ok(_) => break,
+            Err(e) if tries < 10 => {
+                eprintln!("editing the record: {e}; again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
     match node.submit("failing", "collides").await {
         Err(e @ JobError::KeyCollision { .. }) => {
             assert_eq!(e.kind(), ErrorKind::Conflict, "{e:?}")
@@ -289,8 +299,8 @@ pub async fn keyed_runs_are_retried_given_up_and_capped<H: Harness<Store = SeaOr
 }
 
 /// A run table made before the key column: a submit is refused with the missing migration
-/// named, as is a scheduler with a keyed job (in its health); once `AddJobRunKey` runs, the
-/// same scheduler runs the key.
+/// named, and a scheduler with a keyed job says so in its health while its scheduled job goes
+/// on running its slots; once `AddJobRunKey` runs, the same scheduler runs the key.
 pub async fn a_run_table_without_the_key_refuses_keys_until_its_migration_runs<
     H: Harness<Store = SeaOrmLeaseStore>,
 >(
@@ -298,7 +308,14 @@ pub async fn a_run_table_without_the_key_refuses_keys_until_its_migration_runs<
 ) {
     let db: DatabaseConnection = h.store().connection().clone();
     let t = Tables::create_without_key(&db).await;
-    let node = t.start(&h.store(), "n", vec![keyed_writer("backfill", &t.writes)]);
+    let node = t.start(
+        &h.store(),
+        "n",
+        vec![
+            keyed_writer("backfill", &t.writes),
+            super::jobs::writer("tick", &t.writes),
+        ],
+    );
     leader(std::slice::from_ref(&node)).await;
     let e = node.submit("backfill", "k1").await.unwrap_err();
     let text = e.to_string();
@@ -316,6 +333,14 @@ pub async fn a_run_table_without_the_key_refuses_keys_until_its_migration_runs<
     }
     let said = said.expect("the leader's looks fail");
     assert!(said.contains("AddJobRunKey"), "{said}");
+    // The slots go on meanwhile.
+    t.wait_for(
+        &db,
+        5 * SECOND,
+        "a slot finished without the key column",
+        |r| r.values().any(|r| r.state == "finished"),
+    )
+    .await;
     AddJobRunKey::with_table(&t.runs)
         .unwrap()
         .up(&SchemaManager::new(&db))
@@ -333,8 +358,8 @@ pub async fn a_run_table_without_the_key_refuses_keys_until_its_migration_runs<
 }
 
 /// Ended keys' records are pruned by when they ended (`keep_finished_for`), the newest
-/// finished one kept; a scheduled job's records are left to its own rule; a pruned key runs
-/// again when it is submitted again (its record is what kept it from running twice).
+/// finished one kept; a pruned key is recorded (and runs) again when it is submitted again
+/// (its record is what kept it from running twice).
 pub async fn ended_keys_are_pruned_by_when_they_ended<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;

@@ -24,10 +24,12 @@ pub async fn run(
     command: Option<JobsCommand>,
     list: ListArgs,
 ) -> Outcome {
+    let db = ctx.store.connection();
     let t = Runs {
         ctx,
-        db: ctx.store.connection(),
+        db,
         table: runs_table,
+        keys: key_column(db, runs_table).await,
     };
     match command {
         None => t.list(list.format.get(), !list.no_headers).await,
@@ -57,9 +59,31 @@ struct Runs<'a> {
     ctx: &'a Ctx,
     db: &'a DatabaseConnection,
     table: &'a str,
+    /// Whether the table has the keyed jobs' column (`AddJobRunKey`): a table without it is
+    /// read as it is, its records without keys.
+    keys: bool,
+}
+
+/// Whether `table` has the `run_key` column. Asked qualified: SQLite reads an unknown
+/// unqualified column name as a string.
+async fn key_column(db: &DatabaseConnection, table: &str) -> bool {
+    let probe = Query::select()
+        .column((Alias::new(table), Column::RunKey))
+        .from(Alias::new(table))
+        .limit(0)
+        .to_owned();
+    db.query_all(&probe).await.is_ok()
 }
 
 impl Runs<'_> {
+    /// The record's columns this table has, qualified by `alias`.
+    fn columns(&self, alias: &Alias) -> Vec<(Alias, Column)> {
+        Column::iter()
+            .filter(|c| self.keys || !matches!(c, Column::RunKey))
+            .map(|c| (alias.clone(), c))
+            .collect()
+    }
+
     /// `jobs check`: each job's last finished slot against `limit`, by the database clock.
     async fn check(
         &self,
@@ -290,15 +314,16 @@ impl Runs<'_> {
             .and_where(Expr::col((Alias::new(self.table), Column::RunKey)).is_not_null())
             .limit(1)
             .to_owned();
-        let keyed = !self
-            .db
-            .query_all(&keyed)
-            .await
-            .map_err(|e| self.db_failure(e))?
-            .is_empty();
+        let keyed = self.keys
+            && !self
+                .db
+                .query_all(&keyed)
+                .await
+                .map_err(|e| self.db_failure(e))?
+                .is_empty();
         let mut stmt = Query::select();
         // Qualified: SQLite reads an unknown unqualified column name as a string.
-        stmt.columns(Column::iter().map(|c| (Alias::new(self.table), c)))
+        stmt.columns(self.columns(&Alias::new(self.table)))
             .from(Alias::new(self.table))
             .and_where(Expr::col(Column::Job).eq(job));
         if keyed {
@@ -451,7 +476,7 @@ impl Runs<'_> {
             .group_by_col(Column::Job)
             .to_owned();
         Query::select()
-            .columns(Column::iter().map(|c| (r.clone(), c)))
+            .columns(self.columns(&r))
             .from_as(Alias::new(self.table), r.clone())
             .join_subquery(
                 JoinType::InnerJoin,
@@ -467,7 +492,7 @@ impl Runs<'_> {
     /// One slot's record.
     async fn one(&self, job: &str, slot: i64) -> Result<Option<Model>, CliError> {
         let stmt = Query::select()
-            .columns(Column::iter().map(|c| (Alias::new(self.table), c)))
+            .columns(self.columns(&Alias::new(self.table)))
             .from(Alias::new(self.table))
             .and_where(Expr::col(Column::Job).eq(job))
             .and_where(Expr::col(Column::Slot).eq(slot))
@@ -482,7 +507,13 @@ impl Runs<'_> {
             .await
             .map_err(|e| self.db_failure(e))?;
         rows.iter()
-            .map(|row| Model::from_query_result(row, ""))
+            .map(|row| {
+                if self.keys {
+                    Model::from_query_result(row, "")
+                } else {
+                    without_key(row)
+                }
+            })
             .collect::<Result<_, _>>()
             .map_err(|e| self.db_failure(e))
     }
@@ -667,6 +698,25 @@ fn token(m: &Model) -> String {
         (None, Some(f)) => f.to_string(),
         (None, None) => "-".to_owned(),
     }
+}
+
+/// A record of a table without the key column (before `AddJobRunKey`).
+fn without_key(row: &sea_orm::QueryResult) -> Result<Model, DbErr> {
+    Ok(Model {
+        job: row.try_get("", "job")?,
+        slot: row.try_get("", "slot")?,
+        state: row.try_get("", "state")?,
+        attempts: row.try_get("", "attempts")?,
+        schedule: row.try_get("", "schedule")?,
+        claimed_token: row.try_get("", "claimed_token")?,
+        claimed_by: row.try_get("", "claimed_by")?,
+        claimed_at: row.try_get("", "claimed_at")?,
+        finished_token: row.try_get("", "finished_token")?,
+        finished_at: row.try_get("", "finished_at")?,
+        duration_ms: row.try_get("", "duration_ms")?,
+        error: row.try_get("", "error")?,
+        run_key: None,
+    })
 }
 
 /// A record's slot as shown: its time, or a keyed job's key.
