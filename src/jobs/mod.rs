@@ -396,12 +396,14 @@ pub struct JobsHandle {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct JobsHealth {
-    /// The elector is healthy and, on the leader, the last look at the run table succeeded.
+    /// The elector is healthy and, on the leader, the last look at the run table succeeded
+    /// in full (a look that could not read the keyed jobs' records still ran the slots).
     pub healthy: bool,
     /// The scheduler's elector's health.
     pub elector: crate::hold::health::Health,
     /// Why the leader's last look at the run table failed, while it does (its error and
-    /// sources): a missing run table, a refused statement.
+    /// sources): a missing run table, a refused statement; or why it could not read the
+    /// keyed jobs' records (`keyed jobs: ...`, a table without `AddJobRunKey`'s column).
     pub scheduling: Option<String>,
     /// Set while another node leads the scheduler's resource with a different set of jobs:
     /// this node's jobs that the leader lacks do not run meanwhile. (It leaves `healthy` as

@@ -264,25 +264,33 @@ pub(crate) fn one(table: &str, job: &str, slot: i64) -> SelectStatement {
         .to_owned()
 }
 
-/// The most open keyed records one look reads: a look claims at most a hundred, and a
+/// The most queued keys of one keyed job a look reads: a look claims at most a hundred, and a
 /// backlog of a million queued keys costs each look this many rows, not a million.
-pub(crate) const KEYED_READ_LIMIT: u64 = 1_000;
+pub(crate) const QUEUED_READ_LIMIT: u64 = 1_000;
 
-/// The open records of keyed `jobs`, as [`open_runs`] with the key last, in the order they
-/// were submitted or last claimed, at most [`KEYED_READ_LIMIT`] (the rest come as these end).
+/// The claimed, failed and marked records of keyed `jobs` (every one: what to retry, give up
+/// or leave alone), as [`open_runs`] with the key last, oldest claim first.
 pub(crate) fn open_keyed(table: &str, jobs: &[String]) -> SelectStatement {
-    let mut q = open_in(
-        table,
-        jobs,
-        &[State::Running, State::Failed, State::Rerun, State::Queued],
-    );
+    keyed_in(table, jobs, &[State::Running, State::Failed, State::Rerun])
+}
+
+/// The queued keys of the keyed job `job`, oldest submit first, at most
+/// [`QUEUED_READ_LIMIT`] (the next ones come as these start). One job's backlog never hides
+/// another's keys.
+pub(crate) fn queued_keys(table: &str, job: &str) -> SelectStatement {
+    let mut q = keyed_in(table, &[job.to_owned()], &[State::Queued]);
+    q.limit(QUEUED_READ_LIMIT);
+    q
+}
+
+fn keyed_in(table: &str, jobs: &[String], states: &[State]) -> SelectStatement {
+    let mut q = open_in(table, jobs, states);
     // Qualified: SQLite reads an unknown unqualified "run_key" as a string, and a table
     // without the column must fail the read, not hand every record that text as its key.
     q.column((Alias::new(table), Column::RunKey))
         .and_where(Expr::col(Column::Schedule).eq(KEYED_SCHEDULE))
         .order_by(Column::ClaimedAt, sea_orm::sea_query::Order::Asc)
-        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc)
-        .limit(KEYED_READ_LIMIT);
+        .order_by(Column::Slot, sea_orm::sea_query::Order::Asc);
     q
 }
 
@@ -693,7 +701,7 @@ mod tests {
                 Some(6),
                 "bound values: job, slot, state, attempts, schedule, key"
             );
-            let open = open_keyed(T, &["j".to_owned()]);
+            let open = queued_keys(T, "j");
             let before = chrono::DateTime::from_timestamp_millis(1_700_000_000_123).unwrap();
             let prune = prune_keyed(backend, T, &["j".to_owned()], before, 500);
             let (open, prune) = match backend {
@@ -742,7 +750,7 @@ mod tests {
         "INSERT IGNORE INTO `orionbeacon_job_runs` (`job`, `slot`, `state`, `attempts`, `schedule`, `claimed_at`, `run_key`) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), ?)",
         r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_at", "run_key") VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), ?) ON CONFLICT ("job", "slot") DO NOTHING"#,
     ];
-    const OPEN_KEYED: &str = r#"SELECT "job", "slot", "state", "attempts", "claimed_at", "orionbeacon_job_runs"."run_key" FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('running', 'failed', 'rerun', 'queued') AND "schedule" = 'keyed' ORDER BY "claimed_at" ASC, "slot" ASC LIMIT 1000"#;
+    const OPEN_KEYED: &str = r#"SELECT "job", "slot", "state", "attempts", "claimed_at", "orionbeacon_job_runs"."run_key" FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('queued') AND "schedule" = 'keyed' ORDER BY "claimed_at" ASC, "slot" ASC LIMIT 1000"#;
     const PRUNE_KEYED_OUTER: &str = r#"DELETE FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('finished', 'given_up') AND COALESCE("finished_at", "claimed_at") < AT AND ("job", "slot") IN "#;
     const PRUNE_KEYED_OLD: &str = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."job" IN ('j') AND "r"."state" IN ('finished', 'given_up') AND COALESCE("r"."finished_at", "r"."claimed_at") < AT AND ("r"."state" <> 'finished' OR "r"."finished_at" < (SELECT MAX("f"."finished_at") FROM "orionbeacon_job_runs" AS "f" WHERE "f"."job" = "r"."job" AND "f"."state" = 'finished')) ORDER BY "r"."job" ASC, "r"."slot" ASC LIMIT 500"#;
 

@@ -306,7 +306,17 @@ async fn tick(
     if !keyed.is_empty() {
         // A failed read of the keys (a table without their column, say) stops the keys, not
         // the slots: it is reported, and the look goes on.
-        match read(shared, &records::open_keyed(table, &keyed)).await {
+        let mut found = read(shared, &records::open_keyed(table, &keyed)).await;
+        for job in &keyed {
+            // One read per keyed job: each job's queue is bounded on its own.
+            if let Ok(rows) = &mut found {
+                match read(shared, &records::queued_keys(table, job)).await {
+                    Ok(queued) => rows.extend(queued),
+                    Err(e) => found = Err(e),
+                }
+            }
+        }
+        match found {
             Ok(found) => rows.extend(found.into_iter().map(|row| (row, true))),
             Err(e) => {
                 let e = keyed_error(shared, e);

@@ -25,11 +25,18 @@ pub async fn run(
     list: ListArgs,
 ) -> Outcome {
     let db = ctx.store.connection();
-    let t = Runs {
+    let mut t = Runs {
         ctx,
         db,
         table: runs_table,
-        keys: key_column(db, runs_table).await,
+        keys: true,
+    };
+    t.keys = match key_column(db, runs_table).await {
+        Ok(()) => true,
+        // The database named the column: a table from before `AddJobRunKey`.
+        Err(e) if e.to_string().contains("run_key") => false,
+        // Anything else (no table, no connection) is what every read would meet.
+        Err(e) => return Err(t.db_failure(e)),
     };
     match command {
         None => t.list(list.format.get(), !list.no_headers).await,
@@ -64,15 +71,15 @@ struct Runs<'a> {
     keys: bool,
 }
 
-/// Whether `table` has the `run_key` column. Asked qualified: SQLite reads an unknown
-/// unqualified column name as a string.
-async fn key_column(db: &DatabaseConnection, table: &str) -> bool {
+/// Reads `table`'s `run_key` column (no row): an error names the column when the table lacks
+/// it. Asked qualified: SQLite reads an unknown unqualified column name as a string.
+async fn key_column(db: &DatabaseConnection, table: &str) -> Result<(), DbErr> {
     let probe = Query::select()
         .column((Alias::new(table), Column::RunKey))
         .from(Alias::new(table))
         .limit(0)
         .to_owned();
-    db.query_all(&probe).await.is_ok()
+    db.query_all(&probe).await.map(|_| ())
 }
 
 impl Runs<'_> {
