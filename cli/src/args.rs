@@ -229,8 +229,15 @@ pub enum JobsCommand {
         job: String,
         /// The slot: milliseconds since the Unix epoch, or a time (RFC 3339, or
         /// `YYYY-MM-DD HH:MM:SS[.fff]` in UTC as the tables print it).
-        #[arg(value_parser = parse_slot, allow_hyphen_values = true)]
-        slot: i64,
+        #[arg(
+            value_parser = parse_slot,
+            allow_hyphen_values = true,
+            required_unless_present = "key"
+        )]
+        slot: Option<i64>,
+        /// A keyed job's key, instead of a slot.
+        #[arg(long, conflicts_with = "slot")]
+        key: Option<String>,
     },
     /// Give a slot up: it never runs again (any record but a finished one). A running
     /// attempt's commit is then refused and its fenced writes roll back.
@@ -239,8 +246,15 @@ pub enum JobsCommand {
         job: String,
         /// The slot: milliseconds since the Unix epoch, or a time (RFC 3339, or
         /// `YYYY-MM-DD HH:MM:SS[.fff]` in UTC as the tables print it).
-        #[arg(value_parser = parse_slot, allow_hyphen_values = true)]
-        slot: i64,
+        #[arg(
+            value_parser = parse_slot,
+            allow_hyphen_values = true,
+            required_unless_present = "key"
+        )]
+        slot: Option<i64>,
+        /// A keyed job's key, instead of a slot.
+        #[arg(long, conflicts_with = "slot")]
+        key: Option<String>,
     },
 }
 

@@ -1417,7 +1417,7 @@ async fn jobs_list_runs_and_marks(t: &Target) {
         t,
         Record {
             job: "backfill",
-            slot: 4_242,
+            slot: orion_beacon::jobs::key_slot("tenant-42"),
             state: "queued",
             attempts: 0,
             schedule: "keyed",
@@ -1448,6 +1448,31 @@ async fn jobs_list_runs_and_marks(t: &Target) {
     let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(json[0]["key"], "tenant-42", "{json}");
     assert_eq!(json[0]["slot"], serde_json::Value::Null, "{json}");
+    let list = t.jobs(&[]).await;
+    assert!(
+        list.stdout
+            .lines()
+            .any(|l| l.starts_with("backfill ") && l.contains(" key tenant-42 ")),
+        "{list:#?}"
+    );
+    // Marked by its key.
+    let gave_up = t.jobs(&["give-up", "backfill", "--key", "tenant-42"]).await;
+    assert_code(&gave_up, 0);
+    assert!(
+        gave_up
+            .stdout
+            .starts_with("gave up \"backfill\" key \"tenant-42\": it was queued"),
+        "{gave_up:#?}"
+    );
+    assert_eq!(
+        run_state(t, "backfill", orion_beacon::jobs::key_slot("tenant-42")).await,
+        "given_up"
+    );
+    assert_code(&t.jobs(&["rerun", "backfill"]).await, BAD_INPUT);
+    assert_code(
+        &t.jobs(&["rerun", "backfill", "--key", "nope"]).await,
+        UNKNOWN_RESOURCE,
+    );
     // A run table from before the key column (`AddJobRunKey` not run, or undone): read as it
     // is, its records without keys.
     let drop_keyed = format!("DELETE FROM {} WHERE job = 'backfill'", t.runs_table);

@@ -569,6 +569,12 @@ impl JobsHandle {
     }
 }
 
+/// The slot a keyed job's record of `key` is kept under (the first 63 bits of the key's
+/// SHA-256): what [`mark`] takes for a key.
+pub fn key_slot(key: &str) -> i64 {
+    records::key_slot(key)
+}
+
 /// A key as [`JobsHandle::submit`] takes it.
 fn validate_key(key: &str) -> Result<(), JobError> {
     let reason = if key.is_empty() {

@@ -53,8 +53,12 @@ pub async fn run(
             t.check(&jobs, stale_after, list.format.get(), !list.no_headers)
                 .await
         }
-        Some(JobsCommand::Rerun { job, slot }) => t.mark(&job, slot, Mark::Rerun).await,
-        Some(JobsCommand::GiveUp { job, slot }) => t.mark(&job, slot, Mark::GiveUp).await,
+        Some(JobsCommand::Rerun { job, slot, key }) => {
+            t.mark(&job, (slot, key.as_deref()), Mark::Rerun).await
+        }
+        Some(JobsCommand::GiveUp { job, slot, key }) => {
+            t.mark(&job, (slot, key.as_deref()), Mark::GiveUp).await
+        }
     }
 }
 
@@ -209,7 +213,16 @@ impl Runs<'_> {
 
     /// `jobs [list]`: each job's newest record, and its next slot after the database's now.
     async fn list(&self, output: Output, headers: bool) -> Outcome {
-        let mut latest = self.all(&self.latest_statement()).await?;
+        let [slots, keys] = self.latest_statements();
+        let mut latest = self.all(&slots).await?;
+        // A keyed job's newest claim (one record per job, however many share its time).
+        let mut seen: std::collections::BTreeSet<String> =
+            latest.iter().map(|m| m.job.clone()).collect();
+        for m in self.all(&keys).await? {
+            if seen.insert(m.job.clone()) {
+                latest.push(m);
+            }
+        }
         // Byte order, whatever the database's collation.
         latest.sort_by(|a, b| a.job.cmp(&b.job));
         let now = self.now().await?;
@@ -401,14 +414,32 @@ impl Runs<'_> {
         Ok(())
     }
 
-    /// `jobs rerun|give-up JOB SLOT`: the record is read first (a missing one is an error, one
-    /// already marked so is left alone), then marked; a refused mark says why.
-    async fn mark(&self, job: &str, slot: i64, mark: Mark) -> Outcome {
+    /// `jobs rerun|give-up JOB SLOT|--key KEY`: the record is read first (a missing one is an
+    /// error, one already marked so is left alone), then marked; a refused mark says why.
+    async fn mark(
+        &self,
+        job: &str,
+        (slot, key): (Option<i64>, Option<&str>),
+        mark: Mark,
+    ) -> Outcome {
         let (target, verb) = match mark {
             Mark::GiveUp => ("given_up", "give up"),
             _ => ("rerun", "mark to run again"),
         };
-        let at = format!("{job:?} slot {} UTC ({slot})", slot_time(slot));
+        let (slot, at) = match (slot, key) {
+            // A keyed job's record is kept at its key's digest.
+            (_, Some(key)) => {
+                let slot = orion_beacon::jobs::key_slot(key);
+                (slot, format!("{job:?} key {key:?}"))
+            }
+            (Some(slot), None) => (
+                slot,
+                format!("{job:?} slot {} UTC ({slot})", slot_time(slot)),
+            ),
+            (None, None) => {
+                return Err(CliError::BadInput("give a SLOT or --key KEY".to_owned()));
+            }
+        };
         let Some(before) = self.one(job, slot).await? else {
             return Err(self.missing_record(job, &at).await);
         };
@@ -473,27 +504,45 @@ impl Runs<'_> {
         )))
     }
 
-    /// The newest record of every job.
-    fn latest_statement(&self) -> SelectStatement {
-        let (r, m) = (Alias::new("r"), Alias::new("m"));
-        let newest = Query::select()
-            .column(Column::Job)
-            .expr_as(Func::max(Expr::col(Column::Slot)), Alias::new("latest"))
-            .from(Alias::new(self.table))
-            .group_by_col(Column::Job)
-            .to_owned();
-        Query::select()
-            .columns(self.columns(&r))
-            .from_as(Alias::new(self.table), r.clone())
-            .join_subquery(
-                JoinType::InnerJoin,
-                newest,
-                m.clone(),
-                Condition::all()
-                    .add(Expr::col((r.clone(), Column::Job)).equals((m.clone(), Column::Job)))
-                    .add(Expr::col((r, Column::Slot)).equals((m, Alias::new("latest")))),
-            )
-            .to_owned()
+    /// The newest record of every job: a scheduled job's newest slot; a keyed job's newest
+    /// claim or submit (its slots are its keys' digests, in no order).
+    fn latest_statements(&self) -> [SelectStatement; 2] {
+        let keyed = || Expr::col(Column::Schedule).eq("keyed");
+        let newest = |by: Column, keyed_records: bool| {
+            let (r, m) = (Alias::new("r"), Alias::new("m"));
+            let which = if keyed_records {
+                keyed()
+            } else {
+                keyed().not()
+            };
+            let inner = Query::select()
+                .column(Column::Job)
+                .expr_as(Func::max(Expr::col(by)), Alias::new("latest"))
+                .from(Alias::new(self.table))
+                .and_where(which.clone())
+                .group_by_col(Column::Job)
+                .to_owned();
+            let mine = if keyed_records {
+                Expr::col((r.clone(), Column::Schedule)).eq("keyed")
+            } else {
+                Expr::col((r.clone(), Column::Schedule)).ne("keyed")
+            };
+            Query::select()
+                .columns(self.columns(&r))
+                .from_as(Alias::new(self.table), r.clone())
+                .join_subquery(
+                    JoinType::InnerJoin,
+                    inner,
+                    m.clone(),
+                    Condition::all()
+                        .add(Expr::col((r.clone(), Column::Job)).equals((m.clone(), Column::Job)))
+                        .add(Expr::col((r.clone(), by)).equals((m, Alias::new("latest"))))
+                        .add(mine),
+                )
+                .order_by((r, Column::Slot), Order::Desc)
+                .to_owned()
+        };
+        [newest(Column::Slot, false), newest(Column::ClaimedAt, true)]
     }
 
     /// One slot's record.
