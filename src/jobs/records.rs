@@ -2,7 +2,7 @@
 //! transactions (and, for an operator's marks, on their own). Times are the database clock's.
 
 use sea_orm::sea_query::{
-    Alias, Expr, ExprTrait, Func, InsertStatement, OnConflict, Query, SelectStatement,
+    Alias, Condition, Expr, ExprTrait, Func, InsertStatement, OnConflict, Query, SelectStatement,
     UpdateStatement,
 };
 use sea_orm::Iterable;
@@ -119,25 +119,16 @@ pub(crate) fn prune(
         .order_by((r.clone(), Column::Job), sea_orm::sea_query::Order::Asc)
         .order_by((r, Column::Slot), sea_orm::sea_query::Order::Asc)
         .limit(batch);
-    let chosen = if backend == DbBackend::MySql {
-        let d = Alias::new("d");
-        Query::select()
-            .columns([(d.clone(), Column::Job), (d.clone(), Column::Slot)])
-            .from_subquery(old, d)
-            .to_owned()
-    } else {
-        old
-    };
-    Query::delete()
-        .from_table(Alias::new(table))
-        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
-        .and_where(Expr::col(Column::State).is_in(ended))
-        .and_where(Expr::col(Column::Slot).lt(before_ms))
-        .and_where(Expr::col(Column::Schedule).ne(KEYED_SCHEDULE))
-        .and_where(
-            Expr::tuple([Expr::col(Column::Job), Expr::col(Column::Slot)]).in_subquery(chosen),
-        )
-        .to_owned()
+    delete_chosen(
+        backend,
+        table,
+        old,
+        Condition::all()
+            .add(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+            .add(Expr::col(Column::State).is_in(ended))
+            .add(Expr::col(Column::Slot).lt(before_ms))
+            .add(Expr::col(Column::Schedule).ne(KEYED_SCHEDULE)),
+    )
 }
 
 /// The records of `jobs` that are not final (claimed, failed, marked to run again); not a
@@ -336,20 +327,40 @@ pub(crate) fn prune_keyed(
         .order_by((r.clone(), Column::Job), sea_orm::sea_query::Order::Asc)
         .order_by((r, Column::Slot), sea_orm::sea_query::Order::Asc)
         .limit(batch);
+    delete_chosen(
+        backend,
+        table,
+        old,
+        Condition::all()
+            .add(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+            .add(Expr::col(Column::State).is_in(ended))
+            .add(Expr::expr(at(None)).lt(before)),
+    )
+}
+
+/// Deletes the records `chosen` (a select of `job, slot`, ordered and limited) names, where
+/// `outer` still holds when the `DELETE` gets to them. The `LIMIT` sits in that subquery
+/// (PostgreSQL and SQLite have no `DELETE ... LIMIT`); on MySQL/MariaDB inside a derived
+/// table, which refuses `LIMIT` in an `IN` subquery and a subquery on the table it deletes
+/// from.
+fn delete_chosen(
+    backend: DbBackend,
+    table: &str,
+    chosen: SelectStatement,
+    outer: Condition,
+) -> sea_orm::sea_query::DeleteStatement {
     let chosen = if backend == DbBackend::MySql {
         let d = Alias::new("d");
         Query::select()
             .columns([(d.clone(), Column::Job), (d.clone(), Column::Slot)])
-            .from_subquery(old, d)
+            .from_subquery(chosen, d)
             .to_owned()
     } else {
-        old
+        chosen
     };
     Query::delete()
         .from_table(Alias::new(table))
-        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
-        .and_where(Expr::col(Column::State).is_in(ended))
-        .and_where(Expr::expr(at(None)).lt(before))
+        .cond_where(outer)
         .and_where(
             Expr::tuple([Expr::col(Column::Job), Expr::col(Column::Slot)]).in_subquery(chosen),
         )
