@@ -236,7 +236,7 @@ pub enum JobsCommand {
         )]
         slot: Option<i64>,
         /// A keyed job's key, instead of a slot.
-        #[arg(long, conflicts_with = "slot")]
+        #[arg(long, conflicts_with = "slot", allow_hyphen_values = true)]
         key: Option<String>,
     },
     /// Give a slot up: it never runs again (any record but a finished one). A running
@@ -253,7 +253,7 @@ pub enum JobsCommand {
         )]
         slot: Option<i64>,
         /// A keyed job's key, instead of a slot.
-        #[arg(long, conflicts_with = "slot")]
+        #[arg(long, conflicts_with = "slot", allow_hyphen_values = true)]
         key: Option<String>,
     },
 }

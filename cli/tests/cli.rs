@@ -1473,6 +1473,15 @@ async fn jobs_list_runs_and_marks(t: &Target) {
         &t.jobs(&["rerun", "backfill", "--key", "nope"]).await,
         UNKNOWN_RESOURCE,
     );
+    assert_code(
+        &t.jobs(&["rerun", "backfill", "--key", ""]).await,
+        BAD_INPUT,
+    );
+    assert_code(
+        &t.jobs(&["rerun", "backfill", "5000", "--key", "tenant-42"])
+            .await,
+        BAD_INPUT,
+    );
     // A run table from before the key column (`AddJobRunKey` not run, or undone): read as it
     // is, its records without keys.
     let drop_keyed = format!("DELETE FROM {} WHERE job = 'backfill'", t.runs_table);

@@ -575,8 +575,9 @@ pub fn key_slot(key: &str) -> i64 {
     records::key_slot(key)
 }
 
-/// A key as [`JobsHandle::submit`] takes it.
-fn validate_key(key: &str) -> Result<(), JobError> {
+/// Checks a key as [`JobsHandle::submit`] does (1 to [`MAX_KEY_LEN`] bytes, no control
+/// characters): [`JobError::InvalidKey`] otherwise.
+pub fn validate_key(key: &str) -> Result<(), JobError> {
     let reason = if key.is_empty() {
         "is empty"
     } else if key.len() > MAX_KEY_LEN {

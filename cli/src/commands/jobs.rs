@@ -214,15 +214,24 @@ impl Runs<'_> {
     /// `jobs [list]`: each job's newest record, and its next slot after the database's now.
     async fn list(&self, output: Output, headers: bool) -> Outcome {
         let [slots, keys] = self.latest_statements();
-        let mut latest = self.all(&slots).await?;
-        // A keyed job's newest claim (one record per job, however many share its time).
-        let mut seen: std::collections::BTreeSet<String> =
-            latest.iter().map(|m| m.job.clone()).collect();
-        for m in self.all(&keys).await? {
-            if seen.insert(m.job.clone()) {
-                latest.push(m);
+        // Per job, one record: its newest slot, or a keyed job's newest claim (one of the
+        // records sharing that time); a name with both kinds shows the later claim.
+        let mut newest: std::collections::BTreeMap<String, Model> =
+            std::collections::BTreeMap::new();
+        for m in self
+            .all(&slots)
+            .await?
+            .into_iter()
+            .chain(self.all(&keys).await?)
+        {
+            match newest.get(&m.job) {
+                Some(seen) if seen.claimed_at >= m.claimed_at => {}
+                _ => {
+                    newest.insert(m.job.clone(), m);
+                }
             }
         }
+        let mut latest: Vec<Model> = newest.into_values().collect();
         // Byte order, whatever the database's collation.
         latest.sort_by(|a, b| a.job.cmp(&b.job));
         let now = self.now().await?;
@@ -429,6 +438,8 @@ impl Runs<'_> {
         let (slot, at) = match (slot, key) {
             // A keyed job's record is kept at its key's digest.
             (_, Some(key)) => {
+                orion_beacon::jobs::validate_key(key)
+                    .map_err(|e| CliError::BadInput(e.to_string()))?;
                 let slot = orion_beacon::jobs::key_slot(key);
                 (slot, format!("{job:?} key {key:?}"))
             }
@@ -440,7 +451,12 @@ impl Runs<'_> {
                 return Err(CliError::BadInput("give a SLOT or --key KEY".to_owned()));
             }
         };
-        let Some(before) = self.one(job, slot).await? else {
+        let Some(before) = self
+            .one(job, slot)
+            .await?
+            // A key's slot holds that key's record, or none of its.
+            .filter(|m| key.is_none() || m.run_key.as_deref() == key)
+        else {
             return Err(self.missing_record(job, &at).await);
         };
         if before.state == target {
@@ -513,7 +529,7 @@ impl Runs<'_> {
             let which = if keyed_records {
                 keyed()
             } else {
-                keyed().not()
+                Expr::col(Column::Schedule).ne("keyed")
             };
             let inner = Query::select()
                 .column(Column::Job)
@@ -536,7 +552,19 @@ impl Runs<'_> {
                     m.clone(),
                     Condition::all()
                         .add(Expr::col((r.clone(), Column::Job)).equals((m.clone(), Column::Job)))
-                        .add(Expr::col((r.clone(), by)).equals((m, Alias::new("latest"))))
+                        .add(
+                            Condition::any()
+                                .add(
+                                    Expr::col((r.clone(), by))
+                                        .equals((m.clone(), Alias::new("latest"))),
+                                )
+                                // Every record of the job without the time (written by hand).
+                                .add(
+                                    Expr::col((m, Alias::new("latest")))
+                                        .is_null()
+                                        .and(Expr::col((r.clone(), by)).is_null()),
+                                ),
+                        )
                         .add(mine),
                 )
                 .order_by((r, Column::Slot), Order::Desc)
