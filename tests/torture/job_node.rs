@@ -49,8 +49,8 @@ pub const JOB: &str = "tick";
 pub const EVERY: Duration = Duration::from_secs(1);
 /// The keyed job of the run, and how often each node submits its next key.
 pub const KEYED_JOB: &str = "keyed";
-const SUBMIT_EVERY: Duration = Duration::from_millis(300);
-const KEYED_MAX_RUNNING: usize = 4;
+const SUBMIT_EVERY: Duration = Duration::from_millis(500);
+const KEYED_MAX_RUNNING: usize = 2;
 /// A key's work before its fenced transaction, and inside it (ms, drawn per attempt).
 const KEYED_WORK_MS: std::ops::Range<u64> = 0..300;
 const KEYED_HOLD_MS: std::ops::Range<u64> = 0..20;
