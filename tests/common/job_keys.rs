@@ -16,7 +16,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::sync::mpsc;
 
 use super::conformance::Harness;
-use super::jobs::{write, Tables};
+use super::jobs::{leader_of, write, Tables};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -34,14 +34,9 @@ fn keyed_writer(name: &str, writes: &str) -> Job {
     .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
 }
 
+/// The suite's wait for a leader among `nodes`.
 async fn leader(nodes: &[JobsHandle]) -> &JobsHandle {
-    for _ in 0..150 {
-        if let Some(h) = nodes.iter().find(|h| h.elector().is_leader()) {
-            return h;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no leader within 3 s");
+    leader_of(nodes, 3 * SECOND).await
 }
 
 /// Every key submitted from three processes (pools of their own) at once: exactly one submit

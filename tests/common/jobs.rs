@@ -257,7 +257,7 @@ pub fn writer_every(name: &str, writes: &str, every: Duration) -> Job {
     .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
 }
 
-async fn leader_of(nodes: &[JobsHandle], within: Duration) -> &JobsHandle {
+pub async fn leader_of(nodes: &[JobsHandle], within: Duration) -> &JobsHandle {
     let deadline = Instant::now() + within;
     loop {
         if let Some(h) = nodes.iter().find(|h| h.elector().is_leader()) {
