@@ -890,7 +890,7 @@ mod rates {
 }
 
 mod jobs {
-    use super::jobs_checker::{check, JobHistories, RunRecord};
+    use super::jobs_checker::{check, JobHistories, RunRecord, WriteRow};
 
     fn record(slot: i64, state: &str, claimed: i64, finished: Option<i64>) -> RunRecord {
         RunRecord {
@@ -942,6 +942,8 @@ mod jobs {
                 slot: r.slot,
                 token: 1,
                 writer: "a".into(),
+                permit: Some((format!("cap#{}", r.slot % 2), r.slot)),
+                span_ms: Some((r.slot, r.slot)),
             })
             .collect();
         check(
@@ -974,6 +976,66 @@ mod jobs {
         assert_eq!(key_violations(&records, other).len(), 1);
         let late = "start a 0 0\nsubmitted k-1 8 1 1000\n";
         assert_eq!(key_violations(&records, late).len(), 1);
+    }
+
+    /// A capped write: slot `slot` under `permit` token `token`, open from `from` to `to` ms.
+    fn capped(slot: i64, permit: &str, token: i64, (from, to): (i64, i64)) -> WriteRow {
+        WriteRow {
+            job: "keyed".into(),
+            slot,
+            token: 1,
+            writer: "a".into(),
+            permit: Some((permit.into(), token)),
+            span_ms: Some((from, to)),
+        }
+    }
+
+    fn cap_violations(writes: &[WriteRow]) -> (Vec<String>, usize) {
+        let mut v = super::jobs_checker::JobVerdict::default();
+        super::jobs_checker::check_cap(writes, 2, &mut v);
+        (v.violations, v.cap_peak)
+    }
+
+    /// Two permits' runs side by side, and one ending as the next begins: clean, at most two at
+    /// once. A third open at once, a permit term writing twice, a permit beyond the cap and a
+    /// write with no permit are each caught.
+    #[test]
+    fn more_capped_runs_at_once_than_permits_are_caught() {
+        let clean = [
+            capped(1, "cap#0", 1, (100, 200)),
+            capped(2, "cap#1", 1, (150, 300)),
+            capped(3, "cap#0", 2, (200, 250)),
+        ];
+        assert_eq!(cap_violations(&clean), (vec![], 2));
+        let three = [
+            capped(1, "cap#0", 1, (100, 200)),
+            capped(2, "cap#1", 1, (150, 300)),
+            capped(3, "cap#0", 2, (199, 250)),
+        ];
+        let (v, peak) = cap_violations(&three);
+        assert_eq!(peak, 3);
+        assert!(v.iter().any(|m| m.contains("over the cap of 2")), "{v:?}");
+        let twice = [
+            capped(1, "cap#0", 1, (100, 200)),
+            capped(2, "cap#0", 1, (300, 400)),
+        ];
+        let (v, _) = cap_violations(&twice);
+        assert!(
+            v.iter().any(|m| m.contains("one permit term, two runs")),
+            "{v:?}"
+        );
+        let beyond = [capped(1, "cap#2", 1, (100, 200))];
+        let (v, _) = cap_violations(&beyond);
+        assert!(
+            v.iter().any(|m| m.contains("not one of the cap's 2")),
+            "{v:?}"
+        );
+        let none = [WriteRow {
+            permit: None,
+            ..capped(1, "cap#0", 1, (100, 200))
+        }];
+        let (v, _) = cap_violations(&none);
+        assert!(v.iter().any(|m| m.contains("without a permit")), "{v:?}");
     }
 
     #[test]

@@ -113,6 +113,12 @@ impl Elector {
         self.config.timing.renew_interval
     }
 
+    /// The lease, renew interval and step-down margin the elector holds its term by.
+    #[cfg(feature = "jobs")]
+    pub(crate) fn timing(&self) -> crate::hold::timing::Timing {
+        self.config.timing
+    }
+
     /// Starts contending, on the current tokio runtime (like `tokio::spawn`, this must be
     /// called from within one).
     pub fn start(self) -> ElectorHandle {

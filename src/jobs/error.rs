@@ -46,9 +46,11 @@ pub enum JobError {
         /// What is accepted.
         bounds: &'static str,
     },
-    /// The run's term is no longer current: nothing this attempt wrote in its fenced
-    /// transaction commits, and the slot is claimed again by the next leader.
-    #[error("the term that claimed {job:?} slot {slot} is no longer current")]
+    /// The run's term (or a capped run's permit) is no longer current: nothing this attempt
+    /// wrote in its fenced transaction commits, and the slot is claimed again by the leader.
+    #[error(
+        "the term that claimed {job:?} slot {slot}, or its run's cap permit, is no longer current"
+    )]
     Superseded {
         /// The job.
         job: String,
@@ -111,6 +113,9 @@ pub enum JobError {
     /// The scheduler's elector options were refused.
     #[error(transparent)]
     Config(crate::hold::timing::ConfigError),
+    /// A cap's permit could not be asked for ([`Job::cap`](super::Job::cap)).
+    #[error("a job cap's permit: {0}")]
+    Cap(#[source] crate::locks::LockError),
     /// The fence could not be checked.
     #[error(transparent)]
     Fence(FenceError),
@@ -151,6 +156,7 @@ impl JobError {
             JobError::Fence(e) if e.is_fenced() => ErrorKind::Lost,
             JobError::Fence(_) => ErrorKind::Unsupported,
             JobError::Store(e) => e.kind(),
+            JobError::Cap(e) => e.kind(),
             JobError::MissingRunTable { .. } => ErrorKind::MissingTable,
             JobError::Database(_) => ErrorKind::Database,
         }

@@ -20,7 +20,27 @@ pub struct Job {
     pub(crate) renamed_from: Vec<String>,
     pub(crate) stale_after: Option<Duration>,
     pub(crate) max_running: Option<usize>,
+    pub(crate) cap: Option<Cap>,
     pub(crate) work: Work,
+}
+
+/// A cluster-wide cap on a job's runs: the permits of a semaphore on the lease table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cap {
+    /// The group whose permits the job shares, if it names one (else the job's own).
+    pub group: Option<String>,
+    pub permits: u32,
+}
+
+impl Cap {
+    /// The semaphore's name: the group's, shared by every scheduler on the lease table, or the
+    /// job's own under its scheduler's resource.
+    pub(crate) fn semaphore(&self, resource: &str, job: &str) -> String {
+        match &self.group {
+            Some(group) => format!("{CAP_GROUP_PREFIX}{group}"),
+            None => format!("{resource}/cap/{job}"),
+        }
+    }
 }
 
 impl std::fmt::Debug for Job {
@@ -60,6 +80,7 @@ impl Job {
             renamed_from: Vec::new(),
             stale_after: None,
             max_running: None,
+            cap: None,
             work,
         }
     }
@@ -92,6 +113,38 @@ impl Job {
     /// Default: no limit; 1 to [`MAX_RUNNING`].
     pub fn max_running(mut self, runs: usize) -> Self {
         self.max_running = Some(runs);
+        self
+    }
+
+    /// At most `permits` runs of this job at once across the cluster, whichever node runs them
+    /// and through every change of leader: each run holds a permit of the job's semaphore on
+    /// the lease table (`<resource>/cap/<job>#0` to `#permits-1`, see
+    /// [`Semaphore`](crate::locks::Semaphore)), renewed with the scheduler's lease by its
+    /// renewer, and every fenced transaction of the run ([`JobRun::begin`], its commit, its
+    /// end) is fenced by the permit as well as by the term: a run whose permit lapsed (its
+    /// node paused or cut off) commits nothing, and its work is stopped. A start that finds no
+    /// free permit waits for one (looked for again within half a second), except a new slot
+    /// of a job under [`Overlap::Skip`] (and not [`MissedSlots::RunAll`]), which is skipped.
+    /// 1 to [`MAX_PERMITS`](crate::locks::MAX_PERMITS); [`max_running`](Self::max_running)
+    /// still bounds the leader's own runs under [`Overlap::Allow`]. Default: no cap.
+    pub fn cap(mut self, permits: u32) -> Self {
+        self.cap = Some(Cap {
+            group: None,
+            permits,
+        });
+        self
+    }
+
+    /// As [`cap`](Self::cap), with the permits of the named group: every job naming `group`,
+    /// in any scheduler on the same lease table, shares its `permits` (the semaphore
+    /// `orion-beacon/job-group/<group>`). Give every job of a group the same `permits` (while
+    /// they differ, the largest bounds the runs, as for any semaphore). A group name follows
+    /// the resource rules, at most 200 characters.
+    pub fn cap_group(mut self, group: impl Into<String>, permits: u32) -> Self {
+        self.cap = Some(Cap {
+            group: Some(group.into()),
+            permits,
+        });
         self
     }
 
@@ -233,6 +286,27 @@ impl Job {
                     value: runs.to_string(),
                     bounds: "1 to 10,000",
                 });
+            }
+        }
+        if let Some(cap) = &self.cap {
+            if !(1..=crate::locks::MAX_PERMITS).contains(&cap.permits) {
+                return Err(JobError::InvalidOption {
+                    option: "cap",
+                    value: cap.permits.to_string(),
+                    bounds: "1 to 1,024 permits",
+                });
+            }
+            if let Some(group) = &cap.group {
+                if group.chars().count() > MAX_GROUP_LEN
+                    || crate::store::validate_resource(group).is_err()
+                {
+                    return Err(JobError::InvalidOption {
+                        option: "cap_group",
+                        value: format!("{group:?}"),
+                        bounds: "1 to 200 characters, without control characters or white \
+                                 space at either end",
+                    });
+                }
             }
         }
         if self.is_keyed() && !self.renamed_from.is_empty() {

@@ -81,6 +81,10 @@ pub const DEFAULT_RESOURCE: &str = "orion-beacon/jobs";
 pub const MAX_CATCH_UP: usize = 10_000;
 /// The most runs of one job at once that [`Job::max_running`] accepts.
 pub const MAX_RUNNING: usize = 10_000;
+/// How a cap group's semaphore is named: this, then the group ([`Job::cap_group`]).
+pub const CAP_GROUP_PREFIX: &str = "orion-beacon/job-group/";
+/// The longest cap group name, in characters.
+pub const MAX_GROUP_LEN: usize = 200;
 /// The most bytes of a key ([`JobsHandle::submit`]).
 pub const MAX_KEY_LEN: usize = 255;
 /// The most attempts per slot that can be configured.
@@ -217,6 +221,7 @@ impl JobsBuilder {
             }
             jobs.push(runner::Registered::new(job, policy));
         }
+        let resource = self.resource.clone();
         // An earlier name belongs to one job, and to no job of this scheduler now.
         for reg in &jobs {
             for old in &reg.job.renamed_from {
@@ -233,6 +238,7 @@ impl JobsBuilder {
             .payload(job_set.clone())
             .build()
             .map_err(JobError::Config)?;
+        caps(&self.store, &elector, &resource, &mut jobs)?;
         // Half a renew interval: how long a look's updates may go on holding the lease row.
         let claim_budget = elector.renew_interval() / 2;
         let freshness = staleness::Freshness::new(
@@ -259,6 +265,44 @@ impl JobsBuilder {
             }),
         })
     }
+}
+
+/// Gives each capped job its semaphore ([`Job::cap`]): one [`Locks`](crate::locks::Locks) per
+/// scheduler, holding permits as this node's candidate with the elector's lease, renew
+/// interval and step-down margin (a permit lapses when the term would), renewed by the
+/// store's one renewer with the term.
+fn caps(
+    store: &SeaOrmLeaseStore,
+    elector: &Elector,
+    resource: &str,
+    jobs: &mut [runner::Registered],
+) -> Result<(), JobError> {
+    if jobs.iter().all(|reg| reg.job.cap.is_none()) {
+        return Ok(());
+    }
+    let timing = elector.timing();
+    let locks = crate::locks::Locks::builder(store.clone())
+        .owner(elector.candidate_id())
+        .lease_duration(timing.lease)
+        .renew_interval(timing.renew_interval)
+        .step_down_margin(timing.step_down_margin)
+        .build()
+        .map_err(JobError::Config)?;
+    for reg in jobs {
+        let Some(cap) = &reg.job.cap else { continue };
+        let name = cap.semaphore(resource, &reg.name);
+        let semaphore =
+            locks
+                .semaphore(name.clone(), cap.permits)
+                .map_err(|e| JobError::InvalidOption {
+                    option: "cap",
+                    value: format!("the semaphore {name:?} ({e})"),
+                    bounds: "a semaphore name within the resource rules: a shorter job name or \
+                         resource, or a cap group",
+                })?;
+        reg.cap = Some(semaphore);
+    }
+    Ok(())
 }
 
 /// A scheduler: one elector whose leader runs every job's slots. [`start`](Self::start) it.

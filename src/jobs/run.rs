@@ -37,6 +37,9 @@ pub(crate) struct RunState {
     pub key: Option<Arc<str>>,
     pub attempt: i32,
     pub term: LeaderTerm,
+    /// A capped job's permit ([`Job::cap`](super::Job::cap)): every fenced transaction of the
+    /// run is fenced by it too.
+    pub permit: Option<LeaderTerm>,
     pub store: SeaOrmLeaseStore,
     pub table: Arc<str>,
     pub started: Instant,
@@ -104,6 +107,15 @@ impl JobRun {
         self.inner.term.token()
     }
 
+    /// A capped job's permit ([`Job::cap`](super::Job::cap)) as a hold: its lease row
+    /// ([`resource`](LeaderTerm::resource), `<semaphore>#<n>`) and its own
+    /// [`token`](LeaderTerm::token), strictly above every earlier holder's of that permit. The
+    /// run's fenced transactions are fenced by it as well as by the term; fence writes outside
+    /// the lease database with both tokens. `None` for a job without a cap.
+    pub fn permit(&self) -> Option<&LeaderTerm> {
+        self.inner.permit.as_ref()
+    }
+
     /// A transaction on the lease database, fenced by the run's term (its first statement is
     /// the fence). Write the job's rows in it, then [`commit`](Self::commit) it.
     pub async fn begin(&self) -> Result<DatabaseTransaction, JobError> {
@@ -124,14 +136,29 @@ impl JobRun {
     /// shutdown began, the term's `lost` has fired but its lease is still renewed for the
     /// grace period, and writes may commit.
     async fn fenced_transaction(&self) -> Result<DatabaseTransaction, JobError> {
-        begin_fenced(&self.inner.store, &self.inner.term)
+        let txn = begin_fenced(&self.inner.store, &self.inner.term)
             .await?
-            .map_err(|e| self.fenced(e))
+            .map_err(|e| self.fenced(e))?;
+        self.fence_permit(txn).await
+    }
+
+    /// Fences `txn` with the run's permit too, if it holds one (rolled back if refused).
+    async fn fence_permit(
+        &self,
+        txn: DatabaseTransaction,
+    ) -> Result<DatabaseTransaction, JobError> {
+        if let Some(permit) = &self.inner.permit {
+            if let Err(e) = permit.fence(&txn).await {
+                let _ = txn.rollback().await;
+                return Err(self.fenced(e));
+            }
+        }
+        Ok(txn)
     }
 
     /// Marks the slot finished inside `txn` and commits it: the job's writes and the mark
-    /// commit together. Refused, with `txn` rolled back, when the term is no longer current
-    /// ([`JobError::Superseded`]) or the record no longer says this attempt runs
+    /// commit together. Refused, with `txn` rolled back, when the term (or a capped run's
+    /// permit) is no longer current ([`JobError::Superseded`]) or the record no longer says this attempt runs
     /// ([`JobError::NotClaimed`]).
     pub async fn commit(&self, txn: DatabaseTransaction) -> Result<(), JobError> {
         let inner = &self.inner;
@@ -147,6 +174,7 @@ impl JobRun {
             let _ = txn.rollback().await;
             return Err(self.fenced(e));
         }
+        let txn = self.fence_permit(txn).await?;
         self.end_in(txn, State::Finished, None).await?;
         inner.committed.store(true, Ordering::SeqCst);
         Ok(())

@@ -17,6 +17,7 @@ use super::records::{self, Claimant};
 use super::run::{begin_fenced, JobRun, RunState};
 use super::staleness::Freshness;
 use super::{Job, JobError};
+use crate::locks::LockGuard;
 use crate::mutex::lock;
 use crate::{backend::SeaOrmLeaseStore, hold::LeaderTerm};
 
@@ -51,6 +52,8 @@ pub(crate) struct Registered {
     pub name: Arc<str>,
     pub schedule_text: String,
     pub policy: Policy,
+    /// The semaphore whose permits a capped job's runs hold ([`Job::cap`]).
+    pub cap: Option<crate::locks::Semaphore>,
 }
 
 impl Registered {
@@ -60,6 +63,7 @@ impl Registered {
             schedule_text: job.schedule.describe(),
             job,
             policy,
+            cap: None,
         }
     }
 }
@@ -68,6 +72,8 @@ impl Registered {
 const AFTER_ERROR: Duration = Duration::from_millis(500);
 /// The shortest sleep between two looks when nothing could start (no busy loop).
 const MIN_SLEEP: Duration = Duration::from_millis(5);
+/// The longest wait before a look asks again for a cap's permit that none was free of.
+const CAP_RETRY: Duration = Duration::from_millis(500);
 /// The most claims in one fenced transaction: it holds the lease row (on SQLite the write
 /// lock) and the leader's own renews wait for it; the rest wait for the next look.
 const MAX_CLAIMS_PER_LOOK: usize = 100;
@@ -173,6 +179,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         pruned: None,
         prune_more: false,
         keyed_problem: None,
+        cap_problem: None,
     };
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
@@ -193,7 +200,11 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         // loop that returned while the term went on would run nothing until the next term).
         let sleep = match looked {
             Ok(sleep) => {
-                *lock(&shared.problem) = look.keyed_problem.take();
+                let problems: Vec<String> = [look.keyed_problem.take(), look.cap_problem.take()]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                *lock(&shared.problem) = (!problems.is_empty()).then(|| problems.join("; "));
                 sleep
             }
             Err(e) => {
@@ -253,6 +264,8 @@ struct Look {
     prune_more: bool,
     /// Why this look could not read the keyed jobs' records (the slots went on).
     keyed_problem: Option<String>,
+    /// Why this look could not ask for a cap's permits (the capped starts wait).
+    cap_problem: Option<String>,
 }
 
 /// One look: plan, claim, start. Returns how long to sleep.
@@ -384,6 +397,9 @@ async fn tick(
     }
     let (decided, next_first, mut more) = interleave(queues, look.cursor, MAX_CLAIMS_PER_LOOK);
     look.cursor = next_first;
+    // A capped job's starts take their permits before the claim; one left without waits.
+    let (decided, mut permits, cap_wait) =
+        take_permits(shared, decided, &mut look.cap_problem).await;
     if !decided.is_empty() {
         let (claimed, left_out) = claim(shared, term, backend, &decided).await?;
         if let Some(first) = left_out {
@@ -410,13 +426,21 @@ async fn tick(
                     here.running[i].insert(slot);
                     here.attempts[i].insert(slot);
                     let key = keys.get(&(i, slot)).cloned();
-                    let id = start(shared, term, (i, slot, key), attempt, lateness, here);
+                    let permit = permits.remove(&(i, slot));
+                    let id = start(
+                        shared,
+                        term,
+                        (i, slot, key, permit),
+                        attempt,
+                        lateness,
+                        here,
+                    );
                     here.tasks.insert(id, (i, slot));
                 }
                 Action::Skip { slot } => {
                     latest_now[i] = Some(latest_now[i].map_or(slot, |l| l.max(slot)));
                     super::metrics_hook::outcome(&shared.jobs[i].name, "skipped");
-                    tracing::info!(job = %shared.jobs[i].name, slot, "slot skipped: the previous one still runs");
+                    tracing::info!(job = %shared.jobs[i].name, slot, "slot skipped: the previous one still runs, or its cap is full");
                 }
                 Action::GiveUp { prior } => {
                     super::metrics_hook::outcome(&shared.jobs[i].name, "given_up");
@@ -450,7 +474,13 @@ async fn tick(
             more |= look.prune_more;
         }
     }
-    let poll = shared.poll;
+    // Permits taken for what was not claimed go back now.
+    drop(permits);
+    let poll = if cap_wait {
+        shared.poll.min(CAP_RETRY)
+    } else {
+        shared.poll
+    };
     if more {
         return Ok(MIN_SLEEP);
     }
@@ -464,6 +494,71 @@ async fn tick(
         None => poll,
     };
     Ok(sleep.max(MIN_SLEEP))
+}
+
+/// Takes a permit of its cap for each start of a capped job ([`Job::cap`]), before the claim:
+/// a start left without one waits for a later look, except a new slot of a job that skips
+/// overlapping slots, which is skipped. Once a cap has no free permit, the look asks it for no
+/// more. Returns the actions, the permits by (job, slot), and whether a start waits.
+async fn take_permits(
+    shared: &Shared,
+    decided: Vec<(usize, Action)>,
+    problem: &mut Option<String>,
+) -> (
+    Vec<(usize, Action)>,
+    HashMap<(usize, i64), crate::locks::LockGuard>,
+    bool,
+) {
+    let mut permits = HashMap::new();
+    // Jobs whose cap had no free permit in this look, and those whose ask failed (their new
+    // slots wait rather than be skipped for an error).
+    let mut full: BTreeSet<usize> = BTreeSet::new();
+    let mut failed: BTreeSet<usize> = BTreeSet::new();
+    let mut waiting = false;
+    let mut kept = Vec::with_capacity(decided.len());
+    for (i, action) in decided {
+        let reg = &shared.jobs[i];
+        let start = match &action {
+            Action::Start { slot, prior } => Some((*slot, prior.is_none())),
+            _ => None,
+        };
+        let (Some(cap), Some((slot, new))) = (&reg.cap, start) else {
+            kept.push((i, action));
+            continue;
+        };
+        if !full.contains(&i) && !failed.contains(&i) {
+            match cap.try_acquire().await {
+                Ok(Some(permit)) => {
+                    permits.insert((i, slot), permit);
+                    kept.push((i, action));
+                    continue;
+                }
+                Ok(None) => {
+                    full.insert(i);
+                }
+                Err(e) => {
+                    let e = JobError::Cap(e);
+                    tracing::warn!(job = %reg.name, error = %e, "asking for a cap's permit failed; the start waits");
+                    *problem = Some(format!("caps: {}", crate::error::chain(&e)));
+                    failed.insert(i);
+                }
+            }
+        }
+        let policy = &reg.policy;
+        if new
+            && !failed.contains(&i)
+            && !reg.job.is_keyed()
+            && policy.overlap == super::Overlap::Skip
+            && policy.missed != super::MissedSlots::RunAll
+        {
+            tracing::debug!(job = %reg.name, slot, "its cap's permits are all held: the slot is skipped");
+            kept.push((i, Action::Skip { slot }));
+        } else {
+            tracing::debug!(job = %reg.name, slot, "start waits for a permit of its cap");
+            waiting = true;
+        }
+    }
+    (kept, permits, waiting)
 }
 
 /// Round robin over the jobs' queues (each job's own actions stay in order), at most `max`,

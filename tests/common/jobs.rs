@@ -18,6 +18,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::conformance::Harness;
+#[allow(unused_imports)] // the job suite names the cap cases here too
+pub use super::job_caps::*;
 #[allow(unused_imports)] // the job suite names the keyed cases here too
 pub use super::job_keys::*;
 use super::unique;
@@ -1483,6 +1485,8 @@ macro_rules! job_suite {
             keyed_runs_are_retried_given_up_and_capped,
             a_run_table_without_the_key_refuses_keys_until_its_migration_runs,
             ended_keys_are_pruned_by_when_they_ended,
+            a_cap_group_bounds_runs_across_schedulers,
+            a_run_whose_permit_is_lost_commits_nothing,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -8,6 +8,8 @@ pub mod double;
 #[macro_use]
 pub mod election;
 #[cfg(feature = "jobs")]
+pub mod job_caps;
+#[cfg(feature = "jobs")]
 pub mod job_keys;
 #[cfg(feature = "jobs")]
 #[macro_use]

@@ -8,8 +8,11 @@
 //! reads the run table and the writes table afterwards; the history says what each attempt was
 //! told.
 //!
-//! Beside them, a keyed job, `keyed` (the same fenced attempt, keys side by side, at most
-//! `KEYED_MAX_RUNNING` at once): every node submits the keys `k-0`, `k-1`, ... one every
+//! Beside them, a keyed job, `keyed` (the same fenced attempt, keys side by side under a cap
+//! of `KEYED_CAP` permits, cluster-wide, and nothing else bounding them): each key's write
+//! also names its run's permit and token, and the run's span by the database clock (read as
+//! the run starts, before its work, and stamped by an update just before the commit), for
+//! the checker's rule 10. Every node submits the keys `k-0`, `k-1`, ... one every
 //! `SUBMIT_EVERY` from its start, so the nodes submit each key at about the same time, and a
 //! node restarted after a kill submits the earlier keys again.
 //!
@@ -33,7 +36,7 @@ use std::time::Duration;
 
 use orion_beacon::jobs::{Job, JobError, JobRun, Jobs, MissedSlots, Overlap, Schedule};
 use orion_beacon::{Leadership, SeaOrmLeaseStore};
-use sea_orm::sea_query::{Alias, Query};
+use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use sea_orm::ConnectionTrait;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -50,7 +53,8 @@ pub const EVERY: Duration = Duration::from_secs(1);
 /// The keyed job of the run, and how often each node submits its next key.
 pub const KEYED_JOB: &str = "keyed";
 const SUBMIT_EVERY: Duration = Duration::from_millis(500);
-const KEYED_MAX_RUNNING: usize = 2;
+/// The keyed job's cap (`jobs_checker::KEYED_CAP`).
+pub const KEYED_CAP: u32 = 2;
 /// A key's work before its fenced transaction, and inside it (ms, drawn per attempt).
 const KEYED_WORK_MS: std::ops::Range<u64> = 0..300;
 const KEYED_HOLD_MS: std::ops::Range<u64> = 0..20;
@@ -79,6 +83,8 @@ struct Tick {
     me: String,
     /// The work before the fenced transaction, and inside it (ms, drawn per attempt).
     work: (std::ops::Range<u64>, std::ops::Range<u64>),
+    /// The node's pool: a capped run reads the database clock there as it starts.
+    db: sea_orm::DatabaseConnection,
 }
 
 impl Tick {
@@ -99,28 +105,58 @@ impl Tick {
             begun,
         );
         let result: Result<(), Error> = async {
+            let permit = run.permit();
+            // A capped run's span starts with the run, by the database clock: it holds its
+            // permit from before this until after its commit.
+            let begun_ms: Option<i64> = match permit {
+                Some(_) => {
+                    let backend = self.db.get_database_backend();
+                    let read = Query::select().expr(database_ms(backend)).to_owned();
+                    let row = self.db.query_one(&read).await?;
+                    Some(row.ok_or("no clock")?.try_get_by_index(0)?)
+                }
+                None => None,
+            };
             let before = fastrand::u64(self.work.0.clone());
             if before > 0 {
                 tokio::time::sleep(Duration::from_millis(before)).await;
             }
             let txn = run.begin().await?;
-            let insert = Query::insert()
+            let backend = txn.get_database_backend();
+            let mut insert = Query::insert()
                 .into_table(Alias::new(&self.writes))
                 .columns([
                     Alias::new("job"),
                     Alias::new("slot"),
                     Alias::new("token"),
                     Alias::new("writer"),
+                    Alias::new("permit"),
+                    Alias::new("permit_token"),
+                    Alias::new("begun_ms"),
                 ])
-                .values([
-                    run.job().into(),
-                    slot.into(),
-                    token.into(),
-                    self.me.clone().into(),
-                ])?
                 .to_owned();
+            insert.values([
+                run.job().into(),
+                slot.into(),
+                token.into(),
+                self.me.clone().into(),
+                permit.map(|p| p.resource().to_owned()).into(),
+                permit.map(|p| p.token().get()).into(),
+                begun_ms.into(),
+            ])?;
             txn.execute(&insert).await?;
             tokio::time::sleep(Duration::from_millis(fastrand::u64(self.work.1.clone()))).await;
+            if permit.is_some() {
+                // The span's end: the transaction's last statement before its commit.
+                let stamp = Query::update()
+                    .table(Alias::new(&self.writes))
+                    .value(Alias::new("ended_ms"), database_ms(backend))
+                    .and_where(Expr::col(Alias::new("job")).eq(run.job()))
+                    .and_where(Expr::col(Alias::new("slot")).eq(slot))
+                    .and_where(Expr::col(Alias::new("token")).eq(token))
+                    .to_owned();
+                txn.execute(&stamp).await?;
+            }
             run.commit(txn).await?;
             Ok(())
         }
@@ -145,6 +181,18 @@ impl Tick {
     }
 }
 
+/// The database's clock at the statement, in ms since the Unix epoch (not the transaction's
+/// start: PostgreSQL's `clock_timestamp()`, MySQL's `NOW(6)` per statement, SQLite's `'now'`).
+fn database_ms(backend: sea_orm::DbBackend) -> Expr {
+    Expr::cust(match backend {
+        sea_orm::DbBackend::Postgres => {
+            "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+        }
+        sea_orm::DbBackend::MySql => "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)",
+        _ => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    })
+}
+
 /// Runs one node until the harness writes `shutdown` to its standard input.
 pub async fn run(args: Args) -> Result<(), Error> {
     let name = args.candidate.clone().unwrap_or_default();
@@ -158,7 +206,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     } else {
         connect(url, pool).await?
     };
-    let store = SeaOrmLeaseStore::new(db)
+    let store = SeaOrmLeaseStore::new(db.clone())
         .with_table(&args.table)?
         .with_transaction_pooling(args.transaction_pooling && args.fence_url.is_none());
     let tick = Tick {
@@ -166,6 +214,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         writes: args.writes_table.clone(),
         me: name.clone(),
         work: (0..1, WORK_MS),
+        db: db.clone(),
     };
     // Keys run side by side: their work comes first, their fenced transactions stay short
     // (each holds the lease row, and on SQLite the write lock, while it is open).
@@ -184,7 +233,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         async move { tick.attempt(run).await }
     })
     .overlap(Overlap::Allow)
-    .max_running(KEYED_MAX_RUNNING)
+    .cap(KEYED_CAP)
     .retry_backoff(BACKOFF.0, BACKOFF.1)
     .max_attempts(MAX_ATTEMPTS);
     let load = (0..LOAD_JOBS).map(|i| {

@@ -27,11 +27,19 @@
 //!    answered "created"; every key a node was answered for has a record carrying that key,
 //!    at the slot the answer named; and every key first submitted `KEY_DONE_WITHIN_NS` before
 //!    the run's end is finished.
+//! 10. The keyed job's cap (`job_node::KEYED_CAP` permits, cluster-wide): every committed key
+//!     write names the permit its run held, one of the cap's; no permit term (permit, token)
+//!     wrote twice; and the committed runs, timed by the database clock from their start to
+//!     their transaction's last statement, never overlap more than the cap at any instant
+//!     (each lies inside its permit's tenure: a run whose permit lapsed commits nothing).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The keyed job's name (`job_node::KEYED_JOB`).
 const KEYED_JOB: &str = "keyed";
+
+/// The keyed job's cap (`job_node::KEYED_CAP`).
+pub const KEYED_CAP: usize = 2;
 
 /// The latest a slot's first attempt may be claimed after its time: the default policy runs
 /// the latest due slot, so lateness stays under the interval plus a leader change.
@@ -65,6 +73,10 @@ pub struct WriteRow {
     pub slot: i64,
     pub token: i64,
     pub writer: String,
+    /// A capped run's permit (its lease row) and that permit's token.
+    pub permit: Option<(String, i64)>,
+    /// The database's clock as the run started and at its transaction's last statement (ms).
+    pub span_ms: Option<(i64, i64)>,
 }
 
 /// What the nodes' histories say, summed over the nodes.
@@ -185,6 +197,8 @@ pub struct JobVerdict {
     pub keys: usize,
     pub keys_created: usize,
     pub keys_finished: usize,
+    /// The most capped runs under way at one database instant (rule 10).
+    pub cap_peak: usize,
     /// Slot times between the first and the last record that have no record at all (missed
     /// while nobody led: `MissedSlots::RunLatest` runs only the latest).
     pub missed: usize,
@@ -483,6 +497,7 @@ pub fn check(
         }
     }
     check_keys(&by_slot, histories, end_ns, &mut v);
+    check_cap(writes, KEYED_CAP, &mut v);
     // 6. Liveness.
     if v.finished < v.liveness_bound {
         v.violations.push(format!(
@@ -539,6 +554,61 @@ fn check_keys(
                         ));
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Rule 10: the keyed job's committed writes against its cap of `cap` permits.
+pub fn check_cap(writes: &[WriteRow], cap: usize, v: &mut JobVerdict) {
+    let mut terms: BTreeMap<(&str, i64), i64> = BTreeMap::new();
+    // (time, +1 opens / -1 closes); at one instant closes count first (a span is [begun, ended)).
+    let mut events: Vec<(i64, i32)> = Vec::new();
+    for w in writes.iter().filter(|w| w.job == KEYED_JOB) {
+        let Some((permit, token)) = &w.permit else {
+            v.violations.push(format!(
+                "cap: slot {} of the keyed job was written (token {} by {}) without a permit",
+                w.slot, w.token, w.writer
+            ));
+            continue;
+        };
+        let index = permit
+            .rsplit_once('#')
+            .and_then(|(_, n)| n.parse::<usize>().ok());
+        if index.is_none_or(|n| n >= cap) {
+            v.violations.push(format!(
+                "cap: slot {} of the keyed job was written under {permit}, not one of the cap's {cap} permits",
+                w.slot
+            ));
+        }
+        if let Some(other) = terms.insert((permit, *token), w.slot) {
+            v.violations.push(format!(
+                "cap: {permit} token {token} wrote slots {other} and {} of the keyed job: one permit term, two runs",
+                w.slot
+            ));
+        }
+        match w.span_ms {
+            Some((begun, ended)) if begun <= ended => {
+                events.push((begun, 1));
+                events.push((ended, -1));
+            }
+            other => v.violations.push(format!(
+                "cap: slot {} of the keyed job has no database span ({other:?})",
+                w.slot
+            )),
+        }
+    }
+    events.sort_unstable();
+    let mut open = 0i64;
+    for (at, step) in events {
+        open += i64::from(step);
+        let now = usize::try_from(open).unwrap_or(0);
+        if now > v.cap_peak {
+            v.cap_peak = now;
+            if now > cap {
+                v.violations.push(format!(
+                    "cap: {now} capped runs under way at {at} ms (database clock), over the cap of {cap}"
+                ));
             }
         }
     }

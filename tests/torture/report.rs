@@ -350,7 +350,7 @@ impl JobSummary<'_> {
             .collect();
         kinds.sort();
         println!(
-            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} load jobs: records={} (not finished {}, skipped {}) keys: submitted={} created={} finished={} faults: {} violations={}",
+            "torture[{}] seed={} duration={:.0}s nodes={} skewed={} slots: finished={} (at least {}; unacknowledged {}) skipped={} failed/given_up={}/{} running={} missed={} re-runs={} (slots retried {}) write_rows={} attempts={} (committed {}, refused by the fence {}, not claimed {}, failed {}, dropped {}, killed inside {}) terms={} last_token={} load jobs: records={} (not finished {}, skipped {}) keys: submitted={} created={} finished={} (at once at most {}) faults: {} violations={}",
             self.label,
             self.seed,
             self.duration_ns as f64 / 1e9,
@@ -382,6 +382,7 @@ impl JobSummary<'_> {
             v.keys,
             v.keys_created,
             v.keys_finished,
+            v.cap_peak,
             kinds.join(" "),
             v.violations.len(),
         );

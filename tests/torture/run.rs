@@ -256,6 +256,16 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
                     .string_len(64)
                     .not_null(),
             )
+            // A capped run's permit, its token, and its fenced transaction's span by the
+            // database clock (see `job_node`).
+            .col(ColumnDef::new(Alias::new("permit")).string_len(255).null())
+            .col(
+                ColumnDef::new(Alias::new("permit_token"))
+                    .big_integer()
+                    .null(),
+            )
+            .col(ColumnDef::new(Alias::new("begun_ms")).big_integer().null())
+            .col(ColumnDef::new(Alias::new("ended_ms")).big_integer().null())
             .to_owned();
         admin.execute(&create).await?;
     }
@@ -1221,7 +1231,16 @@ async fn finish_jobs(
     let rows = admin
         .query_all(
             &Query::select()
-                .columns([col("job"), col("slot"), col("token"), col("writer")])
+                .columns([
+                    col("job"),
+                    col("slot"),
+                    col("token"),
+                    col("writer"),
+                    col("permit"),
+                    col("permit_token"),
+                    col("begun_ms"),
+                    col("ended_ms"),
+                ])
                 .from(Alias::new(&s.writes))
                 .order_by(col("slot"), sea_orm::sea_query::Order::Asc)
                 .to_owned(),
@@ -1234,6 +1253,12 @@ async fn finish_jobs(
             slot: row.try_get_by_index(1)?,
             token: row.try_get_by_index(2)?,
             writer: row.try_get_by_index(3)?,
+            permit: row
+                .try_get_by_index::<Option<String>>(4)?
+                .zip(row.try_get_by_index::<Option<i64>>(5)?),
+            span_ms: row
+                .try_get_by_index::<Option<i64>>(6)?
+                .zip(row.try_get_by_index::<Option<i64>>(7)?),
         });
     }
     let mut verdict = jobs_checker::check(

@@ -8,7 +8,7 @@ use super::*;
 pub(super) fn start(
     shared: &Arc<Shared>,
     term: &LeaderTerm,
-    (i, slot, key): (usize, i64, Option<Arc<str>>),
+    (i, slot, key, permit): (usize, i64, Option<Arc<str>>, Option<LockGuard>),
     attempt: i32,
     lateness: Duration,
     here: &mut Here,
@@ -21,6 +21,7 @@ pub(super) fn start(
             key,
             attempt,
             term: term.clone(),
+            permit: permit.as_ref().map(|p| p.term().clone()),
             store: shared.store.clone(),
             table: shared.table.clone(),
             started: Instant::now(),
@@ -31,7 +32,7 @@ pub(super) fn start(
         }),
     };
     crate::jobs::metrics_hook::lateness(&reg.name, lateness);
-    tracing::info!(job = %reg.name, slot, key = run.key(), attempt, token = %term.token(), lateness_ms = lateness.as_millis() as u64, "job run starts");
+    tracing::info!(job = %reg.name, slot, key = run.key(), attempt, token = %term.token(), permit = permit.as_ref().map(|p| p.resource()), lateness_ms = lateness.as_millis() as u64, "job run starts");
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
     let returned = here.returned_tx.clone();
@@ -44,18 +45,33 @@ pub(super) fn start(
             let closure_run = run.clone();
             let handle = tokio::spawn(async move { (work)(closure_run).await });
             let guard = AbortOnDrop(handle.abort_handle());
-            let result = handle.await;
+            // A capped run stops when its permit is lost, as every run does with its term.
+            let permit_lost = permit.as_ref().map(LockGuard::lost);
+            let result = match permit_lost {
+                Some(lost) => tokio::select! {
+                    result = handle => Some(result),
+                    () = lost => None,
+                },
+                None => Some(handle.await),
+            };
             drop(guard);
             // The job may start its next slot now; this attempt's end follows.
             let _ = returned.send(tokio::task::id());
             let error = match result {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) if e.is_panic() => Some(panic_text(e.into_panic())),
-                Err(_) => Some("the job was cancelled".to_owned()),
+                Some(Ok(Ok(()))) => None,
+                Some(Ok(Err(e))) => Some(e.to_string()),
+                Some(Err(e)) if e.is_panic() => Some(panic_text(e.into_panic())),
+                Some(Err(_)) => Some("the job was cancelled".to_owned()),
+                None => Some("the run's cap permit was lost; the job was stopped".to_owned()),
             };
             if finish(&run, error, max_attempts).await {
                 shared.freshness.finished(i);
+            }
+            // The permit goes back once the attempt's end is written (that end is fenced by it).
+            if let Some(permit) = permit {
+                if let Err(e) = permit.release().await {
+                    tracing::debug!(error = %e, "releasing a cap's permit failed; it lapses");
+                }
             }
         })
         .id()

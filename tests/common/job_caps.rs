@@ -1,0 +1,216 @@
+//! Cluster-wide caps (`Job::cap`, `Job::cap_group`), as tests generic over every SeaORM store:
+//! two schedulers (two leaders at once) whose jobs share a group of two permits never run more
+//! than two at once, and do run two; a run whose permit is taken from it commits nothing and
+//! runs again once; caps out of bounds are refused at build. Run by `job_suite!` with the
+//! slot and key cases.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orion_beacon::jobs::{Job, JobError, JobRun, Overlap, CAP_GROUP_PREFIX};
+use orion_beacon::{ErrorKind, LeaseStore, SeaOrmLeaseStore};
+use tokio::sync::{mpsc, oneshot};
+
+use super::conformance::Harness;
+use super::jobs::{leader_of, write, Tables};
+use super::unique;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Two schedulers of their own resources (both lead at once), each with a keyed job in the cap
+/// group `g` of two permits, keys allowed side by side: across both, at most two runs at once,
+/// and two at some point; each run holds a permit of the group (its resource and token named
+/// by `JobRun::permit`), and every key runs once.
+pub async fn a_cap_group_bounds_runs_across_schedulers<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let group = unique("g");
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let permits: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let job = |name: &str| {
+        let (writes, now, most, permits) =
+            (t.writes.clone(), now.clone(), most.clone(), permits.clone());
+        Job::keyed(name, move |run: JobRun| {
+            let (writes, now, most, permits) =
+                (writes.clone(), now.clone(), most.clone(), permits.clone());
+            async move {
+                let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(running, Ordering::SeqCst);
+                if let Some(p) = run.permit() {
+                    permits
+                        .lock()
+                        .unwrap()
+                        .push((p.resource().to_owned(), p.token().get()));
+                }
+                // The work outside the fenced transaction (on SQLite that would hold the
+                // write lock, and serialize the runs by itself).
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                let txn = write(&run, &writes).await?;
+                run.commit(txn).await?;
+                Ok(())
+            }
+        })
+        .overlap(Overlap::Allow)
+        .cap_group(&group, 2)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let a = t.start(&h.store(), "a", vec![job("exports-a")]);
+    let b = t
+        .builder(&h.separate_store().await, "b")
+        .resource(unique("jobs"))
+        .job(job("exports-b"))
+        .build()
+        .unwrap()
+        .start();
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    leader_of(std::slice::from_ref(&b), 3 * SECOND).await;
+    let mut slots = BTreeSet::new();
+    for i in 0..5 {
+        for (node, job) in [(&a, "exports-a"), (&b, "exports-b")] {
+            let key = format!("{job}/k{i}");
+            slots.insert(node.submit(job, &key).await.unwrap().record.slot);
+        }
+    }
+    assert_eq!(slots.len(), 10, "a record per key");
+    t.wait_for(&db, 20 * SECOND, "every key of both jobs finished", |r| {
+        slots
+            .iter()
+            .all(|s| r.get(s).is_some_and(|r| r.state == "finished"))
+    })
+    .await;
+    assert_eq!(t.assert_exactly_once(&db).await, 10);
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "at most the group's two permits at once across both schedulers, and that many"
+    );
+    let held = permits.lock().unwrap().clone();
+    let prefix = format!("{CAP_GROUP_PREFIX}{group}#");
+    for (resource, _) in &held {
+        assert!(
+            resource == &format!("{prefix}0") || resource == &format!("{prefix}1"),
+            "{resource} is one of the group's two permits"
+        );
+    }
+    let terms: BTreeSet<&(String, i64)> = held.iter().collect();
+    assert_eq!(
+        terms.len(),
+        held.len(),
+        "each run a permit term of its own: {held:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    t.drop(&db).await;
+}
+
+/// A capped run whose permit is taken from it (an operator's release of its lease row, as a
+/// lapse would end it) before its fenced transaction: its `begin` is refused by the permit's
+/// fence (or the run is stopped first, once the renewer sees the permit gone), nothing it
+/// wrote commits, and the key runs again, once, under a new permit term. (While a fenced
+/// transaction is open, the permit's row cannot be released or taken over: the fence holds
+/// it, as a term's.)
+pub async fn a_run_whose_permit_is_lost_commits_nothing<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    type Held = (String, String, i64, oneshot::Sender<()>);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Held>();
+    // Each attempt's outcome: (attempt, its commit's answer).
+    type Outcome = (u32, Result<(), ErrorKind>);
+    let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let job = {
+        let (writes, outcomes) = (t.writes.clone(), outcomes.clone());
+        Job::keyed("capped", move |run: JobRun| {
+            let (writes, tx, outcomes) = (writes.clone(), tx.clone(), outcomes.clone());
+            async move {
+                if run.attempt() == 1 {
+                    let p = run.permit().expect("a capped run holds a permit");
+                    let (go, wait) = oneshot::channel();
+                    let _ = tx.send((
+                        p.resource().to_owned(),
+                        p.candidate().to_owned(),
+                        p.token().get(),
+                        go,
+                    ));
+                    let _ = wait.await;
+                }
+                let committed = match write(&run, &writes).await {
+                    Ok(txn) => run.commit(txn).await,
+                    Err(e) => Err(e),
+                };
+                outcomes.lock().unwrap().push((
+                    run.attempt(),
+                    committed.as_ref().map(|_| ()).map_err(JobError::kind),
+                ));
+                committed?;
+                Ok(())
+            }
+        })
+        .cap(1)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let node = t.start(&h.store(), "n", vec![job]);
+    leader_of(std::slice::from_ref(&node), 3 * SECOND).await;
+    let s = node.submit("capped", "k").await.unwrap();
+    let (resource, candidate, first_token, go) = tokio::time::timeout(3 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        resource.ends_with("/cap/capped#0"),
+        "the job's own semaphore: {resource}"
+    );
+    assert!(h.store().release(&resource, &candidate).await.unwrap());
+    let _ = go.send(());
+    let records = t
+        .wait_for(&db, 10 * SECOND, "the key run again", |r| {
+            r.get(&s.record.slot).is_some_and(|r| r.state == "finished")
+        })
+        .await;
+    let rec = &records[&s.record.slot];
+    assert_eq!(
+        rec.attempts, 2,
+        "the first attempt committed nothing: {rec:?}"
+    );
+    let seen = outcomes.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .all(|(attempt, outcome)| (*attempt == 1) == outcome.is_err()),
+        "the first attempt refused (or stopped), the second committed: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|(attempt, outcome)| *attempt != 1 || *outcome == Err(ErrorKind::Lost)),
+        "refused as superseded: {seen:?}"
+    );
+    assert_eq!(t.assert_exactly_once(&db).await, 1);
+    let next = h.store().current(&resource).await.unwrap();
+    assert!(
+        next.as_ref().is_none_or(|l| l.token.get() > first_token),
+        "a later permit term has a higher token: {next:?}"
+    );
+    node.shutdown().await;
+
+    // Caps out of bounds, and bad group names, are refused at build.
+    for job in [
+        Job::keyed("k", |_run| async { Ok(()) }).cap(0),
+        Job::keyed("k", |_run| async { Ok(()) }).cap(1025),
+        Job::keyed("k", |_run| async { Ok(()) }).cap_group("", 1),
+        Job::keyed("k", |_run| async { Ok(()) }).cap_group(" g", 1),
+        Job::keyed("k", |_run| async { Ok(()) }).cap_group("g".repeat(201), 1),
+        Job::keyed("k".repeat(250), |_run| async { Ok(()) }).cap(1),
+    ] {
+        let refused = t.builder(&h.store(), "x").job(job).build().err();
+        assert!(
+            refused.is_some_and(|e| e.kind() == ErrorKind::InvalidInput),
+            "refused at build"
+        );
+    }
+    t.drop(&db).await;
+}
