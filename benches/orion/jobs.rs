@@ -1,7 +1,8 @@
-//! Scheduled jobs: how late each slot starts against its scheduled time, with one job and with
-//! 100 jobs in one scheduler, on PostgreSQL, MariaDB and SQLite.
+//! Scheduled jobs: how late each slot starts against its scheduled time, with one job, 100 and
+//! 10,000 jobs in one scheduler, on PostgreSQL, MariaDB and SQLite.
 //!
-//! Every job runs every second; its closure records `run.lateness()` (the database clock's now
+//! Every job runs every second (every 10 s with 10,000 jobs, all due at once); its closure
+//! records `run.lateness()` (the database clock's now
 //! at the look that claimed the slot, minus the slot, plus the time since that look), then
 //! writes one row in the slot's fenced transaction and commits it with the slot's mark
 //! (`begin`, one `INSERT`, `commit`). Counted: first attempts at the slots from the first whole
@@ -25,12 +26,43 @@ use super::*;
 
 const INTERVAL: Duration = Duration::from_secs(1);
 
+/// Statements the scheduler's pool sent (sqlx's statement log, `sqlx::query`, counted by a
+/// tracing layer; the admin pool does not log).
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts sqlx's statement events; every other event is disabled.
+struct CountStatements;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountStatements {
+    fn enabled(
+        &self,
+        metadata: &tracing::Metadata<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        metadata.target() == "sqlx::query"
+    }
+
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        STATEMENTS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Installs the counter as the process's subscriber: whether it could (another one set first
+/// leaves the column empty).
+fn count_statements() -> bool {
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(CountStatements))
+        .is_ok()
+}
+
 /// What the closures record.
 struct Probe {
     /// The first counted slot (ms since the epoch); nothing is counted before it is set.
     from_ms: AtomicI64,
     /// Slots counted per job.
     slots: i64,
+    /// The jobs' interval (ms).
+    every_ms: i64,
     lateness_ms: Mutex<Vec<f64>>,
     /// Attempts after a first one (a failed or interrupted first attempt).
     retries: AtomicU64,
@@ -44,7 +76,7 @@ impl Probe {
         }
         let from = self.from_ms.load(Ordering::SeqCst);
         let slot = run.slot_millis();
-        let until = from.saturating_add(self.slots * INTERVAL.as_millis() as i64);
+        let until = from.saturating_add(self.slots * self.every_ms);
         if (from..until).contains(&slot) {
             self.samples().push(run.lateness().as_secs_f64() * 1e3);
         }
@@ -59,10 +91,10 @@ impl Probe {
 
 /// A job that records its lateness, then inserts one row into `work` and commits it with the
 /// slot's mark.
-fn job(name: String, work: Arc<str>, probe: Arc<Probe>) -> Result<Job, Error> {
+fn job(name: String, every: Duration, work: Arc<str>, probe: Arc<Probe>) -> Result<Job, Error> {
     Ok(Job::new(
         name,
-        Schedule::every(INTERVAL)?,
+        Schedule::every(every)?,
         move |run: JobRun| {
             let (work, probe) = (work.clone(), probe.clone());
             async move {
@@ -146,17 +178,36 @@ struct Outcome {
     /// Rows the jobs wrote for counted slots, and (job, slot) pairs written more than once.
     written: i64,
     twice: usize,
+    /// Statements the scheduler's pool sent per counted slot (`None`: not counted).
+    statements_per_slot: Option<f64>,
 }
 
-/// `jobs` jobs in one scheduler, every second, for `slots` slots each.
-async fn lateness(url: &str, jobs: usize, slots: usize, pool: u32) -> Result<Outcome, Error> {
+/// `jobs` jobs in one scheduler, every `every`, for `slots` slots each.
+async fn lateness(
+    url: &str,
+    (jobs, every): (usize, Duration),
+    slots: usize,
+    pool: u32,
+) -> Result<Outcome, Error> {
     let admin = connect(url, 2, false).await?;
     let tables = Tables::create(&admin, &jobs.to_string()).await?;
-    let store =
-        SeaOrmLeaseStore::new(connect(url, pool, false).await?).with_table(&tables.lease)?;
+    // The scheduler's pool logs its statements (at debug, to the counter only).
+    let mut options = if url.starts_with("sqlite:") {
+        orion_beacon::backend::sqlite::connect_options(url)
+    } else {
+        sea_orm::ConnectOptions::new(url)
+    };
+    options
+        .max_connections(pool)
+        .min_connections(Ord::min(pool, 4))
+        .sqlx_logging(true)
+        .sqlx_logging_level(log::LevelFilter::Debug);
+    let store = SeaOrmLeaseStore::new(sea_orm::Database::connect(options).await?)
+        .with_table(&tables.lease)?;
     let probe = Arc::new(Probe {
         from_ms: AtomicI64::new(i64::MAX),
         slots: slots as i64,
+        every_ms: every.as_millis() as i64,
         lateness_ms: Mutex::new(Vec::with_capacity(jobs * slots)),
         retries: AtomicU64::new(0),
     });
@@ -165,19 +216,32 @@ async fn lateness(url: &str, jobs: usize, slots: usize, pool: u32) -> Result<Out
         .candidate_id("bench")
         .runs_table(&tables.runs);
     for j in 0..jobs {
-        builder = builder.job(job(format!("job-{j:03}"), work.clone(), probe.clone())?);
+        builder = builder.job(job(
+            format!("job-{j:05}"),
+            every,
+            work.clone(),
+            probe.clone(),
+        )?);
     }
     let handle = builder.build()?.start();
     wait_leader(handle.elector(), Duration::from_secs(10)).await?;
-    // Counted from the first whole second after the scheduler leads.
-    let step = INTERVAL.as_millis() as i64;
+    // Counted from the first whole interval after the scheduler leads.
+    let step = every.as_millis() as i64;
     let from = (epoch_ms() / step + 1) * step;
     probe.from_ms.store(from, Ordering::SeqCst);
     let expected = jobs * slots;
-    let deadline = Instant::now() + INTERVAL * (slots as u32) + Duration::from_secs(20);
+    let deadline = Instant::now() + every * (slots as u32) + Duration::from_secs(60);
+    // Counted from just before the first counted slot to the last one's start, its run's own
+    // statements after it included (the looks in between, the renews, each run's begin, insert
+    // and commit).
+    let wait = u64::try_from(from - epoch_ms() - 100).unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    let sent_before = STATEMENTS.load(Ordering::Relaxed);
     while probe.samples().len() < expected && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = STATEMENTS.load(Ordering::Relaxed) - sent_before;
     // The last slots' commits, then stop (running closures get the grace period).
     tokio::time::sleep(Duration::from_millis(300)).await;
     handle.shutdown().await;
@@ -213,6 +277,7 @@ async fn lateness(url: &str, jobs: usize, slots: usize, pool: u32) -> Result<Out
         retries: probe.retries.load(Ordering::Relaxed),
         written,
         twice,
+        statements_per_slot: (sent > 0).then(|| sent as f64 / expected as f64),
     })
 }
 
@@ -221,11 +286,25 @@ pub(crate) async fn jobs_bench() -> Result<(), Error> {
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
         .map_or(18, |n| n.clamp(2, 3600));
+    // The job counts (`BENCH_JOB_COUNTS`, comma-separated; default 1, 100 and 10000): up to
+    // 100 jobs every second, more every 10 s (all due together), 3 slots each.
+    let counts: Vec<usize> = std::env::var("BENCH_JOB_COUNTS")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .filter_map(|n| n.trim().parse::<usize>().ok())
+                .map(|n| n.clamp(1, 20_000))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![1, 100, 10_000]);
     println!(
-        "\n## Scheduled jobs: how late each slot starts (every {INTERVAL:?}; `JobRun::lateness`, by the database clock)\n"
+        "\n## Scheduled jobs: how late each slot starts (`JobRun::lateness`, by the database clock)\n"
     );
-    println!("| backend | jobs | slots | p50 ms | p99 ms | max ms |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| backend | jobs | every | slots | p50 ms | p99 ms | max ms | statements per slot |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    if !count_statements() {
+        println!("(statements not counted: another tracing subscriber is set)\n");
+    }
     let dir = tempfile::tempdir()?;
     let sqlite = format!("sqlite://{}?mode=rwc", dir.path().join("jobs.db").display());
     let mut notes = Vec::new();
@@ -234,15 +313,22 @@ pub(crate) async fn jobs_bench() -> Result<(), Error> {
         ("MariaDB", mysql_url(), 10),
         ("SQLite", sqlite, 4),
     ] {
-        for (jobs, slots) in [(1, slots), (100, slots / 2)] {
-            let o = lateness(&url, jobs, slots, pool).await?;
+        for &jobs in &counts {
+            let (every, slots) = match jobs {
+                1 => (INTERVAL, slots),
+                2..=100 => (INTERVAL, slots / 2),
+                _ => (INTERVAL * 10, 3),
+            };
+            let o = lateness(&url, (jobs, every), slots, pool).await?;
             let h = histogram(&o.lateness_ms)?;
             println!(
-                "| {name} | {jobs} | {} | {:.1} | {:.1} | {:.1} |",
+                "| {name} | {jobs} | {every:?} | {} | {:.1} | {:.1} | {:.1} | {} |",
                 o.lateness_ms.len(),
                 quantile_ms(&h, 0.5),
                 quantile_ms(&h, 0.99),
-                quantile_ms(&h, 1.0)
+                quantile_ms(&h, 1.0),
+                o.statements_per_slot
+                    .map_or("-".to_owned(), |n| format!("{n:.2}"))
             );
             if o.lateness_ms.len() != o.expected
                 || o.written != o.expected as i64

@@ -399,7 +399,7 @@ async fn tick(
     look.cursor = next_first;
     // A capped job's starts take their permits before the claim; one left without waits.
     let (decided, mut permits, cap_wait) =
-        take_permits(shared, decided, &mut look.cap_problem).await;
+        take_permits(shared, decided, here, &mut look.cap_problem).await;
     if !decided.is_empty() {
         let (claimed, left_out) = claim(shared, term, backend, &decided).await?;
         if let Some(first) = left_out {
@@ -427,6 +427,10 @@ async fn tick(
                     here.attempts[i].insert(slot);
                     let key = keys.get(&(i, slot)).cloned();
                     let permit = permits.remove(&(i, slot));
+                    debug_assert!(
+                        permit.is_some() || shared.jobs[i].cap.is_none(),
+                        "a capped start claimed without its permit"
+                    );
                     let id = start(
                         shared,
                         term,
@@ -449,6 +453,8 @@ async fn tick(
             }
         }
     }
+    // Permits taken for what was not claimed go back now, before the pruning.
+    drop(permits);
 
     if let Some(keep) = shared.keep_finished_ms {
         // A batch every half `keep` (at most a minute apart), another at the next look after
@@ -474,8 +480,6 @@ async fn tick(
             more |= look.prune_more;
         }
     }
-    // Permits taken for what was not claimed go back now.
-    drop(permits);
     let poll = if cap_wait {
         shared.poll.min(CAP_RETRY)
     } else {
@@ -498,11 +502,14 @@ async fn tick(
 
 /// Takes a permit of its cap for each start of a capped job ([`Job::cap`]), before the claim:
 /// a start left without one waits for a later look, except a new slot of a job that skips
-/// overlapping slots, which is skipped. Once a cap has no free permit, the look asks it for no
-/// more. Returns the actions, the permits by (job, slot), and whether a start waits.
+/// overlapping slots, which is skipped, unless one of this job's attempts here has returned
+/// and not yet ended (its permit goes back once its end is written: a run that returned never
+/// makes the next slot skipped). Once a cap has no free permit, the look asks it for no more.
+/// Returns the actions, the permits by (job, slot), and whether a start waits.
 async fn take_permits(
     shared: &Shared,
     decided: Vec<(usize, Action)>,
+    here: &Here,
     problem: &mut Option<String>,
 ) -> (
     Vec<(usize, Action)>,
@@ -510,10 +517,10 @@ async fn take_permits(
     bool,
 ) {
     let mut permits = HashMap::new();
-    // Jobs whose cap had no free permit in this look, and those whose ask failed (their new
-    // slots wait rather than be skipped for an error).
-    let mut full: BTreeSet<usize> = BTreeSet::new();
-    let mut failed: BTreeSet<usize> = BTreeSet::new();
+    // Caps (by semaphore) with no free permit in this look, and those whose ask failed (their
+    // new slots wait rather than be skipped for an error).
+    let mut full: BTreeSet<&str> = BTreeSet::new();
+    let mut failed: BTreeSet<&str> = BTreeSet::new();
     let mut waiting = false;
     let mut kept = Vec::with_capacity(decided.len());
     for (i, action) in decided {
@@ -526,7 +533,8 @@ async fn take_permits(
             kept.push((i, action));
             continue;
         };
-        if !full.contains(&i) && !failed.contains(&i) {
+        let name = cap.name();
+        if !full.contains(name) && !failed.contains(name) {
             match cap.try_acquire().await {
                 Ok(Some(permit)) => {
                     permits.insert((i, slot), permit);
@@ -534,19 +542,23 @@ async fn take_permits(
                     continue;
                 }
                 Ok(None) => {
-                    full.insert(i);
+                    full.insert(name);
                 }
                 Err(e) => {
                     let e = JobError::Cap(e);
                     tracing::warn!(job = %reg.name, error = %e, "asking for a cap's permit failed; the start waits");
                     *problem = Some(format!("caps: {}", crate::error::chain(&e)));
-                    failed.insert(i);
+                    failed.insert(name);
                 }
             }
         }
+        // An attempt here whose closure returned and whose end is being written still holds
+        // its permit: not a run under way.
+        let ending_here = here.attempts[i].len() > here.running[i].len();
         let policy = &reg.policy;
         if new
-            && !failed.contains(&i)
+            && !failed.contains(name)
+            && !ending_here
             && !reg.job.is_keyed()
             && policy.overlap == super::Overlap::Skip
             && policy.missed != super::MissedSlots::RunAll

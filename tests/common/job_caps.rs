@@ -214,3 +214,89 @@ pub async fn a_run_whose_permit_is_lost_commits_nothing<H: Harness<Store = SeaOr
     }
     t.drop(&db).await;
 }
+
+/// One permit shared by a keyed job whose run lasts 2.5 leases and a scheduled job every
+/// second under the default `Overlap::Skip`: the long run commits under its one permit term
+/// (the permit was renewed all along) and lets it go as soon as its end is written (not at
+/// its lapse); the slots due meanwhile are recorded skipped, and once the permit is free the
+/// slots run again.
+pub async fn a_full_cap_skips_slots_and_a_long_run_keeps_its_permit<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let group = unique("g");
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
+    let long = {
+        let writes = t.writes.clone();
+        Job::keyed("long", move |run: JobRun| {
+            let (writes, tx) = (writes.clone(), tx.clone());
+            async move {
+                if let Some(p) = run.permit() {
+                    let _ = tx.send((p.resource().to_owned(), p.candidate().to_owned()));
+                }
+                tokio::time::sleep(Duration::from_millis(2_500)).await;
+                let txn = write(&run, &writes).await?;
+                run.commit(txn).await?;
+                Ok(())
+            }
+        })
+        .cap_group(&group, 1)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let tick = super::jobs::writer("tick", &t.writes).cap_group(&group, 1);
+    let node = t.start(&h.store(), "n", vec![long, tick]);
+    leader_of(std::slice::from_ref(&node), 3 * SECOND).await;
+    // A slot of the scheduled job first, then the long key.
+    t.wait_for(&db, 5 * SECOND, "a slot finished", |r| {
+        r.values().any(|r| r.state == "finished")
+    })
+    .await;
+    let s = node.submit("long", "k").await.unwrap();
+    let (resource, candidate) = tokio::time::timeout(3 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let records = t
+        .wait_for(&db, 10 * SECOND, "the long key finished", |r| {
+            r.get(&s.record.slot).is_some_and(|r| r.state == "finished")
+        })
+        .await;
+    let started = tokio::time::Instant::now();
+    loop {
+        let held = h.store().current(&resource).await.unwrap();
+        if !held.is_some_and(|l| l.live && l.holder == candidate) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "the permit is let go once the end is written, not at its lapse"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        records[&s.record.slot].attempts, 1,
+        "committed under its first permit term, 2.5 leases after it began"
+    );
+    let skipped = records.values().filter(|r| r.state == "skipped").count();
+    assert!(
+        skipped >= 1,
+        "slots due while the group's one permit was held are skipped: {records:?}"
+    );
+    let finished_before = records
+        .iter()
+        .filter(|(slot, r)| **slot != s.record.slot && r.state == "finished")
+        .count();
+    t.wait_for(&db, 5 * SECOND, "slots run again", |r| {
+        r.iter()
+            .filter(|(slot, r)| **slot != s.record.slot && r.state == "finished")
+            .count()
+            > finished_before
+    })
+    .await;
+    node.shutdown().await;
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}

@@ -1487,6 +1487,7 @@ macro_rules! job_suite {
             ended_keys_are_pruned_by_when_they_ended,
             a_cap_group_bounds_runs_across_schedulers,
             a_run_whose_permit_is_lost_commits_nothing,
+            a_full_cap_skips_slots_and_a_long_run_keeps_its_permit,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -43,14 +43,20 @@ pub(super) fn start(
             // its future exists) fails this attempt like a panic inside the future; aborted
             // when this task is (the term ended).
             let closure_run = run.clone();
-            let handle = tokio::spawn(async move { (work)(closure_run).await });
+            let mut handle = tokio::spawn(async move { (work)(closure_run).await });
             let guard = AbortOnDrop(handle.abort_handle());
-            // A capped run stops when its permit is lost, as every run does with its term.
+            // A capped run stops when its permit is lost, as every run does with its term: its
+            // closure is cancelled and waited for (it ends at its next await), so that no next
+            // attempt starts beside it.
             let permit_lost = permit.as_ref().map(LockGuard::lost);
             let result = match permit_lost {
                 Some(lost) => tokio::select! {
-                    result = handle => Some(result),
-                    () = lost => None,
+                    result = &mut handle => Some(result),
+                    () = lost => {
+                        handle.abort();
+                        let _ = handle.await;
+                        None
+                    }
                 },
                 None => Some(handle.await),
             };
@@ -133,7 +139,7 @@ pub(super) async fn finish(run: &JobRun, error: Option<String>, max_attempts: i3
         Err(e) => {
             let (outcome, next) = match e.kind() {
                 crate::error::ErrorKind::Lost => {
-                    ("superseded", "the next leader claims the slot again")
+                    ("superseded", "the leader of the time claims the slot again")
                 }
                 crate::error::ErrorKind::Conflict => (
                     "unmarked",
