@@ -228,14 +228,14 @@ pub async fn a_full_cap_skips_slots_and_a_long_run_keeps_its_permit<
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
     let group = unique("g");
-    let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, i64)>();
     let long = {
         let writes = t.writes.clone();
         Job::keyed("long", move |run: JobRun| {
             let (writes, tx) = (writes.clone(), tx.clone());
             async move {
                 if let Some(p) = run.permit() {
-                    let _ = tx.send((p.resource().to_owned(), p.candidate().to_owned()));
+                    let _ = tx.send((p.resource().to_owned(), p.token().get()));
                 }
                 tokio::time::sleep(Duration::from_millis(2_500)).await;
                 let txn = write(&run, &writes).await?;
@@ -255,7 +255,7 @@ pub async fn a_full_cap_skips_slots_and_a_long_run_keeps_its_permit<
     })
     .await;
     let s = node.submit("long", "k").await.unwrap();
-    let (resource, candidate) = tokio::time::timeout(3 * SECOND, rx.recv())
+    let (resource, token) = tokio::time::timeout(3 * SECOND, rx.recv())
         .await
         .unwrap()
         .unwrap();
@@ -267,7 +267,8 @@ pub async fn a_full_cap_skips_slots_and_a_long_run_keeps_its_permit<
     let started = tokio::time::Instant::now();
     loop {
         let held = h.store().current(&resource).await.unwrap();
-        if !held.is_some_and(|l| l.live && l.holder == candidate) {
+        // Another term of the permit (the scheduled job's next run) is not the long run's.
+        if !held.is_some_and(|l| l.live && l.token.get() == token) {
             break;
         }
         assert!(

@@ -9,7 +9,7 @@
 //! told.
 //!
 //! Beside them, a keyed job, `keyed` (the same fenced attempt, keys side by side under a cap
-//! of `KEYED_CAP` permits, cluster-wide, and nothing else bounding them): each key's write
+//! of `KEYED_CAP` permits, cluster-wide, and as many on the leader): each key's write
 //! also names its run's permit and token, and the run's span by the database clock (read as
 //! the run starts, before its work, and stamped by an update just before the commit), for
 //! the checker's rule 10. Every node submits the keys `k-0`, `k-1`, ... one every
@@ -233,6 +233,9 @@ pub async fn run(args: Args) -> Result<(), Error> {
         async move { tick.attempt(run).await }
     })
     .overlap(Overlap::Allow)
+    // The leader's own bound too: without it every look plans every queued key and asks for a
+    // permit, and on a loaded CI host the leader fell behind its fenced job's liveness bound.
+    .max_running(KEYED_CAP as usize)
     .cap(KEYED_CAP)
     .retry_backoff(BACKOFF.0, BACKOFF.1)
     .max_attempts(MAX_ATTEMPTS);

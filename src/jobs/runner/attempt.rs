@@ -51,6 +51,8 @@ pub(super) fn start(
             let permit_lost = permit.as_ref().map(LockGuard::lost);
             let result = match permit_lost {
                 Some(lost) => tokio::select! {
+                    // A closure that returned as the permit was lost keeps its result.
+                    biased;
                     result = &mut handle => Some(result),
                     () = lost => {
                         handle.abort();
