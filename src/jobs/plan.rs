@@ -61,6 +61,13 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
+    /// Whether a new slot that cannot start because another run holds its place (an earlier
+    /// slot running, or a full cap) is skipped: under `Overlap::Skip`, except a catch-up of
+    /// every missed slot, which waits instead (skipping would drop it).
+    pub(crate) fn skips_when_busy(&self) -> bool {
+        self.overlap == Overlap::Skip && self.missed != MissedSlots::RunAll
+    }
+
     /// The wait before attempt `attempts + 1`, after `attempts` claimed ones: doubling from the
     /// first back-off, capped.
     pub(crate) fn backoff_ms(&self, attempts: i32) -> i64 {
@@ -219,8 +226,7 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
         if may_start(started) {
             plan.actions.push(Action::Start { slot, prior: None });
             started += 1;
-        } else if busy && policy.overlap == Overlap::Skip && policy.missed != MissedSlots::RunAll {
-            // (A catch-up of every missed slot waits instead: skipping would drop it.)
+        } else if busy && policy.skips_when_busy() {
             plan.actions.push(Action::Skip { slot });
         } else {
             // Queued (or the next of a catch-up): started when what runs ends.

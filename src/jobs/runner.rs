@@ -560,8 +560,7 @@ async fn take_permits(
             && !failed.contains(name)
             && !ending_here
             && !reg.job.is_keyed()
-            && policy.overlap == super::Overlap::Skip
-            && policy.missed != super::MissedSlots::RunAll
+            && policy.skips_when_busy()
         {
             tracing::debug!(job = %reg.name, slot, "its cap's permits are all held: the slot is skipped");
             kept.push((i, Action::Skip { slot }));
