@@ -301,3 +301,141 @@ pub async fn a_full_cap_skips_slots_and_a_long_run_keeps_its_permit<
     t.assert_exactly_once(&db).await;
     t.drop(&db).await;
 }
+
+/// A capped run whose permit is lost while its closure is still going (it never reaches a
+/// fenced transaction): the closure is cancelled and waited for (its future dropped, a drop
+/// that takes 300 ms) before the next attempt starts; the key then runs once.
+pub async fn a_lost_permit_stops_the_closure_before_the_next_attempt<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    use std::time::Instant;
+    /// Records when it was dropped, after a drop that takes a while (a closure slow to stop).
+    struct SlowDrop(Arc<Mutex<Option<Instant>>>);
+    impl Drop for SlowDrop {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(300));
+            *self.0.lock().unwrap() = Some(Instant::now());
+        }
+    }
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
+    let dropped: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let next_started: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let job = {
+        let (dropped, next_started) = (dropped.clone(), next_started.clone());
+        Job::keyed("capped", move |run: JobRun| {
+            let (tx, dropped, next_started) = (tx.clone(), dropped.clone(), next_started.clone());
+            async move {
+                if run.attempt() == 1 {
+                    let _stops = SlowDrop(dropped);
+                    let p = run.permit().expect("a capped run holds a permit");
+                    let _ = tx.send((p.resource().to_owned(), p.candidate().to_owned()));
+                    std::future::pending::<()>().await;
+                }
+                next_started
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(Instant::now);
+                Ok(())
+            }
+        })
+        .cap(1)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let node = t.start(&h.store(), "n", vec![job]);
+    leader_of(std::slice::from_ref(&node), 3 * SECOND).await;
+    let s = node.submit("capped", "k").await.unwrap();
+    let (resource, candidate) = tokio::time::timeout(3 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(h.store().release(&resource, &candidate).await.unwrap());
+    let records = t
+        .wait_for(&db, 10 * SECOND, "the key run again", |r| {
+            r.get(&s.record.slot).is_some_and(|r| r.state == "finished")
+        })
+        .await;
+    node.shutdown().await;
+    assert_eq!(records[&s.record.slot].attempts, 2, "{records:?}");
+    let dropped = dropped
+        .lock()
+        .unwrap()
+        .expect("the first attempt's closure was cancelled when its permit was lost");
+    let next = next_started
+        .lock()
+        .unwrap()
+        .expect("the second attempt ran");
+    assert!(
+        next > dropped,
+        "the next attempt started only once the cancelled closure was gone ({:?} before)",
+        dropped.saturating_duration_since(next)
+    );
+    t.drop(&db).await;
+}
+
+/// A capped start that found every permit held asks again within half a second, not at the
+/// scheduler's next poll (10 s here): a key waits while an operator holds the cap's one permit,
+/// and starts within 1.5 s of its release.
+pub async fn a_full_cap_is_asked_again_within_half_a_second<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<tokio::time::Instant>();
+    let job = Job::keyed("capped", move |_run: JobRun| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(tokio::time::Instant::now());
+            Ok(())
+        }
+    })
+    .cap(1);
+    // The job's one permit, held by someone else.
+    let permit = format!("{}/cap/capped#0", t.resource);
+    let held = h
+        .store()
+        .acquire_or_renew(&permit, "operator", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        matches!(held, orion_beacon::store::LeaseOutcome::Acquired(_)),
+        "{held:?}"
+    );
+    let node = t
+        .builder(&h.store(), "n")
+        .poll_interval(Duration::from_secs(10))
+        .job(job)
+        .build()
+        .unwrap()
+        .start();
+    leader_of(std::slice::from_ref(&node), 3 * SECOND).await;
+    let s = node.submit("capped", "k").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "no run while the one permit is held"
+    );
+    let released = tokio::time::Instant::now();
+    assert!(h.store().release(&permit, "operator").await.unwrap());
+    let started = tokio::time::timeout(15 * SECOND, rx.recv())
+        .await
+        .expect("the key ran once the permit was free")
+        .unwrap();
+    let after = started.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_millis(1_500),
+        "started {after:?} after the permit was released (asked again within 500 ms, the \
+         poll is 10 s)"
+    );
+    t.wait_for(&db, 5 * SECOND, "the key finished", |r| {
+        r.get(&s.record.slot).is_some_and(|r| r.state == "finished")
+    })
+    .await;
+    node.shutdown().await;
+    t.drop(&db).await;
+}

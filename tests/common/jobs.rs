@@ -1269,6 +1269,8 @@ pub async fn a_panicking_job_fails_with_its_message<H: Harness<Store = SeaOrmLea
                 &Query::select()
                     .columns(["job", "state", "attempts", "error"].map(Alias::new))
                     .from(Alias::new(&t.runs))
+                    // Each job's first slot first (its next may be running by now).
+                    .order_by(Alias::new("slot"), sea_orm::sea_query::Order::Asc)
                     .to_owned(),
             )
             .await
@@ -1488,6 +1490,8 @@ macro_rules! job_suite {
             a_cap_group_bounds_runs_across_schedulers,
             a_run_whose_permit_is_lost_commits_nothing,
             a_full_cap_skips_slots_and_a_long_run_keeps_its_permit,
+            a_lost_permit_stops_the_closure_before_the_next_attempt,
+            a_full_cap_is_asked_again_within_half_a_second,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {
