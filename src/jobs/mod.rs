@@ -214,8 +214,10 @@ impl JobsBuilder {
         }
         let mut names = HashSet::new();
         let mut jobs = Vec::with_capacity(self.jobs.len());
-        for job in self.jobs {
+        let mut parsed = schedule::Parsed::new();
+        for mut job in self.jobs {
             let policy = job.policy()?;
+            job.schedule.share(&mut parsed);
             if !names.insert(job.name.clone()) {
                 return Err(JobError::DuplicateJob(job.name));
             }

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -45,7 +46,9 @@ pub struct Schedule {
 #[derive(Clone)]
 enum Kind {
     Cron {
-        cron: Box<Cron>,
+        /// Shared by the clones of a schedule: a parsed expression carries a bitfield per
+        /// field (several KiB, most of it the years'), and many jobs often share one schedule.
+        cron: Arc<Cron>,
         expression: String,
         zone: Tz,
     },
@@ -68,7 +71,37 @@ impl fmt::Display for Schedule {
     }
 }
 
+/// Parsed cron expressions by their text and zone, while a scheduler is built: jobs whose
+/// schedules read alike share one (see [`Schedule::share`]).
+pub(crate) type Parsed = std::collections::HashMap<(String, &'static str), Arc<Cron>>;
+
 impl Schedule {
+    /// Which parse a cron schedule holds (its address), for tests of [`share`](Self::share).
+    #[cfg(test)]
+    pub(crate) fn parse_id(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::Cron { cron, .. } => Some(Arc::as_ptr(cron) as usize),
+            _ => None,
+        }
+    }
+
+    /// Makes this schedule share the parsed expression of an earlier one in `parsed` with the
+    /// same text and zone (or records its own there): ten thousand jobs of one expression,
+    /// parsed one by one, then hold one parse, not ten thousand.
+    pub(crate) fn share(&mut self, parsed: &mut Parsed) {
+        if let Kind::Cron {
+            cron,
+            expression,
+            zone,
+        } = &mut self.kind
+        {
+            let shared = parsed
+                .entry((expression.clone(), zone.name()))
+                .or_insert_with(|| cron.clone());
+            *cron = shared.clone();
+        }
+    }
+
     /// A cron expression read in the IANA time zone `zone` (`"UTC"`, `"Europe/Berlin"`).
     /// A bad expression or an unknown zone is an error here, before anything runs.
     pub fn cron(expression: &str, zone: &str) -> Result<Self, JobError> {
@@ -115,7 +148,7 @@ impl Schedule {
         }
         Ok(Self {
             kind: Kind::Cron {
-                cron: Box::new(cron),
+                cron: Arc::new(cron),
                 expression: trimmed.to_owned(),
                 zone,
             },
@@ -286,6 +319,36 @@ pub enum Overlap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse_of(schedule: &Schedule) -> Option<&Arc<Cron>> {
+        match &schedule.kind {
+            Kind::Cron { cron, .. } => Some(cron),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn schedules_that_read_alike_share_one_parse() {
+        let mut parsed = Parsed::new();
+        let mut a = Schedule::cron("0 2 * * *", "Europe/Berlin").unwrap();
+        let mut b = Schedule::cron("0 2 * * *", "Europe/Berlin").unwrap();
+        let mut other_zone = Schedule::cron("0 2 * * *", "UTC").unwrap();
+        let mut every = Schedule::every(Duration::from_secs(60)).unwrap();
+        for s in [&mut a, &mut b, &mut other_zone, &mut every] {
+            s.share(&mut parsed);
+        }
+        let (a, b, other) = (parse_of(&a), parse_of(&b), parse_of(&other_zone));
+        assert!(
+            Arc::ptr_eq(a.unwrap(), b.unwrap()),
+            "same text and zone: one parse"
+        );
+        assert!(
+            !Arc::ptr_eq(a.unwrap(), other.unwrap()),
+            "another zone: its own"
+        );
+        assert_eq!(parsed.len(), 2);
+        assert!(parse_of(&every).is_none());
+    }
 
     fn ms(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
         Utc.with_ymd_and_hms(y, mo, d, h, mi, s)

@@ -41,3 +41,34 @@ fn a_large_job_set_fits_a_payload_and_keeps_its_array_whole() {
         "{set}"
     );
 }
+
+/// A scheduler's jobs whose cron expressions read alike (text and zone) hold one parse between
+/// them, however each job's schedule was made.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn jobs_of_one_cron_expression_share_its_parse() {
+    let db = sea_orm::Database::connect("sqlite::memory:")
+        .await
+        .expect("an in-memory SQLite");
+    let job = |name: &str, zone: &str| {
+        Job::new(
+            name,
+            Schedule::cron("0 2 * * *", zone).expect("a cron schedule"),
+            |_run| async { Ok(()) },
+        )
+    };
+    let jobs = Jobs::builder(SeaOrmLeaseStore::new(db))
+        .job(job("a", "Europe/Berlin"))
+        .job(job("b", "Europe/Berlin"))
+        .job(job("c", "UTC"))
+        .build()
+        .expect("valid jobs");
+    let parses: Vec<_> = jobs
+        .shared
+        .jobs
+        .iter()
+        .map(|reg| reg.job.schedule.parse_id())
+        .collect();
+    assert_eq!(parses[0], parses[1], "same text and zone: one parse");
+    assert_ne!(parses[0], parses[2], "another zone: a parse of its own");
+}
