@@ -1052,7 +1052,7 @@ pub async fn bad_input_is_refused_before_anything_runs<H: Harness<Store = SeaOrm
 
 /// `read`'s answer once `done` holds of it, or its last answer after `within` (the caller
 /// asserts on it), asked every `every`.
-async fn poll<T, Fut: std::future::Future<Output = T>>(
+pub async fn poll<T, Fut: std::future::Future<Output = T>>(
     within: Duration,
     every: Duration,
     mut read: impl FnMut() -> Fut,
@@ -1069,7 +1069,7 @@ async fn poll<T, Fut: std::future::Future<Output = T>>(
 }
 
 /// The run records of every job: (job, slot) -> state.
-async fn states(t: &Tables, db: &DatabaseConnection) -> BTreeMap<(String, i64), String> {
+pub async fn states(t: &Tables, db: &DatabaseConnection) -> BTreeMap<(String, i64), String> {
     let rows = db
         .query_all(
             &Query::select()

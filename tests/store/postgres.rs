@@ -125,7 +125,6 @@ async fn own_sessions_use_the_applications_search_path() {
 async fn slow_run_table_statements_do_not_cost_the_leader_its_term() {
     use common::conformance::Harness as _;
     use orion_beacon::jobs::{Job, Schedule};
-    use sea_orm::sea_query::{Alias, Query};
     use sea_orm::ConnectionTrait;
     use std::collections::BTreeMap;
     use std::time::Duration;
@@ -165,21 +164,8 @@ async fn slow_run_table_statements_do_not_cost_the_leader_its_term() {
     let token = node.elector().token();
     // Per job: how many slots ended finished or given up.
     let read_ended = || async {
-        let rows = db
-            .query_all(
-                &Query::select()
-                    .columns(["job", "state"].map(Alias::new))
-                    .from(Alias::new(&t.runs))
-                    .to_owned(),
-            )
-            .await
-            .unwrap();
         let mut ended: BTreeMap<String, usize> = BTreeMap::new();
-        for r in &rows {
-            let (job, state): (String, String) = (
-                r.try_get_by_index(0).unwrap(),
-                r.try_get_by_index(1).unwrap(),
-            );
+        for ((job, _), state) in common::jobs::states(&t, &db).await {
             let done = state
                 == if job.starts_with("ok") {
                     "finished"
@@ -191,19 +177,18 @@ async fn slow_run_table_statements_do_not_cost_the_leader_its_term() {
         ended
     };
     let least = |job: &str| if job.starts_with("ok") { 3 } else { 1 };
-    // At least 4 s of claims, then until every job has its due (a loaded host is slower; a
-    // job left out of every look never gets there).
-    let start = tokio::time::Instant::now();
-    let ended = loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let ended = read_ended().await;
-        let due = ended.len() == 90 && ended.iter().all(|(job, n)| *n >= least(job));
-        if (due && start.elapsed() >= Duration::from_secs(4))
-            || start.elapsed() >= Duration::from_secs(15)
-        {
-            break ended;
-        }
-    };
+    // At least 4 s of claims, then until every job has its due, up to 15 s in all (a loaded
+    // host is slower; a job left out of every look never gets there).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let ended = common::jobs::poll(
+        Duration::from_secs(11),
+        Duration::from_millis(500),
+        read_ended,
+        |ended: &BTreeMap<String, usize>| {
+            ended.len() == 90 && ended.iter().all(|(job, n)| *n >= least(job))
+        },
+    )
+    .await;
     let kept = node.elector().token();
     node.shutdown().await;
     t.drop(&db).await;
