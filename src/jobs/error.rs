@@ -46,10 +46,11 @@ pub enum JobError {
         /// What is accepted.
         bounds: &'static str,
     },
-    /// The run's term (or a capped run's permit) is no longer current: nothing this attempt
-    /// wrote in its fenced transaction commits, and the slot is claimed again by the leader.
+    /// The run's term (the leader's, or with spread runs the run's own hold), or a capped
+    /// run's permit, is no longer current: nothing this attempt wrote in its fenced
+    /// transaction commits, and the slot is claimed again by the leader.
     #[error(
-        "the term that claimed {job:?} slot {slot}, or its run's cap permit, is no longer current"
+        "the term that runs {job:?} slot {slot}, or its run's cap permit, is no longer current"
     )]
     Superseded {
         /// The job.
@@ -116,6 +117,10 @@ pub enum JobError {
     /// A cap's permit could not be asked for ([`Job::cap`](super::Job::cap)).
     #[error("a job cap's permit: {0}")]
     Cap(#[source] crate::locks::LockError),
+    /// With spread runs, a run's own hold could not be asked for
+    /// ([`JobsBuilder::spread_runs`](super::JobsBuilder::spread_runs)).
+    #[error("a job run's hold: {0}")]
+    RunHold(#[source] crate::locks::LockError),
     /// The fence could not be checked.
     #[error(transparent)]
     Fence(FenceError),
@@ -156,7 +161,7 @@ impl JobError {
             JobError::Fence(e) if e.is_fenced() => ErrorKind::Lost,
             JobError::Fence(_) => ErrorKind::Unsupported,
             JobError::Store(e) => e.kind(),
-            JobError::Cap(e) => e.kind(),
+            JobError::Cap(e) | JobError::RunHold(e) => e.kind(),
             JobError::MissingRunTable { .. } => ErrorKind::MissingTable,
             JobError::Database(_) => ErrorKind::Database,
         }

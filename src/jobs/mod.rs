@@ -53,6 +53,7 @@ mod records;
 mod run;
 mod runner;
 mod schedule;
+mod spread;
 mod staleness;
 
 use std::collections::HashSet;
@@ -107,6 +108,7 @@ pub struct JobsBuilder {
     table: String,
     poll: Duration,
     keep_finished: Option<Duration>,
+    spread: Option<usize>,
     jobs: Vec<Job>,
 }
 
@@ -193,6 +195,30 @@ impl JobsBuilder {
         self
     }
 
+    /// Spreads the runs over the scheduler's nodes: the leader plans and claims every start
+    /// as before, and any node of the scheduler (the leader's too) runs it, this node at most
+    /// `per_node` at once (0: this node runs none; it plans when it leads). Default: off, the
+    /// leader runs every run itself.
+    ///
+    /// Each run holds a hold of its own: a permit of its job's run semaphore
+    /// (`<resource>/run/<job>#<n>`, one permit per run the job may have at once: one, or under
+    /// [`Overlap::Allow`] its [`max_running`](Job::max_running), at most 1,024), renewed by the
+    /// store's one renewer with this scheduler's lease timing. The run's term
+    /// ([`JobRun::term`]) is that hold: its token fences the run's writes and its end, exactly
+    /// as a leader's term does, and a runner that dies, pauses or is cut off commits nothing
+    /// once its hold lapsed; the leader then claims the slot again (an attempt spent, with
+    /// back-off) and the next runner's token on that permit is higher. A node's runner looks
+    /// for claimed starts when its node's leader claims them, and otherwise every poll interval
+    /// (at most a second apart); a capped job's runner takes the cap's permit before the run:
+    /// a start without a free permit waits, claimed, and later slots follow the job's overlap
+    /// policy. Give every node of a scheduler the same setting: a leader that does not spread
+    /// runs claimed starts itself (after their back-off), and a node that does not spread runs
+    /// none. 0 to [`MAX_RUNNING`].
+    pub fn spread_runs(mut self, per_node: usize) -> Self {
+        self.spread = Some(per_node);
+        self
+    }
+
     /// Validates every job and option: nothing runs before this succeeds.
     pub fn build(self) -> Result<Jobs, JobError> {
         validate_runs_table("runs_table", &self.table)?;
@@ -209,6 +235,15 @@ impl JobsBuilder {
                     option: "keep_finished_for",
                     value: format!("{keep:?}"),
                     bounds: "1 s to 366 days",
+                });
+            }
+        }
+        if let Some(per_node) = self.spread {
+            if per_node > MAX_RUNNING {
+                return Err(JobError::InvalidOption {
+                    option: "spread_runs",
+                    value: per_node.to_string(),
+                    bounds: "0 to 10,000 runs per node",
                 });
             }
         }
@@ -240,7 +275,12 @@ impl JobsBuilder {
             .payload(job_set.clone())
             .build()
             .map_err(JobError::Config)?;
-        caps(&self.store, &elector, &resource, &mut jobs)?;
+        holds(
+            &self.store,
+            &elector,
+            (&resource, self.spread.is_some()),
+            &mut jobs,
+        )?;
         // Half a renew interval: how long a look's updates may go on holding the lease row.
         let claim_budget = elector.renew_interval() / 2;
         let freshness = staleness::Freshness::new(
@@ -264,22 +304,26 @@ impl JobsBuilder {
                 other_job_set: std::sync::Mutex::new(None),
                 freshness,
                 wake: tokio::sync::Notify::new(),
+                spread: self.spread,
+                runner_wake: tokio::sync::Notify::new(),
+                runner_problem: std::sync::Mutex::new(None),
             }),
         })
     }
 }
 
-/// Gives each capped job its semaphore ([`Job::cap`]): one [`Locks`](crate::locks::Locks) per
-/// scheduler, holding permits as this node's candidate with the elector's lease, renew
-/// interval and step-down margin (a permit lapses when the term would), renewed by the
-/// store's one renewer with the term.
-fn caps(
+/// Gives each capped job its semaphore ([`Job::cap`]) and, with spread runs, each job its run
+/// semaphore ([`JobsBuilder::spread_runs`]): one [`Locks`](crate::locks::Locks) per scheduler,
+/// holding permits as this node's candidate with the elector's lease, renew interval and
+/// step-down margin (a permit lapses when a term would), renewed by the store's one renewer
+/// with the term.
+fn holds(
     store: &SeaOrmLeaseStore,
     elector: &Elector,
-    resource: &str,
+    (resource, spread): (&str, bool),
     jobs: &mut [runner::Registered],
 ) -> Result<(), JobError> {
-    if jobs.iter().all(|reg| reg.job.cap.is_none()) {
+    if !spread && jobs.iter().all(|reg| reg.job.cap.is_none()) {
         return Ok(());
     }
     let timing = elector.timing();
@@ -291,6 +335,27 @@ fn caps(
         .build()
         .map_err(JobError::Config)?;
     for reg in jobs {
+        if spread {
+            // One hold per run the job may have at once.
+            let runs = if reg.policy.overlap == Overlap::Allow {
+                u32::try_from(reg.policy.max_running)
+                    .unwrap_or(u32::MAX)
+                    .min(crate::locks::MAX_PERMITS)
+            } else {
+                1
+            };
+            let name = format!("{resource}/run/{}", reg.name);
+            let semaphore =
+                locks
+                    .semaphore(name.clone(), runs)
+                    .map_err(|e| JobError::InvalidOption {
+                        option: "spread_runs",
+                        value: format!("the run semaphore {name:?} ({e})"),
+                        bounds: "a semaphore name within the resource rules: a shorter job name \
+                             or resource",
+                    })?;
+            reg.run_hold = Some(semaphore);
+        }
         let Some(cap) = &reg.job.cap else { continue };
         let name = cap.semaphore(resource, &reg.name);
         let semaphore =
@@ -324,21 +389,36 @@ impl Jobs {
             table: DEFAULT_JOB_RUN_TABLE.to_owned(),
             poll: Duration::from_secs(5),
             keep_finished: None,
+            spread: None,
             jobs: Vec::new(),
         }
     }
 
-    /// Starts the elector; while this node leads, it runs the jobs.
+    /// Starts the elector; while this node leads, it runs the jobs (with spread runs, its
+    /// runner runs claimed starts whoever leads).
     pub fn start(self) -> JobsHandle {
+        let grace = self.elector.timing().grace_period;
         let elector = self.elector.start();
         let shared = self.shared;
         let for_terms = shared.clone();
         let work = elector.run_as_leader(move |term| runner::lead(for_terms.clone(), term));
         tokio::spawn(compare_job_sets(elector.watch(), shared.clone()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let runner = match shared.spread {
+            Some(per_node) if per_node > 0 => Some(tokio::spawn(spread::run(
+                shared.clone(),
+                per_node,
+                stop.clone(),
+            ))),
+            _ => None,
+        };
         JobsHandle {
             elector,
             work,
             shared,
+            runner: std::sync::Mutex::new(runner),
+            stop,
+            grace,
         }
     }
 }
@@ -436,6 +516,21 @@ pub struct JobsHandle {
     elector: ElectorHandle,
     work: tokio::task::JoinHandle<()>,
     shared: Arc<runner::Shared>,
+    /// With spread runs, this node's runner (taken by the first shutdown or abort).
+    runner: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Stops the runner taking runs.
+    stop: tokio_util::sync::CancellationToken,
+    /// How long the runner's runs may take to finish after a shutdown.
+    grace: Duration,
+}
+
+impl Drop for JobsHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(runner) = crate::mutex::lock(&self.runner).take() {
+            runner.abort();
+        }
+    }
 }
 
 /// The answer to [`JobsHandle::health`].
@@ -495,7 +590,14 @@ impl JobsHandle {
     /// look at the run table failed while it does (a missing run table names its migration).
     pub fn health(&self) -> JobsHealth {
         let elector = self.elector.health();
-        let scheduling = crate::mutex::lock(&self.shared.problem).clone();
+        let leading = crate::mutex::lock(&self.shared.problem).clone();
+        let running = crate::mutex::lock(&self.shared.runner_problem)
+            .clone()
+            .map(|p| format!("taking claimed runs: {p}"));
+        let scheduling = match (leading, running) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
         let other_job_set = crate::mutex::lock(&self.shared.other_job_set).clone();
         JobsHealth {
             healthy: elector.healthy && scheduling.is_none(),
@@ -510,13 +612,32 @@ impl JobsHandle {
     /// period to finish (then they are dropped, and run again by the next leader), the lease is
     /// released and another node takes over at once.
     pub async fn shutdown(&self) {
-        self.elector.shutdown().await;
+        // With spread runs, this node's runner takes nothing more and its runs get the grace
+        // period, beside the leader's own end.
+        self.stop.cancel();
+        let runner = crate::mutex::lock(&self.runner).take();
+        let runs = async {
+            if let Some(mut runner) = runner {
+                if tokio::time::timeout(self.grace, &mut runner).await.is_err() {
+                    tracing::warn!(
+                        "runs still going after the grace period are dropped; the leader runs \
+                         them again"
+                    );
+                    runner.abort();
+                }
+            }
+        };
+        tokio::join!(self.elector.shutdown(), runs);
         self.work.abort();
     }
 
     /// Stops at once, as a crash would: runs are dropped (their open transactions roll back),
     /// nothing is released; another node takes over when the lease lapses.
     pub async fn abort(&self) {
+        self.stop.cancel();
+        if let Some(runner) = crate::mutex::lock(&self.runner).take() {
+            runner.abort();
+        }
         self.work.abort();
         self.elector.abort().await;
     }

@@ -17,6 +17,9 @@ pub(crate) enum State {
     Rerun,
     /// A keyed job's key, submitted and not yet claimed.
     Queued,
+    /// With spread runs: an attempt the leader claimed that no node runs yet (a node's runner
+    /// takes it under a run hold of its own, and it becomes `running`).
+    Claimed,
 }
 
 impl State {
@@ -29,6 +32,7 @@ impl State {
             State::Skipped => "skipped",
             State::Rerun => "rerun",
             State::Queued => "queued",
+            State::Claimed => "claimed",
         }
     }
 
@@ -41,6 +45,7 @@ impl State {
             "skipped" => State::Skipped,
             "rerun" => State::Rerun,
             "queued" => State::Queued,
+            "claimed" => State::Claimed,
             _ => return None,
         })
     }
@@ -165,7 +170,10 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
         match open.state {
             // An operator's mark, or a key submitted: at once.
             State::Rerun | State::Queued => {}
-            State::Running | State::Failed => {
+            // A claimed attempt nobody runs is seen here only by a scheduler that does not
+            // spread its runs (one that does counts it as running): run it as an earlier
+            // term's.
+            State::Running | State::Failed | State::Claimed => {
                 if open.attempts >= policy.max_attempts {
                     plan.actions.push(Action::GiveUp {
                         prior: open.clone(),

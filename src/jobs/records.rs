@@ -131,10 +131,13 @@ pub(crate) fn prune(
     )
 }
 
-/// The records of `jobs` that are not final (claimed, failed, marked to run again); not a
-/// keyed job's (see [`latest_slots`]).
+/// The states of a record that is not final and has been claimed at least once.
+const OPEN: [State; 4] = [State::Running, State::Claimed, State::Failed, State::Rerun];
+
+/// The records of `jobs` that are not final (running, claimed, failed, marked to run again);
+/// not a keyed job's (see [`latest_slots`]).
 pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
-    let mut q = open_in(table, jobs, &[State::Running, State::Failed, State::Rerun]);
+    let mut q = open_in(table, jobs, &OPEN);
     q.and_where(Expr::col(Column::Schedule).ne(KEYED_SCHEDULE))
         .order_by(Column::Slot, sea_orm::sea_query::Order::Asc);
     q
@@ -262,7 +265,7 @@ pub(crate) const QUEUED_READ_LIMIT: u64 = 1_000;
 /// The claimed, failed and marked records of keyed `jobs` (every one: what to retry, give up
 /// or leave alone), as [`open_runs`] with the key last, oldest claim first.
 pub(crate) fn open_keyed(table: &str, jobs: &[String]) -> SelectStatement {
-    keyed_in(table, jobs, &[State::Running, State::Failed, State::Rerun])
+    keyed_in(table, jobs, &OPEN)
 }
 
 /// The queued keys of the keyed job `job`, oldest submit first, at most
@@ -409,7 +412,7 @@ pub(crate) fn insert_many(
         Column::ClaimedAt,
     ]);
     for row in rows {
-        let attempts = i32::from(row.state == State::Running);
+        let attempts = i32::from(matches!(row.state, State::Running | State::Claimed));
         insert
             .values([
                 row.job.into(),
@@ -435,18 +438,20 @@ fn unchanged(update: &mut UpdateStatement, job: &str, slot: i64, state: State, a
         .and_where(Expr::col(Column::Attempts).eq(attempts));
 }
 
-/// The next attempt of `prior`.
+/// The next attempt of `prior`, `to` `running` (the leader runs it) or `claimed` (a node's
+/// runner takes it, with spread runs).
 pub(crate) fn reclaim(
     backend: DbBackend,
     table: &str,
     job: &str,
     prior: &Open,
     by: &Claimant<'_>,
+    to: State,
 ) -> UpdateStatement {
     let mut update = Query::update();
     update
         .table(Alias::new(table))
-        .value(Column::State, State::Running.as_str())
+        .value(Column::State, to.as_str())
         .value(Column::Attempts, prior.attempts.saturating_add(1))
         .value(Column::Schedule, by.schedule)
         .value(Column::ClaimedToken, by.token)
@@ -461,6 +466,68 @@ pub(crate) fn reclaim(
         .value(Column::DurationMs, Option::<i64>::None);
     unchanged(&mut update, job, prior.slot, prior.state, prior.attempts);
     update
+}
+
+/// With spread runs: the claimed attempts of `jobs` no node runs yet, oldest claim first, at
+/// most `limit`; with the key (qualified, see [`open_keyed`]) when `with_key`: job, slot,
+/// attempts, claimed_at[, run_key].
+pub(crate) fn claimed(table: &str, jobs: &[String], with_key: bool, limit: u64) -> SelectStatement {
+    let mut q = Query::select();
+    q.columns([
+        Column::Job,
+        Column::Slot,
+        Column::Attempts,
+        Column::ClaimedAt,
+    ])
+    .from(Alias::new(table))
+    .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+    .and_where(Expr::col(Column::State).eq(State::Claimed.as_str()))
+    .order_by(Column::ClaimedAt, sea_orm::sea_query::Order::Asc)
+    .order_by(Column::Job, sea_orm::sea_query::Order::Asc)
+    .order_by(Column::Slot, sea_orm::sea_query::Order::Asc)
+    .limit(limit);
+    if with_key {
+        q.column((Alias::new(table), Column::RunKey));
+    }
+    q
+}
+
+/// With spread runs: a node's runner takes claimed attempt `attempts` of `slot` under its run
+/// hold (`token`, held by `holder`): the record says `running`, by that hold, from now. Only if
+/// nothing changed it since it was read (another runner took it, an operator marked it).
+pub(crate) fn take(
+    backend: DbBackend,
+    table: &str,
+    job: &str,
+    slot: i64,
+    attempts: i32,
+    (token, holder): (i64, &str),
+) -> UpdateStatement {
+    let mut update = Query::update();
+    update
+        .table(Alias::new(table))
+        .value(Column::State, State::Running.as_str())
+        .value(Column::ClaimedToken, token)
+        .value(Column::ClaimedBy, holder)
+        .value(Column::ClaimedAt, now(backend));
+    unchanged(&mut update, job, slot, State::Claimed, attempts);
+    update
+}
+
+/// With spread runs: the running attempts of `jobs` and the holds they run under (job, slot,
+/// claimed_token, claimed_by), for the leader to tell live runs from those whose runner died.
+pub(crate) fn running(table: &str, jobs: &[String]) -> SelectStatement {
+    Query::select()
+        .columns([
+            Column::Job,
+            Column::Slot,
+            Column::ClaimedToken,
+            Column::ClaimedBy,
+        ])
+        .from(Alias::new(table))
+        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
+        .and_where(Expr::col(Column::State).eq(State::Running.as_str()))
+        .to_owned()
 }
 
 /// `prior`, its attempts spent: given up.
@@ -594,7 +661,7 @@ mod tests {
                 "node-1",
             )
             .unwrap();
-            let reclaim = reclaim(backend, T, "j", &prior(), &by());
+            let reclaim = reclaim(backend, T, "j", &prior(), &by(), State::Running);
             let end = end(backend, T, "j", 5000, 2, 7, &ending());
             let (claim, claims, reclaim, end) = match backend {
                 DbBackend::Postgres => (
@@ -785,9 +852,63 @@ mod tests {
         );
         assert_eq!(
             open_runs(T, &jobs).to_string(MysqlQueryBuilder),
-            "SELECT `job`, `slot`, `state`, `attempts`, `claimed_at` FROM `orionbeacon_job_runs` WHERE `job` IN ('a') AND `state` IN ('running', 'failed', 'rerun') AND `schedule` <> 'keyed' ORDER BY `slot` ASC"
+            "SELECT `job`, `slot`, `state`, `attempts`, `claimed_at` FROM `orionbeacon_job_runs` WHERE `job` IN ('a') AND `state` IN ('running', 'claimed', 'failed', 'rerun') AND `schedule` <> 'keyed' ORDER BY `slot` ASC"
         );
     }
+
+    // Spread runs: a runner's read of the claimed attempts (the key only when asked for, and
+    // qualified), its take (only of the attempt it read, still claimed), and the leader's read
+    // of the running attempts' holds, every condition kept on each backend.
+    #[test]
+    fn spread_statements_per_backend() {
+        let jobs = ["a".to_owned(), "b".to_owned()];
+        let q = |backend: DbBackend, s: &str| {
+            if backend == DbBackend::MySql {
+                s.replace('"', "`")
+            } else {
+                s.to_owned()
+            }
+        };
+        for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
+            let select = |stmt: SelectStatement| match backend {
+                DbBackend::Postgres => stmt.to_string(PostgresQueryBuilder),
+                DbBackend::MySql => stmt.to_string(MysqlQueryBuilder),
+                _ => stmt.to_string(SqliteQueryBuilder),
+            };
+            let claimed_plain = select(claimed(T, &jobs, false, 8));
+            let claimed_keyed = select(claimed(T, &jobs, true, 8));
+            assert_eq!(claimed_plain, q(backend, CLAIMED), "{backend:?}");
+            assert_eq!(
+                claimed_keyed,
+                q(
+                    backend,
+                    &CLAIMED.replace(
+                        r#""claimed_at" FROM"#,
+                        r#""claimed_at", "orionbeacon_job_runs"."run_key" FROM"#
+                    )
+                ),
+                "{backend:?}"
+            );
+            let running = select(running(T, &jobs));
+            let take = take(backend, T, "j", 5000, 2, (9, "node-2"));
+            let take = match backend {
+                DbBackend::Postgres => take.to_string(PostgresQueryBuilder),
+                DbBackend::MySql => take.to_string(MysqlQueryBuilder),
+                _ => take.to_string(SqliteQueryBuilder),
+            };
+            let now = match backend {
+                DbBackend::Postgres => "statement_timestamp()",
+                DbBackend::MySql => "UTC_TIMESTAMP(6)",
+                _ => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+            };
+            assert_eq!(take, q(backend, &TAKE.replace("NOW", now)), "{backend:?}");
+            assert_eq!(running, q(backend, RUNNING), "{backend:?}");
+        }
+    }
+
+    const CLAIMED: &str = r#"SELECT "job", "slot", "attempts", "claimed_at" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'claimed' ORDER BY "claimed_at" ASC, "job" ASC, "slot" ASC LIMIT 8"#;
+    const TAKE: &str = r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "claimed_token" = 9, "claimed_by" = 'node-2', "claimed_at" = NOW WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'claimed' AND "attempts" = 2"#;
+    const RUNNING: &str = r#"SELECT "job", "slot", "claimed_token", "claimed_by" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'running'"#;
 
     #[test]
     fn errors_are_cut_on_a_character_boundary() {

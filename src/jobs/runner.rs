@@ -2,7 +2,7 @@
 //! (`plan::plan`), claim what starts in one fenced transaction, run each claimed slot in its
 //! own task, and sleep until the next slot, retry or poll.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,8 +21,8 @@ use crate::locks::LockGuard;
 use crate::mutex::lock;
 use crate::{backend::SeaOrmLeaseStore, hold::LeaderTerm};
 
-mod attempt;
-use attempt::start;
+pub(crate) mod attempt;
+use attempt::{start, Launch};
 
 /// What every term's loop shares.
 pub(crate) struct Shared {
@@ -44,6 +44,13 @@ pub(crate) struct Shared {
     pub freshness: Freshness,
     /// Wakes the leader's loop: a key was submitted on this node.
     pub wake: tokio::sync::Notify,
+    /// With spread runs ([`JobsBuilder::spread_runs`](super::JobsBuilder::spread_runs)): how
+    /// many runs this node's runner runs at once at most.
+    pub spread: Option<usize>,
+    /// Wakes this node's runner: this node's leader claimed attempts.
+    pub runner_wake: tokio::sync::Notify,
+    /// Why this node's runner's last look failed, while it does.
+    pub runner_problem: Mutex<Option<String>>,
 }
 
 /// A job as the scheduler keeps it.
@@ -54,6 +61,9 @@ pub(crate) struct Registered {
     pub policy: Policy,
     /// The semaphore whose permits a capped job's runs hold ([`Job::cap`]).
     pub cap: Option<crate::locks::Semaphore>,
+    /// With spread runs: the semaphore whose permits are the job's run holds (one per run
+    /// the job may have at once), each run's term.
+    pub run_hold: Option<crate::locks::Semaphore>,
 }
 
 impl Registered {
@@ -64,6 +74,7 @@ impl Registered {
             job,
             policy,
             cap: None,
+            run_hold: None,
         }
     }
 }
@@ -180,6 +191,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         prune_more: false,
         keyed_problem: None,
         cap_problem: None,
+        finishes_read: None,
     };
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
@@ -266,6 +278,94 @@ struct Look {
     keyed_problem: Option<String>,
     /// Why this look could not ask for a cap's permits (the capped starts wait).
     cap_problem: Option<String>,
+    /// When the jobs' newest finishes were last read.
+    finishes_read: Option<Instant>,
+}
+
+/// Each job's newest finish, for "nothing ran" (see `staleness`).
+async fn read_finishes(
+    shared: &Shared,
+    jobs: usize,
+    history: &[(String, usize)],
+) -> Result<(), JobError> {
+    let all: Vec<String> = history.iter().map(|(n, _)| n.clone()).collect();
+    let mut finished: Vec<Option<i64>> = vec![None; jobs];
+    for row in read(shared, &records::last_finished(&shared.table, &all)).await? {
+        let job: String = row.try_get_by_index(0)?;
+        let at: Option<chrono::DateTime<chrono::Utc>> = row.try_get_by_index(1)?;
+        if let (Some((_, i)), Some(at)) = (history.iter().find(|(n, _)| *n == job), at) {
+            let ms = at.timestamp_millis();
+            finished[*i] = Some(finished[*i].map_or(ms, |t: i64| t.max(ms)));
+        }
+    }
+    shared.freshness.read(finished);
+    Ok(())
+}
+
+/// With spread runs, how often the leader reads the jobs' newest finishes again.
+const FINISHES_EVERY: Duration = Duration::from_secs(1);
+
+/// With spread runs: the running attempts (job index, slot) whose run hold is live and held
+/// by the holder with the token the record names. One read of the run table, and one of the
+/// holds' leases through the store (`current_all`). A record whose hold is not live is an
+/// attempt whose runner died, paused or was cut off: its hold cannot be renewed any more (an
+/// expired lease is a new term with a higher token), so neither its end nor a write fenced by
+/// it can commit, and the planner runs the slot again as it would a dead leader's.
+async fn live_runs(shared: &Shared, names: &[String]) -> Result<HashSet<(usize, i64)>, JobError> {
+    let rows = read(shared, &records::running(&shared.table, names)).await?;
+    let mut runs = Vec::with_capacity(rows.len());
+    // Each hold's resource and its job.
+    let mut resources: HashMap<String, usize> = HashMap::new();
+    for row in &rows {
+        let decoded = (|| {
+            Ok::<_, sea_orm::DbErr>((
+                row.try_get_by_index::<String>(0)?,
+                row.try_get_by_index::<i64>(1)?,
+                row.try_get_by_index::<Option<i64>>(2)?,
+                row.try_get_by_index::<Option<String>>(3)?,
+            ))
+        })();
+        let (job, slot, token, by) = match decoded {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "a run record could not be read; left alone");
+                continue;
+            }
+        };
+        let Some(i) = names.iter().position(|n| *n == job) else {
+            continue;
+        };
+        if let Some(holds) = &shared.jobs[i].run_hold {
+            for r in holds.resources() {
+                resources.entry(r.to_string()).or_insert(i);
+            }
+        }
+        // A record without a holder or token (written by hand) has no live run.
+        if let (Some(token), Some(by)) = (token, by) {
+            runs.push((i, slot, token, by));
+        }
+    }
+    if runs.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let wanted: Vec<String> = resources.keys().cloned().collect();
+    let leases = crate::store::LeaseStore::current_all(&shared.store, &wanted).await?;
+    // (Two permits of one job held by one node with the same token would make a lost one
+    // look live while the other is: its slot then waits for that other run to end.)
+    let held: HashSet<(usize, &str, i64)> = leases
+        .iter()
+        .filter(|l| l.live)
+        .filter_map(|l| {
+            resources
+                .get(&l.resource)
+                .map(|i| (*i, l.holder.as_str(), l.token.get()))
+        })
+        .collect();
+    Ok(runs
+        .into_iter()
+        .filter(|(i, _, token, by)| held.contains(&(*i, by.as_str(), *token)))
+        .map(|(i, slot, _, _)| (i, slot))
+        .collect())
 }
 
 /// One look: plan, claim, start. Returns how long to sleep.
@@ -290,17 +390,17 @@ async fn tick(
             }
         }
         look.latest = Some(found);
-        // Each job's newest finish, for "nothing ran" (see `staleness`).
-        let mut finished: Vec<Option<i64>> = vec![None; names.len()];
-        for row in read(shared, &records::last_finished(table, &all)).await? {
-            let job: String = row.try_get_by_index(0)?;
-            let at: Option<chrono::DateTime<chrono::Utc>> = row.try_get_by_index(1)?;
-            if let (Some((_, i)), Some(at)) = (history.iter().find(|(n, _)| *n == job), at) {
-                let ms = at.timestamp_millis();
-                finished[*i] = Some(finished[*i].map_or(ms, |t: i64| t.max(ms)));
-            }
-        }
-        shared.freshness.read(finished);
+        read_finishes(shared, names.len(), history).await?;
+        look.finishes_read = Some(Instant::now());
+    } else if shared.spread.is_some()
+        && shared.freshness.watches()
+        && look
+            .finishes_read
+            .is_none_or(|at| at.elapsed() >= FINISHES_EVERY)
+    {
+        // With spread runs the slots finish on every node, not only in this one's attempts.
+        read_finishes(shared, names.len(), history).await?;
+        look.finishes_read = Some(Instant::now());
     }
     let mut open: Vec<Vec<Open>> = vec![Vec::new(); names.len()];
     // The keys of the keyed jobs' open records, by (job, slot).
@@ -365,6 +465,24 @@ async fn tick(
             Err(e) => tracing::warn!(error = %e, "a run record could not be read; left alone"),
         }
     }
+    // With spread runs, the attempts claimed for the runners and those a live hold runs are
+    // under way wherever they run: the planner counts them as running (overlap, caps of runs
+    // at once) and never claims them again. The rest stay open for it to judge.
+    let mut under_way: Vec<BTreeSet<i64>> = Vec::new();
+    if shared.spread.is_some() {
+        let live = live_runs(shared, names).await?;
+        under_way = vec![BTreeSet::new(); names.len()];
+        for (i, records) in open.iter_mut().enumerate() {
+            records.retain(|o| {
+                let busy = o.state == State::Claimed
+                    || (o.state == State::Running && live.contains(&(i, o.slot)));
+                if busy {
+                    under_way[i].insert(o.slot);
+                }
+                !busy
+            });
+        }
+    }
     let now_ms = database_now(shared, backend).await?;
     let read_at = Instant::now();
     shared.freshness.look(now_ms, read_at);
@@ -380,14 +498,18 @@ async fn tick(
     let mut queues: Vec<VecDeque<(usize, Action)>> = Vec::with_capacity(names.len());
     for (i, reg) in shared.jobs.iter().enumerate() {
         let first_look_ms = *look.first_look[i].get_or_insert(now_ms);
+        let (running, here_now) = match under_way.get(i) {
+            Some(busy) => (busy, busy),
+            None => (&here.running[i], &here.attempts[i]),
+        };
         let p = plan::plan(
             &View {
                 schedule: &reg.job.schedule,
                 policy: &reg.policy,
                 latest: latest_now[i],
                 open: &open[i],
-                running: &here.running[i],
-                here: &here.attempts[i],
+                running,
+                here: here_now,
                 first_look_ms,
             },
             now_ms,
@@ -398,8 +520,13 @@ async fn tick(
     let (decided, next_first, mut more) = interleave(queues, look.cursor, MAX_CLAIMS_PER_LOOK);
     look.cursor = next_first;
     // A capped job's starts take their permits before the claim; one left without waits.
-    let (decided, mut permits, cap_wait) =
-        take_permits(shared, decided, here, &mut look.cap_problem).await;
+    // (With spread runs the runner that takes a start takes its permit.)
+    let (decided, mut permits, cap_wait) = if shared.spread.is_some() {
+        (decided, HashMap::new(), false)
+    } else {
+        take_permits(shared, decided, here, &mut look.cap_problem).await
+    };
+    let mut handed = false;
     if !decided.is_empty() {
         let (claimed, left_out) = claim(shared, term, backend, &decided).await?;
         if let Some(first) = left_out {
@@ -412,6 +539,12 @@ async fn tick(
             match action {
                 Action::Start { slot, prior } => {
                     latest_now[i] = Some(latest_now[i].map_or(slot, |l| l.max(slot)));
+                    if shared.spread.is_some() {
+                        // Claimed for the nodes' runners (this one's is woken below).
+                        tracing::debug!(job = %shared.jobs[i].name, slot, "attempt claimed for a runner");
+                        handed = true;
+                        continue;
+                    }
                     let attempt = prior.as_ref().map_or(1, |p| p.attempts.saturating_add(1));
                     // A key's lateness counts from its submit (a queued record's claim time);
                     // a slot's from its time.
@@ -434,10 +567,17 @@ async fn tick(
                     let id = start(
                         shared,
                         term,
-                        (i, slot, key, permit),
-                        attempt,
-                        lateness,
-                        here,
+                        Launch {
+                            job: i,
+                            slot,
+                            key,
+                            permit,
+                            hold: None,
+                            attempt,
+                            lateness,
+                        },
+                        &mut here.set,
+                        Some(here.returned_tx.clone()),
                     );
                     here.tasks.insert(id, (i, slot));
                 }
@@ -452,6 +592,9 @@ async fn tick(
                 }
             }
         }
+    }
+    if handed {
+        shared.runner_wake.notify_one();
     }
     // Permits taken for what was not claimed go back now, before the pruning.
     drop(permits);
@@ -599,7 +742,7 @@ fn interleave<T>(mut queues: Vec<VecDeque<T>>, first: usize, max: usize) -> (Vec
 
 /// A read of the run table through the store's checked path: on a connection known to be
 /// outside any transaction somebody abandoned, read to the end.
-async fn read(
+pub(crate) async fn read(
     shared: &Shared,
     query: &sea_orm::sea_query::SelectStatement,
 ) -> Result<Vec<sea_orm::QueryResult>, JobError> {
@@ -669,7 +812,7 @@ fn runs_error(shared: &Shared, err: sea_orm::DbErr) -> JobError {
 }
 
 /// The database clock, in milliseconds since the Unix epoch.
-async fn database_now(shared: &Shared, backend: DbBackend) -> Result<i64, JobError> {
+pub(crate) async fn database_now(shared: &Shared, backend: DbBackend) -> Result<i64, JobError> {
     let row = read(shared, &records::clock(backend))
         .await?
         .into_iter()
@@ -743,6 +886,12 @@ async fn claim(
     decided: &[(usize, Action)],
 ) -> Result<(Vec<(usize, Action)>, Option<usize>), JobError> {
     let table = &*shared.table;
+    // A start is run by this leader, or with spread runs claimed for the nodes' runners.
+    let started = if shared.spread.is_some() {
+        State::Claimed
+    } else {
+        State::Running
+    };
     if term.is_lost() {
         // A shutdown began during this look: nothing new starts.
         return Ok((Vec::new(), None));
@@ -765,7 +914,7 @@ async fn claim(
         .iter()
         .filter_map(|(i, action)| {
             let (slot, state) = match action {
-                Action::Start { slot, prior: None } => (*slot, State::Running),
+                Action::Start { slot, prior: None } => (*slot, started),
                 Action::Skip { slot } => (*slot, State::Skipped),
                 _ => return None,
             };
@@ -819,8 +968,10 @@ async fn claim(
             Action::Start {
                 prior: Some(prior), ..
             } => {
-                txn.execute(&records::reclaim(backend, table, &reg.name, prior, &by))
-                    .await
+                txn.execute(&records::reclaim(
+                    backend, table, &reg.name, prior, &by, started,
+                ))
+                .await
             }
             Action::GiveUp { prior } => {
                 txn.execute(&records::give_up(table, &reg.name, prior))

@@ -98,6 +98,11 @@ impl Freshness {
         }
     }
 
+    /// Whether any job declares a limit.
+    pub(crate) fn watches(&self) -> bool {
+        self.limits.iter().any(Option::is_some)
+    }
+
     /// A term begins (or looks again after a failed look): each job's newest finish as the
     /// run table says.
     pub(crate) fn read(&self, finished: Vec<Option<i64>>) {

@@ -22,6 +22,8 @@ use super::conformance::Harness;
 pub use super::job_caps::*;
 #[allow(unused_imports)] // the job suite names the keyed cases here too
 pub use super::job_keys::*;
+#[allow(unused_imports)] // the job suite names the spread cases here too
+pub use super::job_spread::*;
 use super::unique;
 
 const LEASE: Duration = Duration::from_millis(1_000);
@@ -1492,6 +1494,9 @@ macro_rules! job_suite {
             a_full_cap_skips_slots_and_a_long_run_keeps_its_permit,
             a_lost_permit_stops_the_closure_before_the_next_attempt,
             a_full_cap_is_asked_again_within_half_a_second,
+            spread_runs_use_several_nodes_within_their_limit,
+            a_runner_killed_mid_run_runs_once_more_and_its_late_writes_are_refused,
+            keys_spread_over_nodes_run_once_within_their_cap,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

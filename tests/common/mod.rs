@@ -12,6 +12,8 @@ pub mod job_caps;
 #[cfg(feature = "jobs")]
 pub mod job_keys;
 #[cfg(feature = "jobs")]
+pub mod job_spread;
+#[cfg(feature = "jobs")]
 #[macro_use]
 pub mod jobs;
 /// Without the `jobs` feature the job suite is nothing.

@@ -8,6 +8,9 @@
 //! reads the run table and the writes table afterwards; the history says what each attempt was
 //! told.
 //!
+//! With `--spread-runs N` the scheduler spreads its runs over the nodes (each node's runner
+//! runs up to N claimed runs, each under a hold of its own whose token is the attempt's).
+//!
 //! Beside them, a keyed job, `keyed` (the same fenced attempt, keys side by side under a cap
 //! of `KEYED_CAP` permits, cluster-wide, and as many on the leader): each key's write
 //! also names its run's permit and token, and the run's span by the database clock (read as
@@ -239,7 +242,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     .cap(KEYED_CAP)
     .retry_backoff(BACKOFF.0, BACKOFF.1)
     .max_attempts(MAX_ATTEMPTS);
-    let load = (0..LOAD_JOBS).map(|i| {
+    let load = (0..args.load_jobs).map(|i| {
         Job::new(
             format!("{LOAD_PREFIX}{i:03}"),
             Schedule::every(LOAD_EVERY).expect("a valid interval"),
@@ -259,6 +262,9 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let mut builder = Jobs::builder(store);
     for job in load {
         builder = builder.job(job);
+    }
+    if let Some(per_node) = args.spread_runs {
+        builder = builder.spread_runs(per_node);
     }
     let handle = builder
         .resource(&args.resource)

@@ -146,6 +146,10 @@ struct Configuration {
     /// second, each attempt writing a row in the slot's fenced transaction; checked per slot
     /// from the run table and the writes table (`jobs_checker.rs`).
     jobs: bool,
+    /// Jobs: the scheduler spreads its runs over the nodes (`JobsBuilder::spread_runs`, this
+    /// many at once per node), each run under a hold of its own, with this many load jobs
+    /// (not `job_node::LOAD_JOBS`).
+    spread: Option<(usize, usize)>,
     /// Rate limits: each candidate is a client of one `RateLimiter` asking for permits of the
     /// run's key again and again; checked from every client's permits together
     /// (`rate_checker.rs`): never more than the quota allows in any span of its interval, no
@@ -199,13 +203,14 @@ const PLAIN: Configuration = Configuration {
     locks: None,
     rw: false,
     jobs: false,
+    spread: None,
     rates: false,
     tenants: false,
     ranked: false,
 };
 
 /// The configurations a run without `--backend` goes through, in order.
-const CONFIGURATIONS: [Configuration; 25] = [
+const CONFIGURATIONS: [Configuration; 26] = [
     Configuration {
         name: "sqlite",
         backend: Backend::Sqlite,
@@ -386,6 +391,16 @@ const CONFIGURATIONS: [Configuration; 25] = [
         jobs: true,
         ..PLAIN
     },
+    // The same with the runs spread over the five nodes (at most 20 at once on each), every
+    // run under a hold of its own that a kill, pause or partition of its node ends; 100 load
+    // jobs.
+    Configuration {
+        name: "jobs-spread-postgres",
+        backend: Backend::Postgres,
+        jobs: true,
+        spread: Some((20, 100)),
+        ..PLAIN
+    },
     // By name only: the same on MariaDB and on one SQLite file.
     Configuration {
         name: "jobs-mysql",
@@ -534,6 +549,12 @@ struct Args {
     /// The table the job's attempts write their rows to.
     #[arg(long, default_value = "", help_heading = "Candidate process")]
     writes_table: String,
+    /// A job node that spreads its scheduler's runs, this many at once on it.
+    #[arg(long, value_name = "N", help_heading = "Candidate process")]
+    spread_runs: Option<usize>,
+    /// A job node's load jobs.
+    #[arg(long, value_name = "N", default_value_t = job_node::LOAD_JOBS, help_heading = "Candidate process")]
+    load_jobs: usize,
 
     #[command(flatten)]
     _libtest: LibtestFlags,

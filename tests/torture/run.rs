@@ -469,13 +469,24 @@ pub fn spawn(s: &Setup, name: &str, skew: Option<&str>) -> Result<Proc, Error> {
             s.members.clone(),
         ],
         None if s.config.rates => vec!["--rate-node".to_owned()],
-        None if s.config.jobs => vec![
-            "--job-node".to_owned(),
-            "--runs-table".to_owned(),
-            s.runs.clone(),
-            "--writes-table".to_owned(),
-            s.writes.clone(),
-        ],
+        None if s.config.jobs => {
+            let mut args = vec![
+                "--job-node".to_owned(),
+                "--runs-table".to_owned(),
+                s.runs.clone(),
+                "--writes-table".to_owned(),
+                s.writes.clone(),
+            ];
+            if let Some((per_node, load)) = s.config.spread {
+                args.extend([
+                    "--spread-runs".to_owned(),
+                    per_node.to_string(),
+                    "--load-jobs".to_owned(),
+                    load.to_string(),
+                ]);
+            }
+            args
+        }
         None if s.config.ranked => vec![
             "--members".to_owned(),
             s.members.clone(),

@@ -3,16 +3,38 @@
 
 use super::*;
 
-/// Runs one claimed attempt in its own task (a panic fails the attempt, whether it comes from
-/// the closure or from its future), then ends it.
-pub(super) fn start(
+/// What one attempt runs with: the job (by index), the slot, a keyed job's key, the cap's
+/// permit, and with spread runs the run's own hold (its term is the run's term: it fences the
+/// run's writes and its end, and is released once the end is written).
+pub(crate) struct Launch {
+    pub job: usize,
+    pub slot: i64,
+    pub key: Option<Arc<str>>,
+    pub permit: Option<LockGuard>,
+    pub hold: Option<LockGuard>,
+    pub attempt: i32,
+    pub lateness: Duration,
+}
+
+/// Runs one claimed attempt in its own task of `set` (a panic fails the attempt, whether it
+/// comes from the closure or from its future), then ends it; `term` fences it. `returned`
+/// hears the task's id as soon as the closure has returned.
+pub(crate) fn start(
     shared: &Arc<Shared>,
     term: &LeaderTerm,
-    (i, slot, key, permit): (usize, i64, Option<Arc<str>>, Option<LockGuard>),
-    attempt: i32,
-    lateness: Duration,
-    here: &mut Here,
+    launch: Launch,
+    set: &mut JoinSet<()>,
+    returned: Option<mpsc::UnboundedSender<tokio::task::Id>>,
 ) -> tokio::task::Id {
+    let Launch {
+        job: i,
+        slot,
+        key,
+        permit,
+        hold,
+        attempt,
+        lateness,
+    } = launch;
     let reg = &shared.jobs[i];
     let run = JobRun {
         inner: Arc::new(RunState {
@@ -32,57 +54,83 @@ pub(super) fn start(
         }),
     };
     crate::jobs::metrics_hook::lateness(&reg.name, lateness);
-    tracing::info!(job = %reg.name, slot, key = run.key(), attempt, token = %term.token(), permit = permit.as_ref().map(|p| p.resource()), lateness_ms = lateness.as_millis() as u64, "job run starts");
+    tracing::info!(job = %reg.name, slot, key = run.key(), attempt, token = %term.token(), permit = permit.as_ref().map(|p| p.resource()), hold = hold.as_ref().map(|h| h.resource()), lateness_ms = lateness.as_millis() as u64, "job run starts");
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
-    let returned = here.returned_tx.clone();
     let shared = shared.clone();
-    here.set
-        .spawn(async move {
-            // The closure is called inside the work's own task, so that a panic in it (before
-            // its future exists) fails this attempt like a panic inside the future; aborted
-            // when this task is (the term ended).
-            let closure_run = run.clone();
-            let mut handle = tokio::spawn(async move { (work)(closure_run).await });
-            let guard = AbortOnDrop(handle.abort_handle());
-            // A capped run stops when its permit is lost, as every run does with its term: its
-            // closure is cancelled and waited for (it ends at its next await), so that no next
-            // attempt starts beside it.
-            let permit_lost = permit.as_ref().map(LockGuard::lost);
-            let result = match permit_lost {
-                Some(lost) => tokio::select! {
-                    // A closure that returned as the permit was lost keeps its result.
-                    biased;
-                    result = &mut handle => Some(result),
-                    () = lost => {
-                        handle.abort();
-                        let _ = handle.await;
-                        None
-                    }
-                },
-                None => Some(handle.await),
-            };
-            drop(guard);
-            // The job may start its next slot now; this attempt's end follows.
+    set.spawn(async move {
+        // The closure is called inside the work's own task, so that a panic in it (before
+        // its future exists) fails this attempt like a panic inside the future; aborted
+        // when this task is (the term ended, the runner stopped).
+        let closure_run = run.clone();
+        let mut handle = tokio::spawn(async move { (work)(closure_run).await });
+        let guard = AbortOnDrop(handle.abort_handle());
+        // A run stops when its cap's permit or its own hold is lost, as a leader's run does
+        // with its term: its closure is cancelled and waited for (it ends at its next await),
+        // so that no next attempt starts beside it.
+        let lost = lost_of(permit.as_ref(), hold.as_ref());
+        let result = tokio::select! {
+            // A closure that returned as a hold was lost keeps its result.
+            biased;
+            result = &mut handle => Ok(result),
+            what = lost => {
+                handle.abort();
+                let _ = handle.await;
+                Err(what)
+            }
+        };
+        drop(guard);
+        // The job may start its next slot now; this attempt's end follows.
+        if let Some(returned) = returned {
             let _ = returned.send(tokio::task::id());
-            let error = match result {
-                Some(Ok(Ok(()))) => None,
-                Some(Ok(Err(e))) => Some(e.to_string()),
-                Some(Err(e)) if e.is_panic() => Some(panic_text(e.into_panic())),
-                Some(Err(_)) => Some("the job was cancelled".to_owned()),
-                None => Some("the run's cap permit was lost; the job was stopped".to_owned()),
-            };
-            if finish(&run, error, max_attempts).await {
-                shared.freshness.finished(i);
+        }
+        let error = match result {
+            Ok(Ok(Ok(()))) => None,
+            Ok(Ok(Err(e))) => Some(e.to_string()),
+            Ok(Err(e)) if e.is_panic() => Some(panic_text(e.into_panic())),
+            Ok(Err(_)) => Some("the job was cancelled".to_owned()),
+            Err(what) => Some(format!("{what} was lost; the job was stopped")),
+        };
+        if finish(&run, error, max_attempts).await {
+            shared.freshness.finished(i);
+        }
+        // The permit and the hold go back once the attempt's end is written (it is fenced by
+        // both).
+        for guard in [permit, hold].into_iter().flatten() {
+            if let Err(e) = guard.release().await {
+                tracing::debug!(error = %e, "releasing a run's permit or hold failed; it lapses");
             }
-            // The permit goes back once the attempt's end is written (that end is fenced by it).
-            if let Some(permit) = permit {
-                if let Err(e) = permit.release().await {
-                    tracing::debug!(error = %e, "releasing a cap's permit failed; it lapses");
-                }
+        }
+    })
+    .id()
+}
+
+/// Resolves when the first of the run's permit and hold is lost, naming it; never without
+/// either.
+fn lost_of(
+    permit: Option<&LockGuard>,
+    hold: Option<&LockGuard>,
+) -> impl std::future::Future<Output = &'static str> + Send + 'static {
+    let permit = permit.map(LockGuard::lost);
+    let hold = hold.map(LockGuard::lost);
+    async move {
+        let permit = async move {
+            match permit {
+                Some(lost) => lost.await,
+                None => std::future::pending().await,
             }
-        })
-        .id()
+        };
+        let hold = async move {
+            match hold {
+                Some(lost) => lost.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = permit => "the run's cap permit",
+            () = hold => "the run's hold",
+        }
+    }
 }
 
 /// What a panic said, as the record keeps it.

@@ -1,0 +1,328 @@
+//! Spread runs (`JobsBuilder::spread_runs`), as tests generic over every SeaORM store: runs
+//! of one job go to several node processes, never more than a node's limit on one; a runner
+//! killed mid-run on a node that does not lead has its slot run once more, by a hold with a
+//! higher token, and its late writes refused; keys spread over the nodes run once each, never
+//! more than their cap at once. Run by `job_suite!` with the slot, key and cap cases.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orion_beacon::jobs::{Job, JobError, JobRun, JobsHandle, Overlap, Schedule};
+use orion_beacon::{ErrorKind, SeaOrmLeaseStore};
+use sea_orm::sea_query::{Alias, Query};
+use sea_orm::{ConnectionTrait, TransactionTrait};
+use tokio::sync::mpsc;
+
+use super::conformance::Harness;
+use super::jobs::{leader_of, write, Tables};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Runs under way per node, and the most seen at once on each.
+#[derive(Default)]
+struct PerNode {
+    now: Mutex<BTreeMap<String, usize>>,
+    most: Mutex<BTreeMap<String, usize>>,
+    ran: Mutex<Vec<(String, i64)>>,
+}
+
+impl PerNode {
+    fn started(&self, node: &str, slot: i64) {
+        let mut now = self.now.lock().unwrap();
+        let n = now.entry(node.to_owned()).or_default();
+        *n += 1;
+        let n = *n;
+        drop(now);
+        let mut most = self.most.lock().unwrap();
+        let m = most.entry(node.to_owned()).or_default();
+        *m = (*m).max(n);
+        drop(most);
+        self.ran.lock().unwrap().push((node.to_owned(), slot));
+    }
+
+    fn ended(&self, node: &str) {
+        if let Some(n) = self.now.lock().unwrap().get_mut(node) {
+            *n -= 1;
+        }
+    }
+}
+
+/// A leader that runs nothing itself (`spread_runs(0)`) and two runner processes that run at
+/// most one run each: a job whose slots (every second) each take 2.5 s, side by side, runs on
+/// both runners, never two at once on either (a third start waits, claimed), each finished
+/// slot written once, by the hold that finished it.
+pub async fn spread_runs_use_several_nodes_within_their_limit<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let seen = Arc::new(PerNode::default());
+    let job = |node: &str| {
+        let (writes, seen, node) = (t.writes.clone(), seen.clone(), node.to_owned());
+        Job::new(
+            "tick",
+            Schedule::every(SECOND).unwrap(),
+            move |run: JobRun| {
+                let (writes, seen, node) = (writes.clone(), seen.clone(), node.clone());
+                async move {
+                    seen.started(&node, run.slot_millis());
+                    // The work outside the fenced transaction (on SQLite that would hold the
+                    // write lock, and serialize the runs by itself).
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    seen.ended(&node);
+                    let txn = write(&run, &writes).await?;
+                    run.commit(txn).await?;
+                    Ok(())
+                }
+            },
+        )
+        .overlap(Overlap::Allow)
+        .max_running(6)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let mut nodes: Vec<JobsHandle> = vec![t
+        .builder(&h.store(), "lead")
+        .spread_runs(0)
+        .job(job("lead"))
+        .build()
+        .unwrap()
+        .start()];
+    leader_of(&nodes, 3 * SECOND).await;
+    for id in ["r1", "r2"] {
+        let store = h.separate_store().await;
+        nodes.push(
+            t.builder(&store, id)
+                .spread_runs(1)
+                .job(job(id))
+                .build()
+                .unwrap()
+                .start(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(7_000)).await;
+    assert!(nodes[0].elector().is_leader(), "the leader did not change");
+    for n in &nodes {
+        n.shutdown().await;
+    }
+    let finished = t.assert_exactly_once(&db).await;
+    let most = seen.most.lock().unwrap().clone();
+    let ran = seen.ran.lock().unwrap().clone();
+    assert!(finished >= 3, "slots finished: {finished}; ran {ran:?}");
+    assert_eq!(
+        most.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["r1", "r2"],
+        "runs on both runners, none on the leader that runs none: {ran:?}"
+    );
+    assert!(
+        most.values().all(|m| *m == 1),
+        "at most one run at once on a runner: {most:?} ({ran:?})"
+    );
+    // Each slot started once (no attempt failed here).
+    let slots: BTreeSet<i64> = ran.iter().map(|(_, s)| *s).collect();
+    assert_eq!(slots.len(), ran.len(), "a slot started twice: {ran:?}");
+    t.drop(&db).await;
+}
+
+/// A leader that runs nothing itself (`spread_runs(0)`) and two runner processes: the runner
+/// that got the first run is killed inside it. The slot runs once more on the other runner
+/// (attempt 2, a token above the dead run's on the job's one run hold), is written once, and
+/// the dead run's late begin and commit are refused.
+pub async fn a_runner_killed_mid_run_runs_once_more_and_its_late_writes_are_refused<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, JobRun)>();
+    let once = Arc::new(AtomicBool::new(false));
+    let job = |node: &str| {
+        let (writes, once, tx, node) =
+            (t.writes.clone(), once.clone(), tx.clone(), node.to_owned());
+        Job::new(
+            "tick",
+            Schedule::every(SECOND).unwrap(),
+            move |run: JobRun| {
+                let (writes, once, tx, node) =
+                    (writes.clone(), once.clone(), tx.clone(), node.clone());
+                async move {
+                    if !once.swap(true, Ordering::SeqCst) {
+                        let _ = tx.send((node, run.clone()));
+                        std::future::pending::<()>().await;
+                    }
+                    let txn = write(&run, &writes).await?;
+                    run.commit(txn).await?;
+                    Ok(())
+                }
+            },
+        )
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let lead = t
+        .builder(&h.store(), "lead")
+        .spread_runs(0)
+        .job(job("lead"))
+        .build()
+        .unwrap()
+        .start();
+    leader_of(std::slice::from_ref(&lead), 3 * SECOND).await;
+    let mut runners = BTreeMap::new();
+    for id in ["r1", "r2"] {
+        let store = h.separate_store().await;
+        runners.insert(
+            id.to_owned(),
+            t.builder(&store, id)
+                .spread_runs(1)
+                .job(job(id))
+                .build()
+                .unwrap()
+                .start(),
+        );
+    }
+    let (node, stalled) = tokio::time::timeout(5 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(node, "lead", "a leader with spread_runs(0) runs nothing");
+    assert!(
+        lead.elector().is_leader(),
+        "the run is not on the leader's node"
+    );
+    let slot = stalled.slot_millis();
+    let stalled_token = stalled.token().get();
+    assert_eq!(
+        stalled.term().resource(),
+        format!("{}/run/tick#0", t.resource),
+        "the run's term is the job's run hold"
+    );
+    // The runner's process dies (its renews stop with it).
+    runners[&node].abort().await;
+    let records = t
+        .wait_for(&db, 10 * SECOND, "the slot run again", |r| {
+            r.get(&slot).is_some_and(|r| r.state == "finished")
+        })
+        .await;
+    let rec = &records[&slot];
+    assert_eq!(rec.attempts, 2, "{rec:?}");
+    assert!(
+        rec.finished_token.unwrap() > stalled_token,
+        "the next run's hold has a higher token: {rec:?} after {stalled_token}"
+    );
+    // The dead run wakes up and tries to finish.
+    let err = stalled.begin().await.unwrap_err();
+    assert!(matches!(err, JobError::Superseded { .. }), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    let txn = db.begin().await.unwrap();
+    txn.execute(
+        &Query::insert()
+            .into_table(Alias::new(&t.writes))
+            .columns(["slot", "token"].map(Alias::new))
+            .values_panic([slot.into(), stalled_token.into()])
+            .to_owned(),
+    )
+    .await
+    .unwrap();
+    let err = stalled.commit(txn).await.unwrap_err();
+    assert!(matches!(err, JobError::Superseded { .. }), "{err:?}");
+    lead.shutdown().await;
+    for r in runners.values() {
+        r.shutdown().await;
+    }
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// Three node processes that spread runs (one each), a keyed job whose keys may run side by
+/// side under a cap of two permits: twelve keys submitted from every node each run once, on
+/// more than one node, never more than two at once across the cluster, and two at some point.
+pub async fn keys_spread_over_nodes_run_once_within_their_cap<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let seen = Arc::new(PerNode::default());
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let job = |node: &str| {
+        let (writes, seen, node, now, most) = (
+            t.writes.clone(),
+            seen.clone(),
+            node.to_owned(),
+            now.clone(),
+            most.clone(),
+        );
+        Job::keyed("backfill", move |run: JobRun| {
+            let (writes, seen, node, now, most) = (
+                writes.clone(),
+                seen.clone(),
+                node.clone(),
+                now.clone(),
+                most.clone(),
+            );
+            async move {
+                let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(running, Ordering::SeqCst);
+                seen.started(&node, run.slot_millis());
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                seen.ended(&node);
+                now.fetch_sub(1, Ordering::SeqCst);
+                let txn = write(&run, &writes).await?;
+                run.commit(txn).await?;
+                Ok(())
+            }
+        })
+        .overlap(Overlap::Allow)
+        .cap(2)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let mut nodes: Vec<JobsHandle> = Vec::new();
+    for i in 0..3 {
+        let store = if i == 0 {
+            h.store()
+        } else {
+            h.separate_store().await
+        };
+        let id = format!("n{i}");
+        nodes.push(
+            t.builder(&store, &id)
+                .spread_runs(1)
+                .job(job(&id))
+                .build()
+                .unwrap()
+                .start(),
+        );
+    }
+    leader_of(&nodes, 3 * SECOND).await;
+    let mut slots = BTreeSet::new();
+    for i in 0..12 {
+        let node = &nodes[i % nodes.len()];
+        let key = format!("tenant-{i}");
+        slots.insert(node.submit("backfill", &key).await.unwrap().record.slot);
+    }
+    assert_eq!(slots.len(), 12, "a record per key");
+    t.wait_for(&db, 30 * SECOND, "every key finished", |r| {
+        slots
+            .iter()
+            .all(|s| r.get(s).is_some_and(|r| r.state == "finished"))
+    })
+    .await;
+    for n in &nodes {
+        n.shutdown().await;
+    }
+    assert_eq!(t.assert_exactly_once(&db).await, 12);
+    let ran = seen.ran.lock().unwrap().clone();
+    assert_eq!(ran.len(), 12, "each key ran once: {ran:?}");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        2,
+        "at most the cap's two permits at once across the nodes, and that many"
+    );
+    let nodes_used: BTreeSet<&String> = ran.iter().map(|(n, _)| n).collect();
+    assert!(nodes_used.len() >= 2, "keys ran on several nodes: {ran:?}");
+    t.drop(&db).await;
+}
