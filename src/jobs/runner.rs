@@ -350,8 +350,8 @@ async fn live_runs(shared: &Shared, names: &[String]) -> Result<HashSet<(usize, 
     }
     let wanted: Vec<String> = resources.keys().cloned().collect();
     let leases = crate::store::LeaseStore::current_all(&shared.store, &wanted).await?;
-    // (Two permits of one job held by one node with the same token would make a lost one
-    // look live while the other is: its slot then waits for that other run to end.)
+    // A hold's holder is unique to it (the locks' `<owner>/<instance>-<n>`): the pair names
+    // one hold of one permit.
     let held: HashSet<(usize, &str, i64)> = leases
         .iter()
         .filter(|l| l.live)

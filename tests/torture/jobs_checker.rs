@@ -9,7 +9,8 @@
 //!    commits only with the slot's "finished" mark, in the same fenced transaction).
 //! 4. The tokens agree: `finished_token == claimed_token`, the writes row's token is the
 //!    `finished_token`, and its writer is the record's `claimed_by` (the attempt that finished
-//!    is the one claimed last).
+//!    is the one claimed last; with spread runs `claimed_by` is the run's hold,
+//!    `<writer>/<instance>-<n>`).
 //! 5. Every commit a node was told succeeded (its history's `committed` lines) is in the table:
 //!    a `finished` record of that slot with that token.
 //! 6. Liveness: at least one finished slot per two seconds of the run.
@@ -447,7 +448,14 @@ pub fn check(
                         w.token, w.writer
                     ));
                 }
-                if r.claimed_by.as_deref() != Some(w.writer.as_str()) {
+                // With spread runs the record names the run's hold, `<node>/<instance>-<n>`.
+                let by_writer = r.claimed_by.as_deref().is_some_and(|by| {
+                    by == w.writer
+                        || by
+                            .strip_prefix(w.writer.as_str())
+                            .is_some_and(|rest| rest.starts_with('/'))
+                });
+                if !by_writer {
                     v.violations.push(format!(
                         "slot {slot} was last claimed by {:?}, but written by {}",
                         r.claimed_by, w.writer

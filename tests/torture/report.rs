@@ -386,6 +386,14 @@ impl JobSummary<'_> {
             kinds.join(" "),
             v.violations.len(),
         );
+        // Which node's attempts committed (the fenced and keyed jobs'): one node with spread
+        // runs off, the spread otherwise.
+        let mut by_node: std::collections::BTreeMap<&str, usize> = Default::default();
+        for (node, ..) in &h.committed {
+            *by_node.entry(node.as_str()).or_default() += 1;
+        }
+        let by_node: Vec<String> = by_node.iter().map(|(n, c)| format!("{n}={c}")).collect();
+        println!("  commits by node: {}", by_node.join(" "));
         let (pauses_in, pauses) =
             crate::checker::inside_transactions(self.fault_log, &h.transactions, "pause");
         let (cuts_in, cuts) =
