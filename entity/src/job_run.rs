@@ -23,8 +23,9 @@ pub struct Model {
     /// The slot: its scheduled time, in milliseconds since the Unix epoch (UTC).
     #[sea_orm(primary_key, auto_increment = false)]
     pub slot: i64,
-    /// `running`, `finished`, `failed` (to be retried), `given_up`, `skipped` or `rerun`
-    /// (marked by an operator to run again).
+    /// `running`, `finished`, `failed` (to be retried), `given_up`, `skipped`, `rerun`
+    /// (marked by an operator to run again), `queued` (a keyed job's key, submitted) or
+    /// `claimed` (with spread runs: claimed by the leader, not yet taken by a node's runner).
     #[sea_orm(column_type = "String(StringLen::N(16))")]
     pub state: String,
     /// Attempts claimed so far.
@@ -32,10 +33,12 @@ pub struct Model {
     /// The schedule the slot was computed from, as the job states it.
     #[sea_orm(column_type = "String(StringLen::N(255))")]
     pub schedule: String,
-    /// The token of the term that claimed the latest attempt (or decided the skip).
+    /// The token of the term that claimed the latest attempt (or decided the skip); with spread
+    /// runs, once a node's runner took it, its run hold's token.
     #[sea_orm(nullable)]
     pub claimed_token: Option<i64>,
-    /// The candidate that claimed the latest attempt.
+    /// The candidate that claimed the latest attempt; with spread runs, once a node's runner
+    /// took it, its run hold's holder (`<node>/<instance>-<n>`).
     #[sea_orm(column_type = "String(StringLen::N(255))", nullable)]
     pub claimed_by: Option<String>,
     /// When the latest attempt was claimed (database clock).

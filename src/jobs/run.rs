@@ -17,7 +17,7 @@ use crate::{backend::SeaOrmLeaseStore, fencing::FencingToken, hold::LeaderTerm};
 /// One attempt at one slot of a job, handed to the job's closure.
 ///
 /// Write through [`begin`](Self::begin) and [`commit`](Self::commit): the transaction is
-/// fenced by the term that claimed the slot, and `commit` writes the slot's "finished" mark in
+/// fenced by the run's [`term`](Self::term), and `commit` writes the slot's "finished" mark in
 /// it, so the job's writes and the mark commit together or not at all. A slot whose writes
 /// committed is never run again; an attempt that fails or crashes before its commit leaves
 /// nothing, and the slot is run again (see [`Job::max_attempts`](super::Job::max_attempts)).
@@ -96,13 +96,15 @@ impl JobRun {
         self.inner.lateness
     }
 
-    /// The leadership term that claimed the slot: fence writes outside the lease database with
-    /// its token, and stop when it is lost.
+    /// The term that fences this run: the leadership term that claimed the slot or, with
+    /// [spread runs](super::JobsBuilder::spread_runs), the run's own hold (a permit of the
+    /// job's run semaphore). Fence writes outside the lease database with its token, and stop
+    /// when it is lost.
     pub fn term(&self) -> &LeaderTerm {
         &self.inner.term
     }
 
-    /// The term's fencing token.
+    /// The fencing token of the run's [`term`](Self::term).
     pub fn token(&self) -> FencingToken {
         self.inner.term.token()
     }

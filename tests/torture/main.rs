@@ -27,7 +27,9 @@
 //! candidate a node of one `Jobs` scheduler running the job `tick` every second, each attempt
 //! writing a row in its slot's fenced transaction held open 0-300 ms; checked per slot from the
 //! run table and the writes table: no slot done twice, no finished slot's write missing, no
-//! write without its slot's mark, see `job_node.rs` and `jobs_checker.rs`), `rate-postgres` and
+//! write without its slot's mark, see `job_node.rs` and `jobs_checker.rs`),
+//! `jobs-spread-postgres` (the same with the runs spread over the nodes, each under a hold of
+//! its own, and 100 load jobs), `rate-postgres` and
 //! `rate-mysql` (by name only; rate-limit clients asking for permits of one key, checked
 //! together: never more than the quota allows in any span of its interval by the database
 //! clock, see `rate_node.rs` and `rate_checker.rs`); by name only:

@@ -731,15 +731,16 @@ fn missing_table(err: &DbErr) -> bool {
     text.contains("no such table")
 }
 
-/// Whether the finished columns describe the latest attempt (a running one has not ended:
-/// they would be an earlier attempt's).
+/// Whether the finished columns describe the latest attempt (a running or claimed one has not
+/// ended: they would be an earlier attempt's).
 fn ended(m: &Model) -> bool {
-    m.state != "running"
+    !matches!(m.state.as_str(), "running" | "claimed")
 }
 
 fn described(state: &str) -> &str {
     match state {
         "rerun" => "marked to run again",
+        "claimed" => "claimed (waiting for a node's runner)",
         "given_up" => "given up",
         other => other,
     }
