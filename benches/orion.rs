@@ -345,6 +345,9 @@ fn main() -> Result<(), Error> {
         if all || what.iter().any(|w| w == "jobs") {
             jobs::jobs_bench().await?;
         }
+        if all || what.iter().any(|w| w == "spread") {
+            jobs::spread_bench().await?;
+        }
         if all || what.iter().any(|w| w == "rates") {
             rates::rates_bench().await?;
         }

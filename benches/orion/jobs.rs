@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use orion_beacon::jobs::{Job, JobRun, Jobs, Schedule};
+use orion_beacon::jobs::{Job, JobRun, Jobs, Overlap, Schedule};
 use orion_beacon::SeaOrmLeaseStore;
 use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
@@ -141,6 +141,9 @@ impl Tables {
         t.drop(db).await;
         migrate(db, &t.lease).await?;
         CreateJobRunTable::with_table(&t.runs)?
+            .up(&SchemaManager::new(db))
+            .await?;
+        orion_beacon_migration::AddJobRunKey::with_table(&t.runs)?
             .up(&SchemaManager::new(db))
             .await?;
         db.execute_unprepared(&format!(
@@ -364,4 +367,149 @@ pub(crate) async fn jobs_bench() -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Runs over node processes: `BENCH_SPREAD_KEYS` keys (default 1,000) of a keyed job whose
+/// runs may go side by side, each run 20 ms of work outside the database (a call to another
+/// service, say) and then its fenced write and commit, submitted at once from the first node;
+/// run by the leader alone (`max_running` 8), and spread (`spread_runs(8)` on every node,
+/// `max_running` 8 per node) over 1, 3 and 5 nodes, each a scheduler with a pool of its own on
+/// one host. Runs per second from the first submit to the last commit, and the busiest node's
+/// share of them.
+pub(crate) async fn spread_bench() -> Result<(), Error> {
+    let keys: usize = std::env::var("BENCH_SPREAD_KEYS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .map_or(1_000, |n| n.clamp(10, 100_000));
+    println!("\n## Scheduled jobs: runs spread over nodes ({keys} keys, 20 ms of work each)\n");
+    println!("| backend | runs on | per node at once | runs/s | against the leader alone | busiest node's share | every key once |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let dir = tempfile::tempdir()?;
+    let sqlite = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("spread.db").display()
+    );
+    for (name, url) in [
+        ("PostgreSQL", pg_url()),
+        ("MariaDB", mysql_url()),
+        ("SQLite", sqlite),
+    ] {
+        let mut alone = None;
+        for nodes in [0usize, 1, 3, 5] {
+            let o = spread_run(&url, nodes, keys).await?;
+            let rate = o.runs as f64 / o.elapsed.as_secs_f64();
+            let base = *alone.get_or_insert(rate);
+            println!(
+                "| {name} | {} | 8 | {rate:.0} | {:.2} | {:.2} | {} |",
+                if nodes == 0 {
+                    "the leader alone".to_owned()
+                } else {
+                    format!("{nodes} node(s)")
+                },
+                rate / base,
+                o.busiest as f64 / o.runs.max(1) as f64,
+                if o.once { "yes" } else { "NO" },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What one spread run measured.
+struct Spread {
+    runs: usize,
+    busiest: usize,
+    elapsed: Duration,
+    once: bool,
+}
+
+/// `keys` keys over `nodes` spreading schedulers (0: one scheduler whose leader runs them).
+async fn spread_run(url: &str, nodes: usize, keys: usize) -> Result<Spread, Error> {
+    const PER_NODE: usize = 8;
+    let admin = connect(url, 2, false).await?;
+    let tables = Tables::create(&admin, &format!("s{nodes}")).await?;
+    let work: Arc<str> = tables.work.as_str().into();
+    let done: Arc<Mutex<std::collections::BTreeMap<String, usize>>> = Arc::default();
+    let resource = unique("spread");
+    let mut handles = Vec::new();
+    for n in 0..nodes.max(1) {
+        let db = connect(url, 6, false).await?;
+        let store = SeaOrmLeaseStore::new(db).with_table(&tables.lease)?;
+        let (work, done, me) = (work.clone(), done.clone(), format!("n{n}"));
+        let job = Job::keyed("work", move |run: JobRun| {
+            let (work, done, me) = (work.clone(), done.clone(), me.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let txn = run.begin().await?;
+                let insert = Query::insert()
+                    .into_table(Alias::new(&*work))
+                    .columns([Alias::new("job"), Alias::new("slot")])
+                    .values_panic([run.job().into(), run.slot_millis().into()])
+                    .to_owned();
+                txn.execute(&insert).await?;
+                run.commit(txn).await?;
+                *done
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(me)
+                    .or_default() += 1;
+                Ok(())
+            }
+        })
+        .overlap(Overlap::Allow)
+        .max_running(PER_NODE * nodes.max(1));
+        let mut builder = Jobs::builder(store)
+            .candidate_id(format!("n{n}"))
+            .resource(&resource)
+            .runs_table(&tables.runs)
+            .poll_interval(Duration::from_millis(200))
+            .job(job);
+        if nodes > 0 {
+            builder = builder.spread_runs(PER_NODE);
+        }
+        handles.push(builder.build()?.start());
+        if n == 0 {
+            wait_leader(handles[0].elector(), Duration::from_secs(10)).await?;
+        }
+    }
+    let started = Instant::now();
+    for k in 0..keys {
+        handles[0].submit("work", &format!("key-{k}")).await?;
+    }
+    let deadline = started + Duration::from_secs(600);
+    let total = || -> usize {
+        done.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .sum()
+    };
+    while total() < keys && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    for h in &handles {
+        h.shutdown().await;
+    }
+    let runs = total();
+    let busiest = done
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    let mut count = Query::select();
+    count
+        .expr(Expr::cust("COUNT(DISTINCT slot)"))
+        .expr(Expr::cust("COUNT(*)"))
+        .from(Alias::new(&tables.work));
+    let row = admin.query_one(&count).await?.ok_or("no count")?;
+    let (distinct, rows): (i64, i64) = (row.try_get_by_index(0)?, row.try_get_by_index(1)?);
+    tables.drop(&admin).await;
+    Ok(Spread {
+        runs,
+        busiest,
+        elapsed,
+        once: runs == keys && distinct == keys as i64 && rows == keys as i64,
+    })
 }
