@@ -307,6 +307,7 @@ impl JobsBuilder {
                 spread: self.spread,
                 runner_wake: tokio::sync::Notify::new(),
                 runner_problem: std::sync::Mutex::new(None),
+                aborted: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -323,6 +324,13 @@ fn holds(
     (resource, spread): (&str, bool),
     jobs: &mut [runner::Registered],
 ) -> Result<(), JobError> {
+    for reg in jobs.iter_mut() {
+        let name = format!("{resource}/run/{}", reg.name);
+        let last = format!("{name}#{}", crate::locks::MAX_PERMITS - 1);
+        reg.run_semaphore = crate::store::validate_resource(&last)
+            .is_ok()
+            .then_some(name);
+    }
     if !spread && jobs.iter().all(|reg| reg.job.cap.is_none()) {
         return Ok(());
     }
@@ -344,7 +352,15 @@ fn holds(
             } else {
                 1
             };
-            let name = format!("{resource}/run/{}", reg.name);
+            // Every permit a node may hold must be one the leader can read.
+            let Some(name) = reg.run_semaphore.clone() else {
+                return Err(JobError::InvalidOption {
+                    option: "spread_runs",
+                    value: format!("the run semaphore of {:?} under {resource:?}", reg.name),
+                    bounds: "a run semaphore name within the resource rules: a shorter job \
+                             name or resource",
+                });
+            };
             let semaphore =
                 locks
                     .semaphore(name.clone(), runs)
@@ -526,9 +542,21 @@ pub struct JobsHandle {
 
 impl Drop for JobsHandle {
     fn drop(&mut self) {
+        // As a shutdown, without waiting: the runner takes nothing more, its runs get the
+        // grace period.
         self.stop.cancel();
-        if let Some(runner) = crate::mutex::lock(&self.runner).take() {
-            runner.abort();
+        if let Some(mut runner) = crate::mutex::lock(&self.runner).take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let grace = self.grace;
+                    rt.spawn(async move {
+                        if tokio::time::timeout(grace, &mut runner).await.is_err() {
+                            runner.abort();
+                        }
+                    });
+                }
+                Err(_) => runner.abort(),
+            }
         }
     }
 }
@@ -544,7 +572,9 @@ pub struct JobsHealth {
     pub elector: crate::hold::health::Health,
     /// Why the leader's last look at the run table failed, while it does (its error and
     /// sources): a missing run table, a refused statement; or why it could not read the
-    /// keyed jobs' records (`keyed jobs: ...`, a table without `AddJobRunKey`'s column).
+    /// keyed jobs' records (`keyed jobs: ...`, a table without `AddJobRunKey`'s column). With
+    /// [spread runs](JobsBuilder::spread_runs), on any node, also why this node's runner's
+    /// last look failed (`taking claimed runs: ...`).
     pub scheduling: Option<String>,
     /// Set while another node leads the scheduler's resource with a different set of jobs:
     /// this node's jobs that the leader lacks do not run meanwhile. (It leaves `healthy` as
@@ -634,6 +664,10 @@ impl JobsHandle {
     /// Stops at once, as a crash would: runs are dropped (their open transactions roll back),
     /// nothing is released; another node takes over when the lease lapses.
     pub async fn abort(&self) {
+        // The runs' cap permits and holds lapse, as a crashed process's would.
+        self.shared
+            .aborted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop.cancel();
         if let Some(runner) = crate::mutex::lock(&self.runner).take() {
             runner.abort();

@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub runner_wake: tokio::sync::Notify,
     /// Why this node's runner's last look failed, while it does.
     pub runner_problem: Mutex<Option<String>>,
+    /// Set by `abort`: the runs' permits and holds lapse instead of being released.
+    pub aborted: AtomicBool,
 }
 
 /// A job as the scheduler keeps it.
@@ -64,6 +66,9 @@ pub(crate) struct Registered {
     /// With spread runs: the semaphore whose permits are the job's run holds (one per run
     /// the job may have at once), each run's term.
     pub run_hold: Option<crate::locks::Semaphore>,
+    /// The name of the job's run semaphore (`<resource>/run/<job>`), whether or not this node
+    /// spreads (another node may), when its every permit's name is a valid resource.
+    pub run_semaphore: Option<String>,
 }
 
 impl Registered {
@@ -75,6 +80,7 @@ impl Registered {
             policy,
             cap: None,
             run_hold: None,
+            run_semaphore: None,
         }
     }
 }
@@ -193,6 +199,16 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         cap_problem: None,
         finishes_read: None,
     };
+    // With spread runs, a run that ends on any node releases its hold: the store's release
+    // events (where it has them) wake this loop for the next start at once, not at its poll.
+    let mut events = shared
+        .spread
+        .and_then(|_| crate::store::LeaseStore::release_events(&shared.store));
+    let run_semaphores: HashSet<&str> = shared
+        .jobs
+        .iter()
+        .filter_map(|j| j.run_semaphore.as_deref())
+        .collect();
     tracing::info!(token = %term.token(), jobs = names.len(), "scheduling jobs");
     loop {
         if term.is_lost() {
@@ -232,6 +248,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
             _ = term.lost() => Woke::Lost,
             _ = tokio::time::sleep_until(wake) => Woke::Timer,
             _ = shared.wake.notified() => Woke::Submitted,
+            () = run_ended(&mut events, &run_semaphores) => Woke::Submitted,
             Some(id) = here.returned_rx.recv() => Woke::Returned(id),
             Some(done) = here.set.join_next_with_id() => Woke::Ended(task_id(&done)),
         };
@@ -252,6 +269,28 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         );
     }
     while here.set.join_next().await.is_some() {}
+}
+
+/// Returns when the store reports a release of one of `semaphores`' permits (or, having
+/// lagged, may have missed one); never without release events.
+async fn run_ended(events: &mut Option<crate::store::ReleaseEvents>, semaphores: &HashSet<&str>) {
+    use tokio::sync::broadcast::error::RecvError;
+    if let Some(rx) = events.as_mut() {
+        loop {
+            match rx.recv().await {
+                Ok(resource) => {
+                    let semaphore = resource.rsplit_once('#').map_or(&*resource, |(s, _)| s);
+                    if semaphores.contains(semaphore) {
+                        return;
+                    }
+                }
+                Err(RecvError::Lagged(_)) => return,
+                Err(RecvError::Closed) => break,
+            }
+        }
+        *events = None;
+    }
+    std::future::pending().await
 }
 
 fn task_id(done: &Result<(tokio::task::Id, ()), tokio::task::JoinError>) -> tokio::task::Id {
@@ -305,17 +344,28 @@ async fn read_finishes(
 /// With spread runs, how often the leader reads the jobs' newest finishes again.
 const FINISHES_EVERY: Duration = Duration::from_secs(1);
 
-/// With spread runs: the running attempts (job index, slot) whose run hold is live and held
-/// by the holder with the token the record names. One read of the run table, and one of the
-/// holds' leases through the store (`current_all`). A record whose hold is not live is an
-/// attempt whose runner died, paused or was cut off: its hold cannot be renewed any more (an
-/// expired lease is a new term with a higher token), so neither its end nor a write fenced by
-/// it can commit, and the planner runs the slot again as it would a dead leader's.
-async fn live_runs(shared: &Shared, names: &[String]) -> Result<HashSet<(usize, i64)>, JobError> {
+/// The running attempts (job index, slot) among `suspects` that run under a live hold of a
+/// node that spreads its runs: a permit of the job's run semaphore, live, held by the holder
+/// with the token the record names. One read of the run table, and the permits' leases
+/// through the store (`current_all`): first as many as this node's semaphore has (one when it
+/// does not spread), then, for a record still unmatched, the rest up to the most a semaphore
+/// may have (a node whose job allows more runs at once, during a deploy that changes it).
+///
+/// A record whose hold is not live is an attempt whose runner died, paused or was cut off (or
+/// an earlier leader's own): its hold cannot be renewed any more (an expired lease is a new
+/// term with a higher token), so neither its end nor a write fenced by it can commit, and the
+/// planner runs the slot again as it would a dead leader's. A hold's holder is unique to it
+/// (the locks' `<owner>/<instance>-<n>`): the pair names one hold.
+async fn live_runs(
+    shared: &Shared,
+    names: &[String],
+    suspects: &HashSet<(usize, i64)>,
+) -> Result<HashSet<(usize, i64)>, JobError> {
+    if suspects.is_empty() {
+        return Ok(HashSet::new());
+    }
     let rows = read(shared, &records::running(&shared.table, names)).await?;
-    let mut runs = Vec::with_capacity(rows.len());
-    // Each hold's resource and its job.
-    let mut resources: HashMap<String, usize> = HashMap::new();
+    let mut runs: Vec<(usize, i64, i64, String)> = Vec::with_capacity(rows.len());
     for row in &rows {
         let decoded = (|| {
             Ok::<_, sea_orm::DbErr>((
@@ -335,37 +385,62 @@ async fn live_runs(shared: &Shared, names: &[String]) -> Result<HashSet<(usize, 
         let Some(i) = names.iter().position(|n| *n == job) else {
             continue;
         };
-        if let Some(holds) = &shared.jobs[i].run_hold {
-            for r in holds.resources() {
-                resources.entry(r.to_string()).or_insert(i);
+        // A record without a holder or token (written by hand) has no live run.
+        if let (true, Some(token), Some(by)) = (suspects.contains(&(i, slot)), token, by) {
+            if shared.jobs[i].run_semaphore.is_some() {
+                runs.push((i, slot, token, by));
             }
         }
-        // A record without a holder or token (written by hand) has no live run.
-        if let (Some(token), Some(by)) = (token, by) {
-            runs.push((i, slot, token, by));
+    }
+    let mut live = HashSet::new();
+    let own = |i: usize| {
+        shared.jobs[i]
+            .run_hold
+            .as_ref()
+            .map_or(1, crate::locks::Semaphore::permits)
+    };
+    for pass in 0..2 {
+        let jobs: std::collections::BTreeSet<usize> = runs
+            .iter()
+            .filter(|(i, slot, ..)| !live.contains(&(*i, *slot)))
+            .map(|(i, ..)| *i)
+            .collect();
+        // Each permit's resource and its job.
+        let mut resources: HashMap<String, usize> = HashMap::new();
+        for i in jobs {
+            let Some(name) = &shared.jobs[i].run_semaphore else {
+                continue;
+            };
+            let permits = if pass == 0 {
+                0..own(i)
+            } else {
+                own(i)..crate::locks::MAX_PERMITS
+            };
+            for n in permits {
+                resources.insert(format!("{name}#{n}"), i);
+            }
+        }
+        if resources.is_empty() {
+            break;
+        }
+        let wanted: Vec<String> = resources.keys().cloned().collect();
+        let leases = crate::store::LeaseStore::current_all(&shared.store, &wanted).await?;
+        let held: HashSet<(usize, &str, i64)> = leases
+            .iter()
+            .filter(|l| l.live)
+            .filter_map(|l| {
+                resources
+                    .get(&l.resource)
+                    .map(|i| (*i, l.holder.as_str(), l.token.get()))
+            })
+            .collect();
+        for (i, slot, token, by) in &runs {
+            if held.contains(&(*i, by.as_str(), *token)) {
+                live.insert((*i, *slot));
+            }
         }
     }
-    if runs.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let wanted: Vec<String> = resources.keys().cloned().collect();
-    let leases = crate::store::LeaseStore::current_all(&shared.store, &wanted).await?;
-    // A hold's holder is unique to it (the locks' `<owner>/<instance>-<n>`): the pair names
-    // one hold of one permit.
-    let held: HashSet<(usize, &str, i64)> = leases
-        .iter()
-        .filter(|l| l.live)
-        .filter_map(|l| {
-            resources
-                .get(&l.resource)
-                .map(|i| (*i, l.holder.as_str(), l.token.get()))
-        })
-        .collect();
-    Ok(runs
-        .into_iter()
-        .filter(|(i, _, token, by)| held.contains(&(*i, by.as_str(), *token)))
-        .map(|(i, slot, _, _)| (i, slot))
-        .collect())
+    Ok(live)
 }
 
 /// One look: plan, claim, start. Returns how long to sleep.
@@ -468,20 +543,34 @@ async fn tick(
     // With spread runs, the attempts claimed for the runners and those a live hold runs are
     // under way wherever they run: the planner counts them as running (overlap, caps of runs
     // at once) and never claims them again. The rest stay open for it to judge.
-    let mut under_way: Vec<BTreeSet<i64>> = Vec::new();
-    if shared.spread.is_some() {
-        let live = live_runs(shared, names).await?;
-        under_way = vec![BTreeSet::new(); names.len()];
-        for (i, records) in open.iter_mut().enumerate() {
-            records.retain(|o| {
-                let busy = o.state == State::Claimed
-                    || (o.state == State::Running && live.contains(&(i, o.slot)));
-                if busy {
-                    under_way[i].insert(o.slot);
-                }
-                !busy
-            });
-        }
+    // So are, whether or not this node spreads, the runs of nodes that do (a rolling deploy
+    // that turns spreading on or off): a running record that is not this term's own attempt
+    // is judged by its hold.
+    let spread = shared.spread.is_some();
+    let attempts = &here.attempts;
+    let suspects: HashSet<(usize, i64)> = open
+        .iter()
+        .enumerate()
+        .flat_map(|(i, records)| {
+            records
+                .iter()
+                .filter(move |o| {
+                    o.state == State::Running && (spread || !attempts[i].contains(&o.slot))
+                })
+                .map(move |o| (i, o.slot))
+        })
+        .collect();
+    let live = live_runs(shared, names, &suspects).await?;
+    let mut under_way: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); names.len()];
+    for (i, records) in open.iter_mut().enumerate() {
+        records.retain(|o| {
+            let busy = (spread && o.state == State::Claimed)
+                || (o.state == State::Running && live.contains(&(i, o.slot)));
+            if busy {
+                under_way[i].insert(o.slot);
+            }
+            !busy
+        });
     }
     let now_ms = database_now(shared, backend).await?;
     let read_at = Instant::now();
@@ -498,9 +587,14 @@ async fn tick(
     let mut queues: Vec<VecDeque<(usize, Action)>> = Vec::with_capacity(names.len());
     for (i, reg) in shared.jobs.iter().enumerate() {
         let first_look_ms = *look.first_look[i].get_or_insert(now_ms);
-        let (running, here_now) = match under_way.get(i) {
-            Some(busy) => (busy, busy),
-            None => (&here.running[i], &here.attempts[i]),
+        // Runs under way elsewhere count as this term's own do.
+        let (running, here_now);
+        let (running, here_now) = if under_way[i].is_empty() {
+            (&here.running[i], &here.attempts[i])
+        } else {
+            running = here.running[i].union(&under_way[i]).copied().collect();
+            here_now = here.attempts[i].union(&under_way[i]).copied().collect();
+            (&running, &here_now)
         };
         let p = plan::plan(
             &View {

@@ -358,11 +358,6 @@ impl Semaphore {
         u32::try_from(self.resources.len()).unwrap_or(MAX_PERMITS)
     }
 
-    /// Its permits' lease resources (`<name>#<n>`), to read who holds them.
-    pub(crate) fn resources(&self) -> &[Arc<str>] {
-        &self.resources
-    }
-
     /// Takes a free permit if there is one now; `None` if all are held or being asked for by
     /// other acquires of this process (or, rarely, as for [`Lock::try_acquire`]).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {

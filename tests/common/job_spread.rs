@@ -326,3 +326,102 @@ pub async fn keys_spread_over_nodes_run_once_within_their_cap<
     assert!(nodes_used.len() >= 2, "keys ran on several nodes: {ran:?}");
     t.drop(&db).await;
 }
+
+/// A rolling deploy that turns spreading off: a leader that spreads (and runs nothing itself)
+/// hands over, mid-run, to one that does not. The new leader judges the running slot by the
+/// hold its record names and never starts it beside the runner that still runs it: the slot
+/// starts once, finishes as attempt 1 on the runner, and the new leader runs the later slots.
+pub async fn a_leader_that_does_not_spread_never_starts_a_spread_run_twice<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let seen = Arc::new(PerNode::default());
+    let (tx, mut rx) = mpsc::unbounded_channel::<i64>();
+    let once = Arc::new(AtomicBool::new(false));
+    let job = |node: &str| {
+        let (writes, seen, node, once, tx) = (
+            t.writes.clone(),
+            seen.clone(),
+            node.to_owned(),
+            once.clone(),
+            tx.clone(),
+        );
+        Job::new(
+            "tick",
+            Schedule::every(SECOND).unwrap(),
+            move |run: JobRun| {
+                let (writes, seen, node, once, tx) = (
+                    writes.clone(),
+                    seen.clone(),
+                    node.clone(),
+                    once.clone(),
+                    tx.clone(),
+                );
+                async move {
+                    seen.started(&node, run.slot_millis());
+                    if !once.swap(true, Ordering::SeqCst) {
+                        let _ = tx.send(run.slot_millis());
+                        // Long enough for the new leader's back-off and several of its looks.
+                        tokio::time::sleep(Duration::from_millis(3_000)).await;
+                    }
+                    seen.ended(&node);
+                    let txn = write(&run, &writes).await?;
+                    run.commit(txn).await?;
+                    Ok(())
+                }
+            },
+        )
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let a = t
+        .builder(&h.store(), "a")
+        .spread_runs(0)
+        .job(job("a"))
+        .build()
+        .unwrap()
+        .start();
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    let runner = t
+        .builder(&h.separate_store().await, "r")
+        .spread_runs(1)
+        .job(job("r"))
+        .build()
+        .unwrap()
+        .start();
+    let b = t.start(&h.separate_store().await, "b", vec![job("b")]);
+    let slot = tokio::time::timeout(5 * SECOND, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // Handed to b by name (the runner is a candidate too).
+    let handed = a.elector().hand_over_to("b", SECOND).await.unwrap();
+    assert!(
+        matches!(handed, orion_beacon::Handover::Taken { .. }),
+        "{handed:?}"
+    );
+    leader_of(std::slice::from_ref(&b), 3 * SECOND).await;
+    let records = t
+        .wait_for(
+            &db,
+            10 * SECOND,
+            "the long run finished and a later slot by b",
+            |r| {
+                r.get(&slot).is_some_and(|r| r.state == "finished")
+                    && r.iter().any(|(s, r)| *s > slot && r.state == "finished")
+            },
+        )
+        .await;
+    assert_eq!(records[&slot].attempts, 1, "{:?}", records[&slot]);
+    let ran = seen.ran.lock().unwrap().clone();
+    let starts = ran.iter().filter(|(_, s)| *s == slot).count();
+    assert_eq!(starts, 1, "the spread run started once: {ran:?}");
+    assert!(b.elector().is_leader(), "b led throughout");
+    b.shutdown().await;
+    a.shutdown().await;
+    runner.shutdown().await;
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}

@@ -1497,6 +1497,7 @@ macro_rules! job_suite {
             spread_runs_use_several_nodes_within_their_limit,
             a_runner_killed_mid_run_runs_once_more_and_its_late_writes_are_refused,
             keys_spread_over_nodes_run_once_within_their_cap,
+            a_leader_that_does_not_spread_never_starts_a_spread_run_twice,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

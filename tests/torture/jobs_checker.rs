@@ -469,10 +469,20 @@ pub fn check(
     // 5. Every acknowledged commit is there.
     for (node, job, slot, token) in &histories.committed {
         match by_slot.get(&(job.as_str(), *slot)) {
-            Some(r) if r.state == "finished" && r.finished_token == Some(*token) => {}
+            // By that node, too (with spread runs the record names the run's hold,
+            // `<node>/...`, and permits of one semaphore may share a token).
+            Some(r)
+                if r.state == "finished"
+                    && r.finished_token == Some(*token)
+                    && r.claimed_by.as_deref().is_some_and(|by| {
+                        by == node
+                            || by
+                                .strip_prefix(node.as_str())
+                                .is_some_and(|rest| rest.starts_with('/'))
+                    }) => {}
             Some(r) => v.violations.push(format!(
-                "{node} was told slot {slot} committed with token {token}, but its record is {:?} with finished_token {:?}",
-                r.state, r.finished_token
+                "{node} was told slot {slot} committed with token {token}, but its record is {:?} with finished_token {:?} by {:?}",
+                r.state, r.finished_token, r.claimed_by
             )),
             None => v.violations.push(format!(
                 "{node} was told slot {slot} committed with token {token}, but it has no record"

@@ -69,6 +69,10 @@ pub(crate) fn start(
         // with its term: its closure is cancelled and waited for (it ends at its next await),
         // so that no next attempt starts beside it.
         let lost = lost_of(permit.as_ref(), hold.as_ref());
+        let mut guards = Guards {
+            held: [permit, hold].into_iter().flatten().collect(),
+            shared: shared.clone(),
+        };
         let result = tokio::select! {
             // A closure that returned as a hold was lost keeps its result.
             biased;
@@ -96,13 +100,35 @@ pub(crate) fn start(
         }
         // The permit and the hold go back once the attempt's end is written (it is fenced by
         // both).
-        for guard in [permit, hold].into_iter().flatten() {
+        for guard in std::mem::take(&mut guards.held) {
             if let Err(e) = guard.release().await {
                 tracing::debug!(error = %e, "releasing a run's permit or hold failed; it lapses");
             }
         }
     })
     .id()
+}
+
+/// A run's cap permit and hold while it runs: dropped with the run (its term ended, the
+/// runner stopped), each is released by its own drop, except after `abort`, when they lapse as
+/// a crashed process's would.
+struct Guards {
+    held: Vec<LockGuard>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Guards {
+    fn drop(&mut self) {
+        if self
+            .shared
+            .aborted
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            for guard in self.held.drain(..) {
+                guard.abandon();
+            }
+        }
+    }
 }
 
 /// Resolves when the first of the run's permit and hold is lost, naming it; never without
