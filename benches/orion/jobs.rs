@@ -370,8 +370,8 @@ pub(crate) async fn jobs_bench() -> Result<(), Error> {
 }
 
 /// Runs over node processes: `BENCH_SPREAD_KEYS` keys (default 1,000) of a keyed job whose
-/// runs may go side by side, each run 20 ms of work outside the database (a call to another
-/// service, say) and then its fenced write and commit, submitted at once from the first node;
+/// runs may go side by side, each run `BENCH_SPREAD_WORK_MS` (default 20) of work outside the
+/// database (a call to another service, say) and then its fenced write and commit, submitted at once from the first node;
 /// run by the leader alone (`max_running` 8), and spread (`spread_runs(8)` on every node,
 /// `max_running` 8 per node) over 1, 3 and 5 nodes, each a scheduler with a pool of its own on
 /// one host. Runs per second from the first submit to the last commit, and the busiest node's
@@ -381,7 +381,13 @@ pub(crate) async fn spread_bench() -> Result<(), Error> {
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
         .map_or(1_000, |n| n.clamp(10, 100_000));
-    println!("\n## Scheduled jobs: runs spread over nodes ({keys} keys, 20 ms of work each)\n");
+    let work_ms: u64 = std::env::var("BENCH_SPREAD_WORK_MS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map_or(20, |n| n.clamp(0, 60_000));
+    println!(
+        "\n## Scheduled jobs: runs spread over nodes ({keys} keys, {work_ms} ms of work each)\n"
+    );
     println!("| backend | runs on | per node at once | runs/s | against the leader alone | busiest node's share | every key once |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let dir = tempfile::tempdir()?;
@@ -396,7 +402,7 @@ pub(crate) async fn spread_bench() -> Result<(), Error> {
     ] {
         let mut alone = None;
         for nodes in [0usize, 1, 3, 5] {
-            let o = spread_run(&url, nodes, keys).await?;
+            let o = spread_run(&url, nodes, keys, work_ms).await?;
             let rate = o.runs as f64 / o.elapsed.as_secs_f64();
             let base = *alone.get_or_insert(rate);
             println!(
@@ -424,7 +430,7 @@ struct Spread {
 }
 
 /// `keys` keys over `nodes` spreading schedulers (0: one scheduler whose leader runs them).
-async fn spread_run(url: &str, nodes: usize, keys: usize) -> Result<Spread, Error> {
+async fn spread_run(url: &str, nodes: usize, keys: usize, work_ms: u64) -> Result<Spread, Error> {
     const PER_NODE: usize = 8;
     let admin = connect(url, 2, false).await?;
     let tables = Tables::create(&admin, &format!("s{nodes}")).await?;
@@ -439,7 +445,7 @@ async fn spread_run(url: &str, nodes: usize, keys: usize) -> Result<Spread, Erro
         let job = Job::keyed("work", move |run: JobRun| {
             let (work, done, me) = (work.clone(), done.clone(), me.clone());
             async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(work_ms)).await;
                 let txn = run.begin().await?;
                 let insert = Query::insert()
                     .into_table(Alias::new(&*work))
