@@ -432,6 +432,7 @@ impl Jobs {
             elector,
             work,
             shared,
+            runner_abort: runner.as_ref().map(tokio::task::JoinHandle::abort_handle),
             runner: std::sync::Mutex::new(runner),
             stop,
             grace,
@@ -532,8 +533,10 @@ pub struct JobsHandle {
     elector: ElectorHandle,
     work: tokio::task::JoinHandle<()>,
     shared: Arc<runner::Shared>,
-    /// With spread runs, this node's runner (taken by the first shutdown or abort).
+    /// With spread runs, this node's runner (taken by the first shutdown, drop or abort), and
+    /// what aborts it whoever took it.
     runner: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    runner_abort: Option<tokio::task::AbortHandle>,
     /// Stops the runner taking runs.
     stop: tokio_util::sync::CancellationToken,
     /// How long the runner's runs may take to finish after a shutdown.
@@ -544,18 +547,31 @@ impl Drop for JobsHandle {
     fn drop(&mut self) {
         // As a shutdown, without waiting: the runner takes nothing more, its runs get the
         // grace period.
+        let _ = self.stop_runner();
+    }
+}
+
+impl JobsHandle {
+    /// Stops this node's runner taking runs, and bounds its runs by the grace period on a task
+    /// of its own (a caller that stops waiting for a shutdown leaves nothing unbounded): that
+    /// task, to wait for. `None` when there is no runner (or it was stopped already).
+    fn stop_runner(&self) -> Option<tokio::task::JoinHandle<()>> {
         self.stop.cancel();
-        if let Some(mut runner) = crate::mutex::lock(&self.runner).take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    let grace = self.grace;
-                    rt.spawn(async move {
-                        if tokio::time::timeout(grace, &mut runner).await.is_err() {
-                            runner.abort();
-                        }
-                    });
+        let mut runner = crate::mutex::lock(&self.runner).take()?;
+        let grace = self.grace;
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => Some(rt.spawn(async move {
+                if tokio::time::timeout(grace, &mut runner).await.is_err() {
+                    tracing::warn!(
+                        "runs still going after the grace period are dropped; the leader runs \
+                         them again"
+                    );
+                    runner.abort();
                 }
-                Err(_) => runner.abort(),
+            })),
+            Err(_) => {
+                runner.abort();
+                None
             }
         }
     }
@@ -644,17 +660,10 @@ impl JobsHandle {
     pub async fn shutdown(&self) {
         // With spread runs, this node's runner takes nothing more and its runs get the grace
         // period, beside the leader's own end.
-        self.stop.cancel();
-        let runner = crate::mutex::lock(&self.runner).take();
+        let stopping = self.stop_runner();
         let runs = async {
-            if let Some(mut runner) = runner {
-                if tokio::time::timeout(self.grace, &mut runner).await.is_err() {
-                    tracing::warn!(
-                        "runs still going after the grace period are dropped; the leader runs \
-                         them again"
-                    );
-                    runner.abort();
-                }
+            if let Some(stopping) = stopping {
+                let _ = stopping.await;
             }
         };
         tokio::join!(self.elector.shutdown(), runs);
@@ -669,7 +678,8 @@ impl JobsHandle {
             .aborted
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.stop.cancel();
-        if let Some(runner) = crate::mutex::lock(&self.runner).take() {
+        drop(crate::mutex::lock(&self.runner).take());
+        if let Some(runner) = &self.runner_abort {
             runner.abort();
         }
         self.work.abort();

@@ -93,6 +93,19 @@ pub(crate) struct Open {
     pub claimed_at_ms: Option<i64>,
 }
 
+impl Open {
+    /// The number of the attempt that starts it again: the next one, except a `claimed`
+    /// record's, whose attempt never ran (a runner of a node that spreads would have made it
+    /// `running`): that one is started as it is.
+    pub(crate) fn next_attempt(&self) -> i32 {
+        if self.state == State::Claimed {
+            self.attempts
+        } else {
+            self.attempts.saturating_add(1)
+        }
+    }
+}
+
 /// What the planner sees of one job.
 pub(crate) struct View<'a> {
     pub schedule: &'a Schedule,
@@ -174,7 +187,8 @@ pub(crate) fn plan(view: &View<'_>, now_ms: i64) -> Plan {
             // spread its runs (one that does counts it as running): run it as an earlier
             // term's.
             State::Running | State::Failed | State::Claimed => {
-                if open.attempts >= policy.max_attempts {
+                // A claimed attempt never ran: it spent none of the slot's attempts.
+                if open.state != State::Claimed && open.attempts >= policy.max_attempts {
                     plan.actions.push(Action::GiveUp {
                         prior: open.clone(),
                     });

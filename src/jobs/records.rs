@@ -452,7 +452,7 @@ pub(crate) fn reclaim(
     update
         .table(Alias::new(table))
         .value(Column::State, to.as_str())
-        .value(Column::Attempts, prior.attempts.saturating_add(1))
+        .value(Column::Attempts, prior.next_attempt())
         .value(Column::Schedule, by.schedule)
         .value(Column::ClaimedToken, by.token)
         .value(Column::ClaimedBy, by.holder)

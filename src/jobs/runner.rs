@@ -198,6 +198,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         keyed_problem: None,
         cap_problem: None,
         finishes_read: None,
+        dead_holds: HashSet::new(),
     };
     // With spread runs, a run that ends on any node releases its hold: the store's release
     // events (where it has them) wake this loop for the next start at once, not at its poll.
@@ -281,6 +282,8 @@ async fn run_ended(events: &mut Option<crate::store::ReleaseEvents>, semaphores:
                 Ok(resource) => {
                     let semaphore = resource.rsplit_once('#').map_or(&*resource, |(s, _)| s);
                     if semaphores.contains(semaphore) {
+                        // The others that came meanwhile count for the same look.
+                        while rx.try_recv().is_ok() {}
                         return;
                     }
                 }
@@ -319,6 +322,8 @@ struct Look {
     cap_problem: Option<String>,
     /// When the jobs' newest finishes were last read.
     finishes_read: Option<Instant>,
+    /// Running records' holds found not live in this term (see `live_runs`).
+    dead_holds: HashSet<DeadHold>,
 }
 
 /// Each job's newest finish, for "nothing ran" (see `staleness`).
@@ -355,13 +360,18 @@ const FINISHES_EVERY: Duration = Duration::from_secs(1);
 /// an earlier leader's own): its hold cannot be renewed any more (an expired lease is a new
 /// term with a higher token), so neither its end nor a write fenced by it can commit, and the
 /// planner runs the slot again as it would a dead leader's. A hold's holder is unique to it
-/// (the locks' `<owner>/<instance>-<n>`): the pair names one hold.
+/// (the locks' `<owner>/<instance>-<n>`): the pair names one hold. Returns the records under
+/// way: those found live, and those the look left unjudged (the second pass reads the rest of
+/// the permits of at most [`SECOND_PASS_JOBS`] jobs per look; a record found not live is not
+/// read again).
 async fn live_runs(
     shared: &Shared,
     names: &[String],
     suspects: &HashSet<(usize, i64)>,
+    dead: &mut HashSet<DeadHold>,
 ) -> Result<HashSet<(usize, i64)>, JobError> {
     if suspects.is_empty() {
+        dead.clear();
         return Ok(HashSet::new());
     }
     let rows = read(shared, &records::running(&shared.table, names)).await?;
@@ -386,13 +396,23 @@ async fn live_runs(
             continue;
         };
         // A record without a holder or token (written by hand) has no live run.
+        // Only a hold's holder can be a run's: an earlier leader's own attempt (its candidate
+        // id) is not live, as ever, and costs no read.
         if let (true, Some(token), Some(by)) = (suspects.contains(&(i, slot)), token, by) {
-            if shared.jobs[i].run_semaphore.is_some() {
+            if shared.jobs[i].run_semaphore.is_some() && crate::locks::is_hold_holder(&by) {
                 runs.push((i, slot, token, by));
             }
         }
     }
+    // A hold found not live never is again (an expired or released lease is a new term with
+    // another holder or a higher token): not read again while its record stays as it is.
+    let present: HashSet<&DeadHold> = runs.iter().collect();
+    dead.retain(|d| present.contains(d));
+    drop(present);
+    runs.retain(|r| !dead.contains(r));
     let mut live = HashSet::new();
+    // Records not judged in this look (the second pass's budget): under way until they are.
+    let mut unknown = HashSet::new();
     let own = |i: usize| {
         shared.jobs[i]
             .run_hold
@@ -400,11 +420,23 @@ async fn live_runs(
             .map_or(1, crate::locks::Semaphore::permits)
     };
     for pass in 0..2 {
-        let jobs: std::collections::BTreeSet<usize> = runs
+        let mut jobs: std::collections::BTreeSet<usize> = runs
             .iter()
             .filter(|(i, slot, ..)| !live.contains(&(*i, *slot)))
             .map(|(i, ..)| *i)
             .collect();
+        if pass == 1 {
+            // The rest of the permits of a few jobs per look: a statement per 1,000.
+            let later: Vec<usize> = jobs.iter().copied().skip(SECOND_PASS_JOBS).collect();
+            for i in later {
+                jobs.remove(&i);
+                unknown.extend(
+                    runs.iter()
+                        .filter(|(j, slot, ..)| *j == i && !live.contains(&(*j, *slot)))
+                        .map(|(j, slot, ..)| (*j, *slot)),
+                );
+            }
+        }
         // Each permit's resource and its job.
         let mut resources: HashMap<String, usize> = HashMap::new();
         for i in jobs {
@@ -440,8 +472,20 @@ async fn live_runs(
             }
         }
     }
+    dead.extend(
+        runs.into_iter().filter(|(i, slot, ..)| {
+            !live.contains(&(*i, *slot)) && !unknown.contains(&(*i, *slot))
+        }),
+    );
+    live.extend(unknown);
     Ok(live)
 }
+
+/// How many jobs' records a look judges by the rest of their permits (see `live_runs`).
+const SECOND_PASS_JOBS: usize = 4;
+
+/// A running record's hold found not live: (job index, slot, token, holder).
+type DeadHold = (usize, i64, i64, String);
 
 /// One look: plan, claim, start. Returns how long to sleep.
 async fn tick(
@@ -477,6 +521,12 @@ async fn tick(
         read_finishes(shared, names.len(), history).await?;
         look.finishes_read = Some(Instant::now());
     }
+    // The database's now before the records: every end committed before it is in what they
+    // say, so a run that ended before a slot's time never has that slot skipped (read after
+    // them, a run that ended in between would still look under way at a later now).
+    let now_ms = database_now(shared, backend).await?;
+    let read_at = Instant::now();
+    shared.freshness.look(now_ms, read_at);
     let mut open: Vec<Vec<Open>> = vec![Vec::new(); names.len()];
     // The keys of the keyed jobs' open records, by (job, slot).
     let mut keys: HashMap<(usize, i64), Arc<str>> = HashMap::new();
@@ -560,7 +610,7 @@ async fn tick(
                 .map(move |o| (i, o.slot))
         })
         .collect();
-    let live = live_runs(shared, names, &suspects).await?;
+    let live = live_runs(shared, names, &suspects, &mut look.dead_holds).await?;
     let mut under_way: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); names.len()];
     for (i, records) in open.iter_mut().enumerate() {
         records.retain(|o| {
@@ -572,9 +622,6 @@ async fn tick(
             !busy
         });
     }
-    let now_ms = database_now(shared, backend).await?;
-    let read_at = Instant::now();
-    shared.freshness.look(now_ms, read_at);
     // Everything that returned or ended so far, up to the end of the reads, counts for this
     // look's plan: a run that returned before its job's next slot never makes it skipped.
     here.catch_up();
@@ -639,7 +686,7 @@ async fn tick(
                         handed = true;
                         continue;
                     }
-                    let attempt = prior.as_ref().map_or(1, |p| p.attempts.saturating_add(1));
+                    let attempt = prior.as_ref().map_or(1, Open::next_attempt);
                     // A key's lateness counts from its submit (a queued record's claim time);
                     // a slot's from its time.
                     let since = match &prior {

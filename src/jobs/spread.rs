@@ -44,8 +44,9 @@ pub(crate) async fn run(shared: Arc<Shared>, per_node: usize, stop: Cancellation
         (0..shared.jobs.len()).partition(|&i| !shared.jobs[i].job.is_keyed());
     let poll = shared.poll.min(RUNNER_POLL);
     let mut set = JoinSet::new();
-    // The jobs whose hold or cap was full at the last look: the next look reads past them, so
-    // one job's waiting starts never hide the others'.
+    // The jobs whose hold or cap was found full: later looks read past them, so one job's
+    // waiting starts never hide the others'; forgotten once a look read everything that is
+    // claimed, or a run of this node ended.
     let mut blocked = HashSet::new();
     tracing::debug!(per_node, "job runner starts");
     loop {
@@ -56,14 +57,25 @@ pub(crate) async fn run(shared: Arc<Shared>, per_node: usize, stop: Cancellation
         if ended {
             // This node's leader, if it leads, may start what waited for these runs.
             shared.wake.notify_one();
+            blocked.clear();
         }
         if stop.is_cancelled() {
             break;
         }
         let mut wait = poll;
         if set.len() < per_node {
-            let look = take(&shared, (&scheduled, &keyed), per_node, &mut set, &blocked).await;
-            blocked = look.blocked;
+            let look = take(
+                &shared,
+                (&scheduled, &keyed),
+                (per_node, &stop),
+                &mut set,
+                &blocked,
+            )
+            .await;
+            if look.read_all {
+                blocked.clear();
+            }
+            blocked.extend(look.blocked);
             match &look.problem {
                 Some(problem) => {
                     tracing::warn!(%problem, "taking claimed job runs failed; looking again");
@@ -77,7 +89,10 @@ pub(crate) async fn run(shared: Arc<Shared>, per_node: usize, stop: Cancellation
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            Some(_) = set.join_next(), if !set.is_empty() => shared.wake.notify_one(),
+            Some(_) = set.join_next(), if !set.is_empty() => {
+                shared.wake.notify_one();
+                blocked.clear();
+            }
             () = shared.runner_wake.notified() => {}
             () = tokio::time::sleep(wait) => {}
         }
@@ -99,6 +114,9 @@ struct Look {
     more: bool,
     /// The jobs whose hold or cap was full (or whose ask failed).
     blocked: HashSet<usize>,
+    /// Every read came back below its limit: nothing claimed of the jobs read was left
+    /// unread (the jobs skipped are asked again at the next look).
+    read_all: bool,
     /// The first thing that failed (the rest of the look went on).
     problem: Option<String>,
 }
@@ -127,7 +145,7 @@ struct Claimed {
 async fn take(
     shared: &Arc<Shared>,
     (scheduled, keyed): (&[usize], &[usize]),
-    per_node: usize,
+    (per_node, stop): (usize, &CancellationToken),
     set: &mut JoinSet<()>,
     skip: &HashSet<usize>,
 ) -> Look {
@@ -170,6 +188,8 @@ async fn take(
             }
         }
     }
+    // Every read came back below its limit: what was skipped is asked again next look.
+    look.read_all = !full && look.problem.is_none();
     if found.is_empty() {
         return look;
     }
@@ -185,7 +205,8 @@ async fn take(
     let read_at = Instant::now();
     let mut took = 0usize;
     for claimed in found {
-        if set.len() >= per_node {
+        // A shutdown that began during the look: nothing more is taken.
+        if set.len() >= per_node || stop.is_cancelled() {
             break;
         }
         let i = claimed.job;

@@ -164,6 +164,7 @@ impl LockGuard {
 impl LockGuard {
     /// Lets the hold lapse as a crashed process's would: it ends here at once and is no longer
     /// renewed, but the store is not told (its lease runs out by itself).
+    #[cfg(feature = "jobs")]
     pub(crate) fn abandon(mut self) {
         self.released = true;
         let _ = self.holder.take(self.term.resource(), &self.term);

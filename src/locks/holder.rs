@@ -102,7 +102,24 @@ impl Holder {
         let n = self.next_candidate.fetch_add(1, Ordering::Relaxed);
         Arc::from(format!("{}/{:016x}-{n}", self.config.owner, self.instance))
     }
+}
 
+/// Whether `holder` has the form of a hold's holder (`<owner>/<instance>-<n>`, see
+/// `Holder::candidate`): a lease holder that is not cannot be one of the locks' holds.
+#[cfg(feature = "jobs")]
+pub(crate) fn is_hold_holder(holder: &str) -> bool {
+    holder
+        .rsplit_once('/')
+        .and_then(|(_, tail)| tail.split_once('-'))
+        .is_some_and(|(instance, n)| {
+            instance.len() == 16
+                && instance.bytes().all(|b| b.is_ascii_hexdigit())
+                && !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
+impl Holder {
     /// A hold of `name` that had to wait for it is let go: this process's next acquire of
     /// `name` waits one retry interval before it asks. Without a queue, a holder that asks
     /// again at once beats every waiter that polls at the retry interval, and under steady

@@ -59,6 +59,8 @@ use std::time::Duration;
 
 pub use error::LockError;
 pub use guard::LockGuard;
+#[cfg(feature = "jobs")]
+pub(crate) use holder::is_hold_holder;
 use holder::{Attempt, Config, Holder};
 pub use rwlock::{RwLock, WriteGuard};
 

@@ -425,3 +425,116 @@ pub async fn a_leader_that_does_not_spread_never_starts_a_spread_run_twice<
     t.assert_exactly_once(&db).await;
     t.drop(&db).await;
 }
+
+/// A runner whose job may run four at once (four run holds) under a leader whose own setting
+/// allows one (one permit of its own): the runs land on any of the four permits, and the
+/// leader, reading past its own permits, finds each one live and never starts it twice.
+pub async fn a_leader_reads_every_permit_a_runner_may_hold<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let seen = Arc::new(PerNode::default());
+    let job = |node: &str, at_once: usize| {
+        let (writes, seen, node) = (t.writes.clone(), seen.clone(), node.to_owned());
+        Job::new(
+            "tick",
+            Schedule::every(SECOND).unwrap(),
+            move |run: JobRun| {
+                let (writes, seen, node) = (writes.clone(), seen.clone(), node.clone());
+                async move {
+                    seen.started(&node, run.slot_millis());
+                    // Past the leader's back-off and several of its looks.
+                    tokio::time::sleep(Duration::from_millis(1_200)).await;
+                    seen.ended(&node);
+                    let txn = write(&run, &writes).await?;
+                    run.commit(txn).await?;
+                    Ok(())
+                }
+            },
+        )
+        .overlap(Overlap::Allow)
+        .max_running(at_once)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+    };
+    let lead = t
+        .builder(&h.store(), "lead")
+        .spread_runs(0)
+        .job(job("lead", 1))
+        .build()
+        .unwrap()
+        .start();
+    leader_of(std::slice::from_ref(&lead), 3 * SECOND).await;
+    let runner = t
+        .builder(&h.separate_store().await, "r")
+        .spread_runs(4)
+        .job(job("r", 4))
+        .build()
+        .unwrap()
+        .start();
+    tokio::time::sleep(Duration::from_millis(7_000)).await;
+    lead.shutdown().await;
+    runner.shutdown().await;
+    let ran = seen.ran.lock().unwrap().clone();
+    assert!(ran.len() >= 4, "runs: {ran:?}");
+    let slots: BTreeSet<i64> = ran.iter().map(|(_, s)| *s).collect();
+    assert_eq!(slots.len(), ran.len(), "a slot started twice: {ran:?}");
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// A start claimed by a leader that spreads, and that no node took (it runs none itself, and
+/// there is no runner), is run by the next leader, which does not spread, as the attempt it
+/// is: a job of one attempt finishes it rather than giving it up.
+pub async fn a_claimed_start_runs_under_a_leader_that_does_not_spread<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let job = || {
+        super::jobs::writer("tick", &t.writes)
+            .max_attempts(1)
+            .overlap(Overlap::Skip)
+    };
+    let a = t
+        .builder(&h.store(), "a")
+        .spread_runs(0)
+        .job(job())
+        .build()
+        .unwrap()
+        .start();
+    leader_of(std::slice::from_ref(&a), 3 * SECOND).await;
+    let b = t.start(&h.separate_store().await, "b", vec![job()]);
+    let claimed = t
+        .wait_for(&db, 5 * SECOND, "a claimed start", |r| {
+            r.values().any(|r| r.state == "claimed")
+        })
+        .await;
+    let slot = *claimed
+        .iter()
+        .find(|(_, r)| r.state == "claimed")
+        .unwrap()
+        .0;
+    let handed = a.elector().hand_over_to("b", SECOND).await.unwrap();
+    assert!(
+        matches!(handed, orion_beacon::Handover::Taken { .. }),
+        "{handed:?}"
+    );
+    let records = t
+        .wait_for(&db, 10 * SECOND, "the claimed start run by b", |r| {
+            r.get(&slot).is_some_and(|r| r.state != "claimed")
+        })
+        .await;
+    let rec = &records[&slot];
+    assert_eq!(
+        (rec.state.as_str(), rec.attempts),
+        ("finished", 1),
+        "{rec:?}"
+    );
+    b.shutdown().await;
+    a.shutdown().await;
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}

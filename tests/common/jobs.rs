@@ -1498,6 +1498,8 @@ macro_rules! job_suite {
             a_runner_killed_mid_run_runs_once_more_and_its_late_writes_are_refused,
             keys_spread_over_nodes_run_once_within_their_cap,
             a_leader_that_does_not_spread_never_starts_a_spread_run_twice,
+            a_leader_reads_every_permit_a_runner_may_hold,
+            a_claimed_start_runs_under_a_leader_that_does_not_spread,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {

@@ -58,6 +58,12 @@ pub(crate) fn start(
     let work = reg.job.work.clone();
     let max_attempts = reg.policy.max_attempts;
     let shared = shared.clone();
+    // Made before the task, so that a task aborted before it first ran lets them lapse too.
+    let lost = lost_of(permit.as_ref(), hold.as_ref());
+    let mut guards = Guards {
+        held: [permit, hold].into_iter().flatten().collect(),
+        shared: shared.clone(),
+    };
     set.spawn(async move {
         // The closure is called inside the work's own task, so that a panic in it (before
         // its future exists) fails this attempt like a panic inside the future; aborted
@@ -68,11 +74,7 @@ pub(crate) fn start(
         // A run stops when its cap's permit or its own hold is lost, as a leader's run does
         // with its term: its closure is cancelled and waited for (it ends at its next await),
         // so that no next attempt starts beside it.
-        let lost = lost_of(permit.as_ref(), hold.as_ref());
-        let mut guards = Guards {
-            held: [permit, hold].into_iter().flatten().collect(),
-            shared: shared.clone(),
-        };
+
         let result = tokio::select! {
             // A closure that returned as a hold was lost keeps its result.
             biased;
