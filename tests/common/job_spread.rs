@@ -49,6 +49,31 @@ impl PerNode {
     }
 }
 
+/// The job `tick`, every second, runs side by side (at most `at_once`): each run is counted
+/// in `seen` as node `node`'s, does `work` outside the database, then its fenced write and
+/// commit.
+fn timed(t: &Tables, seen: &Arc<PerNode>, node: &str, work: Duration, at_once: usize) -> Job {
+    let (writes, seen, node) = (t.writes.clone(), seen.clone(), node.to_owned());
+    Job::new(
+        "tick",
+        Schedule::every(SECOND).unwrap(),
+        move |run: JobRun| {
+            let (writes, seen, node) = (writes.clone(), seen.clone(), node.clone());
+            async move {
+                seen.started(&node, run.slot_millis());
+                tokio::time::sleep(work).await;
+                seen.ended(&node);
+                let txn = write(&run, &writes).await?;
+                run.commit(txn).await?;
+                Ok(())
+            }
+        },
+    )
+    .overlap(Overlap::Allow)
+    .max_running(at_once)
+    .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
+}
+
 /// A leader that runs nothing itself (`spread_runs(0)`) and two runner processes that run at
 /// most one run each: a job whose slots (every second) each take 2.5 s, side by side, runs on
 /// both runners, never two at once on either (a third start waits, claimed), each finished
@@ -61,29 +86,9 @@ pub async fn spread_runs_use_several_nodes_within_their_limit<
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
     let seen = Arc::new(PerNode::default());
-    let job = |node: &str| {
-        let (writes, seen, node) = (t.writes.clone(), seen.clone(), node.to_owned());
-        Job::new(
-            "tick",
-            Schedule::every(SECOND).unwrap(),
-            move |run: JobRun| {
-                let (writes, seen, node) = (writes.clone(), seen.clone(), node.clone());
-                async move {
-                    seen.started(&node, run.slot_millis());
-                    // The work outside the fenced transaction (on SQLite that would hold the
-                    // write lock, and serialize the runs by itself).
-                    tokio::time::sleep(Duration::from_millis(2_500)).await;
-                    seen.ended(&node);
-                    let txn = write(&run, &writes).await?;
-                    run.commit(txn).await?;
-                    Ok(())
-                }
-            },
-        )
-        .overlap(Overlap::Allow)
-        .max_running(6)
-        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
-    };
+    // The work outside the fenced transaction (on SQLite that would hold the write lock, and
+    // serialize the runs by itself).
+    let job = |node: &str| timed(&t, &seen, node, Duration::from_millis(2_500), 6);
     let mut nodes: Vec<JobsHandle> = vec![t
         .builder(&h.store(), "lead")
         .spread_runs(0)
@@ -435,28 +440,9 @@ pub async fn a_leader_reads_every_permit_a_runner_may_hold<H: Harness<Store = Se
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
     let seen = Arc::new(PerNode::default());
-    let job = |node: &str, at_once: usize| {
-        let (writes, seen, node) = (t.writes.clone(), seen.clone(), node.to_owned());
-        Job::new(
-            "tick",
-            Schedule::every(SECOND).unwrap(),
-            move |run: JobRun| {
-                let (writes, seen, node) = (writes.clone(), seen.clone(), node.clone());
-                async move {
-                    seen.started(&node, run.slot_millis());
-                    // Past the leader's back-off and several of its looks.
-                    tokio::time::sleep(Duration::from_millis(1_200)).await;
-                    seen.ended(&node);
-                    let txn = write(&run, &writes).await?;
-                    run.commit(txn).await?;
-                    Ok(())
-                }
-            },
-        )
-        .overlap(Overlap::Allow)
-        .max_running(at_once)
-        .retry_backoff(Duration::from_millis(100), Duration::from_millis(400))
-    };
+    // Past the leader's back-off and several of its looks.
+    let job =
+        |node: &str, at_once: usize| timed(&t, &seen, node, Duration::from_millis(1_200), at_once);
     let lead = t
         .builder(&h.store(), "lead")
         .spread_runs(0)
