@@ -143,7 +143,8 @@ pub(crate) fn open_runs(table: &str, jobs: &[String]) -> SelectStatement {
     q
 }
 
-/// The records of `jobs` in `states`: the columns the planner reads.
+/// The records of `jobs` in `states`: the columns the planner reads, and the hold a running
+/// attempt names (its token and holder, see [`decode_hold`]).
 fn open_in(table: &str, jobs: &[String], states: &[State]) -> SelectStatement {
     Query::select()
         .columns([
@@ -152,6 +153,8 @@ fn open_in(table: &str, jobs: &[String], states: &[State]) -> SelectStatement {
             Column::State,
             Column::Attempts,
             Column::ClaimedAt,
+            Column::ClaimedToken,
+            Column::ClaimedBy,
         ])
         .from(Alias::new(table))
         .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
@@ -372,7 +375,15 @@ fn delete_chosen(
 
 /// An [`open_keyed`] row's key.
 pub(crate) fn decode_key(row: &QueryResult) -> Result<Option<String>, sea_orm::DbErr> {
-    row.try_get_by_index(5)
+    row.try_get_by_index(7)
+}
+
+/// An [`open_runs`] or [`open_keyed`] row's claim: the token and holder of the term or hold
+/// that claimed its latest attempt, when it names both.
+pub(crate) fn decode_hold(row: &QueryResult) -> Result<Option<(i64, String)>, sea_orm::DbErr> {
+    let token: Option<i64> = row.try_get_by_index(5)?;
+    let by: Option<String> = row.try_get_by_index(6)?;
+    Ok(token.zip(by))
 }
 
 /// Who claims: the term's token and holder, the schedule's text.
@@ -512,22 +523,6 @@ pub(crate) fn take(
         .value(Column::ClaimedAt, now(backend));
     unchanged(&mut update, job, slot, State::Claimed, attempts);
     update
-}
-
-/// With spread runs: the running attempts of `jobs` and the holds they run under (job, slot,
-/// claimed_token, claimed_by), for the leader to tell live runs from those whose runner died.
-pub(crate) fn running(table: &str, jobs: &[String]) -> SelectStatement {
-    Query::select()
-        .columns([
-            Column::Job,
-            Column::Slot,
-            Column::ClaimedToken,
-            Column::ClaimedBy,
-        ])
-        .from(Alias::new(table))
-        .and_where(Expr::col(Column::Job).is_in(jobs.iter().cloned()))
-        .and_where(Expr::col(Column::State).eq(State::Running.as_str()))
-        .to_owned()
 }
 
 /// `prior`, its attempts spent: given up.
@@ -828,7 +823,7 @@ mod tests {
         "INSERT IGNORE INTO `orionbeacon_job_runs` (`job`, `slot`, `state`, `attempts`, `schedule`, `claimed_at`, `run_key`) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), ?)",
         r#"INSERT INTO "orionbeacon_job_runs" ("job", "slot", "state", "attempts", "schedule", "claimed_at", "run_key") VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), ?) ON CONFLICT ("job", "slot") DO NOTHING"#,
     ];
-    const OPEN_KEYED: &str = r#"SELECT "job", "slot", "state", "attempts", "claimed_at", "orionbeacon_job_runs"."run_key" FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('queued') AND "schedule" = 'keyed' ORDER BY "claimed_at" ASC, "slot" ASC LIMIT 1000"#;
+    const OPEN_KEYED: &str = r#"SELECT "job", "slot", "state", "attempts", "claimed_at", "claimed_token", "claimed_by", "orionbeacon_job_runs"."run_key" FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('queued') AND "schedule" = 'keyed' ORDER BY "claimed_at" ASC, "slot" ASC LIMIT 1000"#;
     const PRUNE_KEYED_OUTER: &str = r#"DELETE FROM "orionbeacon_job_runs" WHERE "job" IN ('j') AND "state" IN ('finished', 'given_up') AND COALESCE("finished_at", "claimed_at") < AT AND ("job", "slot") IN "#;
     const PRUNE_KEYED_OLD: &str = r#"SELECT "r"."job", "r"."slot" FROM "orionbeacon_job_runs" AS "r" WHERE "r"."job" IN ('j') AND "r"."state" IN ('finished', 'given_up') AND COALESCE("r"."finished_at", "r"."claimed_at") < AT AND ("r"."state" <> 'finished' OR "r"."finished_at" < (SELECT MAX("f"."finished_at") FROM "orionbeacon_job_runs" AS "f" WHERE "f"."job" = "r"."job" AND "f"."state" = 'finished')) ORDER BY "r"."job" ASC, "r"."slot" ASC LIMIT 500"#;
 
@@ -852,13 +847,13 @@ mod tests {
         );
         assert_eq!(
             open_runs(T, &jobs).to_string(MysqlQueryBuilder),
-            "SELECT `job`, `slot`, `state`, `attempts`, `claimed_at` FROM `orionbeacon_job_runs` WHERE `job` IN ('a') AND `state` IN ('running', 'claimed', 'failed', 'rerun') AND `schedule` <> 'keyed' ORDER BY `slot` ASC"
+            "SELECT `job`, `slot`, `state`, `attempts`, `claimed_at`, `claimed_token`, `claimed_by` FROM `orionbeacon_job_runs` WHERE `job` IN ('a') AND `state` IN ('running', 'claimed', 'failed', 'rerun') AND `schedule` <> 'keyed' ORDER BY `slot` ASC"
         );
     }
 
     // Spread runs: a runner's read of the claimed attempts (the key only when asked for, and
-    // qualified), its take (only of the attempt it read, still claimed), and the leader's read
-    // of the running attempts' holds, every condition kept on each backend.
+    // qualified) and its take (only of the attempt it read, still claimed), every condition
+    // kept on each backend.
     #[test]
     fn spread_statements_per_backend() {
         let jobs = ["a".to_owned(), "b".to_owned()];
@@ -889,7 +884,6 @@ mod tests {
                 ),
                 "{backend:?}"
             );
-            let running = select(running(T, &jobs));
             let take = take(backend, T, "j", 5000, 2, (9, "node-2"));
             let take = match backend {
                 DbBackend::Postgres => take.to_string(PostgresQueryBuilder),
@@ -902,13 +896,11 @@ mod tests {
                 _ => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
             };
             assert_eq!(take, q(backend, &TAKE.replace("NOW", now)), "{backend:?}");
-            assert_eq!(running, q(backend, RUNNING), "{backend:?}");
         }
     }
 
     const CLAIMED: &str = r#"SELECT "job", "slot", "attempts", "claimed_at" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'claimed' ORDER BY "claimed_at" ASC, "job" ASC, "slot" ASC LIMIT 8"#;
     const TAKE: &str = r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "claimed_token" = 9, "claimed_by" = 'node-2', "claimed_at" = NOW WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'claimed' AND "attempts" = 2"#;
-    const RUNNING: &str = r#"SELECT "job", "slot", "claimed_token", "claimed_by" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'running'"#;
 
     #[test]
     fn errors_are_cut_on_a_character_boundary() {

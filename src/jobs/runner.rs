@@ -323,7 +323,7 @@ struct Look {
     /// When the jobs' newest finishes were last read.
     finishes_read: Option<Instant>,
     /// Running records' holds found not live in this term (see `live_runs`).
-    dead_holds: HashSet<DeadHold>,
+    dead_holds: HashSet<NamedHold>,
 }
 
 /// Each job's newest finish, for "nothing ran" (see `staleness`).
@@ -349,12 +349,13 @@ async fn read_finishes(
 /// With spread runs, how often the leader reads the jobs' newest finishes again.
 const FINISHES_EVERY: Duration = Duration::from_secs(1);
 
-/// The running attempts (job index, slot) among `suspects` that run under a live hold of a
-/// node that spreads its runs: a permit of the job's run semaphore, live, held by the holder
-/// with the token the record names. One read of the run table, and the permits' leases
-/// through the store (`current_all`): first as many as this node's semaphore has (one when it
-/// does not spread), then, for a record still unmatched, the rest up to the most a semaphore
-/// may have (a node whose job allows more runs at once, during a deploy that changes it).
+/// The running attempts (job index, slot) among `suspects` (each with the token and holder
+/// its record names) that run under a live hold of a node that spreads its runs: a permit of
+/// the job's run semaphore, live, held by that holder with that token. The permits' leases
+/// are read through the store (`current_all`): first as many as this node's semaphore has
+/// (one when it does not spread), then, for a record still unmatched, the rest up to the most
+/// a semaphore may have (a node whose job allows more runs at once, during a deploy that
+/// changes it).
 ///
 /// A record whose hold is not live is an attempt whose runner died, paused or was cut off (or
 /// an earlier leader's own): its hold cannot be renewed any more (an expired lease is a new
@@ -366,47 +367,24 @@ const FINISHES_EVERY: Duration = Duration::from_secs(1);
 /// read again).
 async fn live_runs(
     shared: &Shared,
-    names: &[String],
-    suspects: &HashSet<(usize, i64)>,
-    dead: &mut HashSet<DeadHold>,
+    suspects: Vec<NamedHold>,
+    dead: &mut HashSet<NamedHold>,
 ) -> Result<HashSet<(usize, i64)>, JobError> {
-    if suspects.is_empty() {
+    // Only a hold's holder can be a run's: an earlier leader's own attempt (its candidate id)
+    // is not live, as ever, and costs no read.
+    let mut runs: Vec<NamedHold> = suspects
+        .into_iter()
+        .filter(|(i, .., by)| {
+            shared.jobs[*i].run_semaphore.is_some() && crate::locks::is_hold_holder(by)
+        })
+        .collect();
+    if runs.is_empty() {
         dead.clear();
         return Ok(HashSet::new());
     }
-    let rows = read(shared, &records::running(&shared.table, names)).await?;
-    let mut runs: Vec<(usize, i64, i64, String)> = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let decoded = (|| {
-            Ok::<_, sea_orm::DbErr>((
-                row.try_get_by_index::<String>(0)?,
-                row.try_get_by_index::<i64>(1)?,
-                row.try_get_by_index::<Option<i64>>(2)?,
-                row.try_get_by_index::<Option<String>>(3)?,
-            ))
-        })();
-        let (job, slot, token, by) = match decoded {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::warn!(error = %e, "a run record could not be read; left alone");
-                continue;
-            }
-        };
-        let Some(i) = names.iter().position(|n| *n == job) else {
-            continue;
-        };
-        // A record without a holder or token (written by hand) has no live run.
-        // Only a hold's holder can be a run's: an earlier leader's own attempt (its candidate
-        // id) is not live, as ever, and costs no read.
-        if let (true, Some(token), Some(by)) = (suspects.contains(&(i, slot)), token, by) {
-            if shared.jobs[i].run_semaphore.is_some() && crate::locks::is_hold_holder(&by) {
-                runs.push((i, slot, token, by));
-            }
-        }
-    }
     // A hold found not live never is again (an expired or released lease is a new term with
     // another holder or a higher token): not read again while its record stays as it is.
-    let present: HashSet<&DeadHold> = runs.iter().collect();
+    let present: HashSet<&NamedHold> = runs.iter().collect();
     dead.retain(|d| present.contains(d));
     drop(present);
     runs.retain(|r| !dead.contains(r));
@@ -484,8 +462,8 @@ async fn live_runs(
 /// How many jobs' records a look judges by the rest of their permits (see `live_runs`).
 const SECOND_PASS_JOBS: usize = 4;
 
-/// A running record's hold found not live: (job index, slot, token, holder).
-type DeadHold = (usize, i64, i64, String);
+/// A running record's hold: (job index, slot, token, holder).
+type NamedHold = (usize, i64, i64, String);
 
 /// One look: plan, claim, start. Returns how long to sleep.
 async fn tick(
@@ -563,6 +541,8 @@ async fn tick(
             }
         }
     }
+    // The holds running records name (token, holder), by (job, slot).
+    let mut holds: HashMap<(usize, i64), (i64, String)> = HashMap::new();
     for (row, is_keyed) in rows {
         let decoded = records::decode_open(&row).and_then(|open| {
             let key = if is_keyed {
@@ -572,8 +552,9 @@ async fn tick(
             };
             Ok(open.map(|o| (o, key)))
         });
+        let decoded = decoded.map(|d| d.map(|d| (d, records::decode_hold(&row))));
         match decoded {
-            Ok(Some(((job, record), key))) => {
+            Ok(Some((((job, record), key), hold))) => {
                 if let Some(i) = names.iter().position(|n| *n == job) {
                     if let Some(key) = key {
                         keys.insert((i, record.slot), key.into());
@@ -581,6 +562,18 @@ async fn tick(
                         // A keyed job's record without its key (written by hand): not run.
                         tracing::warn!(%job, slot = record.slot, "a keyed job's record has no key; left alone");
                         continue;
+                    }
+                    if record.state == State::Running {
+                        match hold {
+                            Ok(Some(hold)) => {
+                                holds.insert((i, record.slot), hold);
+                            }
+                            Ok(None) => {}
+                            // Judged as a record without a hold: not under way.
+                            Err(e) => {
+                                tracing::warn!(error = %e, "a run record's claim could not be read")
+                            }
+                        }
                     }
                     open[i].push(record);
                 }
@@ -597,20 +590,12 @@ async fn tick(
     // that turns spreading on or off): a running record that is not this term's own attempt
     // is judged by its hold.
     let spread = shared.spread.is_some();
-    let attempts = &here.attempts;
-    let suspects: HashSet<(usize, i64)> = open
-        .iter()
-        .enumerate()
-        .flat_map(|(i, records)| {
-            records
-                .iter()
-                .filter(move |o| {
-                    o.state == State::Running && (spread || !attempts[i].contains(&o.slot))
-                })
-                .map(move |o| (i, o.slot))
-        })
+    let suspects: Vec<NamedHold> = holds
+        .into_iter()
+        .filter(|((i, slot), _)| spread || !here.attempts[*i].contains(slot))
+        .map(|((i, slot), (token, by))| (i, slot, token, by))
         .collect();
-    let live = live_runs(shared, names, &suspects, &mut look.dead_holds).await?;
+    let live = live_runs(shared, suspects, &mut look.dead_holds).await?;
     let mut under_way: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); names.len()];
     for (i, records) in open.iter_mut().enumerate() {
         records.retain(|o| {

@@ -23,10 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::records;
 use super::run::begin_fenced;
-use super::runner::attempt::{start, Launch};
+use super::runner::attempt::{release, start, Launch};
 use super::runner::{database_now, keyed_error, read, Shared};
 use super::JobError;
-use crate::locks::LockGuard;
 use crate::mutex::lock;
 
 /// The longest wait between two looks of a runner for claimed attempts (the scheduler's poll
@@ -355,15 +354,6 @@ async fn take_one(
         Err(e) => {
             let _ = txn.rollback().await;
             Err(e.into())
-        }
-    }
-}
-
-/// Gives back a permit or hold taken for a run that did not start.
-async fn release(guard: Option<LockGuard>) {
-    if let Some(guard) = guard {
-        if let Err(e) = guard.release().await {
-            tracing::debug!(error = %e, "releasing a run's hold failed; it lapses");
         }
     }
 }

@@ -67,6 +67,17 @@ pub struct RunRecord {
     pub key: Option<String>,
 }
 
+/// Whether `record`'s latest attempt was claimed by node `node`: by the node itself, or with
+/// spread runs by one of its holds, `<node>/<instance>-<n>`.
+fn claimed_by(record: &RunRecord, node: &str) -> bool {
+    record.claimed_by.as_deref().is_some_and(|by| {
+        by == node
+            || by
+                .strip_prefix(node)
+                .is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
 /// One row of the writes table.
 #[derive(Debug, Clone)]
 pub struct WriteRow {
@@ -450,14 +461,7 @@ pub fn check(
                         w.token, w.writer
                     ));
                 }
-                // With spread runs the record names the run's hold, `<node>/<instance>-<n>`.
-                let by_writer = r.claimed_by.as_deref().is_some_and(|by| {
-                    by == w.writer
-                        || by
-                            .strip_prefix(w.writer.as_str())
-                            .is_some_and(|rest| rest.starts_with('/'))
-                });
-                if !by_writer {
+                if !claimed_by(r, &w.writer) {
                     v.violations.push(format!(
                         "slot {slot} was last claimed by {:?}, but written by {}",
                         r.claimed_by, w.writer
@@ -476,12 +480,7 @@ pub fn check(
             Some(r)
                 if r.state == "finished"
                     && r.finished_token == Some(*token)
-                    && r.claimed_by.as_deref().is_some_and(|by| {
-                        by == node
-                            || by
-                                .strip_prefix(node.as_str())
-                                .is_some_and(|rest| rest.starts_with('/'))
-                    }) => {}
+                    && claimed_by(r, node) => {}
             Some(r) => v.violations.push(format!(
                 "{node} was told slot {slot} committed with token {token}, but its record is {:?} with finished_token {:?} by {:?}",
                 r.state, r.finished_token, r.claimed_by

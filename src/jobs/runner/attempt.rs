@@ -103,12 +103,19 @@ pub(crate) fn start(
         // The permit and the hold go back once the attempt's end is written (it is fenced by
         // both).
         for guard in std::mem::take(&mut guards.held) {
-            if let Err(e) = guard.release().await {
-                tracing::debug!(error = %e, "releasing a run's permit or hold failed; it lapses");
-            }
+            release(Some(guard)).await;
         }
     })
     .id()
+}
+
+/// Gives back a run's cap permit or hold (one that failed to go back lapses).
+pub(crate) async fn release(guard: Option<LockGuard>) {
+    if let Some(guard) = guard {
+        if let Err(e) = guard.release().await {
+            tracing::debug!(error = %e, "releasing a run's permit or hold failed; it lapses");
+        }
+    }
 }
 
 /// A run's cap permit and hold while it runs: dropped with the run (its term ended, the
