@@ -146,6 +146,9 @@ impl Tables {
         orion_beacon_migration::AddJobRunKey::with_table(&t.runs)?
             .up(&SchemaManager::new(db))
             .await?;
+        orion_beacon_migration::CreateJobAttemptTable::with_table(&t.runs)?
+            .up(&SchemaManager::new(db))
+            .await?;
         db.execute_unprepared(&format!(
             "CREATE TABLE {} (job VARCHAR(64) NOT NULL, slot BIGINT NOT NULL)",
             t.work
@@ -161,6 +164,9 @@ impl Tables {
         let _ = db
             .execute_unprepared(&format!("DROP TABLE IF EXISTS {}", self.work))
             .await;
+        if let Ok(m) = orion_beacon_migration::CreateJobAttemptTable::with_table(&self.runs) {
+            let _ = m.down(&SchemaManager::new(db)).await;
+        }
         if let Ok(m) = CreateJobRunTable::with_table(&self.runs) {
             let _ = db
                 .execute(

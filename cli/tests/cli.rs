@@ -199,7 +199,9 @@ async fn migrate_member_table(db: &sea_orm::DatabaseConnection, table: &str) {
 /// Creates the job-run table `table` with the real migration.
 #[cfg(feature = "postgres")]
 async fn migrate_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
-    use orion_beacon_migration::{AddJobRunKey, CreateJobRunTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        AddJobRunKey, CreateJobAttemptTable, CreateJobRunTable, MigrationTrait, SchemaManager,
+    };
     CreateJobRunTable::with_table(table)
         .expect("valid table name")
         .up(&SchemaManager::new(db))
@@ -210,13 +212,25 @@ async fn migrate_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
         .up(&SchemaManager::new(db))
         .await
         .expect("job-run key migration up");
+    CreateJobAttemptTable::with_table(table)
+        .expect("valid table name")
+        .up(&SchemaManager::new(db))
+        .await
+        .expect("job-attempt migration up");
 }
 
 /// Drops the job-run table `table` with the migration's `down`, once its (test) records are
 /// gone: `down` refuses a table that records a finished run.
 async fn drop_runs_table(db: &sea_orm::DatabaseConnection, table: &str) {
-    use orion_beacon_migration::{CreateJobRunTable, MigrationTrait, SchemaManager};
+    use orion_beacon_migration::{
+        CreateJobAttemptTable, CreateJobRunTable, MigrationTrait, SchemaManager,
+    };
     use sea_orm::ConnectionTrait;
+    CreateJobAttemptTable::with_table(table)
+        .expect("valid table name")
+        .down(&SchemaManager::new(db))
+        .await
+        .expect("job-attempt migration down");
     db.execute_unprepared(&format!("DELETE FROM \"{table}\""))
         .await
         .expect("delete the test runs");
@@ -1269,6 +1283,81 @@ async fn jobs_list_runs_and_marks(t: &Target) {
     assert!(lines[1].starts_with(&slot_text) && lines[1].contains(" failed "));
     assert!(lines[2].contains(" finished ") && lines[2].contains(" 1.234s "));
     assert_eq!(lines[3], "2 run records of job \"report\", newest first");
+    // The failed slot's first attempt, kept in the attempt history: shown under its latest.
+    {
+        use orion_beacon::entity::job_attempt::Column as K;
+        use sea_orm::sea_query::{Alias, Query};
+        use sea_orm::ConnectionTrait;
+        let kept = Query::insert()
+            .into_table(Alias::new(orion_beacon::entity::job_attempt_table(
+                &t.runs_table,
+            )))
+            .columns([
+                K::Job,
+                K::Slot,
+                K::Attempt,
+                K::State,
+                K::ClaimedBy,
+                K::ClaimedToken,
+                K::FinishedToken,
+                K::FinishedAt,
+                K::DurationMs,
+                K::Error,
+                K::RecordedAt,
+            ])
+            .values_panic([
+                report.into(),
+                second.into(),
+                1.into(),
+                "failed".into(),
+                "node-a".into(),
+                3i64.into(),
+                3i64.into(),
+                chrono::Utc::now().into(),
+                7i64.into(),
+                "first try".into(),
+                chrono::Utc::now().into(),
+            ])
+            .to_owned();
+        t.store.connection().execute(&kept).await.unwrap();
+    }
+    let runs = t.jobs(&["runs", report]).await;
+    assert_code(&runs, 0);
+    let lines: Vec<&str> = runs.stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{runs:#?}");
+    assert!(lines[0].contains(" ATTEMPT "), "{runs:#?}");
+    let attempt = |l: &str| l.split_whitespace().nth(3).map(str::to_owned);
+    assert!(lines[1].starts_with(&slot_text) && lines[1].contains(" failed "));
+    assert_eq!(attempt(lines[1]).as_deref(), Some("2"), "{runs:#?}");
+    assert!(
+        lines[2].starts_with(&slot_text)
+            && lines[2].contains(" failed ")
+            && lines[2].contains(" node-a "),
+        "{runs:#?}"
+    );
+    assert_eq!(attempt(lines[2]).as_deref(), Some("1"), "{runs:#?}");
+    assert!(lines[3].contains(" finished "), "{runs:#?}");
+    assert_eq!(
+        lines[4],
+        "2 run records of job \"report\", newest first, with 1 earlier attempt"
+    );
+    let json = t.jobs(&["runs", report, "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let earlier = &json[0]["earlier_attempts"];
+    assert_eq!(earlier.as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!(
+        (
+            earlier[0]["attempt"].as_i64(),
+            earlier[0]["outcome"].as_str(),
+            earlier[0]["error"].as_str()
+        ),
+        (Some(1), Some("failed"), Some("first try")),
+        "{json}"
+    );
+    assert_eq!(
+        json[1]["earlier_attempts"].as_array().map(Vec::len),
+        Some(0)
+    );
     let one = t.jobs(&["runs", report, "--limit", "1", "--json"]).await;
     assert_code(&one, 0);
     let one: serde_json::Value = serde_json::from_str(&one.stdout).unwrap();
@@ -1493,10 +1582,26 @@ async fn jobs_list_runs_and_marks(t: &Target) {
     assert_code(&old, 0);
     assert_eq!(
         old.stdout.lines().last(),
-        Some("2 run records of job \"report\", newest first"),
+        Some("2 run records of job \"report\", newest first, with 1 earlier attempt"),
         "{old:#?}"
     );
     assert_code(&t.jobs(&[]).await, 0);
+    // And without the attempt history (its step not run): the latest attempts, and why.
+    let history = orion_beacon_migration::CreateJobAttemptTable::with_table(&t.runs_table).unwrap();
+    history.down(&SchemaManager::new(db)).await.unwrap();
+    let older = t.jobs(&["runs", report]).await;
+    assert_code(&older, 0);
+    assert_eq!(older.stdout.lines().count(), 4, "{older:#?}");
+    assert_eq!(
+        older.stdout.lines().last().map(str::to_owned),
+        Some(format!(
+            "2 run records of job \"report\", newest first; earlier attempts are not kept: {} \
+             is missing (CreateJobAttemptTable)",
+            orion_beacon::entity::job_attempt_table(&t.runs_table)
+        )),
+        "{older:#?}"
+    );
+    history.up(&SchemaManager::new(db)).await.unwrap();
     step.up(&SchemaManager::new(db)).await.unwrap();
 }
 

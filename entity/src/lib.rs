@@ -20,7 +20,8 @@
 //! `AddMemberHolding` migration).
 //!
 //! Scheduled jobs record each slot they run in the job-run table (`orionbeacon_job_runs`),
-//! whose rows are [`job_run::Model`].
+//! whose rows are [`job_run::Model`]; the attempts before a slot's latest are kept in the
+//! attempt-history table (`orionbeacon_job_attempts`), whose rows are [`job_attempt::Model`].
 //!
 //! Rate limits keep one row per key in the rate-limit table (`orionbeacon_rate_limits`),
 //! whose rows are [`rate_limit::Model`].
@@ -31,6 +32,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod job_attempt;
 pub mod job_run;
 pub mod lease;
 pub mod member;
@@ -38,6 +40,7 @@ pub mod rate_limit;
 mod table;
 
 pub use table::{
-    validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE,
-    DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
+    job_attempt_table, validate_table_name, TableNameError, DEFAULT_JOB_ATTEMPT_TABLE,
+    DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
+    MAX_TABLE_NAME_LEN,
 };

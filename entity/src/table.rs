@@ -9,6 +9,25 @@ pub const DEFAULT_MEMBER_TABLE: &str = "orionbeacon_members";
 /// The default run-record table name (scheduled jobs).
 pub const DEFAULT_JOB_RUN_TABLE: &str = "orionbeacon_job_runs";
 
+/// The default attempt-history table name (scheduled jobs): see [`job_attempt_table`].
+pub const DEFAULT_JOB_ATTEMPT_TABLE: &str = "orionbeacon_job_attempts";
+
+/// The attempt-history table of run table `runs`: [`DEFAULT_JOB_ATTEMPT_TABLE`] for the
+/// default run table, otherwise `<runs>_attempts` (`runs` cut to 54 characters first, so the
+/// name stays within [`MAX_TABLE_NAME_LEN`]). A run table has exactly one, so configuring the
+/// run table configures both.
+pub fn job_attempt_table(runs: &str) -> String {
+    if runs == DEFAULT_JOB_RUN_TABLE {
+        return DEFAULT_JOB_ATTEMPT_TABLE.to_owned();
+    }
+    const SUFFIX: &str = "_attempts";
+    let mut end = runs.len().min(MAX_TABLE_NAME_LEN - SUFFIX.len());
+    while !runs.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{SUFFIX}", &runs[..end])
+}
+
 /// The default rate-limit table name.
 pub const DEFAULT_RATE_LIMIT_TABLE: &str = "orionbeacon_rate_limits";
 
@@ -71,6 +90,20 @@ pub fn validate_table_name(name: &str) -> Result<(), TableNameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_tables_attempt_table() {
+        assert_eq!(
+            job_attempt_table(DEFAULT_JOB_RUN_TABLE),
+            "orionbeacon_job_attempts"
+        );
+        assert_eq!(job_attempt_table("nightly_runs"), "nightly_runs_attempts");
+        let long = "r".repeat(MAX_TABLE_NAME_LEN);
+        let derived = job_attempt_table(&long);
+        assert_eq!(derived.len(), MAX_TABLE_NAME_LEN);
+        assert!(validate_table_name(&derived).is_ok());
+        assert!(derived.ends_with("_attempts"));
+    }
 
     #[test]
     fn accepts_plain_names() {

@@ -26,7 +26,7 @@
 //! Tables of other names take the steps one by one, in the same order, each
 //! `with_table(...)`: [`CreateLeaseTable`], [`CreateMemberTable`], [`AddLeasePayload`],
 //! [`CreateJobRunTable`], [`AddMemberHolding`], [`CreateRateLimitTable`],
-//! [`AddMemberRank`], [`AddJobRunKey`].
+//! [`AddMemberRank`], [`AddJobRunKey`], [`CreateJobAttemptTable`].
 //!
 //! An application without a sea-orm-migration `Migrator` can run ours instead, with the
 //! `orion-beacon-migration` command line (feature `cli`: `up`, `down`, `status`). It keeps its
@@ -67,6 +67,7 @@ mod m20261205_000001_add_member_holding;
 mod m20261206_000001_create_rate_limits;
 mod m20261207_000001_add_member_rank;
 mod m20261207_000002_add_job_run_key;
+mod m20261208_000001_create_job_attempts;
 
 pub use check_down::check_down;
 pub use check_first::CheckDown;
@@ -80,9 +81,10 @@ pub use m20261205_000001_add_member_holding::AddMemberHolding;
 pub use m20261206_000001_create_rate_limits::CreateRateLimitTable;
 pub use m20261207_000001_add_member_rank::AddMemberRank;
 pub use m20261207_000002_add_job_run_key::AddJobRunKey;
+pub use m20261208_000001_create_job_attempts::CreateJobAttemptTable;
 pub use orion_beacon_entity::{
-    validate_table_name, TableNameError, DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE,
-    DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
+    job_attempt_table, validate_table_name, TableNameError, DEFAULT_JOB_ATTEMPT_TABLE,
+    DEFAULT_JOB_RUN_TABLE, DEFAULT_MEMBER_TABLE, DEFAULT_RATE_LIMIT_TABLE, DEFAULT_TABLE,
 };
 
 /// The tracking table of our own [`Migrator`]: separate from the application's.
@@ -96,7 +98,8 @@ pub struct Migrator;
 
 /// Every migration of orion-beacon's default tables, in the order they must run: the lease
 /// table, the membership table of shard sets, the lease payload columns, the run records of
-/// scheduled jobs and the members' counts. Append them to your `Migrator`'s list
+/// scheduled jobs and the members' counts, then the later steps (rate limits, ranks, keys, the
+/// jobs' attempt history). Append them to your `Migrator`'s list
 /// (`steps.extend(orion_beacon_migration::migrations())`); a table an app does not use costs an
 /// empty table, and a step added in a later version comes with the upgrade.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -109,6 +112,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(CreateRateLimitTable::new()),
         Box::new(AddMemberRank::new()),
         Box::new(AddJobRunKey::new()),
+        Box::new(CreateJobAttemptTable::new()),
     ]
 }
 

@@ -170,7 +170,10 @@ impl JobsBuilder {
     }
 
     /// The run table (created by `CreateJobRunTable::with_table`). Default
-    /// [`DEFAULT_JOB_RUN_TABLE`].
+    /// [`DEFAULT_JOB_RUN_TABLE`]. Its attempt history, where every attempt but a slot's latest
+    /// is kept, is [`job_attempt_table`](crate::entity::job_attempt_table) of it (created by
+    /// `CreateJobAttemptTable::with_table` of the same name); without it only the latest is
+    /// kept.
     pub fn runs_table(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
         self
@@ -292,6 +295,7 @@ impl JobsBuilder {
             elector,
             shared: Arc::new(runner::Shared {
                 store: self.store,
+                attempts_table: orion_beacon_entity::job_attempt_table(&self.table).into(),
                 table: self.table.into(),
                 poll: self.poll,
                 keep_finished_ms: self

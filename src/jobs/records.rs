@@ -355,10 +355,22 @@ fn delete_chosen(
     chosen: SelectStatement,
     outer: Condition,
 ) -> sea_orm::sea_query::DeleteStatement {
+    let keys = [Alias::new("job"), Alias::new("slot")];
+    delete_chosen_by(backend, table, &keys, chosen, outer)
+}
+
+/// [`delete_chosen`] for a table keyed by the columns `keys` (`chosen` selects them, in order).
+fn delete_chosen_by(
+    backend: DbBackend,
+    table: &str,
+    keys: &[Alias],
+    chosen: SelectStatement,
+    outer: Condition,
+) -> sea_orm::sea_query::DeleteStatement {
     let chosen = if backend == DbBackend::MySql {
         let d = Alias::new("d");
         Query::select()
-            .columns([(d.clone(), Column::Job), (d.clone(), Column::Slot)])
+            .columns(keys.iter().map(|k| (d.clone(), k.clone())))
             .from_subquery(chosen, d)
             .to_owned()
     } else {
@@ -367,9 +379,7 @@ fn delete_chosen(
     Query::delete()
         .from_table(Alias::new(table))
         .cond_where(outer)
-        .and_where(
-            Expr::tuple([Expr::col(Column::Job), Expr::col(Column::Slot)]).in_subquery(chosen),
-        )
+        .and_where(Expr::tuple(keys.iter().map(|k| Expr::col(k.clone()))).in_subquery(chosen))
         .to_owned()
 }
 
@@ -394,6 +404,7 @@ pub(crate) struct Claimant<'a> {
 }
 
 /// A new record: its job, slot, state (`running`, attempt 1, or `skipped`) and schedule text.
+#[derive(Clone, Copy)]
 pub(crate) struct NewRecord<'a> {
     pub job: &'a str,
     pub slot: i64,
@@ -477,6 +488,127 @@ pub(crate) fn reclaim(
         .value(Column::DurationMs, Option::<i64>::None);
     unchanged(&mut update, job, prior.slot, prior.state, prior.attempts);
     update
+}
+
+/// Keeps the attempt `prior` records in the attempt-history table `attempts`, before the claim
+/// of its next attempt overwrites it: a copy of the record, if it is still as it was read (as
+/// [`reclaim`] requires, in the same transaction). `None` when `prior` holds no attempt that
+/// ran: a start claimed but never taken, a key still queued. An attempt that wrote no end
+/// keeps no error (the record's is an earlier attempt's). A row already there (a key
+/// submitted again after its pruned record's history outlived it) is left as it is.
+pub(crate) fn keep_attempt(
+    backend: DbBackend,
+    (runs, attempts): (&str, &str),
+    job: &str,
+    prior: &Open,
+) -> Option<InsertStatement> {
+    use orion_beacon_entity::job_attempt::Column as Kept;
+    if prior.attempts < 1 || matches!(prior.state, State::Claimed | State::Queued) {
+        return None;
+    }
+    let mut copy = Query::select();
+    copy.columns([
+        Column::Job,
+        Column::Slot,
+        Column::Attempts,
+        Column::State,
+        Column::ClaimedToken,
+        Column::ClaimedBy,
+        Column::ClaimedAt,
+        Column::FinishedToken,
+        Column::FinishedAt,
+        Column::DurationMs,
+    ])
+    .expr(
+        Expr::case(
+            Expr::col(Column::FinishedAt).is_null(),
+            Expr::value(Option::<String>::None),
+        )
+        .finally(Expr::col(Column::Error)),
+    )
+    .expr(now(backend))
+    .from(Alias::new(runs))
+    .and_where(Expr::col(Column::Job).eq(job))
+    .and_where(Expr::col(Column::Slot).eq(prior.slot))
+    .and_where(Expr::col(Column::State).eq(prior.state.as_str()))
+    .and_where(Expr::col(Column::Attempts).eq(prior.attempts));
+    let mut insert = Query::insert();
+    insert
+        .into_table(Alias::new(attempts))
+        .columns([
+            Kept::Job,
+            Kept::Slot,
+            Kept::Attempt,
+            Kept::State,
+            Kept::ClaimedToken,
+            Kept::ClaimedBy,
+            Kept::ClaimedAt,
+            Kept::FinishedToken,
+            Kept::FinishedAt,
+            Kept::DurationMs,
+            Kept::Error,
+            Kept::RecordedAt,
+        ])
+        .select_from(copy)
+        .ok()?;
+    let mut keep = OnConflict::columns([Kept::Job, Kept::Slot, Kept::Attempt]);
+    match backend {
+        // MySQL/MariaDB have no `DO NOTHING`: an update that changes nothing.
+        DbBackend::MySql => keep.update_column(Kept::Job),
+        _ => keep.do_nothing(),
+    };
+    insert.on_conflict(keep.to_owned());
+    Some(insert)
+}
+
+/// A probe of the attempt-history table: a read of no rows, which fails if it is not there.
+pub(crate) fn attempts_probe(attempts: &str) -> SelectStatement {
+    use orion_beacon_entity::job_attempt::Column as Kept;
+    Query::select()
+        .column(Kept::Job)
+        .from(Alias::new(attempts))
+        .and_where(Expr::val(1).eq(0))
+        .to_owned()
+}
+
+/// Deletes at most `batch` rows of the attempt history of `jobs` whose run record is gone
+/// (pruned): the history goes with its record. As [`prune`], the `LIMIT` sits in a subquery.
+pub(crate) fn prune_attempts(
+    backend: DbBackend,
+    (runs, attempts): (&str, &str),
+    jobs: &[String],
+    batch: u64,
+) -> sea_orm::sea_query::DeleteStatement {
+    use orion_beacon_entity::job_attempt::Column as Kept;
+    let (a, r) = (Alias::new("a"), Alias::new("r"));
+    let record = Query::select()
+        .expr(Expr::val(1))
+        .from_as(Alias::new(runs), r.clone())
+        .and_where(Expr::col((r.clone(), Column::Job)).equals((a.clone(), Kept::Job)))
+        .and_where(Expr::col((r, Column::Slot)).equals((a.clone(), Kept::Slot)))
+        .to_owned();
+    let mut orphans = Query::select();
+    orphans
+        .columns([
+            (a.clone(), Kept::Job),
+            (a.clone(), Kept::Slot),
+            (a.clone(), Kept::Attempt),
+        ])
+        .from_as(Alias::new(attempts), a.clone())
+        .and_where(Expr::col((a.clone(), Kept::Job)).is_in(jobs.iter().cloned()))
+        .and_where(Expr::exists(record).not())
+        .order_by((a.clone(), Kept::Job), sea_orm::sea_query::Order::Asc)
+        .order_by((a.clone(), Kept::Slot), sea_orm::sea_query::Order::Asc)
+        .order_by((a, Kept::Attempt), sea_orm::sea_query::Order::Asc)
+        .limit(batch);
+    let keys = vec![Alias::new("job"), Alias::new("slot"), Alias::new("attempt")];
+    delete_chosen_by(
+        backend,
+        attempts,
+        &keys,
+        orphans,
+        Condition::all().add(Expr::col(Kept::Job).is_in(jobs.iter().cloned())),
+    )
 }
 
 /// With spread runs: the claimed attempts of `jobs` no node runs yet, oldest claim first, at
@@ -901,6 +1033,90 @@ mod tests {
 
     const CLAIMED: &str = r#"SELECT "job", "slot", "attempts", "claimed_at" FROM "orionbeacon_job_runs" WHERE "job" IN ('a', 'b') AND "state" = 'claimed' ORDER BY "claimed_at" ASC, "job" ASC, "slot" ASC LIMIT 8"#;
     const TAKE: &str = r#"UPDATE "orionbeacon_job_runs" SET "state" = 'running', "claimed_token" = 9, "claimed_by" = 'node-2', "claimed_at" = NOW WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'claimed' AND "attempts" = 2"#;
+
+    #[test]
+    fn attempt_statements_per_backend() {
+        let tables = ("runs", "runs_attempts");
+        let failed = Open {
+            slot: 5000,
+            state: State::Failed,
+            attempts: 2,
+            claimed_at_ms: None,
+        };
+        const KEEP: &str = r#"INSERT INTO "runs_attempts" ("job", "slot", "attempt", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", "error", "recorded_at") SELECT "job", "slot", "attempts", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", (CASE WHEN ("finished_at" IS NULL) THEN NULL ELSE "error" END), NOW FROM "runs" WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 2 CONFLICT"#;
+        const PRUNE: &str = r#"DELETE FROM "runs_attempts" WHERE "job" IN ('a') AND ("job", "slot", "attempt") IN (SELECT CHOSEN LIMIT 50)"#;
+        const CHOSEN: &str = r#""a"."job", "a"."slot", "a"."attempt" FROM "runs_attempts" AS "a" WHERE "a"."job" IN ('a') AND (NOT EXISTS(SELECT 1 FROM "runs" AS "r" WHERE "r"."job" = "a"."job" AND "r"."slot" = "a"."slot")) ORDER BY "a"."job" ASC, "a"."slot" ASC, "a"."attempt" ASC"#;
+        for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
+            let keep = keep_attempt(backend, tables, "j", &failed).unwrap();
+            let prune = prune_attempts(backend, tables, &["a".to_owned()], 50);
+            let probe = attempts_probe("runs_attempts");
+            let (keep, prune, probe) = match backend {
+                DbBackend::Postgres => (
+                    keep.to_string(PostgresQueryBuilder),
+                    prune.to_string(PostgresQueryBuilder),
+                    probe.to_string(PostgresQueryBuilder),
+                ),
+                DbBackend::MySql => (
+                    keep.to_string(MysqlQueryBuilder),
+                    prune.to_string(MysqlQueryBuilder),
+                    probe.to_string(MysqlQueryBuilder),
+                ),
+                _ => (
+                    keep.to_string(SqliteQueryBuilder),
+                    prune.to_string(SqliteQueryBuilder),
+                    probe.to_string(SqliteQueryBuilder),
+                ),
+            };
+            let (now, conflict, chosen) = match backend {
+                DbBackend::Postgres => (
+                    "statement_timestamp()",
+                    r#"ON CONFLICT ("job", "slot", "attempt") DO NOTHING"#,
+                    CHOSEN.to_owned(),
+                ),
+                // No `DO NOTHING`: an update that changes nothing; the `LIMIT` in a derived
+                // table.
+                DbBackend::MySql => (
+                    "UTC_TIMESTAMP(6)",
+                    r#"ON DUPLICATE KEY UPDATE "job" = VALUES("job")"#,
+                    format!(r#""d"."job", "d"."slot", "d"."attempt" FROM (SELECT {CHOSEN}"#),
+                ),
+                _ => (
+                    "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+                    r#"ON CONFLICT ("job", "slot", "attempt") DO NOTHING"#,
+                    CHOSEN.to_owned(),
+                ),
+            };
+            let q = |s: String| {
+                if backend == DbBackend::MySql {
+                    s.replace('"', "`")
+                } else {
+                    s
+                }
+            };
+            let keep_want = KEEP.replace("NOW", now).replace("CONFLICT", conflict);
+            assert_eq!(keep, q(keep_want), "{backend:?}");
+            let mut prune_want = PRUNE.replace("CHOSEN", &chosen);
+            if backend == DbBackend::MySql {
+                prune_want = prune_want.replace("LIMIT 50)", r#"LIMIT 50) AS "d")"#);
+            }
+            assert_eq!(prune, q(prune_want), "{backend:?}");
+            assert_eq!(
+                probe,
+                q(r#"SELECT "job" FROM "runs_attempts" WHERE 1 = 0"#.to_owned()),
+                "{backend:?}"
+            );
+        }
+        // Nothing to keep: a start claimed but never taken, a key still queued, no attempt.
+        for (state, attempts) in [(State::Claimed, 1), (State::Queued, 0), (State::Rerun, 0)] {
+            let prior = Open {
+                slot: 1,
+                state,
+                attempts,
+                claimed_at_ms: None,
+            };
+            assert!(keep_attempt(DbBackend::Postgres, tables, "j", &prior).is_none());
+        }
+    }
 
     #[test]
     fn errors_are_cut_on_a_character_boundary() {

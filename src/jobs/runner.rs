@@ -28,6 +28,8 @@ use attempt::{start, Launch};
 pub(crate) struct Shared {
     pub store: SeaOrmLeaseStore,
     pub table: Arc<str>,
+    /// The run table's attempt history (`CreateJobAttemptTable`).
+    pub attempts_table: Arc<str>,
     pub poll: Duration,
     /// How long a look's claim transaction may go on adding updates (see `claim`).
     pub claim_budget: Duration,
@@ -91,9 +93,13 @@ const AFTER_ERROR: Duration = Duration::from_millis(500);
 const MIN_SLEEP: Duration = Duration::from_millis(5);
 /// The longest wait before a look asks again for a cap's permit that none was free of.
 const CAP_RETRY: Duration = Duration::from_millis(500);
-/// The most claims in one fenced transaction: it holds the lease row (on SQLite the write
-/// lock) and the leader's own renews wait for it; the rest wait for the next look.
-const MAX_CLAIMS_PER_LOOK: usize = 100;
+/// The most claims one look decides. They go in one fenced transaction, which holds the lease
+/// row (on SQLite the write lock) while the leader's own renews wait for it, so the claim
+/// budget bounds it too: what the budget leaves out waits for the next look.
+const MAX_CLAIMS_PER_LOOK: usize = 10_000;
+/// The most new records one `INSERT` adds (seven parameters each, well within every
+/// backend's limit of parameters per statement); the budget is checked between them.
+const ROWS_PER_INSERT: usize = 500;
 
 /// What this term runs, per job: the slots whose closure runs (overlap is judged by them),
 /// and the slots with an attempt here whose end may not be written yet (never reclaimed);
@@ -199,6 +205,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         cap_problem: None,
         finishes_read: None,
         dead_holds: HashSet::new(),
+        history: History::Unknown,
     };
     // With spread runs, a run that ends on any node releases its hold: the store's release
     // events (where it has them) wake this loop for the next start at once, not at its poll.
@@ -324,6 +331,46 @@ struct Look {
     finishes_read: Option<Instant>,
     /// Running records' holds found not live in this term (see `live_runs`).
     dead_holds: HashSet<NamedHold>,
+    /// Whether the attempt history is kept (its table is there).
+    history: History,
+}
+
+/// Whether the run table's attempt history ([`Shared::attempts_table`]) is there to keep the
+/// earlier attempts in. Asked at a term's first look, again a minute after it was found
+/// missing, and after a claim that failed while it was thought there.
+#[derive(Debug, Clone, Copy)]
+enum History {
+    Unknown,
+    Kept,
+    Missing(Instant),
+}
+
+/// How long a term goes on without the attempt history before it asks again.
+const HISTORY_ASK_AGAIN: Duration = Duration::from_secs(60);
+
+/// Asks whether the attempt history's table is there, if it is time to; says so in the log
+/// when it is not (once per ask).
+async fn ask_history(shared: &Shared, history: &mut History) -> Result<(), JobError> {
+    match history {
+        History::Kept => return Ok(()),
+        History::Missing(at) if at.elapsed() < HISTORY_ASK_AGAIN => return Ok(()),
+        _ => {}
+    }
+    let backend = shared.store.connection().get_database_backend();
+    let probe = backend.build(&records::attempts_probe(&shared.attempts_table));
+    *history = match shared.store.engine()?.plain(probe).await {
+        Ok(_) => History::Kept,
+        Err(crate::error::StoreError::MissingTable { .. }) => {
+            tracing::warn!(
+                table = %shared.attempts_table,
+                "the attempt history's table is missing: only each slot's latest attempt is kept; \
+                 add orion_beacon_migration::CreateJobAttemptTable to your Migrator and run it"
+            );
+            History::Missing(Instant::now())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(())
 }
 
 /// Each job's newest finish, for "nothing ran" (see `staleness`).
@@ -654,7 +701,18 @@ async fn tick(
     };
     let mut handed = false;
     if !decided.is_empty() {
-        let (claimed, left_out) = claim(shared, term, backend, &decided).await?;
+        ask_history(shared, &mut look.history).await?;
+        let keep = matches!(look.history, History::Kept);
+        let (claimed, left_out) = match claim(shared, term, backend, &decided, keep).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                // The history's table may have gone (a `down`): asked again next look.
+                if keep {
+                    look.history = History::Unknown;
+                }
+                return Err(e);
+            }
+        };
         if let Some(first) = left_out {
             // What the budget left out comes first in the next look, as what the look's limit
             // left out does.
@@ -739,7 +797,11 @@ async fn tick(
                 .map(|(n, _)| n.clone())
                 .collect();
             let cutoff = now_ms.saturating_sub(keep);
-            look.prune_more = match prune(shared, backend, (&all, &keyed), cutoff).await {
+            let kept = match ask_history(shared, &mut look.history).await {
+                Ok(()) => matches!(look.history, History::Kept),
+                Err(_) => false,
+            };
+            look.prune_more = match prune(shared, backend, (&all, &keyed), cutoff, kept).await {
                 Ok(full) => full,
                 Err(e) => {
                     tracing::warn!(error = %e, "pruning ended run records failed; trying again later");
@@ -963,6 +1025,7 @@ async fn prune(
     backend: DbBackend,
     (names, keyed): (&[String], &[String]),
     before_ms: i64,
+    history: bool,
 ) -> Result<bool, JobError> {
     let before = chrono::DateTime::from_timestamp_millis(before_ms).unwrap_or_default();
     let txn = shared.store.begin_whole().await?;
@@ -989,20 +1052,40 @@ async fn prune(
             }
         }
     }
-    txn.commit().await?;
-    if deleted > 0 {
-        tracing::debug!(deleted, before_ms, "ended run records pruned");
+    // The attempt history of the records pruned (in this batch or before) goes with them.
+    let mut kept_deleted = 0;
+    if history {
+        let tables = (&*shared.table, &*shared.attempts_table);
+        for chunk in names.chunks(PRUNE_NAMES).chain(keyed.chunks(PRUNE_NAMES)) {
+            let left = PRUNE_BATCH.saturating_sub(kept_deleted);
+            if left == 0 {
+                break;
+            }
+            let stmt = records::prune_attempts(backend, tables, chunk, left);
+            match txn.execute(&stmt).await {
+                Ok(done) => kept_deleted += done.rows_affected(),
+                Err(e) => {
+                    let _ = txn.rollback().await;
+                    return Err(e.into());
+                }
+            }
+        }
     }
-    Ok(deleted >= PRUNE_BATCH)
+    txn.commit().await?;
+    if deleted > 0 || kept_deleted > 0 {
+        tracing::debug!(deleted, kept_deleted, before_ms, "ended run records pruned");
+    }
+    Ok(deleted >= PRUNE_BATCH || kept_deleted >= PRUNE_BATCH)
 }
 
 /// Claims (or skips, or gives up) what the planner decided, in one transaction fenced by the
 /// term. A record changed since it was read is left out (its update matched nothing).
 ///
 /// The transaction holds the lease row (on SQLite the write lock), so the leader's own renew
-/// waits for it: every new record goes in one statement, and the updates (retries, give-ups;
-/// one statement each) stop once the row has been held for `claim_budget`, after at least one.
-/// The answer names the job of the first update left out (the next look starts with it).
+/// waits for it: the new records go in multi-row statements of [`ROWS_PER_INSERT`] each, then
+/// the updates (retries, give-ups; one statement each). Each kind stops once the row has been
+/// held for `claim_budget`, after at least one statement. The answer names the job of the
+/// first claim left out (the next look starts with it).
 /// One statement per claim held the row for as many round trips as there were claims, and on
 /// a slow or busy host the leader lost its term to its own claims.
 async fn claim(
@@ -1010,6 +1093,7 @@ async fn claim(
     term: &LeaderTerm,
     backend: DbBackend,
     decided: &[(usize, Action)],
+    keep_history: bool,
 ) -> Result<(Vec<(usize, Action)>, Option<usize>), JobError> {
     let table = &*shared.table;
     // A start is run by this leader, or with spread runs claimed for the nodes' runners.
@@ -1030,45 +1114,52 @@ async fn claim(
     let token = term.token().get();
     let holder = term.candidate();
     let mut done = Vec::with_capacity(decided.len());
-    let (new, changed): (Vec<_>, Vec<_>) = decided.iter().partition(|(_, action)| {
-        matches!(
-            action,
-            Action::Start { prior: None, .. } | Action::Skip { .. }
-        )
-    });
-    let rows: Vec<records::NewRecord<'_>> = new
-        .iter()
-        .filter_map(|(i, action)| {
-            let (slot, state) = match action {
-                Action::Start { slot, prior: None } => (*slot, started),
-                Action::Skip { slot } => (*slot, State::Skipped),
-                _ => return None,
-            };
-            let reg = &shared.jobs[*i];
-            Some(records::NewRecord {
-                job: &reg.name,
-                slot,
-                state,
-                schedule: &reg.schedule_text,
-            })
-        })
-        .collect();
-    if !rows.is_empty() {
+    // The new records (first starts and skips), each with the action it records; the rest
+    // are updates of records read in this look.
+    let mut new: Vec<(&(usize, Action), records::NewRecord<'_>)> = Vec::new();
+    let mut changed = Vec::new();
+    for decision in decided {
+        let (i, action) = decision;
+        let (slot, state) = match action {
+            Action::Start { slot, prior: None } => (*slot, started),
+            Action::Skip { slot } => (*slot, State::Skipped),
+            Action::Start { prior: Some(_), .. } | Action::GiveUp { .. } => {
+                changed.push(decision);
+                continue;
+            }
+        };
+        let reg = &shared.jobs[*i];
+        let record = records::NewRecord {
+            job: &reg.name,
+            slot,
+            state,
+            schedule: &reg.schedule_text,
+        };
+        new.push((decision, record));
+    }
+    let mut left_out = None;
+    for (n, chunk) in new.chunks(ROWS_PER_INSERT).enumerate() {
+        // At least one statement per look; the rest while the budget lasts.
+        if n > 0 && held.elapsed() >= shared.claim_budget {
+            left_out = chunk.first().map(|((i, _), _)| *i);
+            break;
+        }
+        let rows: Vec<_> = chunk.iter().map(|(_, row)| *row).collect();
         let inserted = match records::insert_many(backend, table, &rows, token, holder) {
             Ok(insert) => txn.execute(&insert).await,
             Err(e) => Err(e),
         };
         match inserted {
             // Every row or an error: a slot recorded meanwhile fails the whole statement.
-            Ok(r) if r.rows_affected() == rows.len() as u64 => {
-                done.extend(new.iter().map(|(i, action)| (*i, action.clone())));
+            Ok(r) if r.rows_affected() == chunk.len() as u64 => {
+                done.extend(chunk.iter().map(|((i, action), _)| (*i, action.clone())));
             }
             Ok(r) => {
                 let _ = txn.rollback().await;
                 return Err(JobError::Database(sea_orm::DbErr::Custom(format!(
                     "{} of {} new run records inserted",
                     r.rows_affected(),
-                    rows.len()
+                    chunk.len()
                 ))));
             }
             Err(e) => {
@@ -1077,11 +1168,10 @@ async fn claim(
             }
         }
     }
-    let mut left_out = None;
     for (n, (i, action)) in changed.into_iter().enumerate() {
         // At least one update per look, so retries and give-ups always progress.
         if n > 0 && held.elapsed() >= shared.claim_budget {
-            left_out = Some(*i);
+            left_out = left_out.or(Some(*i));
             break;
         }
         let reg = &shared.jobs[*i];
@@ -1094,10 +1184,31 @@ async fn claim(
             Action::Start {
                 prior: Some(prior), ..
             } => {
-                txn.execute(&records::reclaim(
-                    backend, table, &reg.name, prior, &by, started,
-                ))
-                .await
+                // The attempt the record holds goes to the history first, while the record
+                // is still as read (the copy and the reclaim test the same).
+                let kept = match keep_history
+                    .then(|| {
+                        records::keep_attempt(
+                            backend,
+                            (table, &shared.attempts_table),
+                            &reg.name,
+                            prior,
+                        )
+                    })
+                    .flatten()
+                {
+                    Some(copy) => txn.execute(&copy).await.map(|_| ()),
+                    None => Ok(()),
+                };
+                match kept {
+                    Ok(()) => {
+                        txn.execute(&records::reclaim(
+                            backend, table, &reg.name, prior, &by, started,
+                        ))
+                        .await
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Action::GiveUp { prior } => {
                 txn.execute(&records::give_up(table, &reg.name, prior))

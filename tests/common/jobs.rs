@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use orion_beacon::jobs::{self, Job, JobError, JobRun, Jobs, JobsHandle, Mark, Overlap, Schedule};
 use orion_beacon::{ErrorKind, SeaOrmLeaseStore};
-use orion_beacon_migration::{AddJobRunKey, CreateJobRunTable, MigrationTrait, SchemaManager};
+use orion_beacon_migration::{
+    AddJobRunKey, CreateJobAttemptTable, CreateJobRunTable, MigrationTrait, SchemaManager,
+};
 use sea_orm::sea_query::{Alias, ColumnDef, Expr, ExprTrait, Query, Table};
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 use tokio::sync::mpsc;
@@ -40,7 +42,8 @@ pub struct Tables {
 }
 
 impl Tables {
-    /// The tables, the run table with every migration step.
+    /// The tables, the run table with every migration step (its key column, its attempt
+    /// history).
     pub async fn create(db: &DatabaseConnection) -> Self {
         let t = Self::create_without_key(db).await;
         AddJobRunKey::with_table(&t.runs)
@@ -48,7 +51,48 @@ impl Tables {
             .up(&SchemaManager::new(db))
             .await
             .unwrap();
+        CreateJobAttemptTable::with_table(&t.runs)
+            .unwrap()
+            .up(&SchemaManager::new(db))
+            .await
+            .unwrap();
         t
+    }
+
+    /// The attempt-history table of the run table.
+    pub fn attempts(&self) -> String {
+        orion_beacon_migration::job_attempt_table(&self.runs)
+    }
+
+    /// The kept earlier attempts: (slot, attempt) -> (state, claimed token, error).
+    pub async fn kept_attempts(
+        &self,
+        db: &impl ConnectionTrait,
+    ) -> BTreeMap<(i64, i32), (String, Option<i64>, Option<String>)> {
+        let rows = db
+            .query_all(
+                &Query::select()
+                    .columns(["slot", "attempt", "state", "claimed_token", "error"].map(Alias::new))
+                    .from(Alias::new(self.attempts()))
+                    .to_owned(),
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| {
+                (
+                    (
+                        r.try_get_by_index::<i64>(0).unwrap(),
+                        r.try_get_by_index::<i32>(1).unwrap(),
+                    ),
+                    (
+                        r.try_get_by_index(2).unwrap(),
+                        r.try_get_by_index(3).unwrap(),
+                        r.try_get_by_index(4).unwrap(),
+                    ),
+                )
+            })
+            .collect()
     }
 
     /// The tables, the run table as `CreateJobRunTable` made it (before `AddJobRunKey`).
@@ -77,7 +121,7 @@ impl Tables {
     }
 
     pub async fn drop(&self, db: &DatabaseConnection) {
-        for t in [&self.runs, &self.writes] {
+        for t in [&self.runs, &self.writes, &self.attempts()] {
             let _ = db
                 .execute(&Table::drop().table(Alias::new(t)).if_exists().to_owned())
                 .await;
@@ -384,6 +428,14 @@ pub async fn a_leader_killed_before_its_commit_is_run_again_once<
     let rec = &records[&slot];
     assert_eq!(rec.attempts, 2, "{rec:?}");
     assert!(rec.finished_token.unwrap() > a_token, "{rec:?}");
+    // The lost attempt is kept as it was left: running under the dead term, no error.
+    let kept = t.kept_attempts(&db).await;
+    assert_eq!(
+        kept.get(&(slot, 1)),
+        Some(&("running".to_owned(), Some(a_token), None)),
+        "{kept:?}"
+    );
+    assert!(kept.keys().all(|(s, _)| *s == slot), "{kept:?}");
     t.assert_exactly_once(&db).await;
     b.shutdown().await;
     t.assert_exactly_once(&db).await;
@@ -538,6 +590,26 @@ pub async fn failed_attempts_are_retried_then_given_up<H: Harness<Store = SeaOrm
         })
         .await;
     assert_eq!(records[&slot].attempts, 4);
+    // Every attempt before the latest is kept: two failed, and the one given up that the
+    // operator marked, each with its error and the token it ran under.
+    let kept = t.kept_attempts(&db).await;
+    let of_slot: Vec<_> = kept
+        .iter()
+        .filter(|((s, _), _)| *s == slot)
+        .map(|((_, n), (state, token, error))| {
+            let boom = error.as_deref().is_some_and(|e| e.contains("boom"));
+            (*n, state.as_str(), token.is_some(), boom)
+        })
+        .collect();
+    assert_eq!(
+        of_slot,
+        vec![
+            (1, "failed", true, true),
+            (2, "failed", true, true),
+            (3, "rerun", true, true),
+        ],
+        "{kept:?}"
+    );
     // A finished slot cannot be given up; an unknown one is not there to mark.
     assert!(!jobs::mark(&db, &t.runs, "flaky", slot, Mark::GiveUp)
         .await
@@ -552,6 +624,78 @@ pub async fn failed_attempts_are_retried_then_given_up<H: Harness<Store = SeaOrm
 
 /// A run that outlasts its interval: the slots that come due meanwhile are skipped (recorded),
 /// never run beside it.
+/// A run table whose attempt history's migration has not run: the scheduler keeps each slot's
+/// latest attempt as before, retries included, and stays healthy; the next term after the
+/// migration keeps the earlier attempts.
+pub async fn a_run_table_without_its_attempt_history_goes_on<
+    H: Harness<Store = SeaOrmLeaseStore>,
+>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let history = CreateJobAttemptTable::with_table(&t.runs).unwrap();
+    history.down(&SchemaManager::new(&db)).await.unwrap();
+    // Each slot's first attempt fails, its second finishes.
+    let failed_once = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let job = || {
+        let (failed_once, writes) = (failed_once.clone(), t.writes.clone());
+        Job::new("flaky", Schedule::every(SECOND).unwrap(), move |run| {
+            let (failed_once, writes) = (failed_once.clone(), writes.clone());
+            async move {
+                if failed_once.lock().unwrap().insert(run.slot_millis()) {
+                    return Err("first attempt".into());
+                }
+                let txn = write(&run, &writes).await?;
+                run.commit(txn).await?;
+                Ok(())
+            }
+        })
+        .max_attempts(2)
+        .overlap(Overlap::Skip)
+        .retry_backoff(Duration::from_millis(100), Duration::from_millis(200))
+    };
+    let retried = |r: &BTreeMap<i64, Record>| {
+        r.iter()
+            .filter(|(_, r)| r.state == "finished" && r.attempts == 2)
+            .map(|(s, _)| *s)
+            .max()
+    };
+    let a = t.start(&h.store(), "a", vec![job()]);
+    let records = t
+        .wait_for(
+            &db,
+            10 * SECOND,
+            "a slot finished at its second attempt",
+            |r| retried(r).is_some(),
+        )
+        .await;
+    let health = a.health();
+    assert!(health.scheduling.is_none(), "{health}");
+    a.shutdown().await;
+    let before = retried(&records).unwrap();
+    history.up(&SchemaManager::new(&db)).await.unwrap();
+    let b = t.start(&h.store(), "b", vec![job()]);
+    let records = t
+        .wait_for(
+            &db,
+            10 * SECOND,
+            "a later slot finished at its second attempt",
+            |r| retried(r).is_some_and(|s| s > before),
+        )
+        .await;
+    b.shutdown().await;
+    let later = retried(&records).unwrap();
+    let kept = t.kept_attempts(&db).await;
+    assert_eq!(
+        kept.get(&(later, 1)).map(|(state, _, _)| state.as_str()),
+        Some("failed"),
+        "{kept:?}"
+    );
+    t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
 pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
@@ -810,6 +954,25 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
         .await
         .unwrap();
     }
+    // An earlier attempt of one slot of each: the history goes with its record, and only
+    // with it.
+    for (job, days_ago) in [("sparse", 3), ("sparse", 2), ("other", 5)] {
+        db.execute(
+            &Query::insert()
+                .into_table(Alias::new(t.attempts()))
+                .columns(["job", "slot", "attempt", "state", "recorded_at"].map(Alias::new))
+                .values_panic([
+                    job.into(),
+                    (today - days_ago * day).into(),
+                    1.into(),
+                    "failed".into(),
+                    chrono::Utc::now().into(),
+                ])
+                .to_owned(),
+        )
+        .await
+        .unwrap();
+    }
     let start = |store: &SeaOrmLeaseStore, id: &str| {
         let job = writer_every("tick", &t.writes, 2 * SECOND).renamed_from("sparse");
         t.builder(store, id)
@@ -882,6 +1045,12 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
         .await
         .unwrap();
     assert_eq!(other.len(), 2, "another service's records stay");
+    let kept: Vec<i64> = t.kept_attempts(&db).await.keys().map(|(s, _)| *s).collect();
+    assert_eq!(
+        kept,
+        vec![today - 5 * day, today - 2 * day],
+        "the pruned record's earlier attempt went with it"
+    );
     t.drop(&db).await;
 }
 
@@ -1471,6 +1640,7 @@ macro_rules! job_suite {
             a_leader_killed_after_its_commit_does_not_run_again,
             a_paused_leaders_late_finish_is_refused,
             failed_attempts_are_retried_then_given_up,
+            a_run_table_without_its_attempt_history_goes_on,
             slots_due_while_one_runs_are_skipped,
             a_shutdown_lets_the_running_slot_finish,
             a_begin_after_the_closure_returned_is_refused,

@@ -246,6 +246,9 @@ async fn setup(config: Configuration, shards: usize) -> Result<Setup, Error> {
         orion_beacon_migration::AddJobRunKey::with_table(&runs)?
             .up(&SchemaManager::new(&admin))
             .await?;
+        orion_beacon_migration::CreateJobAttemptTable::with_table(&runs)?
+            .up(&SchemaManager::new(&admin))
+            .await?;
         let create = Table::create()
             .table(Alias::new(&writes))
             .col(ColumnDef::new(Alias::new("job")).string_len(64).not_null())

@@ -1,6 +1,9 @@
 //! `jobs`: scheduled jobs' run records. `jobs [list]` shows each job's latest slot and its next
-//! one (by the database clock), `jobs runs JOB` one job's latest records, and `jobs rerun` /
+//! one (by the database clock), `jobs runs JOB` one job's latest records with every attempt
+//! (the earlier ones from the run table's attempt history), and `jobs rerun` /
 //! `jobs give-up` are the operator's marks on one slot (`orion_beacon::jobs::mark`).
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use orion_beacon::entity::job_run::{Column, Model};
@@ -366,8 +369,25 @@ impl Runs<'_> {
         if records.is_empty() {
             return Err(self.unknown_job(job).await);
         }
+        let earlier = self.earlier_attempts(job, &records).await?;
+        let of = |m: &Model| -> &[Kept] {
+            earlier
+                .as_ref()
+                .and_then(|e| e.get(&m.slot))
+                .map_or(&[], Vec::as_slice)
+        };
         if output == Output::Json {
-            let all: Vec<Value> = records.iter().map(record_json).collect();
+            let all: Vec<Value> = records
+                .iter()
+                .map(|m| {
+                    let mut v = record_json(m);
+                    if let (Some(obj), Some(_)) = (v.as_object_mut(), &earlier) {
+                        let kept: Vec<Value> = of(m).iter().map(kept_json).collect();
+                        obj.insert("earlier_attempts".to_owned(), Value::Array(kept));
+                    }
+                    v
+                })
+                .collect();
             emit(&format!("{}\n", Value::Array(all)));
             return Ok(());
         }
@@ -378,7 +398,7 @@ impl Runs<'_> {
         }
         header.extend([
             "STATE",
-            "ATTEMPTS",
+            "ATTEMPT",
             "DURATION",
             "RUN BY",
             "TOKEN",
@@ -387,7 +407,8 @@ impl Runs<'_> {
         if wide {
             header.extend(["CLAIMED (UTC)", "SCHEDULE", "ERROR"]);
         }
-        let rows = records.iter().map(|m| {
+        let mut rows = Vec::new();
+        for m in &records {
             let mut row = vec![slot_label(m)];
             if wide {
                 row.push(m.slot.to_string());
@@ -403,8 +424,44 @@ impl Runs<'_> {
             if wide {
                 row.extend([time(m.claimed_at), m.schedule.clone(), error(m)]);
             }
-            row
-        });
+            rows.push(row);
+            // The slot's earlier attempts under its latest, newest first.
+            for k in of(m) {
+                let mut row = vec![slot_label(m)];
+                if wide {
+                    row.push(m.slot.to_string());
+                }
+                row.extend([
+                    outcome(k).to_owned(),
+                    k.attempt.to_string(),
+                    k.duration_ms.map_or_else(
+                        || "-".to_owned(),
+                        |ms| {
+                            human(std::time::Duration::from_millis(
+                                u64::try_from(ms).unwrap_or(0),
+                            ))
+                        },
+                    ),
+                    k.claimed_by
+                        .as_deref()
+                        .map_or_else(|| "-".to_owned(), one_line),
+                    match (k.claimed_token, k.finished_token) {
+                        (Some(c), Some(f)) if c != f => format!("{c}/{f}"),
+                        (Some(c), _) => c.to_string(),
+                        (None, f) => opt(f),
+                    },
+                    time(k.finished_at),
+                ]);
+                if wide {
+                    row.extend([
+                        time(k.claimed_at),
+                        m.schedule.clone(),
+                        k.error.as_deref().map_or_else(|| "-".to_owned(), one_line),
+                    ]);
+                }
+                rows.push(row);
+            }
+        }
         let right: &[usize] = if wide { &[1, 3, 4, 6] } else { &[2, 3, 5] };
         let mut text = table(headers.then_some(header), rows, right);
         if headers {
@@ -414,13 +471,60 @@ impl Runs<'_> {
             } else {
                 ""
             };
+            let kept = match &earlier {
+                Some(e) => {
+                    let k: usize = e.values().map(Vec::len).sum();
+                    if k == 0 {
+                        String::new()
+                    } else {
+                        format!(
+                            ", with {k} earlier attempt{}",
+                            if k == 1 { "" } else { "s" }
+                        )
+                    }
+                }
+                None => format!(
+                    "; earlier attempts are not kept: {} is missing (CreateJobAttemptTable)",
+                    orion_beacon::entity::job_attempt_table(self.table)
+                ),
+            };
             text.push_str(&format!(
-                "{n} run record{} of job {job:?}, newest first{more}\n",
+                "{n} run record{} of job {job:?}, newest first{kept}{more}\n",
                 if n == 1 { "" } else { "s" },
             ));
         }
         emit(&text);
         Ok(())
+    }
+
+    /// The earlier attempts of `records`' slots, by slot, newest first; `None` when the run
+    /// table has no attempt history (its migration not run).
+    async fn earlier_attempts(
+        &self,
+        job: &str,
+        records: &[Model],
+    ) -> Result<Option<BTreeMap<i64, Vec<Kept>>>, CliError> {
+        use orion_beacon::entity::job_attempt::Column as K;
+        let table = orion_beacon::entity::job_attempt_table(self.table);
+        let stmt = Query::select()
+            .columns(K::iter().map(|c| (Alias::new(&table), c)))
+            .from(Alias::new(&table))
+            .and_where(Expr::col(K::Job).eq(job))
+            .and_where(Expr::col(K::Slot).is_in(records.iter().map(|m| m.slot)))
+            .order_by(K::Slot, Order::Desc)
+            .order_by(K::Attempt, Order::Desc)
+            .to_owned();
+        let rows = match self.db.query_all(&stmt).await {
+            Ok(rows) => rows,
+            Err(e) if missing_table(&e) => return Ok(None),
+            Err(e) => return Err(self.db_failure(e)),
+        };
+        let mut by_slot: BTreeMap<i64, Vec<Kept>> = BTreeMap::new();
+        for row in &rows {
+            let k = Kept::from_query_result(row, "").map_err(|e| self.db_failure(e))?;
+            by_slot.entry(k.slot).or_default().push(k);
+        }
+        Ok(Some(by_slot))
     }
 
     /// `jobs rerun|give-up JOB SLOT|--key KEY`: the record is read first (a missing one is an
@@ -817,6 +921,36 @@ fn error(m: &Model) -> String {
         Some(e) if ended(m) => one_line(e),
         _ => "-".to_owned(),
     }
+}
+
+/// An earlier attempt of a slot, from the attempt history.
+type Kept = orion_beacon::entity::job_attempt::Model;
+
+/// How a kept attempt ended: `failed`, `finished` (an operator marked the slot to run again),
+/// or `lost` (its runner was gone before it wrote an end).
+fn outcome(k: &Kept) -> &'static str {
+    match (k.state.as_str(), &k.error, k.finished_at) {
+        ("running" | "claimed", _, _) | (_, None, None) => "lost",
+        (_, Some(_), _) | ("failed", _, _) => "failed",
+        _ => "finished",
+    }
+}
+
+/// A kept attempt as JSON (times RFC 3339 UTC).
+fn kept_json(k: &Kept) -> Value {
+    let at = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true));
+    json!({
+        "attempt": k.attempt,
+        "outcome": outcome(k),
+        "state": k.state,
+        "claimed_by": k.claimed_by,
+        "claimed_token": k.claimed_token,
+        "claimed_at": at(k.claimed_at),
+        "finished_token": k.finished_token,
+        "finished_at": at(k.finished_at),
+        "duration_ms": k.duration_ms,
+        "error": k.error,
+    })
 }
 
 /// A record as JSON: times RFC 3339 UTC, the slot also in milliseconds; the finished fields are
