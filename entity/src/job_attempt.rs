@@ -9,9 +9,11 @@ use sea_orm::entity::prelude::*;
 /// [`job_attempt_table`](crate::job_attempt_table)).
 ///
 /// A row is written when the scheduler claims the slot's next attempt, in the same fenced
-/// transaction: a copy of the run record as that claim found it. So the history holds every
-/// attempt that was claimed and run (or lost), and never one that was not; the latest attempt
-/// is the run record. Times are the database clock's.
+/// transaction (and kept only if that claim is): a copy of the run record as that claim found
+/// it. So the history holds the attempts claimed before the latest, which is the run record.
+/// A start claimed for spread runners that an operator marked to run again before any runner
+/// took it is kept too, with no end. A scheduler that cannot write the table (not migrated,
+/// not granted) keeps only the latest and says so in its log. Times are the database clock's.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "orionbeacon_job_attempts")]
 pub struct Model {

@@ -105,13 +105,13 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, &all_ours).await.unwrap(), 0, "every record moved");
     assert_eq!(count(db, token).await.unwrap(), 9);
 
-    // A live shard-set node: the membership table's own `down` refuses (after the key, rank,
-    // rate-limit, count, job-run and payload steps, which commit on their own: the run
-    // records' key column, the rank column, the rate-limit table, the count columns, the
-    // job-run table and the payload columns go).
+    // A live shard-set node: the membership table's own `down` refuses (after the attempt
+    // history, key, rank, rate-limit, count, job-run and payload steps, which commit on their
+    // own: the jobs' attempt history, the run records' key column, the rank column, the
+    // rate-limit table, the count columns, the job-run table and the payload columns go).
     let members = "SELECT COUNT(*) FROM orionbeacon_members";
     live_member(db, "").await;
-    let err = AppMigrator::down(db, Some(7))
+    let err = AppMigrator::down(db, Some(8))
         .await
         .expect_err("a live member");
     assert!(
@@ -127,8 +127,8 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         .await
         .unwrap();
 
-    // `down -n 8` with lease rows: `check_down` refuses before any step runs...
-    let err = check_down::<AppMigrator, _>(db, Some(8))
+    // `down -n 9` with lease rows: `check_down` refuses before any step runs...
+    let err = check_down::<AppMigrator, _>(db, Some(9))
         .await
         .expect_err("lease rows");
     assert!(
@@ -137,11 +137,11 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
         "{err}"
     );
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
-    assert!(check_down::<AppMigrator, _>(db, Some(7)).await.is_ok());
+    assert!(check_down::<AppMigrator, _>(db, Some(8)).await.is_ok());
     // ...and so does the app's Migrator wrapped in `CheckDown`, what `sea-orm-cli migrate down
-    // -n 8` runs (also for `reset` and `refresh`, which undo every step)...
+    // -n 9` runs (also for `reset` and `refresh`, which undo every step)...
     let checked = CheckDown(AppMigrator);
-    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(8))
+    let err = orion_beacon_migration::MigratorTraitSelf::down(&checked, db, Some(9))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("Nothing was rolled back"), "{err}");
@@ -157,7 +157,7 @@ async fn one_path_per_database(url: &str, db: &DatabaseConnection, schema: Optio
     assert_eq!(count(db, members).await.expect("nothing dropped"), 0);
     // ...while sea-orm-migration alone commits the payload and membership steps first, and
     // says so.
-    let err = AppMigrator::down(db, Some(8))
+    let err = AppMigrator::down(db, Some(9))
         .await
         .expect_err("lease rows");
     assert!(err.to_string().contains("`up` applies them again"), "{err}");
@@ -335,14 +335,22 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     ))
     .await
     .unwrap();
-    // Eight steps back would stop at the leases: refused before anything is dropped.
-    let said = refused_args(url, schema, &["down", "-n", "8"]);
+    // Nine steps back would stop at the leases: refused before anything is dropped.
+    let said = refused_args(url, schema, &["down", "-n", "9"]);
     assert!(
         said.contains("Nothing was rolled back") && said.contains("1 lease row"),
         "{said}"
     );
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
     assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
+    // One step back drops the jobs' attempt history (a history: nothing refuses it).
+    let attempts = format!("SELECT COUNT(*) FROM {prefix}orionbeacon_job_attempts");
+    assert_eq!(count(db, &attempts).await.expect("the attempt history"), 0);
+    migrate(url, schema, "down");
+    assert!(
+        count(db, &attempts).await.is_err(),
+        "`down` drops the attempt history"
+    );
     // The key column is kept while a record carries a key (it keeps the key from running
     // twice); without one, a step back drops it, and the records stay.
     let key = format!("SELECT COUNT(run_key) FROM {prefix}orionbeacon_job_runs");
@@ -467,7 +475,8 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
         "added empty"
     );
     assert_eq!(count(db, &holding).await.expect("`up` adds them again"), 0);
-    migrate(url, schema, "down"); // the run records' key column, added again by `up`
+    migrate(url, schema, "down"); // the jobs' attempt history, added again by `up`
+    migrate(url, schema, "down"); // the run records' key column, too
     migrate(url, schema, "down"); // the rank column, too
     migrate(url, schema, "down"); // the rate-limit table, too
     migrate(url, schema, "down"); // the count columns, too
@@ -495,6 +504,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     assert_eq!(count(db, &members_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &payload_tracked).await.unwrap(), 1);
     assert_eq!(count(db, &leases).await.unwrap(), 1);
+    migrate(url, schema, "down"); // the jobs' attempt history
     migrate(url, schema, "down"); // the run records' key column
     migrate(url, schema, "down"); // the rank column
     migrate(url, schema, "down"); // the rate-limit table

@@ -261,8 +261,8 @@ pub(crate) fn one(table: &str, job: &str, slot: i64) -> SelectStatement {
         .to_owned()
 }
 
-/// The most queued keys of one keyed job a look reads: a look claims at most a hundred, and a
-/// backlog of a million queued keys costs each look this many rows, not a million.
+/// The most queued keys of one keyed job a look reads: a look claims at most
+/// `MAX_CLAIMS_PER_LOOK` (10,000) in all, and a backlog of a million queued keys costs each look this many rows, not a million.
 pub(crate) const QUEUED_READ_LIMIT: u64 = 1_000;
 
 /// The claimed, failed and marked records of keyed `jobs` (every one: what to retry, give up
@@ -532,6 +532,13 @@ pub(crate) fn keep_attempt(
     .and_where(Expr::col(Column::Slot).eq(prior.slot))
     .and_where(Expr::col(Column::State).eq(prior.state.as_str()))
     .and_where(Expr::col(Column::Attempts).eq(prior.attempts));
+    if backend != DbBackend::Sqlite {
+        // The record locked for the reclaim that follows: a change committed meanwhile (an
+        // operator's mark, a late end) is waited for and re-checked, so the copy and the
+        // reclaim see the same record, and InnoDB never upgrades a shared lock it took here
+        // (SQLite's transaction already holds the one write lock).
+        copy.lock(sea_orm::sea_query::LockType::Update);
+    }
     let mut insert = Query::insert();
     insert
         .into_table(Alias::new(attempts))
@@ -1043,7 +1050,7 @@ mod tests {
             attempts: 2,
             claimed_at_ms: None,
         };
-        const KEEP: &str = r#"INSERT INTO "runs_attempts" ("job", "slot", "attempt", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", "error", "recorded_at") SELECT "job", "slot", "attempts", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", (CASE WHEN ("finished_at" IS NULL) THEN NULL ELSE "error" END), NOW FROM "runs" WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 2 CONFLICT"#;
+        const KEEP: &str = r#"INSERT INTO "runs_attempts" ("job", "slot", "attempt", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", "error", "recorded_at") SELECT "job", "slot", "attempts", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", (CASE WHEN ("finished_at" IS NULL) THEN NULL ELSE "error" END), NOW FROM "runs" WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 2LOCK CONFLICT"#;
         const PRUNE: &str = r#"DELETE FROM "runs_attempts" WHERE "job" IN ('a') AND ("job", "slot", "attempt") IN (SELECT CHOSEN LIMIT 50)"#;
         const CHOSEN: &str = r#""a"."job", "a"."slot", "a"."attempt" FROM "runs_attempts" AS "a" WHERE "a"."job" IN ('a') AND (NOT EXISTS(SELECT 1 FROM "runs" AS "r" WHERE "r"."job" = "a"."job" AND "r"."slot" = "a"."slot")) ORDER BY "a"."job" ASC, "a"."slot" ASC, "a"."attempt" ASC"#;
         for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
@@ -1093,7 +1100,15 @@ mod tests {
                     s
                 }
             };
-            let keep_want = KEEP.replace("NOW", now).replace("CONFLICT", conflict);
+            let lock = if backend == DbBackend::Sqlite {
+                ""
+            } else {
+                " FOR UPDATE"
+            };
+            let keep_want = KEEP
+                .replace("NOW", now)
+                .replace("LOCK", lock)
+                .replace("CONFLICT", conflict);
             assert_eq!(keep, q(keep_want), "{backend:?}");
             let mut prune_want = PRUNE.replace("CHOSEN", &chosen);
             if backend == DbBackend::MySql {

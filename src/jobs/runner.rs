@@ -31,7 +31,7 @@ pub(crate) struct Shared {
     /// The run table's attempt history (`CreateJobAttemptTable`).
     pub attempts_table: Arc<str>,
     pub poll: Duration,
-    /// How long a look's claim transaction may go on adding updates (see `claim`).
+    /// How long a look's claim transaction may go on adding records and updates (see `claim`).
     pub claim_budget: Duration,
     /// How long ended slots' records are kept (ms after their slot), if not forever.
     pub keep_finished_ms: Option<i64>,
@@ -358,17 +358,20 @@ async fn ask_history(shared: &Shared, history: &mut History) -> Result<(), JobEr
     }
     let backend = shared.store.connection().get_database_backend();
     let probe = backend.build(&records::attempts_probe(&shared.attempts_table));
+    // The history is never what a job's run rests on: whatever keeps it from being read (no
+    // table, no grant), the jobs go on without it.
     *history = match shared.store.engine()?.plain(probe).await {
         Ok(_) => History::Kept,
-        Err(crate::error::StoreError::MissingTable { .. }) => {
+        Err(e) => {
             tracing::warn!(
                 table = %shared.attempts_table,
-                "the attempt history's table is missing: only each slot's latest attempt is kept; \
-                 add orion_beacon_migration::CreateJobAttemptTable to your Migrator and run it"
+                error = %crate::error::chain(&e),
+                "the attempt history cannot be read: only each slot's latest attempt is kept; \
+                 add orion_beacon_migration::CreateJobAttemptTable to your Migrator and run it, \
+                 or grant the table"
             );
             History::Missing(Instant::now())
         }
-        Err(e) => return Err(e.into()),
     };
     Ok(())
 }
@@ -702,17 +705,22 @@ async fn tick(
     let mut handed = false;
     if !decided.is_empty() {
         ask_history(shared, &mut look.history).await?;
-        let keep = matches!(look.history, History::Kept);
-        let (claimed, left_out) = match claim(shared, term, backend, &decided, keep).await {
+        let mut keep = matches!(look.history, History::Kept);
+        let (claimed, left_out) = match claim(shared, term, backend, &decided, &mut keep).await {
             Ok(claimed) => claimed,
             Err(e) => {
                 // The history's table may have gone (a `down`): asked again next look.
-                if keep {
+                if matches!(look.history, History::Kept) {
                     look.history = History::Unknown;
                 }
                 return Err(e);
             }
         };
+        if !keep && matches!(look.history, History::Kept) {
+            // A copy failed (and was undone on its own): the term goes on without the history
+            // and asks again in a minute.
+            look.history = History::Missing(Instant::now());
+        }
         if let Some(first) = left_out {
             // What the budget left out comes first in the next look, as what the look's limit
             // left out does.
@@ -1083,7 +1091,8 @@ async fn prune(
 ///
 /// The transaction holds the lease row (on SQLite the write lock), so the leader's own renew
 /// waits for it: the new records go in multi-row statements of [`ROWS_PER_INSERT`] each, then
-/// the updates (retries, give-ups; one statement each). Each kind stops once the row has been
+/// the updates (retries, each with the copy of its earlier attempt into the history in a
+/// savepoint; give-ups). Each kind stops once the row has been
 /// held for `claim_budget`, after at least one statement. The answer names the job of the
 /// first claim left out (the next look starts with it).
 /// One statement per claim held the row for as many round trips as there were claims, and on
@@ -1093,7 +1102,7 @@ async fn claim(
     term: &LeaderTerm,
     backend: DbBackend,
     decided: &[(usize, Action)],
-    keep_history: bool,
+    keep_history: &mut bool,
 ) -> Result<(Vec<(usize, Action)>, Option<usize>), JobError> {
     let table = &*shared.table;
     // A start is run by this leader, or with spread runs claimed for the nodes' runners.
@@ -1184,9 +1193,10 @@ async fn claim(
             Action::Start {
                 prior: Some(prior), ..
             } => {
-                // The attempt the record holds goes to the history first, while the record
-                // is still as read (the copy and the reclaim test the same).
-                let kept = match keep_history
+                // The attempt the record holds goes to the history first, in a savepoint of
+                // its own: undone with a reclaim that matched nothing, and a copy that fails
+                // (no grant, a table dropped meanwhile) costs the history, not the claim.
+                let copy = keep_history
                     .then(|| {
                         records::keep_attempt(
                             backend,
@@ -1195,19 +1205,19 @@ async fn claim(
                             prior,
                         )
                     })
-                    .flatten()
-                {
-                    Some(copy) => txn.execute(&copy).await.map(|_| ()),
-                    None => Ok(()),
-                };
-                match kept {
-                    Ok(()) => {
-                        txn.execute(&records::reclaim(
-                            backend, table, &reg.name, prior, &by, started,
-                        ))
-                        .await
-                    }
-                    Err(e) => Err(e),
+                    .flatten();
+                let reclaim = records::reclaim(backend, table, &reg.name, prior, &by, started);
+                match copy {
+                    Some(copy) => match kept_and_reclaimed(&txn, &copy, &reclaim).await {
+                        Ok(Kept::Both(r)) => Ok(r),
+                        Ok(Kept::CopyFailed(e)) => {
+                            tracing::warn!(error = %e, "keeping an earlier attempt failed; this term goes on without the history");
+                            *keep_history = false;
+                            txn.execute(&reclaim).await
+                        }
+                        Err(e) => Err(e),
+                    },
+                    None => txn.execute(&reclaim).await,
                 }
             }
             Action::GiveUp { prior } => {
@@ -1230,6 +1240,43 @@ async fn claim(
     }
     txn.commit().await?;
     Ok((done, left_out))
+}
+
+/// What [`kept_and_reclaimed`] did.
+enum Kept {
+    /// The copy and the reclaim ran (the reclaim's answer; the copy undone if it matched
+    /// nothing).
+    Both(sea_orm::ExecResult),
+    /// The copy failed and was undone; nothing else ran.
+    CopyFailed(sea_orm::DbErr),
+}
+
+/// The copy of an attempt into the history, then the reclaim of its record, in a savepoint of
+/// `txn`: the copy stays only with a reclaim that matched the record.
+async fn kept_and_reclaimed(
+    txn: &sea_orm::DatabaseTransaction,
+    copy: &sea_orm::sea_query::InsertStatement,
+    reclaim: &sea_orm::sea_query::UpdateStatement,
+) -> Result<Kept, sea_orm::DbErr> {
+    use sea_orm::TransactionTrait;
+    let point = txn.begin().await?;
+    if let Err(e) = point.execute(copy).await {
+        point.rollback().await?;
+        return Ok(Kept::CopyFailed(e));
+    }
+    let r = match point.execute(reclaim).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = point.rollback().await;
+            return Err(e);
+        }
+    };
+    if r.rows_affected() == 1 {
+        point.commit().await?;
+    } else {
+        point.rollback().await?;
+    }
+    Ok(Kept::Both(r))
 }
 
 #[cfg(test)]

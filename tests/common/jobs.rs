@@ -622,11 +622,9 @@ pub async fn failed_attempts_are_retried_then_given_up<H: Harness<Store = SeaOrm
     t.drop(&db).await;
 }
 
-/// A run that outlasts its interval: the slots that come due meanwhile are skipped (recorded),
-/// never run beside it.
-/// A run table whose attempt history's migration has not run: the scheduler keeps each slot's
-/// latest attempt as before, retries included, and stays healthy; the next term after the
-/// migration keeps the earlier attempts.
+/// A run table whose attempt history cannot be written (a table of its name made by hand): the
+/// scheduler keeps each slot's latest attempt as before, retries included, and stays healthy;
+/// the next term after the migration keeps the earlier attempts.
 pub async fn a_run_table_without_its_attempt_history_goes_on<
     H: Harness<Store = SeaOrmLeaseStore>,
 >(
@@ -636,6 +634,16 @@ pub async fn a_run_table_without_its_attempt_history_goes_on<
     let t = Tables::create(&db).await;
     let history = CreateJobAttemptTable::with_table(&t.runs).unwrap();
     history.down(&SchemaManager::new(&db)).await.unwrap();
+    // A table of that name the scheduler can read but not write its copies into (made by
+    // hand, say): each copy fails and is undone on its own, and the claims go on.
+    db.execute(
+        &Table::create()
+            .table(Alias::new(t.attempts()))
+            .col(ColumnDef::new(Alias::new("job")).string_len(255).null())
+            .to_owned(),
+    )
+    .await
+    .unwrap();
     // Each slot's first attempt fails, its second finishes.
     let failed_once = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
     let job = || {
@@ -674,6 +682,9 @@ pub async fn a_run_table_without_its_attempt_history_goes_on<
     assert!(health.scheduling.is_none(), "{health}");
     a.shutdown().await;
     let before = retried(&records).unwrap();
+    db.execute(&Table::drop().table(Alias::new(t.attempts())).to_owned())
+        .await
+        .unwrap();
     history.up(&SchemaManager::new(&db)).await.unwrap();
     let b = t.start(&h.store(), "b", vec![job()]);
     let records = t
@@ -696,6 +707,8 @@ pub async fn a_run_table_without_its_attempt_history_goes_on<
     t.drop(&db).await;
 }
 
+/// A run that outlasts its interval: the slots that come due meanwhile are skipped (recorded),
+/// never run beside it.
 pub async fn slots_due_while_one_runs_are_skipped<H: Harness<Store = SeaOrmLeaseStore>>(h: &H) {
     let db = h.store().connection().clone();
     let t = Tables::create(&db).await;
