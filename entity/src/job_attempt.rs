@@ -4,7 +4,7 @@
 
 use sea_orm::entity::prelude::*;
 
-/// One earlier attempt. The table name here is the default (`orionbeacon_job_attempts`, the
+/// One earlier attempt. The table name here is the default (`orionbeacon_job_runs_attempts`, the
 /// history of `orionbeacon_job_runs`; another run table's is
 /// [`job_attempt_table`](crate::job_attempt_table)).
 ///
@@ -15,7 +15,7 @@ use sea_orm::entity::prelude::*;
 /// took it is kept too, with no end. A scheduler that cannot write the table (not migrated,
 /// not granted) keeps only the latest and says so in its log. Times are the database clock's.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-#[sea_orm(table_name = "orionbeacon_job_attempts")]
+#[sea_orm(table_name = "orionbeacon_job_runs_attempts")]
 pub struct Model {
     /// The job's name.
     #[sea_orm(

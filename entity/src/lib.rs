@@ -21,7 +21,7 @@
 //!
 //! Scheduled jobs record each slot they run in the job-run table (`orionbeacon_job_runs`),
 //! whose rows are [`job_run::Model`]; the attempts before a slot's latest are kept in the
-//! attempt-history table (`orionbeacon_job_attempts`), whose rows are [`job_attempt::Model`].
+//! attempt-history table (`orionbeacon_job_runs_attempts`), whose rows are [`job_attempt::Model`].
 //!
 //! Rate limits keep one row per key in the rate-limit table (`orionbeacon_rate_limits`),
 //! whose rows are [`rate_limit::Model`].

@@ -9,23 +9,28 @@ pub const DEFAULT_MEMBER_TABLE: &str = "orionbeacon_members";
 /// The default run-record table name (scheduled jobs).
 pub const DEFAULT_JOB_RUN_TABLE: &str = "orionbeacon_job_runs";
 
-/// The default attempt-history table name (scheduled jobs): see [`job_attempt_table`].
-pub const DEFAULT_JOB_ATTEMPT_TABLE: &str = "orionbeacon_job_attempts";
+/// The default attempt-history table name (scheduled jobs): the history of
+/// [`DEFAULT_JOB_RUN_TABLE`], see [`job_attempt_table`].
+pub const DEFAULT_JOB_ATTEMPT_TABLE: &str = "orionbeacon_job_runs_attempts";
 
-/// The attempt-history table of run table `runs`: [`DEFAULT_JOB_ATTEMPT_TABLE`] for the
-/// default run table, otherwise `<runs>_attempts` (`runs` cut to 54 characters first, so the
-/// name stays within [`MAX_TABLE_NAME_LEN`]). A run table has exactly one, so configuring the
-/// run table configures both.
+/// The attempt-history table of run table `runs`: `<runs>_attempts`. A run table longer than
+/// 54 characters gives its first 45, `_`, eight hex digits of a digest of its whole name, and
+/// `_attempts`, so the name stays within [`MAX_TABLE_NAME_LEN`] and two run tables never share
+/// a history. A run table has exactly one, so configuring the run table configures both.
 pub fn job_attempt_table(runs: &str) -> String {
-    if runs == DEFAULT_JOB_RUN_TABLE {
-        return DEFAULT_JOB_ATTEMPT_TABLE.to_owned();
-    }
     const SUFFIX: &str = "_attempts";
-    let mut end = runs.len().min(MAX_TABLE_NAME_LEN - SUFFIX.len());
+    if runs.len() + SUFFIX.len() <= MAX_TABLE_NAME_LEN {
+        return format!("{runs}{SUFFIX}");
+    }
+    // FNV-1a: stable across versions and platforms (the name is in the schema).
+    let digest = runs.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let mut end = 45.min(runs.len());
     while !runs.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}{SUFFIX}", &runs[..end])
+    format!("{}_{digest:08x}{SUFFIX}", &runs[..end])
 }
 
 /// The default rate-limit table name.
@@ -95,14 +100,23 @@ mod tests {
     fn a_run_tables_attempt_table() {
         assert_eq!(
             job_attempt_table(DEFAULT_JOB_RUN_TABLE),
-            "orionbeacon_job_attempts"
+            DEFAULT_JOB_ATTEMPT_TABLE
         );
         assert_eq!(job_attempt_table("nightly_runs"), "nightly_runs_attempts");
-        let long = "r".repeat(MAX_TABLE_NAME_LEN);
-        let derived = job_attempt_table(&long);
-        assert_eq!(derived.len(), MAX_TABLE_NAME_LEN);
-        assert!(validate_table_name(&derived).is_ok());
-        assert!(derived.ends_with("_attempts"));
+        let fits = "r".repeat(MAX_TABLE_NAME_LEN - "_attempts".len());
+        assert_eq!(job_attempt_table(&fits), format!("{fits}_attempts"));
+        // Longer: cut, and two names that share the cut still differ.
+        let (a, b) = (
+            "r".repeat(MAX_TABLE_NAME_LEN),
+            format!("{}s", "r".repeat(62)),
+        );
+        let (da, db) = (job_attempt_table(&a), job_attempt_table(&b));
+        assert_ne!(da, db);
+        for derived in [&da, &db] {
+            assert_eq!(derived.len(), MAX_TABLE_NAME_LEN, "{derived}");
+            assert!(validate_table_name(derived).is_ok());
+            assert!(derived.ends_with("_attempts"));
+        }
     }
 
     #[test]

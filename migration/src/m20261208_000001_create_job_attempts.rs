@@ -9,9 +9,9 @@ use crate::m20261129_000001_create_leases::{
     applied_through, name_column, table_exists, take_over_from_own,
 };
 
-/// Creates the attempt-history table of a job-run table: `orionbeacon_job_attempts` for the
-/// default `orionbeacon_job_runs`, `<runs>_attempts` for another
-/// ([`job_attempt_table`](crate::job_attempt_table)). Run it after
+/// Creates the attempt-history table of a job-run table: `<runs>_attempts`
+/// ([`job_attempt_table`](crate::job_attempt_table)), `orionbeacon_job_runs_attempts` for the
+/// default `orionbeacon_job_runs`. Run it after
 /// [`CreateJobRunTable`](crate::CreateJobRunTable).
 ///
 /// One row per earlier attempt of a slot, written in the fenced transaction that claims the
@@ -34,7 +34,7 @@ impl CreateJobAttemptTable {
     /// The migration name for the default tables. It never changes.
     pub const NAME: &'static str = "m20261208_000001_create_orionbeacon_job_attempts";
 
-    /// The migration for the default run table's history, `orionbeacon_job_attempts`.
+    /// The migration for the default run table's history, `orionbeacon_job_runs_attempts`.
     pub fn new() -> Self {
         Self {
             runs: DEFAULT_JOB_RUN_TABLE.to_owned(),
@@ -179,7 +179,7 @@ mod tests {
     fn names_are_fixed() {
         let m = CreateJobAttemptTable::new();
         assert_eq!(m.name(), "m20261208_000001_create_orionbeacon_job_attempts");
-        assert_eq!(m.table(), "orionbeacon_job_attempts");
+        assert_eq!(m.table(), "orionbeacon_job_runs_attempts");
         let custom = CreateJobAttemptTable::with_table("runs").unwrap();
         assert_eq!(
             custom.name(),
@@ -195,16 +195,16 @@ mod tests {
         assert_eq!(
             m.create_statement(DbBackend::Postgres)
                 .to_string(PostgresQueryBuilder),
-            r#"CREATE TABLE "orionbeacon_job_attempts" ( "job" varchar(255) NOT NULL, "slot" bigint NOT NULL, "attempt" integer NOT NULL, "state" varchar(16) NOT NULL, "claimed_token" bigint NULL, "claimed_by" varchar(255) NULL, "claimed_at" timestamp with time zone NULL, "finished_token" bigint NULL, "finished_at" timestamp with time zone NULL, "duration_ms" bigint NULL, "error" varchar(1024) NULL, "recorded_at" timestamp with time zone NOT NULL, PRIMARY KEY ("job", "slot", "attempt") )"#
+            r#"CREATE TABLE "orionbeacon_job_runs_attempts" ( "job" varchar(255) NOT NULL, "slot" bigint NOT NULL, "attempt" integer NOT NULL, "state" varchar(16) NOT NULL, "claimed_token" bigint NULL, "claimed_by" varchar(255) NULL, "claimed_at" timestamp with time zone NULL, "finished_token" bigint NULL, "finished_at" timestamp with time zone NULL, "duration_ms" bigint NULL, "error" varchar(1024) NULL, "recorded_at" timestamp with time zone NOT NULL, PRIMARY KEY ("job", "slot", "attempt") )"#
         );
         assert_eq!(
             m.create_statement(DbBackend::Sqlite)
                 .to_string(SqliteQueryBuilder),
-            r#"CREATE TABLE "orionbeacon_job_attempts" ( "job" varchar(255) NOT NULL, "slot" integer NOT NULL, "attempt" integer NOT NULL, "state" varchar(16) NOT NULL, "claimed_token" integer NULL, "claimed_by" varchar(255) NULL, "claimed_at" timestamp_with_timezone_text NULL, "finished_token" integer NULL, "finished_at" timestamp_with_timezone_text NULL, "duration_ms" integer NULL, "error" varchar(1024) NULL, "recorded_at" timestamp_with_timezone_text NOT NULL, PRIMARY KEY ("job", "slot", "attempt") )"#
+            r#"CREATE TABLE "orionbeacon_job_runs_attempts" ( "job" varchar(255) NOT NULL, "slot" integer NOT NULL, "attempt" integer NOT NULL, "state" varchar(16) NOT NULL, "claimed_token" integer NULL, "claimed_by" varchar(255) NULL, "claimed_at" timestamp_with_timezone_text NULL, "finished_token" integer NULL, "finished_at" timestamp_with_timezone_text NULL, "duration_ms" integer NULL, "error" varchar(1024) NULL, "recorded_at" timestamp_with_timezone_text NOT NULL, PRIMARY KEY ("job", "slot", "attempt") )"#
         );
         assert_eq!(
             m.create_statement(DbBackend::MySql).to_string(MysqlQueryBuilder),
-            "CREATE TABLE `orionbeacon_job_attempts` ( `job` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `slot` bigint NOT NULL, `attempt` int NOT NULL, `state` VARCHAR(16) CHARACTER SET utf8mb4 NOT NULL, `claimed_token` bigint NULL, `claimed_by` VARCHAR(255) CHARACTER SET utf8mb4 NULL, `claimed_at` DATETIME(6) NULL, `finished_token` bigint NULL, `finished_at` DATETIME(6) NULL, `duration_ms` bigint NULL, `error` VARCHAR(1024) CHARACTER SET utf8mb4 NULL, `recorded_at` DATETIME(6) NOT NULL, PRIMARY KEY (`job`, `slot`, `attempt`) )"
+            "CREATE TABLE `orionbeacon_job_runs_attempts` ( `job` VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `slot` bigint NOT NULL, `attempt` int NOT NULL, `state` VARCHAR(16) CHARACTER SET utf8mb4 NOT NULL, `claimed_token` bigint NULL, `claimed_by` VARCHAR(255) CHARACTER SET utf8mb4 NULL, `claimed_at` DATETIME(6) NULL, `finished_token` bigint NULL, `finished_at` DATETIME(6) NULL, `duration_ms` bigint NULL, `error` VARCHAR(1024) CHARACTER SET utf8mb4 NULL, `recorded_at` DATETIME(6) NOT NULL, PRIMARY KEY (`job`, `slot`, `attempt`) )"
         );
     }
 }

@@ -344,7 +344,7 @@ async fn check_up_then_down(url: &str, db: &DatabaseConnection, schema: Option<&
     assert_eq!(count(db, &members).await.expect("nothing dropped"), 0);
     assert_eq!(count(db, &payloads).await.expect("nothing dropped"), 0);
     // One step back drops the jobs' attempt history (a history: nothing refuses it).
-    let attempts = format!("SELECT COUNT(*) FROM {prefix}orionbeacon_job_attempts");
+    let attempts = format!("SELECT COUNT(*) FROM {prefix}orionbeacon_job_runs_attempts");
     assert_eq!(count(db, &attempts).await.expect("the attempt history"), 0);
     migrate(url, schema, "down");
     assert!(

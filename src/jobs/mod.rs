@@ -311,6 +311,7 @@ impl JobsBuilder {
                 spread: self.spread,
                 runner_wake: tokio::sync::Notify::new(),
                 runner_problem: std::sync::Mutex::new(None),
+                waiting: std::sync::Mutex::new(None),
                 aborted: std::sync::atomic::AtomicBool::new(false),
             }),
         })
@@ -605,6 +606,46 @@ pub struct JobsHealth {
     /// leader, the metrics or `orion-beacon jobs check`). It leaves `healthy` as it is: a job
     /// that does not run is the job's problem, not this node's.
     pub stale: Vec<StaleJob>,
+    /// On the leader, with [spread runs](JobsBuilder::spread_runs): the starts it claimed that
+    /// no node's runner has taken for longer than ten poll intervals (at least 5 s): every
+    /// node at `spread_runs(0)`, their runners down, or every runner full with long runs.
+    /// `None` on a follower, and when none waits that long. It leaves `healthy` as it is: a
+    /// backlog is the job set's problem, not this node's.
+    pub waiting: Option<WaitingStarts>,
+}
+
+/// Starts claimed for the nodes' runners and not taken for too long, in
+/// [`JobsHealth::waiting`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct WaitingStarts {
+    /// How many wait longer than `limit`.
+    pub count: usize,
+    /// How long the oldest has waited (database clock).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "oldest_ms", serialize_with = "crate::lease::millis")
+    )]
+    pub oldest: Duration,
+    /// The limit: ten poll intervals, at least 5 s.
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "limit_ms", serialize_with = "crate::lease::millis")
+    )]
+    pub limit: Duration,
+}
+
+impl std::fmt::Display for WaitingStarts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} claimed start(s) not taken by any node's runner for over {:?} (the oldest for \
+             {:?}): no runner takes them (every node at spread_runs(0), runners down, or all \
+             full)",
+            self.count, self.limit, self.oldest
+        )
+    }
 }
 
 impl std::fmt::Display for JobsHealth {
@@ -625,6 +666,9 @@ impl std::fmt::Display for JobsHealth {
         }
         for stale in &self.stale {
             write!(f, "; STALE {stale}")?;
+        }
+        if let Some(waiting) = &self.waiting {
+            write!(f, "; WAITING {waiting}")?;
         }
         Ok(())
     }
@@ -655,6 +699,7 @@ impl JobsHandle {
             scheduling,
             other_job_set,
             stale: self.shared.freshness.stale(),
+            waiting: crate::mutex::lock(&self.shared.waiting).clone(),
         }
     }
 

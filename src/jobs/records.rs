@@ -495,7 +495,7 @@ pub(crate) fn reclaim(
 /// [`reclaim`] requires, in the same transaction). `None` when `prior` holds no attempt that
 /// ran: a start claimed but never taken, a key still queued. An attempt that wrote no end
 /// keeps no error (the record's is an earlier attempt's). A row already there (a key
-/// submitted again after its pruned record's history outlived it) is left as it is.
+/// submitted again after its pruned record's history outlived it) is overwritten.
 pub(crate) fn keep_attempt(
     backend: DbBackend,
     (runs, attempts): (&str, &str),
@@ -558,13 +558,23 @@ pub(crate) fn keep_attempt(
         ])
         .select_from(copy)
         .ok()?;
-    let mut keep = OnConflict::columns([Kept::Job, Kept::Slot, Kept::Attempt]);
-    match backend {
-        // MySQL/MariaDB have no `DO NOTHING`: an update that changes nothing.
-        DbBackend::MySql => keep.update_column(Kept::Job),
-        _ => keep.do_nothing(),
-    };
-    insert.on_conflict(keep.to_owned());
+    // The record is the truth: a row of that attempt left from before (a key pruned with its
+    // history not yet, then submitted again) is overwritten.
+    insert.on_conflict(
+        OnConflict::columns([Kept::Job, Kept::Slot, Kept::Attempt])
+            .update_columns([
+                Kept::State,
+                Kept::ClaimedToken,
+                Kept::ClaimedBy,
+                Kept::ClaimedAt,
+                Kept::FinishedToken,
+                Kept::FinishedAt,
+                Kept::DurationMs,
+                Kept::Error,
+                Kept::RecordedAt,
+            ])
+            .to_owned(),
+    );
     Some(insert)
 }
 
@@ -1051,6 +1061,8 @@ mod tests {
             claimed_at_ms: None,
         };
         const KEEP: &str = r#"INSERT INTO "runs_attempts" ("job", "slot", "attempt", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", "error", "recorded_at") SELECT "job", "slot", "attempts", "state", "claimed_token", "claimed_by", "claimed_at", "finished_token", "finished_at", "duration_ms", (CASE WHEN ("finished_at" IS NULL) THEN NULL ELSE "error" END), NOW FROM "runs" WHERE "job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 2LOCK CONFLICT"#;
+        const UPSERT: &str = r#"ON CONFLICT ("job", "slot", "attempt") DO UPDATE SET "state" = "excluded"."state", "claimed_token" = "excluded"."claimed_token", "claimed_by" = "excluded"."claimed_by", "claimed_at" = "excluded"."claimed_at", "finished_token" = "excluded"."finished_token", "finished_at" = "excluded"."finished_at", "duration_ms" = "excluded"."duration_ms", "error" = "excluded"."error", "recorded_at" = "excluded"."recorded_at""#;
+        const UPSERT_MYSQL: &str = r#"ON DUPLICATE KEY UPDATE "state" = VALUES("state"), "claimed_token" = VALUES("claimed_token"), "claimed_by" = VALUES("claimed_by"), "claimed_at" = VALUES("claimed_at"), "finished_token" = VALUES("finished_token"), "finished_at" = VALUES("finished_at"), "duration_ms" = VALUES("duration_ms"), "error" = VALUES("error"), "recorded_at" = VALUES("recorded_at")"#;
         const PRUNE: &str = r#"DELETE FROM "runs_attempts" WHERE "job" IN ('a') AND ("job", "slot", "attempt") IN (SELECT CHOSEN LIMIT 50)"#;
         const CHOSEN: &str = r#""a"."job", "a"."slot", "a"."attempt" FROM "runs_attempts" AS "a" WHERE "a"."job" IN ('a') AND (NOT EXISTS(SELECT 1 FROM "runs" AS "r" WHERE "r"."job" = "a"."job" AND "r"."slot" = "a"."slot")) ORDER BY "a"."job" ASC, "a"."slot" ASC, "a"."attempt" ASC"#;
         for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
@@ -1075,21 +1087,16 @@ mod tests {
                 ),
             };
             let (now, conflict, chosen) = match backend {
-                DbBackend::Postgres => (
-                    "statement_timestamp()",
-                    r#"ON CONFLICT ("job", "slot", "attempt") DO NOTHING"#,
-                    CHOSEN.to_owned(),
-                ),
-                // No `DO NOTHING`: an update that changes nothing; the `LIMIT` in a derived
-                // table.
+                DbBackend::Postgres => ("statement_timestamp()", UPSERT, CHOSEN.to_owned()),
+                // The `LIMIT` in a derived table.
                 DbBackend::MySql => (
                     "UTC_TIMESTAMP(6)",
-                    r#"ON DUPLICATE KEY UPDATE "job" = VALUES("job")"#,
+                    UPSERT_MYSQL,
                     format!(r#""d"."job", "d"."slot", "d"."attempt" FROM (SELECT {CHOSEN}"#),
                 ),
                 _ => (
                     "strftime('%Y-%m-%d %H:%M:%f', 'now')",
-                    r#"ON CONFLICT ("job", "slot", "attempt") DO NOTHING"#,
+                    UPSERT,
                     CHOSEN.to_owned(),
                 ),
             };

@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub runner_wake: tokio::sync::Notify,
     /// Why this node's runner's last look failed, while it does.
     pub runner_problem: Mutex<Option<String>>,
+    /// While this node leads: the claimed starts no runner has taken for too long.
+    pub waiting: Mutex<Option<super::WaitingStarts>>,
     /// Set by `abort`: the runs' permits and holds lapse instead of being released.
     pub aborted: AtomicBool,
 }
@@ -181,7 +183,23 @@ impl Drop for ClearProblem<'_> {
 
 /// One term's loop. Returns when the term ends (the elector drops it at once when the lease no
 /// longer covers it, and with it every run it started).
+/// Clears what only a leader knows when its term's loop ends (or is dropped).
+struct LeaderOnly(Arc<Shared>);
+
+impl Drop for LeaderOnly {
+    fn drop(&mut self) {
+        *lock(&self.0.waiting) = None;
+    }
+}
+
+/// How long a claimed start may wait for a runner before health says so: ten polls, at least
+/// 5 s.
+fn waiting_limit(poll: Duration) -> Duration {
+    poll.saturating_mul(10).max(Duration::from_secs(5))
+}
+
 pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
+    let _leader_only = LeaderOnly(shared.clone());
     let _clear = ClearProblem(&shared);
     let names: Vec<String> = shared.jobs.iter().map(|j| j.name.to_string()).collect();
     // Each job's names whose records are its history: its own and its earlier ones.
@@ -633,6 +651,21 @@ async fn tick(
             Err(e) => tracing::warn!(error = %e, "a run record could not be read; left alone"),
         }
     }
+    // Claimed starts that no runner has taken for too long (with spread runs, a node's runner
+    // takes each within its poll while one has room).
+    let limit = waiting_limit(shared.poll);
+    let waited: Vec<i64> = open
+        .iter()
+        .flatten()
+        .filter(|o| o.state == State::Claimed)
+        .filter_map(|o| o.claimed_at_ms.map(|at| now_ms.saturating_sub(at)))
+        .filter(|&ms| u128::try_from(ms).is_ok_and(|ms| ms > limit.as_millis()))
+        .collect();
+    *lock(&shared.waiting) = waited.iter().max().map(|&oldest| super::WaitingStarts {
+        count: waited.len(),
+        oldest: Duration::from_millis(u64::try_from(oldest).unwrap_or(0)),
+        limit,
+    });
     // With spread runs, the attempts claimed for the runners and those a live hold runs are
     // under way wherever they run: the planner counts them as running (overlap, caps of runs
     // at once) and never claims them again. The rest stay open for it to judge.
@@ -1092,9 +1125,9 @@ async fn prune(
 /// The transaction holds the lease row (on SQLite the write lock), so the leader's own renew
 /// waits for it: the new records go in multi-row statements of [`ROWS_PER_INSERT`] each, then
 /// the updates (retries, each with the copy of its earlier attempt into the history in a
-/// savepoint; give-ups). Each kind stops once the row has been
-/// held for `claim_budget`, after at least one statement. The answer names the job of the
-/// first claim left out (the next look starts with it).
+/// savepoint; give-ups). The inserts stop once the row has been held for half `claim_budget`,
+/// the updates once it has been held for all of it, each after at least one statement. The
+/// answer names the job of the first claim left out (the next look starts with it).
 /// One statement per claim held the row for as many round trips as there were claims, and on
 /// a slow or busy host the leader lost its term to its own claims.
 async fn claim(
@@ -1148,8 +1181,9 @@ async fn claim(
     }
     let mut left_out = None;
     for (n, chunk) in new.chunks(ROWS_PER_INSERT).enumerate() {
-        // At least one statement per look; the rest while the budget lasts.
-        if n > 0 && held.elapsed() >= shared.claim_budget {
+        // At least one statement per look; the rest while half the budget lasts (the other
+        // half is the updates': retries and keys are never starved by a flood of new slots).
+        if n > 0 && held.elapsed() >= shared.claim_budget / 2 {
             left_out = chunk.first().map(|((i, _), _)| *i);
             break;
         }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use orion_beacon::jobs::{Job, JobError, JobRun, JobsHandle, Overlap};
 use orion_beacon::{ErrorKind, SeaOrmLeaseStore};
 use orion_beacon_migration::{AddJobRunKey, MigrationTrait, SchemaManager};
+use sea_orm::sea_query::{Alias, Query};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::sync::mpsc;
 
@@ -248,6 +249,27 @@ pub async fn keyed_runs_are_retried_given_up_and_capped<H: Harness<Store = SeaOr
     }
 
     let bad = node.submit("failing", "tenant-9").await.unwrap();
+    // A row of its first attempt left from before (an earlier record of this key pruned before
+    // its history was): the attempt's copy overwrites it.
+    let stale = db
+        .execute(
+            &Query::insert()
+                .into_table(Alias::new(t.attempts()))
+                .columns(
+                    ["job", "slot", "attempt", "state", "error", "recorded_at"].map(Alias::new),
+                )
+                .values_panic([
+                    "failing".into(),
+                    bad.record.slot.into(),
+                    1.into(),
+                    "failed".into(),
+                    "an earlier submit's".into(),
+                    chrono::Utc::now().into(),
+                ])
+                .to_owned(),
+        )
+        .await
+        .is_ok();
     let mut capped_slots = BTreeSet::new();
     for i in 0..6 {
         let s = node.submit("capped", &format!("item-{i}")).await.unwrap();
@@ -270,6 +292,17 @@ pub async fn keyed_runs_are_retried_given_up_and_capped<H: Harness<Store = SeaOr
             .as_deref()
             .is_some_and(|e| e.contains("the tenant's API said no")),
         "{given_up:?}"
+    );
+    // Its first attempt is kept as it ended, whatever row was there before.
+    let kept = t.kept_attempts(&db).await;
+    let first = kept.get(&(bad.record.slot, 1));
+    assert!(
+        first.is_some_and(|(state, token, error)| state == "failed"
+            && token.is_some()
+            && error
+                .as_deref()
+                .is_some_and(|e| e.contains("the tenant's API said no"))),
+        "stale row written first: {stale}; {kept:?}"
     );
     assert_eq!(
         most.load(Ordering::SeqCst),

@@ -14,6 +14,7 @@ use orion_beacon::{ErrorKind, SeaOrmLeaseStore};
 use sea_orm::sea_query::{Alias, Query};
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::conformance::Harness;
 use super::jobs::{leader_of, write, Tables};
@@ -522,5 +523,72 @@ pub async fn a_claimed_start_runs_under_a_leader_that_does_not_spread<
     b.shutdown().await;
     a.shutdown().await;
     t.assert_exactly_once(&db).await;
+    t.drop(&db).await;
+}
+
+/// A start claimed for the runners that no runner takes (the only node at `spread_runs(0)`):
+/// the leader's health says so once it has waited ten polls (at least 5 s), not before, and
+/// leaves `healthy` as it is; once a runner comes and takes it, it says so no more.
+pub async fn a_start_no_runner_takes_is_reported_waiting<H: Harness<Store = SeaOrmLeaseStore>>(
+    h: &H,
+) {
+    let db = h.store().connection().clone();
+    let t = Tables::create(&db).await;
+    let job = || super::jobs::writer_every("tick", &t.writes, SECOND);
+    let lead = t
+        .builder(&h.store(), "lead")
+        .spread_runs(0)
+        .job(job())
+        .build()
+        .unwrap()
+        .start();
+    leader_of(std::slice::from_ref(&lead), 3 * SECOND).await;
+    let since = Instant::now();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let early = lead.health();
+    assert!(early.waiting.is_none(), "before 5 s: {early}");
+    let waiting = loop {
+        let health = lead.health();
+        if let Some(w) = &health.waiting {
+            break (w.clone(), health);
+        }
+        assert!(since.elapsed() < 12 * SECOND, "never said: {health}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (w, health) = waiting;
+    // One start at a time (the others are skipped while it is under way).
+    assert_eq!(w.count, 1, "{health}");
+    assert!(
+        w.oldest > w.limit && w.limit == Duration::from_secs(5),
+        "{health}"
+    );
+    assert!(
+        health.healthy,
+        "a backlog leaves healthy as it is: {health}"
+    );
+    assert!(
+        health.to_string().contains("WAITING 1 claimed start"),
+        "{health}"
+    );
+    // A runner comes: it takes the start, and the leader says so no more.
+    let runner = t
+        .builder(&h.separate_store().await, "r1")
+        .spread_runs(1)
+        .job(job())
+        .build()
+        .unwrap()
+        .start();
+    let deadline = Instant::now() + 10 * SECOND;
+    while lead.health().waiting.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "still waiting: {}",
+            lead.health()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    runner.shutdown().await;
+    lead.shutdown().await;
+    assert!(t.assert_exactly_once(&db).await >= 1);
     t.drop(&db).await;
 }

@@ -1683,6 +1683,7 @@ macro_rules! job_suite {
             a_leader_that_does_not_spread_never_starts_a_spread_run_twice,
             a_leader_reads_every_permit_a_runner_may_hold,
             a_claimed_start_runs_under_a_leader_that_does_not_spread,
+            a_start_no_runner_takes_is_reported_waiting,
         );
     };
     (@cases $attr:tt $setup:expr; $($case:ident),* $(,)?) => {
