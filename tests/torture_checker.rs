@@ -892,6 +892,38 @@ mod rates {
 mod jobs {
     use super::jobs_checker::{check, JobHistories, RunRecord, WriteRow};
 
+    #[test]
+    fn a_kept_attempt_that_is_not_an_earlier_one_is_caught() {
+        use super::jobs_checker::{check_history, JobVerdict, KeptAttempt};
+        let mut latest = record(5000, "finished", 5000, Some(5100));
+        latest.attempts = 3;
+        let kept = |attempt: i32, state: &str, end: Option<i64>| KeptAttempt {
+            job: "load-1".into(),
+            slot: 5000,
+            attempt,
+            state: state.into(),
+            finished_token: end,
+        };
+        let violations = |rows: &[KeptAttempt]| {
+            let mut v = JobVerdict::default();
+            check_history(std::slice::from_ref(&latest), rows, &mut v);
+            v.violations
+        };
+        // Clean: a failed attempt and a lost one.
+        let clean = [kept(1, "failed", Some(1)), kept(2, "running", None)];
+        assert!(violations(&clean).is_empty(), "{:?}", violations(&clean));
+        // The latest attempt kept (a copy after its reclaim), an attempt of no record, a
+        // finished one, a lost one with an end: each caught.
+        assert!(violations(&[kept(3, "failed", Some(1))])[0].contains("an earlier one"));
+        let orphan = KeptAttempt {
+            slot: 6000,
+            ..kept(1, "failed", Some(1))
+        };
+        assert!(violations(&[orphan])[0].contains("without its record"));
+        assert!(violations(&[kept(1, "finished", Some(1))])[0].contains("kept as"));
+        assert!(violations(&[kept(1, "running", Some(1))])[0].contains("kept as"));
+    }
+
     fn record(slot: i64, state: &str, claimed: i64, finished: Option<i64>) -> RunRecord {
         RunRecord {
             job: "load-1".into(),

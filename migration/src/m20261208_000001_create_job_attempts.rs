@@ -21,7 +21,7 @@ use crate::m20261129_000001_create_leases::{
 /// `recorded_at`. Rows go with their run record when ended records are pruned.
 ///
 /// Only the history needs it: until it has run, a scheduler keeps just the latest attempt of
-/// each slot, as before, and says so in its log once per term. `down` (one step) drops it:
+/// each slot, as before, says so in its log and asks again each minute. `down` (one step) drops it:
 /// it is a history, nothing a job's exactly-once rests on.
 #[derive(Debug, Clone)]
 pub struct CreateJobAttemptTable {

@@ -309,6 +309,23 @@ impl Engine {
         self.cx.kind(err) == Kind::MissingTable
     }
 
+    #[cfg(feature = "jobs")]
+    /// Whether the server refused the statement for what it is (a table or column not there,
+    /// a grant missing, a shape it cannot run), not for the moment it came at: no answer at
+    /// all (a lost connection, a pool timeout) and a conflict with another transaction are
+    /// the moment's, and may go well the next time.
+    pub(crate) fn refused_statement(&self, err: &sea_orm::DbErr) -> bool {
+        #[cfg(sqlx_driver)]
+        {
+            super::errors::database_error(err).is_some() && self.cx.kind(err) != Kind::Conflict
+        }
+        #[cfg(not(sqlx_driver))]
+        {
+            let _ = err;
+            false
+        }
+    }
+
     /// Whether `err`, a database error, says a column the statement named does not exist.
     pub(crate) fn unknown_column_in(&self, err: &crate::error::BackendError) -> bool {
         matches!(err, crate::error::BackendError::SeaOrm(e) if self.cx.kind(e) == Kind::UnknownColumn)

@@ -498,14 +498,29 @@ pub(crate) fn reclaim(
 /// submitted again after its pruned record's history outlived it) is overwritten.
 pub(crate) fn keep_attempt(
     backend: DbBackend,
-    (runs, attempts): (&str, &str),
+    tables: (&str, &str),
     job: &str,
     prior: &Open,
 ) -> Option<InsertStatement> {
-    use orion_beacon_entity::job_attempt::Column as Kept;
     if prior.attempts < 1 || matches!(prior.state, State::Claimed | State::Queued) {
         return None;
     }
+    Some(copy_into_history(backend, tables, Some((job, prior))))
+}
+
+/// A probe of the attempt history: [`keep_attempt`]'s statement copying no row, which fails
+/// as a copy would if the table is not there, lacks a column or may not be written.
+pub(crate) fn attempts_probe(backend: DbBackend, tables: (&str, &str)) -> InsertStatement {
+    copy_into_history(backend, tables, None)
+}
+
+/// The copy of `of`'s record into the history (none: no row, for the probe).
+fn copy_into_history(
+    backend: DbBackend,
+    (runs, attempts): (&str, &str),
+    of: Option<(&str, &Open)>,
+) -> InsertStatement {
+    use orion_beacon_entity::job_attempt::Column as Kept;
     let mut copy = Query::select();
     copy.columns([
         Column::Job,
@@ -527,12 +542,19 @@ pub(crate) fn keep_attempt(
         .finally(Expr::col(Column::Error)),
     )
     .expr(now(backend))
-    .from(Alias::new(runs))
-    .and_where(Expr::col(Column::Job).eq(job))
-    .and_where(Expr::col(Column::Slot).eq(prior.slot))
-    .and_where(Expr::col(Column::State).eq(prior.state.as_str()))
-    .and_where(Expr::col(Column::Attempts).eq(prior.attempts));
-    if backend != DbBackend::Sqlite {
+    .from(Alias::new(runs));
+    match of {
+        Some((job, prior)) => {
+            copy.and_where(Expr::col(Column::Job).eq(job))
+                .and_where(Expr::col(Column::Slot).eq(prior.slot))
+                .and_where(Expr::col(Column::State).eq(prior.state.as_str()))
+                .and_where(Expr::col(Column::Attempts).eq(prior.attempts));
+        }
+        None => {
+            copy.and_where(Expr::val(1).eq(0));
+        }
+    }
+    if backend != DbBackend::Sqlite && of.is_some() {
         // The record locked for the reclaim that follows: a change committed meanwhile (an
         // operator's mark, a late end) is waited for and re-checked, so the copy and the
         // reclaim see the same record, and InnoDB never upgrades a shared lock it took here
@@ -557,7 +579,9 @@ pub(crate) fn keep_attempt(
             Kept::RecordedAt,
         ])
         .select_from(copy)
-        .ok()?;
+        // Twelve columns into twelve, so it cannot fail (and a statement without its select
+        // would be refused by the server, never run).
+        .ok();
     // The record is the truth: a row of that attempt left from before (a key pruned with its
     // history not yet, then submitted again) is overwritten.
     insert.on_conflict(
@@ -575,17 +599,7 @@ pub(crate) fn keep_attempt(
             ])
             .to_owned(),
     );
-    Some(insert)
-}
-
-/// A probe of the attempt-history table: a read of no rows, which fails if it is not there.
-pub(crate) fn attempts_probe(attempts: &str) -> SelectStatement {
-    use orion_beacon_entity::job_attempt::Column as Kept;
-    Query::select()
-        .column(Kept::Job)
-        .from(Alias::new(attempts))
-        .and_where(Expr::val(1).eq(0))
-        .to_owned()
+    insert
 }
 
 /// Deletes at most `batch` rows of the attempt history of `jobs` whose run record is gone
@@ -1068,7 +1082,7 @@ mod tests {
         for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
             let keep = keep_attempt(backend, tables, "j", &failed).unwrap();
             let prune = prune_attempts(backend, tables, &["a".to_owned()], 50);
-            let probe = attempts_probe("runs_attempts");
+            let probe = attempts_probe(backend, tables);
             let (keep, prune, probe) = match backend {
                 DbBackend::Postgres => (
                     keep.to_string(PostgresQueryBuilder),
@@ -1122,11 +1136,15 @@ mod tests {
                 prune_want = prune_want.replace("LIMIT 50)", r#"LIMIT 50) AS "d")"#);
             }
             assert_eq!(prune, q(prune_want), "{backend:?}");
-            assert_eq!(
-                probe,
-                q(r#"SELECT "job" FROM "runs_attempts" WHERE 1 = 0"#.to_owned()),
-                "{backend:?}"
-            );
+            // The probe: the copy of no row (and no lock).
+            let probe_want = KEEP
+                .replace(
+                    r#""job" = 'j' AND "slot" = 5000 AND "state" = 'failed' AND "attempts" = 2LOCK"#,
+                    "1 = 0",
+                )
+                .replace("NOW", now)
+                .replace("CONFLICT", conflict);
+            assert_eq!(probe, q(probe_want), "{backend:?}");
         }
         // Nothing to keep: a start claimed but never taken, a key still queued, no attempt.
         for (state, attempts) in [(State::Claimed, 1), (State::Queued, 0), (State::Rerun, 0)] {

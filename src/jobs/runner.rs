@@ -181,8 +181,6 @@ impl Drop for ClearProblem<'_> {
     }
 }
 
-/// One term's loop. Returns when the term ends (the elector drops it at once when the lease no
-/// longer covers it, and with it every run it started).
 /// Clears what only a leader knows when its term's loop ends (or is dropped).
 struct LeaderOnly(Arc<Shared>);
 
@@ -198,6 +196,8 @@ fn waiting_limit(poll: Duration) -> Duration {
     poll.saturating_mul(10).max(Duration::from_secs(5))
 }
 
+/// One term's loop. Returns when the term ends (the elector drops it at once when the lease no
+/// longer covers it, and with it every run it started).
 pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
     let _leader_only = LeaderOnly(shared.clone());
     let _clear = ClearProblem(&shared);
@@ -285,6 +285,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
             Woke::Ended(id) => here.ended(id),
         }
     }
+    *lock(&shared.waiting) = None;
     // A shutdown or handover: nothing new is claimed, and the runs under way get the grace
     // period to finish (on every other end of the term this future is dropped at once, and
     // the runs with it).
@@ -366,8 +367,10 @@ enum History {
 /// How long a term goes on without the attempt history before it asks again.
 const HISTORY_ASK_AGAIN: Duration = Duration::from_secs(60);
 
-/// Asks whether the attempt history's table is there, if it is time to; says so in the log
-/// when it is not (once per ask).
+/// Asks whether the attempt history can be kept, if it is time to: a copy of no row, in a
+/// transaction rolled back. A statement the server refuses (no table, a missing column or
+/// grant) means no history for a minute, said in the log; no answer at all fails the look, as
+/// any read would (a history switched off by an outage would lose the retries' attempts).
 async fn ask_history(shared: &Shared, history: &mut History) -> Result<(), JobError> {
     match history {
         History::Kept => return Ok(()),
@@ -375,21 +378,23 @@ async fn ask_history(shared: &Shared, history: &mut History) -> Result<(), JobEr
         _ => {}
     }
     let backend = shared.store.connection().get_database_backend();
-    let probe = backend.build(&records::attempts_probe(&shared.attempts_table));
-    // The history is never what a job's run rests on: whatever keeps it from being read (no
-    // table, no grant), the jobs go on without it.
-    *history = match shared.store.engine()?.plain(probe).await {
+    let probe = records::attempts_probe(backend, (&shared.table, &shared.attempts_table));
+    let txn = shared.store.begin_whole().await?;
+    let tried = txn.execute(&probe).await;
+    txn.rollback().await?;
+    *history = match tried {
         Ok(_) => History::Kept,
-        Err(e) => {
+        Err(e) if shared.store.engine()?.refused_statement(&e) => {
             tracing::warn!(
                 table = %shared.attempts_table,
-                error = %crate::error::chain(&e),
-                "the attempt history cannot be read: only each slot's latest attempt is kept; \
+                error = %e,
+                "the attempt history cannot be written: only each slot's latest attempt is kept; \
                  add orion_beacon_migration::CreateJobAttemptTable to your Migrator and run it, \
                  or grant the table"
             );
             History::Missing(Instant::now())
         }
+        Err(e) => return Err(e.into()),
     };
     Ok(())
 }
@@ -657,7 +662,7 @@ async fn tick(
     let waited: Vec<i64> = open
         .iter()
         .flatten()
-        .filter(|o| o.state == State::Claimed)
+        .filter(|o| shared.spread.is_some() && o.state == State::Claimed)
         .filter_map(|o| o.claimed_at_ms.map(|at| now_ms.saturating_sub(at)))
         .filter(|&ms| u128::try_from(ms).is_ok_and(|ms| ms > limit.as_millis()))
         .collect();
@@ -738,22 +743,18 @@ async fn tick(
     let mut handed = false;
     if !decided.is_empty() {
         ask_history(shared, &mut look.history).await?;
-        let mut keep = matches!(look.history, History::Kept);
-        let (claimed, left_out) = match claim(shared, term, backend, &decided, &mut keep).await {
+        let keep = matches!(look.history, History::Kept);
+        let (claimed, left_out) = match claim(shared, term, backend, &decided, keep).await {
             Ok(claimed) => claimed,
             Err(e) => {
-                // The history's table may have gone (a `down`): asked again next look.
-                if matches!(look.history, History::Kept) {
+                // A copy may have failed (the table dropped or its grant revoked meanwhile):
+                // asked again at the next look.
+                if keep {
                     look.history = History::Unknown;
                 }
                 return Err(e);
             }
         };
-        if !keep && matches!(look.history, History::Kept) {
-            // A copy failed (and was undone on its own): the term goes on without the history
-            // and asks again in a minute.
-            look.history = History::Missing(Instant::now());
-        }
         if let Some(first) = left_out {
             // What the budget left out comes first in the next look, as what the look's limit
             // left out does.
@@ -1093,30 +1094,53 @@ async fn prune(
             }
         }
     }
-    // The attempt history of the records pruned (in this batch or before) goes with them.
+    txn.commit().await?;
+    // The attempt history of the records pruned (in this batch or before) goes after them, in
+    // a transaction of its own: a history that cannot be pruned (no grant) is logged, and
+    // never keeps the records from being pruned.
     let mut kept_deleted = 0;
     if history {
-        let tables = (&*shared.table, &*shared.attempts_table);
-        for chunk in names.chunks(PRUNE_NAMES).chain(keyed.chunks(PRUNE_NAMES)) {
-            let left = PRUNE_BATCH.saturating_sub(kept_deleted);
-            if left == 0 {
-                break;
-            }
-            let stmt = records::prune_attempts(backend, tables, chunk, left);
-            match txn.execute(&stmt).await {
-                Ok(done) => kept_deleted += done.rows_affected(),
-                Err(e) => {
-                    let _ = txn.rollback().await;
-                    return Err(e.into());
-                }
+        match prune_history(shared, backend, (names, keyed)).await {
+            Ok(n) => kept_deleted = n,
+            Err(e) => {
+                tracing::warn!(error = %e, "pruning the attempt history failed; trying again later")
             }
         }
     }
-    txn.commit().await?;
     if deleted > 0 || kept_deleted > 0 {
         tracing::debug!(deleted, kept_deleted, before_ms, "ended run records pruned");
     }
     Ok(deleted >= PRUNE_BATCH || kept_deleted >= PRUNE_BATCH)
+}
+
+/// Deletes a batch of the attempt history of `names`' and `keyed`'s records that are gone;
+/// how many rows it deleted.
+async fn prune_history(
+    shared: &Shared,
+    backend: DbBackend,
+    (names, keyed): (&[String], &[String]),
+) -> Result<u64, JobError> {
+    let tables = (&*shared.table, &*shared.attempts_table);
+    let txn = shared.store.begin_whole().await?;
+    let mut deleted = 0;
+    for chunk in names.chunks(PRUNE_NAMES).chain(keyed.chunks(PRUNE_NAMES)) {
+        let left = PRUNE_BATCH.saturating_sub(deleted);
+        if left == 0 {
+            break;
+        }
+        match txn
+            .execute(&records::prune_attempts(backend, tables, chunk, left))
+            .await
+        {
+            Ok(done) => deleted += done.rows_affected(),
+            Err(e) => {
+                let _ = txn.rollback().await;
+                return Err(e.into());
+            }
+        }
+    }
+    txn.commit().await?;
+    Ok(deleted)
 }
 
 /// Claims (or skips, or gives up) what the planner decided, in one transaction fenced by the
@@ -1124,9 +1148,10 @@ async fn prune(
 ///
 /// The transaction holds the lease row (on SQLite the write lock), so the leader's own renew
 /// waits for it: the new records go in multi-row statements of [`ROWS_PER_INSERT`] each, then
-/// the updates (retries, each with the copy of its earlier attempt into the history in a
-/// savepoint; give-ups). The inserts stop once the row has been held for half `claim_budget`,
-/// the updates once it has been held for all of it, each after at least one statement. The
+/// the updates (retries, each after the copy of its earlier attempt into the history;
+/// give-ups). The inserts stop once the row has been held for `claim_budget` (half
+/// of it when updates wait), the updates once it has been held for all of it, each after at
+/// least one statement. The
 /// answer names the job of the first claim left out (the next look starts with it).
 /// One statement per claim held the row for as many round trips as there were claims, and on
 /// a slow or busy host the leader lost its term to its own claims.
@@ -1135,7 +1160,7 @@ async fn claim(
     term: &LeaderTerm,
     backend: DbBackend,
     decided: &[(usize, Action)],
-    keep_history: &mut bool,
+    keep_history: bool,
 ) -> Result<(Vec<(usize, Action)>, Option<usize>), JobError> {
     let table = &*shared.table;
     // A start is run by this leader, or with spread runs claimed for the nodes' runners.
@@ -1180,10 +1205,15 @@ async fn claim(
         new.push((decision, record));
     }
     let mut left_out = None;
+    let insert_budget = if changed.is_empty() {
+        shared.claim_budget
+    } else {
+        shared.claim_budget / 2
+    };
     for (n, chunk) in new.chunks(ROWS_PER_INSERT).enumerate() {
-        // At least one statement per look; the rest while half the budget lasts (the other
-        // half is the updates': retries and keys are never starved by a flood of new slots).
-        if n > 0 && held.elapsed() >= shared.claim_budget / 2 {
+        // At least one statement per look; the rest while the budget lasts, half of it when
+        // updates wait (retries and keys are never starved by a flood of new slots).
+        if n > 0 && held.elapsed() >= insert_budget {
             left_out = chunk.first().map(|((i, _), _)| *i);
             break;
         }
@@ -1227,9 +1257,9 @@ async fn claim(
             Action::Start {
                 prior: Some(prior), ..
             } => {
-                // The attempt the record holds goes to the history first, in a savepoint of
-                // its own: undone with a reclaim that matched nothing, and a copy that fails
-                // (no grant, a table dropped meanwhile) costs the history, not the claim.
+                // The attempt the record holds goes to the history first, while the record
+                // is as read (the copy locks it and tests what the reclaim tests); a copy
+                // that fails fails the claim, and the next look asks whether to keep it.
                 let copy = keep_history
                     .then(|| {
                         records::keep_attempt(
@@ -1240,18 +1270,18 @@ async fn claim(
                         )
                     })
                     .flatten();
-                let reclaim = records::reclaim(backend, table, &reg.name, prior, &by, started);
-                match copy {
-                    Some(copy) => match kept_and_reclaimed(&txn, &copy, &reclaim).await {
-                        Ok(Kept::Both(r)) => Ok(r),
-                        Ok(Kept::CopyFailed(e)) => {
-                            tracing::warn!(error = %e, "keeping an earlier attempt failed; this term goes on without the history");
-                            *keep_history = false;
-                            txn.execute(&reclaim).await
-                        }
-                        Err(e) => Err(e),
-                    },
-                    None => txn.execute(&reclaim).await,
+                let copied = match copy {
+                    Some(copy) => txn.execute(&copy).await.map(|_| ()),
+                    None => Ok(()),
+                };
+                match copied {
+                    Ok(()) => {
+                        txn.execute(&records::reclaim(
+                            backend, table, &reg.name, prior, &by, started,
+                        ))
+                        .await
+                    }
+                    Err(e) => Err(e),
                 }
             }
             Action::GiveUp { prior } => {
@@ -1274,43 +1304,6 @@ async fn claim(
     }
     txn.commit().await?;
     Ok((done, left_out))
-}
-
-/// What [`kept_and_reclaimed`] did.
-enum Kept {
-    /// The copy and the reclaim ran (the reclaim's answer; the copy undone if it matched
-    /// nothing).
-    Both(sea_orm::ExecResult),
-    /// The copy failed and was undone; nothing else ran.
-    CopyFailed(sea_orm::DbErr),
-}
-
-/// The copy of an attempt into the history, then the reclaim of its record, in a savepoint of
-/// `txn`: the copy stays only with a reclaim that matched the record.
-async fn kept_and_reclaimed(
-    txn: &sea_orm::DatabaseTransaction,
-    copy: &sea_orm::sea_query::InsertStatement,
-    reclaim: &sea_orm::sea_query::UpdateStatement,
-) -> Result<Kept, sea_orm::DbErr> {
-    use sea_orm::TransactionTrait;
-    let point = txn.begin().await?;
-    if let Err(e) = point.execute(copy).await {
-        point.rollback().await?;
-        return Ok(Kept::CopyFailed(e));
-    }
-    let r = match point.execute(reclaim).await {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = point.rollback().await;
-            return Err(e);
-        }
-    };
-    if r.rows_affected() == 1 {
-        point.commit().await?;
-    } else {
-        point.rollback().await?;
-    }
-    Ok(Kept::Both(r))
 }
 
 #[cfg(test)]

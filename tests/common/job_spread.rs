@@ -511,7 +511,8 @@ pub async fn a_claimed_start_runs_under_a_leader_that_does_not_spread<
     );
     let records = t
         .wait_for(&db, 10 * SECOND, "the claimed start run by b", |r| {
-            r.get(&slot).is_some_and(|r| r.state != "claimed")
+            r.get(&slot)
+                .is_some_and(|r| r.state != "claimed" && r.state != "running")
         })
         .await;
     let rec = &records[&slot];

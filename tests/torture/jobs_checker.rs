@@ -33,6 +33,9 @@
 //!     wrote twice; and the committed runs, timed by the database clock from their start to
 //!     their transaction's last statement, never overlap more than the cap at any instant
 //!     (each lies inside its permit's tenure: a run whose permit lapsed commits nothing).
+//! 11. The attempt history (`check_history`): every kept attempt belongs to a record and is
+//!     an earlier attempt than the record's latest, kept as it ended (`failed`, `running` for a
+//!     lost one, `rerun` for one an operator marked), and a lost one kept with no end.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -76,6 +79,49 @@ fn claimed_by(record: &RunRecord, node: &str) -> bool {
                 .strip_prefix(node)
                 .is_some_and(|rest| rest.starts_with('/'))
     })
+}
+
+/// One row of the attempt history.
+#[derive(Debug, Clone)]
+pub struct KeptAttempt {
+    pub job: String,
+    pub slot: i64,
+    pub attempt: i32,
+    pub state: String,
+    pub finished_token: Option<i64>,
+}
+
+/// Rule 11: every kept attempt is an earlier one of a record, kept as it ended. Returns how
+/// many were kept.
+pub fn check_history(records: &[RunRecord], kept: &[KeptAttempt], v: &mut JobVerdict) -> usize {
+    let latest: BTreeMap<(&str, i64), i32> = records
+        .iter()
+        .map(|r| ((r.job.as_str(), r.slot), r.attempts))
+        .collect();
+    for k in kept {
+        match latest.get(&(k.job.as_str(), k.slot)) {
+            None => v.violations.push(format!(
+                "history: attempt {} of {} slot {} kept without its record",
+                k.attempt, k.job, k.slot
+            )),
+            Some(&latest) if k.attempt < 1 || k.attempt >= latest => v.violations.push(format!(
+                "history: attempt {} of {} slot {} kept, but the record's latest is {latest}: \
+                     a kept attempt is an earlier one",
+                k.attempt, k.job, k.slot
+            )),
+            Some(_) => {}
+        }
+        match k.state.as_str() {
+            "failed" | "rerun" => {}
+            "running" if k.finished_token.is_none() => {}
+            other => v.violations.push(format!(
+                "history: attempt {} of {} slot {} kept as {other:?} (end token {:?}): an attempt \
+                 is kept as it ended, failed, lost (running, no end) or marked to rerun",
+                k.attempt, k.job, k.slot, k.finished_token
+            )),
+        }
+    }
+    kept.len()
 }
 
 /// One row of the writes table.

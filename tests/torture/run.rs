@@ -1275,6 +1275,31 @@ async fn finish_jobs(
                 .zip(row.try_get_by_index::<Option<i64>>(7)?),
         });
     }
+    let kept_table = orion_beacon::entity::job_attempt_table(&s.runs);
+    let rows = admin
+        .query_all(
+            &Query::select()
+                .columns([
+                    col("job"),
+                    col("slot"),
+                    col("attempt"),
+                    col("state"),
+                    col("finished_token"),
+                ])
+                .from(Alias::new(&kept_table))
+                .to_owned(),
+        )
+        .await?;
+    let mut kept = Vec::with_capacity(rows.len());
+    for row in rows {
+        kept.push(jobs_checker::KeptAttempt {
+            job: row.try_get_by_index(0)?,
+            slot: row.try_get_by_index(1)?,
+            attempt: row.try_get_by_index(2)?,
+            state: row.try_get_by_index(3)?,
+            finished_token: row.try_get_by_index(4)?,
+        });
+    }
     let mut verdict = jobs_checker::check(
         (
             crate::job_node::JOB,
@@ -1289,6 +1314,8 @@ async fn finish_jobs(
         &histories,
         (duration.as_secs(), times.run_end_ns),
     );
+    let kept = jobs_checker::check_history(&records, &kept, &mut verdict);
+    println!("attempt history: {kept} earlier attempts kept");
     verdict.violations.extend(run_violations);
     let last_token = SeaOrmLeaseStore::new(admin.clone())
         .with_table(&s.table)?

@@ -927,10 +927,13 @@ fn error(m: &Model) -> String {
 type Kept = orion_beacon::entity::job_attempt::Model;
 
 /// How a kept attempt ended: `failed`, `finished` (an operator marked the slot to run again),
-/// or `lost` (its runner was gone before it wrote an end).
+/// `lost` (its runner was gone before it wrote an end) or `not run` (a start claimed for the
+/// nodes' runners that an operator marked before any took it).
 fn outcome(k: &Kept) -> &'static str {
     match (k.state.as_str(), &k.error, k.finished_at) {
-        ("running" | "claimed", _, _) | (_, None, None) => "lost",
+        ("running" | "claimed", _, _) => "lost",
+        ("rerun", None, None) => "not run",
+        (_, None, None) => "lost",
         (_, Some(_), _) | ("failed", _, _) => "failed",
         _ => "finished",
     }
