@@ -69,26 +69,11 @@ impl CreateJobRunTable {
 
     fn create_statement(&self, backend: DbBackend) -> TableCreateStatement {
         let ts = |col: Column| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
-                _ => def.timestamp_with_time_zone(),
-            };
+            let mut def = time_of(backend, col);
             def.null();
             def
         };
-        let text = |col: Column, len: u32| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                // Whatever the server's default character set: holder names and error text
-                // are any Unicode.
-                DbBackend::MySql => {
-                    def.custom(Alias::new(format!("VARCHAR({len}) CHARACTER SET utf8mb4")))
-                }
-                _ => def.string_len(len),
-            };
-            def
-        };
+        let text = |col: Column, len: u32| text_of(backend, col, len);
         Table::create()
             .table(Alias::new(&self.table))
             .col(name_column(backend, Column::Job))
@@ -170,6 +155,29 @@ impl MigrationTrait for CreateJobRunTable {
             .drop_table(Table::drop().table(Alias::new(&self.table)).to_owned())
             .await
     }
+}
+
+/// A timestamp column of the run records (and their history), written by the database clock:
+/// the lease table's types (nullability left to the caller).
+pub(crate) fn time_of(backend: DbBackend, col: impl IntoIden) -> ColumnDef {
+    let mut def = ColumnDef::new(col);
+    match backend {
+        DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
+        _ => def.timestamp_with_time_zone(),
+    };
+    def
+}
+
+/// A text column of the run records (and their history) of up to `len` characters.
+pub(crate) fn text_of(backend: DbBackend, col: impl IntoIden, len: u32) -> ColumnDef {
+    let mut def = ColumnDef::new(col);
+    match backend {
+        // Whatever the server's default character set: holder names and error text are any
+        // Unicode.
+        DbBackend::MySql => def.custom(Alias::new(format!("VARCHAR({len}) CHARACTER SET utf8mb4"))),
+        _ => def.string_len(len),
+    };
+    def
 }
 
 /// The finished runs recorded in `table`.

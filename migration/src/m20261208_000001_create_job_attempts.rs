@@ -8,6 +8,7 @@ use sea_orm_migration::sea_orm::DbBackend;
 use crate::m20261129_000001_create_leases::{
     applied_through, name_column, table_exists, take_over_from_own,
 };
+use crate::m20261204_000001_create_job_runs::{text_of, time_of};
 
 /// Creates the attempt-history table of a job-run table: `<runs>_attempts`
 /// ([`job_attempt_table`](crate::job_attempt_table)), `orionbeacon_job_runs_attempts` for the
@@ -70,24 +71,8 @@ impl CreateJobAttemptTable {
 
     fn create_statement(&self, backend: DbBackend) -> TableCreateStatement {
         // As the run table's columns (see `CreateJobRunTable`).
-        let ts = |col: Column| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                DbBackend::MySql => def.custom(Alias::new("DATETIME(6)")),
-                _ => def.timestamp_with_time_zone(),
-            };
-            def
-        };
-        let text = |col: Column, len: u32| {
-            let mut def = ColumnDef::new(col);
-            match backend {
-                DbBackend::MySql => {
-                    def.custom(Alias::new(format!("VARCHAR({len}) CHARACTER SET utf8mb4")))
-                }
-                _ => def.string_len(len),
-            };
-            def
-        };
+        let ts = |col: Column| time_of(backend, col);
+        let text = |col: Column, len: u32| text_of(backend, col, len);
         Table::create()
             .table(Alias::new(&self.table))
             .col(name_column(backend, Column::Job))
