@@ -11,8 +11,8 @@ use sea_orm::entity::prelude::*;
 /// A row is written when the scheduler claims the slot's next attempt, in the same fenced
 /// transaction (and kept only if that claim is): a copy of the run record as that claim found
 /// it. So the history holds the attempts claimed before the latest, which is the run record.
-/// A start claimed for spread runners that an operator marked to run again before any runner
-/// took it is kept too, with no end. A scheduler that cannot write the table (not migrated,
+/// An attempt an operator ended by a mark before it wrote an end (given up while it ran, or
+/// claimed for spread runners and never taken), then marked to run again, is kept with no end. A scheduler that cannot write the table (not migrated,
 /// not granted) keeps only the latest, says so in its log and asks again each minute. Times
 /// are the database clock's.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -35,7 +35,8 @@ pub struct Model {
     /// How the attempt ended, as its record said when the next one was claimed: `failed`,
     /// `running` (its runner was lost before it wrote an end: killed, paused or cut off past
     /// its term) or `rerun` (an operator marked the slot to run again; `error` tells a failed
-    /// attempt from a finished one, and no end at all a start never taken).
+    /// attempt from a finished one; no end at all, one marked before it wrote one: given up while
+    /// it ran, or claimed for spread runners and never taken).
     #[sea_orm(column_type = "String(StringLen::N(16))")]
     pub state: String,
     /// The token of the term (or, with spread runs, the run hold) the attempt ran under.

@@ -19,7 +19,8 @@ use crate::m20261204_000001_create_job_runs::{text_of, time_of};
 /// slot's next attempt; the latest attempt stays the run record. Columns: `job`, `slot` and
 /// `attempt` are the primary key; `state`, `claimed_token`, `claimed_by`, `claimed_at`,
 /// `finished_token`, `finished_at`, `duration_ms`, `error` (as the run record's), and
-/// `recorded_at`. Rows go with their run record when ended records are pruned.
+/// `recorded_at`. Rows go after their run record when ended records are pruned (best effort, in
+/// a transaction of their own).
 ///
 /// Only the history needs it: until it has run, a scheduler keeps just the latest attempt of
 /// each slot, as before, says so in its log and asks again each minute. `down` (one step) drops it:

@@ -310,18 +310,25 @@ impl Engine {
     }
 
     #[cfg(feature = "jobs")]
-    /// Whether the server refused the statement for what it is (a table or column not there,
-    /// a grant missing, a shape it cannot run), not for the moment it came at: no answer at
-    /// all (a lost connection, a pool timeout) and a conflict with another transaction are
-    /// the moment's, and may go well the next time.
+    /// Whether the server refused the statement for what it is: a table or column not there,
+    /// a grant missing, a form it does not run (SQLSTATE classes `42` and `0A` on PostgreSQL
+    /// and MySQL/MariaDB). Anything else (no answer, a timeout, a conflict, a server going
+    /// read-only or shutting down) is the moment's, and may go well the next time.
     pub(crate) fn refused_statement(&self, err: &sea_orm::DbErr) -> bool {
+        if matches!(self.cx.kind(err), Kind::MissingTable | Kind::UnknownColumn) {
+            return true;
+        }
         #[cfg(sqlx_driver)]
         {
-            super::errors::database_error(err).is_some() && self.cx.kind(err) != Kind::Conflict
+            // SQLite's codes are numbers of at most four digits: never a five-character class.
+            super::errors::database_error(err)
+                .and_then(|e| e.code())
+                .is_some_and(|code| {
+                    code.len() == 5 && (code.starts_with("42") || code.starts_with("0A"))
+                })
         }
         #[cfg(not(sqlx_driver))]
         {
-            let _ = err;
             false
         }
     }

@@ -224,6 +224,7 @@ pub(crate) async fn lead(shared: Arc<Shared>, term: LeaderTerm) {
         finishes_read: None,
         dead_holds: HashSet::new(),
         history: History::Unknown,
+        copy_failures: 0,
     };
     // With spread runs, a run that ends on any node releases its hold: the store's release
     // events (where it has them) wake this loop for the next start at once, not at its poll.
@@ -352,6 +353,8 @@ struct Look {
     dead_holds: HashSet<NamedHold>,
     /// Whether the attempt history is kept (its table is there).
     history: History,
+    /// Claims in a row that failed on their copy into the history.
+    copy_failures: u32,
 }
 
 /// Whether the run table's attempt history ([`Shared::attempts_table`]) is there to keep the
@@ -744,13 +747,24 @@ async fn tick(
     if !decided.is_empty() {
         ask_history(shared, &mut look.history).await?;
         let keep = matches!(look.history, History::Kept);
-        let (claimed, left_out) = match claim(shared, term, backend, &decided, keep).await {
-            Ok(claimed) => claimed,
+        let mut copy_failed = None;
+        let claimed = claim(shared, term, backend, &decided, (keep, &mut copy_failed)).await;
+        let (claimed, left_out) = match claimed {
+            Ok(claimed) => {
+                look.copy_failures = 0;
+                claimed
+            }
             Err(e) => {
-                // A copy may have failed (the table dropped or its grant revoked meanwhile):
-                // asked again at the next look.
-                if keep {
-                    look.history = History::Unknown;
+                if let Some(refused) = copy_failed {
+                    // A copy the server refused for what it is (a grant, a row check the
+                    // probe could not see), or one that failed in two looks running: the term
+                    // goes on without the history and asks again in a minute, so a history
+                    // never stops the claims for longer.
+                    look.copy_failures += 1;
+                    if refused || look.copy_failures >= 2 {
+                        look.history = History::Missing(Instant::now());
+                        look.copy_failures = 0;
+                    }
                 }
                 return Err(e);
             }
@@ -1160,7 +1174,7 @@ async fn claim(
     term: &LeaderTerm,
     backend: DbBackend,
     decided: &[(usize, Action)],
-    keep_history: bool,
+    (keep_history, copy_failed): (bool, &mut Option<bool>),
 ) -> Result<(Vec<(usize, Action)>, Option<usize>), JobError> {
     let table = &*shared.table;
     // A start is run by this leader, or with spread runs claimed for the nodes' runners.
@@ -1270,19 +1284,18 @@ async fn claim(
                         )
                     })
                     .flatten();
-                let copied = match copy {
-                    Some(copy) => txn.execute(&copy).await.map(|_| ()),
-                    None => Ok(()),
-                };
-                match copied {
-                    Ok(()) => {
-                        txn.execute(&records::reclaim(
-                            backend, table, &reg.name, prior, &by, started,
-                        ))
-                        .await
+                if let Some(copy) = copy {
+                    if let Err(e) = txn.execute(&copy).await {
+                        let _ = txn.rollback().await;
+                        *copy_failed = Some(shared.store.engine()?.refused_statement(&e));
+                        tracing::warn!(error = %e, table = %shared.attempts_table, "keeping an earlier attempt failed");
+                        return Err(e.into());
                     }
-                    Err(e) => Err(e),
                 }
+                txn.execute(&records::reclaim(
+                    backend, table, &reg.name, prior, &by, started,
+                ))
+                .await
             }
             Action::GiveUp { prior } => {
                 txn.execute(&records::give_up(table, &reg.name, prior))

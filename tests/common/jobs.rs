@@ -622,9 +622,9 @@ pub async fn failed_attempts_are_retried_then_given_up<H: Harness<Store = SeaOrm
     t.drop(&db).await;
 }
 
-/// A run table whose attempt history cannot be written (a table of its name made by hand): the
-/// scheduler keeps each slot's latest attempt as before, retries included, and stays healthy;
-/// the next term after the migration keeps the earlier attempts.
+/// A run table whose attempt history refuses every copy (a table of its name made by hand,
+/// with a row check): the scheduler keeps each slot's latest attempt as before, retries
+/// included; the next term after the migration keeps the earlier attempts.
 pub async fn a_run_table_without_its_attempt_history_goes_on<
     H: Harness<Store = SeaOrmLeaseStore>,
 >(
@@ -634,12 +634,32 @@ pub async fn a_run_table_without_its_attempt_history_goes_on<
     let t = Tables::create(&db).await;
     let history = CreateJobAttemptTable::with_table(&t.runs).unwrap();
     history.down(&SchemaManager::new(&db)).await.unwrap();
-    // A table of that name the scheduler can read but not write its copies into (made by
-    // hand, say): each copy fails and is undone on its own, and the claims go on.
+    // A table of that name, made by hand, whose row check refuses every copy (the probe, a
+    // copy of no row, passes): the claim whose copy fails is refused, the next look claims
+    // without the history, and the claims go on.
+    let col = |name: &str| ColumnDef::new(Alias::new(name)).to_owned();
     db.execute(
         &Table::create()
             .table(Alias::new(t.attempts()))
-            .col(ColumnDef::new(Alias::new("job")).string_len(255).null())
+            .col(col("job").string_len(255).not_null())
+            .col(col("slot").big_integer().not_null())
+            .col(col("attempt").integer().not_null())
+            .col(col("state").string_len(16).not_null())
+            .col(col("claimed_token").big_integer().null())
+            .col(col("claimed_by").string_len(255).null())
+            .col(col("claimed_at").timestamp_with_time_zone().null())
+            .col(col("finished_token").big_integer().null())
+            .col(col("finished_at").timestamp_with_time_zone().null())
+            .col(col("duration_ms").big_integer().null())
+            .col(col("error").string_len(1024).null())
+            .col(col("recorded_at").timestamp_with_time_zone().not_null())
+            .primary_key(
+                sea_orm::sea_query::Index::create()
+                    .col(Alias::new("job"))
+                    .col(Alias::new("slot"))
+                    .col(Alias::new("attempt")),
+            )
+            .check(Expr::col(Alias::new("attempt")).lt(0))
             .to_owned(),
     )
     .await
@@ -681,7 +701,9 @@ pub async fn a_run_table_without_its_attempt_history_goes_on<
     let health = a.health();
     assert!(health.scheduling.is_none(), "{health}");
     a.shutdown().await;
-    let before = retried(&records).unwrap();
+    // Read once `a` has stopped: a slot it retried while stopping kept no history either.
+    let before = retried(&t.records(&db).await).unwrap();
+    assert!(before >= retried(&records).unwrap());
     db.execute(&Table::drop().table(Alias::new(t.attempts())).to_owned())
         .await
         .unwrap();
@@ -955,7 +977,7 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
                     job.into(),
                     (today - days_ago * day).into(),
                     state.into(),
-                    1.into(),
+                    2.into(),
                     "every 86400000ms".into(),
                     1i64.into(),
                     "x".into(),
@@ -967,9 +989,15 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
         .await
         .unwrap();
     }
-    // An earlier attempt of one slot of each: the history goes with its record, and only
-    // with it.
-    for (job, days_ago) in [("sparse", 3), ("sparse", 2), ("other", 5)] {
+    // An earlier attempt of one slot of each (their records are at attempt 2): the history
+    // goes with its record, and only with it; and a row its record has not got past (left
+    // by an earlier record of the slot) goes too.
+    for (job, days_ago, attempt) in [
+        ("sparse", 3, 1),
+        ("sparse", 2, 1),
+        ("sparse", 2, 2),
+        ("other", 5, 1),
+    ] {
         db.execute(
             &Query::insert()
                 .into_table(Alias::new(t.attempts()))
@@ -977,7 +1005,7 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
                 .values_panic([
                     job.into(),
                     (today - days_ago * day).into(),
-                    1.into(),
+                    attempt.into(),
                     "failed".into(),
                     chrono::Utc::now().into(),
                 ])
@@ -1058,11 +1086,11 @@ pub async fn ended_records_are_pruned_and_no_slot_runs_again<
         .await
         .unwrap();
     assert_eq!(other.len(), 2, "another service's records stay");
-    let kept: Vec<i64> = t.kept_attempts(&db).await.keys().map(|(s, _)| *s).collect();
+    let kept: Vec<(i64, i32)> = t.kept_attempts(&db).await.keys().copied().collect();
     assert_eq!(
         kept,
-        vec![today - 5 * day, today - 2 * day],
-        "the pruned record's earlier attempt went with it"
+        vec![(today - 5 * day, 1), (today - 2 * day, 1)],
+        "the pruned record's earlier attempt went with it, and the row its record had not got past"
     );
     t.drop(&db).await;
 }

@@ -370,11 +370,15 @@ impl Runs<'_> {
             return Err(self.unknown_job(job).await);
         }
         let earlier = self.earlier_attempts(job, &records).await?;
-        let of = |m: &Model| -> &[Kept] {
+        // Only attempts before the record's latest: rows of an earlier record of the same key
+        // (pruned, then submitted again) that the new one has not reached are not its.
+        let of = |m: &Model| -> Vec<&Kept> {
             earlier
                 .as_ref()
                 .and_then(|e| e.get(&m.slot))
-                .map_or(&[], Vec::as_slice)
+                .map_or(Vec::new(), |kept| {
+                    kept.iter().filter(|k| k.attempt < m.attempts).collect()
+                })
         };
         if output == Output::Json {
             let all: Vec<Value> = records
@@ -382,7 +386,7 @@ impl Runs<'_> {
                 .map(|m| {
                     let mut v = record_json(m);
                     if let (Some(obj), Some(_)) = (v.as_object_mut(), &earlier) {
-                        let kept: Vec<Value> = of(m).iter().map(kept_json).collect();
+                        let kept: Vec<Value> = of(m).into_iter().map(kept_json).collect();
                         obj.insert("earlier_attempts".to_owned(), Value::Array(kept));
                     }
                     v
@@ -472,8 +476,8 @@ impl Runs<'_> {
                 ""
             };
             let kept = match &earlier {
-                Some(e) => {
-                    let k: usize = e.values().map(Vec::len).sum();
+                Some(_) => {
+                    let k: usize = records.iter().map(|m| of(m).len()).sum();
                     if k == 0 {
                         String::new()
                     } else {
@@ -927,12 +931,12 @@ fn error(m: &Model) -> String {
 type Kept = orion_beacon::entity::job_attempt::Model;
 
 /// How a kept attempt ended: `failed`, `finished` (an operator marked the slot to run again),
-/// `lost` (its runner was gone before it wrote an end) or `not run` (a start claimed for the
-/// nodes' runners that an operator marked before any took it).
+/// `lost` (its runner was gone before it wrote an end) or `no end` (marked before it wrote
+/// one: given up while it ran, or claimed for the nodes' runners and never taken).
 fn outcome(k: &Kept) -> &'static str {
     match (k.state.as_str(), &k.error, k.finished_at) {
         ("running" | "claimed", _, _) => "lost",
-        ("rerun", None, None) => "not run",
+        ("rerun", None, None) => "no end",
         (_, None, None) => "lost",
         (_, Some(_), _) | ("failed", _, _) => "failed",
         _ => "finished",
