@@ -261,8 +261,8 @@ pub(crate) fn one(table: &str, job: &str, slot: i64) -> SelectStatement {
         .to_owned()
 }
 
-/// The most queued keys of one keyed job a look reads: a look claims at most
-/// `MAX_CLAIMS_PER_LOOK` (10,000) in all, and a backlog of a million queued keys costs each look this many rows, not a million.
+/// The most queued keys of one keyed job a look reads: a look claims at most 10,000 in all,
+/// and a backlog of a million queued keys costs each look this many rows, not a million.
 pub(crate) const QUEUED_READ_LIMIT: u64 = 1_000;
 
 /// The claimed, failed and marked records of keyed `jobs` (every one: what to retry, give up

@@ -357,9 +357,9 @@ struct Look {
     copy_failures: u32,
 }
 
-/// Whether the run table's attempt history ([`Shared::attempts_table`]) is there to keep the
-/// earlier attempts in. Asked at a term's first look, again a minute after it was found
-/// missing, and after a claim that failed while it was thought there.
+/// Whether the run table's attempt history ([`Shared::attempts_table`]) can keep the earlier
+/// attempts. Asked at a term's first claim, and again a minute after it was found missing or a
+/// copy into it kept failing (see `tick`).
 #[derive(Debug, Clone, Copy)]
 enum History {
     Unknown,
@@ -1163,10 +1163,11 @@ async fn prune_history(
 /// The transaction holds the lease row (on SQLite the write lock), so the leader's own renew
 /// waits for it: the new records go in multi-row statements of [`ROWS_PER_INSERT`] each, then
 /// the updates (retries, each after the copy of its earlier attempt into the history;
-/// give-ups). The inserts stop once the row has been held for `claim_budget` (half
-/// of it when updates wait), the updates once it has been held for all of it, each after at
-/// least one statement. The
-/// answer names the job of the first claim left out (the next look starts with it).
+/// give-ups). The inserts stop once the row has been held for `claim_budget` (half of it when
+/// updates wait), the updates once it has been held for all of it, each after at least one
+/// statement. The answer names the job of the first claim left out (the next look starts with
+/// it). A copy into the history that fails is said in `copy_failed` (whether the server
+/// refused it for what it is).
 /// One statement per claim held the row for as many round trips as there were claims, and on
 /// a slow or busy host the leader lost its term to its own claims.
 async fn claim(
