@@ -1084,31 +1084,23 @@ async fn prune(
     history: bool,
 ) -> Result<bool, JobError> {
     let before = chrono::DateTime::from_timestamp_millis(before_ms).unwrap_or_default();
-    let txn = shared.store.begin_whole().await?;
-    let mut deleted = 0;
     let batches = names
         .chunks(PRUNE_NAMES)
         .map(|chunk| (chunk, false))
         .chain(keyed.chunks(PRUNE_NAMES).map(|chunk| (chunk, true)));
-    for (chunk, is_keyed) in batches {
-        let left = PRUNE_BATCH.saturating_sub(deleted);
-        if left == 0 {
-            break;
-        }
-        let stmt = if is_keyed {
-            records::prune_keyed(backend, &shared.table, chunk, before, left)
-        } else {
-            records::prune(backend, &shared.table, chunk, before_ms, left)
-        };
-        match txn.execute(&stmt).await {
-            Ok(done) => deleted += done.rows_affected(),
-            Err(e) => {
-                let _ = txn.rollback().await;
-                return Err(runs_error(shared, e));
+    let deleted = delete_batched(
+        shared,
+        batches,
+        |chunk, is_keyed, left| {
+            if is_keyed {
+                records::prune_keyed(backend, &shared.table, chunk, before, left)
+            } else {
+                records::prune(backend, &shared.table, chunk, before_ms, left)
             }
-        }
-    }
-    txn.commit().await?;
+        },
+        |e| runs_error(shared, e),
+    )
+    .await?;
     // The attempt history of the records pruned (in this batch or before) goes after them, in
     // a transaction of its own: a history that cannot be pruned (no grant) is logged, and
     // never keeps the records from being pruned.
@@ -1135,21 +1127,41 @@ async fn prune_history(
     (names, keyed): (&[String], &[String]),
 ) -> Result<u64, JobError> {
     let tables = (&*shared.table, &*shared.attempts_table);
+    let batches = names
+        .chunks(PRUNE_NAMES)
+        .chain(keyed.chunks(PRUNE_NAMES))
+        .map(|chunk| (chunk, false));
+    delete_batched(
+        shared,
+        batches,
+        |chunk, _, left| records::prune_attempts(backend, tables, chunk, left),
+        JobError::from,
+    )
+    .await
+}
+
+/// At most [`PRUNE_BATCH`] rows deleted in a transaction of its own, begun whole and committed
+/// before the answer: one statement per batch of names, `delete` built for the batch (and
+/// whether its jobs are keyed) and the rows still allowed; `failed` says a statement's error.
+/// How many rows went.
+async fn delete_batched<'a>(
+    shared: &Shared,
+    batches: impl Iterator<Item = (&'a [String], bool)>,
+    delete: impl Fn(&'a [String], bool, u64) -> sea_orm::sea_query::DeleteStatement,
+    failed: impl Fn(sea_orm::DbErr) -> JobError,
+) -> Result<u64, JobError> {
     let txn = shared.store.begin_whole().await?;
     let mut deleted = 0;
-    for chunk in names.chunks(PRUNE_NAMES).chain(keyed.chunks(PRUNE_NAMES)) {
+    for (chunk, is_keyed) in batches {
         let left = PRUNE_BATCH.saturating_sub(deleted);
         if left == 0 {
             break;
         }
-        match txn
-            .execute(&records::prune_attempts(backend, tables, chunk, left))
-            .await
-        {
+        match txn.execute(&delete(chunk, is_keyed, left)).await {
             Ok(done) => deleted += done.rows_affected(),
             Err(e) => {
                 let _ = txn.rollback().await;
-                return Err(e.into());
+                return Err(failed(e));
             }
         }
     }

@@ -438,29 +438,16 @@ impl Runs<'_> {
                 row.extend([
                     outcome(k).to_owned(),
                     k.attempt.to_string(),
-                    k.duration_ms.map_or_else(
-                        || "-".to_owned(),
-                        |ms| {
-                            human(std::time::Duration::from_millis(
-                                u64::try_from(ms).unwrap_or(0),
-                            ))
-                        },
-                    ),
-                    k.claimed_by
-                        .as_deref()
-                        .map_or_else(|| "-".to_owned(), one_line),
-                    match (k.claimed_token, k.finished_token) {
-                        (Some(c), Some(f)) if c != f => format!("{c}/{f}"),
-                        (Some(c), _) => c.to_string(),
-                        (None, f) => opt(f),
-                    },
+                    millis_text(k.duration_ms),
+                    text_or_dash(k.claimed_by.as_deref()),
+                    tokens_text(k.claimed_token, k.finished_token),
                     time(k.finished_at),
                 ]);
                 if wide {
                     row.extend([
                         time(k.claimed_at),
                         m.schedule.clone(),
-                        k.error.as_deref().map_or_else(|| "-".to_owned(), one_line),
+                        text_or_dash(k.error.as_deref()),
                     ]);
                 }
                 rows.push(row);
@@ -867,29 +854,43 @@ fn opt(v: Option<i64>) -> String {
 }
 
 fn duration(m: &Model) -> String {
-    match m.duration_ms {
-        Some(ms) if ended(m) => human(std::time::Duration::from_millis(
-            u64::try_from(ms).unwrap_or(0),
-        )),
-        _ => "-".to_owned(),
-    }
+    millis_text(m.duration_ms.filter(|_| ended(m)))
+}
+
+/// A duration in milliseconds as the tables print it, `-` for none.
+fn millis_text(ms: Option<i64>) -> String {
+    ms.map_or_else(
+        || "-".to_owned(),
+        |ms| {
+            human(std::time::Duration::from_millis(
+                u64::try_from(ms).unwrap_or(0),
+            ))
+        },
+    )
 }
 
 fn by(m: &Model) -> String {
-    match &m.claimed_by {
-        Some(by) => one_line(by),
-        None => "-".to_owned(),
-    }
+    text_or_dash(m.claimed_by.as_deref())
+}
+
+/// Text on one line (control characters escaped), `-` for none.
+fn text_or_dash(text: Option<&str>) -> String {
+    text.map_or_else(|| "-".to_owned(), one_line)
 }
 
 /// The token of the term that claimed the latest attempt, and after a slash the one that ended
 /// it when that was another.
 fn token(m: &Model) -> String {
-    match (m.claimed_token, m.finished_token.filter(|_| ended(m))) {
+    tokens_text(m.claimed_token, m.finished_token.filter(|_| ended(m)))
+}
+
+/// The token an attempt was claimed under, and after a slash the one that ended it when that
+/// was another.
+fn tokens_text(claimed: Option<i64>, finished: Option<i64>) -> String {
+    match (claimed, finished) {
         (Some(c), Some(f)) if c != f => format!("{c}/{f}"),
         (Some(c), _) => c.to_string(),
-        (None, Some(f)) => f.to_string(),
-        (None, None) => "-".to_owned(),
+        (None, f) => opt(f),
     }
 }
 
@@ -921,10 +922,7 @@ fn slot_label(m: &Model) -> String {
 }
 
 fn error(m: &Model) -> String {
-    match &m.error {
-        Some(e) if ended(m) => one_line(e),
-        _ => "-".to_owned(),
-    }
+    text_or_dash(m.error.as_deref().filter(|_| ended(m)))
 }
 
 /// An earlier attempt of a slot, from the attempt history.
